@@ -1,0 +1,189 @@
+"""Built-in catalogs (models, GPUs, host links, default efficiencies) and Hugging Face configs."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict
+
+from .errors import ConfigError
+from .model_spec import ModelSpec
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GpuSpec(_Frozen):
+    name: str
+    aliases: list[str] = []
+    source: str
+    memory_bytes: float
+    hbm_bytes_per_s: float
+    bf16_flop_per_s: float
+    fp8_flop_per_s: float | None = None
+    int8_op_per_s: float | None = None
+    link: str
+    copy_engines: int = 2
+    host_memory_bytes: float | None = None
+
+
+class LinkSpec(_Frozen):
+    name: str
+    source: str
+    theoretical_bytes_per_s: float
+    pinned_h2d_bytes_per_s: float
+    pinned_d2h_bytes_per_s: float
+    pageable_h2d_bytes_per_s: float
+    pageable_d2h_bytes_per_s: float
+    bidirectional_bytes_per_s: float
+    per_copy_latency_s: float
+    pageable_per_copy_latency_s: float
+
+
+class EfficiencyDefaults(_Frozen):
+    source: str
+    weight_hbm_efficiency: dict[str, float]
+    attention_hbm_efficiency: float
+    gemm_flop_efficiency_by_rows: list[tuple[float, float]]
+    attention_flop_efficiency: float
+    layer_overhead_s: float
+    step_overhead_s: float
+    runtime_reserve_bytes: float
+    default_host_memory_bytes: float
+
+
+class _ModelEntry(_Frozen):
+    name: str
+    aliases: list[str] = []
+    source: str
+    num_hidden_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int | None = None
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+
+    def spec(self) -> ModelSpec:
+        return ModelSpec(
+            name=self.name,
+            num_layers=self.num_hidden_layers,
+            hidden_size=self.hidden_size,
+            num_heads=self.num_attention_heads,
+            num_kv_heads=self.num_key_value_heads,
+            intermediate_size=self.intermediate_size,
+            vocab_size=self.vocab_size,
+            tie_embeddings=self.tie_word_embeddings,
+            explicit_head_dim=self.head_dim,
+            qkv_bias=self.qkv_bias,
+            qk_norm=self.qk_norm,
+            source=self.source,
+        )
+
+
+def _read_catalog(filename: str) -> dict:
+    text = resources.files("sim").joinpath("catalog", filename).read_text()
+    return yaml.safe_load(text)
+
+
+def _key(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
+@lru_cache(maxsize=None)
+def models() -> dict[str, ModelSpec]:
+    return {e["name"]: _ModelEntry(**e).spec() for e in _read_catalog("models.yaml")["models"]}
+
+
+@lru_cache(maxsize=None)
+def _model_aliases() -> dict[str, str]:
+    table = {}
+    for e in _read_catalog("models.yaml")["models"]:
+        for n in [e["name"], *e.get("aliases", [])]:
+            table[_key(n)] = e["name"]
+    return table
+
+
+@lru_cache(maxsize=None)
+def gpus() -> dict[str, GpuSpec]:
+    return {e["name"]: GpuSpec(**e) for e in _read_catalog("gpus.yaml")["gpus"]}
+
+
+@lru_cache(maxsize=None)
+def links() -> dict[str, LinkSpec]:
+    return {e["name"]: LinkSpec(**e) for e in _read_catalog("links.yaml")["links"]}
+
+
+@lru_cache(maxsize=None)
+def efficiency_defaults() -> EfficiencyDefaults:
+    return EfficiencyDefaults(**_read_catalog("efficiency.yaml"))
+
+
+def model(name: str) -> ModelSpec:
+    canonical = _model_aliases().get(_key(name))
+    if canonical is None:
+        raise ConfigError(f"unknown model {name!r}; expected one of: {', '.join(models())}")
+    return models()[canonical]
+
+
+def gpu(name: str) -> GpuSpec:
+    for spec in gpus().values():
+        if _key(name) in {_key(spec.name), *map(_key, spec.aliases)}:
+            return spec
+    raise ConfigError(f"unknown GPU {name!r}; expected one of: {', '.join(gpus())}")
+
+
+def link(name: str) -> LinkSpec:
+    spec = links().get(_key(name))
+    if spec is None:
+        raise ConfigError(f"unknown link {name!r}; expected one of: {', '.join(links())}")
+    return spec
+
+
+def model_from_hf_config(path: str | Path) -> ModelSpec:
+    """A ModelSpec from a Hugging Face config.json on disk."""
+    p = Path(path)
+    try:
+        cfg = json.loads(p.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read Hugging Face config: {exc.strerror}", source=str(p)) from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"invalid JSON at line {exc.lineno}: {exc.msg}", source=str(p)) from None
+    if not isinstance(cfg, dict):
+        raise ConfigError("expected a JSON object", source=str(p))
+    required = ["num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size"]
+    for key in required:
+        if not isinstance(cfg.get(key), int):
+            raise ConfigError("expected an integer", source=str(p), field=key)
+    model_type = str(cfg.get("model_type", ""))
+    heads = cfg["num_attention_heads"]
+    n_experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0)
+    inter = cfg.get("intermediate_size")
+    if not isinstance(inter, int) and not n_experts:
+        raise ConfigError("expected an integer", source=str(p), field="intermediate_size")
+    return ModelSpec(
+        name=str(cfg.get("_name_or_path") or p.parent.name or p.stem),
+        num_layers=cfg["num_hidden_layers"],
+        hidden_size=cfg["hidden_size"],
+        num_heads=heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        intermediate_size=int(inter or 0) if not n_experts else 0,
+        vocab_size=cfg["vocab_size"],
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        explicit_head_dim=cfg.get("head_dim"),
+        qkv_bias=bool(cfg.get("attention_bias", model_type.startswith("qwen2"))),
+        qk_norm=model_type.startswith("qwen3"),
+        num_experts=n_experts,
+        experts_per_token=int(cfg.get("num_experts_per_tok") or 0),
+        moe_intermediate_size=int(cfg.get("moe_intermediate_size") or (inter if n_experts else 0) or 0),
+        shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
+        source=f"config.json at {p}",
+    )
