@@ -1,0 +1,97 @@
+"""Memory over a run, whether it fits, and the largest batch that fits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from .context import RunContext, draw_lengths
+from .counts import count_trajectory
+from .memory import activation_bytes, staging_bytes
+from .tiers import TierPolicy
+
+
+@dataclass(frozen=True)
+class MemoryTrace:
+    """Per-step HBM and host bytes (arrays over steps) and their components at the HBM peak."""
+
+    hbm_bytes: np.ndarray
+    host_bytes: np.ndarray
+    kv_t0_bytes: np.ndarray
+    staging_bytes: np.ndarray
+
+    @property
+    def hbm_peak_bytes(self) -> float:
+        return float(self.hbm_bytes.max()) if len(self.hbm_bytes) else 0.0
+
+    @property
+    def host_peak_bytes(self) -> float:
+        return float(self.host_bytes.max()) if len(self.host_bytes) else 0.0
+
+
+def memory_trace(ctx: RunContext, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray, active: np.ndarray) -> MemoryTrace:
+    """HBM(step) = weights + T0 KV + staging for this step's T1/T2 + activations + reserve;
+    host(step) = T1 x full KV bytes + T2 x compressed bytes. Inputs: tokens summed over the batch."""
+    p = ctx.scenario.policy
+    staged_layer = t1 * ctx.kv_bytes_per_token_layer + t2 * ctx.kv_bytes_per_token_layer  # T2 dequantised into staging
+    stage = staging_bytes(p.prefetch, p.staging_buffers, ctx.num_layers, 1.0) * staged_layer
+    if not ctx.policy.tiering:
+        stage = np.zeros_like(staged_layer, dtype=float)
+    kv_t0 = t0 * ctx.kv_bytes_per_token
+    act = np.array([activation_bytes(ctx.model, int(b)) for b in active], dtype=float)
+    hbm = ctx.weights_bytes + kv_t0 + stage + act + ctx.hw.runtime_reserve_bytes
+    host = t1 * ctx.kv_bytes_per_token + t2 * ctx.t2_bytes_per_token
+    return MemoryTrace(hbm_bytes=hbm, host_bytes=host, kv_t0_bytes=kv_t0, staging_bytes=stage)
+
+
+@lru_cache(maxsize=4096)
+def _trajectory(prompt: int, length: int, policy: TierPolicy) -> np.ndarray:
+    return count_trajectory(prompt, length, policy)
+
+
+def batch_memory_trace(ctx: RunContext, batch: int, policy: TierPolicy | None = None) -> MemoryTrace:
+    """Memory of `batch` sequences (lengths drawn from the workload seed) from tier counts alone.
+    Counts attended in step s are those after step s-1's re-tier plus the new token."""
+    policy = policy or ctx.policy
+    w = ctx.scenario.workload
+    lengths = draw_lengths(w, batch)
+    steps = int(lengths.max())
+    total = np.zeros((steps, 4), dtype=np.int64)
+    active = np.zeros(steps, dtype=np.int64)
+    uniq, mult = np.unique(lengths, return_counts=True)
+    for n, k in zip(uniq, mult):
+        traj = _trajectory(w.prompt_tokens, int(n), policy)
+        before = np.vstack([[w.prompt_tokens, 0, 0, 0], traj[:-1]])
+        before[:, 0] += 1  # the step's own new token
+        total[: int(n)] += k * before
+        active[: int(n)] += k
+    return memory_trace(ctx, total[:, 0], total[:, 1], total[:, 2], active)
+
+
+def fits(trace: MemoryTrace, ctx: RunContext) -> tuple[bool, float, float]:
+    """(fits, HBM shortfall bytes, host shortfall bytes)."""
+    hbm_short = max(0.0, trace.hbm_peak_bytes - ctx.hw.memory_bytes)
+    host_short = max(0.0, trace.host_peak_bytes - ctx.hw.host_memory_bytes)
+    return hbm_short == 0 and host_short == 0, hbm_short, host_short
+
+
+def max_batch(ctx: RunContext, limit: int | None = None, policy: TierPolicy | None = None) -> int:
+    """Largest batch whose peak HBM and host bytes fit (0 if not even one sequence fits).
+    Memory grows with batch, so a doubling then bisection search finds the edge."""
+    limit = limit or ctx.scenario.sim.max_batch_limit
+
+    def ok(b: int) -> bool:
+        return fits(batch_memory_trace(ctx, b, policy), ctx)[0]
+
+    if not ok(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and ok(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo

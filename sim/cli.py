@@ -1,0 +1,130 @@
+"""`kvsim`: simulate tiered KV caches, list catalog models and GPUs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from . import catalog
+from .errors import EXIT_BAD_INPUT, ConfigError
+from .units import GB, TB, TFLOP
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+console = Console(width=shutil.get_terminal_size((150, 40)).columns)
+
+
+def _fail(err: ConfigError) -> None:
+    print(f"kvsim: {err.line()}", file=sys.stderr)
+    raise typer.Exit(EXIT_BAD_INPUT)
+
+
+@app.command()
+def run(
+    scenario: Path = typer.Argument(..., help="scenario YAML"),
+    profile: Optional[Path] = typer.Option(None, "--profile", help="measured profile YAML (hwprobe calibrate)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="run directory (default runs/<name>-<UTC time>)"),
+    set_: List[str] = typer.Option([], "--set", help="override, e.g. policy.hbm_ratio=0.3 (repeatable)"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary JSON on stdout"),
+) -> None:
+    """Simulate one scenario; write the resolved scenario, summary.json and steps.csv."""
+    from .engine import simulate
+    from .output import summary_rows, to_json, write_run_dir
+    from .profile import load_profile
+    from .scenario import load_scenario, scenario_to_yaml
+
+    try:
+        sc = load_scenario(scenario, set_)
+        prof_path = str(profile) if profile else sc.hardware.profile
+        prof = load_profile(prof_path) if prof_path else None
+        result = simulate(sc, prof, profile_path=prof_path)
+    except ConfigError as err:
+        _fail(err)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out_dir = out or Path("runs") / f"{sc.name}-{stamp}"
+    write_run_dir(out_dir, scenario_to_yaml(sc), result.summary, result.steps.to_csv(index=False))
+    if as_json:
+        print(to_json(result.summary))
+        return
+    table = Table(show_header=False, box=None)
+    for label, value in summary_rows(result.summary):
+        table.add_row(f"[bold]{label}[/bold]", value)
+    console.print(table)
+    console.print(f"[dim]wrote {out_dir}/ (scenario.resolved.yaml, summary.json, steps.csv)[/dim]")
+
+
+def _model_rows(kv_dtype: str) -> list[dict]:
+    rows = []
+    for m in catalog.models().values():
+        rows.append({
+            "name": m.name, "layers": m.num_layers, "heads": m.num_heads, "kv_heads": m.num_kv_heads,
+            "head_dim": m.head_dim, "params": m.params,
+            "kv_bytes_per_token": m.kv_bytes_per_token("bf16"),
+            f"kv_bytes_per_token_{kv_dtype}": m.kv_bytes_per_token(kv_dtype),
+            "weight_bytes": m.weight_bytes("bf16"),
+            "weight_bytes_by_dtype": {d: m.weight_bytes(d) for d in ("bf16", "fp8", "int8", "int4")},
+            "source": m.source,
+        })
+    return rows
+
+
+@app.command()
+def models(
+    as_json: bool = typer.Option(False, "--json"),
+    kv_dtype: str = typer.Option("bf16", "--kv-dtype", help="also show KV bytes/token in this dtype"),
+) -> None:
+    """Catalog models with derived figures (KV bytes/token, parameters, weight bytes per dtype)."""
+    if kv_dtype not in ("bf16", "fp16", "fp8", "int8"):
+        _fail(ConfigError(f"--kv-dtype: expected one of bf16, fp16, fp8, int8, got {kv_dtype!r}"))
+    rows = _model_rows(kv_dtype)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    t = Table(title="models (weights: linear layers quantised, embeddings/LM head/norms bf16)")
+    for col in ("model", "L", "H", "Hkv", "d", "params", "KV B/token (bf16)", "bf16", "fp8", "int8", "int4"):
+        t.add_column(col, justify="right" if col != "model" else "left")
+    for r in rows:
+        w = r["weight_bytes_by_dtype"]
+        t.add_row(r["name"], str(r["layers"]), str(r["heads"]), str(r["kv_heads"]), str(r["head_dim"]),
+                  f"{r['params'] / 1e9:.2f} B", f"{r['kv_bytes_per_token']:,.0f}",
+                  *(f"{w[d] / GB:.1f} GB" for d in ("bf16", "fp8", "int8", "int4")))
+    console.print(t)
+
+
+@app.command()
+def gpus(as_json: bool = typer.Option(False, "--json")) -> None:
+    """Catalog GPUs and host links (datasheet figures)."""
+    rows = []
+    for g in catalog.gpus().values():
+        ln = catalog.link(g.link)
+        rows.append({**g.model_dump(), "link_theoretical_bytes_per_s": ln.theoretical_bytes_per_s,
+                     "link_pinned_h2d_bytes_per_s": ln.pinned_h2d_bytes_per_s,
+                     "link_pinned_d2h_bytes_per_s": ln.pinned_d2h_bytes_per_s})
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    t = Table(title="GPUs (datasheet, dense)")
+    for col in ("gpu", "memory", "HBM BW", "BF16", "FP8", "link", "pinned H2D/D2H", "copy engines"):
+        t.add_column(col, justify="left" if col in ("gpu", "link") else "right")
+    for r in rows:
+        t.add_row(r["name"], f"{r['memory_bytes'] / GB:.0f} GB", f"{r['hbm_bytes_per_s'] / TB:.2f} TB/s",
+                  f"{r['bf16_flop_per_s'] / TFLOP:.0f} TFLOP/s",
+                  "-" if not r["fp8_flop_per_s"] else f"{r['fp8_flop_per_s'] / TFLOP:.0f} TFLOP/s",
+                  r["link"], f"{r['link_pinned_h2d_bytes_per_s'] / GB:.1f}/{r['link_pinned_d2h_bytes_per_s'] / GB:.1f} GB/s",
+                  str(r["copy_engines"]))
+    console.print(t)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

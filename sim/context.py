@@ -1,0 +1,78 @@
+"""Everything one run needs, resolved once from a scenario (+ optional profile)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import catalog
+from .dtypes import COMPRESSED_DTYPES
+from .hardware import Hardware, resolve_hardware
+from .model_spec import ModelSpec
+from .profile import Profile
+from .scenario import LengthDist, Scenario
+from .tiers import TierPolicy
+from .units import KV_TENSORS
+
+
+def resolve_model(scenario: Scenario) -> ModelSpec:
+    m = scenario.model
+    return catalog.model(m.name) if m.name else catalog.model_from_hf_config(m.hf_config)
+
+
+def draw_lengths(workload, batch: int) -> np.ndarray:
+    """Reasoning length of each sequence, from the workload seed (first `batch` draws)."""
+    rt = workload.reasoning_tokens
+    if not isinstance(rt, LengthDist):
+        return np.full(batch, int(rt), dtype=np.int64)
+    rng = np.random.default_rng([workload.seed, 1])
+    if rt.dist == "uniform":
+        x = rng.integers(rt.min, rt.max + 1, size=batch)
+    elif rt.dist == "normal":
+        x = rng.normal(rt.mean, rt.std, size=batch)
+    else:  # lognormal with the given mean and std of the length itself
+        var = np.log1p((rt.std / rt.mean) ** 2)
+        x = rng.lognormal(np.log(rt.mean) - var / 2, np.sqrt(var), size=batch)
+    lo = rt.min or 1
+    hi = rt.max or np.inf
+    return np.clip(np.rint(x), lo, hi).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class RunContext:
+    scenario: Scenario
+    model: ModelSpec
+    hw: Hardware
+    policy: TierPolicy
+    kv_bytes_per_token_layer: float
+    t2_bytes_per_token_layer: float
+    weights_bytes: float
+    profile_path: str | None = None
+
+    @property
+    def num_layers(self) -> int:
+        return self.model.num_layers
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        return self.kv_bytes_per_token_layer * self.num_layers
+
+    @property
+    def t2_bytes_per_token(self) -> float:
+        return self.t2_bytes_per_token_layer * self.num_layers
+
+
+def build_context(scenario: Scenario, profile: Profile | None = None, profile_path: str | None = None) -> RunContext:
+    model = resolve_model(scenario)
+    m, p = scenario.model, scenario.policy
+    hw = resolve_hardware(scenario.hardware, m.weight_dtype, p.pinned, profile)
+    comp = COMPRESSED_DTYPES[p.compressed_dtype]
+    t2_layer = KV_TENSORS * model.num_kv_heads * comp.bytes_for(model.head_dim, min(p.compressed_group_size, model.head_dim))
+    return RunContext(
+        scenario=scenario, model=model, hw=hw, policy=TierPolicy.from_config(p),
+        kv_bytes_per_token_layer=model.kv_bytes_per_token_layer(m.kv_dtype),
+        t2_bytes_per_token_layer=t2_layer,
+        weights_bytes=model.weight_bytes(m.weight_dtype, m.weight_group_size),
+        profile_path=profile_path,
+    )

@@ -1,0 +1,225 @@
+"""SimPy timing of a decode run: the GPU computes layer by layer; host->device and device->host
+are separate link resources; prefetch follows the policy's mode; re-tiers move bytes.
+
+The tier plan (which tokens are where at each step) comes from `evolution.evolve`; this module only
+schedules the costs that `physics` computes for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from .context import RunContext
+from .evolution import (ACTIVE, ATT_SEQS_T1, ATT_SEQS_T2, ATT_T0, ATT_T1, ATT_T2, MV_D2H_T1, MV_D2H_T2,
+                        MV_H2D_T1, MV_H2D_T2, MV_SEQS, StepPlan)
+from .physics import decode_layer_cost, layerwise_pipeline_s, lm_head_s
+
+KV_COPIES_PER_LAYER_PAPER = 2  # the prototype copies K and V separately, layer by layer
+BLOCKS_PER_LAYER_COALESCED = 1  # K and V of a sequence's tier kept in one contiguous block per layer
+STALL_EPS_S = 1e-12  # below this a "stall" is floating-point noise of summing layer times
+
+
+@dataclass
+class StepRecord:
+    step: int
+    t_s: float
+    step_s: float
+    compute_s: float
+    stall_s: float
+    h2d_bytes: float
+    d2h_bytes: float
+
+
+@dataclass
+class Timing:
+    records: list[StepRecord]
+    h2d_busy: list[tuple[float, float]]
+    d2h_busy: list[tuple[float, float]]
+    timeline: list[dict] = field(default_factory=list)  # compute / h2d / d2h intervals in a window
+    decode_s: float = 0.0
+
+
+class _Link:
+    """One direction of the host link as a SimPy resource that records its busy intervals."""
+
+    def __init__(self, env: simpy.Environment, model, resource: simpy.Resource, name: str):
+        self.env, self.model, self.res, self.name = env, model, resource, name
+        self.busy: list[tuple[float, float]] = []
+        self.other: _Link | None = None
+
+    def transfer(self, nbytes: float, copies: int, timeline: list | None, tag: str):
+        if nbytes <= 0 or copies <= 0:
+            return
+        with self.res.request() as req:
+            yield req
+            both = self.other is not None and self.other.res.count > 0 and self.other.res is not self.res
+            dur = self.model.transfer_time_s(nbytes, copies, both)
+            start = self.env.now
+            yield self.env.timeout(dur)
+            self.busy.append((start, self.env.now))
+            if timeline is not None:
+                timeline.append({"kind": self.name, "start_s": start, "end_s": self.env.now, "what": tag})
+
+
+def _layer_compute_s(ctx: RunContext, row: np.ndarray) -> float:
+    m = ctx.scenario.model
+    attended = int(row[ATT_T0] + row[ATT_T1] + row[ATT_T2])
+    cost = decode_layer_cost(
+        ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, int(row[ACTIVE]), attended,
+        ctx.kv_bytes_per_token_layer, int(row[ATT_T2]), ctx.t2_bytes_per_token_layer,
+    )
+    return cost.total_s
+
+
+def _prefetch_layer(ctx: RunContext, row: np.ndarray) -> tuple[float, int]:
+    """(bytes, copies) of one layer's T1/T2 prefetch for the batch."""
+    nbytes = row[ATT_T1] * ctx.kv_bytes_per_token_layer + row[ATT_T2] * ctx.t2_bytes_per_token_layer
+    if ctx.scenario.policy.prefetch == "sync_per_step":
+        copies = KV_COPIES_PER_LAYER_PAPER * int(row[ATT_SEQS_T1] + row[ATT_SEQS_T2])
+    else:
+        copies = BLOCKS_PER_LAYER_COALESCED * int(row[ATT_SEQS_T1] + row[ATT_SEQS_T2])
+    return float(nbytes), copies
+
+
+def run_timing(ctx: RunContext, plan: StepPlan) -> Timing:
+    sc = ctx.scenario
+    pol = sc.policy
+    L = ctx.num_layers
+    env = simpy.Environment()
+    h2d_res = simpy.Resource(env, capacity=1)
+    d2h_res = h2d_res if ctx.hw.copy_engines < 2 else simpy.Resource(env, capacity=1)
+    h2d = _Link(env, ctx.hw.h2d, h2d_res, "h2d")
+    d2h = _Link(env, ctx.hw.d2h, d2h_res, "d2h")
+    h2d.other, d2h.other = d2h, h2d
+    records: list[StepRecord] = []
+    timeline: list[dict] = []
+    first = max(0, pol.retier_interval - 2) if ctx.policy.tiering else 0
+    window = range(first, first + 4)
+    stride = sc.sim.step_stride
+    blocking_offload = pol.prefetch == "sync_per_step" or not pol.pinned
+    layer_detail = sc.sim.detail == "layer"
+    last: StepRecord | None = None
+
+    def compute(dur: float, tl: list | None, what: str):
+        start = env.now
+        yield env.timeout(dur)
+        if tl is not None:
+            tl.append({"kind": "compute", "start_s": start, "end_s": env.now, "what": what})
+
+    def step_body(s: int, row: np.ndarray, tl: list | None):
+        """One decode step's forward pass; returns compute seconds (the rest is stall)."""
+        layer_s = _layer_compute_s(ctx, row)
+        pf_bytes, pf_copies = _prefetch_layer(ctx, row)
+        tiered = ctx.policy.tiering and pf_bytes > 0
+        if tiered and pol.prefetch == "layerwise_async":
+            if layer_detail:
+                buffers = simpy.Container(env, capacity=pol.staging_buffers, init=pol.staging_buffers)
+                done = [env.event() for _ in range(L)]
+
+                def copier():
+                    for layer in range(L):
+                        yield buffers.get(1)
+                        yield from h2d.transfer(pf_bytes, pf_copies, tl, f"prefetch L{layer}")
+                        done[layer].succeed()
+
+                env.process(copier())
+                for layer in range(L):
+                    yield done[layer]
+                    yield from compute(layer_s, tl, f"layer {layer}")
+                    yield buffers.put(1)
+            else:
+                both = d2h.res.count > 0 and d2h.res is not h2d.res
+                copy_s = ctx.hw.h2d.transfer_time_s(pf_bytes, pf_copies, both)
+                finish, _ = layerwise_pipeline_s([layer_s] * L, [copy_s] * L, pol.staging_buffers)
+                with h2d.res.request() as req:
+                    yield req
+                    start = env.now
+                    yield env.timeout(finish)
+                    h2d.busy.append((start, start + L * copy_s))
+        elif tiered and pol.prefetch == "sync_per_step":
+            # the prototype: every layer's T1 copied (per-layer pageable copies), then compute
+            for layer in range(L):
+                yield from h2d.transfer(pf_bytes, pf_copies, tl, f"sync copy L{layer}")
+            yield from compute(L * layer_s, tl, "forward")
+        else:
+            yield from compute(L * layer_s, tl, "forward")
+        yield from compute(lm_head_s(ctx.model, ctx.hw, int(row[ACTIVE])) + ctx.hw.step_overhead_s, tl, "lm head + sampling")
+        return L * layer_s + lm_head_s(ctx.model, ctx.hw, int(row[ACTIVE])) + ctx.hw.step_overhead_s
+
+    def retier_traffic(s: int, tl: list | None):
+        """Offloads (D2H) and promotions (H2D) of the re-tier after step s; returns H2D, D2H bytes."""
+        mv = plan.moves[s]
+        d2h_bytes = L * (mv[MV_D2H_T1] * ctx.kv_bytes_per_token_layer + mv[MV_D2H_T2] * ctx.t2_bytes_per_token_layer)
+        h2d_bytes = L * (mv[MV_H2D_T1] * ctx.kv_bytes_per_token_layer + mv[MV_H2D_T2] * ctx.t2_bytes_per_token_layer)
+        per_layer = KV_COPIES_PER_LAYER_PAPER if pol.prefetch == "sync_per_step" else BLOCKS_PER_LAYER_COALESCED
+        copies = int(mv[MV_SEQS]) * L * per_layer
+        if pol.prefetch == "per_interval":
+            # T1/T2 brought back once per interval and kept resident on the GPU
+            row = plan.attend[s]
+            h2d_bytes += L * (row[ATT_T1] * ctx.kv_bytes_per_token_layer + row[ATT_T2] * ctx.t2_bytes_per_token_layer)
+        offload = env.process(d2h.transfer(float(d2h_bytes), max(copies, 1), tl, "offload"))
+        if blocking_offload:
+            yield offload
+        # promoted tokens must be in HBM before the next step attends them
+        yield env.process(h2d.transfer(float(h2d_bytes), max(copies, 1), tl, "promote"))
+        return float(h2d_bytes), float(d2h_bytes)
+
+    def decode():
+        nonlocal last
+        last_h2d_busy_s = 0.0
+        for s in range(plan.steps):
+            row = plan.attend[s]
+            tl = timeline if s in window else None
+            start = env.now
+            pf_bytes, _ = _prefetch_layer(ctx, row)
+            h2d_b = L * pf_bytes if (ctx.policy.tiering and pol.prefetch != "per_interval") else 0.0
+            if last is not None and s % stride and not plan.retier[s] and tl is None:
+                # stride: repeat the last simulated step's time (and link busy time) instead of simulating it
+                yield env.timeout(last.step_s)
+                if last_h2d_busy_s > 0:
+                    h2d.busy.append((start, start + last_h2d_busy_s))
+                compute_s = last.compute_s
+            else:
+                n_busy = len(h2d.busy)
+                compute_s = yield from step_body(s, row, tl)
+                last_h2d_busy_s = sum(b - a for a, b in h2d.busy[n_busy:])
+            d2h_b = 0.0
+            if plan.retier[s]:
+                extra_h2d, d2h_b = yield from retier_traffic(s, tl)
+                h2d_b += extra_h2d
+            step_s = env.now - start
+            stall_s = step_s - compute_s
+            last = StepRecord(s, env.now, step_s, compute_s, stall_s if stall_s > STALL_EPS_S else 0.0, h2d_b, d2h_b)
+            records.append(last)
+
+    env.process(decode())
+    env.run()
+    decode_s = records[-1].t_s if records else 0.0
+    # an async offload can outlive the last step; utilisation is over the decode span
+    return Timing(records=records, h2d_busy=h2d.busy, d2h_busy=d2h.busy, timeline=timeline, decode_s=decode_s)
+
+
+def busy_union_s(*interval_lists: list[tuple[float, float]], until: float) -> float:
+    """Length of the union of busy intervals, clipped at `until`."""
+    ivs = sorted((a, min(b, until)) for lst in interval_lists for a, b in lst if a < until)
+    total, cur_a, cur_b = 0.0, None, None
+    for a, b in ivs:
+        if cur_b is None or a > cur_b:
+            if cur_b is not None:
+                total += cur_b - cur_a
+            cur_a, cur_b = a, b
+        else:
+            cur_b = max(cur_b, b)
+    if cur_b is not None:
+        total += cur_b - cur_a
+    return total
+
+
+def simulate(scenario, profile=None, **kwargs):
+    """Public entry point: see `sim.runner.simulate`."""
+    from .runner import simulate as _simulate
+
+    return _simulate(scenario, profile, **kwargs)

@@ -1,0 +1,71 @@
+"""Token-level tier evolution of a whole batch, step by step, independent of timing.
+
+Which tokens sit where depends only on the policy and the seeded importance, never on how long a
+step took, so it is computed once; memory (fits) and timing (SimPy) both read this plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .context import RunContext, draw_lengths
+from .sequence import SequenceTiers
+
+# columns of StepPlan.attend (counts attended during the step's forward, before its re-tier)
+ATT_T0, ATT_T1, ATT_T2, ATT_SEQS_T1, ATT_SEQS_T2, ACTIVE = range(6)
+# columns of StepPlan.moves (re-tier after the step)
+MV_D2H_T1, MV_D2H_T2, MV_H2D_T1, MV_H2D_T2, MV_EVICTED, MV_SEQS = range(6)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    lengths: np.ndarray  # reasoning tokens per sequence
+    attend: np.ndarray  # (steps, 6) see ATT_*
+    after: np.ndarray  # (steps, 4) T0..T3 summed over active sequences after the step
+    moves: np.ndarray  # (steps, 6) see MV_*
+    retier: np.ndarray  # (steps,) bool
+
+    @property
+    def steps(self) -> int:
+        return len(self.attend)
+
+
+def evolve(ctx: RunContext) -> StepPlan:
+    sc = ctx.scenario
+    w = sc.workload
+    lengths = draw_lengths(w, w.batch_size)
+    steps = int(lengths.max())
+    seed_seq = np.random.SeedSequence([w.seed, 2])
+    rngs = [np.random.default_rng(s) for s in seed_seq.spawn(w.batch_size)]
+    seqs = [
+        SequenceTiers(w.prompt_tokens, w.prompt_tokens + int(n), ctx.policy, sc.policy.importance, rng, sc.policy.scoring)
+        for n, rng in zip(lengths, rngs)
+    ]
+    attend = np.zeros((steps, 6), dtype=np.int64)
+    after = np.zeros((steps, 4), dtype=np.int64)
+    moves = np.zeros((steps, 6), dtype=np.int64)
+    retier = np.zeros(steps, dtype=bool)
+    # running per-sequence counts so the per-step loop stays O(batch)
+    counts = np.array([[w.prompt_tokens, 0, 0, 0]] * w.batch_size, dtype=np.int64)
+    for step in range(steps):
+        active = np.flatnonzero(lengths > step)
+        due = ctx.policy.retier_due(step)
+        retier[step] = due
+        for i in active:
+            seqs[i].append_token()
+        counts[active, 0] += 1
+        a = counts[active]
+        attend[step] = (a[:, 0].sum(), a[:, 1].sum(), a[:, 2].sum(),
+                        np.count_nonzero(a[:, 1]), np.count_nonzero(a[:, 2]), len(active))
+        if due:
+            seqs_moved = 0
+            for i in active:
+                mv = seqs[i].retier()
+                counts[i] = seqs[i].counts()
+                moves[step] += (mv.to_t1_from_t0, mv.to_t2_from_t0, mv.to_t0_from_t1, mv.to_t0_from_t2, mv.evicted, 0)
+                seqs_moved += bool(mv.offloaded or mv.to_t0_from_t1 or mv.to_t0_from_t2)
+            moves[step, MV_SEQS] = seqs_moved
+        after[step] = counts[active].sum(axis=0)
+    return StepPlan(lengths=lengths, attend=attend, after=after, moves=moves, retier=retier)

@@ -1,0 +1,72 @@
+"""Writing a run directory and formatting a summary for people."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from .atomic import write_text_atomic
+from .units import GB, MS
+
+
+def to_json(summary: dict) -> str:
+    def clean(v):
+        if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        if hasattr(v, "item"):  # numpy scalars
+            return v.item()
+        return v
+
+    return json.dumps(clean(summary), indent=2, sort_keys=False)
+
+
+def write_run_dir(out_dir: str | Path, scenario_yaml: str, summary: dict, steps_csv: str) -> Path:
+    """resolved scenario, summary.json and steps.csv, each written atomically."""
+    out = Path(out_dir)
+    write_text_atomic(out / "scenario.resolved.yaml", scenario_yaml)
+    write_text_atomic(out / "steps.csv", steps_csv)
+    write_text_atomic(out / "summary.json", to_json(summary) + "\n")
+    return out
+
+
+def _gb(x) -> str:
+    return "-" if x is None else f"{x / GB:,.2f} GB"
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f} %"
+
+
+def summary_rows(s: dict) -> list[tuple[str, str]]:
+    """(label, value) rows in reading order."""
+    rows = [
+        ("scenario", f"{s['scenario']}: {s['model']} on {s['gpu']}, batch {s['batch_size']}, "
+                     f"{s['policy']} ({s['semantics']}, {s['prefetch']})"),
+    ]
+    if s["fits"]:
+        rows.append(("fits", "yes"))
+    else:
+        need = s["hbm_peak_bytes"]
+        rows.append(("fits", f"NO - does not fit: needs {_gb(need)} HBM, has {_gb(s['hbm_capacity_bytes'])}"
+                     + (f"; host needs {_gb(s['host_peak_bytes'])}, has {_gb(s['host_capacity_bytes'])}" if s["host_shortfall_bytes"] else "")))
+    tput = s.get("throughput_tok_per_s")
+    rows += [
+        ("decode throughput", "-" if tput is None else f"{tput:,.1f} tok/s"),
+        ("TPOT p50 / p99", "-" if s.get("tpot_p50_s") is None else f"{s['tpot_p50_s'] / MS:.3f} / {s['tpot_p99_s'] / MS:.3f} ms"),
+        ("HBM peak", _gb(s["hbm_peak_bytes"]) + f" of {_gb(s['hbm_capacity_bytes'])}"),
+        ("HBM saved vs full_hbm", _gb(s["hbm_saved_bytes"])),
+        ("host peak", _gb(s["host_peak_bytes"])),
+        ("H2D / D2H bytes", f"{_gb(s.get('h2d_bytes'))} / {_gb(s.get('d2h_bytes'))}"),
+        ("link utilisation H2D / D2H", f"{_pct(s.get('h2d_utilization'))} / {_pct(s.get('d2h_utilization'))}"),
+        ("transfer share / stall share", f"{_pct(s.get('transfer_share'))} / {_pct(s.get('stall_share'))}"),
+        ("offloaded / evicted tokens", f"{s['offloaded_tokens']:,} / {s['evicted_tokens']:,}"),
+        ("max batch that fits", str(s.get("max_batch"))),
+    ]
+    if s.get("link_bottleneck"):
+        rows.append(("bottleneck", "host link (a direction is busy >= 90% of decode time)"))
+    return rows

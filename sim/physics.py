@@ -1,0 +1,114 @@
+"""Pure cost functions of decode: per-layer roofline, LM head, prefill, layerwise prefetch pipeline.
+
+No SimPy here: the engine only schedules what these compute. Formulas are in the docstrings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .hardware import Hardware
+from .model_spec import ModelSpec
+from .units import ATTN_MATMULS, FLOP_PER_MAC
+
+ACTIVATION_BYTES = 2  # bf16 activations
+
+
+def roofline_s(flop: float, bytes_moved: float, flop_per_s: float, bytes_per_s: float) -> float:
+    """time = max(FLOP / achieved FLOP/s, bytes / achieved bytes/s)."""
+    return max(flop / flop_per_s, bytes_moved / bytes_per_s)
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    gemm_s: float
+    attention_s: float
+    overhead_s: float
+    flop: float
+    hbm_bytes: float
+
+    @property
+    def total_s(self) -> float:
+        return self.gemm_s + self.attention_s + self.overhead_s
+
+
+def gemm_flop(model: ModelSpec, batch: int) -> float:
+    """Projection + MLP FLOP of one layer for one decode step: 2 * active linear params * B."""
+    return FLOP_PER_MAC * model.active_linear_params_layer() * batch
+
+
+def attention_flop(model: ModelSpec, attended_tokens: int) -> float:
+    """Decode attention FLOP of one layer: sum_b 4 * n_b * H * d (QK^T and PV, 2 FLOP per MAC)."""
+    return ATTN_MATMULS * FLOP_PER_MAC * attended_tokens * model.num_heads * model.head_dim
+
+
+def decode_layer_cost(
+    model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, batch: int,
+    attended_tokens: int, kv_bytes_per_token_layer: float,
+    t2_staged_tokens: int = 0, t2_bytes_per_token_layer: float = 0.0,
+) -> LayerCost:
+    """One layer of one decode step for a batch.
+
+    gemm_s = max(2 * P_layer * B / gemm_flop_per_s(B), weight_bytes / weight_hbm_bytes_per_s)
+    attention_s = max(4 * sum_b n_b * H * d / attn_flop_per_s,
+                      (attended KV bytes + T2 dequant read+write + new K/V write) / attn_hbm_bytes_per_s)
+    `attended_tokens` = sum over the batch of T0 + staged T1/T2 tokens.
+    """
+    g_flop = gemm_flop(model, batch)
+    w_bytes = model.layer_weight_bytes_read(weight_dtype, batch, group_size)
+    gemm_s = roofline_s(g_flop, w_bytes, hw.gemm_flop_per_s(batch), hw.weight_hbm_bytes_per_s)
+    a_flop = attention_flop(model, attended_tokens)
+    dequant_bytes = t2_staged_tokens * (t2_bytes_per_token_layer + kv_bytes_per_token_layer)
+    kv_bytes = (attended_tokens + batch) * kv_bytes_per_token_layer + dequant_bytes
+    attn_s = roofline_s(a_flop, kv_bytes, hw.attention_flop_per_s, hw.attention_hbm_bytes_per_s)
+    return LayerCost(gemm_s, attn_s, hw.layer_overhead_s, g_flop + a_flop, w_bytes + kv_bytes)
+
+
+def lm_head_s(model: ModelSpec, hw: Hardware, batch: int) -> float:
+    """LM head per step: max(2 * V * h * B / gemm FLOP/s, V * h * 2 B / weight bandwidth)."""
+    flop = FLOP_PER_MAC * model.vocab_size * model.hidden_size * batch
+    return roofline_s(flop, model.lm_head_bytes(), hw.gemm_flop_per_s(batch), hw.weight_hbm_bytes_per_s)
+
+
+def prefill_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, batch: int, prompt_tokens: int) -> float:
+    """Prefill of B prompts of P tokens: GEMMs over B*P rows plus causal attention
+    (sum over positions of 4 * i * H * d = 2 * P^2 * H * d per sequence per layer)."""
+    if prompt_tokens <= 0:
+        return 0.0
+    rows = batch * prompt_tokens
+    g_flop = gemm_flop(model, rows)
+    w_bytes = model.layer_weight_bytes(weight_dtype, group_size)
+    causal_flop = batch * ATTN_MATMULS * FLOP_PER_MAC * model.num_heads * model.head_dim * prompt_tokens * (prompt_tokens + 1) / 2
+    per_layer = (
+        roofline_s(g_flop, w_bytes, hw.gemm_flop_per_s(rows), hw.weight_hbm_bytes_per_s)
+        + causal_flop / hw.attention_flop_per_s
+        + hw.layer_overhead_s
+    )
+    return model.num_layers * per_layer + lm_head_s(model, hw, batch)
+
+
+def layerwise_pipeline_s(compute_s: list[float], copy_s: list[float], buffers: int) -> tuple[float, float]:
+    """Closed form of the layerwise prefetch pipeline for one step, all copies issued at t=0.
+
+    Copy l starts when copy l-1 is done and a staging buffer is free (layer l-buffers finished);
+    layer l computes when layer l-1 is done and copy l is done; a layer without staged tokens
+    (copy_s = 0) needs no buffer. Returns (finish time, stall = finish - sum(compute)).
+    """
+    n = len(compute_s)
+    copy_end = [0.0] * n
+    comp_end = [0.0] * n
+    link_free = 0.0
+    users: list[int] = []  # layers holding a buffer, in order
+    for layer in range(n):
+        if copy_s[layer] > 0:
+            start = link_free
+            if len(users) >= buffers:
+                start = max(start, comp_end[users[-buffers]])
+            copy_end[layer] = start + copy_s[layer]
+            link_free = copy_end[layer]
+            users.append(layer)
+        ready = copy_end[layer] if copy_s[layer] > 0 else 0.0
+        prev = comp_end[layer - 1] if layer else 0.0
+        comp_end[layer] = max(prev, ready) + compute_s[layer]
+    finish = comp_end[-1] if n else 0.0
+    return finish, finish - sum(compute_s)

@@ -1,0 +1,126 @@
+"""One simulated run: tier plan -> memory (fits?) -> SimPy timing -> summary and per-step table."""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from . import __version__
+from .capacity import batch_memory_trace, fits, max_batch, memory_trace
+from .context import RunContext, build_context
+from .engine import busy_union_s, run_timing
+from .evolution import ACTIVE, ATT_T0, ATT_T1, ATT_T2, MV_D2H_T1, MV_D2H_T2, MV_EVICTED, evolve
+from .physics import prefill_s
+from .profile import Profile
+from .scenario import Scenario
+from .tiers import TierPolicy
+
+STEP_COLUMNS = ["step", "t_s", "step_s", "compute_s", "stall_s", "h2d_bytes", "d2h_bytes",
+                "tokens_t0", "tokens_t1", "tokens_t2", "tokens_t3", "hbm_bytes", "host_bytes", "batch_active"]
+P50, P99 = 50, 99
+LINK_BOTTLENECK_UTILIZATION = 0.9  # a direction busy this share of decode time is the bottleneck
+
+
+@dataclass
+class SimResult:
+    summary: dict
+    steps: pd.DataFrame
+    timeline: pd.DataFrame
+    scenario: Scenario
+
+
+def _versions() -> dict[str, str]:
+    import simpy
+    import pydantic
+
+    return {"kvtier": __version__, "python": platform.python_version(), "simpy": simpy.__version__,
+            "numpy": np.__version__, "pandas": pd.__version__, "pydantic": pydantic.__version__}
+
+
+def full_hbm_peak_bytes(ctx: RunContext) -> float:
+    """Peak HBM of the same workload with no tiering (the `full_hbm` baseline)."""
+    full = TierPolicy(kind="full_hbm")
+    return batch_memory_trace(ctx, ctx.scenario.workload.batch_size, full).hbm_peak_bytes
+
+
+def simulate(scenario: Scenario, profile: Profile | None = None, *, profile_path: str | None = None,
+             with_max_batch: bool = True) -> SimResult:
+    ctx = build_context(scenario, profile, profile_path)
+    plan = evolve(ctx)
+    att = plan.attend
+    mem = memory_trace(ctx, att[:, ATT_T0], att[:, ATT_T1], att[:, ATT_T2], att[:, ACTIVE])
+    ok, hbm_short, host_short = fits(mem, ctx)
+    timing = run_timing(ctx, plan) if ok else None
+
+    steps = pd.DataFrame({
+        "step": np.arange(plan.steps),
+        "tokens_t0": plan.after[:, 0], "tokens_t1": plan.after[:, 1],
+        "tokens_t2": plan.after[:, 2], "tokens_t3": plan.after[:, 3],
+        "hbm_bytes": mem.hbm_bytes, "host_bytes": mem.host_bytes, "batch_active": att[:, ACTIVE],
+    })
+    if timing is not None:
+        rec = pd.DataFrame([r.__dict__ for r in timing.records])
+        steps = rec.merge(steps, on="step")
+    else:
+        for col in ("t_s", "step_s", "compute_s", "stall_s", "h2d_bytes", "d2h_bytes"):
+            steps[col] = np.nan
+    steps = steps[STEP_COLUMNS]
+
+    generated = int(plan.lengths.sum())
+    summary: dict = {
+        "scenario": scenario.name,
+        "model": ctx.model.name,
+        "gpu": ctx.hw.gpu.name,
+        "policy": scenario.policy.kind,
+        "semantics": scenario.policy.semantics,
+        "prefetch": scenario.policy.prefetch,
+        "batch_size": scenario.workload.batch_size,
+        "generated_tokens": generated,
+        "steps": plan.steps,
+        "fits": ok,
+        "hbm_shortfall_bytes": hbm_short,
+        "host_shortfall_bytes": host_short,
+        "hbm_capacity_bytes": ctx.hw.memory_bytes,
+        "host_capacity_bytes": ctx.hw.host_memory_bytes,
+        "hbm_peak_bytes": mem.hbm_peak_bytes,
+        "hbm_saved_bytes": full_hbm_peak_bytes(ctx) - mem.hbm_peak_bytes,
+        "host_peak_bytes": mem.host_peak_bytes,
+        "weights_bytes": ctx.weights_bytes,
+        "kv_bytes_per_token": ctx.kv_bytes_per_token,
+        "offloaded_tokens": int(plan.moves[:, MV_D2H_T1].sum() + plan.moves[:, MV_D2H_T2].sum()),
+        "evicted_tokens": int(plan.moves[:, MV_EVICTED].sum()),
+        "final_tokens_per_tier": {f"t{i}": int(plan.after[-1, i]) for i in range(4)} if plan.steps else {},
+    }
+    if timing is not None:
+        decode_s = timing.decode_s
+        step_s = steps["step_s"].to_numpy()
+        h2d_busy = busy_union_s(timing.h2d_busy, until=decode_s)
+        d2h_busy = busy_union_s(timing.d2h_busy, until=decode_s)
+        summary.update({
+            "decode_s": decode_s,
+            "prefill_s": prefill_s(ctx.model, ctx.hw, scenario.model.weight_dtype, scenario.model.weight_group_size,
+                                   scenario.workload.batch_size, scenario.workload.prompt_tokens),
+            "throughput_tok_per_s": generated / decode_s if decode_s > 0 else None,
+            "tpot_p50_s": float(np.percentile(step_s, P50)),
+            "tpot_p99_s": float(np.percentile(step_s, P99)),
+            "h2d_bytes": float(steps["h2d_bytes"].sum()),
+            "d2h_bytes": float(steps["d2h_bytes"].sum()),
+            "h2d_utilization": h2d_busy / decode_s,
+            "d2h_utilization": d2h_busy / decode_s,
+            "transfer_share": busy_union_s(timing.h2d_busy, timing.d2h_busy, until=decode_s) / decode_s,
+            "stall_share": float(steps["stall_s"].sum()) / decode_s,
+        })
+        summary["link_bottleneck"] = max(summary["h2d_utilization"], summary["d2h_utilization"]) >= LINK_BOTTLENECK_UTILIZATION
+    else:
+        for key in ("decode_s", "prefill_s", "throughput_tok_per_s", "tpot_p50_s", "tpot_p99_s", "h2d_bytes", "d2h_bytes",
+                    "h2d_utilization", "d2h_utilization", "transfer_share", "stall_share", "link_bottleneck"):
+            summary[key] = None
+    summary["max_batch"] = max_batch(ctx) if with_max_batch else None
+    summary["sources"] = dict(ctx.hw.sources)
+    summary["profile"] = profile_path
+    summary["versions"] = _versions()
+    summary["resolved_scenario"] = scenario.model_dump(mode="json")
+    return SimResult(summary=summary, steps=steps, timeline=pd.DataFrame(timing.timeline if timing else []), scenario=scenario)
