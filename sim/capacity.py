@@ -40,7 +40,7 @@ def memory_trace(ctx: RunContext, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray
     if not ctx.policy.tiering:
         stage = np.zeros_like(staged_layer, dtype=float)
     kv_t0 = t0 * ctx.kv_bytes_per_token
-    act = np.array([activation_bytes(ctx.model, int(b)) for b in active], dtype=float)
+    act = np.asarray(active, dtype=float) * activation_bytes(ctx.model, 1)  # linear in batch
     hbm = ctx.weights_bytes + kv_t0 + stage + act + ctx.hw.runtime_reserve_bytes
     host = t1 * ctx.kv_bytes_per_token + t2 * ctx.t2_bytes_per_token
     return MemoryTrace(hbm_bytes=hbm, host_bytes=host, kv_t0_bytes=kv_t0, staging_bytes=stage)
@@ -51,23 +51,40 @@ def _trajectory(prompt: int, length: int, policy: TierPolicy) -> np.ndarray:
     return count_trajectory(prompt, length, policy)
 
 
-def batch_memory_trace(ctx: RunContext, batch: int, policy: TierPolicy | None = None) -> MemoryTrace:
-    """Memory of `batch` sequences (lengths drawn from the workload seed) from tier counts alone.
-    Counts attended in step s are those after step s-1's re-tier plus the new token."""
+@dataclass(frozen=True)
+class BatchCounts:
+    """Tier counts summed over a batch, per decode step, from the ratios alone.
+    `attend` = counts during step s's forward (after step s-1's re-tier, plus the new token);
+    `after` = counts after step s (its re-tier applied)."""
+
+    attend: np.ndarray  # (steps, 4)
+    after: np.ndarray  # (steps, 4)
+    active: np.ndarray  # (steps,)
+
+
+def batch_counts(ctx: RunContext, batch: int, policy: TierPolicy | None = None) -> BatchCounts:
     policy = policy or ctx.policy
     w = ctx.scenario.workload
     lengths = draw_lengths(w, batch)
     steps = int(lengths.max())
-    total = np.zeros((steps, 4), dtype=np.int64)
+    attend = np.zeros((steps, 4), dtype=np.int64)
+    after = np.zeros((steps, 4), dtype=np.int64)
     active = np.zeros(steps, dtype=np.int64)
     uniq, mult = np.unique(lengths, return_counts=True)
     for n, k in zip(uniq, mult):
         traj = _trajectory(w.prompt_tokens, int(n), policy)
         before = np.vstack([[w.prompt_tokens, 0, 0, 0], traj[:-1]])
         before[:, 0] += 1  # the step's own new token
-        total[: int(n)] += k * before
+        attend[: int(n)] += k * before
+        after[: int(n)] += k * traj
         active[: int(n)] += k
-    return memory_trace(ctx, total[:, 0], total[:, 1], total[:, 2], active)
+    return BatchCounts(attend=attend, after=after, active=active)
+
+
+def batch_memory_trace(ctx: RunContext, batch: int, policy: TierPolicy | None = None) -> MemoryTrace:
+    """Memory of `batch` sequences (lengths drawn from the workload seed) from tier counts alone."""
+    c = batch_counts(ctx, batch, policy)
+    return memory_trace(ctx, c.attend[:, 0], c.attend[:, 1], c.attend[:, 2], c.active)
 
 
 def fits(trace: MemoryTrace, ctx: RunContext) -> tuple[bool, float, float]:

@@ -83,6 +83,9 @@ class GemmPoint(_P):
     time_s: float = Field(gt=0)
     flop_per_s: float = Field(gt=0)
     weight_bytes_per_s: float = Field(gt=0)  # n*k*bytes / time: weight streaming rate
+    samples: int = Field(1, ge=1)
+    rel_spread: float = Field(0.0, ge=0)  # (max - min) / median over samples
+    best_flop_per_s: float | None = Field(None, gt=0)  # from the fastest sample (time_s is the median)
 
 
 class AttentionPoint(_P):
@@ -95,6 +98,8 @@ class AttentionPoint(_P):
     time_s: float = Field(gt=0)
     kv_bytes_per_s: float = Field(gt=0)
     backend: str
+    samples: int = Field(1, ge=1)
+    rel_spread: float = Field(0.0, ge=0)  # (max - min) / median over samples
 
 
 class ComputeProfile(_P):
@@ -107,6 +112,7 @@ class ComputeProfile(_P):
     peak_flop_per_s: dict[str, float] = {}  # by dtype, from the peak search
     gemm_flop_per_s_by_rows: list[tuple[int, float]] = []  # (M, achieved FLOP/s), bf16
     layer_overhead_s: float | None = Field(None, ge=0)
+    kernel_launch_s: float | None = Field(None, gt=0)  # one small kernel, back to back (eager)
     attention_backend: str | None = None
     gemm_points: list[GemmPoint] = []
     attention_points: list[AttentionPoint] = []

@@ -187,9 +187,31 @@ def scenario_from_dict(data: Any, source: str, overrides: list[str] | None = Non
         raise ConfigError("expected a mapping at the top level", source=source)
     data = apply_overrides(data, overrides or [], source)
     try:
-        return Scenario.model_validate(data)
+        scenario = Scenario.model_validate(data)
     except ValidationError as err:
         raise validation_error_line(err, source) from None
+    check_catalog_names(scenario, source)
+    return scenario
+
+
+def check_catalog_names(scenario: Scenario, source: str) -> None:
+    """Unknown model, GPU or link names fail at load, naming the file and the field."""
+    from . import catalog
+
+    checks = [("model.name", scenario.model.name, catalog.model), ("hardware.gpu", scenario.hardware.gpu, catalog.gpu),
+              ("hardware.link", scenario.hardware.link, catalog.link)]
+    if scenario.model.hf_config is not None:
+        try:
+            catalog.model_from_hf_config(scenario.model.hf_config)
+        except ConfigError as err:
+            raise ConfigError(f"{err.source}: {err.message}", source=source, field="model.hf_config") from None
+    for field, value, lookup in checks:
+        if value is None:
+            continue
+        try:
+            lookup(value)
+        except ConfigError as err:
+            raise ConfigError(err.message, source=source, field=field) from None
 
 
 def read_yaml(path: str | Path) -> Any:
@@ -210,7 +232,13 @@ def read_yaml(path: str | Path) -> Any:
 
 
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
-    return scenario_from_dict(read_yaml(path), str(path), overrides)
+    """Load and validate; a relative `model.hf_config` is taken relative to the scenario file."""
+    data = read_yaml(path)
+    if isinstance(data, dict) and isinstance(data.get("model"), dict):
+        hf = data["model"].get("hf_config")
+        if isinstance(hf, str) and not Path(hf).is_absolute() and (Path(path).parent / hf).exists():
+            data = {**data, "model": {**data["model"], "hf_config": str(Path(path).parent / hf)}}
+    return scenario_from_dict(data, str(path), overrides)
 
 
 def scenario_to_yaml(scenario: Scenario) -> str:
