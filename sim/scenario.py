@@ -122,7 +122,7 @@ class PolicyCfg(_Strict):
 
 
 class SimCfg(_Strict):
-    detail: Literal["layer", "step"] = "step"  # layer: SimPy event per layer; step: closed-form pipeline
+    detail: Literal["layer", "step"] = "layer"  # layer: SimPy events per layer; step: closed-form pipeline per step
     step_stride: int = Field(1, ge=1)  # simulate every k-th decode step, weight it by k
     record_every: int = Field(1, ge=1)  # per-step CSV keeps every n-th simulated step
     max_batch_limit: int = Field(4096, ge=1)  # upper end of the max-batch search
