@@ -120,6 +120,15 @@ def gpus(as_json: bool = typer.Option(False, "--json")) -> None:
                   r["link"], f"{r['link_pinned_h2d_bytes_per_s'] / GB:.1f}/{r['link_pinned_d2h_bytes_per_s'] / GB:.1f} GB/s",
                   str(r["copy_engines"]))
     console.print(t)
+    lt = Table(title="host links (per direction)")
+    for col in ("link", "theoretical", "pinned H2D/D2H", "pageable H2D/D2H", "both busy, each", "per copy"):
+        lt.add_column(col, justify="left" if col == "link" else "right")
+    for ln in catalog.links().values():
+        lt.add_row(ln.name, f"{ln.theoretical_bytes_per_s / GB:.1f} GB/s",
+                   f"{ln.pinned_h2d_bytes_per_s / GB:.1f}/{ln.pinned_d2h_bytes_per_s / GB:.1f} GB/s",
+                   f"{ln.pageable_h2d_bytes_per_s / GB:.1f}/{ln.pageable_d2h_bytes_per_s / GB:.1f} GB/s",
+                   f"{ln.bidirectional_bytes_per_s / GB:.1f} GB/s", f"{ln.per_copy_latency_s * 1e6:.1f} us")
+    console.print(lt)
 
 
 def main() -> None:

@@ -67,6 +67,12 @@ def summary_rows(s: dict) -> list[tuple[str, str]]:
         ("offloaded / evicted tokens", f"{s['offloaded_tokens']:,} / {s['evicted_tokens']:,}"),
         ("max batch that fits", str(s.get("max_batch"))),
     ]
+    measured = sorted(k for k, v in s.get("sources", {}).items() if str(v).startswith("profile"))
+    rows.append(("hardware figures", f"measured ({', '.join(measured)}) from {s.get('profile')}; others datasheet x default efficiency"
+                 if measured else "datasheet x default efficiency (no profile)"))
+    overridden = sorted(k for k, v in s.get("sources", {}).items() if v == "scenario override")
+    if overridden:
+        rows.append(("scenario overrides", ", ".join(overridden)))
     if s.get("link_bottleneck"):
         rows.append(("bottleneck", "host link (a direction is busy >= 90% of decode time)"))
     return rows

@@ -119,6 +119,10 @@ def simulate(scenario: Scenario, profile: Profile | None = None, *, profile_path
                     "h2d_utilization", "d2h_utilization", "transfer_share", "stall_share", "link_bottleneck"):
             summary[key] = None
     summary["max_batch"] = max_batch(ctx) if with_max_batch else None
+    every = scenario.sim.record_every
+    if every > 1:  # the CSV keeps every n-th step and the last; the summary used them all
+        keep = (steps["step"] % every == 0) | (steps["step"] == plan.steps - 1)
+        steps = steps[keep].reset_index(drop=True)
     summary["sources"] = dict(ctx.hw.sources)
     summary["profile"] = profile_path
     summary["versions"] = _versions()

@@ -179,3 +179,10 @@ def test_summary_json_is_plain_json(small_scenario_dict):
     r = simulate(scen(small_scenario_dict))
     data = json.loads(to_json(r.summary))
     assert data["resolved_scenario"]["workload"]["batch_size"] == 2
+
+
+def test_record_every_thins_the_csv_not_the_summary(small_scenario_dict):
+    full = simulate(scen(small_scenario_dict))
+    thin = simulate(scen(small_scenario_dict, "sim.record_every=10"))
+    assert list(thin.steps["step"]) == list(range(0, 300, 10)) + [299]
+    assert thin.summary["throughput_tok_per_s"] == full.summary["throughput_tok_per_s"]
