@@ -1,0 +1,40 @@
+"""The few figures of a profile a person wants to see after a calibration, as (label, value) rows."""
+
+from __future__ import annotations
+
+from sim.profile import Profile
+from sim.units import US
+
+from . import fmt
+
+
+def summary_rows(profile: Profile) -> list[tuple[str, str]]:
+    rows = [("device", f"{profile.device}: {profile.device_name}")]
+    if profile.link is not None:
+        for c in profile.link.curves:
+            if not c.concurrent:
+                rows.append((f"{c.direction} {c.memory}",
+                             f"{fmt.rate(c.fit_bytes_per_s)} + {c.fit_per_copy_latency_s / US:.1f} us per copy "
+                             f"(largest: {fmt.rate(max(c.points, key=lambda p: p.size_bytes).bytes_per_s)})"))
+        for d in ("h2d", "d2h"):
+            bidir = getattr(profile.link, f"bidirectional_{d}_bytes_per_s")
+            if bidir:
+                rows.append((f"{d} while both directions copy", fmt.rate(bidir)))
+    c = profile.compute
+    if c.device_copy_bytes_per_s:
+        rows.append(("device copy (read + written)", fmt.rate(c.device_copy_bytes_per_s)))
+    if "bf16" in c.weight_hbm_bytes_per_s:
+        rows.append(("weight streaming bf16 (small M)", fmt.rate(c.weight_hbm_bytes_per_s["bf16"])))
+    if "bf16" in c.peak_flop_per_s:
+        rows.append(("peak GEMM bf16", fmt.flops(c.peak_flop_per_s["bf16"])))
+    for m, flop_per_s in c.gemm_flop_per_s_by_rows:
+        rows.append((f"GEMM bf16 at M={m}", fmt.flops(flop_per_s)))
+    if c.attention_hbm_bytes_per_s:
+        rows.append(("attention K/V streaming", f"{fmt.rate(c.attention_hbm_bytes_per_s)} ({c.attention_backend})"))
+    if c.kernel_launch_s:
+        rows.append(("kernel launch", f"{c.kernel_launch_s / US:.2f} us"))
+    if c.layer_overhead_s is not None:
+        rows.append(("layer overhead", f"{c.layer_overhead_s / US:.1f} us"))
+    if profile.copy_engines:
+        rows.append(("copy engines", str(profile.copy_engines)))
+    return rows

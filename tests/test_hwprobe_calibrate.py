@@ -1,0 +1,404 @@
+"""`hwprobe calibrate`: the fit, the checks, data integrity, the unavailable path, a CPU run end to end."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from hwprobe.calibrate import checks
+from hwprobe.calibrate.fit import fit_latency_bandwidth
+from hwprobe.calibrate.plan import powers_of_two
+from hwprobe.cli import app
+from sim import catalog
+from sim.atomic import write_text_atomic
+from sim.profile import (AttentionPoint, ComputeProfile, CopyCurve, CopyPoint, GemmPoint, LinkProfile, Profile,
+                         load_profile, profile_to_yaml)
+from sim.units import GB, TFLOP, GiB, KiB, MiB
+
+torch = pytest.importorskip("torch")
+runner = CliRunner()
+SIZES = powers_of_two(4 * KiB, 1 * GiB)
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+# ---- the fit ------------------------------------------------------------------------------------
+
+def test_fit_recovers_exact_latency_and_bandwidth():
+    latency_s, bandwidth = 5e-6, 50 * GB
+    fit = fit_latency_bandwidth(SIZES, [latency_s + s / bandwidth for s in SIZES])
+    assert fit.per_copy_latency_s == pytest.approx(latency_s, rel=1e-9)
+    assert fit.bytes_per_s == pytest.approx(bandwidth, rel=1e-9)
+
+
+@settings(max_examples=50, deadline=None)
+@given(latency_s=st.floats(1e-7, 1e-3), bandwidth=st.floats(1e8, 1e12))
+def test_fit_recovers_any_exact_line(latency_s, bandwidth):
+    fit = fit_latency_bandwidth(SIZES, [latency_s + s / bandwidth for s in SIZES])
+    assert fit.per_copy_latency_s == pytest.approx(latency_s, rel=1e-6)
+    assert fit.bytes_per_s == pytest.approx(bandwidth, rel=1e-6)
+
+
+def test_fit_weights_small_copies_so_latency_survives_noise_on_large_ones():
+    latency_s, bandwidth = 10e-6, 25 * GB
+    times = [(latency_s + s / bandwidth) * (1.02 if s >= 256 * MiB else 1.0) for s in SIZES]
+    assert fit_latency_bandwidth(SIZES, times).per_copy_latency_s == pytest.approx(latency_s, rel=0.05)
+
+
+def test_fit_with_negative_intercept_goes_through_the_origin():
+    sizes = [1 * MiB, 2 * MiB, 4 * MiB]
+    fit = fit_latency_bandwidth(sizes, [s / (10 * GB) - 20e-6 for s in sizes])
+    assert fit.per_copy_latency_s == 0.0
+    assert 10 * GB < fit.bytes_per_s < 12 * GB
+
+
+def test_fit_of_one_size_is_size_over_time():
+    fit = fit_latency_bandwidth([4 * MiB, 4 * MiB], [1e-3, 1e-3])
+    assert fit == type(fit)(0.0, 4 * MiB / 1e-3)
+
+
+@pytest.mark.parametrize("sizes, times", [([], []), ([1, 2], [1.0]), ([0, 2], [1.0, 2.0]), ([1, 2], [1.0, -1.0])])
+def test_fit_rejects_bad_input(sizes, times):
+    with pytest.raises(ValueError):
+        fit_latency_bandwidth(sizes, times)
+
+
+# ---- synthetic profiles -------------------------------------------------------------------------
+
+def _curve(direction, memory, bytes_per_s, concurrent=False, spread=0.01):
+    """Small copies slower and noisier than large ones, like real ones."""
+    shape = [(64 * KiB, 0.5, 1.0), (1 * MiB, 0.8, 0.5), (64 * MiB, 1.0, 0.25)]
+    points = [CopyPoint(size_bytes=s, time_s=s / (bytes_per_s * f), bytes_per_s=bytes_per_s * f, samples=5,
+                        rel_spread=spread * g) for s, f, g in shape]
+    return CopyCurve(direction=direction, memory=memory, concurrent=concurrent, points=points,
+                     fit_per_copy_latency_s=0.0, fit_bytes_per_s=bytes_per_s)
+
+
+def _profile(h2d_pinned=50 * GB, gemm_flop_per_s=700 * TFLOP, device_copy=4.3e12, spread=0.01, warnings=()):
+    gemm = GemmPoint(m=8192, n=8192, k=8192, dtype="bf16", time_s=2 * 8192**3 / gemm_flop_per_s,
+                     flop_per_s=gemm_flop_per_s, weight_bytes_per_s=1e9, samples=5, rel_spread=spread,
+                     best_flop_per_s=gemm_flop_per_s * 1.01)
+    attn = AttentionPoint(batch=1, context_tokens=4096, num_heads=28, num_kv_heads=4, head_dim=128, dtype="bf16",
+                          time_s=2e-6, kv_bytes_per_s=3e12, backend="flash_attention (cuda)", samples=5,
+                          rel_spread=spread)
+    return Profile(
+        device="cuda", device_name="NVIDIA H200", machine="test-host", created_utc="2026-01-01T00:00:00+00:00",
+        versions={"torch": "2.13.0"}, environment={"host": {"cpu_model": "x"}, "plan": {"samples": 5}},
+        device_memory_bytes=150e9, host_memory_bytes=2e12, copy_engines=3,
+        link=LinkProfile(curves=[_curve("h2d", "pinned", h2d_pinned, spread=spread), _curve("d2h", "pinned", 50 * GB),
+                                 _curve("h2d", "pinned", 40 * GB, concurrent=True)],
+                         bidirectional_h2d_bytes_per_s=40 * GB, bidirectional_d2h_bytes_per_s=38 * GB),
+        compute=ComputeProfile(device_copy_bytes_per_s=device_copy, weight_hbm_bytes_per_s={"bf16": 3.9e12},
+                               attention_hbm_bytes_per_s=3e12, peak_flop_per_s={"bf16": gemm_flop_per_s},
+                               gemm_flop_per_s_by_rows=[(1, 3e12), (256, 5e14)], layer_overhead_s=2e-5,
+                               kernel_launch_s=2.5e-6, attention_backend="flash_attention (cuda)",
+                               gemm_points=[gemm], attention_points=[attn]),
+        warnings=list(warnings), quick=True,
+    )
+
+
+def test_profile_round_trip(tmp_path):
+    profile = _profile(warnings=["implausible: nothing"])
+    path = tmp_path / "p.yaml"
+    write_text_atomic(path, profile_to_yaml(profile))
+    loaded = load_profile(path)
+    assert loaded == profile
+    assert loaded.compute.gemm_points[0].best_flop_per_s == profile.compute.gemm_points[0].best_flop_per_s
+    assert loaded.compute.gemm_flop_per_s_by_rows == [(1, 3e12), (256, 5e14)]
+
+
+# ---- bound checks -------------------------------------------------------------------------------
+
+H200 = catalog.gpu("h200-sxm")
+GEN5 = checks.link_peak(H200, 5, 16)
+
+
+def test_plausible_figures_raise_no_warning():
+    assert checks.implausible(_profile(), H200, GEN5) == []
+
+
+def test_copy_faster_than_the_link_is_implausible():
+    found = checks.implausible(_profile(h2d_pinned=80 * GB), H200, GEN5)
+    assert any(w.startswith("implausible: h2d pinned copy of 64 MiB measured 80.0 GB/s")
+               and "pcie-gen5-x16 theoretical 63.0 GB/s" in w for w in found), found
+    assert any("h2d pinned fitted bandwidth" in w for w in found)
+    assert not any("d2h" in w for w in found)
+
+
+def test_gemm_and_memory_faster_than_the_datasheet_are_implausible():
+    found = checks.implausible(_profile(gemm_flop_per_s=1200 * TFLOP, device_copy=6e12), H200, GEN5)
+    assert "implausible: GEMM 8192x8192x8192 bf16 measured 1200.00 TFLOP/s, above the h200-sxm datasheet bf16 989.00 TFLOP/s" in found
+    assert "implausible: peak bf16 GEMM measured 1200.00 TFLOP/s, above the h200-sxm datasheet bf16 989.00 TFLOP/s" in found
+    assert any(w.startswith("implausible: device-to-device copy (read + written) measured 6000.0 GB/s") for w in found)
+
+
+def test_no_bounds_without_a_catalog_match():
+    assert checks.implausible(_profile(gemm_flop_per_s=5000 * TFLOP, h2d_pinned=500 * GB), None, None) == []
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("NVIDIA H200", "h200-sxm"), ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA GH200 480GB", "gh200-144gb"),
+    ("NVIDIA GeForce RTX 4090", "rtx-4090"), ("NVIDIA A100-SXM4-80GB", "a100-80gb-sxm"), ("Tesla T4", None),
+])
+def test_match_gpu(name, expected):
+    spec = checks.match_gpu(name)
+    assert (spec.name if spec else None) == expected
+
+
+def test_link_peak_follows_nvml_generation_and_width():
+    assert checks.link_peak(H200, 4, 16) == checks.LinkPeak("pcie-gen4-x16", 31.5 * GB)
+    assert checks.link_peak(H200, 5, 8) == checks.LinkPeak("pcie-gen5-x8", 31.5 * GB)
+    assert checks.link_peak(H200, None, None) == checks.LinkPeak("pcie-gen5-x16", 63 * GB)
+    assert checks.link_peak(catalog.gpu("gh200"), 5, 16).name == "nvlink-c2c"
+    assert checks.link_peak(None, None, None) is None
+
+
+def test_variance_throttling_downtrain_and_drift_warnings():
+    noisy = checks.high_variance(_profile(spread=0.5))
+    assert "high variance: h2d pinned copies: 2 of 3 points spread more than 20% between samples (worst 50% at 64 KiB)" in noisy
+    assert any(w.startswith("high variance: GEMMs: 1 of 1") for w in noisy)
+    assert not any(w.startswith("high variance: d2h") for w in noisy)
+    assert checks.high_variance(_profile()) == []
+    cpu_like = _profile(spread=0.5)
+    curve = cpu_like.link.curves[0]
+    cpu_like = cpu_like.model_copy(update={"link": cpu_like.link.model_copy(
+        update={"curves": [curve, curve.model_copy(update={"memory": "pageable"})]})})
+    assert [w for w in checks.high_variance(cpu_like) if "copies" in w] == [
+        "high variance: h2d pinned/pageable copies: 2 of 3 points spread more than 20% between samples (worst 50% at 64 KiB)"]
+    assert checks.throttling(0x1 | 0x2) == []  # idle and application clocks are not throttling
+    assert checks.throttling(0x4 | 0x40) == [
+        "throttling seen during the run: sw_power_cap, hw_thermal_slowdown (clocks were held down; compute figures may be low)"]
+    static = {"pcie_gen_max": 5, "pcie_width_max": 16}
+    assert checks.downtrained(static, {"pcie_gen_current": 5, "pcie_width_current": 16}) == []
+    assert "PCIe gen 4 x16 under load" in checks.downtrained(static, {"pcie_gen_current": 4, "pcie_width_current": 16})[0]
+    assert "gen 5 x8 under load" in checks.downtrained(static, {"pcie_gen_current": 5, "pcie_width_current": 8})[0]
+    assert checks.drift("x", 1.0, 1.09) is None
+    assert "+15%" in checks.drift("h2d pinned copy of 64 MiB", 1.0, 1.15)
+    assert "-20%" in checks.drift("GEMM", 1.0, 0.8)
+
+
+# ---- data integrity -----------------------------------------------------------------------------
+
+from hwprobe.calibrate import copies  # noqa: E402
+from hwprobe.calibrate.backend import CpuBackend  # noqa: E402
+
+
+class FlipsOneByte(CpuBackend):
+    """A copy that corrupts one byte in the middle of the destination."""
+
+    def copy(self, dst, src, non_blocking=False):
+        dst.copy_(src)
+        dst[dst.numel() // 2] ^= 0x10
+
+
+class CopiesNothing(CpuBackend):
+    def copy(self, dst, src, non_blocking=False):
+        pass
+
+
+QUICK = dict(samples=3, min_window_s=1e-4)
+
+
+@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+def test_integrity_check_catches_a_flipped_byte(direction):
+    backend = FlipsOneByte()
+    bufs = copies.allocate(backend, 64 * KiB, ("pageable",))
+    with pytest.raises(copies.CopyIntegrityError) as err:
+        copies.measure_point(backend, bufs, direction, "pageable", 16 * KiB, **QUICK)
+    assert str(err.value) == (f"{direction} pageable copy of 16 KiB (16384 bytes): "
+                              "1 bytes differ from the source, first at byte 8192")
+    assert err.value.direction == direction and err.value.size_bytes == 16 * KiB
+
+
+def test_integrity_check_catches_a_copy_that_never_happened():
+    backend = CopiesNothing()
+    bufs = copies.allocate(backend, 4 * KiB, ("pageable",))
+    with pytest.raises(copies.CopyIntegrityError, match=r"h2d pageable copy of 4 KiB .*: 4096 bytes differ.*byte 0"):
+        copies.measure_point(backend, bufs, "h2d", "pageable", 4 * KiB, **QUICK)
+
+
+def test_integrity_check_covers_concurrent_copies():
+    backend = FlipsOneByte()
+    bufs = copies.allocate(backend, 64 * KiB, ("pageable",))
+    with pytest.raises(copies.CopyIntegrityError, match="pageable \\(concurrent\\) copy of 64 KiB"):
+        copies.measure_concurrent_point(backend, bufs, "pageable", 64 * KiB, **QUICK)
+
+
+def test_a_healthy_copy_is_verified_and_timed():
+    backend = CpuBackend()
+    bufs = copies.allocate(backend, 1 * MiB, ("pageable",))
+    point = copies.measure_point(backend, bufs, "d2h", "pageable", 1 * MiB, **QUICK)
+    assert point.verified and point.samples == 3 and point.size_bytes == 1 * MiB
+    assert point.bytes_per_s == pytest.approx(point.size_bytes / point.time_s)
+    assert torch.equal(bufs.host_dst["pageable"][: 1 * MiB], bufs.dev_src[: 1 * MiB])
+
+
+def test_pattern_is_the_same_on_every_prefix_and_never_equals_its_complement():
+    p = copies.pattern(torch, 10_000, "cpu")
+    assert torch.equal(copies.pattern(torch, 600, "cpu"), p[:600])
+    assert not torch.any(torch.bitwise_not(p) == p)
+    assert len(torch.unique(p)) == copies.PATTERN_PERIOD_BYTES
+
+
+# ---- the command --------------------------------------------------------------------------------
+
+def test_no_gpu_exits_2_with_one_line_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    result = runner.invoke(app, ["calibrate", "--out", str(tmp_path / "p.yaml")])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("hwprobe calibrate: no CUDA GPU available (")
+    assert lines[0].endswith("); use --device cpu to calibrate the CPU")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--device", "tpu"], "hwprobe calibrate: --device: expected one of cuda, cpu, got 'tpu'"),
+    (["--device", "cpu", "--out", "."], "hwprobe calibrate: --out: . is a directory; expected a file path"),
+])
+def test_bad_options_exit_2_with_one_line(args, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["calibrate", *args])
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [message]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_corrupted_copy_exits_1_naming_size_and_direction_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(CpuBackend, "copy", FlipsOneByte.copy)
+    result = runner.invoke(app, ["calibrate", "--device", "cpu", "--tiny", "--out", str(tmp_path / "p.yaml")])
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines()[-1] == (
+        "hwprobe calibrate: data integrity failure: h2d pageable copy of 4 KiB (4096 bytes): "
+        "1 bytes differ from the source, first at byte 2048; nothing written")
+    assert list(tmp_path.iterdir()) == []
+
+
+def _assert_sane_profile(profile, device):
+    assert profile.device == device
+    link = profile.link
+    one_way = [c for c in link.curves if not c.concurrent]
+    both = [c for c in link.curves if c.concurrent]
+    assert {(c.direction, c.memory) for c in one_way} == {(d, m) for d in ("h2d", "d2h") for m in ("pinned", "pageable")}
+    assert {c.direction for c in both} == {"h2d", "d2h"}
+    for c in link.curves:
+        assert all(p.verified and p.samples == 3 for p in c.points)
+        assert [p.size_bytes for p in c.points] == sorted(p.size_bytes for p in c.points)
+        assert all(p.bytes_per_s == pytest.approx(p.size_bytes / p.time_s) for p in c.points)
+        assert c.fit_bytes_per_s > 0 and c.fit_per_copy_latency_s >= 0
+    assert [p.size_bytes for p in link.curve("h2d", "pinned").points] == [4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB]
+    assert link.bidirectional_h2d_bytes_per_s > 0 and link.bidirectional_d2h_bytes_per_s > 0
+    c = profile.compute
+    assert [m for m, _ in c.gemm_flop_per_s_by_rows] == [1, 8]
+    decode = [p for p in c.gemm_points if p.m in (1, 8)]
+    assert {(p.n, p.k) for p in decode} == {(512, 3584)}  # the 7B model's k/v projection
+    for p in c.gemm_points:
+        assert p.flop_per_s == pytest.approx(2 * p.m * p.n * p.k / p.time_s)
+        assert p.best_flop_per_s >= p.flop_per_s
+    assert c.peak_flop_per_s["bf16"] == max(p.flop_per_s for p in c.gemm_points)
+    assert c.weight_hbm_bytes_per_s["bf16"] > 0 and c.device_copy_bytes_per_s > 0
+    assert c.attention_hbm_bytes_per_s > 0 and c.attention_backend
+    assert {p.context_tokens for p in c.attention_points} == {256, 1024}
+    assert all(p.num_heads == 28 and p.num_kv_heads == 4 for p in c.attention_points)
+    assert c.layer_overhead_s == pytest.approx(8 * c.kernel_launch_s)
+    assert profile.quick and profile.versions["torch"] == torch.__version__
+    assert profile.environment["plan"]["name"] == "tiny"
+    assert set(profile.environment["drift"]) == {"copy", "gemm"}
+
+
+def test_cpu_tiny_calibrate_end_to_end(tmp_path):
+    from hwprobe.calibrate.env import cpu_model
+
+    out = tmp_path / "cpu.yaml"
+    result = runner.invoke(app, ["calibrate", "--device", "cpu", "--tiny", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"wrote {out} (cpu profile" in result.stdout
+    profile = load_profile(out)
+    _assert_sane_profile(profile, "cpu")
+    assert profile.device_name == cpu_model() and "NVIDIA" not in profile.device_name
+    assert profile.environment["nvml"]["available"] is False
+    pinned, pageable = profile.link.curve("h2d", "pinned"), profile.link.curve("h2d", "pageable")
+    assert pinned.points == pageable.points  # one memcpy measurement, stored under both names
+    assert any(w.startswith("cpu mode: the 'link' is torch copy_") for w in profile.warnings)
+    assert profile.copy_engines is None and profile.device_memory_bytes == profile.host_memory_bytes
+    assert load_profile(out) == profile and profile_to_yaml(profile) == out.read_text()
+    assert [p.name for p in tmp_path.iterdir()] == ["cpu.yaml"]  # no temp files left behind
+
+
+def test_calibrate_modules_import_torch_only_when_measuring():
+    import subprocess
+    import sys
+
+    modules = ["hwprobe.info_cmd", "hwprobe.calibrate_cmd"] + [
+        f"hwprobe.calibrate.{m}" for m in ("env", "backend", "timing", "fit", "copies", "gemm", "attention",
+                                           "device_copy", "operands", "plan", "checks", "runner", "summary")]
+    code = f"import sys; [__import__(m) for m in {modules!r}]; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_tiny_calibrate_end_to_end(tmp_path):
+    out = tmp_path / "gpu.yaml"
+    result = runner.invoke(app, ["calibrate", "--device", "cuda", "--tiny", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    profile = load_profile(out)
+    _assert_sane_profile(profile, "cuda")
+    assert profile.device_name == torch.cuda.get_device_name()
+    assert profile.link.curve("h2d", "pinned").points != profile.link.curve("h2d", "pageable").points
+    assert not any(w.startswith("implausible") for w in profile.warnings), profile.warnings
+
+
+# ---- the GPU branch of the runner, with the CPU doing the work and a fake NVML watching ---------
+
+class PretendGpu(CpuBackend):
+    """Runs on the CPU but takes the runner's CUDA path: pinned and pageable curves, NVML, bounds."""
+
+    device = "cuda"
+    name = "NVIDIA H200"
+
+    def __init__(self):
+        super().__init__()
+        self.name = PretendGpu.name
+        self.props = type("Props", (), {"total_memory": 150_000_000_000})()
+
+    def properties(self):
+        return {"name": self.name, "uuid": "1111aaaa-0000-0000-0000-000000000001"}
+
+    def copy_engines(self):
+        return 3
+
+
+def test_runner_gpu_path_records_nvml_state_and_checks_bounds():
+    from tests.test_hwprobe_info import H200 as NVML_H200
+    from tests.test_hwprobe_info import fake_nvml
+
+    from hwprobe.calibrate.plan import make_plan
+    from hwprobe.calibrate.runner import calibrate
+
+    # A Gen3 x1 link that trained down to Gen2 under load, and a power cap: every warning path.
+    nvml = fake_nvml(gpus=(dict(NVML_H200, gen=(2, 3), width=(1, 1)),), throttle_bits=0x4)
+    steps = []
+    profile = calibrate(PretendGpu(), make_plan("cuda", tiny=True), quick=True, nvml=nvml, on_step=steps.append)
+    assert len(steps) == make_plan("cuda", tiny=True).total_steps("cuda")
+    assert nvml.state == {"init": 1, "shutdown": 1}
+    env = profile.environment
+    assert env["gpu"]["name"] == "NVIDIA H200" and env["catalog_gpu"] == "h200-sxm"
+    assert env["link_peak"] == {"name": "pcie-gen3-x1", "theoretical_bytes_per_s": 15.75e9 / 16}
+    assert env["under_load"]["h2d_copy"]["pcie_gen_current"] == 2 and "sm_clock_hz" in env["under_load"]["gemm"]
+    assert env["throttle_reasons_seen"] == ["sw_power_cap"]
+    assert profile.versions["driver"] == "570.86.15" and profile.versions["cuda_driver"] == "12.4"
+    assert profile.copy_engines == 3 and profile.device_memory_bytes == 150e9
+    assert {(c.memory, c.concurrent) for c in profile.link.curves} == {
+        ("pinned", False), ("pageable", False), ("pinned", True)}
+    w = profile.warnings
+    assert any(x.startswith("downtrained link: PCIe gen 2 x1 under load") for x in w)
+    assert any(x.startswith("throttling seen during the run: sw_power_cap") for x in w)
+    assert not any(x.startswith("cpu mode") for x in w)
+    fastest = max(p.bytes_per_s for c in profile.link.curves for p in c.points)
+    assert any(x.startswith("implausible: ") for x in w) == (fastest > 15.75e9 / 16)
