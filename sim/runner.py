@@ -88,6 +88,7 @@ def simulate(scenario: Scenario, profile: Profile | None = None, *, profile_path
         "hbm_peak_bytes": mem.hbm_peak_bytes,
         "hbm_saved_bytes": full_hbm_peak_bytes(ctx) - mem.hbm_peak_bytes,
         "host_peak_bytes": mem.host_peak_bytes,
+        "runtime_reserve_bytes": ctx.hw.runtime_reserve_bytes,
         "weights_bytes": ctx.weights_bytes,
         "kv_bytes_per_token": ctx.kv_bytes_per_token,
         "offloaded_tokens": int(plan.moves[:, MV_D2H_T1].sum() + plan.moves[:, MV_D2H_T2].sum()),

@@ -118,3 +118,17 @@ def test_bad_profile_file(tmp_path):
     p.write_text("schema_version: 99\n")
     res = run_cli("run", str(SCENARIOS / "paper-rtx5080-7b.yaml"), "--out", str(tmp_path / "o"), "--profile", str(p))
     assert res.returncode == 2 and "schema_version" in res.stderr and not (tmp_path / "o").exists()
+
+
+def test_atomic_write_leaves_a_normally_readable_file(tmp_path):
+    import os
+
+    from sim.atomic import write_text_atomic
+
+    old = os.umask(0o022)
+    try:
+        write_text_atomic(tmp_path / "a" / "f.txt", "x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a" / "f.txt").stat().st_mode & 0o044 == 0o044  # group/other readable (umask 022)
+    assert [p.name for p in (tmp_path / "a").iterdir()] == ["f.txt"]

@@ -1,0 +1,7 @@
+"""The real tiered KV cache (T0 device, T1/T2 host, T3 dropped) with per-layer async prefetch."""
+
+from .cache import ATTENTION_MODES, PREFETCH_MODES, CacheOptions, TieredKVCache
+from .runtime import Runtime
+from .store import CacheGeometry
+
+__all__ = ["ATTENTION_MODES", "PREFETCH_MODES", "CacheGeometry", "CacheOptions", "Runtime", "TieredKVCache"]

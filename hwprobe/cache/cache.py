@@ -1,0 +1,315 @@
+"""The real tiered KV cache: T0 on the device, T1/T2 in host memory, T3 dropped.
+
+Per decode step the decode loop calls `begin_step()`, then for each layer `layer_start(l)` (issues
+the prefetch of the next layer(s)) and `attend(l, q, k, v)` (stores the new token's K/V in T0 and
+attends over T0 plus the staged T1/T2 tokens), then `end_step()` (re-tiers when due). Tier
+decisions are sim/tiers.py's, on scores = attention probability received, averaged over query
+heads and layers, accumulated with no decay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.tiers import T0, T1, T2, T3, TIERS, TierPolicy
+from sim.units import KV_TENSORS
+
+from .attention import NEG_INF, ordered_union, union_softmax_attention, unorder_probs
+from .counters import StepCounters
+from .plan import TierPeaks, batch_peaks
+from .quant import dequantize_int8, effective_group
+from .retier import retier
+from .slots import FREE, SlotTable
+from .staging import StagingRing
+from .store import CacheGeometry, TierStores
+
+PREFETCH_MODES = ("layerwise_async", "sync_per_step")
+ATTENTION_MODES = ("merged", "ordered")
+
+
+@dataclass(frozen=True)
+class CacheOptions:
+    prefetch: str = "layerwise_async"  # layerwise_async (this project) | sync_per_step (the paper's prototype)
+    staging_buffers: int = 2
+    pinned: bool = True  # T1/T2 in page-locked memory (only meaningful on CUDA)
+    group_size: int = 64  # T2 quantisation group (capped at head_dim)
+    attention: str = "merged"  # merged: T0 in place + staged, one softmax; ordered: one key set in token order
+    scoring: str = "cumulative"  # cumulative (paper) | recent (last interval only)
+
+    @classmethod
+    def from_policy(cls, cfg, attention: str = "merged") -> "CacheOptions":
+        return cls(prefetch=cfg.prefetch, staging_buffers=cfg.staging_buffers, pinned=cfg.pinned,
+                   group_size=cfg.compressed_group_size, attention=attention, scoring=cfg.scoring)
+
+
+class TieredKVCache:
+    def __init__(self, rt, geom: CacheGeometry, policy: TierPolicy, options: CacheOptions,
+                 prompt_tokens: int, lengths, dtype):
+        import torch
+
+        if options.prefetch not in PREFETCH_MODES:
+            raise ValueError(f"prefetch {options.prefetch!r} is not implemented here; expected one of {PREFETCH_MODES}")
+        if options.attention not in ATTENTION_MODES:
+            raise ValueError(f"attention {options.attention!r}; expected one of {ATTENTION_MODES}")
+        group = effective_group(options.group_size, geom.head_dim)
+        if geom.head_dim % group:
+            raise ValueError(f"T2 group size {group} does not divide head_dim {geom.head_dim}")
+        self.torch, self.rt, self.geom, self.policy, self.options, self.dtype = torch, rt, geom, policy, options, dtype
+        self.prompt = int(prompt_tokens)
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.steps = int(self.lengths.max()) if len(self.lengths) else 0
+        B, max_tokens = geom.batch, self.prompt + self.steps
+        self.peaks = batch_peaks(policy, self.prompt, self.lengths) if policy.tiering else TierPeaks(max_tokens, 0, 0)
+        self.stores = TierStores(rt, geom, self.peaks, dtype, group, options.pinned)
+        self.tables = (SlotTable(B, self.peaks.t0), SlotTable(B, self.peaks.t1), SlotTable(B, self.peaks.t2))
+        self.n = np.full(B, self.prompt, dtype=np.int64)
+        self.tier = np.full((B, max_tokens), T3, dtype=np.int8)  # only [:n] is meaningful
+        self.tier[:, : self.prompt] = T0
+        self.slot = np.full((B, max_tokens), FREE, dtype=np.int64)
+        for b in range(B):
+            self.slot[b, : self.prompt] = self.tables[T0].alloc(b, np.arange(self.prompt))
+        self.score = np.zeros((B, max_tokens))
+        cap_s = self.peaks.t1 + self.peaks.t2
+        self.acc0 = rt.device_zeros((B, self.peaks.t0), torch.float32)
+        self.acc_s = rt.device_zeros((B, cap_s), torch.float32)
+        self.bias0 = torch.full((B, self.peaks.t0), NEG_INF, device=rt.device)
+        self.bias0[:, : self.prompt] = 0.0
+        self.bias_s = torch.full((B, cap_s), NEG_INF, device=rt.device)
+        self._zero = torch.zeros((), device=rt.device)  # device scalar: unmasking a slot needs no host value
+        self.ws = rt.device_zeros((KV_TENSORS, B, geom.kv_heads, cap_s, geom.head_dim), dtype)  # staged K/V for attention
+        tiered_async = policy.tiering and options.prefetch == "layerwise_async"
+        self.ring = (StagingRing(rt, options.staging_buffers, self.peaks.t1, self.peaks.t2, B, geom.row_elems,
+                                 self.stores.groups, dtype) if tiered_async else None)
+        self.scale = geom.head_dim ** -0.5
+        self.step = -1
+        self.hw0, self.hw1, self.hw2 = self.prompt, 0, 0
+        self._bias = None  # this step's mask over [T0 prefix | staged], None when nothing is masked
+        self._appends: dict[int, tuple] = {}
+        self._sync_raw = None
+        self._order = None
+        self.counters = StepCounters()
+        self.offloaded_tokens = 0
+        self.evicted_tokens = 0
+
+    # ---- prompt -----------------------------------------------------------------------------
+    def write_prompt(self, layer: int, k, v) -> None:
+        """K, V [B, Hkv, P, d] of the prompt (prefill), in slots 0..P-1."""
+        self.stores.t0[layer, 0, :, :, : self.prompt] = k
+        self.stores.t0[layer, 1, :, :, : self.prompt] = v
+
+    def fill_prompt_random(self, generator) -> None:
+        """Seeded random prompt K/V: decode timing does not depend on the values."""
+        view = self.stores.t0[:, :, :, :, : self.prompt]
+        view.copy_(self.torch.randn(view.shape, generator=generator, device=self.rt.device, dtype=self.dtype))
+
+    # ---- one decode step ---------------------------------------------------------------------
+    def begin_step(self) -> None:
+        """The new token of every active row takes a T0 slot; sync_per_step copies all layers now."""
+        self.step += 1
+        s = self.step
+        if s not in self._appends:
+            self._plan_appends(s)
+        b_host, s_host, b_dev, s_dev = self._appends.pop(s)
+        t0 = self.tables[T0]
+        pos = self.n[b_host]
+        t0.place(b_host, s_host, pos)
+        self.slot[b_host, pos], self.tier[b_host, pos] = s_host, T0
+        self.n[b_host] += 1
+        self._app = (b_dev, s_dev, len(b_host) == self.geom.batch)
+        if len(b_host):
+            self.bias0.index_put_((b_dev, s_dev), self._zero)
+        self.hw0 = t0.high_water()
+        self._set_bias()
+        if self.options.attention == "ordered":
+            self._build_order()
+        if self.policy.tiering and self.options.prefetch == "sync_per_step" and self.hw1 + self.hw2:
+            self._copy_all_layers()
+        elif self.ring is not None and self.hw1 + self.hw2:
+            self._prefetch_ahead(s, 0)
+
+    def layer_start(self, layer: int) -> None:
+        """Called before a layer's first kernel: issue the copies of the next layer(s)."""
+        if self.ring is not None and self.hw1 + self.hw2:
+            self._prefetch_ahead(self.step, layer)
+
+    def attend(self, layer: int, q, k, v):
+        """q [B, Hkv, G, d]; k, v [B, Hkv, d] of the new token. Returns [B, Hkv, G, d]."""
+        torch = self.torch
+        b_dev, s_dev, all_rows = self._app
+        t0l = self.stores.t0[layer]
+        if len(b_dev):
+            kv = torch.stack((k, v), dim=1)
+            t0l[:, b_dev, :, s_dev] = kv if all_rows else kv[b_dev]
+        hw0, n_s = self.hw0, self.hw1 + self.hw2
+        parts = [(t0l[0, :, :, :hw0], t0l[1, :, :, :hw0])]
+        if n_s:
+            self._stage(layer)
+            parts.append((self.ws[0, :, :, :n_s], self.ws[1, :, :, :n_s]))
+        if self.options.attention == "ordered":
+            dsts, width = self._order
+            k_all, v_all, bias = ordered_union(parts, dsts, width)
+            out, probs = union_softmax_attention(q, [(k_all, v_all)], bias, self.scale)
+            probs = unorder_probs(probs, dsts)
+        else:
+            out, probs = union_softmax_attention(q, parts, self._bias, self.scale)
+        weight = 1.0 / self.geom.layers  # averaged over layers
+        self.acc0[:, :hw0].add_(probs[:, :hw0], alpha=weight)
+        if n_s:
+            self.acc_s[:, :n_s].add_(probs[:, hw0:], alpha=weight)
+        return out
+
+    def end_step(self) -> np.ndarray:
+        """Re-tier if due; returns tier counts (T0..T3) summed over the rows active this step."""
+        s = self.step
+        active = np.flatnonzero(self.lengths > s)
+        if self.policy.retier_due(s):
+            retier(self, active)
+        self._sync_raw = None  # the prototype discards its copies after the step
+        if self.ring is not None and s + 1 < self.steps and self.hw1 + self.hw2:
+            self._prefetch_ahead(s + 1, 0)  # overlaps the LM head and sampling
+        return self.row_counts()[active].sum(axis=0)
+
+    def take_counters(self) -> StepCounters:
+        c, self.counters = self.counters, StepCounters()
+        return c
+
+    # ---- state ------------------------------------------------------------------------------
+    def row_counts(self) -> np.ndarray:
+        """[B, 4] live tokens per tier; T3 = tokens that exist minus resident ones."""
+        out = np.zeros((self.geom.batch, len(TIERS)), dtype=np.int64)
+        for tier in (T0, T1, T2):
+            out[:, tier] = self.tables[tier].live_counts()
+        out[:, T3] = self.n - out[:, :T3].sum(axis=1)
+        return out
+
+    def after_retier(self) -> None:
+        """Masks and prefixes follow the slot tables (called by the re-tier once data has moved)."""
+        torch = self.torch
+        t0, t1, t2 = self.tables
+        self.bias0.copy_(torch.as_tensor(np.where(t0.pos != FREE, 0.0, NEG_INF), dtype=torch.float32))
+        self.hw1, self.hw2 = t1.high_water(), t2.high_water()
+        live = np.concatenate([t1.live_mask(self.hw1), t2.live_mask(self.hw2)], axis=1)
+        self.bias_s.fill_(NEG_INF)
+        if live.shape[1]:
+            self.bias_s[:, : live.shape[1]] = torch.as_tensor(np.where(live, 0.0, NEG_INF), dtype=torch.float32)
+        self._appends.clear()
+
+    def staging_bytes(self) -> int:
+        ws = self.ws.numel() * self.ws.element_size()
+        return ws + (self.ring.nbytes() if self.ring is not None else 0)
+
+    def device_kv_bytes(self) -> int:
+        """T0 live bytes + staging (+ this step's sync copies): the cache's share of device memory."""
+        live0 = int(self.tables[T0].live_counts().sum())
+        sync = 0 if self._sync_raw is None else sum(t.numel() * t.element_size() for raw in self._sync_raw for t in raw)
+        return live0 * self.geom.layers * self.stores.full_row_bytes + self.staging_bytes() + sync
+
+    def host_kv_bytes(self) -> int:
+        """T1 + T2 live bytes (the simulator's host figure)."""
+        L = self.geom.layers
+        live1 = int(self.tables[T1].live_counts().sum())
+        live2 = int(self.tables[T2].live_counts().sum())
+        return L * (live1 * self.stores.full_row_bytes + live2 * self.stores.t2_row_bytes)
+
+    # ---- internals ----------------------------------------------------------------------------
+    def _next_retier_step(self, s: int) -> int:
+        for t in range(s, self.steps):
+            if self.policy.retier_due(t):
+                return t
+        return self.steps - 1
+
+    def _plan_appends(self, s: int) -> None:
+        """T0 slots of every append until the next re-tier: no frees happen in between, so they are
+        known now, and the device index tensors are uploaded once, outside the hot loop."""
+        torch = self.torch
+        last = self._next_retier_step(s)
+        per_row = {}
+        for b in range(self.geom.batch):
+            k = max(0, min(int(self.lengths[b]), last + 1) - s)
+            per_row[b] = self.tables[T0].peek(b, k)
+        for t in range(s, last + 1):
+            rows = np.flatnonzero(self.lengths > t)
+            slots = np.array([per_row[b][t - s] for b in rows], dtype=np.int64)
+            self._appends[t] = (rows, slots, torch.as_tensor(rows, device=self.rt.device),
+                                torch.as_tensor(slots, device=self.rt.device))
+
+    def _set_bias(self) -> None:
+        """One mask per step (not per layer): empty T0 slots and empty staged slots."""
+        t0_holes = bool((self.tables[T0].live_counts() < self.hw0).any())
+        n_s = self.hw1 + self.hw2
+        if n_s:
+            self._bias = self.torch.cat([self.bias0[:, : self.hw0], self.bias_s[:, :n_s]], dim=1)
+        else:
+            self._bias = self.bias0[:, : self.hw0] if t0_holes else None
+
+    def _prefetch_ahead(self, step: int, layer: int) -> None:
+        """Fill, in layer order, every buffer whose previous contents have been read."""
+        ring, L = self.ring, self.geom.layers
+        for j in range(layer, min(layer + len(ring.buffers), L)):
+            key = (step, j)
+            if ring.holds(key, j):
+                continue
+            if not ring.can_fill(key, j):
+                break
+            ring.fill(key, j, self.stores, self.hw1, self.hw2, self.counters)
+
+    def _stage(self, layer: int) -> None:
+        """This layer's T1/T2 tokens into the attention workspace (T2 dequantised)."""
+        if self.ring is not None:
+            key = (self.step, layer)
+            if not self.ring.holds(key, layer):
+                self._prefetch_ahead(self.step, layer)
+            buf = self.ring.acquire(key, layer, self.counters)
+            self._to_workspace(buf.t1, buf.t2q, buf.t2s)
+            self.ring.release(buf)
+        else:
+            self._to_workspace(*self._sync_raw[layer])
+
+    def _to_workspace(self, t1, t2q, t2s) -> None:
+        g, h1, h2 = self.geom, self.hw1, self.hw2
+        shape = (g.batch, KV_TENSORS, g.kv_heads, g.head_dim)
+        if h1:
+            self.ws[:, :, :, :h1].copy_(t1[:h1].view(h1, *shape).permute(2, 1, 3, 0, 4))
+        if h2:
+            x = dequantize_int8(t2q[:h2], t2s[:h2], self.dtype)
+            self.ws[:, :, :, h1 : h1 + h2].copy_(x.view(h2, *shape).permute(2, 1, 3, 0, 4))
+
+    def _copy_all_layers(self) -> None:
+        """The paper's prototype: synchronise, copy every layer's T1/T2 (one copy per layer and
+        kind, from pageable memory unless pinned), synchronise; compute waits for all of it."""
+        rt, st, c = self.rt, self.stores, self.counters
+        h1, h2 = self.hw1, self.hw2
+        start = rt.mark()
+        rt.synchronize()
+
+        def copy(x):
+            out = self.torch.empty(x.shape, dtype=x.dtype, device=rt.device)
+            out.copy_(x)
+            return out
+
+        self._sync_raw = [(copy(st.t1[l, :h1]), copy(st.t2q[l, :h2]), copy(st.t2s[l, :h2]))
+                          for l in range(self.geom.layers)]
+        rt.synchronize()
+        end = rt.mark()
+        c.h2d_bytes += self.geom.layers * self.geom.batch * (h1 * st.full_row_bytes + h2 * st.t2_row_bytes)
+        c.h2d_busy.append((start, end))
+        c.stalls.append((start, end))
+
+    def _build_order(self) -> None:
+        """For `ordered` attention: where each T0 / staged slot lands in token order."""
+        torch = self.torch
+        t0, t1, t2 = self.tables
+        pos0 = t0.pos[:, : self.hw0]
+        pos_s = np.concatenate([t1.pos[:, : self.hw1], t2.pos[:, : self.hw2]], axis=1)
+        both = np.concatenate([pos0, pos_s], axis=1)
+        counts = (both != FREE).sum(axis=1)
+        width = int(counts.max())
+        dst = np.full(both.shape, width, dtype=np.int64)
+        for b in range(self.geom.batch):
+            live = both[b] != FREE
+            order = np.sort(both[b, live])
+            dst[b, live] = np.searchsorted(order, both[b, live])
+        dev = torch.as_tensor(dst, device=self.rt.device)
+        self._order = ([dev[:, : self.hw0], dev[:, self.hw0 :]], width)

@@ -1,0 +1,89 @@
+"""Double-buffered per-layer prefetch of T1/T2 into device staging buffers (`layerwise_async`).
+
+Layer l uses buffer l % n. The side stream fills a buffer only after the compute stream has
+released it (an event recorded after the last read), then records `ready`; the compute stream
+waits on `ready` before reading. Both waits are GPU-side, so the host never blocks and layer l+1's
+copy runs while layer l computes. Releases are recorded, never `record_stream`ed (FACTS.md).
+With one buffer the next copy can only start after the current layer has read it.
+"""
+
+from __future__ import annotations
+
+
+class _Buffer:
+    def __init__(self, rt, index: int, cap1: int, cap2: int, rows: int, row_elems: int, groups: int, dtype):
+        import torch
+
+        self.index = index
+        self.t1 = rt.device_zeros((cap1, rows, row_elems), dtype)
+        self.t2q = rt.device_zeros((cap2, rows, row_elems), torch.int8)
+        self.t2s = rt.device_zeros((cap2, rows, groups), torch.float16)
+        self.ready = rt.event()
+        self.free = rt.event()
+        self.key = None  # (step, layer) whose data it holds or is receiving
+        self.released = True  # its last data has been read (or it never held any)
+        self.ever_released = False  # a `free` event has been recorded at least once
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.t1, self.t2q, self.t2s))
+
+
+class StagingRing:
+    def __init__(self, rt, n_buffers: int, cap1: int, cap2: int, rows: int, row_elems: int, groups: int, dtype):
+        self.rt = rt
+        self.buffers = [_Buffer(rt, i, cap1, cap2, rows, row_elems, groups, dtype) for i in range(n_buffers)]
+
+    def nbytes(self) -> int:
+        return sum(b.nbytes() for b in self.buffers)
+
+    def buffer_for(self, layer: int) -> _Buffer:
+        return self.buffers[layer % len(self.buffers)]
+
+    def can_fill(self, key, layer: int) -> bool:
+        buf = self.buffer_for(layer)
+        return buf.key != key and buf.released
+
+    def holds(self, key, layer: int) -> bool:
+        return self.buffer_for(layer).key == key
+
+    def fill(self, key, layer: int, stores, hw1: int, hw2: int, counters) -> None:
+        """Issue the copies of layer `layer`'s T1 prefix [0, hw1) and T2 prefix [0, hw2)."""
+        rt, buf = self.rt, self.buffer_for(layer)
+        if not buf.released:
+            raise RuntimeError(f"staging buffer {buf.index} refilled before layer {buf.key} was read")
+        with rt.on_copy_stream():
+            if buf.ever_released:
+                rt.copy_waits_for(buf.free)
+            start = rt.mark(on_copy=True)
+            if hw1:
+                buf.t1[:hw1].copy_(stores.t1[layer, :hw1], non_blocking=True)
+            if hw2:
+                buf.t2q[:hw2].copy_(stores.t2q[layer, :hw2], non_blocking=True)
+                buf.t2s[:hw2].copy_(stores.t2s[layer, :hw2], non_blocking=True)
+            end = rt.mark(on_copy=True)
+            rt.record_copy(buf.ready)
+        rt.note("fill", buf.index, key)
+        buf.key, buf.released = key, False
+        rows = stores.geom.batch
+        counters.h2d_bytes += rows * (hw1 * stores.full_row_bytes + hw2 * stores.t2_row_bytes)
+        counters.h2d_busy.append((start, end))
+        if not rt.is_cuda:  # nothing overlaps on the CPU: the copy is exposed in full
+            counters.stalls.append((start, end))
+
+    def acquire(self, key, layer: int, counters) -> _Buffer:
+        """Compute stream waits until the buffer holding `key` has landed."""
+        rt, buf = self.rt, self.buffer_for(layer)
+        if buf.key != key or buf.released:
+            raise RuntimeError(f"layer {key} read before its prefetch was issued")
+        start = rt.mark() if rt.is_cuda else None
+        rt.compute_waits_for(buf.ready)
+        if rt.is_cuda:
+            counters.stalls.append((start, rt.mark()))
+        rt.note("acquire", buf.index, key)
+        return buf
+
+    def release(self, buf: _Buffer) -> None:
+        """Everything queued so far on the compute stream has read the buffer: it may be refilled."""
+        self.rt.note("release", buf.index, buf.key)
+        self.rt.record_compute(buf.free)
+        buf.released = buf.ever_released = True

@@ -1,0 +1,305 @@
+"""`hwprobe run`'s measurement: a synthetic model with the scenario's shapes decodes through the
+real tiered KV cache; every step is timed (CUDA events on a GPU, perf_counter on the CPU) and
+reported with the simulator's summary keys and per-step columns, so the two can be compared.
+
+A model too large for the device runs a subset of its layers; per-layer time, bytes and memory are
+then scaled to the full depth and the summary says so (`layers_run`, `layer_scale`).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from sim.context import draw_lengths, resolve_model
+from sim.engine import busy_union_s
+from sim.errors import ConfigError
+from sim.scenario import Scenario
+from sim.tiers import TIERS, TierPolicy
+from sim.units import GB, KV_TENSORS, MS
+
+from .cache import CacheGeometry, CacheOptions, Runtime, TieredKVCache
+from .cache.plan import TierPeaks, batch_peaks
+from .model import ModelShapes, SyntheticTransformer
+
+STEP_COLUMNS = ["step", "t_s", "step_s", "compute_s", "stall_s", "h2d_bytes", "d2h_bytes",
+                "tokens_t0", "tokens_t1", "tokens_t2", "tokens_t3", "hbm_bytes", "host_bytes", "batch_active"]
+P50, P99 = 50, 99
+MEMORY_HEADROOM = 0.85  # share of free device memory a run may plan to use (allocator slack, workspace)
+ACTIVATION_COPIES = 4  # decode activations alive at once, in widest-activation units (residual, qkv, gate/up, scratch)
+LOGIT_BYTES = 4  # float32 logits
+GATE_UP = 2  # the gated MLP's fused gate and up projections
+PREFILL_MODES = ("random", "model")
+RUN_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "float32": "float32"}
+SEED_MODEL, SEED_PROMPT, SEED_KV = 11, 12, 13  # offsets into the scenario seed, one per random stream
+HOST_BOUND_SHARE = 0.9  # host time to enqueue a step >= this share of its GPU time: launch-bound
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    device: str = "cuda"
+    layers: int | None = None  # cap on layers run (default: all that fit)
+    attention: str = "merged"
+    prefill: str = "random"  # random: seeded K/V for the prompt (fast); model: real prefill forward
+    dtype: str | None = None  # bf16 | fp16 | float32; default the scenario's kv_dtype (bf16 if not a float type)
+    cpu_threads: int | None = None  # torch intra-op threads on the CPU (tiny shapes run fastest on 1)
+
+
+@dataclass
+class Measurement:
+    summary: dict
+    steps: pd.DataFrame
+    notes: list[str] = field(default_factory=list)
+
+
+def _torch_dtype(torch, name: str):
+    return getattr(torch, RUN_DTYPES[name])
+
+
+def check_supported(scenario: Scenario, spec) -> None:
+    """What the real cache does not implement is a one-line input error, not a traceback."""
+    p = scenario.policy
+    if p.prefetch not in ("layerwise_async", "sync_per_step"):
+        raise ConfigError(f"prefetch {p.prefetch!r} is simulated only; hwprobe runs layerwise_async and sync_per_step",
+                          field="policy.prefetch")
+    if p.kind == "tiered" and p.compressed_ratio > 0 and p.compressed_dtype != "int8":
+        raise ConfigError(f"hwprobe implements int8 T2 only, got {p.compressed_dtype!r}", field="policy.compressed_dtype")
+    if spec.is_moe:
+        raise ConfigError("mixture-of-experts models are not supported by hwprobe run", field="model")
+    group = min(p.compressed_group_size, spec.head_dim)
+    if spec.head_dim % group:
+        raise ConfigError(f"group size {group} must divide head_dim {spec.head_dim}", field="policy.compressed_group_size")
+    if spec.num_heads % spec.num_kv_heads:
+        raise ConfigError("num_heads must be a multiple of num_kv_heads", field="model")
+
+
+def _run_dtype_name(scenario: Scenario, opts: RunOptions) -> str:
+    if opts.dtype:
+        if opts.dtype not in RUN_DTYPES:
+            raise ConfigError(f"--dtype: expected one of {', '.join(RUN_DTYPES)}, got {opts.dtype!r}")
+        return opts.dtype
+    return scenario.model.kv_dtype if scenario.model.kv_dtype in ("bf16", "fp16") else "bf16"
+
+
+def _available_bytes(rt) -> float:
+    if rt.is_cuda:
+        free, _ = rt.torch.cuda.mem_get_info(rt.device)
+        return float(free)
+    return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def estimate_device_bytes(shapes: ModelShapes, layers: int, batch: int, peaks: TierPeaks, itemsize: int,
+                          staging_buffers: int, prefetch: str) -> float:
+    """Weights + T0 + staging + activations for `layers` layers, to pick a subset that fits."""
+    row = KV_TENSORS * shapes.kv_dim * itemsize  # one token, one layer
+    staged_layers = staging_buffers + 1 if prefetch == "layerwise_async" else layers + 1
+    per_layer = shapes.layer_params() * itemsize + batch * peaks.t0 * row
+    widest = max(GATE_UP * shapes.intermediate, shapes.q_dim + 2 * shapes.kv_dim, shapes.hidden)
+    fixed = (shapes.non_layer_params() * itemsize + batch * shapes.vocab * LOGIT_BYTES
+             + ACTIVATION_COPIES * batch * widest * itemsize + staged_layers * batch * (peaks.t1 + peaks.t2) * row)
+    return fixed + layers * per_layer
+
+
+def choose_layers(rt, shapes: ModelShapes, requested: int | None, batch: int, peaks: TierPeaks, itemsize: int,
+                  policy_cfg) -> int:
+    total = shapes.layers
+    if requested is not None:
+        if requested < 1:
+            raise ConfigError(f"--layers: expected at least 1, got {requested}")
+        return min(requested, total)
+    budget = MEMORY_HEADROOM * _available_bytes(rt)
+    for n in range(total, 0, -1):
+        if estimate_device_bytes(shapes, n, batch, peaks, itemsize, policy_cfg.staging_buffers, policy_cfg.prefetch) <= budget:
+            return n
+    need = estimate_device_bytes(shapes, 1, batch, peaks, itemsize, policy_cfg.staging_buffers, policy_cfg.prefetch)
+    raise ConfigError(f"does not fit on {rt.device}: one layer alone needs {need / GB:.2f} GB, "
+                      f"{budget / GB:.2f} GB usable")
+
+
+def _warm_up(rt, model, batch: int, dtype) -> None:
+    """One decode step through a throwaway cache: cuBLAS handles, kernel selection, allocator pools."""
+    s = model.shapes
+    geom = CacheGeometry(s.layers, batch, s.kv_heads, s.head_dim)
+    cache = TieredKVCache(rt, geom, TierPolicy(kind="full_hbm"), CacheOptions(), 1, [1] * batch, dtype)
+    tokens = rt.torch.zeros(batch, dtype=rt.torch.long, device=rt.device)
+    cache.begin_step()
+    model.decode_step(tokens, cache).argmax(-1)
+    cache.end_step()
+    rt.synchronize()
+
+
+def measure(scenario: Scenario, opts: RunOptions) -> Measurement:
+    import torch
+
+    spec = resolve_model(scenario)
+    check_supported(scenario, spec)
+    if opts.prefill not in PREFILL_MODES:
+        raise ConfigError(f"--prefill: expected one of {', '.join(PREFILL_MODES)}, got {opts.prefill!r}")
+    w, p = scenario.workload, scenario.policy
+    dtype_name = _run_dtype_name(scenario, opts)
+    dtype = _torch_dtype(torch, dtype_name)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    rt = Runtime(opts.device)
+    if rt.is_cuda:  # a previous run in this process (validate) may hold cached blocks: free them first
+        gc.collect()
+        torch.cuda.empty_cache()
+    elif opts.cpu_threads:
+        torch.set_num_threads(opts.cpu_threads)
+    policy = TierPolicy.from_config(p)
+    lengths = draw_lengths(w, w.batch_size)
+    peaks = batch_peaks(policy, w.prompt_tokens, lengths) if policy.tiering else TierPeaks(
+        w.prompt_tokens + int(lengths.max()), 0, 0)
+    full = ModelShapes.from_spec(spec)
+    n_layers = choose_layers(rt, full, opts.layers, w.batch_size, peaks, itemsize, p)
+    shapes = ModelShapes.from_spec(spec, n_layers)
+    scale = full.layers / n_layers
+    notes = []
+    if n_layers < full.layers:
+        notes.append(f"ran {n_layers} of {full.layers} layers; per-layer time, bytes and memory scaled x{scale:.3g}")
+    if scenario.model.weight_dtype != dtype_name:
+        notes.append(f"weights run in {dtype_name} (scenario says {scenario.model.weight_dtype}): "
+                     "the synthetic model has no quantised GEMM kernels")
+    if scenario.model.kv_dtype != dtype_name:
+        notes.append(f"KV runs in {dtype_name} (scenario says {scenario.model.kv_dtype})")
+
+    model = SyntheticTransformer(shapes, rt.device, dtype, w.seed + SEED_MODEL)
+    geom = CacheGeometry(n_layers, w.batch_size, shapes.kv_heads, shapes.head_dim)
+    _warm_up(rt, model, w.batch_size, dtype)
+    cache = TieredKVCache(rt, geom, policy, CacheOptions.from_policy(p, opts.attention), w.prompt_tokens, lengths, dtype)
+    gen = torch.Generator(device=rt.device).manual_seed(w.seed + SEED_PROMPT)
+    if opts.prefill == "model" and w.prompt_tokens:
+        prompt = torch.randint(0, shapes.vocab, (w.batch_size, w.prompt_tokens), generator=gen, device=rt.device)
+        tokens = model.prefill(prompt, cache).argmax(-1)
+    else:
+        cache.fill_prompt_random(torch.Generator(device=rt.device).manual_seed(w.seed + SEED_KV))
+        tokens = torch.randint(0, shapes.vocab, (w.batch_size,), generator=gen, device=rt.device)
+    raw = _decode_loop(rt, model, cache, tokens)
+    return _summarise(scenario, spec, rt, model, cache, raw, scale, n_layers, dtype_name, opts, notes)
+
+
+@dataclass
+class _Raw:
+    wall_s: float
+    begin: object
+    marks: list  # per step: (step begin, layers end, step end)
+    counters: list
+    counts: list
+    hbm_bytes: list
+    host_bytes: list
+    active: list
+    hbm_peak_bytes: float
+    host_s: list = field(default_factory=list)  # host time to enqueue each step (no synchronisation)
+
+
+def _decode_loop(rt, model, cache, tokens) -> _Raw:
+    torch = rt.torch
+    weights = model.weight_bytes()
+    if rt.is_cuda:
+        torch.cuda.reset_peak_memory_stats(rt.device)
+    rt.synchronize()
+    t0 = time.perf_counter()
+    begin = rt.mark()
+    raw = _Raw(0.0, begin, [], [], [], [], [], [], 0.0)
+    for s in range(cache.steps):
+        h0 = time.perf_counter()
+        m_step = rt.mark()
+        cache.begin_step()
+        x = model.embed(tokens)
+        for i in range(model.shapes.layers):
+            x = model.layer(i, x, cache)
+        m_layers = rt.mark()
+        tokens = model.head(x).argmax(dim=-1)
+        counts = cache.end_step()
+        raw.marks.append((m_step, m_layers, rt.mark()))
+        raw.host_s.append(time.perf_counter() - h0)
+        raw.counters.append(cache.take_counters())
+        raw.counts.append(counts)
+        raw.active.append(int(np.count_nonzero(cache.lengths > s)))
+        raw.hbm_bytes.append(torch.cuda.memory_allocated(rt.device) if rt.is_cuda else weights + cache.device_kv_bytes())
+        raw.host_bytes.append(cache.host_kv_bytes())
+    rt.synchronize()
+    raw.wall_s = time.perf_counter() - t0
+    raw.hbm_peak_bytes = float(torch.cuda.max_memory_allocated(rt.device) if rt.is_cuda else max(raw.hbm_bytes, default=weights))
+    return raw
+
+
+def _summarise(scenario, spec, rt, model, cache, raw: _Raw, scale: float, n_layers: int, dtype_name: str,
+               opts: RunOptions, notes: list[str]) -> Measurement:
+    el = rt.elapsed_s
+    n = len(raw.marks)
+    ends = [raw.begin] + [m[2] for m in raw.marks]
+    step_s = np.array([el(ends[i], ends[i + 1]) for i in range(n)])
+    layer_s = np.array([el(m[0], m[1]) for m in raw.marks])
+    stall_s = np.array([sum(el(a, b) for a, b in c.stalls) for c in raw.counters])
+    retier_s = np.array([el(*c.retier_span) if c.retier_span else 0.0 for c in raw.counters])
+    # layers and re-tiers scale with depth; embedding, LM head and sampling do not
+    per_layer_part = layer_s + retier_s
+    step_scaled = step_s + (scale - 1.0) * per_layer_part
+    stall_scaled = np.minimum(stall_s * scale, step_scaled)
+    compute_scaled = np.maximum(step_scaled - stall_scaled, 0.0)
+
+    def offsets(key):
+        return [(el(raw.begin, a), el(raw.begin, b)) for c in raw.counters for a, b in getattr(c, key)]
+
+    span = el(raw.begin, ends[-1]) if n else 0.0
+    h2d_busy = busy_union_s(offsets("h2d_busy"), until=span)
+    d2h_busy = busy_union_s(offsets("d2h_busy"), until=span)
+    link_busy = busy_union_s(offsets("h2d_busy"), offsets("d2h_busy"), until=span)
+    decode_s = raw.wall_s if scale == 1.0 else float(step_scaled.sum())
+    h2d = np.array([c.h2d_bytes for c in raw.counters], dtype=float) * scale
+    d2h = np.array([c.d2h_bytes for c in raw.counters], dtype=float) * scale
+    non_layer = model.non_layer_bytes()
+    hbm = non_layer + (np.array(raw.hbm_bytes, dtype=float) - non_layer) * scale
+    counts = np.array(raw.counts, dtype=np.int64).reshape(n, len(TIERS))
+    steps = pd.DataFrame({
+        "step": np.arange(n), "t_s": np.cumsum(step_scaled), "step_s": step_scaled, "compute_s": compute_scaled,
+        "stall_s": stall_scaled, "h2d_bytes": h2d, "d2h_bytes": d2h,
+        "tokens_t0": counts[:, 0], "tokens_t1": counts[:, 1], "tokens_t2": counts[:, 2], "tokens_t3": counts[:, 3],
+        "hbm_bytes": hbm, "host_bytes": np.array(raw.host_bytes, dtype=float) * scale,
+        "batch_active": raw.active,
+    })[STEP_COLUMNS]
+    generated = int(sum(raw.active))
+    torch = rt.torch
+    host_p50 = float(np.percentile(raw.host_s, P50)) if n else None
+    if rt.is_cuda and n and host_p50 >= HOST_BOUND_SHARE * float(np.percentile(step_s, P50)):
+        notes.append(f"launch-bound: the host needs {host_p50 / MS:.2f} ms to enqueue a step "
+                     f"(GPU step p50 {np.percentile(step_s, P50) / MS:.2f} ms); step time is the Python loop's")
+    summary = {
+        "scenario": scenario.name, "model": spec.name, "device": rt.device.type,
+        "device_name": torch.cuda.get_device_name(rt.device) if rt.is_cuda else platform.processor() or platform.machine(),
+        "measured": True, "timing": rt.timing_label,
+        "policy": scenario.policy.kind, "semantics": scenario.policy.semantics, "prefetch": scenario.policy.prefetch,
+        "pinned": bool(scenario.policy.pinned and rt.is_cuda),
+        "batch_size": scenario.workload.batch_size, "generated_tokens": generated, "steps": n,
+        "decode_s": decode_s,
+        "throughput_tok_per_s": generated / decode_s if decode_s > 0 else None,
+        "tpot_p50_s": float(np.percentile(step_scaled, P50)) if n else None,
+        "tpot_p99_s": float(np.percentile(step_scaled, P99)) if n else None,
+        "hbm_peak_bytes": non_layer + (raw.hbm_peak_bytes - non_layer) * scale,
+        "hbm_peak_source": ("torch.cuda.max_memory_allocated (excludes CUDA context and allocator reserve)"
+                            if rt.is_cuda else "estimate: tracked tensor bytes of weights + T0 + staging"),
+        "host_peak_bytes": float(max(raw.host_bytes, default=0)) * scale,
+        "h2d_bytes": float(h2d.sum()), "d2h_bytes": float(d2h.sum()),
+        "h2d_utilization": h2d_busy * scale / decode_s if decode_s > 0 else None,
+        "d2h_utilization": d2h_busy * scale / decode_s if decode_s > 0 else None,
+        "transfer_share": min(1.0, link_busy * scale / decode_s) if decode_s > 0 else None,
+        "stall_share": float(stall_scaled.sum()) / decode_s if decode_s > 0 else None,
+        "h2d_achieved_bytes_per_s": float(h2d.sum()) / (h2d_busy * scale) if h2d_busy > 0 else None,
+        "d2h_achieved_bytes_per_s": float(d2h.sum()) / (d2h_busy * scale) if d2h_busy > 0 else None,
+        "host_enqueue_p50_s": host_p50,
+        "offloaded_tokens": int(cache.offloaded_tokens), "evicted_tokens": int(cache.evicted_tokens),
+        "final_tokens_per_tier": {f"t{i}": int(counts[-1, i]) for i in TIERS} if n else {},
+        "layers_model": int(round(n_layers * scale)), "layers_run": n_layers, "layer_scale": scale,
+        "run_dtype": dtype_name, "attention": opts.attention, "prefill": opts.prefill,
+        "weights_bytes": float(model.non_layer_bytes() + (model.weight_bytes() - non_layer) * scale),
+        "rope": False, "notes": notes,
+        "versions": {"torch": torch.__version__, "cuda": torch.version.cuda or "none", "python": platform.python_version()},
+        "resolved_scenario": scenario.model_dump(mode="json"),
+    }
+    return Measurement(summary=summary, steps=steps, notes=notes)

@@ -1,0 +1,153 @@
+"""A decoder-only transformer with a catalog model's shapes and seeded random weights.
+
+Same work per decode step as the real model (GQA attention with q/k/v bias where the model has it,
+RMSNorm, gated SiLU MLP, embedding and LM head), so its step time, memory and KV traffic are the
+real model's; only the numbers in the weights are made up. No RoPE: position encoding costs a few
+elementwise kernels and changes nothing the tiered cache does. Weights are N(0, 1/fan_in) so the
+residual stream stays O(1) and greedy decoding depends on the attended context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.model_spec import MLP_MATRICES, NORMS_PER_LAYER
+
+NORM_EPS = 1e-6
+GATE_UP = 2  # gate and up projections fused in one matrix
+BIAS_STD = 0.1  # q/k/v biases: small next to the N(0, 1)-scale projections
+
+
+@dataclass(frozen=True)
+class ModelShapes:
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    qkv_bias: bool = False
+    tie_embeddings: bool = False
+
+    @classmethod
+    def from_spec(cls, spec, layers: int | None = None) -> "ModelShapes":
+        return cls(layers=layers or spec.num_layers, hidden=spec.hidden_size, heads=spec.num_heads,
+                   kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, intermediate=spec.intermediate_size,
+                   vocab=spec.vocab_size, qkv_bias=spec.qkv_bias, tie_embeddings=spec.tie_embeddings)
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head."""
+        return self.heads // self.kv_heads
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def layer_params(self) -> int:
+        h, i = self.hidden, self.intermediate
+        attn = h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h
+        bias = self.q_dim + 2 * self.kv_dim if self.qkv_bias else 0
+        return attn + bias + MLP_MATRICES * h * i + NORMS_PER_LAYER * h
+
+    def non_layer_params(self) -> int:
+        head = 0 if self.tie_embeddings else self.vocab * self.hidden
+        return self.vocab * self.hidden + head + self.hidden
+
+
+class SyntheticTransformer:
+    def __init__(self, shapes: ModelShapes, device, dtype, seed: int):
+        import torch
+
+        self.torch, self.shapes, self.dtype = torch, shapes, dtype
+        self.device = torch.device(device)
+        g = torch.Generator(device=self.device).manual_seed(seed)
+        s = shapes
+
+        def weight(out_f: int, in_f: int):
+            w = torch.randn((out_f, in_f), generator=g, device=self.device, dtype=dtype)
+            return w.mul_(in_f ** -0.5)
+
+        def ones(n: int):
+            return torch.ones(n, device=self.device, dtype=dtype)
+
+        qkv_out = s.q_dim + 2 * s.kv_dim
+        self.layers = []
+        for _ in range(s.layers):
+            self.layers.append({
+                "ln1": ones(s.hidden),
+                "wqkv": weight(qkv_out, s.hidden),
+                "bqkv": (torch.randn(qkv_out, generator=g, device=self.device, dtype=dtype).mul_(BIAS_STD)
+                         if s.qkv_bias else None),
+                "wo": weight(s.hidden, s.q_dim),
+                "ln2": ones(s.hidden),
+                "wgu": weight(GATE_UP * s.intermediate, s.hidden),
+                "wdown": weight(s.hidden, s.intermediate),
+            })
+        self.embedding = torch.randn((s.vocab, s.hidden), generator=g, device=self.device, dtype=dtype)
+        self.final_norm = ones(s.hidden)
+        self.lm_head = self.embedding if s.tie_embeddings else weight(s.vocab, s.hidden)
+
+    def weight_bytes(self) -> int:
+        itemsize = self.torch.empty((), dtype=self.dtype).element_size()
+        return (self.shapes.layers * self.shapes.layer_params() + self.shapes.non_layer_params()) * itemsize
+
+    def non_layer_bytes(self) -> int:
+        return self.shapes.non_layer_params() * self.torch.empty((), dtype=self.dtype).element_size()
+
+    # ---- pieces of a decode step --------------------------------------------------------------
+    def embed(self, tokens):
+        return self.embedding[tokens]
+
+    def _norm(self, x, w):
+        return self.torch.nn.functional.rms_norm(x, (x.shape[-1],), w, NORM_EPS)
+
+    def _mlp(self, x, p):
+        F = self.torch.nn.functional
+        gate, up = F.linear(self._norm(x, p["ln2"]), p["wgu"]).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, p["wdown"])
+
+    def layer(self, index: int, x, cache):
+        """One layer for one new token per row: x [B, hidden]."""
+        F, s, p = self.torch.nn.functional, self.shapes, self.layers[index]
+        cache.layer_start(index)
+        qkv = F.linear(self._norm(x, p["ln1"]), p["wqkv"], p["bqkv"])
+        q, k, v = qkv.split((s.q_dim, s.kv_dim, s.kv_dim), dim=-1)
+        b = x.shape[0]
+        o = cache.attend(index, q.view(b, s.kv_heads, s.group, s.head_dim),
+                         k.view(b, s.kv_heads, s.head_dim), v.view(b, s.kv_heads, s.head_dim))
+        x = x + F.linear(o.reshape(b, s.q_dim), p["wo"])
+        return self._mlp(x, p)
+
+    def head(self, x):
+        F = self.torch.nn.functional
+        return F.linear(self._norm(x, self.final_norm), self.lm_head).float()
+
+    def decode_step(self, tokens, cache):
+        """tokens [B] -> logits [B, vocab] (float32); the caller brackets begin/end_step."""
+        x = self.embed(tokens)
+        for i in range(self.shapes.layers):
+            x = self.layer(i, x, cache)
+        return self.head(x)
+
+    def prefill(self, prompt, cache):
+        """prompt [B, P] -> logits of the last position; writes the prompt's K/V into the cache."""
+        F, s = self.torch.nn.functional, self.shapes
+        b, n = prompt.shape
+        x = self.embed(prompt)
+        for i, p in enumerate(self.layers):
+            qkv = F.linear(self._norm(x, p["ln1"]), p["wqkv"], p["bqkv"])
+            q, k, v = qkv.split((s.q_dim, s.kv_dim, s.kv_dim), dim=-1)
+            q = q.view(b, n, s.heads, s.head_dim).transpose(1, 2)
+            k = k.view(b, n, s.kv_heads, s.head_dim).transpose(1, 2)
+            v = v.view(b, n, s.kv_heads, s.head_dim).transpose(1, 2)
+            cache.write_prompt(i, k, v)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            x = x + F.linear(o.transpose(1, 2).reshape(b, n, s.q_dim), p["wo"])
+            x = self._mlp(x, p)
+        return self.head(x[:, -1])

@@ -1,0 +1,116 @@
+"""`hwprobe run`: measure one scenario on the real tiered KV cache; write the simulator's summary keys
+(summary.json), a per-step CSV (steps.csv) and the resolved scenario, each written atomically."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from sim.errors import EXIT_BAD_INPUT, ConfigError
+
+DEVICES = ("cuda", "cpu")
+
+
+class DeviceUnavailable(Exception):
+    """The requested device is missing: one line, exit 2."""
+
+
+def resolve_device(device: str | None) -> str:
+    """`cuda` unless told otherwise; never silently falls back to the CPU."""
+    name = device or "cuda"
+    if name.split(":")[0] not in DEVICES:
+        raise DeviceUnavailable(f"--device: expected cuda or cpu, got {name!r}")
+    if name.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise DeviceUnavailable("no CUDA device available; pass --device cpu to run on the CPU "
+                                    "(timings are then labelled cpu)")
+    return name
+
+
+def with_source(err: ConfigError, path) -> ConfigError:
+    """Errors raised after loading name the scenario file too."""
+    return err if err.source else ConfigError(err.message, source=str(path), field=err.field)
+
+
+def fail(command: str, message: str) -> None:
+    print(f"hwprobe {command}: {message}", file=sys.stderr)
+    raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def _fmt(v, unit: str = "", scale: float = 1.0, digits: int = 4) -> str:
+    return "-" if v is None else f"{v / scale:.{digits}g}{unit}"
+
+
+def print_summary(s: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from sim.units import GB, MS
+
+    t = Table(show_header=False, box=None)
+    rows = [
+        ("scenario", f"{s['scenario']}: {s['model']} on {s['device_name']} ({s['device']}, timing {s['timing']}), "
+                     f"batch {s['batch_size']}, {s['policy']} ({s['semantics']}, {s['prefetch']})"),
+        ("layers", f"{s['layers_run']} run of {s['layers_model']}" + (" (scaled)" if s["layer_scale"] != 1 else "")),
+        ("decode throughput", _fmt(s["throughput_tok_per_s"], " tok/s")),
+        ("TPOT p50 / p99", f"{_fmt(s['tpot_p50_s'], ' ms', MS)} / {_fmt(s['tpot_p99_s'], ' ms', MS)}"),
+        ("device memory peak", _fmt(s["hbm_peak_bytes"], " GB", GB) + f"  [{s['hbm_peak_source']}]"),
+        ("host peak (T1+T2)", _fmt(s["host_peak_bytes"], " GB", GB)),
+        ("H2D / D2H bytes", f"{_fmt(s['h2d_bytes'], ' GB', GB)} / {_fmt(s['d2h_bytes'], ' GB', GB)}"),
+        ("achieved H2D / D2H", f"{_fmt(s['h2d_achieved_bytes_per_s'], ' GB/s', GB)} / "
+                               f"{_fmt(s['d2h_achieved_bytes_per_s'], ' GB/s', GB)}"),
+        ("transfer share / stall share", f"{_fmt(s['transfer_share'], '', 0.01, 3)} % / {_fmt(s['stall_share'], '', 0.01, 3)} %"),
+        ("offloaded / evicted tokens", f"{s['offloaded_tokens']:,} / {s['evicted_tokens']:,}"),
+    ]
+    rows += [("note", n) for n in s["notes"]]
+    for label, value in rows:
+        t.add_row(f"[bold]{label}[/bold]", value)
+    Console(width=shutil.get_terminal_size((150, 40)).columns).print(t)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def run(
+        scenario: Path = typer.Argument(..., help="scenario YAML"),
+        device: Optional[str] = typer.Option(None, "--device", help="cuda (default) or cpu"),
+        set_: List[str] = typer.Option([], "--set", help="override, e.g. workload.batch_size=1 (repeatable)"),
+        as_json: bool = typer.Option(False, "--json", help="print the summary JSON on stdout"),
+        out: Optional[Path] = typer.Option(None, "--out", help="run directory (default runs/hwprobe-<name>-<UTC time>)"),
+        layers: Optional[int] = typer.Option(None, "--layers", help="run at most N layers; time and memory scaled to the model's depth"),
+        attention: str = typer.Option("merged", "--attention", help="merged (T0 in place + staged) or ordered (one key set in token order)"),
+        prefill: str = typer.Option("random", "--prefill", help="random (seeded prompt K/V) or model (real prefill forward)"),
+        dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16, fp16 or float32 (default: the scenario's kv_dtype)"),
+        threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (--device cpu; tiny shapes run fastest on 1)"),
+    ) -> None:
+        """Run the real tiered KV cache in a decode loop and measure it."""
+        from sim.output import to_json, write_run_dir
+        from sim.scenario import load_scenario, scenario_to_yaml
+
+        from .decode import RunOptions, measure
+
+        try:
+            dev = resolve_device(device)
+            sc = load_scenario(scenario, set_)
+            if attention not in ("merged", "ordered"):
+                raise ConfigError(f"--attention: expected merged or ordered, got {attention!r}")
+            result = measure(sc, RunOptions(device=dev, layers=layers, attention=attention, prefill=prefill, dtype=dtype,
+                                              cpu_threads=threads))
+        except DeviceUnavailable as err:
+            fail("run", str(err))
+        except ConfigError as err:
+            fail("run", with_source(err, scenario).line())
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        out_dir = out or Path("runs") / f"hwprobe-{sc.name}-{stamp}"
+        write_run_dir(out_dir, scenario_to_yaml(sc), result.summary, result.steps.to_csv(index=False))
+        if as_json:
+            print(to_json(result.summary))
+            return
+        print_summary(result.summary)
+        print(f"wrote {out_dir}/ (scenario.resolved.yaml, summary.json, steps.csv)")

@@ -1,0 +1,207 @@
+"""`hwprobe validate`: each scenario predicted by the simulator and measured on the real cache;
+a table (and CSV) of predicted, measured and relative error = (predicted - measured) / measured,
+with the median and the worst error per metric."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, List, Optional
+
+import numpy as np
+import pandas as pd
+import typer
+
+from sim.errors import ConfigError
+
+METRICS = (
+    ("throughput_tok_per_s", "throughput tok/s"),
+    ("tpot_p50_s", "step time p50 s"),
+    ("transfer_share", "transfer share"),
+    ("device_memory_peak_bytes", "device memory peak B"),
+)
+# Measured device memory is what torch allocated (no CUDA context, no allocator slack), so the
+# prediction drops the simulator's runtime reserve before comparing.
+MEMORY_KEY = "device_memory_peak_bytes"
+ROW_COLUMNS = ["scenario", "metric", "predicted", "measured", "rel_error"]
+STAT_COLUMNS = ["metric", "n", "median_abs_rel_error", "worst_rel_error", "worst_scenario"]
+ALL_METRICS = "all"
+
+
+def relative_error(predicted, measured) -> float | None:
+    """(predicted - measured) / measured; None where undefined (a value missing, or measured 0 while
+    predicted is not: no finite relative error exists)."""
+    if predicted is None or measured is None:
+        return None
+    p, m = float(predicted), float(measured)
+    if math.isnan(p) or math.isnan(m):
+        return None
+    if m == 0.0:
+        return 0.0 if p == 0.0 else None
+    return (p - m) / m
+
+
+def comparison_rows(name: str, predicted: dict, measured: dict) -> list[dict]:
+    return [{"scenario": name, "metric": key, "predicted": predicted.get(key), "measured": measured.get(key),
+             "rel_error": relative_error(predicted.get(key), measured.get(key))} for key, _ in METRICS]
+
+
+def error_stats(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per metric (and over all metrics): median |relative error| and the worst error, sign kept."""
+    out = []
+    for metric in [k for k, _ in METRICS] + [ALL_METRICS]:
+        sel = rows if metric == ALL_METRICS else rows[rows["metric"] == metric]
+        sel = sel[sel["rel_error"].notna()]
+        if sel.empty:
+            out.append({"metric": metric, "n": 0, "median_abs_rel_error": None, "worst_rel_error": None,
+                        "worst_scenario": None})
+            continue
+        err = sel["rel_error"].astype(float)
+        worst = int(np.argmax(err.abs().to_numpy()))
+        out.append({"metric": metric, "n": len(sel), "median_abs_rel_error": float(err.abs().median()),
+                    "worst_rel_error": float(err.iloc[worst]), "worst_scenario": sel["scenario"].iloc[worst]})
+    return pd.DataFrame(out, columns=STAT_COLUMNS)
+
+
+def validate(scenarios: list, predict: Callable[[object], dict], measure: Callable[[object], dict],
+             progress: Callable[[pd.DataFrame], None] | None = None):
+    """scenarios: loaded Scenario objects. predict / measure: Scenario -> summary dict.
+    `progress(rows so far)` runs after each scenario, so a long grid keeps what it measured.
+    Returns (rows, stats) DataFrames."""
+    rows = []
+    for sc in scenarios:
+        rows += comparison_rows(sc.name, predict(sc), measure(sc))
+        if progress:
+            progress(pd.DataFrame(rows, columns=ROW_COLUMNS))
+    frame = pd.DataFrame(rows, columns=ROW_COLUMNS)
+    return frame, error_stats(frame)
+
+
+def simulator_predictor(profile_path: str | None):
+    """sim.engine.simulate(scenario, profile).summary, the scenario's own profile if none given."""
+    from sim.engine import simulate
+    from sim.profile import load_profile
+
+    cache: dict = {}
+
+    def predict(sc) -> dict:
+        path = profile_path or sc.hardware.profile
+        if path and path not in cache:
+            cache[path] = load_profile(path)
+        summary = simulate(sc, cache.get(path) if path else None, profile_path=path, with_max_batch=False).summary
+        return {**summary, MEMORY_KEY: summary["hbm_peak_bytes"] - summary["runtime_reserve_bytes"]}
+
+    return predict
+
+
+def hwprobe_measurer(opts, runs_dir: Path | None = None):
+    """Scenario -> measured summary; with `runs_dir`, each run's directory (summary.json,
+    steps.csv, resolved scenario) is kept under runs_dir/<scenario name>."""
+    from sim.output import write_run_dir
+    from sim.scenario import scenario_to_yaml
+
+    from .decode import measure
+
+    def run(sc) -> dict:
+        result = measure(sc, opts)
+        if runs_dir is not None:
+            write_run_dir(runs_dir / sc.name, scenario_to_yaml(sc), result.summary, result.steps.to_csv(index=False))
+        return {**result.summary, MEMORY_KEY: result.summary["hbm_peak_bytes"]}
+
+    return run
+
+
+def _cell(v, rel: bool = False) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f"{100 * v:+.1f} %" if rel else f"{v:.4g}"
+
+
+def print_tables(rows: pd.DataFrame, stats: pd.DataFrame) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    labels = dict(METRICS)
+    console = Console(width=shutil.get_terminal_size((150, 40)).columns)
+    t = Table(title="predicted (simulator) vs measured (hwprobe run)")
+    for col in ("scenario", "metric", "predicted", "measured", "rel. error"):
+        t.add_column(col, justify="left" if col in ("scenario", "metric") else "right")
+    for r in rows.itertuples():
+        t.add_row(r.scenario, labels[r.metric], _cell(r.predicted), _cell(r.measured), _cell(r.rel_error, True))
+    console.print(t)
+    s = Table(title="relative error = (predicted - measured) / measured")
+    for col in ("metric", "n", "median |error|", "worst error", "worst scenario"):
+        s.add_column(col, justify="left" if col in ("metric", "worst scenario") else "right")
+    for r in stats.itertuples():
+        median = "-" if r.median_abs_rel_error is None else f"{100 * r.median_abs_rel_error:.1f} %"
+        s.add_row(labels.get(r.metric, r.metric), str(r.n), median,
+                  _cell(r.worst_rel_error, True), r.worst_scenario or "-")
+    console.print(s)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(name="validate")
+    def validate_cmd(
+        scenarios: List[Path] = typer.Argument(..., help="scenario YAMLs"),
+        profile: Optional[Path] = typer.Option(None, "--profile", help="measured profile for the simulator (hwprobe calibrate)"),
+        device: Optional[str] = typer.Option(None, "--device", help="cuda (default) or cpu"),
+        out: Optional[Path] = typer.Option(None, "--out", help="CSV of the comparison (default runs/validate-<UTC time>.csv)"),
+        set_: List[str] = typer.Option([], "--set", help="override applied to every scenario (repeatable)"),
+        layers: Optional[int] = typer.Option(None, "--layers", help="cap layers run per scenario (scaled to full depth)"),
+        attention: str = typer.Option("merged", "--attention", help="merged or ordered"),
+        threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (--device cpu)"),
+        as_json: bool = typer.Option(False, "--json", help="print rows and error statistics as JSON"),
+        runs_dir: Optional[Path] = typer.Option(None, "--runs-dir", help="also keep each measured run directory here"),
+    ) -> None:
+        """Predict each scenario with the simulator, measure it with hwprobe run, compare."""
+        import json
+
+        from sim.atomic import write_text_atomic
+        from sim.scenario import load_scenario
+
+        from .decode import RunOptions
+        from .run_cmd import DeviceUnavailable, fail, resolve_device, with_source
+
+        try:
+            dev = resolve_device(device)
+            loaded = [load_scenario(p, set_) for p in scenarios]
+        except DeviceUnavailable as err:
+            fail("validate", str(err))
+        except ConfigError as err:
+            fail("validate", err.line())
+        try:
+            predict = simulator_predictor(str(profile) if profile else None)
+        except ImportError as err:
+            fail("validate", f"the simulator engine is not available ({err})")
+        measure = hwprobe_measurer(RunOptions(device=dev, layers=layers, attention=attention, cpu_threads=threads),
+                                   runs_dir)
+        source = {id(sc): path for sc, path in zip(loaded, scenarios)}
+
+        def named(fn):
+            def call(sc):
+                try:
+                    return fn(sc)
+                except ConfigError as err:
+                    raise with_source(err, source[id(sc)]) from None
+            return call
+
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        out_path = out or Path("runs") / f"validate-{stamp}.csv"
+        try:
+            rows, stats = validate(loaded, named(predict), named(measure),
+                                   progress=lambda so_far: write_text_atomic(out_path, so_far.to_csv(index=False)))
+        except ConfigError as err:
+            fail("validate", err.line())
+        write_text_atomic(out_path, rows.to_csv(index=False))
+        write_text_atomic(out_path.with_suffix(".errors.csv"), stats.to_csv(index=False))
+        if as_json:
+            print(json.dumps({"rows": rows.to_dict(orient="records"), "errors": stats.to_dict(orient="records")},
+                             indent=2, default=float))
+            return
+        print_tables(rows, stats)
+        if dev == "cpu" and not profile:
+            print("note: measured on the CPU; predictions are for each scenario's GPU unless a CPU profile is given")
+        print("note: device memory compares allocated bytes: the prediction leaves out the simulator's runtime reserve")
+        print(f"wrote {out_path} and {out_path.with_suffix('.errors.csv')}")

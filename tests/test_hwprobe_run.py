@@ -1,0 +1,152 @@
+"""`hwprobe run` on the CPU with tiny shapes: the simulator's summary keys, the per-step CSV,
+layer subsets, both prefetch modes, and one-line exit-2 errors."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import yaml
+
+torch = pytest.importorskip("torch")
+
+from typer.testing import CliRunner  # noqa: E402
+
+from hwprobe.cli import app  # noqa: E402
+from tests.conftest import run_cli  # noqa: E402
+
+runner = CliRunner()
+
+SUMMARY_KEYS = ["throughput_tok_per_s", "tpot_p50_s", "tpot_p99_s", "hbm_peak_bytes", "host_peak_bytes",
+                "h2d_bytes", "d2h_bytes", "h2d_utilization", "d2h_utilization", "transfer_share", "stall_share",
+                "offloaded_tokens", "evicted_tokens", "device", "measured"]
+STEP_COLUMNS = ["step", "t_s", "step_s", "compute_s", "stall_s", "h2d_bytes", "d2h_bytes", "tokens_t0",
+                "tokens_t1", "tokens_t2", "tokens_t3", "hbm_bytes", "host_bytes"]
+TINY_CONFIG = {"model_type": "qwen2", "num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 128}
+PROMPT, STEPS, BATCH = 12, 24, 2
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def scenario(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY_CONFIG))
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "tiny",
+        "model": {"hf_config": str(cfg)},
+        "workload": {"batch_size": BATCH, "prompt_tokens": PROMPT, "reasoning_tokens": STEPS, "seed": 1},
+        "policy": {"kind": "tiered", "hbm_ratio": 0.4, "evict_ratio": 0.1, "compressed_ratio": 0.3,
+                   "compressed_group_size": 8, "retier_interval": 6, "sink_tokens": 2, "recent_window": 4},
+    }))
+    return path
+
+
+def run(scenario, out, *extra):
+    res = runner.invoke(app, ["run", str(scenario), "--device", "cpu", "--threads", "1", "--json",
+                              "--out", str(out), *extra])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout), pd.read_csv(out / "steps.csv")
+
+
+def test_run_writes_summary_keys_and_step_csv(scenario, tmp_path):
+    summary, steps = run(scenario, tmp_path / "out")
+    for key in SUMMARY_KEYS:
+        assert key in summary
+    assert summary["measured"] is True and summary["device"] == "cpu" and summary["timing"] == "cpu_wall_clock"
+    assert "estimate" in summary["hbm_peak_source"]
+    on_disk = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert on_disk["throughput_tok_per_s"] == pytest.approx(summary["throughput_tok_per_s"])
+    assert (tmp_path / "out" / "scenario.resolved.yaml").exists()
+    assert list(steps.columns[: len(STEP_COLUMNS)]) == STEP_COLUMNS
+    assert len(steps) == STEPS
+    # token conservation, summed over the batch
+    tokens = steps[["tokens_t0", "tokens_t1", "tokens_t2", "tokens_t3"]].sum(axis=1)
+    assert list(tokens) == [BATCH * (PROMPT + s + 1) for s in range(STEPS)]
+    # throughput = batch * steps / decode time; compute + stall = step
+    assert summary["throughput_tok_per_s"] == pytest.approx(BATCH * STEPS / summary["decode_s"])
+    assert (steps["compute_s"] + steps["stall_s"]).to_numpy() == pytest.approx(steps["step_s"].to_numpy())
+    assert summary["h2d_bytes"] == pytest.approx(steps["h2d_bytes"].sum())
+    assert summary["h2d_bytes"] > 0 and summary["d2h_bytes"] > 0
+    assert summary["offloaded_tokens"] > 0 and summary["evicted_tokens"] > 0
+    assert steps["tokens_t2"].iloc[-1] > 0 and steps["tokens_t3"].iloc[-1] > 0
+    assert 0 < summary["transfer_share"] <= 1 and 0 < summary["stall_share"] <= 1
+    assert summary["host_peak_bytes"] == pytest.approx(steps["host_bytes"].max())
+
+
+def test_full_hbm_moves_nothing(scenario, tmp_path):
+    summary, steps = run(scenario, tmp_path / "full", "--set", "policy.kind=full_hbm")
+    assert summary["h2d_bytes"] == 0 and summary["d2h_bytes"] == 0 and summary["host_peak_bytes"] == 0
+    assert list(steps["tokens_t0"]) == [BATCH * (PROMPT + s + 1) for s in range(STEPS)]
+    assert summary["transfer_share"] == 0
+
+
+def test_sync_per_step_copies_every_layer_every_step(scenario, tmp_path):
+    a, a_steps = run(scenario, tmp_path / "async")
+    s, s_steps = run(scenario, tmp_path / "sync", "--set", "policy.prefetch=sync_per_step",
+                     "--set", "policy.pinned=false")
+    # same tiers, same bytes: only the schedule differs
+    assert list(a_steps["tokens_t1"]) == list(s_steps["tokens_t1"])
+    assert s["h2d_bytes"] == pytest.approx(a["h2d_bytes"])
+    copied = s_steps["h2d_bytes"] > 0
+    assert (s_steps.loc[copied, "stall_s"] > 0).all()
+
+
+def test_layer_subset_is_scaled_and_stated(scenario, tmp_path):
+    full, _ = run(scenario, tmp_path / "all")
+    half, _ = run(scenario, tmp_path / "half", "--layers", "2")
+    assert half["layers_run"] == 2 and half["layers_model"] == 4 and half["layer_scale"] == 2
+    assert any("ran 2 of 4 layers" in n for n in half["notes"])
+    assert half["h2d_bytes"] == pytest.approx(full["h2d_bytes"])  # bytes scale exactly with depth
+    assert half["host_peak_bytes"] == pytest.approx(full["host_peak_bytes"])
+
+
+def test_variable_reasoning_lengths(scenario, tmp_path):
+    summary, steps = run(scenario, tmp_path / "var", "--set", "workload.reasoning_tokens={dist: uniform, min: 10, max: 24}",
+                         "--set", "workload.batch_size=3")
+    assert summary["generated_tokens"] == steps["batch_active"].sum()
+    assert steps["batch_active"].iloc[0] == 3 and steps["batch_active"].is_monotonic_decreasing
+
+
+def test_bad_scenario_is_one_line_exit_2(scenario):
+    res = runner.invoke(app, ["run", str(scenario), "--device", "cpu", "--set", "policy.hbm_ratio=1.5"])
+    assert res.exit_code == 2
+    assert res.stderr.strip().count("\n") == 0
+    assert "policy.hbm_ratio" in res.stderr and "tiny.yaml" in res.stderr
+
+
+def test_unsupported_prefetch_is_one_line_exit_2(scenario):
+    res = runner.invoke(app, ["run", str(scenario), "--device", "cpu", "--set", "policy.prefetch=per_interval"])
+    assert res.exit_code == 2 and "policy.prefetch" in res.stderr and "tiny.yaml" in res.stderr
+
+
+def test_without_cuda_and_without_device_cpu_exit_2_no_traceback(scenario):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    proc = run_cli("run", str(scenario), tool="hwprobe")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "--device cpu" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_file_no_traceback(tmp_path):
+    proc = run_cli("run", str(tmp_path / "nope.yaml"), "--device", "cpu", tool="hwprobe")
+    assert proc.returncode == 2 and "file not found" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.cuda
+def test_run_on_cuda(scenario, tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    res = runner.invoke(app, ["run", str(scenario), "--json", "--out", str(tmp_path / "gpu")])
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.stdout)
+    assert s["device"] == "cuda" and s["timing"] == "cuda_events" and s["h2d_bytes"] > 0
