@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up (idempotent) and run the main job: the default projection on built-in datasheet hardware.
+# Set up (idempotent) and run the main job: the default 7B-70B projection report on built-in
+# datasheet hardware (no GPU needed), written to reports/projection.html.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/kvsim run scenarios/h200-7b-batch.yaml --out runs/h200-7b-batch "$@"
+exec .venv/bin/kvsim report --out reports/projection.html "$@"

@@ -131,6 +131,26 @@ def gpus(as_json: bool = typer.Option(False, "--json")) -> None:
     console.print(lt)
 
 
+@app.command()
+def report(
+    scenarios: Optional[List[Path]] = typer.Argument(None, help="scenario YAMLs for per-run views; none: the 7B-70B projection and the paper checked"),
+    profile: List[Path] = typer.Option([], "--profile", help="measured profile (hwprobe calibrate): an extra GPU column; one profile also applies to the runs (repeatable)"),
+    validation: Optional[Path] = typer.Option(None, "--validation", help="CSV written by hwprobe validate: predicted against measured"),
+    out: Path = typer.Option(Path("reports/report.html"), "--out", help="the HTML file to write (self-contained, opens offline)"),
+    set_: List[str] = typer.Option([], "--set", help="override applied to every scenario, e.g. sim.detail=layer (repeatable)"),
+) -> None:
+    """One interactive HTML report: the projection (default) or per-run views, and validation."""
+    from .report.command import build_report
+    from .units import MB
+
+    try:
+        written = build_report(list(scenarios or []), list(profile), validation, out, overrides=set_,
+                               command="kvsim report " + " ".join(sys.argv[2:]))
+    except ConfigError as err:
+        _fail(err)
+    print(f"wrote {written} ({written.stat().st_size / MB:.1f} MB)", file=sys.stderr)
+
+
 def main() -> None:
     app()
 

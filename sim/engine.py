@@ -15,7 +15,7 @@ import simpy
 from .context import RunContext
 from .evolution import (ACTIVE, ATT_SEQS_T1, ATT_SEQS_T2, ATT_T0, ATT_T1, ATT_T2, MV_D2H_T1, MV_D2H_T2,
                         MV_H2D_T1, MV_H2D_T2, MV_SEQS, StepPlan)
-from .physics import decode_layer_cost, layerwise_pipeline_s, lm_head_s
+from .physics import decode_layer_cost, layerwise_pipeline, lm_head_s
 
 KV_COPIES_PER_LAYER_PAPER = 2  # the prototype copies K and V separately, layer by layer
 BLOCKS_PER_LAYER_COALESCED = 1  # K and V of a sequence's tier kept in one contiguous block per layer
@@ -84,6 +84,17 @@ def _prefetch_layer(ctx: RunContext, row: np.ndarray) -> tuple[float, int]:
     return float(nbytes), copies
 
 
+TIMELINE_STEPS = 4
+
+
+def timeline_window(plan: StepPlan) -> range:
+    """Steps whose activity is recorded: from just before the first re-tier that moves tokens,
+    so the window shows that re-tier's offload and the prefetches that follow it."""
+    moved = np.flatnonzero(plan.moves[:, MV_D2H_T1] + plan.moves[:, MV_D2H_T2] + plan.moves[:, MV_H2D_T1] + plan.moves[:, MV_H2D_T2])
+    first = max(0, int(moved[0]) - 1) if len(moved) else 0
+    return range(first, first + TIMELINE_STEPS)
+
+
 def run_timing(ctx: RunContext, plan: StepPlan) -> Timing:
     sc = ctx.scenario
     pol = sc.policy
@@ -96,8 +107,7 @@ def run_timing(ctx: RunContext, plan: StepPlan) -> Timing:
     h2d.other, d2h.other = d2h, h2d
     records: list[StepRecord] = []
     timeline: list[dict] = []
-    first = max(0, pol.retier_interval - 2) if ctx.policy.tiering else 0
-    window = range(first, first + 4)
+    window = timeline_window(plan)
     stride = sc.sim.step_stride
     blocking_offload = pol.prefetch == "sync_per_step" or not pol.pinned
     layer_detail = sc.sim.detail == "layer"
@@ -133,12 +143,17 @@ def run_timing(ctx: RunContext, plan: StepPlan) -> Timing:
             else:
                 both = d2h.res.count > 0 and d2h.res is not h2d.res
                 copy_s = ctx.hw.h2d.transfer_time_s(pf_bytes, pf_copies, both)
-                finish, _ = layerwise_pipeline_s([layer_s] * L, [copy_s] * L, pol.staging_buffers)
+                copies, computes = layerwise_pipeline([layer_s] * L, [copy_s] * L, pol.staging_buffers)
                 with h2d.res.request() as req:
                     yield req
                     start = env.now
-                    yield env.timeout(finish)
-                    h2d.busy.append((start, start + L * copy_s))
+                    yield env.timeout(computes[-1][1])
+                h2d.busy.extend((start + a, start + b) for a, b in copies)
+                if tl is not None:
+                    tl.extend({"kind": "h2d", "start_s": start + a, "end_s": start + b, "what": f"prefetch L{i}"}
+                              for i, (a, b) in enumerate(copies))
+                    tl.extend({"kind": "compute", "start_s": start + a, "end_s": start + b, "what": f"layer {i}"}
+                              for i, (a, b) in enumerate(computes))
         elif tiered and pol.prefetch == "sync_per_step":
             # the prototype: every layer's T1 copied (per-layer pageable copies), then compute
             for layer in range(L):
@@ -173,6 +188,7 @@ def run_timing(ctx: RunContext, plan: StepPlan) -> Timing:
         for s in range(plan.steps):
             row = plan.attend[s]
             tl = timeline if s in window else None
+            n_recorded = len(timeline)
             start = env.now
             pf_bytes, _ = _prefetch_layer(ctx, row)
             h2d_b = L * pf_bytes if (ctx.policy.tiering and pol.prefetch != "per_interval") else 0.0
@@ -191,6 +207,8 @@ def run_timing(ctx: RunContext, plan: StepPlan) -> Timing:
                 extra_h2d, d2h_b = yield from retier_traffic(s, tl)
                 h2d_b += extra_h2d
             step_s = env.now - start
+            for rec in timeline[n_recorded:]:
+                rec["step"] = s
             stall_s = step_s - compute_s
             last = StepRecord(s, env.now, step_s, compute_s, stall_s if stall_s > STALL_EPS_S else 0.0, h2d_b, d2h_b)
             records.append(last)

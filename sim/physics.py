@@ -87,28 +87,35 @@ def prefill_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int
     return model.num_layers * per_layer + lm_head_s(model, hw, batch)
 
 
-def layerwise_pipeline_s(compute_s: list[float], copy_s: list[float], buffers: int) -> tuple[float, float]:
+def layerwise_pipeline(compute_s: list[float], copy_s: list[float], buffers: int) -> tuple[list, list]:
     """Closed form of the layerwise prefetch pipeline for one step, all copies issued at t=0.
 
     Copy l starts when copy l-1 is done and a staging buffer is free (layer l-buffers finished);
     layer l computes when layer l-1 is done and copy l is done; a layer without staged tokens
-    (copy_s = 0) needs no buffer. Returns (finish time, stall = finish - sum(compute)).
+    (copy_s = 0) needs no buffer. Returns ([(copy start, end) or None per layer], [(compute start, end)]).
     """
     n = len(compute_s)
-    copy_end = [0.0] * n
-    comp_end = [0.0] * n
+    copies: list = [None] * n
+    computes: list = [(0.0, 0.0)] * n
     link_free = 0.0
     users: list[int] = []  # layers holding a buffer, in order
     for layer in range(n):
+        ready = 0.0
         if copy_s[layer] > 0:
             start = link_free
             if len(users) >= buffers:
-                start = max(start, comp_end[users[-buffers]])
-            copy_end[layer] = start + copy_s[layer]
-            link_free = copy_end[layer]
+                start = max(start, computes[users[-buffers]][1])
+            copies[layer] = (start, start + copy_s[layer])
+            link_free = ready = start + copy_s[layer]
             users.append(layer)
-        ready = copy_end[layer] if copy_s[layer] > 0 else 0.0
-        prev = comp_end[layer - 1] if layer else 0.0
-        comp_end[layer] = max(prev, ready) + compute_s[layer]
-    finish = comp_end[-1] if n else 0.0
+        prev = computes[layer - 1][1] if layer else 0.0
+        begin = max(prev, ready)
+        computes[layer] = (begin, begin + compute_s[layer])
+    return copies, computes
+
+
+def layerwise_pipeline_s(compute_s: list[float], copy_s: list[float], buffers: int) -> tuple[float, float]:
+    """(finish time, stall = finish - sum(compute)) of `layerwise_pipeline`."""
+    _, computes = layerwise_pipeline(compute_s, copy_s, buffers)
+    finish = computes[-1][1] if computes else 0.0
     return finish, finish - sum(compute_s)

@@ -186,3 +186,20 @@ def test_record_every_thins_the_csv_not_the_summary(small_scenario_dict):
     thin = simulate(scen(small_scenario_dict, "sim.record_every=10"))
     assert list(thin.steps["step"]) == list(range(0, 300, 10)) + [299]
     assert thin.summary["throughput_tok_per_s"] == full.summary["throughput_tok_per_s"]
+
+
+def test_timeline_window_shows_first_offload_and_following_prefetch():
+    sc = load_scenario(SCENARIOS / "h200-7b-batch.yaml", ["workload.reasoning_tokens=512", "workload.batch_size=4"])
+    layer = simulate(sc, with_max_batch=False).timeline
+    step = simulate(load_scenario(SCENARIOS / "h200-7b-batch.yaml", ["workload.reasoning_tokens=512", "workload.batch_size=4",
+                                                                       "sim.detail=step"]), with_max_batch=False).timeline
+    for t in (layer, step):
+        kinds = t["kind"].value_counts().to_dict()
+        assert kinds.get("d2h", 0) >= 1 and kinds.get("h2d", 0) >= 28 and kinds.get("compute", 0) >= 28
+        assert (t["end_s"] >= t["start_s"]).all()
+    assert len(layer) == len(step)
+    # the closed form and the SimPy events place every interval at the same time
+    key = ["step", "kind", "what"]
+    merged = layer.merge(step, on=key, suffixes=("_layer", "_step"))
+    assert len(merged) == len(layer)
+    assert merged["start_s_layer"].to_numpy() == pytest.approx(merged["start_s_step"].to_numpy(), rel=1e-6)

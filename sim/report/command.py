@@ -1,0 +1,96 @@
+"""`kvsim report`: check every input first, compute with progress on stderr, write the page atomically.
+
+Bad input raises ConfigError before anything is computed or written; the CLI turns it into one
+line and exit status 2.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..atomic import write_text_atomic
+from ..engine import simulate
+from ..errors import ConfigError
+from ..profile import Profile, load_profile
+from ..scenario import Scenario, load_scenario
+from .document import ReportData, render
+from .grid import DEFAULT_GRID, GridSpec, check_spec, gpu_columns, run_grid, tasks_for
+from .paper_check import check_paper
+from .progress import ReportProgress
+from .validation_table import load_validation
+
+PLAIN_FILE_MODE = 0o666  # what open() asks for before the umask applies
+PAPER_STEPS = 1  # the paper check is one short computation (three small simulations)
+
+
+@dataclass
+class Inputs:
+    scenarios: list[tuple[Scenario, Profile | None, str | None]]  # scenario, profile, profile path
+    profiles: list[Profile]
+    validation: object | None  # DataFrame
+
+
+def load_inputs(scenario_paths: list[Path], profile_paths: list[Path], validation_path: Path | None, out: Path,
+                overrides: list[str] | None = None) -> Inputs:
+    """Everything the report reads, checked up front. A single --profile also applies to the runs
+    (as `kvsim run --profile` does); otherwise each run uses its scenario's own hardware.profile."""
+    if out.exists() and out.is_dir():
+        raise ConfigError("is a directory; expected the path of the HTML file to write", source=str(out), field="--out")
+    profiles = [load_profile(p) for p in profile_paths]
+    runs = []
+    for path in scenario_paths:
+        sc = load_scenario(path, overrides)
+        prof_path = str(profile_paths[0]) if len(profile_paths) == 1 else sc.hardware.profile
+        prof = profiles[0] if len(profile_paths) == 1 else (load_profile(prof_path) if prof_path else None)
+        runs.append((sc, prof, prof_path))
+    table = load_validation(validation_path) if validation_path else None
+    return Inputs(runs, profiles, table)
+
+
+def compute(inputs: Inputs, validation_source: str, *, grid_spec: GridSpec = DEFAULT_GRID, workers: int | None = None,
+            progress: ReportProgress | None = None) -> ReportData:
+    """Projection and the paper check when no scenario is given; per-run views otherwise."""
+    progress = progress or ReportProgress(enabled=False)
+    data = ReportData(validation=inputs.validation, validation_source=validation_source)
+    if not inputs.scenarios:
+        check_spec(grid_spec)
+        n_tasks = len(tasks_for(grid_spec, gpu_columns(grid_spec, inputs.profiles)))
+        data.grid = run_grid(grid_spec, inputs.profiles, workers=workers,
+                             on_task_done=progress.step("projection (model x weights x GPU x length)", n_tasks))
+        advance = progress.step("the paper, checked", PAPER_STEPS)
+        data.paper = check_paper(grid_spec.models)
+        advance()
+    else:
+        advance = progress.step("simulating scenarios", len(inputs.scenarios))
+        for sc, prof, prof_path in inputs.scenarios:
+            data.runs.append(simulate(sc, prof, profile_path=prof_path))
+            advance()
+    return data
+
+
+def build_report(scenario_paths: list[Path], profile_paths: list[Path], validation_path: Path | None, out: Path, *,
+                 overrides: list[str] | None = None, command: str = "kvsim report", grid_spec: GridSpec = DEFAULT_GRID,
+                 workers: int | None = None, show_progress: bool = True) -> Path:
+    """Check the inputs, compute, write `out`; `overrides` (`--set key=value`) apply to every scenario."""
+    if overrides and not scenario_paths:
+        raise ConfigError("--set applies to scenarios; the projection takes none")
+    inputs = load_inputs(scenario_paths, profile_paths, validation_path, out, overrides)
+    progress = ReportProgress(enabled=show_progress)
+    with progress.running():
+        data = compute(inputs, str(validation_path or ""), grid_spec=grid_spec, workers=workers, progress=progress)
+        advance = progress.step("writing HTML", 1)
+        text = render(data, command)
+        write_text_atomic(out, text)
+        _readable(out)
+        advance()
+    return out
+
+
+def _readable(path: Path) -> None:
+    """The atomic write's temporary file is private (0600); a report is for sharing, so give it the
+    permissions a plainly created file would get under the current umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, PLAIN_FILE_MODE & ~mask)

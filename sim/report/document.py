@@ -1,0 +1,95 @@
+"""What the report says, in which order: summary, projection, the paper checked, runs, validation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from .. import __version__
+from ..output import summary_rows
+from ..runner import SimResult
+from . import html as h
+from .figures_paper import paper_figures
+from .figures_projection import dimensions, projection_figures
+from .figures_run import run_figures, timeline_note
+from .figures_validation import validation_figure
+from .grid import GridResult
+from .paper_check import PaperCheck
+from .summary_text import paper_sentences, projection_sentences, run_sentence, validation_sentences
+
+TITLE = "kvtier report: tiered KV caches for reasoning LLMs"
+
+
+@dataclass
+class ReportData:
+    grid: GridResult | None = None
+    paper: PaperCheck | None = None
+    runs: list[SimResult] = field(default_factory=list)
+    validation: pd.DataFrame | None = None
+    validation_source: str = ""
+
+
+def _projection_section(grid: GridResult) -> str:
+    spec = grid.spec
+    intro = (f"Every point is the simulator's fast projection (sim.projection) of a decode of {spec.prompt_tokens} prompt tokens "
+             f"plus the selected reasoning length per sequence, all sequences of the batch the same length; max batch is the "
+             f"largest batch whose peak HBM fits. GPUs use datasheet figures times default efficiencies unless marked measured. "
+             f"Pick the model, weights, GPU and length above the figures; every figure follows.")
+    for g in grid.gpus:
+        if g.profile is not None:
+            intro += (f" {g.label}: measured profile of {g.profile.machine} ({g.profile.created_utc[:10]}); what it does not "
+                      f"contain comes from the {g.base_gpu} datasheet.")
+    body = h.paragraph(intro) + h.controls_html(dimensions(grid))
+    body += "".join(h.selectable_html(sf) for sf in projection_figures(grid))
+    return h.section("projection", "Projection: 7B-70B on one GPU", body)
+
+
+def _paper_section(check: PaperCheck) -> str:
+    rows = [[r.claim, r.printed, r.paper_rule or "-", r.corrected, r.note] for r in check.rows]
+    body = h.paragraph("The reference paper (arXiv 2605.09490) as printed, its arithmetic redone from this project's model "
+                       "catalog with its own rule (query heads counted as KV heads), and the same scenarios computed correctly "
+                       "(GQA: KV heads), with the simulator where a policy is involved.")
+    body += h.table_html(["claim", "as printed", "paper's rule, recomputed", "correct (GQA / simulator)", "how"], rows)
+    body += h.paragraph(check.prototype_note)
+    body += "".join(h.figure_html(fid, fig) for fid, fig in paper_figures(check))
+    return h.section("paper", "The paper, checked", body)
+
+
+def _run_section(i: int, result: SimResult) -> str:
+    sid = f"run-{i}"
+    body = h.table_html(["", ""], [list(r) for r in summary_rows(result.summary)])
+    for name, fig in run_figures(result):
+        caption = timeline_note(result) if name == "timeline" else ""
+        body += h.figure_html(f"fig-{sid}-{name}", fig, caption)
+    return h.section(sid, f"Run: {result.scenario.name}", body)
+
+
+def _validation_section(table: pd.DataFrame, source: str) -> str:
+    body = h.paragraph(f"From {source}: relative error = (predicted - measured) / measured. Shaded: within +-10 % and +-25 %.")
+    body += h.figure_html("fig-validation", validation_figure(table))
+    return h.section("validation", "Validation: predicted against measured", body)
+
+
+def summary_items(data: ReportData) -> list[str]:
+    items: list[str] = []
+    if data.grid is not None:
+        items += projection_sentences(data.grid)
+    if data.paper is not None:
+        items += paper_sentences(data.paper)
+    items += [run_sentence(r.summary) for r in data.runs]
+    if data.validation is not None:
+        items += validation_sentences(data.validation)
+    return items
+
+
+def render(data: ReportData, command: str) -> str:
+    body = h.summary_html(summary_items(data))
+    if data.grid is not None:
+        body += _projection_section(data.grid)
+    if data.paper is not None:
+        body += _paper_section(data.paper)
+    body += "".join(_run_section(i, r) for i, r in enumerate(data.runs))
+    if data.validation is not None:
+        body += _validation_section(data.validation, data.validation_source)
+    return h.page(TITLE, f"kvtier {__version__} - {command}", body)

@@ -1,0 +1,135 @@
+"""The written summary at the top of the report: sentences computed from the data it shows."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .. import catalog
+from ..runner import LINK_BOTTLENECK_UTILIZATION
+from ..units import GB
+from .grid import GridResult, length_label
+from . import paper_claims as paper
+from .paper_check import PaperCheck
+from .validation_table import BANDS
+
+REFERENCE_TIERED = "tiered_25"  # the policy the headline numbers quote (the one saving most HBM)
+REFERENCE_BATCH = 8  # batch of the HBM-saved sentence (the paper's projection batch)
+
+
+def _x(r: float) -> str:
+    return f"{r:.1f}x"
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _capacity(wide: pd.DataFrame, grid: GridResult, ref: str, label: dict) -> str:
+    both = wide[wide.full_hbm > 0]
+    tiered = [p.key for p in grid.spec.policies if p.tiered and p.key in wide]
+    gains = ", ".join(f"{_x((both[k] / both.full_hbm).median())} ({label[k]})" for k in tiered)
+    ref_gain = both[ref] / both.full_hbm
+    msg = (f"Capacity: across {len(wide)} model x weights x GPU x length configurations, tiering multiplies the largest "
+           f"batch that fits by a median {gains} over full_hbm; for {label[ref]} the gain ranges "
+           f"{_x(ref_gain.min())}-{_x(ref_gain.max())}")
+    if "evict_only" in wide:
+        msg += f". {label['evict_only']} gains only {_x((both.evict_only / both.full_hbm).median())}"
+    rescued = int(((wide.full_hbm == 0) & (wide[ref] > 0)).sum())
+    none = int(((wide.full_hbm == 0) & (wide[ref] == 0)).sum())
+    return msg + (f". In {_n(rescued, 'configuration')} not even one sequence fits without tiering but {label[ref]} fits at "
+                  f"least one; in {none} nothing fits either way (the weights alone, or the weights plus one sequence's "
+                  f"protected KV, exceed the GPU).")
+
+
+def _throughput(pts: pd.DataFrame, grid: GridResult, label: dict) -> str | None:
+    """Each policy at its own best batch (up to its wall) against full_hbm at its best."""
+    keys = ["model", "weights", "gpu", "length"]
+    peak = pts[pts.fits].groupby(keys + ["policy"]).throughput_tok_per_s.max().unstack("policy")
+    tiered = [p.key for p in grid.spec.policies if p.tiered and p.key in peak]
+    peak = peak.dropna(subset=["full_hbm", *tiered])
+    if peak.empty:
+        return None
+    parts = ", ".join(f"{(peak[k] / peak.full_hbm).median():.0%} ({label[k]}, higher than full_hbm in "
+                      f"{int((peak[k] > peak.full_hbm).sum())})" for k in tiered)
+    return (f"Throughput: each policy run at its own largest batch reaches a median {parts} of full_hbm's peak decode "
+            f"throughput, over {_n(len(peak), 'configuration')} where all of them fit: more sequences fit, but every step "
+            f"streams the host-resident KV over the link, which is far slower than HBM.")
+
+
+def _link(lim: pd.DataFrame, grid: GridResult, ref: str, label: dict) -> str | None:
+    tiered = [p.key for p in grid.spec.policies if p.tiered]
+    rows = lim[lim.policy.isin(tiered) & (lim.max_batch > 0)]
+    if rows.empty:
+        return None
+    bound = rows[rows.link_bound_batch.notna()]
+    msg = (f"Host link: the host-to-device link is the bottleneck (busy >= {LINK_BOTTLENECK_UTILIZATION:.0%} of decode time) "
+           f"before the OOM wall in {len(bound)} of {_n(len(rows), 'tiered configuration')} that fit")
+    ref_rows = bound[bound.policy == ref].copy()
+    if len(ref_rows):
+        gpu_base = {g.key: g.base_gpu for g in grid.gpus}
+        ref_rows["link"] = ref_rows.gpu.map(lambda g: catalog.gpu(gpu_base[g]).link)
+        per_link = ref_rows.groupby("link").link_bound_batch.median()
+        msg += f"; for {label[ref]} the median link-bound batch is " + ", ".join(f"{v:g} on {k}" for k, v in per_link.items())
+    return msg + "."
+
+
+def _saved(pts: pd.DataFrame, grid: GridResult, ref: str, label: dict) -> str | None:
+    longest = length_label(max(grid.spec.lengths))
+    s = pts[(pts.policy == ref) & (pts.batch == REFERENCE_BATCH) & (pts.gpu == grid.gpus[0].key) & (pts.length == longest)]
+    if s.empty:
+        return None
+    lo, hi = s.loc[s.hbm_saved_bytes.idxmin()], s.loc[s.hbm_saved_bytes.idxmax()]
+    return (f"HBM saved at batch {REFERENCE_BATCH} x {longest} reasoning tokens by {label[ref]}: from "
+            f"{lo.hbm_saved_bytes / GB:.1f} GB ({lo.model} {lo.weights}) to {hi.hbm_saved_bytes / GB:.1f} GB "
+            f"({hi.model} {hi.weights}). GQA keeps the KV small, so tiering buys most for long reasoning at large batches.")
+
+
+def projection_sentences(grid: GridResult) -> list[str]:
+    label = {p.key: p.label for p in grid.spec.policies}
+    keys = ["model", "weights", "gpu", "length"]
+    wide = grid.limits.pivot_table(index=keys, columns="policy", values="max_batch").reset_index()
+    ref = REFERENCE_TIERED if REFERENCE_TIERED in wide else next((p.key for p in grid.spec.policies if p.tiered), None)
+    out: list[str | None] = []
+    if ref and "full_hbm" in wide:
+        out += [_capacity(wide, grid, ref, label), _throughput(grid.points, grid, label)]
+    if ref:
+        out += [_link(grid.limits, grid, ref, label), _saved(grid.points, grid, ref, label)]
+    return [o for o in out if o]
+
+
+def paper_sentences(check: PaperCheck) -> list[str]:
+    n = check.numbers
+    out = [f"The paper, checked: its KV sizing counts query heads, {n['kv_ratio_7b']:.0f}x too much for the 7B "
+           f"({n['gqa_7b']:,.0f} B/token, not {paper.KV_BYTES_PER_TOKEN_7B:,}). With GQA the HBM saved at batch "
+           f"{paper.PROJECTION_BATCH} x {paper.PROJECTION_CONTEXT_TOKENS:,} tokens is "
+           f"{n['saved_min'] / GB:.1f}-{n['saved_max'] / GB:.1f} GB for {n['models_span']}, not "
+           f"{paper.SAVINGS_BYTES[0] / GB:.0f}-{paper.SAVINGS_BYTES[1] / GB:.0f} GB."]
+    if "sim_cost" in n:
+        out.append(f"The prototype's tiering cost: the paper measured {n['paper_cost']:.1%}, the simulator predicts "
+                   f"{n['sim_cost']:.1%} for the prototype's own policy and {n['ours_cost']:.2%} with layerwise prefetch "
+                   f"from pinned memory.")
+    return out
+
+
+def run_sentence(summary: dict) -> str:
+    s = summary
+    head = f"{s['scenario']}: {s['model']} on {s['gpu']}, batch {s['batch_size']}, {s['policy']}"
+    if not s["fits"]:
+        return (f"{head} does not fit: needs {s['hbm_peak_bytes'] / GB:.1f} GB HBM, has {s['hbm_capacity_bytes'] / GB:.0f} GB "
+                f"(max batch {s['max_batch']}).")
+    txt = (f"{head}: {s['throughput_tok_per_s']:,.1f} tok/s, HBM peak {s['hbm_peak_bytes'] / GB:.1f} of "
+           f"{s['hbm_capacity_bytes'] / GB:.0f} GB (saves {s['hbm_saved_bytes'] / GB:.2f} GB), H2D busy "
+           f"{s['h2d_utilization']:.0%}, stalls {s['stall_share']:.1%} of decode time, max batch {s['max_batch']}")
+    return txt + (" - the host link is the bottleneck." if s.get("link_bottleneck") else ".")
+
+
+def validation_sentences(table: pd.DataFrame) -> list[str]:
+    d = table.dropna(subset=["rel_error"])
+    if d.empty:
+        return ["Validation: no row has a defined relative error."]
+    parts = []
+    for metric, g in d.groupby("metric", sort=False):
+        err = g.rel_error.abs()
+        within = ", ".join(f"{(err <= b).mean():.0%} within +-{b:.0%}" for b in BANDS)
+        parts.append(f"{metric}: median |error| {err.median():.1%} over {len(g)} scenario(s), {within}")
+    return ["Validation (predicted against measured): " + "; ".join(parts) + "."]

@@ -1,0 +1,75 @@
+"""Reading a `hwprobe validate` CSV: one row per (scenario, metric) with predicted, measured and
+rel_error = (predicted - measured) / measured. Bad input fails with one line naming the file."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from ..errors import ConfigError
+from ..units import GB, MS
+from .style import PERCENT
+
+REQUIRED_COLUMNS = ("scenario", "metric", "predicted", "measured")
+BANDS = (0.10, 0.25)  # relative-error bands drawn and counted: +-10 % and +-25 %
+
+# metric -> (label, scale to the unit shown, unit); unknown metrics are shown as they are
+METRIC_DISPLAY = {
+    "throughput_tok_per_s": ("decode throughput", 1.0, "tok/s"),
+    "tpot_p50_s": ("step time p50", 1 / MS, "ms"),
+    "transfer_share": ("transfer share", PERCENT, "% of decode time"),
+    "hbm_peak_bytes": ("device memory peak", 1 / GB, "GB"),
+}
+
+
+def metric_display(metric: str) -> tuple[str, float, str]:
+    return METRIC_DISPLAY.get(metric, (metric, 1.0, ""))
+
+
+def relative_error(predicted: float, measured: float) -> float:
+    """(predicted - measured) / measured; NaN where undefined (a value missing, measured 0)."""
+    if math.isnan(predicted) or math.isnan(measured) or measured == 0:
+        return 0.0 if measured == 0 and predicted == 0 else math.nan
+    return (predicted - measured) / measured
+
+
+def _numbers(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
+    raw = frame[column]
+    values = pd.to_numeric(raw, errors="coerce")
+    bad = values.isna() & raw.notna() & (raw.astype(str).str.strip() != "")
+    if bad.any():
+        row = int(bad.idxmax())
+        raise ConfigError(f"expected a number, got {str(raw[row])!r} (data row {row + 1})", source=source, field=column)
+    return values.astype(float)
+
+
+def load_validation(path: str | Path) -> pd.DataFrame:
+    """The long table, with rel_error filled in where the file left it empty."""
+    source = str(path)
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("file not found" if not p.exists() else "not a file", source=source)
+    try:
+        frame = pd.read_csv(p, dtype=str, keep_default_na=False, na_values=[""])
+    except pd.errors.EmptyDataError:
+        raise ConfigError("empty file; expected the CSV that `hwprobe validate` writes", source=source) from None
+    except (pd.errors.ParserError, UnicodeDecodeError, OSError) as exc:
+        raise ConfigError(f"not a readable CSV ({str(exc).splitlines()[0]})", source=source) from None
+    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+    if missing:
+        raise ConfigError(f"missing column(s) {', '.join(missing)}; expected {', '.join(REQUIRED_COLUMNS)}, rel_error "
+                          f"(the CSV `hwprobe validate` writes)", source=source)
+    out = frame[list(REQUIRED_COLUMNS)].copy()
+    out["scenario"] = out["scenario"].fillna("").astype(str)
+    out["metric"] = out["metric"].fillna("").astype(str)
+    out["predicted"] = _numbers(frame, "predicted", source)
+    out["measured"] = _numbers(frame, "measured", source)
+    given = _numbers(frame, "rel_error", source) if "rel_error" in frame.columns else pd.Series(math.nan, index=frame.index)
+    computed = [relative_error(p_, m_) for p_, m_ in zip(out["predicted"], out["measured"])]
+    out["rel_error"] = given.where(given.notna(), computed)
+    usable = out.dropna(subset=["predicted", "measured"])
+    if usable.empty:
+        raise ConfigError("no row has both a predicted and a measured value", source=source)
+    return out.reset_index(drop=True)
