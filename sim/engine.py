@@ -13,12 +13,8 @@ import numpy as np
 import simpy
 
 from .context import RunContext
-from .evolution import (ACTIVE, ATT_SEQS_T1, ATT_SEQS_T2, ATT_T0, ATT_T1, ATT_T2, MV_D2H_T1, MV_D2H_T2,
-                        MV_H2D_T1, MV_H2D_T2, MV_SEQS, StepPlan)
-from .physics import decode_layer_cost, layerwise_pipeline, lm_head_s
-
-KV_COPIES_PER_LAYER_PAPER = 2  # the prototype copies K and V separately, layer by layer
-BLOCKS_PER_LAYER_COALESCED = 1  # K and V of a sequence's tier kept in one contiguous block per layer
+from .evolution import ACTIVE, ATT_T0, ATT_T1, ATT_T2, MV_D2H_T1, MV_D2H_T2, MV_H2D_T1, MV_H2D_T2, StepPlan
+from .physics import decode_layer_cost, layerwise_pipeline, lm_head_s, prefetch_copies_per_layer, retier_copies
 STALL_EPS_S = 1e-12  # below this a "stall" is floating-point noise of summing layer times
 
 
@@ -77,10 +73,7 @@ def _layer_compute_s(ctx: RunContext, row: np.ndarray) -> float:
 def _prefetch_layer(ctx: RunContext, row: np.ndarray) -> tuple[float, int]:
     """(bytes, copies) of one layer's T1/T2 prefetch for the batch."""
     nbytes = row[ATT_T1] * ctx.kv_bytes_per_token_layer + row[ATT_T2] * ctx.t2_bytes_per_token_layer
-    if ctx.scenario.policy.prefetch == "sync_per_step":
-        copies = KV_COPIES_PER_LAYER_PAPER * int(row[ATT_SEQS_T1] + row[ATT_SEQS_T2])
-    else:
-        copies = BLOCKS_PER_LAYER_COALESCED * int(row[ATT_SEQS_T1] + row[ATT_SEQS_T2])
+    copies = prefetch_copies_per_layer(ctx.scenario.policy.prefetch, row[ATT_T1] > 0, row[ATT_T2] > 0)
     return float(nbytes), copies
 
 
@@ -169,17 +162,18 @@ def run_timing(ctx: RunContext, plan: StepPlan) -> Timing:
         mv = plan.moves[s]
         d2h_bytes = L * (mv[MV_D2H_T1] * ctx.kv_bytes_per_token_layer + mv[MV_D2H_T2] * ctx.t2_bytes_per_token_layer)
         h2d_bytes = L * (mv[MV_H2D_T1] * ctx.kv_bytes_per_token_layer + mv[MV_H2D_T2] * ctx.t2_bytes_per_token_layer)
-        per_layer = KV_COPIES_PER_LAYER_PAPER if pol.prefetch == "sync_per_step" else BLOCKS_PER_LAYER_COALESCED
-        copies = int(mv[MV_SEQS]) * L * per_layer
+        d2h_copies = retier_copies(pol.prefetch, L, mv[MV_D2H_T1] > 0, mv[MV_D2H_T2] > 0)
+        h2d_copies = retier_copies(pol.prefetch, L, mv[MV_H2D_T1] > 0, mv[MV_H2D_T2] > 0)
         if pol.prefetch == "per_interval":
             # T1/T2 brought back once per interval and kept resident on the GPU
-            row = plan.attend[s]
-            h2d_bytes += L * (row[ATT_T1] * ctx.kv_bytes_per_token_layer + row[ATT_T2] * ctx.t2_bytes_per_token_layer)
-        offload = env.process(d2h.transfer(float(d2h_bytes), max(copies, 1), tl, "offload"))
+            after = plan.after[s]
+            h2d_bytes += L * (after[1] * ctx.kv_bytes_per_token_layer + after[2] * ctx.t2_bytes_per_token_layer)
+            h2d_copies += L * prefetch_copies_per_layer(pol.prefetch, after[1] > 0, after[2] > 0)
+        offload = env.process(d2h.transfer(float(d2h_bytes), d2h_copies, tl, "offload"))
         if blocking_offload:
             yield offload
         # promoted tokens must be in HBM before the next step attends them
-        yield env.process(h2d.transfer(float(h2d_bytes), max(copies, 1), tl, "promote"))
+        yield env.process(h2d.transfer(float(h2d_bytes), h2d_copies, tl, "promote"))
         return float(h2d_bytes), float(d2h_bytes)
 
     def decode():

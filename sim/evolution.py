@@ -14,17 +14,17 @@ from .context import RunContext, draw_lengths
 from .sequence import SequenceTiers
 
 # columns of StepPlan.attend (counts attended during the step's forward, before its re-tier)
-ATT_T0, ATT_T1, ATT_T2, ATT_SEQS_T1, ATT_SEQS_T2, ACTIVE = range(6)
-# columns of StepPlan.moves (re-tier after the step)
-MV_D2H_T1, MV_D2H_T2, MV_H2D_T1, MV_H2D_T2, MV_EVICTED, MV_SEQS = range(6)
+ATT_T0, ATT_T1, ATT_T2, ACTIVE = range(4)
+# columns of StepPlan.moves (re-tier after the step, summed over the batch)
+MV_D2H_T1, MV_D2H_T2, MV_H2D_T1, MV_H2D_T2, MV_EVICTED = range(5)
 
 
 @dataclass(frozen=True)
 class StepPlan:
     lengths: np.ndarray  # reasoning tokens per sequence
-    attend: np.ndarray  # (steps, 6) see ATT_*
+    attend: np.ndarray  # (steps, 4) see ATT_*
     after: np.ndarray  # (steps, 4) T0..T3 summed over active sequences after the step
-    moves: np.ndarray  # (steps, 6) see MV_*
+    moves: np.ndarray  # (steps, 5) see MV_*
     retier: np.ndarray  # (steps,) bool
 
     @property
@@ -43,9 +43,9 @@ def evolve(ctx: RunContext) -> StepPlan:
         SequenceTiers(w.prompt_tokens, w.prompt_tokens + int(n), ctx.policy, sc.policy.importance, rng, sc.policy.scoring)
         for n, rng in zip(lengths, rngs)
     ]
-    attend = np.zeros((steps, 6), dtype=np.int64)
+    attend = np.zeros((steps, 4), dtype=np.int64)
     after = np.zeros((steps, 4), dtype=np.int64)
-    moves = np.zeros((steps, 6), dtype=np.int64)
+    moves = np.zeros((steps, 5), dtype=np.int64)
     retier = np.zeros(steps, dtype=bool)
     # running per-sequence counts so the per-step loop stays O(batch)
     counts = np.array([[w.prompt_tokens, 0, 0, 0]] * w.batch_size, dtype=np.int64)
@@ -57,15 +57,11 @@ def evolve(ctx: RunContext) -> StepPlan:
             seqs[i].append_token()
         counts[active, 0] += 1
         a = counts[active]
-        attend[step] = (a[:, 0].sum(), a[:, 1].sum(), a[:, 2].sum(),
-                        np.count_nonzero(a[:, 1]), np.count_nonzero(a[:, 2]), len(active))
+        attend[step] = (a[:, 0].sum(), a[:, 1].sum(), a[:, 2].sum(), len(active))
         if due:
-            seqs_moved = 0
             for i in active:
                 mv = seqs[i].retier()
                 counts[i] = seqs[i].counts()
-                moves[step] += (mv.to_t1_from_t0, mv.to_t2_from_t0, mv.to_t0_from_t1, mv.to_t0_from_t2, mv.evicted, 0)
-                seqs_moved += bool(mv.offloaded or mv.to_t0_from_t1 or mv.to_t0_from_t2)
-            moves[step, MV_SEQS] = seqs_moved
+                moves[step] += (mv.to_t1_from_t0, mv.to_t2_from_t0, mv.to_t0_from_t1, mv.to_t0_from_t2, mv.evicted)
         after[step] = counts[active].sum(axis=0)
     return StepPlan(lengths=lengths, attend=attend, after=after, moves=moves, retier=retier)

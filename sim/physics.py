@@ -87,6 +87,26 @@ def prefill_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int
     return model.num_layers * per_layer + lm_head_s(model, hw, batch)
 
 
+KV_SPLIT_COPIES = 2  # the paper's prototype copies K and V as separate tensors
+T2_BLOCKS = 2  # a compressed block travels as int8 payload + its scales
+
+
+def prefetch_copies_per_layer(prefetch: str, has_t1: bool, has_t2: bool) -> int:
+    """Copies one layer's prefetch takes. The batch's T1 (or T2) tokens of one layer are one
+    contiguous token-major host block (hwprobe's layout), so one copy for T1 and two for T2
+    (payload and scales); `sync_per_step` (the prototype) copies K and V separately."""
+    per_tier = KV_SPLIT_COPIES if prefetch == "sync_per_step" else 1
+    return per_tier * int(has_t1) + T2_BLOCKS * int(has_t2)
+
+
+def retier_copies(prefetch: str, num_layers: int, has_t1: bool, has_t2: bool) -> int:
+    """Copies one re-tier's moves in one direction take: the moved tokens of all layers are
+    gathered into one block per destination tier; the prototype copies per layer, K and V apart."""
+    if prefetch == "sync_per_step":
+        return num_layers * prefetch_copies_per_layer(prefetch, has_t1, has_t2)
+    return int(has_t1) + T2_BLOCKS * int(has_t2)
+
+
 def layerwise_pipeline(compute_s: list[float], copy_s: list[float], buffers: int) -> tuple[list, list]:
     """Closed form of the layerwise prefetch pipeline for one step, all copies issued at t=0.
 

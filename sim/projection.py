@@ -16,8 +16,7 @@ import numpy as np
 
 from .capacity import batch_counts, fits, max_batch, memory_trace
 from .context import RunContext, build_context
-from .engine import BLOCKS_PER_LAYER_COALESCED, KV_COPIES_PER_LAYER_PAPER
-from .physics import decode_layer_cost, layerwise_pipeline_s, lm_head_s
+from .physics import decode_layer_cost, layerwise_pipeline_s, lm_head_s, prefetch_copies_per_layer, retier_copies
 from .profile import Profile
 from .runner import full_hbm_peak_bytes
 from .scenario import Scenario
@@ -32,7 +31,7 @@ class StepTime:
     h2d_busy_s: float
 
 
-def step_time(ctx: RunContext, batch: int, t0: int, t1: int, t2: int, staged_blocks: int) -> StepTime:
+def step_time(ctx: RunContext, batch: int, t0: int, t1: int, t2: int) -> StepTime:
     """One decode step for tier counts summed over the batch (same formulas as the engine)."""
     m, pol = ctx.scenario.model, ctx.scenario.policy
     L = ctx.num_layers
@@ -44,8 +43,7 @@ def step_time(ctx: RunContext, batch: int, t0: int, t1: int, t2: int, staged_blo
     pf_bytes = t1 * ctx.kv_bytes_per_token_layer + t2 * ctx.t2_bytes_per_token_layer
     if not ctx.policy.tiering or pf_bytes <= 0 or pol.prefetch == "per_interval":
         return StepTime(compute_s, compute_s, 0.0)
-    per_layer = KV_COPIES_PER_LAYER_PAPER if pol.prefetch == "sync_per_step" else BLOCKS_PER_LAYER_COALESCED
-    copy_s = ctx.hw.h2d.transfer_time_s(pf_bytes, per_layer * staged_blocks)
+    copy_s = ctx.hw.h2d.transfer_time_s(pf_bytes, prefetch_copies_per_layer(pol.prefetch, t1 > 0, t2 > 0))
     if pol.prefetch == "sync_per_step":
         return StepTime(L * copy_s + compute_s, compute_s, L * copy_s)
     finish, _ = layerwise_pipeline_s([layer_s] * L, [copy_s] * L, pol.staging_buffers)
@@ -69,16 +67,15 @@ def project(scenario: Scenario, profile: Profile | None = None, *, samples: int 
     steps = len(c.active)
     idx = np.unique(np.linspace(0, steps - 1, min(samples, steps)).round().astype(int))
     weights = np.diff(np.concatenate([[0], (idx[1:] + idx[:-1]) // 2 + 1, [steps]]))  # steps each sample stands for
-    # one copy per layer per sequence per host tier holding tokens (all sequences alike in counts)
-    times = [step_time(ctx, int(c.active[i]), *(int(x) for x in c.attend[i, :3]),
-                       int(c.active[i]) * (bool(c.attend[i, 1]) + bool(c.attend[i, 2]))) for i in idx]
+    times = [step_time(ctx, int(c.active[i]), *(int(x) for x in c.attend[i, :3])) for i in idx]
     step_s = np.array([t.step_s for t in times])
     compute_s = np.array([t.compute_s for t in times])
     h2d_s = np.array([t.h2d_busy_s for t in times])
     # net flow into the host at re-tiers (D2H), asynchronous unless the offload blocks
     d2h_tokens = np.clip(np.diff(np.concatenate([[0], c.after[:, 1] + c.after[:, 2]])), 0, None)
     d2h_bytes = float(np.sum(d2h_tokens) * ctx.kv_bytes_per_token)
-    d2h_s = ctx.hw.d2h.transfer_time_s(d2h_bytes, max(1, int(np.count_nonzero(d2h_tokens))) * ctx.num_layers * batch)
+    per_retier = retier_copies(scenario.policy.prefetch, ctx.num_layers, True, scenario.policy.compressed_ratio > 0)
+    d2h_s = ctx.hw.d2h.transfer_time_s(d2h_bytes, int(np.count_nonzero(d2h_tokens)) * per_retier)
     blocking = scenario.policy.prefetch == "sync_per_step" or not scenario.policy.pinned
     decode_s = float(np.sum(step_s * weights)) + (d2h_s if blocking else 0.0)
     h2d_total = float(np.sum(h2d_s * weights))

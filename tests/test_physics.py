@@ -98,3 +98,31 @@ def test_staging_and_activation_bytes():
     assert staging_bytes("sync_per_step", 2, 28, 1e6) == 28e6
     m = catalog.model("deepseek-r1-distill-qwen-7b")
     assert activation_bytes(m, 2) == 2 * (2 * 2 * 18944 * 2 + 152064 * 4)
+
+
+def test_copy_counts_follow_the_host_layout():
+    from sim.physics import prefetch_copies_per_layer, retier_copies
+
+    assert prefetch_copies_per_layer("layerwise_async", True, False) == 1  # one token-major block per layer
+    assert prefetch_copies_per_layer("layerwise_async", True, True) == 3  # + int8 payload and scales
+    assert prefetch_copies_per_layer("sync_per_step", True, False) == 2  # K and V apart
+    assert prefetch_copies_per_layer("layerwise_async", False, False) == 0
+    assert retier_copies("sync_per_step", 28, True, False) == 56  # the paper's 56 copies per all-layer move
+    assert retier_copies("layerwise_async", 28, True, False) == 1  # gathered into one block
+
+
+def test_sync_per_step_step_time_hand_arithmetic():
+    from sim.engine import simulate
+    from sim.scenario import load_scenario
+
+    from .conftest import SCENARIOS
+
+    r = simulate(load_scenario(SCENARIOS / "paper-rtx5080-7b.yaml", ["workload.reasoning_tokens=400"]), with_max_batch=False)
+    s = r.steps.set_index("step")
+    k = 200  # after the first re-tier that moves tokens (step 191), before the next
+    t1 = s.loc[k - 1, "tokens_t1"]
+    assert t1 > 0
+    kv_layer = 2 * 4 * 128 * 2  # fp16 KV, one layer
+    copy_s = 28 * (2 * 3.3e-6 + t1 * kv_layer / 15.7e9)  # per layer: K and V copies, pageable Gen5
+    assert s.loc[k, "step_s"] == pytest.approx(s.loc[k, "compute_s"] + copy_s, rel=1e-9)
+    assert s.loc[k, "stall_s"] == pytest.approx(copy_s, rel=1e-9)
