@@ -14,7 +14,7 @@ import simpy
 
 from .context import RunContext
 from .evolution import ACTIVE, ATT_T0, ATT_T1, ATT_T2, MV_D2H_T1, MV_D2H_T2, MV_H2D_T1, MV_H2D_T2, StepPlan
-from .physics import decode_layer_cost, layerwise_pipeline, lm_head_s, prefetch_copies_per_layer, retier_copies
+from .physics import LayerCost, decode_layer_cost, layerwise_pipeline, lm_head_s, prefetch_copies_per_layer, retier_copies
 STALL_EPS_S = 1e-12  # below this a "stall" is floating-point noise of summing layer times
 
 
@@ -60,14 +60,13 @@ class _Link:
                 timeline.append({"kind": self.name, "start_s": start, "end_s": self.env.now, "what": tag})
 
 
-def _layer_compute_s(ctx: RunContext, row: np.ndarray) -> float:
+def _layer_cost(ctx: RunContext, row: np.ndarray) -> LayerCost:
     m = ctx.scenario.model
     attended = int(row[ATT_T0] + row[ATT_T1] + row[ATT_T2])
-    cost = decode_layer_cost(
+    return decode_layer_cost(
         ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, int(row[ACTIVE]), attended,
         ctx.kv_bytes_per_token_layer, int(row[ATT_T2]), ctx.t2_bytes_per_token_layer,
     )
-    return cost.total_s
 
 
 def _prefetch_layer(ctx: RunContext, row: np.ndarray) -> tuple[float, int]:
@@ -114,7 +113,8 @@ def run_timing(ctx: RunContext, plan: StepPlan) -> Timing:
 
     def step_body(s: int, row: np.ndarray, tl: list | None):
         """One decode step's forward pass; returns compute seconds (the rest is stall)."""
-        layer_s = _layer_compute_s(ctx, row)
+        cost = _layer_cost(ctx, row)
+        layer_s, pre_s, rest_s = cost.total_s, cost.pre_attention_s, cost.post_attention_s
         pf_bytes, pf_copies = _prefetch_layer(ctx, row)
         tiered = ctx.policy.tiering and pf_bytes > 0
         if tiered and pol.prefetch == "layerwise_async":
@@ -130,13 +130,17 @@ def run_timing(ctx: RunContext, plan: StepPlan) -> Timing:
 
                 env.process(copier())
                 for layer in range(L):
-                    yield done[layer]
-                    yield from compute(layer_s, tl, f"layer {layer}")
-                    yield buffers.put(1)
+                    start = env.now
+                    yield env.timeout(pre_s)
+                    yield done[layer]  # attention needs this layer's staged tokens
+                    yield buffers.put(1)  # they move into the attention workspace: buffer free
+                    yield env.timeout(rest_s)
+                    if tl is not None:
+                        tl.append({"kind": "compute", "start_s": start, "end_s": env.now, "what": f"layer {layer}"})
             else:
                 both = d2h.res.count > 0 and d2h.res is not h2d.res
                 copy_s = ctx.hw.h2d.transfer_time_s(pf_bytes, pf_copies, both)
-                copies, computes = layerwise_pipeline([layer_s] * L, [copy_s] * L, pol.staging_buffers)
+                copies, computes = layerwise_pipeline([pre_s] * L, [rest_s] * L, [copy_s] * L, pol.staging_buffers)
                 with h2d.res.request() as req:
                     yield req
                     start = env.now

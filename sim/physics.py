@@ -26,10 +26,20 @@ class LayerCost:
     overhead_s: float
     flop: float
     hbm_bytes: float
+    qkv_share: float = 0.0  # share of gemm_s spent in the q/k/v projection (before attention)
 
     @property
     def total_s(self) -> float:
         return self.gemm_s + self.attention_s + self.overhead_s
+
+    @property
+    def pre_attention_s(self) -> float:
+        """Norm + QKV projection: what runs before attention needs the staged tokens."""
+        return self.gemm_s * self.qkv_share
+
+    @property
+    def post_attention_s(self) -> float:
+        return self.total_s - self.pre_attention_s
 
 
 def gemm_flop(model: ModelSpec, batch: int) -> float:
@@ -61,7 +71,9 @@ def decode_layer_cost(
     dequant_bytes = t2_staged_tokens * (t2_bytes_per_token_layer + kv_bytes_per_token_layer)
     kv_bytes = (attended_tokens + batch) * kv_bytes_per_token_layer + dequant_bytes
     attn_s = roofline_s(a_flop, kv_bytes, hw.attention_flop_per_s, hw.attention_hbm_bytes_per_s)
-    return LayerCost(gemm_s, attn_s, hw.layer_overhead_s, g_flop + a_flop, w_bytes + kv_bytes)
+    qkv = model.hidden_size * (model.q_dim + 2 * model.kv_dim)
+    return LayerCost(gemm_s, attn_s, hw.layer_overhead_s, g_flop + a_flop, w_bytes + kv_bytes,
+                     qkv_share=qkv / model.active_linear_params_layer())
 
 
 def lm_head_s(model: ModelSpec, hw: Hardware, batch: int) -> float:
@@ -107,16 +119,19 @@ def retier_copies(prefetch: str, num_layers: int, has_t1: bool, has_t2: bool) ->
     return int(has_t1) + T2_BLOCKS * int(has_t2)
 
 
-def layerwise_pipeline(compute_s: list[float], copy_s: list[float], buffers: int) -> tuple[list, list]:
+def layerwise_pipeline(pre_s: list[float], rest_s: list[float], copy_s: list[float], buffers: int) -> tuple[list, list]:
     """Closed form of the layerwise prefetch pipeline for one step, all copies issued at t=0.
 
-    Copy l starts when copy l-1 is done and a staging buffer is free (layer l-buffers finished);
-    layer l computes when layer l-1 is done and copy l is done; a layer without staged tokens
-    (copy_s = 0) needs no buffer. Returns ([(copy start, end) or None per layer], [(compute start, end)]).
+    Layer l runs `pre_s` (norm + QKV projection), then its attention waits for copy l, then
+    `rest_s` (attention, output projection, MLP). Copy l starts when copy l-1 is done and a staging
+    buffer is free; a buffer frees when its layer's attention takes the tokens (they move into the
+    attention workspace). A layer without staged tokens (copy_s = 0) needs no buffer.
+    Returns ([(copy start, end) or None per layer], [(layer start, end) per layer]).
     """
-    n = len(compute_s)
+    n = len(pre_s)
     copies: list = [None] * n
-    computes: list = [(0.0, 0.0)] * n
+    layers: list = [(0.0, 0.0)] * n
+    taken = [0.0] * n  # when each layer's attention took its staged tokens
     link_free = 0.0
     users: list[int] = []  # layers holding a buffer, in order
     for layer in range(n):
@@ -124,18 +139,18 @@ def layerwise_pipeline(compute_s: list[float], copy_s: list[float], buffers: int
         if copy_s[layer] > 0:
             start = link_free
             if len(users) >= buffers:
-                start = max(start, computes[users[-buffers]][1])
+                start = max(start, taken[users[-buffers]])
             copies[layer] = (start, start + copy_s[layer])
             link_free = ready = start + copy_s[layer]
             users.append(layer)
-        prev = computes[layer - 1][1] if layer else 0.0
-        begin = max(prev, ready)
-        computes[layer] = (begin, begin + compute_s[layer])
-    return copies, computes
+        begin = layers[layer - 1][1] if layer else 0.0
+        taken[layer] = max(begin + pre_s[layer], ready)
+        layers[layer] = (begin, taken[layer] + rest_s[layer])
+    return copies, layers
 
 
-def layerwise_pipeline_s(compute_s: list[float], copy_s: list[float], buffers: int) -> tuple[float, float]:
-    """(finish time, stall = finish - sum(compute)) of `layerwise_pipeline`."""
-    _, computes = layerwise_pipeline(compute_s, copy_s, buffers)
-    finish = computes[-1][1] if computes else 0.0
-    return finish, finish - sum(compute_s)
+def layerwise_pipeline_s(pre_s: list[float], rest_s: list[float], copy_s: list[float], buffers: int) -> tuple[float, float]:
+    """(finish time, stall = finish - sum of compute) of `layerwise_pipeline`."""
+    _, layers = layerwise_pipeline(pre_s, rest_s, copy_s, buffers)
+    finish = layers[-1][1] if layers else 0.0
+    return finish, finish - sum(pre_s) - sum(rest_s)

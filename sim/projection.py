@@ -46,7 +46,7 @@ def step_time(ctx: RunContext, batch: int, t0: int, t1: int, t2: int) -> StepTim
     copy_s = ctx.hw.h2d.transfer_time_s(pf_bytes, prefetch_copies_per_layer(pol.prefetch, t1 > 0, t2 > 0))
     if pol.prefetch == "sync_per_step":
         return StepTime(L * copy_s + compute_s, compute_s, L * copy_s)
-    finish, _ = layerwise_pipeline_s([layer_s] * L, [copy_s] * L, pol.staging_buffers)
+    finish, _ = layerwise_pipeline_s([cost.pre_attention_s] * L, [cost.post_attention_s] * L, [copy_s] * L, pol.staging_buffers)
     return StepTime(finish + tail_s, compute_s, L * copy_s)
 
 

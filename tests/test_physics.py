@@ -37,6 +37,9 @@ def test_decode_layer_cost_hand_arithmetic():
     attn_bytes = (n + B) * kv_layer  # read every attended token, write the new ones
     assert c.attention_s == pytest.approx(max(4 * n * 28 * 128 / (989e12 * 0.40), attn_bytes / (4.8e12 * 0.70)))
     assert c.total_s == pytest.approx(c.gemm_s + c.attention_s + 2e-5)
+    qkv = 3584 * (3584 + 2 * 512)
+    assert c.pre_attention_s == pytest.approx(c.gemm_s * qkv / params)
+    assert c.pre_attention_s + c.post_attention_s == pytest.approx(c.total_s)
 
 
 def test_lm_head_reads_vocab_matrix():
@@ -73,24 +76,33 @@ def test_profile_curve_interpolates_log_log_and_extrapolates_with_fit():
 
 
 def test_pipeline_without_copies_is_sum_of_compute():
-    assert layerwise_pipeline_s([1.0, 2.0, 3.0], [0, 0, 0], 2) == (6.0, 0.0)
+    assert layerwise_pipeline_s([0.5, 1.0, 1.5], [0.5, 1.0, 1.5], [0, 0, 0], 2) == (6.0, 0.0)
 
 
 def test_pipeline_compute_bound_hides_all_but_first_copy():
-    finish, stall = layerwise_pipeline_s([1.0] * 4, [0.5] * 4, 2)
+    finish, stall = layerwise_pipeline_s([0.0] * 4, [1.0] * 4, [0.5] * 4, 2)
     assert finish == pytest.approx(0.5 + 4.0) and stall == pytest.approx(0.5)
 
 
+def test_pipeline_qkv_projection_hides_the_first_copy():
+    # attention waits for the copy, the QKV projection before it does not
+    finish, stall = layerwise_pipeline_s([0.5] * 3, [0.5] * 3, [0.5] * 3, 2)
+    assert finish == pytest.approx(3.0) and stall == pytest.approx(0.0)
+
+
 def test_pipeline_link_bound():
-    # copies 2 s, compute 1 s, 2 buffers: copy l ends at 2(l+1), compute l ends at 2(l+1) + 1
-    finish, stall = layerwise_pipeline_s([1.0] * 3, [2.0] * 3, 2)
+    # copies 2 s, compute 1 s, 2 buffers: copy l ends at 2(l+1), layer l ends at 2(l+1) + 1
+    finish, stall = layerwise_pipeline_s([0.0] * 3, [1.0] * 3, [2.0] * 3, 2)
     assert finish == pytest.approx(7.0) and stall == pytest.approx(4.0)
 
 
-def test_pipeline_one_buffer_serialises_copy_and_compute():
-    # copy l+1 may start only after layer l's compute frees the single buffer
-    finish, _ = layerwise_pipeline_s([1.0] * 3, [0.5] * 3, 1)
-    assert finish == pytest.approx(3 * (0.5 + 1.0))
+def test_pipeline_one_buffer():
+    # copy l+1 may start only when layer l's attention has taken the single buffer's tokens:
+    # copy0 [0, .5], layer0 [.5, 1.5], copy1 [.5, 1], layer1 [1.5, 2.5], copy2 [1.5, 2], layer2 [2.5, 3.5]
+    finish, _ = layerwise_pipeline_s([0.0] * 3, [1.0] * 3, [0.5] * 3, 1)
+    assert finish == pytest.approx(3.5)
+    finish, _ = layerwise_pipeline_s([0.0] * 3, [0.2] * 3, [1.0] * 3, 1)  # link-bound: copies back to back
+    assert finish == pytest.approx(3.0 + 0.2)
 
 
 def test_staging_and_activation_bytes():
