@@ -127,6 +127,7 @@ def compare(setup: Setup, policy: TierPolicy, attention: str, **opts):
     """(shadow, tiered cache) after a full greedy run following the tiered cache."""
     shadow = _Shadow(new_cache(setup, policy, attention, **opts), new_cache(setup, FULL, attention))
     greedy(setup, shadow)
+    shadow.tiered.drain()  # the last re-tier's offload lands: T2 is read from the host store below
     return shadow, shadow.tiered
 
 

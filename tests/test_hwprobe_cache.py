@@ -11,7 +11,6 @@ torch = pytest.importorskip("torch")
 from hwprobe.cache import CacheGeometry, CacheOptions, Runtime, TieredKVCache  # noqa: E402
 from hwprobe.cache.plan import batch_peaks  # noqa: E402
 from hwprobe.cache.quant import dequantize_int8, max_error_bound, quantize_int8  # noqa: E402
-from hwprobe.cache.retier import uniform_block  # noqa: E402
 from hwprobe.cache.slots import FREE, SlotTable  # noqa: E402
 from sim.scenario import ImportanceCfg  # noqa: E402
 from sim.sequence import SequenceTiers  # noqa: E402
@@ -248,15 +247,6 @@ def test_slot_table_takes_lowest_free_slot_and_keeps_prefix_tight():
         t.place(np.array([0]), np.array([7]), np.array([22]))  # not the next free slot
 
 
-def test_uniform_block_detects_one_contiguous_copy():
-    rows = np.array([0, 1, 0, 1])
-    assert uniform_block(rows, np.array([5, 5, 6, 6]), 2) == (5, 2)
-    assert uniform_block(rows, np.array([5, 6, 6, 5]), 2) == (5, 2)
-    assert uniform_block(rows, np.array([5, 5, 7, 7]), 2) is None  # a gap
-    assert uniform_block(np.array([0, 0, 1]), np.array([1, 2, 1]), 2) is None  # unequal counts
-    assert uniform_block(np.array([0, 0]), np.array([1, 2]), 2) is None  # row 1 would be overwritten
-
-
 def _ring_ops_are_ordered(trace, ring):
     """Replays the event log: a buffer is refilled only by a copy stream that waited on a `free`
     recorded after the last read, and read only by a compute stream that waited on the `ready`
@@ -324,30 +314,205 @@ def test_staging_buffer_reuse_across_many_layers(n_buffers):
 
 
 @pytest.mark.cuda
-def test_cuda_async_prefetch_is_exact():
+@pytest.mark.parametrize("prefetch", ["layerwise_async", "sync_per_step", "per_interval"])
+def test_cuda_prefetch_and_offload_are_exact(prefetch):
+    """Real streams: async prefetch, the offload on its own stream (tokens in transit patched in),
+    promotions; T1 is bitwise exact, and every mode attends exactly what layerwise_async does."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     rt = Runtime("cuda")
     geom = CacheGeometry(12, 4, HKV, D)
 
-    def cuda_cache(policy):
-        c = TieredKVCache(rt, geom, policy, CacheOptions(group_size=GROUP, attention="ordered"), PROMPT, [64] * 4,
-                          torch.float32)
+    def cuda_cache(policy, mode="layerwise_async"):
+        opts = CacheOptions(group_size=GROUP, attention="ordered", prefetch=mode)
+        c = TieredKVCache(rt, geom, policy, opts, PROMPT, [64] * 4, torch.float32)
         c.fill_prompt_random(torch.Generator(device="cuda").manual_seed(7))
         return c
 
-    full, tiered = cuda_cache(FULL), cuda_cache(T1_ONLY)
+    caches = [cuda_cache(FULL), cuda_cache(T1_ONLY, prefetch), cuda_cache(MIXED), cuda_cache(MIXED, prefetch)]
     g = torch.Generator(device="cuda").manual_seed(0)
     for _ in range(64):
-        full.begin_step()
-        tiered.begin_step()
+        for c in caches:
+            c.begin_step()
         for layer in range(12):
             q = torch.randn(4, HKV, G, D, generator=g, device="cuda")
             k = torch.randn(4, HKV, D, generator=g, device="cuda")
             v = torch.randn(4, HKV, D, generator=g, device="cuda")
-            full.layer_start(layer)
-            tiered.layer_start(layer)
-            assert torch.equal(full.attend(layer, q, k, v), tiered.attend(layer, q, k, v))
-        full.end_step()
-        tiered.end_step()
-    assert tiered.hw1 > 0
+            outs = []
+            for c in caches:
+                c.layer_start(layer)
+                outs.append(c.attend(layer, q, k, v))
+            assert torch.equal(outs[0], outs[1]) and torch.equal(outs[2], outs[3])
+        for c in caches:
+            c.end_step()
+    assert caches[1].hw1 > 0 and caches[3].hw2 > 0 and caches[3].offloaded_tokens > 0
+
+
+# ---- prefetch modes, copy counts and the re-tier offload ------------------------------------------
+
+class SlowLink(Runtime):
+    """The CPU runtime, except that each event reports "not done" for its first `polls` queries:
+    an offload then stays in transit for a few steps, as it does behind a real link."""
+
+    def __init__(self, polls: int = 2, trace=None):
+        super().__init__("cpu", trace=trace)
+        self.polls = polls
+
+    def event_done(self, event) -> bool:
+        event.asked = getattr(event, "asked", 0) + 1
+        return event.asked > self.polls
+
+
+def make_on(rt, policy, layers=2, batch=2, **opts):
+    geom = CacheGeometry(layers, batch, HKV, D)
+    cache = TieredKVCache(rt, geom, policy, CacheOptions(group_size=GROUP, **opts), PROMPT, [40] * batch, torch.float32)
+    cache.fill_prompt_random(torch.Generator().manual_seed(7))
+    return cache
+
+
+@pytest.mark.parametrize("policy", [MIXED, WITH_T2], ids=["mixed", "with_t2"])
+@pytest.mark.parametrize("prefetch", ["layerwise_async", "sync_per_step", "per_interval"])
+def test_copy_counts_are_the_simulators(prefetch, policy):
+    """Every copy call hwprobe issues, per step and per re-tier, is one the simulator counts
+    (sim/physics.py): prefetch per layer, re-tier moves gathered per destination tier (the
+    prototype: per layer, K and V apart), per_interval's resident refresh per layer."""
+    from sim.physics import prefetch_copies_per_layer, retier_copies
+
+    L = 3
+    cache = make(policy, layers=L, prefetch=prefetch)
+    seen, expect = {"h2d": 0, "d2h": 0}, {"h2d": 0, "d2h": 0}
+    prev = {"tier": cache.tier.copy(), "n": cache.n.copy(), "hw": (0, 0)}
+
+    def check(step):
+        c = cache.take_counters()
+        seen["h2d"] += c.h2d_copies
+        seen["d2h"] += c.d2h_copies
+        hw1, hw2 = prev["hw"]
+        if prefetch != "per_interval" and (hw1 or hw2):
+            expect["h2d"] += L * prefetch_copies_per_layer(prefetch, hw1 > 0, hw2 > 0)
+        if policy.retier_due(step):
+            old, new = prev["tier"].copy(), cache.tier
+            old[np.arange(cache.geom.batch), prev["n"]] = T0  # this step's token, before the re-tier
+
+            def moved(a, b):
+                return bool(((old == a) & (new == b)).any())
+
+            expect["d2h"] += retier_copies(prefetch, L, moved(T0, T1), moved(T0, T2))
+            expect["h2d"] += retier_copies(prefetch, L, moved(T1, T0), moved(T2, T0))
+            if prefetch == "per_interval":
+                expect["h2d"] += L * prefetch_copies_per_layer(prefetch, cache.hw1 > 0, cache.hw2 > 0)
+        prev.update(tier=cache.tier.copy(), n=cache.n.copy(), hw=(cache.hw1, cache.hw2))
+
+    drive([cache], 40, on_step=check)
+    assert seen == expect and expect["d2h"] > 0 and expect["h2d"] > 0
+
+
+def test_sync_per_step_copies_k_and_v_apart():
+    layers = 3
+    cache = make(T1_ONLY, layers=layers, prefetch="sync_per_step")
+    copies, hw1 = [], [0]
+    drive([cache], 20, on_step=lambda s: (copies.append(cache.take_counters().h2d_copies), hw1.append(cache.hw1)))
+    # every step that starts with T1 tokens copies each layer's K and V, not a re-tier among them
+    per_step = [(n, h) for s, (n, h) in enumerate(zip(copies, hw1)) if not T1_ONLY.retier_due(s)]
+    assert [n for n, h in per_step if h] == [2 * layers] * sum(1 for _, h in per_step if h)
+    assert [n for n, h in per_step if not h] == [0] * sum(1 for _, h in per_step if not h)
+    assert sum(1 for _, h in per_step if h) >= 5
+
+
+@pytest.mark.parametrize("prefetch", ["sync_per_step", "per_interval"])
+def test_every_prefetch_mode_attends_exactly_what_layerwise_async_does(prefetch):
+    for policy in (MIXED, WITH_T2):  # WITH_T2 also promotes T2 tokens back to T0
+        a, b = make(policy), make(policy, prefetch=prefetch)
+        outs, _ = drive([a, b], 30)
+        assert all(torch.equal(x, y) for x, y in zip(*outs))
+    t1 = [make(FULL, attention="ordered"), make(T1_ONLY, attention="ordered", prefetch=prefetch)]
+    outs, _ = drive(t1, 30)
+    assert all(torch.equal(x, y) for x, y in zip(*outs))
+
+
+def test_per_interval_keeps_every_layer_on_the_device():
+    L = 4
+    ring, resident = make(MIXED, layers=L), make(MIXED, layers=L, prefetch="per_interval")
+    drive([ring, resident], 12)
+    one_layer = ring.ring.buffers[0].nbytes()
+    assert resident.staging_bytes() == L * one_layer and ring.staging_bytes() == 2 * one_layer
+    assert resident.device_kv_bytes() - ring.device_kv_bytes() == (L - 2) * one_layer
+    assert resident.attention_workspace_bytes() == ring.attention_workspace_bytes() > 0
+
+
+@pytest.mark.parametrize("prefetch, pinned, asynchronous", [
+    ("layerwise_async", True, True), ("per_interval", True, True),
+    ("layerwise_async", False, False), ("sync_per_step", True, False), ("sync_per_step", False, False)])
+def test_offload_is_asynchronous_only_where_the_simulator_says(prefetch, pinned, asynchronous):
+    """Pinned memory and not the prototype: the offload is still in flight after the re-tier step."""
+    cache = make_on(SlowLink(), WITH_T2, prefetch=prefetch, pinned=pinned)
+    in_flight = []  # after each step that offloaded: is the offload still in flight?
+
+    def check(step):
+        if cache.take_counters().d2h_copies:
+            in_flight.append(cache.lane.pending is not None)
+
+    drive([cache], 24, on_step=check)
+    assert cache.lane.asynchronous == asynchronous
+    assert len(in_flight) >= 3 and set(in_flight) == {asynchronous}
+
+
+@pytest.mark.parametrize("prefetch", ["layerwise_async", "per_interval"])
+def test_tokens_in_transit_are_attended_exactly(prefetch):
+    """Offloads land two polls late: the steps in between read the demoted rows from the device
+    block (patched into every staged copy), and attention is bit for bit what it is when the
+    offload lands at once - for T1 and for int8 T2."""
+    slow = make_on(SlowLink(), MIXED, attention="ordered", prefetch=prefetch)
+    prompt = make(MIXED, attention="ordered", prefetch=prefetch)
+    transit = []
+    outs, _ = drive([slow, prompt], 30, on_step=lambda s: transit.append(slow.lane.pending is not None))
+    assert sum(transit) >= 4, "no offload stayed in transit: the test would be vacuous"
+    assert all(torch.equal(x, y) for x, y in zip(*outs))
+    slow.drain()
+    assert torch.equal(slow.stores.t1, prompt.stores.t1) and torch.equal(slow.stores.t2q, prompt.stores.t2q)
+
+
+def test_without_the_patch_tokens_in_transit_would_be_read_stale(monkeypatch):
+    from hwprobe.cache.offload import OffloadLane
+
+    monkeypatch.setattr(OffloadLane, "patch", lambda self, layer, t1, t2q, t2s: None)
+    slow, prompt = make_on(SlowLink(), T1_ONLY, attention="ordered"), make(T1_ONLY, attention="ordered")
+    outs, _ = drive([slow, prompt], 12)
+    assert any(not torch.equal(x, y) for x, y in zip(*outs))
+
+
+def _t0_slots_reused_only_after_read(trace) -> int:
+    """Replays the event log: a T0 slot an offload's gather reads is written again (an append or a
+    promotion) only after the compute stream has waited on that offload's `sources_read`. Returns
+    how many writes landed in a slot some offload had read (so a pass is not vacuous)."""
+    reading, were_sources, reused = {}, set(), 0
+    for op, *args in trace:
+        if op == "offload":
+            event, pairs = args
+            reading.update({pair: event for pair in pairs})
+            were_sources.update(pairs)
+        elif op == "compute_waits":
+            reading = {pair: ev for pair, ev in reading.items() if ev != args[0]}
+        elif op == "t0_write":
+            for pair in args[0]:
+                assert pair not in reading, f"T0 slot {pair} rewritten before the offload had read it"
+                reused += pair in were_sources
+    return reused
+
+
+@pytest.mark.parametrize("prefetch", ["layerwise_async", "sync_per_step", "per_interval"])
+def test_t0_slots_are_reused_only_after_the_offload_read_them(prefetch):
+    trace = []
+    cache = make_on(SlowLink(trace=trace), MIXED, prefetch=prefetch)
+    drive([cache], 30)
+    assert _t0_slots_reused_only_after_read(trace) > 0
+
+
+def test_reusing_t0_slots_before_the_offload_read_them_is_caught(monkeypatch):
+    from hwprobe.cache.offload import OffloadLane
+
+    monkeypatch.setattr(OffloadLane, "_guard_sources", lambda self, sources_read: None)
+    trace = []
+    drive([make_on(SlowLink(trace=trace), MIXED)], 30)
+    with pytest.raises(AssertionError, match="rewritten before the offload"):
+        _t0_slots_reused_only_after_read(trace)

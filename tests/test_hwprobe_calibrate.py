@@ -304,7 +304,12 @@ def _assert_sane_profile(profile, device):
     assert c.attention_hbm_bytes_per_s > 0 and c.attention_backend
     assert {p.context_tokens for p in c.attention_points} == {256, 1024}
     assert all(p.num_heads == 28 and p.num_kv_heads == 4 for p in c.attention_points)
-    assert c.layer_overhead_s == pytest.approx(8 * c.kernel_launch_s)
+    # the per-layer cost is measured on a real layer (many kernels), not assumed from one launch
+    lo = profile.environment["layer_overhead"]
+    assert c.layer_overhead_s == lo["layer_overhead_s"] > c.kernel_launch_s > 0
+    assert lo["kernel_launch_s"] == c.kernel_launch_s and lo["layers_timed"] >= 1
+    assert "synthetic" in lo["method"] and lo["shapes"]["hidden"] == 64 and lo["shapes"]["batch"] == 1
+    assert "kernels_per_layer_assumed" not in profile.environment["kernel_launch"]
     assert profile.quick and profile.versions["torch"] == torch.__version__
     assert profile.environment["plan"]["name"] == "tiny"
     assert set(profile.environment["drift"]) == {"copy", "gemm"}
@@ -329,13 +334,36 @@ def test_cpu_tiny_calibrate_end_to_end(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["cpu.yaml"]  # no temp files left behind
 
 
+def test_layer_overhead_times_the_synthetic_models_layer(monkeypatch):
+    """The timed call is hwprobe's own layer (through its KV cache) at tiny shapes, once per call."""
+    from hwprobe.calibrate.backend import CpuBackend
+    from hwprobe.calibrate.layer_overhead import LAYERS_TIMED, measure_layer_overhead
+    from hwprobe.model.synthetic import SyntheticTransformer
+
+    calls = []
+    real_layer = SyntheticTransformer.layer
+
+    def counted(self, index, x, cache):
+        calls.append((index, tuple(x.shape), self.shapes.hidden, cache.geom.head_dim))
+        return real_layer(self, index, x, cache)
+
+    monkeypatch.setattr(SyntheticTransformer, "layer", counted)
+    result = measure_layer_overhead(CpuBackend(), samples=3, min_window_s=1e-4)
+    assert result["layer_overhead_s"] > 0 and result["layers_timed"] == LAYERS_TIMED
+    assert {c[0] for c in calls} == set(range(LAYERS_TIMED))
+    assert {c[1:] for c in calls} == {((1, 64), 64, 64)}
+    # warm-up, the trial call, then samples x calls_per_sample timed calls
+    assert len(calls) >= result["samples"] * result["calls_per_sample"]
+
+
 def test_calibrate_modules_import_torch_only_when_measuring():
     import subprocess
     import sys
 
     modules = ["hwprobe.info_cmd", "hwprobe.calibrate_cmd"] + [
         f"hwprobe.calibrate.{m}" for m in ("env", "backend", "timing", "fit", "copies", "gemm", "attention",
-                                           "device_copy", "operands", "plan", "checks", "runner", "summary")]
+                                           "device_copy", "layer_overhead", "operands", "plan", "checks", "runner",
+                                           "summary")]
     code = f"import sys; [__import__(m) for m in {modules!r}]; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"

@@ -1,5 +1,5 @@
 """`hwprobe run` on the CPU with tiny shapes: the simulator's summary keys, the per-step CSV,
-layer subsets, both prefetch modes, and one-line exit-2 errors."""
+layer subsets, the three prefetch modes, and one-line exit-2 errors."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ STEP_COLUMNS = ["step", "t_s", "step_s", "compute_s", "stall_s", "h2d_bytes", "d
 TINY_CONFIG = {"model_type": "qwen2", "num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
                "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 128}
 PROMPT, STEPS, BATCH = 12, 24, 2
+RETIER_INTERVAL = 6
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -45,7 +46,7 @@ def scenario(tmp_path):
         "model": {"hf_config": str(cfg)},
         "workload": {"batch_size": BATCH, "prompt_tokens": PROMPT, "reasoning_tokens": STEPS, "seed": 1},
         "policy": {"kind": "tiered", "hbm_ratio": 0.4, "evict_ratio": 0.1, "compressed_ratio": 0.3,
-                   "compressed_group_size": 8, "retier_interval": 6, "sink_tokens": 2, "recent_window": 4},
+                   "compressed_group_size": 8, "retier_interval": RETIER_INTERVAL, "sink_tokens": 2, "recent_window": 4},
     }))
     return path
 
@@ -100,6 +101,41 @@ def test_sync_per_step_copies_every_layer_every_step(scenario, tmp_path):
     assert (s_steps.loc[copied, "stall_s"] > 0).all()
 
 
+def _layer_staging_bytes(scenario_path) -> int:
+    """One layer's T1 + T2 staging for the batch at the planned peaks (bf16 rows, int8 + fp16 scales)."""
+    from hwprobe.cache.plan import batch_peaks
+    from sim.context import draw_lengths
+    from sim.scenario import load_scenario
+    from sim.tiers import TierPolicy
+
+    sc = load_scenario(scenario_path)
+    peaks = batch_peaks(TierPolicy.from_config(sc.policy), PROMPT, draw_lengths(sc.workload, BATCH))
+    row = 2 * TINY_CONFIG["num_key_value_heads"] * TINY_CONFIG["head_dim"]
+    groups = row // min(sc.policy.compressed_group_size, TINY_CONFIG["head_dim"])
+    return BATCH * (peaks.t1 * row * 2 + peaks.t2 * (row + 2 * groups))
+
+
+def test_per_interval_copies_once_per_interval_and_keeps_every_layer_resident(scenario, tmp_path):
+    a, a_steps = run(scenario, tmp_path / "async")
+    r, r_steps = run(scenario, tmp_path / "resident", "--set", "policy.prefetch=per_interval")
+    assert list(a_steps["tokens_t1"]) == list(r_steps["tokens_t1"])
+    retier_steps = r_steps["step"] % RETIER_INTERVAL == RETIER_INTERVAL - 1
+    assert (r_steps.loc[~retier_steps, "h2d_bytes"] == 0).all(), "no copy between re-tiers"
+    assert (r_steps.loc[retier_steps & (r_steps["tokens_t1"] > 0), "h2d_bytes"] > 0).all()
+    assert r["h2d_bytes"] < a["h2d_bytes"] and r["d2h_bytes"] == pytest.approx(a["d2h_bytes"])
+    # the device holds every layer's T1/T2 instead of two layer buffers: it saves no HBM
+    layers, buffers = TINY_CONFIG["num_hidden_layers"], 2
+    assert r["hbm_peak_bytes"] - a["hbm_peak_bytes"] == (layers - buffers) * _layer_staging_bytes(scenario)
+
+
+def test_summary_separates_attention_workspace_and_offloads_in_flight(scenario, tmp_path):
+    s, _ = run(scenario, tmp_path / "ws")
+    assert 0 < s["attention_workspace_bytes"] < s["hbm_peak_bytes"]
+    assert s["offload_in_flight_peak_bytes"] > 0
+    full, _ = run(scenario, tmp_path / "ws-full", "--set", "policy.kind=full_hbm")
+    assert full["attention_workspace_bytes"] == 0 and full["offload_in_flight_peak_bytes"] == 0
+
+
 def test_layer_subset_is_scaled_and_stated(scenario, tmp_path):
     full, _ = run(scenario, tmp_path / "all")
     half, _ = run(scenario, tmp_path / "half", "--layers", "2")
@@ -123,9 +159,10 @@ def test_bad_scenario_is_one_line_exit_2(scenario):
     assert "policy.hbm_ratio" in res.stderr and "tiny.yaml" in res.stderr
 
 
-def test_unsupported_prefetch_is_one_line_exit_2(scenario):
-    res = runner.invoke(app, ["run", str(scenario), "--device", "cpu", "--set", "policy.prefetch=per_interval"])
-    assert res.exit_code == 2 and "policy.prefetch" in res.stderr and "tiny.yaml" in res.stderr
+def test_unsupported_t2_format_is_one_line_exit_2(scenario):
+    res = runner.invoke(app, ["run", str(scenario), "--device", "cpu", "--set", "policy.compressed_dtype=fp8"])
+    assert res.exit_code == 2 and "policy.compressed_dtype" in res.stderr and "tiny.yaml" in res.stderr
+    assert res.stderr.strip().count("\n") == 0
 
 
 def test_without_cuda_and_without_device_cpu_exit_2_no_traceback(scenario):
@@ -143,10 +180,16 @@ def test_missing_file_no_traceback(tmp_path):
 
 
 @pytest.mark.cuda
-def test_run_on_cuda(scenario, tmp_path):
+@pytest.mark.parametrize("prefetch, pinned", [("layerwise_async", "true"), ("sync_per_step", "false"),
+                                              ("per_interval", "true")])
+def test_run_on_cuda(scenario, tmp_path, prefetch, pinned):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    res = runner.invoke(app, ["run", str(scenario), "--json", "--out", str(tmp_path / "gpu")])
+    res = runner.invoke(app, ["run", str(scenario), "--json", "--out", str(tmp_path / "gpu"),
+                              "--set", f"policy.prefetch={prefetch}", "--set", f"policy.pinned={pinned}"])
     assert res.exit_code == 0, res.output
     s = json.loads(res.stdout)
-    assert s["device"] == "cuda" and s["timing"] == "cuda_events" and s["h2d_bytes"] > 0
+    assert s["device"] == "cuda" and s["timing"] == "cuda_events" and s["h2d_bytes"] > 0 and s["d2h_bytes"] > 0
+    steps = pd.read_csv(tmp_path / "gpu" / "steps.csv")
+    assert (steps["compute_s"] + steps["stall_s"]).to_numpy() == pytest.approx(steps["step_s"].to_numpy())
+    assert 0 < s["transfer_share"] <= 1 and s["attention_workspace_bytes"] > 0

@@ -5,6 +5,12 @@ the prefetch of the next layer(s)) and `attend(l, q, k, v)` (stores the new toke
 attends over T0 plus the staged T1/T2 tokens), then `end_step()` (re-tiers when due). Tier
 decisions are sim/tiers.py's, on scores = attention probability received, averaged over query
 heads and layers, accumulated with no decay.
+
+How T1/T2 reach attention follows the prefetch mode (DESIGN.md "Tier policy"): `layerwise_async`
+stages layer by layer in a ring of buffers (staging.py), `sync_per_step` copies every layer before
+the forward pass (prototype.py), `per_interval` keeps every layer resident from one re-tier to the
+next (resident.py). Staged tokens are then laid out for attention in one workspace of one layer's
+T1 + T2 at full precision (`attention_workspace_bytes`), in every mode.
 """
 
 from __future__ import annotations
@@ -18,20 +24,23 @@ from sim.units import KV_TENSORS
 
 from .attention import NEG_INF, ordered_union, union_softmax_attention, unorder_probs
 from .counters import StepCounters
+from .offload import OffloadLane
 from .plan import TierPeaks, batch_peaks
+from .prototype import PrototypeCopies
 from .quant import dequantize_int8, effective_group
+from .resident import ResidentStage
 from .retier import retier
 from .slots import FREE, SlotTable
 from .staging import StagingRing
 from .store import CacheGeometry, TierStores
 
-PREFETCH_MODES = ("layerwise_async", "sync_per_step")
+PREFETCH_MODES = ("layerwise_async", "sync_per_step", "per_interval")
 ATTENTION_MODES = ("merged", "ordered")
 
 
 @dataclass(frozen=True)
 class CacheOptions:
-    prefetch: str = "layerwise_async"  # layerwise_async (this project) | sync_per_step (the paper's prototype)
+    prefetch: str = "layerwise_async"  # layerwise_async (this project) | sync_per_step (the paper's prototype) | per_interval
     staging_buffers: int = 2
     pinned: bool = True  # T1/T2 in page-locked memory (only meaningful on CUDA)
     group_size: int = 64  # T2 quantisation group (capped at head_dim)
@@ -79,17 +88,23 @@ class TieredKVCache:
         self.bias_s = torch.full((B, cap_s), NEG_INF, device=rt.device)
         self._zero = torch.zeros((), device=rt.device)  # device scalar: unmasking a slot needs no host value
         self.ws = rt.device_zeros((KV_TENSORS, B, geom.kv_heads, cap_s, geom.head_dim), dtype)  # staged K/V for attention
-        tiered_async = policy.tiering and options.prefetch == "layerwise_async"
-        self.ring = (StagingRing(rt, options.staging_buffers, self.peaks.t1, self.peaks.t2, B, geom.row_elems,
-                                 self.stores.groups, dtype) if tiered_async else None)
+        mode = options.prefetch if policy.tiering else None
+        caps = (self.peaks.t1, self.peaks.t2, B, geom.row_elems, self.stores.groups, dtype)
+        self.ring = StagingRing(rt, options.staging_buffers, *caps) if mode == "layerwise_async" else None
+        self.proto = PrototypeCopies(rt, geom.layers) if mode == "sync_per_step" else None
+        self.resident = ResidentStage(rt, geom.layers, *caps) if mode == "per_interval" else None
+        # the simulator's rule: an offload blocks under sync_per_step or pageable memory
+        self.lane = OffloadLane(rt, self.stores, asynchronous=options.prefetch != "sync_per_step" and options.pinned,
+                                prototype=options.prefetch == "sync_per_step", pinned=options.pinned)
+        self.promotion_sources: list = []  # pinned host blocks of the last promotions (kept until the next re-tier)
         self.scale = geom.head_dim ** -0.5
         self.step = -1
         self.hw0, self.hw1, self.hw2 = self.prompt, 0, 0
         self._bias = None  # this step's mask over [T0 prefix | staged], None when nothing is masked
         self._appends: dict[int, tuple] = {}
-        self._sync_raw = None
         self._order = None
         self.counters = StepCounters()
+        self.device_kv_peak_bytes = 0
         self.offloaded_tokens = 0
         self.evicted_tokens = 0
 
@@ -115,6 +130,8 @@ class TieredKVCache:
         t0 = self.tables[T0]
         pos = self.n[b_host]
         t0.place(b_host, s_host, pos)
+        if self.rt.trace is not None:
+            self.rt.note("t0_write", list(zip(b_host.tolist(), s_host.tolist())))
         self.slot[b_host, pos], self.tier[b_host, pos] = s_host, T0
         self.n[b_host] += 1
         self._app = (b_dev, s_dev, len(b_host) == self.geom.batch)
@@ -124,8 +141,9 @@ class TieredKVCache:
         self._set_bias()
         if self.options.attention == "ordered":
             self._build_order()
-        if self.policy.tiering and self.options.prefetch == "sync_per_step" and self.hw1 + self.hw2:
-            self._copy_all_layers()
+        if self.proto is not None and self.hw1 + self.hw2:
+            self.proto.copy_all(self.stores, self.hw1, self.hw2, self.counters)
+            self._track_device_bytes()
         elif self.ring is not None and self.hw1 + self.hw2:
             self._prefetch_ahead(s, 0)
 
@@ -164,12 +182,22 @@ class TieredKVCache:
         """Re-tier if due; returns tier counts (T0..T3) summed over the rows active this step."""
         s = self.step
         active = np.flatnonzero(self.lengths > s)
+        if self.proto is not None:
+            self.proto.discard()  # the prototype drops its copies after the step
         if self.policy.retier_due(s):
             retier(self, active)
-        self._sync_raw = None  # the prototype discards its copies after the step
+            if self.resident is not None and self.hw1 + self.hw2:
+                self.resident.refresh(self.stores, self.hw1, self.hw2, self.counters, self.lane.patch)
+            self._track_device_bytes()
+        self.lane.poll()
         if self.ring is not None and s + 1 < self.steps and self.hw1 + self.hw2:
             self._prefetch_ahead(s + 1, 0)  # overlaps the LM head and sampling
+        self._track_device_bytes()
         return self.row_counts()[active].sum(axis=0)
+
+    def drain(self) -> None:
+        """Land any offload still in flight (host-blocking): the host stores are then complete."""
+        self.lane.finish()
 
     def take_counters(self) -> StepCounters:
         c, self.counters = self.counters, StepCounters()
@@ -196,15 +224,26 @@ class TieredKVCache:
             self.bias_s[:, : live.shape[1]] = torch.as_tensor(np.where(live, 0.0, NEG_INF), dtype=torch.float32)
         self._appends.clear()
 
+    def attention_workspace_bytes(self) -> int:
+        """The one-layer workspace attention reads staged tokens from: a real allocation beside the
+        staging the simulator counts (`staging_buffers` layer buffers, or every layer)."""
+        return self.ws.numel() * self.ws.element_size()
+
     def staging_bytes(self) -> int:
-        ws = self.ws.numel() * self.ws.element_size()
-        return ws + (self.ring.nbytes() if self.ring is not None else 0)
+        """Device copies of T1/T2 held now: ring buffers, resident layers or this step's prototype copies."""
+        held = [x.nbytes() for x in (self.ring, self.resident, self.proto) if x is not None]
+        return sum(held)
 
     def device_kv_bytes(self) -> int:
-        """T0 live bytes + staging (+ this step's sync copies): the cache's share of device memory."""
+        """T0 live bytes + staging + attention workspace + offloads in flight: the cache's share of
+        device memory now."""
         live0 = int(self.tables[T0].live_counts().sum())
-        sync = 0 if self._sync_raw is None else sum(t.numel() * t.element_size() for raw in self._sync_raw for t in raw)
-        return live0 * self.geom.layers * self.stores.full_row_bytes + self.staging_bytes() + sync
+        return (live0 * self.geom.layers * self.stores.full_row_bytes + self.staging_bytes()
+                + self.attention_workspace_bytes() + self.lane.device_bytes())
+
+    def _track_device_bytes(self) -> None:
+        """Called where device memory peaks inside a step (prototype copies, a re-tier's offload)."""
+        self.device_kv_peak_bytes = max(self.device_kv_peak_bytes, self.device_kv_bytes())
 
     def host_kv_bytes(self) -> int:
         """T1 + T2 live bytes (the simulator's host figure)."""
@@ -253,7 +292,7 @@ class TieredKVCache:
                 continue
             if not ring.can_fill(key, j):
                 break
-            ring.fill(key, j, self.stores, self.hw1, self.hw2, self.counters)
+            ring.fill(key, j, self.stores, self.hw1, self.hw2, self.counters, self.lane.patch)
 
     def _stage(self, layer: int) -> None:
         """This layer's T1/T2 tokens into the attention workspace (T2 dequantised)."""
@@ -265,37 +304,21 @@ class TieredKVCache:
             self._to_workspace(buf.t1, buf.t2q, buf.t2s)
             self.ring.release(buf)
         else:
-            self._to_workspace(*self._sync_raw[layer])
+            stage = self.proto if self.proto is not None else self.resident
+            self._to_workspace(*stage.layer(layer))
 
     def _to_workspace(self, t1, t2q, t2s) -> None:
+        """t1: rows [n, B, R], or (K, V) halves [n, B, R/2] as the prototype copies them."""
         g, h1, h2 = self.geom, self.hw1, self.hw2
         shape = (g.batch, KV_TENSORS, g.kv_heads, g.head_dim)
-        if h1:
+        if h1 and isinstance(t1, tuple):
+            for i, half in enumerate(t1):
+                self.ws[i, :, :, :h1].copy_(half[:h1].view(h1, g.batch, g.kv_heads, g.head_dim).permute(1, 2, 0, 3))
+        elif h1:
             self.ws[:, :, :, :h1].copy_(t1[:h1].view(h1, *shape).permute(2, 1, 3, 0, 4))
         if h2:
             x = dequantize_int8(t2q[:h2], t2s[:h2], self.dtype)
             self.ws[:, :, :, h1 : h1 + h2].copy_(x.view(h2, *shape).permute(2, 1, 3, 0, 4))
-
-    def _copy_all_layers(self) -> None:
-        """The paper's prototype: synchronise, copy every layer's T1/T2 (one copy per layer and
-        kind, from pageable memory unless pinned), synchronise; compute waits for all of it."""
-        rt, st, c = self.rt, self.stores, self.counters
-        h1, h2 = self.hw1, self.hw2
-        start = rt.mark()
-        rt.synchronize()
-
-        def copy(x):
-            out = self.torch.empty(x.shape, dtype=x.dtype, device=rt.device)
-            out.copy_(x)
-            return out
-
-        self._sync_raw = [(copy(st.t1[l, :h1]), copy(st.t2q[l, :h2]), copy(st.t2s[l, :h2]))
-                          for l in range(self.geom.layers)]
-        rt.synchronize()
-        end = rt.mark()
-        c.h2d_bytes += self.geom.layers * self.geom.batch * (h1 * st.full_row_bytes + h2 * st.t2_row_bytes)
-        c.h2d_busy.append((start, end))
-        c.stalls.append((start, end))
 
     def _build_order(self) -> None:
         """For `ordered` attention: where each T0 / staged slot lands in token order."""

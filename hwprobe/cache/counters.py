@@ -2,6 +2,9 @@
 
 Marks are CUDA events on a GPU (resolving them needs the device to have finished) and
 perf_counter floats on the CPU, so the loop never synchronises just to time itself.
+Definitions follow the simulator: a stall is time the compute stream (on the CPU: the thread)
+waits for link transfers, so compute = step - stall; link busy intervals per direction, whose
+union over decode time is the transfer share.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ from dataclasses import dataclass, field
 class StepCounters:
     h2d_bytes: int = 0
     d2h_bytes: int = 0
-    stalls: list = field(default_factory=list)  # (mark, mark): compute waiting on a copy or a re-tier
+    h2d_copies: int = 0  # copy calls, to compare with sim/physics.py's copy counts
+    d2h_copies: int = 0
+    stalls: list = field(default_factory=list)  # (mark, mark): compute waiting on link transfers
     h2d_busy: list = field(default_factory=list)  # (mark, mark) on the copy stream
-    d2h_busy: list = field(default_factory=list)
-    retier_span: tuple | None = None  # (mark, mark) of this step's re-tier, also in `stalls`
+    d2h_busy: list = field(default_factory=list)  # (mark, mark) on the offload stream
+    retier_span: tuple | None = None  # (mark, mark) of this step's whole re-tier (scales with depth)
     offloaded_tokens: int = 0
     evicted_tokens: int = 0

@@ -1,12 +1,14 @@
 """Re-tier: fold the accumulated attention into per-token scores, let sim/tiers.py decide every
 token's new tier (so the real cache and the simulator agree token for token), then move the bytes.
 
-Moves, batched over rows and all layers at once:
-- T0 -> T1 / T2 (demotion): gathered on the device (T2: quantised there), device -> host.
-- T1 / T2 -> T0 (promotion): gathered on the host, host -> device (T2: dequantised there).
+Moves, batched over rows and all layers at once (copy counts as sim/physics.py's `retier_copies`):
+- T0 -> T1 / T2 (demotion): offload.py - gathered on the device (T2: quantised there), device -> host
+  on the offload stream; asynchronous unless the policy blocks (sync_per_step, pageable memory).
+- T1 / T2 -> T0 (promotion): gathered on the host, host -> device on the copy stream (T2: dequantised
+  there); the next step always waits for it, as the simulator's does.
 - T1 <-> T2: re-encoded on the host, no link traffic. -> T3: the slot is freed, nothing moves.
-Reads happen before any slot is reused; the whole re-tier is exposed (it blocks the next step) and
-is counted as stall.
+Host reads happen before any slot is reused. Stall is only the wait for link transfers (blocking
+offloads, promotions); scoring and bookkeeping on the host are step time the simulator leaves out.
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ import numpy as np
 
 from sim.tiers import T0, T1, T2, T3, assign_tiers, diff_moves, protected_mask
 
+from .offload import Demotion
 from .quant import dequantize_int8, quantize_int8
+from .runtime import COPY
 from .slots import FREE
+from .transfer import arrange, copy_block, restore
 
 
 def fold_scores(cache) -> None:
@@ -77,49 +82,46 @@ def _reassign_slots(cache, b, p, src, dst):
     return new_slot
 
 
-def uniform_block(rows, slots, batch: int):
-    """(a, k) when every batch row moves exactly k tokens into slots [a, a + k): then each layer's
-    [a, a + k) block of a host store is one contiguous region, written by one direct copy."""
-    if len(rows) == 0 or len(rows) % batch:
-        return None
-    k = len(rows) // batch
-    if not (np.bincount(rows, minlength=batch) == k).all():
-        return None
-    a = int(slots.min())
-    per_row = slots[np.lexsort((slots, rows))].reshape(batch, k)
-    return (a, k) if (per_row == a + np.arange(k)).all() else None
+def _promote(cache, blocks, tier, counters):
+    """Host blocks [K, L, X] of one tier -> the device on the copy stream (coalesced, or the
+    prototype's per-layer K/V pieces). Returns the device blocks as they travelled; the caller
+    makes compute wait for the copy stream before it reads (`restore`s) them."""
+    rt, opts = cache.rt, cache.options
+    proto = opts.prefetch == "sync_per_step"
+    out = []
+    for i, block in enumerate(blocks):
+        split = tier == T1 and i == 0
+        src = arrange(block, proto, split)
+        if opts.pinned and rt.is_cuda:
+            src = src.pin_memory()
+        cache.promotion_sources.append(src)  # a pinned source must outlive its async copy
+        dst = rt.device_empty(tuple(src.shape), src.dtype)  # compute's pool: it is read and freed there
+        with rt.on_copy_stream():
+            counters.h2d_copies += copy_block(dst, src, proto, split, rt.is_cuda)
+        out.append(dst)
+    return out
 
 
-def _demote(cache, rows, old_slots, new_slots, tier):
-    """T0 -> T1/T2 for the given (row, slot) pairs: gather (and quantise) on the device, then copy
-    to the host. Returns (bytes, write): `write()` finishes on the host after synchronising (None
-    when the copy went straight into the store), and keeps the device blocks alive until then."""
-    rt, st, torch = cache.rt, cache.stores, cache.torch
-    B, L = cache.geom.batch, cache.geom.layers
-    block = uniform_block(rows, new_slots, B)
-    order = np.lexsort((rows, new_slots)) if block else np.arange(len(rows))  # (slot, row) order
-    data = st.t0_gather(torch.as_tensor(rows[order], device=rt.device),
-                        torch.as_tensor(old_slots[order], device=rt.device))  # [K, L, R]
-    tensors = (data,) if tier == T1 else quantize_int8(data, st.group)
-    stores = (st.t1,) if tier == T1 else (st.t2q, st.t2s)
-    nbytes = len(rows) * L * (st.full_row_bytes if tier == T1 else st.t2_row_bytes)
-    if block:
-        a, k = block
-        blocks = [t.view(k, B, L, -1).permute(2, 0, 1, 3).contiguous() for t in tensors]  # [L, k, B, X]
-        for blk, store in zip(blocks, stores):
-            for layer in range(L):
-                rt.copy_to_host(store[layer, a : a + k], blk[layer])
-        return nbytes, lambda keep=blocks: None
-    lands = [rt.to_host(t) for t in tensors]
-    b_idx, s_idx = torch.as_tensor(rows), torch.as_tensor(new_slots)
-    if tier == T1:
-        return nbytes, lambda: st.t1_scatter(b_idx, s_idx, lands[0])
-    return nbytes, lambda: st.t2_scatter(b_idx, s_idx, *lands)
+def _arrived(cache, tier, blocks):
+    """Device blocks of one promoted tier, token-major and dequantised: rows for T0."""
+    proto = cache.options.prefetch == "sync_per_step"
+    rows = [restore(d, proto, tier == T1 and i == 0) for i, d in enumerate(blocks)]
+    return rows[0] if tier == T1 else dequantize_int8(*rows, cache.dtype)
+
+
+def _write_t0(cache, b, new_slot, sel, rows) -> None:
+    """Promoted rows into their new T0 slots (compute stream)."""
+    torch, dev = cache.torch, cache.rt.device
+    if cache.rt.trace is not None:
+        cache.rt.note("t0_write", list(zip(b[sel].tolist(), new_slot[sel].tolist())))
+    cache.stores.t0_scatter(torch.as_tensor(b[sel], device=dev), torch.as_tensor(new_slot[sel], device=dev), rows)
 
 
 def retier(cache, rows) -> None:
     rt, torch, stores, c = cache.rt, cache.torch, cache.stores, cache.counters
+    cache.lane.finish()  # the last offload has landed: the host stores are read below
     rt.synchronize()  # scores are read on the host; no prefetch may still read the host stores
+    cache.promotion_sources.clear()
     start = rt.mark()
     fold_scores(cache)
     b, p, src, dst = _decide(cache, rows)
@@ -133,7 +135,7 @@ def retier(cache, rows) -> None:
 
     dem1, dem2, pro1, pro2, x12, x21 = (pick(T0, T1), pick(T0, T2), pick(T1, T0), pick(T2, T0),
                                         pick(T1, T2), pick(T2, T1))
-    # host reads first: a direct device->host copy below may land in a slot freed by these tokens
+    # host reads first: slots freed by these tokens are reused below
     rows_pro1 = stores.t1_gather(host_idx(b[pro1]), host_idx(old_slot[pro1])) if len(pro1) else None
     q_pro2 = stores.t2_gather(host_idx(b[pro2]), host_idx(old_slot[pro2])) if len(pro2) else None
     q_x12 = quantize_int8(stores.t1_gather(host_idx(b[x12]), host_idx(old_slot[x12])), stores.group) if len(x12) else None
@@ -141,39 +143,32 @@ def retier(cache, rows) -> None:
                 if len(x21) else None)
     new_slot = _reassign_slots(cache, b, p, src, dst)
 
-    # link traffic on the side stream; device gathers are queued before any T0 slot is rewritten
-    finish = []
-    if len(dem1) or len(dem2):
-        rt.copy_waits_for_compute()
-        d2h_start = rt.mark(on_copy=True)
-        for sel, tier in ((dem1, T1), (dem2, T2)):
-            if len(sel):
-                nbytes, write = _demote(cache, b[sel], old_slot[sel], new_slot[sel], tier)
-                c.d2h_bytes += nbytes
-                finish.append(write)
-        c.d2h_busy.append((d2h_start, rt.mark(on_copy=True)))
-    dev_pro1 = dev_pro2 = None
-    if len(pro1) or len(pro2):
-        h2d_start = rt.mark(on_copy=True)
-        dev_pro1 = rt.to_device(rows_pro1) if rows_pro1 is not None else None
-        dev_pro2 = tuple(rt.to_device(t) for t in q_pro2) if q_pro2 is not None else None
-        c.h2d_busy.append((h2d_start, rt.mark(on_copy=True)))
+    # demotions leave first: the compute stream waits until their T0 slots have been read
+    demotions = [Demotion(tier, b[sel], old_slot[sel], new_slot[sel])
+                 for sel, tier in ((dem1, T1), (dem2, T2)) if len(sel)]
+    if demotions and cache.lane.asynchronous:
+        cache.lane.launch(demotions, c)
+    elif demotions:
+        with rt.exposed(c.stalls):
+            cache.lane.launch(demotions, c)
+    promotions = [(sel, tier, blocks)
+                  for sel, tier, blocks in ((pro1, T1, (rows_pro1,)), (pro2, T2, q_pro2)) if len(sel)]
+    arrived = []
+    if promotions:
+        with rt.exposed(c.stalls):
+            rt.copy_waits_for_compute()  # device blocks may reuse memory queued kernels still read
+            h2d_start = rt.mark(COPY)
+            arrived = [(sel, tier, _promote(cache, blocks, tier, c)) for sel, tier, blocks in promotions]
+            c.h2d_busy.append((h2d_start, rt.mark(COPY)))
+            rt.compute_waits_for_copies()
         c.h2d_bytes += cache.geom.layers * (len(pro1) * stores.full_row_bytes + len(pro2) * stores.t2_row_bytes)
-    rt.synchronize()
 
-    # writes
-    for write in finish:
-        write()
+    # host writes
     if len(x21):
         stores.t1_scatter(host_idx(b[x21]), host_idx(new_slot[x21]), rows_x21)
     if len(x12):
         stores.t2_scatter(host_idx(b[x12]), host_idx(new_slot[x12]), *q_x12)
-    dev = rt.device
-    if len(pro1):
-        stores.t0_scatter(torch.as_tensor(b[pro1], device=dev), torch.as_tensor(new_slot[pro1], device=dev), dev_pro1)
-    if len(pro2):
-        stores.t0_scatter(torch.as_tensor(b[pro2], device=dev), torch.as_tensor(new_slot[pro2], device=dev),
-                          dequantize_int8(*dev_pro2, cache.dtype))
+    for sel, tier, blocks in arrived:
+        _write_t0(cache, b, new_slot, sel, _arrived(cache, tier, blocks))
     cache.after_retier()
     c.retier_span = (start, rt.mark())
-    c.stalls.append(c.retier_span)

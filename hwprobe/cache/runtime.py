@@ -1,18 +1,20 @@
 """Streams, events and timing marks: real on CUDA, no-ops on the CPU.
 
 One code path runs on both devices, so CI on a CPU exercises the same prefetch ordering a GPU uses.
-On CUDA every host<->device copy runs on one side stream; the compute stream and the side stream
-order each other with events and `wait_stream` (never `record_stream`), so a buffer is rewritten
-only after the kernels that read it have run. On the CPU copies are plain synchronous copies and a
-timing mark is `time.perf_counter()`.
+On CUDA host->device copies run on a copy stream and re-tier offloads (device->host) on an offload
+stream of their own, so an offload overlaps the next steps' prefetches; the streams order each other
+with events and `wait_stream` (never `record_stream`), so a buffer is rewritten only after the
+kernels that read it have run. On the CPU copies are plain synchronous copies, every event has
+completed when it is queried, and a timing mark is `time.perf_counter()`.
 """
 
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 S_PER_MS = 1e-3  # torch.cuda.Event.elapsed_time returns milliseconds
+COMPUTE, COPY, OFFLOAD = "compute", "copy", "offload"  # the streams a timing mark can be recorded on
 
 
 class _NullEvent:
@@ -20,6 +22,9 @@ class _NullEvent:
 
     def record(self, stream=None) -> None:
         pass
+
+    def query(self) -> bool:
+        return True
 
     def synchronize(self) -> None:
         pass
@@ -44,8 +49,9 @@ class Runtime:
                 torch.cuda.set_device(self.device)
             self.compute_stream = torch.cuda.current_stream(self.device)
             self.copy_stream = torch.cuda.Stream(self.device)
+            self.offload_stream = torch.cuda.Stream(self.device)
         else:
-            self.compute_stream = self.copy_stream = None
+            self.compute_stream = self.copy_stream = self.offload_stream = None
 
     # ---- ordering -------------------------------------------------------------------------
     def event(self):
@@ -54,6 +60,31 @@ class Runtime:
     def on_copy_stream(self):
         """Context in which copies are issued on the side stream."""
         return self.torch.cuda.stream(self.copy_stream) if self.is_cuda else nullcontext()
+
+    def on_offload_stream(self):
+        """Context in which a re-tier's offload (gather and device->host copy) is issued."""
+        return self.torch.cuda.stream(self.offload_stream) if self.is_cuda else nullcontext()
+
+    def record_offload(self, event) -> None:
+        self.note("record_offload", id(event))
+        if self.is_cuda:
+            event.record(self.offload_stream)
+
+    def offload_waits_for_compute(self) -> None:
+        """The offload issued next reads what the compute stream has queued so far."""
+        if self.is_cuda:
+            self.offload_stream.wait_stream(self.compute_stream)
+
+    def event_done(self, event) -> bool:
+        """Has the work before `event` finished? Never blocks (always true on the CPU)."""
+        self.note("query", id(event))
+        return bool(event.query()) if self.is_cuda else True
+
+    def wait_host(self, event) -> None:
+        """The host blocks until `event` has completed."""
+        self.note("host_waits", id(event))
+        if self.is_cuda:
+            event.synchronize()
 
     def record_compute(self, event) -> None:
         self.note("record_compute", id(event))
@@ -93,13 +124,23 @@ class Runtime:
             self.trace.append(item)
 
     # ---- timing ---------------------------------------------------------------------------
-    def mark(self, on_copy: bool = False):
-        """A point in time on one stream: a timing CUDA event, or perf_counter on the CPU."""
+    def mark(self, on: str = COMPUTE):
+        """A point in time on one stream (compute, copy or offload): a timing CUDA event, or
+        perf_counter on the CPU."""
         if not self.is_cuda:
             return time.perf_counter()
         ev = self.torch.cuda.Event(enable_timing=True)
-        ev.record(self.copy_stream if on_copy else self.compute_stream)
+        ev.record({COMPUTE: self.compute_stream, COPY: self.copy_stream, OFFLOAD: self.offload_stream}[on])
         return ev
+
+    @contextmanager
+    def exposed(self, stalls: list):
+        """Time the work inside as a stall: on CUDA compute-stream marks around it (what compute
+        waits for, or host-blocking work it idles through), on the CPU the wall clock of the
+        synchronous work. Appends (mark, mark) to `stalls`."""
+        start = self.mark()
+        yield
+        stalls.append((start, self.mark()))
 
     def elapsed_s(self, a, b) -> float:
         """Seconds from mark a to mark b. On CUDA only valid once both events have completed."""
@@ -122,33 +163,5 @@ class Runtime:
     def host_empty(self, shape, dtype, pinned: bool):
         return self.torch.empty(shape, dtype=dtype, pin_memory=bool(pinned and self.is_cuda))
 
-    # ---- copies ---------------------------------------------------------------------------
-    def to_device(self, x):
-        """Host -> device on the side stream (a real copy on the CPU too). Synchronise before use
-        on the host side; compute must `compute_waits_for_copies` before reading it."""
-        if not self.is_cuda:
-            return x.clone()
-        src = x if x.is_pinned() else x.pin_memory()
-        # allocated on the compute stream (where it is used and freed); the copy stream first waits
-        # for compute, since a reused block may still be read by queued kernels
-        out = self.torch.empty(tuple(x.shape), dtype=x.dtype, device=self.device)
-        self.copy_waits_for_compute()
-        with self.on_copy_stream():
-            out.copy_(src, non_blocking=True)
-        return out
-
-    def copy_to_host(self, dst, src) -> None:
-        """Device -> an existing host view (e.g. a slice of a pinned store), on the side stream after
-        everything compute has queued; valid after `synchronize()`. Keep `src` alive until then."""
-        self.copy_waits_for_compute()
-        with self.on_copy_stream():
-            dst.copy_(src, non_blocking=self.is_cuda)
-
-    def to_host(self, x, pinned: bool = True):
-        """Device -> host on the side stream, after everything compute has queued. The result is
-        valid only after `synchronize()` (reading a non_blocking D2H result early gives wrong data)."""
-        out = self.host_empty(tuple(x.shape), x.dtype, pinned)
-        self.copy_waits_for_compute()
-        with self.on_copy_stream():
-            out.copy_(x, non_blocking=self.is_cuda)
-        return out
+    def device_empty(self, shape, dtype):
+        return self.torch.empty(shape, dtype=dtype, device=self.device)

@@ -4,10 +4,14 @@ Layer l uses buffer l % n. The side stream fills a buffer only after the compute
 released it (an event recorded after the last read), then records `ready`; the compute stream
 waits on `ready` before reading. Both waits are GPU-side, so the host never blocks and layer l+1's
 copy runs while layer l computes. Releases are recorded, never `record_stream`ed (FACTS.md).
-With one buffer the next copy can only start after the current layer has read it.
+With one buffer the next copy can only start after the current layer has read it. Per layer the
+copies are sim/physics.py's `prefetch_copies_per_layer("layerwise_async", ...)`: one T1 prefix, T2
+payload and scales.
 """
 
 from __future__ import annotations
+
+from .runtime import COPY
 
 
 class _Buffer:
@@ -46,21 +50,25 @@ class StagingRing:
     def holds(self, key, layer: int) -> bool:
         return self.buffer_for(layer).key == key
 
-    def fill(self, key, layer: int, stores, hw1: int, hw2: int, counters) -> None:
-        """Issue the copies of layer `layer`'s T1 prefix [0, hw1) and T2 prefix [0, hw2)."""
+    def fill(self, key, layer: int, stores, hw1: int, hw2: int, counters, patch) -> None:
+        """Issue the copies of layer `layer`'s T1 prefix [0, hw1) and T2 prefix [0, hw2), then
+        `patch(layer, t1, t2q, t2s)` the rows an offload still has in transit."""
         rt, buf = self.rt, self.buffer_for(layer)
         if not buf.released:
             raise RuntimeError(f"staging buffer {buf.index} refilled before layer {buf.key} was read")
         with rt.on_copy_stream():
             if buf.ever_released:
                 rt.copy_waits_for(buf.free)
-            start = rt.mark(on_copy=True)
+            start = rt.mark(COPY)
             if hw1:
                 buf.t1[:hw1].copy_(stores.t1[layer, :hw1], non_blocking=True)
+                counters.h2d_copies += 1
             if hw2:
                 buf.t2q[:hw2].copy_(stores.t2q[layer, :hw2], non_blocking=True)
                 buf.t2s[:hw2].copy_(stores.t2s[layer, :hw2], non_blocking=True)
-            end = rt.mark(on_copy=True)
+                counters.h2d_copies += 2
+            end = rt.mark(COPY)
+            patch(layer, buf.t1, buf.t2q, buf.t2s)
             rt.record_copy(buf.ready)
         rt.note("fill", buf.index, key)
         buf.key, buf.released = key, False
@@ -75,10 +83,11 @@ class StagingRing:
         rt, buf = self.rt, self.buffer_for(layer)
         if buf.key != key or buf.released:
             raise RuntimeError(f"layer {key} read before its prefetch was issued")
-        start = rt.mark() if rt.is_cuda else None
-        rt.compute_waits_for(buf.ready)
         if rt.is_cuda:
-            counters.stalls.append((start, rt.mark()))
+            with rt.exposed(counters.stalls):
+                rt.compute_waits_for(buf.ready)
+        else:
+            rt.compute_waits_for(buf.ready)
         rt.note("acquire", buf.index, key)
         return buf
 

@@ -1,4 +1,5 @@
-"""Device memory bandwidth (a device-to-device copy) and the cost of launching one small kernel.
+"""Device memory bandwidth (a device-to-device copy) and the cost of launching one small kernel
+(kept beside the per-layer overhead, which layer_overhead.py measures on a real layer).
 
 Convention for the copy: bytes read + bytes written per second (a copy of n bytes moves 2n),
 the same convention as DESIGN.md's HBM figures and the device_copy_convention profile field.
@@ -12,9 +13,6 @@ from .copies import pattern, verify
 from .timing import MIN_WINDOW_S, measure
 
 DEVICE_COPY_TRAFFIC = 2  # a copy reads every byte once and writes it once
-# Kernels one decode layer launches in a fused inference engine (sim/catalog/efficiency.yaml:
-# "about 8 kernels"); per-layer overhead = this x the measured cost of one launch.
-DECODE_KERNELS_PER_LAYER = 8
 
 
 def measure_device_copy(backend: Any, nbytes: int, *, samples: int, min_window_s: float = MIN_WINDOW_S) -> dict:

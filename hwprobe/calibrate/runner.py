@@ -1,9 +1,9 @@
 """One calibration run: measure in a fixed order, re-check for drift, assemble the Profile.
 
 Order: host<->device copies (one direction, then both at once) while the copy buffers exist,
-then device memory, kernel launch, GEMMs, attention, and finally the drift re-check, so the
-re-check sees the machine after everything else has warmed it. NVML is sampled while copies and
-GEMMs are in flight, because PCIe links downtrain and clocks drop when idle.
+then device memory, kernel launch, one decode layer's fixed cost, GEMMs, attention, and finally
+the drift re-check, so the re-check sees the machine after everything else has warmed it. NVML is
+sampled while copies and GEMMs are in flight, because PCIe links downtrain and clocks drop when idle.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from sim.profile import ComputeProfile, CopyCurve, LinkProfile, Profile
 
-from . import attention, checks, copies, device_copy, fmt, gemm
+from . import attention, checks, copies, device_copy, fmt, gemm, layer_overhead
 from .env import GpuMonitor, NvmlUnavailable, driver_versions, host_info, nvml_session, throttle_reason_names, torch_info
 from .plan import LOAD_WINDOW_S, Plan, max_copy_bytes
 
@@ -40,6 +40,7 @@ class Measurements:
     concurrent: list[CopyCurve] = field(default_factory=list)
     device_copy: dict = field(default_factory=dict)
     launch: dict = field(default_factory=dict)
+    layer: dict = field(default_factory=dict)
     gemm_points: list = field(default_factory=list)
     peak_points: list = field(default_factory=list)
     attention_points: list = field(default_factory=list)
@@ -94,6 +95,8 @@ def _measure_compute(backend: Any, plan: Plan, monitor: GpuMonitor | None, out: 
     out.device_copy = device_copy.measure_device_copy(backend, plan.device_copy_bytes, **kw)
     on_step("kernel launch")
     out.launch = device_copy.measure_kernel_launch(backend, **kw)
+    on_step("layer overhead (one synthetic layer, tiny shapes)")
+    out.layer = layer_overhead.measure_layer_overhead(backend, **kw)
     out.gemm_points, skipped = gemm.measure_decode(backend, list(plan.gemm_shapes), list(plan.gemm_rows),
                                                    on_point=on_step, **kw)
     out.skipped += skipped
@@ -187,7 +190,7 @@ def _assemble(backend: Any, quick: bool, out: Measurements, env: dict, monitor: 
         attention_hbm_bytes_per_s=attention.kv_stream_bytes_per_s(out.attention_points),
         peak_flop_per_s={"bf16": max(p.flop_per_s for p in all_gemms)} if all_gemms else {},
         gemm_flop_per_s_by_rows=gemm.flop_per_s_by_rows(out.gemm_points),
-        layer_overhead_s=device_copy.DECODE_KERNELS_PER_LAYER * launch_s if launch_s else None,
+        layer_overhead_s=out.layer.get("layer_overhead_s"),
         kernel_launch_s=launch_s,
         attention_backend=attention.backend_summary(out.attention_points),
         gemm_points=all_gemms,
@@ -247,7 +250,8 @@ def calibrate(backend: Any, plan: Plan, *, quick: bool, nvml: Any = None, on_ste
             env["throttle_reasons_seen"] = throttle_reason_names(monitor.throttle_bits_seen)
         env["under_load"] = out.under_load
         env["device_copy"] = out.device_copy
-        env["kernel_launch"] = out.launch | {"kernels_per_layer_assumed": device_copy.DECODE_KERNELS_PER_LAYER}
+        env["kernel_launch"] = out.launch
+        env["layer_overhead"] = out.layer | {"kernel_launch_s": out.launch.get("kernel_launch_s")}
         env["drift"] = out.drift
         env["conventions"] = {
             "copy_point_bytes_per_s": "copy size / median time of one copy",

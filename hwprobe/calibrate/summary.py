@@ -34,7 +34,7 @@ def summary_rows(profile: Profile) -> list[tuple[str, str]]:
     if c.kernel_launch_s:
         rows.append(("kernel launch", f"{c.kernel_launch_s / US:.2f} us"))
     if c.layer_overhead_s is not None:
-        rows.append(("layer overhead", f"{c.layer_overhead_s / US:.1f} us"))
+        rows.append(("layer overhead", f"{c.layer_overhead_s / US:.1f} us (one synthetic layer at tiny shapes)"))
     if profile.copy_engines:
         rows.append(("copy engines", str(profile.copy_engines)))
     return rows
