@@ -6,7 +6,8 @@ import importlib
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="hwprobe: measure a machine, run the real tiered KV cache, validate the simulator against it.")
 
 # module name -> registers one or more commands on `app` via `register(app)`
 _COMMAND_MODULES = [
