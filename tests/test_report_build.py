@@ -9,6 +9,7 @@ import re
 import stat
 from dataclasses import replace
 
+import pandas as pd
 import pytest
 import yaml
 from plotly.offline import get_plotlyjs
@@ -127,3 +128,19 @@ def test_set_overrides_every_scenario(tmp_path, small_scenario_dict):
     out = tmp_path / "r.html"
     build_report([sc], [], None, out, overrides=["workload.batch_size=3"], show_progress=False)
     assert "batch 3" in out.read_text()
+
+
+def test_projection_tables_written_beside_the_html(projection_html):
+    from sim.capacity import max_batch
+    from sim.context import build_context
+    from sim.report.command import grid_csv_paths
+    from sim.report.grid import DEFAULT_POLICIES, grid_scenario
+
+    points_path, limits_path = grid_csv_paths(projection_html)
+    points, limits = pd.read_csv(points_path), pd.read_csv(limits_path)
+    assert set(limits["policy"]) == {p.key for p in DEFAULT_POLICIES}
+    assert {"throughput_tok_per_s", "batch", "fits", "h2d_utilization"} <= set(points.columns)
+    full = next(p for p in DEFAULT_POLICIES if p.key == "full_hbm")
+    sc = grid_scenario("deepseek-r1-distill-qwen-7b", "bf16", "rtx-4090", 2048, 1, full, SMALL.prompt_tokens)
+    row = limits[limits["policy"] == "full_hbm"].iloc[0]
+    assert row["max_batch"] == max_batch(build_context(sc))

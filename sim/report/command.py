@@ -6,7 +6,6 @@ line and exit status 2.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +20,6 @@ from .paper_check import check_paper
 from .progress import ReportProgress
 from .validation_table import load_validation
 
-PLAIN_FILE_MODE = 0o666  # what open() asks for before the umask applies
 PAPER_STEPS = 1  # the paper check is one short computation (three small simulations)
 
 
@@ -82,15 +80,15 @@ def build_report(scenario_paths: list[Path], profile_paths: list[Path], validati
         data = compute(inputs, str(validation_path or ""), grid_spec=grid_spec, workers=workers, progress=progress)
         advance = progress.step("writing HTML", 1)
         text = render(data, command)
+        if data.grid is not None:  # the numbers behind the projection, for spreadsheets and scripts
+            points, limits = grid_csv_paths(out)
+            write_text_atomic(points, data.grid.points.to_csv(index=False))
+            write_text_atomic(limits, data.grid.limits.to_csv(index=False))
         write_text_atomic(out, text)
-        _readable(out)
         advance()
     return out
 
 
-def _readable(path: Path) -> None:
-    """The atomic write's temporary file is private (0600); a report is for sharing, so give it the
-    permissions a plainly created file would get under the current umask."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(path, PLAIN_FILE_MODE & ~mask)
+def grid_csv_paths(out: Path) -> tuple[Path, Path]:
+    """Where the projection's tables go beside the HTML: one row per point, one per policy limit."""
+    return out.with_suffix(".points.csv"), out.with_suffix(".limits.csv")
