@@ -65,7 +65,9 @@ def summary_rows(s: dict) -> list[tuple[str, str]]:
         ("link utilisation H2D / D2H", f"{_pct(s.get('h2d_utilization'))} / {_pct(s.get('d2h_utilization'))}"),
         ("transfer share / stall share", f"{_pct(s.get('transfer_share'))} / {_pct(s.get('stall_share'))}"),
         ("offloaded / evicted tokens", f"{s['offloaded_tokens']:,} / {s['evicted_tokens']:,}"),
-        ("max batch that fits", str(s.get("max_batch"))),
+        ("max batch that fits", str(s.get("max_batch")) + (
+            f" (full_hbm {s['max_batch_by_policy']['full_hbm']}, evict_only {s['max_batch_by_policy']['evict_only']})"
+            if s.get("max_batch_by_policy") else "")),
     ]
     measured = sorted(k for k, v in s.get("sources", {}).items() if str(v).startswith("profile"))
     rows.append(("hardware figures", f"measured ({', '.join(measured)}) from {s.get('profile')}; others datasheet x default efficiency"

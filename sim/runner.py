@@ -46,6 +46,13 @@ def full_hbm_peak_bytes(ctx: RunContext) -> float:
     return batch_memory_trace(ctx, ctx.scenario.workload.batch_size, full).hbm_peak_bytes
 
 
+def baseline_max_batches(ctx: RunContext) -> dict[str, int]:
+    """Max batch of the same workload under the two baselines, so "how many more requests fit"
+    can be read off one run: full_hbm, and evict_only at this scenario's evict_ratio."""
+    evict_only = TierPolicy.from_config(ctx.scenario.policy.model_copy(update={"kind": "evict_only"}))
+    return {"full_hbm": max_batch(ctx, policy=TierPolicy(kind="full_hbm")), "evict_only": max_batch(ctx, policy=evict_only)}
+
+
 def simulate(scenario: Scenario, profile: Profile | None = None, *, profile_path: str | None = None,
              with_max_batch: bool = True) -> SimResult:
     ctx = build_context(scenario, profile, profile_path)
@@ -120,6 +127,7 @@ def simulate(scenario: Scenario, profile: Profile | None = None, *, profile_path
                     "h2d_utilization", "d2h_utilization", "transfer_share", "stall_share", "link_bottleneck"):
             summary[key] = None
     summary["max_batch"] = max_batch(ctx) if with_max_batch else None
+    summary["max_batch_by_policy"] = baseline_max_batches(ctx) if with_max_batch else None
     every = scenario.sim.record_every
     if every > 1:  # the CSV keeps every n-th step and the last; the summary used them all
         keep = (steps["step"] % every == 0) | (steps["step"] == plan.steps - 1)

@@ -203,3 +203,14 @@ def test_timeline_window_shows_first_offload_and_following_prefetch():
     merged = layer.merge(step, on=key, suffixes=("_layer", "_step"))
     assert len(merged) == len(layer)
     assert merged["start_s_layer"].to_numpy() == pytest.approx(merged["start_s_step"].to_numpy(), rel=1e-6)
+
+
+def test_max_batch_reported_for_every_policy():
+    sc = load_scenario(SCENARIOS / "h200-70b-int4.yaml", ["workload.reasoning_tokens=512", "workload.batch_size=2"])
+    s = simulate(sc).summary
+    by = s["max_batch_by_policy"]
+    for kind in ("full_hbm", "evict_only"):
+        other = simulate(load_scenario(SCENARIOS / "h200-70b-int4.yaml",
+                                       ["workload.reasoning_tokens=512", "workload.batch_size=2", f"policy.kind={kind}"])).summary
+        assert by[kind] == other["max_batch"]
+    assert by["full_hbm"] <= by["evict_only"] <= s["max_batch"]
