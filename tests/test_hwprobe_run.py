@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from typer.testing import CliRunner  # noqa: E402
 
 from hwprobe.cli import app  # noqa: E402
-from tests.conftest import run_cli  # noqa: E402
+from tests.conftest import REPO, run_cli  # noqa: E402
 
 runner = CliRunner()
 
@@ -193,3 +193,15 @@ def test_run_on_cuda(scenario, tmp_path, prefetch, pinned):
     steps = pd.read_csv(tmp_path / "gpu" / "steps.csv")
     assert (steps["compute_s"] + steps["stall_s"]).to_numpy() == pytest.approx(steps["step_s"].to_numpy())
     assert 0 < s["transfer_share"] <= 1 and s["attention_workspace_bytes"] > 0
+
+
+def test_synthetic_model_sizes_match_its_tensors():
+    from sim import catalog
+    from hwprobe.model.synthetic import ModelShapes, SyntheticTransformer
+
+    shapes = ModelShapes.from_spec(catalog.model_from_hf_config(REPO / "scenarios" / "models" / "tiny-qwen2.json"))
+    model = SyntheticTransformer(shapes, "cpu", torch.float32, seed=0)
+    tensors = [v for v in vars(model).values() if isinstance(v, torch.Tensor)]
+    tensors += [t for layer in model.layers for t in layer.values()]
+    assert sum(t.numel() for t in tensors) == shapes.layers * shapes.layer_params() + shapes.non_layer_params()
+    assert model.weight_bytes() == 4 * sum(t.numel() for t in tensors)

@@ -10,8 +10,9 @@ residual stream stays O(1) and greedy decoding depends on the attended context.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
-from sim.model_spec import MLP_MATRICES, NORMS_PER_LAYER
+from sim.model_spec import ModelSpec
 
 NORM_EPS = 1e-6
 GATE_UP = 2  # gate and up projections fused in one matrix
@@ -41,23 +42,27 @@ class ModelShapes:
         """Query heads per KV head."""
         return self.heads // self.kv_heads
 
+    @cached_property
+    def spec(self) -> ModelSpec:
+        """The architecture this model implements (no q/k norm), for its sizes."""
+        return ModelSpec(name="synthetic", num_layers=self.layers, hidden_size=self.hidden, num_heads=self.heads,
+                         num_kv_heads=self.kv_heads, intermediate_size=self.intermediate, vocab_size=self.vocab,
+                         tie_embeddings=self.tie_embeddings, explicit_head_dim=self.head_dim, qkv_bias=self.qkv_bias)
+
     @property
     def q_dim(self) -> int:
-        return self.heads * self.head_dim
+        return self.spec.q_dim
 
     @property
     def kv_dim(self) -> int:
-        return self.kv_heads * self.head_dim
+        return self.spec.kv_dim
 
     def layer_params(self) -> int:
-        h, i = self.hidden, self.intermediate
-        attn = h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h
-        bias = self.q_dim + 2 * self.kv_dim if self.qkv_bias else 0
-        return attn + bias + MLP_MATRICES * h * i + NORMS_PER_LAYER * h
+        return self.spec.params_layer()
 
     def non_layer_params(self) -> int:
-        head = 0 if self.tie_embeddings else self.vocab * self.hidden
-        return self.vocab * self.hidden + head + self.hidden
+        """Embedding, final norm and LM head."""
+        return self.spec.params - self.layers * self.spec.params_layer()
 
 
 class SyntheticTransformer:
