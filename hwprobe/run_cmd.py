@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import List, Optional
 
@@ -92,8 +91,8 @@ def register(app: typer.Typer) -> None:
         threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (--device cpu; tiny shapes run fastest on 1)"),
     ) -> None:
         """Run the real tiered KV cache in a decode loop and measure it."""
-        from sim.output import to_json, write_run_dir
-        from sim.scenario import load_scenario, scenario_to_yaml
+        from sim.output import default_run_path, to_json, write_run_dir
+        from sim.scenario import load_scenario
 
         from .decode import RunOptions, measure
 
@@ -108,9 +107,8 @@ def register(app: typer.Typer) -> None:
             fail("run", str(err))
         except ConfigError as err:
             fail("run", with_source(err, scenario).line())
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        out_dir = out or Path("runs") / f"hwprobe-{sc.name}-{stamp}"
-        write_run_dir(out_dir, scenario_to_yaml(sc), result.summary, result.steps.to_csv(index=False))
+        out_dir = out or default_run_path(f"hwprobe-{sc.name}")
+        write_run_dir(out_dir, sc, result.summary, result.steps)
         if as_json:
             print(to_json(result.summary))
             return

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import shutil
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, List, Optional
 
@@ -100,14 +99,13 @@ def hwprobe_measurer(opts, runs_dir: Path | None = None):
     """Scenario -> measured summary; with `runs_dir`, each run's directory (summary.json,
     steps.csv, resolved scenario) is kept under runs_dir/<scenario name>."""
     from sim.output import write_run_dir
-    from sim.scenario import scenario_to_yaml
 
     from .decode import measure
 
     def run(sc) -> dict:
         result = measure(sc, opts)
         if runs_dir is not None:
-            write_run_dir(runs_dir / sc.name, scenario_to_yaml(sc), result.summary, result.steps.to_csv(index=False))
+            write_run_dir(runs_dir / sc.name, sc, result.summary, result.steps)
         return {**result.summary, MEMORY_KEY: result.summary["hbm_peak_bytes"]}
 
     return run
@@ -159,6 +157,7 @@ def register(app: typer.Typer) -> None:
         import json
 
         from sim.atomic import write_text_atomic
+        from sim.output import default_run_path
         from sim.scenario import load_scenario
 
         from .decode import RunOptions
@@ -171,10 +170,7 @@ def register(app: typer.Typer) -> None:
             fail("validate", str(err))
         except ConfigError as err:
             fail("validate", err.line())
-        try:
-            predict = simulator_predictor(str(profile) if profile else None)
-        except ImportError as err:
-            fail("validate", f"the simulator engine is not available ({err})")
+        predict = simulator_predictor(str(profile) if profile else None)
         measure = hwprobe_measurer(RunOptions(device=dev, layers=layers, attention=attention, cpu_threads=threads),
                                    runs_dir)
         source = {id(sc): path for sc, path in zip(loaded, scenarios)}
@@ -187,8 +183,7 @@ def register(app: typer.Typer) -> None:
                     raise with_source(err, source[id(sc)]) from None
             return call
 
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        out_path = out or Path("runs") / f"validate-{stamp}.csv"
+        out_path = out or default_run_path("validate", ".csv")
         try:
             rows, stats = validate(loaded, named(predict), named(measure),
                                    progress=lambda so_far: write_text_atomic(out_path, so_far.to_csv(index=False)))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import List, Optional
 
@@ -36,9 +35,9 @@ def run(
 ) -> None:
     """Simulate one scenario; write the resolved scenario, summary.json and steps.csv."""
     from .engine import simulate
-    from .output import summary_rows, to_json, write_run_dir
+    from .output import default_run_path, summary_rows, to_json, write_run_dir
     from .profile import load_profile
-    from .scenario import load_scenario, scenario_to_yaml
+    from .scenario import load_scenario
 
     try:
         sc = load_scenario(scenario, set_)
@@ -47,9 +46,8 @@ def run(
         result = simulate(sc, prof, profile_path=prof_path)
     except ConfigError as err:
         _fail(err)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out_dir = out or Path("runs") / f"{sc.name}-{stamp}"
-    write_run_dir(out_dir, scenario_to_yaml(sc), result.summary, result.steps.to_csv(index=False))
+    out_dir = out or default_run_path(sc.name)
+    write_run_dir(out_dir, sc, result.summary, result.steps)
     if as_json:
         print(to_json(result.summary))
         return

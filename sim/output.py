@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from datetime import datetime, timezone
 from pathlib import Path
 
 from .atomic import write_text_atomic
@@ -25,11 +26,22 @@ def to_json(summary: dict) -> str:
     return json.dumps(clean(summary), indent=2, sort_keys=False)
 
 
-def write_run_dir(out_dir: str | Path, scenario_yaml: str, summary: dict, steps_csv: str) -> Path:
-    """resolved scenario, summary.json and steps.csv, each written atomically."""
+RUNS_DIR = Path("runs")
+
+
+def default_run_path(label: str, suffix: str = "") -> Path:
+    """runs/<label>-<UTC time><suffix>: where a run goes when --out is not given."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return RUNS_DIR / f"{label}-{stamp}{suffix}"
+
+
+def write_run_dir(out_dir: str | Path, scenario, summary: dict, steps) -> Path:
+    """The resolved scenario, summary.json and the per-step table as steps.csv, each written atomically."""
+    from .scenario import scenario_to_yaml
+
     out = Path(out_dir)
-    write_text_atomic(out / "scenario.resolved.yaml", scenario_yaml)
-    write_text_atomic(out / "steps.csv", steps_csv)
+    write_text_atomic(out / "scenario.resolved.yaml", scenario_to_yaml(scenario))
+    write_text_atomic(out / "steps.csv", steps.to_csv(index=False))
     write_text_atomic(out / "summary.json", to_json(summary) + "\n")
     return out
 
