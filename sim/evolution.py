@@ -53,13 +53,12 @@ def evolve(ctx: RunContext) -> StepPlan:
         active = np.flatnonzero(lengths > step)
         due = ctx.policy.retier_due(step)
         retier[step] = due
-        for i in active:
-            seqs[i].append_token()
-        counts[active, 0] += 1
+        counts[active, 0] += 1  # the step's new token; sequences catch up on it at their next re-tier
         a = counts[active]
         attend[step] = (a[:, 0].sum(), a[:, 1].sum(), a[:, 2].sum(), len(active))
         if due:
             for i in active:
+                seqs[i].advance(step + 1 - seqs[i].steps_done)
                 mv = seqs[i].retier()
                 counts[i] = seqs[i].counts()
                 moves[step] += (mv.to_t1_from_t0, mv.to_t2_from_t0, mv.to_t0_from_t1, mv.to_t0_from_t2, mv.evicted)

@@ -34,8 +34,12 @@ class SequenceTiers:
 
     def append_token(self) -> None:
         """One decode step: the new token's K/V is written to T0."""
-        self.n += 1
-        self.steps_done += 1
+        self.advance(1)
+
+    def advance(self, steps: int) -> None:
+        """`steps` decode steps without a re-tier: each writes one new token to T0."""
+        self.n += steps
+        self.steps_done += steps
 
     def _fold_scores(self) -> None:
         """Cumulative attention since the last fold: importance x steps attended (T3 gets none)."""
