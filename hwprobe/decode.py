@@ -22,6 +22,7 @@ import pandas as pd
 
 from sim.context import draw_lengths, resolve_model
 from sim.engine import busy_union_s
+from sim.evolution import sequence_tiers
 from sim.errors import ConfigError
 from sim.scenario import Scenario
 from sim.tiers import TIERS, TierPolicy
@@ -39,6 +40,9 @@ ACTIVATION_COPIES = 4  # decode activations alive at once, in widest-activation 
 LOGIT_BYTES = 4  # float32 logits
 GATE_UP = 2  # the gated MLP's fused gate and up projections
 PREFILL_MODES = ("random", "model")
+# attention: re-tier on this cache's own attention scores (the design); simulator: replay the
+# simulator's seeded decisions, so both move the same tokens and a comparison isolates timing
+SCORE_SOURCES = ("attention", "simulator")
 RUN_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "float32": "float32"}
 SEED_MODEL, SEED_PROMPT, SEED_KV = 11, 12, 13  # offsets into the scenario seed, one per random stream
 HOST_BOUND_SHARE = 0.9  # host time to enqueue a step >= this share of its GPU time: launch-bound
@@ -52,6 +56,7 @@ class RunOptions:
     prefill: str = "random"  # random: seeded K/V for the prompt (fast); model: real prefill forward
     dtype: str | None = None  # bf16 | fp16 | float32; default the scenario's kv_dtype (bf16 if not a float type)
     cpu_threads: int | None = None  # torch intra-op threads on the CPU (tiny shapes run fastest on 1)
+    scores: str = "attention"  # see SCORE_SOURCES
 
 
 @dataclass
@@ -141,6 +146,8 @@ def measure(scenario: Scenario, opts: RunOptions) -> Measurement:
     check_supported(scenario, spec)
     if opts.prefill not in PREFILL_MODES:
         raise ConfigError(f"--prefill: expected one of {', '.join(PREFILL_MODES)}, got {opts.prefill!r}")
+    if opts.scores not in SCORE_SOURCES:
+        raise ConfigError(f"--scores: expected one of {', '.join(SCORE_SOURCES)}, got {opts.scores!r}")
     w, p = scenario.workload, scenario.policy
     dtype_name = _run_dtype_name(scenario, opts)
     dtype = _torch_dtype(torch, dtype_name)
@@ -171,7 +178,9 @@ def measure(scenario: Scenario, opts: RunOptions) -> Measurement:
     model = SyntheticTransformer(shapes, rt.device, dtype, w.seed + SEED_MODEL)
     geom = CacheGeometry(n_layers, w.batch_size, shapes.kv_heads, shapes.head_dim)
     _warm_up(rt, model, w.batch_size, dtype)
-    cache = TieredKVCache(rt, geom, policy, CacheOptions.from_policy(p, opts.attention), w.prompt_tokens, lengths, dtype)
+    replay = sequence_tiers(scenario, policy, lengths) if opts.scores == "simulator" else None
+    cache = TieredKVCache(rt, geom, policy, CacheOptions.from_policy(p, opts.attention), w.prompt_tokens, lengths,
+                          dtype, replay)
     gen = torch.Generator(device=rt.device).manual_seed(w.seed + SEED_PROMPT)
     if opts.prefill == "model" and w.prompt_tokens:
         prompt = torch.randint(0, shapes.vocab, (w.batch_size, w.prompt_tokens), generator=gen, device=rt.device)
@@ -300,7 +309,7 @@ def _summarise(scenario, spec, rt, model, cache, raw: _Raw, scale: float, n_laye
         "offloaded_tokens": int(cache.offloaded_tokens), "evicted_tokens": int(cache.evicted_tokens),
         "final_tokens_per_tier": {f"t{i}": int(counts[-1, i]) for i in TIERS} if n else {},
         "layers_model": int(round(n_layers * scale)), "layers_run": n_layers, "layer_scale": scale,
-        "run_dtype": dtype_name, "attention": opts.attention, "prefill": opts.prefill,
+        "run_dtype": dtype_name, "attention": opts.attention, "prefill": opts.prefill, "scores": opts.scores,
         "weights_bytes": float(model.non_layer_bytes() + (model.weight_bytes() - non_layer) * scale),
         "rope": False, "notes": notes,
         "versions": {"torch": torch.__version__, "cuda": torch.version.cuda or "none", "python": platform.python_version()},

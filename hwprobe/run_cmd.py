@@ -68,7 +68,8 @@ def print_summary(s: dict) -> None:
         ("achieved H2D / D2H", f"{_fmt(s['h2d_achieved_bytes_per_s'], ' GB/s', GB)} / "
                                f"{_fmt(s['d2h_achieved_bytes_per_s'], ' GB/s', GB)}"),
         ("transfer share / stall share", f"{_fmt(s['transfer_share'], '', 0.01, 3)} % / {_fmt(s['stall_share'], '', 0.01, 3)} %"),
-        ("offloaded / evicted tokens", f"{s['offloaded_tokens']:,} / {s['evicted_tokens']:,}"),
+        ("offloaded / evicted tokens", f"{s['offloaded_tokens']:,} / {s['evicted_tokens']:,}"
+                                       f"  [re-tier on {s['scores']} scores]"),
     ]
     rows += [("note", n) for n in s["notes"]]
     for label, value in rows:
@@ -89,6 +90,8 @@ def register(app: typer.Typer) -> None:
         prefill: str = typer.Option("random", "--prefill", help="random (seeded prompt K/V) or model (real prefill forward)"),
         dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16, fp16 or float32 (default: the scenario's kv_dtype)"),
         threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (--device cpu; tiny shapes run fastest on 1)"),
+        scores: str = typer.Option("attention", "--scores", help="attention (re-tier on this run's attention) or "
+                                   "simulator (replay the simulator's seeded decisions: same tokens moved)"),
     ) -> None:
         """Run the real tiered KV cache in a decode loop and measure it."""
         from sim.output import default_run_path, to_json, write_run_dir
@@ -102,7 +105,7 @@ def register(app: typer.Typer) -> None:
             if attention not in ("merged", "ordered"):
                 raise ConfigError(f"--attention: expected merged or ordered, got {attention!r}")
             result = measure(sc, RunOptions(device=dev, layers=layers, attention=attention, prefill=prefill, dtype=dtype,
-                                              cpu_threads=threads))
+                                              cpu_threads=threads, scores=scores))
         except DeviceUnavailable as err:
             fail("run", str(err))
         except ConfigError as err:

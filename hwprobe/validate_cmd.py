@@ -1,6 +1,13 @@
 """`hwprobe validate`: each scenario predicted by the simulator and measured on the real cache;
 a table (and CSV) of predicted, measured and relative error = (predicted - measured) / measured,
-with the median and the worst error per metric."""
+with the median and the worst error per metric.
+
+By default the real cache replays the simulator's re-tier decisions (`--scores simulator`), so both
+move the same tokens: the traffic and host-memory rows must then agree exactly for equal-length
+batches (a check of the two implementations; unequal lengths copy padding, see hwprobe/cache/cache.py),
+and the timing rows measure the timing model alone. `--scores attention` lets the
+real cache re-tier on its own attention instead; traffic then differs by the churn of its scores.
+"""
 
 from __future__ import annotations
 
@@ -15,12 +22,18 @@ import typer
 
 from sim.errors import ConfigError
 
-METRICS = (
+METRICS = (  # the accuracy figures; "all" aggregates these
     ("throughput_tok_per_s", "throughput tok/s"),
     ("tpot_p50_s", "step time p50 s"),
     ("transfer_share", "transfer share"),
     ("device_memory_peak_bytes", "device memory peak B"),
 )
+CHECKS = (  # follow from the tier decisions alone: exact when the decisions are replayed
+    ("h2d_bytes", "H2D bytes"),
+    ("d2h_bytes", "D2H bytes"),
+    ("host_peak_bytes", "host memory peak B"),
+)
+COMPARED = METRICS + CHECKS
 # Measured device memory is what torch allocated (no CUDA context, no allocator slack), so the
 # prediction drops the simulator's runtime reserve before comparing.
 MEMORY_KEY = "device_memory_peak_bytes"
@@ -44,14 +57,16 @@ def relative_error(predicted, measured) -> float | None:
 
 def comparison_rows(name: str, predicted: dict, measured: dict) -> list[dict]:
     return [{"scenario": name, "metric": key, "predicted": predicted.get(key), "measured": measured.get(key),
-             "rel_error": relative_error(predicted.get(key), measured.get(key))} for key, _ in METRICS]
+             "rel_error": relative_error(predicted.get(key), measured.get(key))} for key, _ in COMPARED]
 
 
 def error_stats(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per metric (and over all metrics): median |relative error| and the worst error, sign kept."""
+    """Per metric (and over all of METRICS, not the CHECKS): median |relative error| and the worst
+    error, sign kept."""
     out = []
-    for metric in [k for k, _ in METRICS] + [ALL_METRICS]:
-        sel = rows if metric == ALL_METRICS else rows[rows["metric"] == metric]
+    headline = [k for k, _ in METRICS]
+    for metric in headline + [ALL_METRICS] + [k for k, _ in CHECKS]:
+        sel = rows[rows["metric"].isin(headline)] if metric == ALL_METRICS else rows[rows["metric"] == metric]
         sel = sel[sel["rel_error"].notna()]
         if sel.empty:
             out.append({"metric": metric, "n": 0, "median_abs_rel_error": None, "worst_rel_error": None,
@@ -121,7 +136,7 @@ def print_tables(rows: pd.DataFrame, stats: pd.DataFrame) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    labels = dict(METRICS)
+    labels = {**dict(COMPARED), ALL_METRICS: "all four above"}
     console = Console(width=shutil.get_terminal_size((150, 40)).columns)
     t = Table(title="predicted (simulator) vs measured (hwprobe run)")
     for col in ("scenario", "metric", "predicted", "measured", "rel. error"):
@@ -149,6 +164,8 @@ def register(app: typer.Typer) -> None:
         set_: List[str] = typer.Option([], "--set", help="override applied to every scenario (repeatable)"),
         layers: Optional[int] = typer.Option(None, "--layers", help="cap layers run per scenario (scaled to full depth)"),
         attention: str = typer.Option("merged", "--attention", help="merged or ordered"),
+        scores: str = typer.Option("simulator", "--scores", help="simulator (replay its re-tier decisions: same tokens "
+                                   "moved, timing compared alone) or attention (the real cache's own scores)"),
         threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (--device cpu)"),
         as_json: bool = typer.Option(False, "--json", help="print rows and error statistics as JSON"),
         runs_dir: Optional[Path] = typer.Option(None, "--runs-dir", help="also keep each measured run directory here"),
@@ -171,8 +188,8 @@ def register(app: typer.Typer) -> None:
         except ConfigError as err:
             fail("validate", err.line())
         predict = simulator_predictor(str(profile) if profile else None)
-        measure = hwprobe_measurer(RunOptions(device=dev, layers=layers, attention=attention, cpu_threads=threads),
-                                   runs_dir)
+        measure = hwprobe_measurer(RunOptions(device=dev, layers=layers, attention=attention, cpu_threads=threads,
+                                              scores=scores), runs_dir)
         source = {id(sc): path for sc, path in zip(loaded, scenarios)}
 
         def named(fn):
@@ -196,6 +213,11 @@ def register(app: typer.Typer) -> None:
                              indent=2, default=float))
             return
         print_tables(rows, stats)
+        if scores == "simulator":
+            checks = rows[rows["metric"].isin([k for k, _ in CHECKS])]
+            off = checks[checks["rel_error"].abs() > 0]
+            print("re-tier decisions replayed from the simulator: traffic and host memory "
+                  + ("agree exactly" if off.empty else f"DIFFER in {len(off)} row(s): the cache and the simulator disagree"))
         if dev == "cpu" and not profile:
             print("note: measured on the CPU; predictions are for each scenario's GPU unless a CPU profile is given")
         print("note: device memory compares allocated bytes: the prediction leaves out the simulator's runtime reserve")

@@ -31,9 +31,12 @@ class MemoryTrace:
         return float(self.host_bytes.max()) if len(self.host_bytes) else 0.0
 
 
-def memory_trace(ctx: RunContext, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray, active: np.ndarray) -> MemoryTrace:
+def memory_trace(ctx: RunContext, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray, active: np.ndarray,
+                 after: np.ndarray | None = None) -> MemoryTrace:
     """HBM(step) = weights + T0 KV + staging for this step's T1/T2 + activations + reserve;
-    host(step) = T1 x full KV bytes + T2 x compressed bytes. Inputs: tokens summed over the batch."""
+    host(step) = T1 x full KV bytes + T2 x compressed bytes, the larger of during the forward and
+    after the step's re-tier (`after`, (steps, 4) counts: its demotions land on the host and stay).
+    Inputs: tokens summed over the batch."""
     p = ctx.scenario.policy
     staged_layer = t1 * ctx.kv_bytes_per_token_layer + t2 * ctx.kv_bytes_per_token_layer  # T2 dequantised into staging
     stage = staging_bytes(p.prefetch, p.staging_buffers, ctx.num_layers, 1.0) * staged_layer
@@ -43,6 +46,8 @@ def memory_trace(ctx: RunContext, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray
     act = np.asarray(active, dtype=float) * activation_bytes(ctx.model, 1)  # linear in batch
     hbm = ctx.weights_bytes + kv_t0 + stage + act + ctx.hw.runtime_reserve_bytes
     host = t1 * ctx.kv_bytes_per_token + t2 * ctx.t2_bytes_per_token
+    if after is not None:
+        host = np.maximum(host, after[:, 1] * ctx.kv_bytes_per_token + after[:, 2] * ctx.t2_bytes_per_token)
     return MemoryTrace(hbm_bytes=hbm, host_bytes=host, kv_t0_bytes=kv_t0, staging_bytes=stage)
 
 
@@ -84,7 +89,7 @@ def batch_counts(ctx: RunContext, batch: int, policy: TierPolicy | None = None) 
 def batch_memory_trace(ctx: RunContext, batch: int, policy: TierPolicy | None = None) -> MemoryTrace:
     """Memory of `batch` sequences (lengths drawn from the workload seed) from tier counts alone."""
     c = batch_counts(ctx, batch, policy)
-    return memory_trace(ctx, c.attend[:, 0], c.attend[:, 1], c.attend[:, 2], c.active)
+    return memory_trace(ctx, c.attend[:, 0], c.attend[:, 1], c.attend[:, 2], c.active, c.after)
 
 
 def fits(trace: MemoryTrace, ctx: RunContext) -> tuple[bool, float, float]:

@@ -12,6 +12,7 @@ import numpy as np
 
 from .context import RunContext, draw_lengths
 from .sequence import SequenceTiers
+from .tiers import TierPolicy
 
 # columns of StepPlan.attend (counts attended during the step's forward, before its re-tier)
 ATT_T0, ATT_T1, ATT_T2, ACTIVE = range(4)
@@ -32,17 +33,21 @@ class StepPlan:
         return len(self.attend)
 
 
+def sequence_tiers(scenario, policy: TierPolicy, lengths: np.ndarray) -> list[SequenceTiers]:
+    """The seeded per-sequence tier state the plan evolves (one independent stream per sequence).
+    hwprobe replays it (`scores: simulator`) so the real cache moves exactly the planned tokens."""
+    w = scenario.workload
+    rngs = [np.random.default_rng(s) for s in np.random.SeedSequence([w.seed, 2]).spawn(len(lengths))]
+    return [SequenceTiers(w.prompt_tokens, w.prompt_tokens + int(n), policy, scenario.policy.importance, rng,
+                          scenario.policy.scoring) for n, rng in zip(lengths, rngs)]
+
+
 def evolve(ctx: RunContext) -> StepPlan:
     sc = ctx.scenario
     w = sc.workload
     lengths = draw_lengths(w, w.batch_size)
     steps = int(lengths.max())
-    seed_seq = np.random.SeedSequence([w.seed, 2])
-    rngs = [np.random.default_rng(s) for s in seed_seq.spawn(w.batch_size)]
-    seqs = [
-        SequenceTiers(w.prompt_tokens, w.prompt_tokens + int(n), ctx.policy, sc.policy.importance, rng, sc.policy.scoring)
-        for n, rng in zip(lengths, rngs)
-    ]
+    seqs = sequence_tiers(sc, ctx.policy, lengths)
     attend = np.zeros((steps, 4), dtype=np.int64)
     after = np.zeros((steps, 4), dtype=np.int64)
     moves = np.zeros((steps, 5), dtype=np.int64)

@@ -58,7 +58,7 @@ def simulate(scenario: Scenario, profile: Profile | None = None, *, profile_path
     ctx = build_context(scenario, profile, profile_path)
     plan = evolve(ctx)
     att = plan.attend
-    mem = memory_trace(ctx, att[:, ATT_T0], att[:, ATT_T1], att[:, ATT_T2], att[:, ACTIVE])
+    mem = memory_trace(ctx, att[:, ATT_T0], att[:, ATT_T1], att[:, ATT_T2], att[:, ACTIVE], plan.after)
     ok, hbm_short, host_short = fits(mem, ctx)
     timing = run_timing(ctx, plan) if ok else None
 

@@ -75,6 +75,17 @@ def test_hbm_saved_is_full_minus_policy_peak(small_scenario_dict):
     assert tiered["hbm_saved_bytes"] > 0
 
 
+def test_host_peak_counts_the_last_retiers_offload(small_scenario_dict):
+    """The host holds what a re-tier demotes even when no later step reads it: 320 steps end on a
+    re-tier (interval 32), so the peak is the state after it, not the last forward's."""
+    r = simulate(scen(small_scenario_dict, "workload.reasoning_tokens=320", "policy.compressed_ratio=0.2"))
+    ctx = build_context(r.scenario, None)
+    last = r.steps.iloc[-1]
+    after_bytes = last["tokens_t1"] * ctx.kv_bytes_per_token + last["tokens_t2"] * ctx.t2_bytes_per_token
+    assert r.summary["host_peak_bytes"] == pytest.approx(after_bytes)
+    assert r.summary["host_peak_bytes"] > r.steps["host_bytes"].iloc[-2]
+
+
 def _decode_bounds(d, *overrides):
     r = simulate(scen(d, *overrides))
     return r.summary["decode_s"], float(r.steps["compute_s"].sum())

@@ -137,8 +137,10 @@ def test_summary_separates_attention_workspace_and_offloads_in_flight(scenario, 
 
 
 def test_layer_subset_is_scaled_and_stated(scenario, tmp_path):
-    full, _ = run(scenario, tmp_path / "all")
-    half, _ = run(scenario, tmp_path / "half", "--layers", "2")
+    # replayed decisions: a 2-layer model attends differently from a 4-layer one, so on its own
+    # scores it may promote other tokens (other T1/T2 mix); the same moves make bytes scale exactly
+    full, _ = run(scenario, tmp_path / "all", "--scores", "simulator")
+    half, _ = run(scenario, tmp_path / "half", "--layers", "2", "--scores", "simulator")
     assert half["layers_run"] == 2 and half["layers_model"] == 4 and half["layer_scale"] == 2
     assert any("ran 2 of 4 layers" in n for n in half["notes"])
     assert half["h2d_bytes"] == pytest.approx(full["h2d_bytes"])  # bytes scale exactly with depth
@@ -150,6 +152,52 @@ def test_variable_reasoning_lengths(scenario, tmp_path):
                          "--set", "workload.batch_size=3")
     assert summary["generated_tokens"] == steps["batch_active"].sum()
     assert steps["batch_active"].iloc[0] == 3 and steps["batch_active"].is_monotonic_decreasing
+
+
+@pytest.mark.parametrize("overrides", [
+    [],
+    ["policy.prefetch=sync_per_step", "policy.pinned=false", "policy.semantics=paper_prototype"],
+    ["policy.prefetch=per_interval", "policy.scoring=recent"],
+], ids=["layerwise", "prototype", "per-interval-recent"])
+def test_replayed_decisions_move_exactly_what_the_simulator_plans(scenario, tmp_path, overrides):
+    from sim.engine import simulate
+    from sim.scenario import load_scenario
+
+    sets = [x for o in overrides for x in ("--set", o)]
+    hw, hw_steps = run(scenario, tmp_path / "replay", "--scores", "simulator", *sets)
+    sim = simulate(load_scenario(scenario, overrides), None, with_max_batch=False)
+    assert hw["scores"] == "simulator"
+    for key in ("offloaded_tokens", "evicted_tokens", "final_tokens_per_tier", "h2d_bytes", "d2h_bytes",
+                "host_peak_bytes", "generated_tokens"):
+        assert hw[key] == sim.summary[key], key
+    assert hw["offloaded_tokens"] > 0  # something moved
+    for col in ("tokens_t0", "tokens_t1", "tokens_t2", "tokens_t3", "d2h_bytes", "batch_active"):
+        assert list(hw_steps[col]) == list(sim.steps[col]), col
+
+
+def test_replay_with_unequal_lengths_copies_the_padded_block(scenario, tmp_path):
+    """T1/T2 are stored [slot, row] per layer and prefetched as one block of high-water slots for
+    every row, so rows with fewer staged tokens (or finished ones) are copied as padding: the
+    cache's H2D exceeds the simulator's live-token figure, while every tier decision agrees."""
+    from sim.engine import simulate
+    from sim.scenario import load_scenario
+
+    overrides = ["workload.reasoning_tokens={dist: uniform, min: 10, max: 24}", "workload.batch_size=3"]
+    hw, hw_steps = run(scenario, tmp_path / "var", "--scores", "simulator", *[x for o in overrides for x in ("--set", o)])
+    sim = simulate(load_scenario(scenario, overrides), None, with_max_batch=False)
+    for key in ("offloaded_tokens", "evicted_tokens", "final_tokens_per_tier", "d2h_bytes", "generated_tokens"):
+        assert hw[key] == sim.summary[key], key
+    assert list(hw_steps["tokens_t1"]) == list(sim.steps["tokens_t1"])
+    assert hw["h2d_bytes"] > sim.summary["h2d_bytes"]
+
+
+def test_own_attention_scores_decide_differently_from_the_simulator(scenario, tmp_path):
+    own, _ = run(scenario, tmp_path / "own")
+    replay, _ = run(scenario, tmp_path / "replay", "--scores", "simulator")
+    assert own["scores"] == "attention"
+    # the tier sizes follow from the ratios either way; which tokens move does not
+    assert own["final_tokens_per_tier"] == replay["final_tokens_per_tier"]
+    assert own["offloaded_tokens"] != replay["offloaded_tokens"]
 
 
 def test_bad_scenario_is_one_line_exit_2(scenario):

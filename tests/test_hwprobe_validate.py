@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from hwprobe.validate_cmd import ALL_METRICS, METRICS, relative_error, validate
+from hwprobe.validate_cmd import ALL_METRICS, CHECKS, COMPARED, METRICS, relative_error, validate
 from sim.scenario import scenario_from_dict
 
 torch = pytest.importorskip("torch")
@@ -46,8 +46,8 @@ def test_median_and_worst_error_with_injected_functions():
     seen = []
     rows, stats = validate([_scenario(n) for n in "abc"], lambda sc: predicted[sc.name], lambda sc: measured,
                            progress=lambda so_far: seen.append(len(so_far)))
-    assert len(rows) == 3 * len(METRICS)
-    assert seen == [len(METRICS), 2 * len(METRICS), 3 * len(METRICS)]  # kept after every scenario
+    assert len(rows) == 3 * len(COMPARED)
+    assert seen == [len(COMPARED), 2 * len(COMPARED), 3 * len(COMPARED)]  # kept after every scenario
     by = stats.set_index("metric")
     # throughput errors +10 %, -30 %, +5 %: median |e| 10 %, worst -30 % (sign kept) in b
     assert by.loc["throughput_tok_per_s", "median_abs_rel_error"] == pytest.approx(0.10)
@@ -65,8 +65,10 @@ def test_median_and_worst_error_with_injected_functions():
     # over all 11 defined errors: worst is -30 %
     assert by.loc[ALL_METRICS, "n"] == 11
     assert by.loc[ALL_METRICS, "worst_rel_error"] == pytest.approx(-0.30)
-    errs = rows["rel_error"].dropna().abs()
+    errs = rows[rows["metric"].isin([k for k, _ in METRICS])]["rel_error"].dropna().abs()
     assert by.loc[ALL_METRICS, "median_abs_rel_error"] == pytest.approx(errs.median())
+    # the checks (absent from both dicts here) have no errors and stay out of "all"
+    assert all(by.loc[k, "n"] == 0 for k, _ in CHECKS)
 
 
 @pytest.fixture
@@ -95,7 +97,7 @@ def test_validate_end_to_end_on_cpu(scenario_file, tmp_path):
     assert res.exit_code == 0, res.output
     rows = pd.read_csv(out)
     assert list(rows.columns) == ["scenario", "metric", "predicted", "measured", "rel_error"]
-    assert list(rows["metric"]) == [k for k, _ in METRICS]
+    assert list(rows["metric"]) == [k for k, _ in COMPARED]
     predicted = simulate(load_scenario(scenario_file), None, with_max_batch=False).summary
     # device memory: allocated bytes, so the prediction leaves out the simulator's runtime reserve
     predicted["device_memory_peak_bytes"] = predicted["hbm_peak_bytes"] - predicted["runtime_reserve_bytes"]
@@ -104,6 +106,10 @@ def test_validate_end_to_end_on_cpu(scenario_file, tmp_path):
         assert r.measured == r.measured  # not NaN: every metric was measured
         if r.measured:
             assert r.rel_error == pytest.approx((r.predicted - r.measured) / r.measured)
+    # the real cache replayed the simulator's re-tier decisions: identical traffic and host memory
+    checks = rows.set_index("metric").loc[[k for k, _ in CHECKS]]
+    assert (checks["predicted"] == checks["measured"]).all(), checks
+    assert checks.loc["h2d_bytes", "measured"] > 0 and checks.loc["d2h_bytes", "measured"] > 0
     stats = pd.read_csv(out.with_suffix(".errors.csv"))
     assert ALL_METRICS in set(stats["metric"])
     assert json.loads(res.stdout)["rows"][0]["scenario"] == "tiny-validate"

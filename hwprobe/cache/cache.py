@@ -4,13 +4,15 @@ Per decode step the decode loop calls `begin_step()`, then for each layer `layer
 the prefetch of the next layer(s)) and `attend(l, q, k, v)` (stores the new token's K/V in T0 and
 attends over T0 plus the staged T1/T2 tokens), then `end_step()` (re-tiers when due). Tier
 decisions are sim/tiers.py's, on scores = attention probability received, averaged over query
-heads and layers, accumulated with no decay.
+heads and layers, accumulated with no decay - or, with `replay`, the simulator's own decisions.
 
 How T1/T2 reach attention follows the prefetch mode (DESIGN.md "Tier policy"): `layerwise_async`
 stages layer by layer in a ring of buffers (staging.py), `sync_per_step` copies every layer before
 the forward pass (prototype.py), `per_interval` keeps every layer resident from one re-tier to the
 next (resident.py). Staged tokens are then laid out for attention in one workspace of one layer's
-T1 + T2 at full precision (`attention_workspace_bytes`), in every mode.
+T1 + T2 at full precision (`attention_workspace_bytes`), in every mode. Host tiers are stored
+[slot, row] per layer and copied as one block of high-water slots for every row, so a batch of
+unequal lengths copies padding the simulator (live tokens only) does not count.
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ class CacheOptions:
 
 class TieredKVCache:
     def __init__(self, rt, geom: CacheGeometry, policy: TierPolicy, options: CacheOptions,
-                 prompt_tokens: int, lengths, dtype):
+                 prompt_tokens: int, lengths, dtype, replay: list | None = None):
+        """replay: per row, the simulator's SequenceTiers (sim.evolution.sequence_tiers); re-tier
+        decisions then follow the simulator's seeded scores instead of this cache's attention."""
         import torch
 
         if options.prefetch not in PREFETCH_MODES:
@@ -80,6 +84,9 @@ class TieredKVCache:
         for b in range(B):
             self.slot[b, : self.prompt] = self.tables[T0].alloc(b, np.arange(self.prompt))
         self.score = np.zeros((B, max_tokens))
+        if replay is not None and len(replay) != B:
+            raise ValueError(f"replay needs one sequence per row: {len(replay)} for batch {B}")
+        self.replay = replay
         cap_s = self.peaks.t1 + self.peaks.t2
         self.acc0 = rt.device_zeros((B, self.peaks.t0), torch.float32)
         self.acc_s = rt.device_zeros((B, cap_s), torch.float32)

@@ -1,5 +1,6 @@
 """Re-tier: fold the accumulated attention into per-token scores, let sim/tiers.py decide every
-token's new tier (so the real cache and the simulator agree token for token), then move the bytes.
+token's new tier (the simulator's rule), then move the bytes. With `replay` (scores: simulator) the
+decisions are the simulator's own seeded ones instead, so both move exactly the same tokens.
 
 Moves, batched over rows and all layers at once (copy counts as sim/physics.py's `retier_copies`):
 - T0 -> T1 / T2 (demotion): offload.py - gathered on the device (T2: quantised there), device -> host
@@ -42,6 +43,17 @@ def fold_scores(cache) -> None:
     cache.acc_s.zero_()
 
 
+def _replayed(cache, b: int, old: np.ndarray) -> np.ndarray:
+    """Row b's new tiers from the simulator's seeded state for the same sequence (sim/evolution.py),
+    which must have reached the same tiers: both start from the same prompt and take the same steps."""
+    seq = cache.replay[b]
+    seq.advance(cache.step + 1 - seq.steps_done)
+    if seq.n != len(old) or not np.array_equal(seq.tier[: seq.n], old):
+        raise RuntimeError(f"row {b}: the real cache's tiers left the simulator's plan at step {cache.step}")
+    seq.retier()
+    return seq.tier[: seq.n].copy()
+
+
 def _decide(cache, rows):
     """New tiers for the given rows; returns (row, position, old tier, new tier) of every change."""
     pol = cache.policy
@@ -49,7 +61,10 @@ def _decide(cache, rows):
     for b in rows:
         n = int(cache.n[b])
         old = cache.tier[b, :n].copy()
-        new = assign_tiers(old, cache.score[b, :n], protected_mask(n, cache.prompt, pol), pol)
+        if cache.replay is not None:
+            new = _replayed(cache, b, old)
+        else:
+            new = assign_tiers(old, cache.score[b, :n], protected_mask(n, cache.prompt, pol), pol)
         mv = diff_moves(old, new)
         cache.offloaded_tokens += mv.offloaded
         cache.evicted_tokens += mv.evicted

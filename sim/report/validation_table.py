@@ -20,7 +20,11 @@ METRIC_DISPLAY = {
     "throughput_tok_per_s": ("decode throughput", 1.0, "tok/s"),
     "tpot_p50_s": ("step time p50", 1 / MS, "ms"),
     "transfer_share": ("transfer share", PERCENT, "% of decode time"),
+    "device_memory_peak_bytes": ("device memory peak", 1 / GB, "GB"),
     "hbm_peak_bytes": ("device memory peak", 1 / GB, "GB"),
+    "host_peak_bytes": ("host memory peak", 1 / GB, "GB"),
+    "h2d_bytes": ("H2D traffic", 1 / GB, "GB"),
+    "d2h_bytes": ("D2H traffic", 1 / GB, "GB"),
 }
 
 
