@@ -311,7 +311,7 @@ def _summarise(scenario, spec, rt, model, cache, raw: _Raw, scale: float, n_laye
         "layers_model": int(round(n_layers * scale)), "layers_run": n_layers, "layer_scale": scale,
         "run_dtype": dtype_name, "attention": opts.attention, "prefill": opts.prefill, "scores": opts.scores,
         "weights_bytes": float(model.non_layer_bytes() + (model.weight_bytes() - non_layer) * scale),
-        "rope": False, "notes": notes,
+        "rope": True, "notes": notes,
         "versions": {"torch": torch.__version__, "cuda": torch.version.cuda or "none", "python": platform.python_version()},
         "resolved_scenario": scenario.model_dump(mode="json"),
     }

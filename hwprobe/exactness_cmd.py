@@ -59,6 +59,14 @@ class _Shadow:
         self.max_abs_diff = 0.0
         self.max_abs_ref = 0.0
 
+    @property
+    def step(self):  # the model reads step and n for its RoPE positions
+        return self.tiered.step
+
+    @property
+    def n(self):
+        return self.tiered.n
+
     def write_prompt(self, layer, k, v):
         self.tiered.write_prompt(layer, k, v)
         self.reference.write_prompt(layer, k, v)

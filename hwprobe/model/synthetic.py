@@ -2,13 +2,16 @@
 
 Same work per decode step as the real model (GQA attention with q/k/v bias where the model has it,
 RMSNorm, gated SiLU MLP, embedding and LM head), so its step time, memory and KV traffic are the
-real model's; only the numbers in the weights are made up. No RoPE: position encoding costs a few
-elementwise kernels and changes nothing the tiered cache does. Weights are N(0, 1/fan_in) so the
-residual stream stays O(1) and greedy decoding depends on the attended context.
+real model's; only the numbers in the weights are made up. RoPE (Llama/Qwen2 "rotate_half" form) is
+applied to q and k after the QKV projection, and K is cached after rotation as in real models: the
+tiers hold what a real engine's cache holds, and offloading rotated K changes nothing about exactness.
+Weights are N(0, 1/fan_in) so the residual stream stays O(1) and greedy decoding depends on the
+attended context.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -17,6 +20,7 @@ from sim.model_spec import ModelSpec
 NORM_EPS = 1e-6
 GATE_UP = 2  # gate and up projections fused in one matrix
 BIAS_STD = 0.1  # q/k/v biases: small next to the N(0, 1)-scale projections
+ROPE_THETA = 10000.0  # HF default when config.json has no rope_theta
 
 
 @dataclass(frozen=True)
@@ -30,12 +34,14 @@ class ModelShapes:
     vocab: int
     qkv_bias: bool = False
     tie_embeddings: bool = False
+    rope_theta: float = ROPE_THETA  # changes the numbers only: RoPE's cost does not depend on theta
 
     @classmethod
     def from_spec(cls, spec, layers: int | None = None) -> "ModelShapes":
         return cls(layers=layers or spec.num_layers, hidden=spec.hidden_size, heads=spec.num_heads,
                    kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, intermediate=spec.intermediate_size,
-                   vocab=spec.vocab_size, qkv_bias=spec.qkv_bias, tie_embeddings=spec.tie_embeddings)
+                   vocab=spec.vocab_size, qkv_bias=spec.qkv_bias, tie_embeddings=spec.tie_embeddings,
+                   rope_theta=getattr(spec, "rope_theta", None) or ROPE_THETA)
 
     @property
     def group(self) -> int:
@@ -63,6 +69,28 @@ class ModelShapes:
     def non_layer_params(self) -> int:
         """Embedding, final norm and LM head."""
         return self.spec.params - self.layers * self.spec.params_layer()
+
+
+class Rope:
+    """Rotary position embedding over the full head_dim, HF "rotate_half" form (Llama, Qwen2):
+    dimension i pairs with i + d/2. Angles in float32; cos/sin cast to the run dtype, as engines do."""
+
+    def __init__(self, head_dim: int, theta: float, device):
+        import torch
+
+        self.torch = torch
+        self.inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+
+    def cos_sin(self, positions, dtype):
+        """positions [...] (integers, on the device) -> cos, sin [..., head_dim] in dtype."""
+        freqs = positions.float()[..., None] * self.inv_freq
+        emb = self.torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def apply(self, x, cos, sin):
+        """x [..., head_dim] rotated by angles whose cos/sin broadcast against it."""
+        half = x.shape[-1] // 2
+        return x * cos + self.torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 class SyntheticTransformer:
@@ -97,6 +125,8 @@ class SyntheticTransformer:
         self.embedding = torch.randn((s.vocab, s.hidden), generator=g, device=self.device, dtype=dtype)
         self.final_norm = ones(s.hidden)
         self.lm_head = self.embedding if s.tie_embeddings else weight(s.vocab, s.hidden)
+        self.rope = Rope(s.head_dim, s.rope_theta, self.device)  # a buffer, not weights: not in the sizes
+        self._rope_step = None  # (weakref to the cache, its step, cos, sin): computed once per step
 
     def weight_bytes(self) -> int:
         itemsize = self.torch.empty((), dtype=self.dtype).element_size()
@@ -117,15 +147,34 @@ class SyntheticTransformer:
         gate, up = F.linear(self._norm(x, p["ln2"]), p["wgu"]).chunk(2, dim=-1)
         return x + F.linear(F.silu(gate) * up, p["wdown"])
 
+    def rope_for_step(self, cache):
+        """cos, sin [B, 1, head_dim] at each row's new token (position n - 1 after begin_step), computed
+        once per step of a cache and shared by its layers, as real models do."""
+        r = self._rope_step
+        if r is None or r[0]() is not cache or r[1] != cache.step:
+            pos = self.torch.from_numpy(cache.n - 1)  # inactive rows: their last position (unused)
+            if self.device.type == "cuda":  # a fresh pinned block: the caching host allocator keeps it until copied
+                pos = pos.pin_memory()
+            cos, sin = self.rope.cos_sin(pos.to(self.device, non_blocking=True), self.dtype)
+            r = self._rope_step = (weakref.ref(cache), cache.step, cos[:, None], sin[:, None])
+        return r[2], r[3]
+
+    def _qkv_heads(self, x, p):
+        """x [..., hidden] -> [..., heads + 2 kv_heads, head_dim]: q heads, then k, then v."""
+        s = self.shapes
+        qkv = self.torch.nn.functional.linear(self._norm(x, p["ln1"]), p["wqkv"], p["bqkv"])
+        return qkv.view(*x.shape[:-1], s.heads + 2 * s.kv_heads, s.head_dim)
+
     def layer(self, index: int, x, cache):
         """One layer for one new token per row: x [B, hidden]."""
         F, s, p = self.torch.nn.functional, self.shapes, self.layers[index]
+        cos, sin = self.rope_for_step(cache)
         cache.layer_start(index)
-        qkv = F.linear(self._norm(x, p["ln1"]), p["wqkv"], p["bqkv"])
-        q, k, v = qkv.split((s.q_dim, s.kv_dim, s.kv_dim), dim=-1)
+        heads = self._qkv_heads(x, p)
+        qk = self.rope.apply(heads[:, : s.heads + s.kv_heads], cos, sin)  # q and k in one pass: fewer launches
+        q, k = qk.split((s.heads, s.kv_heads), dim=1)
         b = x.shape[0]
-        o = cache.attend(index, q.view(b, s.kv_heads, s.group, s.head_dim),
-                         k.view(b, s.kv_heads, s.head_dim), v.view(b, s.kv_heads, s.head_dim))
+        o = cache.attend(index, q.view(b, s.kv_heads, s.group, s.head_dim), k, heads[:, s.heads + s.kv_heads:])
         x = x + F.linear(o.reshape(b, s.q_dim), p["wo"])
         return self._mlp(x, p)
 
@@ -144,14 +193,16 @@ class SyntheticTransformer:
         """prompt [B, P] -> logits of the last position; writes the prompt's K/V into the cache."""
         F, s = self.torch.nn.functional, self.shapes
         b, n = prompt.shape
+        cos, sin = self.rope.cos_sin(self.torch.arange(n, device=self.device), self.dtype)
+        cos, sin = cos[:, None], sin[:, None]  # [P, 1, d]: broadcast over heads
         x = self.embed(prompt)
         for i, p in enumerate(self.layers):
-            qkv = F.linear(self._norm(x, p["ln1"]), p["wqkv"], p["bqkv"])
-            q, k, v = qkv.split((s.q_dim, s.kv_dim, s.kv_dim), dim=-1)
-            q = q.view(b, n, s.heads, s.head_dim).transpose(1, 2)
-            k = k.view(b, n, s.kv_heads, s.head_dim).transpose(1, 2)
-            v = v.view(b, n, s.kv_heads, s.head_dim).transpose(1, 2)
-            cache.write_prompt(i, k, v)
+            heads = self._qkv_heads(x, p)  # [B, P, heads + 2 kv_heads, d]
+            qk = self.rope.apply(heads[:, :, : s.heads + s.kv_heads], cos, sin)
+            q = qk[:, :, : s.heads].transpose(1, 2)
+            k = qk[:, :, s.heads:].transpose(1, 2)
+            v = heads[:, :, s.heads + s.kv_heads:].transpose(1, 2)
+            cache.write_prompt(i, k, v)  # rotated K, as real models cache it
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             x = x + F.linear(o.transpose(1, 2).reshape(b, n, s.q_dim), p["wo"])
             x = self._mlp(x, p)
