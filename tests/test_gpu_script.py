@@ -1,0 +1,140 @@
+"""scripts/gpu/h200_validate.sh, dry-run on the CPU: the one-shot GPU script's plumbing (stages, deadline,
+generated scenarios, files under $OUT) is checked here, before the scarce GPU machine runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.conftest import REPO
+
+SCRIPT = REPO / "scripts" / "gpu" / "h200_validate.sh"
+TINY_MODEL = REPO / "scenarios" / "models" / "tiny-qwen2.json"
+KNOBS = ("DEVICE", "PYTHON", "MODEL_YAML", "BATCHES", "CONTEXTS", "STEPS", "RETIER", "RECENT", "CALIBRATE",
+         "EXACTNESS", "DEADLINE", "RESERVE", "WORK", "OUT", "SITE")
+
+pytestmark = pytest.mark.skipif(not all(shutil.which(t) for t in ("bash", "timeout", "tar")),
+                                reason="needs bash, coreutils timeout and tar")
+
+
+def run_script(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, float, Path]:
+    """Run the script from the repo root with the given knobs (none inherited); (process, seconds, OUT)."""
+    out = tmp_path / "out"
+    base = {k: v for k, v in os.environ.items() if k not in KNOBS}
+    knobs = {"DEVICE": "cpu", "PYTHON": sys.executable, "WORK": str(tmp_path / "work"), "OUT": str(out), **env}
+    t0 = time.monotonic()
+    proc = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env={**base, **knobs}, capture_output=True, text=True,
+                          timeout=180)
+    return proc, time.monotonic() - t0, out
+
+
+def tiny(**env: str) -> dict:
+    return {"MODEL_YAML": f"{{hf_config: {TINY_MODEL}, weight_dtype: bf16, kv_dtype: bf16}}", "STEPS": "24",
+            "RETIER": "8", "RECENT": "8", "CALIBRATE": "0", **env}
+
+
+def expected_names(batches: str, contexts: str) -> list[str]:
+    """Context by context, batch by batch, full / tier / paper in a row: what the script promises."""
+    return [f"{kind}-b{b}-c{c}" for c in contexts.split() for b in batches.split() for kind in ("full", "tier", "paper")]
+
+
+def metrics() -> list[str]:
+    """The metric keys validate writes per scenario, in order (its accuracy metrics, then its checks)."""
+    from hwprobe.validate_cmd import COMPARED
+
+    return [key for key, _ in COMPARED]
+
+
+def test_default_grid_is_the_gpu_grid_and_valid_and_a_spent_deadline_runs_nothing(tmp_path):
+    from sim.scenario import load_scenario
+
+    proc, seconds, out = run_script(tmp_path, DEADLINE="1")
+    log = (out / "log.txt").read_text()
+    assert proc.returncode == 1, log  # the grid did not run: not a success
+    assert seconds < 10, log
+    for name in ("exactness", "calibrate", "grid"):
+        assert f"== {name} rc=no_time" in log
+    assert "cuda_tests: skipped (DEVICE=cpu)" in log and "predictions fall back to the datasheet defaults" in log
+    assert not (out / "validate.csv").exists() and not (out / "exactness.json").exists()
+    assert (out / "work.tgz").is_file()
+
+    names = expected_names("1 8 32", "2048 8192")
+    assert f"18 scenarios: {' '.join(names)}" in log
+    grid = tmp_path / "work" / "grid"
+    assert sorted(p.stem for p in grid.glob("*.yaml")) == sorted(names)
+    for name in names:
+        sc = load_scenario(grid / f"{name}.yaml")  # pydantic strict: every field written still exists
+        kind, b, c = name.split("-")
+        assert sc.name == name and sc.model.name == "deepseek-r1-distill-qwen-7b" and sc.hardware.gpu == "h200-sxm"
+        assert (sc.workload.batch_size, sc.workload.prompt_tokens, sc.workload.reasoning_tokens) == (
+            int(b[1:]), int(c[1:]), 96)
+        p = sc.policy
+        assert (p.retier_interval, p.recent_window, p.protect_prompt, p.hbm_ratio) == (32, 128, False, 0.5)
+        assert (p.kind, p.semantics, p.prefetch, p.pinned) == {
+            "full": ("full_hbm", "global", "layerwise_async", True),
+            "tier": ("tiered", "global", "layerwise_async", True),
+            "paper": ("tiered", "paper_prototype", "sync_per_step", False)}[kind]
+
+
+def test_cpu_dry_run_of_the_whole_script(tmp_path):
+    pytest.importorskip("torch")
+    proc, seconds, out = run_script(tmp_path, **tiny(BATCHES="1 2", CONTEXTS="64"))
+    log = (out / "log.txt").read_text()
+    assert proc.returncode == 0, log + proc.stderr
+    assert proc.stdout == log  # everything the script says is in the log that comes back
+
+    exact = json.loads((out / "exactness.json").read_text())
+    assert exact["device"] == "cpu" and exact["t1_offload"]["exact"] is True
+
+    rows = pd.read_csv(out / "validate.csv")
+    names = expected_names("1 2", "64")
+    keys = metrics()
+    assert list(zip(rows["scenario"], rows["metric"])) == [(n, m) for n in names for m in keys]
+    tput = rows[rows["metric"] == "throughput_tok_per_s"].set_index("scenario")["measured"]
+    assert (tput > 0).all() and len(tput) == len(names)
+    assert (out / "validate.errors.csv").is_file()
+    assert not (out / "profile.yaml").exists()  # CALIBRATE=0
+    for name in names:  # the run directories travel in the tarball
+        assert (tmp_path / "work" / "runs" / name / "summary.json").is_file()
+    listing = subprocess.run(["tar", "tzf", str(out / "work.tgz")], capture_output=True, text=True, check=True).stdout
+    assert f"runs/{names[-1]}/summary.json" in listing and f"grid/{names[0]}.yaml" in listing
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["log.txt", "exactness.json", "validate.csv", "validate.errors.csv", "work.tgz"])  # <= 8 files come back
+
+    assert re.search(r"== exactness rc=0 in \d+ s", log) and re.search(r"== grid rc=0 in \d+ s", log)
+    assert "== calibrate: skipped (CALIBRATE=0)" in log and "== cuda_tests: skipped (DEVICE=cpu)" in log
+    assert "== summary: exactness=0 calibrate=skipped grid=0 cuda_tests=skipped" in log
+    assert "no .whl/*.whl" in log or "wheels from .whl" in log
+    assert f"validate.csv: {len(names)} of {len(names)} scenarios measured ({len(rows)} rows)" in log
+
+
+def test_a_short_deadline_cuts_the_grid_and_keeps_the_finished_rows(tmp_path):
+    pytest.importorskip("torch")
+    deadline = 20  # the grid gets 20 - 2 (reserve) - 5 (kill grace) = 13 s: about a dozen tiny scenarios
+    batches, contexts = "1 2 4 8 16 32", "256 512 1024 4096"  # 72 scenarios: far more than fit
+    proc, seconds, out = run_script(tmp_path, **tiny(BATCHES=batches, CONTEXTS=contexts, STEPS="48", EXACTNESS="0",
+                                                     DEADLINE=str(deadline), RESERVE="2"))
+    log = (out / "log.txt").read_text()
+    assert proc.returncode == 1, log
+    assert seconds < deadline + 5, log
+    assert re.search(r"== grid rc=(124|137) in \d+ s \(TIMED OUT\)", log), log
+    assert "== exactness: skipped (EXACTNESS=0)" in log and (out / "work.tgz").is_file()
+    assert not (out / "validate.errors.csv").exists()  # validate writes it only when the grid is done
+    if not (out / "validate.csv").exists():
+        pytest.skip(f"machine too slow: no scenario finished inside the grid's cap\n{log}")
+    rows = pd.read_csv(out / "validate.csv")
+    keys = metrics()
+    done = list(dict.fromkeys(rows["scenario"]))
+    names = expected_names(batches, contexts)
+    assert 1 <= len(done) < len(names) and done == names[: len(done)]
+    assert list(zip(rows["scenario"], rows["metric"])) == [(n, m) for n in done for m in keys]
+    assert f"validate.csv: {len(done)} of {len(names)} scenarios measured ({len(rows)} rows)" in log
