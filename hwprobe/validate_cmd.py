@@ -22,6 +22,8 @@ import typer
 
 from sim.errors import ConfigError
 
+from .ratios import ratio_rows
+
 METRICS = (  # the accuracy figures; "all" aggregates these
     ("throughput_tok_per_s", "throughput tok/s"),
     ("tpot_p50_s", "step time p50 s"),
@@ -132,9 +134,11 @@ def _cell(v, rel: bool = False) -> str:
     return f"{100 * v:+.1f} %" if rel else f"{v:.4g}"
 
 
-def print_tables(rows: pd.DataFrame, stats: pd.DataFrame) -> None:
+def print_tables(rows: pd.DataFrame, stats: pd.DataFrame, ratios: pd.DataFrame) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    from .ratios import print_ratios
 
     labels = {**dict(COMPARED), ALL_METRICS: "all four above"}
     console = Console(width=shutil.get_terminal_size((150, 40)).columns)
@@ -152,6 +156,7 @@ def print_tables(rows: pd.DataFrame, stats: pd.DataFrame) -> None:
         s.add_row(labels.get(r.metric, r.metric), str(r.n), median,
                   _cell(r.worst_rel_error, True), r.worst_scenario or "-")
     console.print(s)
+    print_ratios(ratios, console)
 
 
 def register(app: typer.Typer) -> None:
@@ -201,18 +206,25 @@ def register(app: typer.Typer) -> None:
             return call
 
         out_path = out or default_run_path("validate", ".csv")
+        ratios_path = out_path.with_suffix(".ratios.csv")
+
+        def keep(so_far: pd.DataFrame) -> None:  # after every scenario: a cut-short grid keeps its rows
+            write_text_atomic(out_path, so_far.to_csv(index=False))
+            write_text_atomic(ratios_path, ratio_rows(loaded, so_far).to_csv(index=False))
+
         try:
-            rows, stats = validate(loaded, named(predict), named(measure),
-                                   progress=lambda so_far: write_text_atomic(out_path, so_far.to_csv(index=False)))
+            rows, stats = validate(loaded, named(predict), named(measure), progress=keep)
         except ConfigError as err:
             fail("validate", err.line())
+        ratios = ratio_rows(loaded, rows)
         write_text_atomic(out_path, rows.to_csv(index=False))
+        write_text_atomic(ratios_path, ratios.to_csv(index=False))
         write_text_atomic(out_path.with_suffix(".errors.csv"), stats.to_csv(index=False))
         if as_json:
-            print(json.dumps({"rows": rows.to_dict(orient="records"), "errors": stats.to_dict(orient="records")},
-                             indent=2, default=float))
+            print(json.dumps({"rows": rows.to_dict(orient="records"), "errors": stats.to_dict(orient="records"),
+                              "ratios": ratios.to_dict(orient="records")}, indent=2, default=float))
             return
-        print_tables(rows, stats)
+        print_tables(rows, stats, ratios)
         if scores == "simulator":
             checks = rows[rows["metric"].isin([k for k, _ in CHECKS])]
             off = checks[checks["rel_error"].abs() > 0]
@@ -221,4 +233,4 @@ def register(app: typer.Typer) -> None:
         if dev == "cpu" and not profile:
             print("note: measured on the CPU; predictions are for each scenario's GPU unless a CPU profile is given")
         print("note: device memory compares allocated bytes: the prediction leaves out the simulator's runtime reserve")
-        print(f"wrote {out_path} and {out_path.with_suffix('.errors.csv')}")
+        print(f"wrote {out_path}, {out_path.with_suffix('.errors.csv')} and {ratios_path}")

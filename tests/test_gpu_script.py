@@ -108,7 +108,11 @@ def test_cpu_dry_run_of_the_whole_script(tmp_path):
     listing = subprocess.run(["tar", "tzf", str(out / "work.tgz")], capture_output=True, text=True, check=True).stdout
     assert f"runs/{names[-1]}/summary.json" in listing and f"grid/{names[0]}.yaml" in listing
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["log.txt", "exactness.json", "validate.csv", "validate.errors.csv", "work.tgz"])  # <= 8 files come back
+        ["log.txt", "exactness.json", "validate.csv", "validate.errors.csv", "validate.ratios.csv", "work.tgz"])
+    # (at most 8 files come back from the device)
+    ratios = pd.read_csv(out / "validate.ratios.csv")
+    assert list(ratios["scenario"]) == [n for n in names if not n.startswith("full")]
+    assert list(ratios["baseline"]) == [f"full-{n.split('-', 1)[1]}" for n in ratios["scenario"]]
 
     assert re.search(r"== exactness rc=0 in \d+ s", log) and re.search(r"== grid rc=0 in \d+ s", log)
     assert "== calibrate: skipped (CALIBRATE=0)" in log and "== cuda_tests: skipped (DEVICE=cpu)" in log

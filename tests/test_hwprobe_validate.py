@@ -71,6 +71,26 @@ def test_median_and_worst_error_with_injected_functions():
     assert all(by.loc[k, "n"] == 0 for k, _ in CHECKS)
 
 
+def test_ratios_against_the_full_hbm_baseline_of_the_same_workload():
+    from hwprobe.ratios import ratio_rows
+
+    def sc(name, kind, batch=1):
+        return scenario_from_dict({"name": name, "model": {"name": "deepseek-r1-distill-qwen-7b"},
+                                   "workload": {"batch_size": batch}, "policy": {"kind": kind}}, "test")
+
+    scenarios = [sc("full-b1", "full_hbm"), sc("tier-b1", "tiered"), sc("tier-b8", "tiered", 8), sc("evict-b1", "evict_only")]
+    tput = {"full-b1": (100.0, 80.0), "tier-b1": (90.0, 60.0), "tier-b8": (500.0, 400.0)}  # evict-b1 not measured yet
+    rows = pd.DataFrame([{"scenario": n, "metric": m, "predicted": p if m == "throughput_tok_per_s" else 1.0,
+                          "measured": q if m == "throughput_tok_per_s" else 1.0}
+                         for n, (p, q) in tput.items() for m in ("throughput_tok_per_s", "tpot_p50_s")])
+    r = ratio_rows(scenarios, rows).set_index("scenario")
+    # tier-b8 has no batch-8 baseline; evict-b1 has no measurement: neither gets a ratio
+    assert list(r.index) == ["tier-b1"] and r.at["tier-b1", "baseline"] == "full-b1"
+    assert r.at["tier-b1", "predicted_ratio"] == pytest.approx(0.90)
+    assert r.at["tier-b1", "measured_ratio"] == pytest.approx(0.75)
+    assert r.at["tier-b1", "rel_error"] == pytest.approx((0.90 - 0.75) / 0.75)
+
+
 @pytest.fixture
 def scenario_file(tmp_path):
     cfg = tmp_path / "config.json"
@@ -110,12 +130,35 @@ def test_validate_end_to_end_on_cpu(scenario_file, tmp_path):
     checks = rows.set_index("metric").loc[[k for k, _ in CHECKS]]
     assert (checks["predicted"] == checks["measured"]).all(), checks
     assert checks.loc["h2d_bytes", "measured"] > 0 and checks.loc["d2h_bytes", "measured"] > 0
+    ratios = pd.read_csv(out.with_suffix(".ratios.csv"))
+    assert list(ratios.columns) == ["scenario", "baseline", "predicted_ratio", "measured_ratio", "rel_error"]
+    assert ratios.empty  # a validation of one tiered scenario has no full_hbm baseline to divide by
     stats = pd.read_csv(out.with_suffix(".errors.csv"))
     assert ALL_METRICS in set(stats["metric"])
     assert json.loads(res.stdout)["rows"][0]["scenario"] == "tiny-validate"
     kept = json.loads((tmp_path / "runs" / "tiny-validate" / "summary.json").read_text())
     assert kept["measured"] is True
     assert rows.set_index("metric").loc["throughput_tok_per_s", "measured"] == pytest.approx(kept["throughput_tok_per_s"])
+
+
+def test_validate_with_a_baseline_writes_the_throughput_ratio(scenario_file, tmp_path):
+    baseline = yaml.safe_load(scenario_file.read_text())
+    baseline["name"], baseline["policy"] = "tiny-full", {"kind": "full_hbm"}
+    full_file = tmp_path / "tiny-full.yaml"
+    full_file.write_text(yaml.safe_dump(baseline))
+    out = tmp_path / "pair.csv"
+    before = torch.get_num_threads()
+    res = runner.invoke(app, ["validate", "--device", "cpu", "--threads", "1", "--out", str(out),
+                              str(full_file), str(scenario_file)])
+    torch.set_num_threads(before)
+    assert res.exit_code == 0, res.output
+    assert "throughput relative to full_hbm" in res.stdout
+    tput = pd.read_csv(out).query("metric == 'throughput_tok_per_s'").set_index("scenario")
+    ratio = pd.read_csv(out.with_suffix(".ratios.csv")).set_index("scenario")
+    assert list(ratio.index) == ["tiny-validate"] and ratio.at["tiny-validate", "baseline"] == "tiny-full"
+    for side in ("predicted", "measured"):
+        expected = tput.at["tiny-validate", side] / tput.at["tiny-full", side]
+        assert ratio.at["tiny-validate", f"{side}_ratio"] == pytest.approx(expected)
 
 
 def test_validate_bad_scenario_one_line(scenario_file):

@@ -20,8 +20,9 @@
 #   (this file lives at scripts/gpu/h200_validate.sh so it travels with the working tree)
 # Device call: run(command="bash scripts/gpu/h200_validate.sh", carry=[".whl"], timeout_s=330), then
 # give_back unless rerunning at once. What comes back under $OUT (at most 8 files): log.txt,
-# exactness.json, profile.yaml (if calibrated), validate.csv, validate.errors.csv (only when the whole
-# grid finished) and work.tgz (generated scenarios + one run directory per measured scenario).
+# exactness.json, profile.yaml (if calibrated), validate.csv and validate.ratios.csv (tiered and paper
+# throughput over full_hbm's, same shape; both rewritten after every scenario), validate.errors.csv (only
+# when the whole grid finished) and work.tgz (generated scenarios + one run directory per scenario).
 # Afterwards commit the profile and the CSVs under scenarios/hardware/measured/.
 #
 # Dry run on a CPU (what tests/test_gpu_script.py does, in seconds):
@@ -51,6 +52,7 @@ SITE=${SITE:-/tmp/site}
 mkdir -p "$WORK" "$OUT" || exit 3
 rm -rf "$WORK/grid" "$WORK/runs"
 rm -f "$OUT/log.txt" "$OUT/exactness.json" "$OUT/profile.yaml" "$OUT/validate.csv" "$OUT/validate.errors.csv" \
+  "$OUT/validate.ratios.csv" \
   "$OUT/work.tgz"
 mkdir -p "$WORK/grid"
 HW=("$PYTHON" -m hwprobe.cli)
