@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import sys
 from pathlib import Path
 from typing import Callable, List, Optional
 
@@ -82,13 +83,26 @@ def error_stats(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def validate(scenarios: list, predict: Callable[[object], dict], measure: Callable[[object], dict],
-             progress: Callable[[pd.DataFrame], None] | None = None):
+             progress: Callable[[pd.DataFrame], None] | None = None,
+             on_error: Callable[[object, str, Exception], None] | None = None):
     """scenarios: loaded Scenario objects. predict / measure: Scenario -> summary dict.
     `progress(rows so far)` runs after each scenario, so a long grid keeps what it measured.
+    `on_error(scenario, "predict" | "measure", error)`: given, a scenario that fails (out of device
+    memory, say) leaves its side of the rows empty and the grid goes on; else the error propagates.
     Returns (rows, stats) DataFrames."""
+
+    def side(fn, sc, name) -> dict:
+        if on_error is None:
+            return fn(sc)
+        try:
+            return fn(sc)
+        except Exception as err:  # noqa: BLE001 - one scenario's failure must not end a GPU grid
+            on_error(sc, name, err)
+            return {}
+
     rows = []
     for sc in scenarios:
-        rows += comparison_rows(sc.name, predict(sc), measure(sc))
+        rows += comparison_rows(sc.name, side(predict, sc, "predict"), side(measure, sc, "measure"))
         if progress:
             progress(pd.DataFrame(rows, columns=ROW_COLUMNS))
     frame = pd.DataFrame(rows, columns=ROW_COLUMNS)
@@ -126,6 +140,13 @@ def hwprobe_measurer(opts, runs_dir: Path | None = None):
         return {**result.summary, MEMORY_KEY: result.summary["hbm_peak_bytes"]}
 
     return run
+
+
+def _one_line(err: Exception) -> str:
+    if isinstance(err, ConfigError):
+        return err.line()
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
 
 
 def _cell(v, rel: bool = False) -> str:
@@ -212,10 +233,19 @@ def register(app: typer.Typer) -> None:
             write_text_atomic(out_path, so_far.to_csv(index=False))
             write_text_atomic(ratios_path, ratio_rows(loaded, so_far).to_csv(index=False))
 
-        try:
-            rows, stats = validate(loaded, named(predict), named(measure), progress=keep)
-        except ConfigError as err:
-            fail("validate", err.line())
+        failed = []
+
+        def report(sc, what: str, err: Exception) -> None:
+            failed.append(sc.name)
+            print(f"hwprobe validate: {sc.name}: {what} failed: {_one_line(err)}", file=sys.stderr)
+
+        def exit_if_failed() -> None:
+            if failed:
+                print(f"hwprobe validate: {len(failed)} of {len(loaded)} scenario(s) failed: {', '.join(failed)}",
+                      file=sys.stderr)
+                raise typer.Exit(1)
+
+        rows, stats = validate(loaded, named(predict), named(measure), progress=keep, on_error=report)
         ratios = ratio_rows(loaded, rows)
         write_text_atomic(out_path, rows.to_csv(index=False))
         write_text_atomic(ratios_path, ratios.to_csv(index=False))
@@ -223,6 +253,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps({"rows": rows.to_dict(orient="records"), "errors": stats.to_dict(orient="records"),
                               "ratios": ratios.to_dict(orient="records")}, indent=2, default=float))
+            exit_if_failed()
             return
         print_tables(rows, stats, ratios)
         if scores == "simulator":
@@ -234,3 +265,4 @@ def register(app: typer.Typer) -> None:
             print("note: measured on the CPU; predictions are for each scenario's GPU unless a CPU profile is given")
         print("note: device memory compares allocated bytes: the prediction leaves out the simulator's runtime reserve")
         print(f"wrote {out_path}, {out_path.with_suffix('.errors.csv')} and {ratios_path}")
+        exit_if_failed()

@@ -161,6 +161,27 @@ def test_validate_with_a_baseline_writes_the_throughput_ratio(scenario_file, tmp
         assert ratio.at["tiny-validate", f"{side}_ratio"] == pytest.approx(expected)
 
 
+def test_a_failing_scenario_is_one_line_and_the_grid_goes_on(scenario_file, tmp_path):
+    bad = yaml.safe_load(scenario_file.read_text())
+    bad["name"] = "tiny-fp8-t2"  # the simulator predicts it; hwprobe has int8 T2 only
+    bad["policy"].update({"compressed_ratio": 0.2, "compressed_dtype": "fp8"})
+    bad_file = tmp_path / "bad.yaml"
+    bad_file.write_text(yaml.safe_dump(bad))
+    out = tmp_path / "grid.csv"
+    before = torch.get_num_threads()
+    res = runner.invoke(app, ["validate", "--device", "cpu", "--threads", "1", "--out", str(out),
+                              str(bad_file), str(scenario_file)])
+    torch.set_num_threads(before)
+    assert res.exit_code == 1, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 2 and "tiny-fp8-t2: measure failed" in lines[0] and "compressed_dtype" in lines[0]
+    assert "1 of 2 scenario(s) failed: tiny-fp8-t2" in lines[1]
+    rows = pd.read_csv(out).set_index(["scenario", "metric"])
+    assert rows.loc[("tiny-fp8-t2", "throughput_tok_per_s"), "predicted"] > 0
+    assert pd.isna(rows.loc[("tiny-fp8-t2", "throughput_tok_per_s"), "measured"])
+    assert rows.loc[("tiny-validate", "throughput_tok_per_s"), "measured"] > 0  # measured after the failure
+
+
 def test_validate_bad_scenario_one_line(scenario_file):
     res = runner.invoke(app, ["validate", "--device", "cpu", "--set", "workload.batch_size=0", str(scenario_file)])
     assert res.exit_code == 2

@@ -341,5 +341,8 @@ class TieredKVCache:
             live = both[b] != FREE
             order = np.sort(both[b, live])
             dst[b, live] = np.searchsorted(order, both[b, live])
-        dev = torch.as_tensor(dst, device=self.rt.device)
+        src = torch.from_numpy(dst)
+        if self.rt.is_cuda:  # pinned + non_blocking: a pageable upload would make the host wait every step
+            src = src.pin_memory()
+        dev = src.to(self.rt.device, non_blocking=True)
         self._order = ([dev[:, : self.hw0], dev[:, self.hw0 :]], width)

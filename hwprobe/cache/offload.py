@@ -85,10 +85,12 @@ class OffloadLane:
                 device = (data,) if d.tier == T1 else quantize_int8(data, st.group)
                 transit.blocks.append(_Block(d, (torch.as_tensor(d.host_slots, device=rt.device), rows), device))
             rt.record_offload(transit.sources_read)
-            start = rt.mark(OFFLOAD)
-            for b in transit.blocks:
+            for b in transit.blocks:  # arranged and landing blocks first: allocating (pinning) host
+                # memory is host time, not link time, so it stays out of the busy window below
                 b.sent = tuple(arrange(t, self.prototype, self._kv_split(b, i)) for i, t in enumerate(b.device))
                 b.landing = tuple(rt.host_empty(tuple(t.shape), t.dtype, self.pinned) for t in b.sent)
+            start = rt.mark(OFFLOAD)
+            for b in transit.blocks:
                 for i, (dst, src) in enumerate(zip(b.landing, b.sent)):
                     counters.d2h_copies += copy_block(dst, src, self.prototype, self._kv_split(b, i), rt.is_cuda)
                 row_bytes = st.full_row_bytes if b.demotion.tier == T1 else st.t2_row_bytes
@@ -104,8 +106,8 @@ class OffloadLane:
         self._guard_sources(transit.sources_read)
         self.pending = transit
         self.peak_bytes = max(self.peak_bytes, self.device_bytes())
-        if not self.asynchronous:
-            self.finish()
+        if not self.asynchronous:  # blocking: the host waits for the link here (the caller times it
+            rt.wait_host(transit.landed)  # as stall), then lands it with finish() outside that window
 
     def _guard_sources(self, sources_read) -> None:
         """Compute writes no T0 slot (a freed source among them) before the gather has read it."""

@@ -97,22 +97,35 @@ def _reassign_slots(cache, b, p, src, dst):
     return new_slot
 
 
-def _promote(cache, blocks, tier, counters):
-    """Host blocks [K, L, X] of one tier -> the device on the copy stream (coalesced, or the
-    prototype's per-layer K/V pieces). Returns the device blocks as they travelled; the caller
-    makes compute wait for the copy stream before it reads (`restore`s) them."""
+def _sources(cache, blocks, tier):
+    """Host blocks [K, L, X] of one tier as they travel (coalesced, or the prototype's per-layer
+    K/V pieces), pinned where the policy pins: host work, done before the copies are timed."""
     rt, opts = cache.rt, cache.options
-    proto = opts.prefetch == "sync_per_step"
     out = []
     for i, block in enumerate(blocks):
-        split = tier == T1 and i == 0
-        src = arrange(block, proto, split)
+        src = arrange(block, opts.prefetch == "sync_per_step", _kv_split(i, tier))
         if opts.pinned and rt.is_cuda:
             src = src.pin_memory()
         cache.promotion_sources.append(src)  # a pinned source must outlive its async copy
+        out.append(src)
+    return out
+
+
+def _kv_split(index: int, tier: int) -> bool:
+    """Full-precision rows travel K and V apart in the prototype; int8 payload and scales do not."""
+    return tier == T1 and index == 0
+
+
+def _promote(cache, sources, tier, counters):
+    """Arranged host blocks of one tier -> the device on the copy stream. Returns the device blocks
+    as they travelled; the caller makes compute wait for the copy stream before it reads
+    (`restore`s) them."""
+    rt, proto = cache.rt, cache.options.prefetch == "sync_per_step"
+    out = []
+    for i, src in enumerate(sources):
         dst = rt.device_empty(tuple(src.shape), src.dtype)  # compute's pool: it is read and freed there
         with rt.on_copy_stream():
-            counters.h2d_copies += copy_block(dst, src, proto, split, rt.is_cuda)
+            counters.h2d_copies += copy_block(dst, src, proto, _kv_split(i, tier), rt.is_cuda)
         out.append(dst)
     return out
 
@@ -120,7 +133,7 @@ def _promote(cache, blocks, tier, counters):
 def _arrived(cache, tier, blocks):
     """Device blocks of one promoted tier, token-major and dequantised: rows for T0."""
     proto = cache.options.prefetch == "sync_per_step"
-    rows = [restore(d, proto, tier == T1 and i == 0) for i, d in enumerate(blocks)]
+    rows = [restore(d, proto, _kv_split(i, tier)) for i, d in enumerate(blocks)]
     return rows[0] if tier == T1 else dequantize_int8(*rows, cache.dtype)
 
 
@@ -164,16 +177,18 @@ def retier(cache, rows) -> None:
     if demotions and cache.lane.asynchronous:
         cache.lane.launch(demotions, c)
     elif demotions:
-        with rt.exposed(c.stalls):
+        with rt.exposed(c.stalls):  # the blocking offload: the link time is stall...
             cache.lane.launch(demotions, c)
+        cache.lane.finish()  # ...landing it in the host stores is host work, as the simulator leaves out
     promotions = [(sel, tier, blocks)
                   for sel, tier, blocks in ((pro1, T1, (rows_pro1,)), (pro2, T2, q_pro2)) if len(sel)]
     arrived = []
     if promotions:
+        sources = [(sel, tier, _sources(cache, blocks, tier)) for sel, tier, blocks in promotions]
         with rt.exposed(c.stalls):
             rt.copy_waits_for_compute()  # device blocks may reuse memory queued kernels still read
             h2d_start = rt.mark(COPY)
-            arrived = [(sel, tier, _promote(cache, blocks, tier, c)) for sel, tier, blocks in promotions]
+            arrived = [(sel, tier, _promote(cache, srcs, tier, c)) for sel, tier, srcs in sources]
             c.h2d_busy.append((h2d_start, rt.mark(COPY)))
             rt.compute_waits_for_copies()
         c.h2d_bytes += cache.geom.layers * (len(pro1) * stores.full_row_bytes + len(pro2) * stores.t2_row_bytes)

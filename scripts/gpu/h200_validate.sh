@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # hwprobe on one H200, in value order under one global deadline (DEADLINE s, default 300):
 #   1. exactness on the GPU (T1 offload bitwise exact?; EXACTNESS=0 skips)  cap  45 s
-#   2. quick calibration -> profile.yaml (CALIBRATE=0 skips; on failure or  cap 100 s
+#   2. the cuda tests of the cache and calibration: stream/event hazards and  cap  45 s
+#      exactness in every prefetch mode (skipped when DEVICE=cpu)
+#   3. quick calibration -> profile.yaml (CALIBRATE=0 skips; on failure or  cap 100 s
 #      timeout the predictions use the datasheet defaults, and the log says so)
-#   3. the validation grid, ONE `hwprobe validate` call: 7B shapes, context 2K then 8K, batch 1/8/32,
+#   4. the validation grid, ONE `hwprobe validate` call: 7B shapes, context 2K then 8K, batch 1/8/32,
 #      and for each batch full_hbm, tiered 50% layerwise_async pinned, paper prototype in a row, so
-#      any finished prefix already gives tiered-vs-full ratios. validate rewrites its CSV after every
-#      scenario, so a timeout keeps the finished rows.                       the time left
-#   4. the cuda pytest files, with whatever time is left (skipped when DEVICE=cpu)  cap 60 s
+#      any finished prefix already gives tiered-vs-full ratios. validate rewrites its CSVs after every
+#      scenario, so a timeout keeps the finished rows; a failing scenario is logged and skipped.
+#                                                                           the time left
 # Each stage gets min(its cap, time left - RESERVE) through `timeout`; the log gives each rc and seconds.
 #
 # Prepare here, once (wheels the device image lacks; Python 3.12 there; pydantic needs
@@ -114,12 +116,8 @@ main() {
     echo "no .whl/*.whl: using $PYTHON's own packages"
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
   fi
-  if [ "$DEVICE" != cpu ]; then  # (a CPU dry run saves the seconds of importing torch once more)
-    timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,pcie.link.gen.current,pcie.link.width.current \
-      --format=csv
-    timeout 30 "$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda,
-      torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
-  fi
+  [ "$DEVICE" = cpu ] || timeout 20 nvidia-smi --format=csv \
+    --query-gpu=name,driver_version,memory.total,clocks.sm,pcie.link.gen.current,pcie.link.width.current
 
   # 1. exactness
   if [ "$EXACTNESS" = 1 ]; then
@@ -134,7 +132,16 @@ print('T1 offload exact:', r['t1_offload']['exact'], '| merged within tolerance:
     echo "== exactness: skipped (EXACTNESS=$EXACTNESS)"
   fi
 
-  # 2. quick calibration
+  # 2. cuda tests (hazards and exactness of every prefetch mode, which the grid's numbers rely on)
+  if [ "$DEVICE" = cpu ]; then
+    RC[cuda_tests]=skipped
+    echo "== cuda_tests: skipped (DEVICE=cpu)"
+  else
+    stage cuda_tests 45 "$PYTHON" -m pytest -q -m cuda -p no:cacheprovider tests/test_hwprobe_cache.py \
+      tests/test_hwprobe_calibrate.py
+  fi
+
+  # 3. quick calibration
   local profile=()
   if [ "$CALIBRATE" = 1 ]; then
     if stage calibrate 100 "${HW[@]}" calibrate --quick --device "$DEVICE" --out "$OUT/profile.yaml" \
@@ -150,7 +157,7 @@ print('T1 offload exact:', r['t1_offload']['exact'], '| merged within tolerance:
     echo "== calibrate: skipped (CALIBRATE=$CALIBRATE): predictions use the datasheet defaults (h200-sxm catalog)"
   fi
 
-  # 3. the grid, most valuable first: context by context, batch by batch, full / tier / paper in a row
+  # 4. the grid, most valuable first: context by context, batch by batch, full / tier / paper in a row
   echo "-- grid: $STEPS decode steps, re-tier every $RETIER, prompt unprotected (it stands in for an" \
     "already-written chain of thought)"
   local files=() ctx b
@@ -162,7 +169,7 @@ print('T1 offload exact:', r['t1_offload']['exact'], '| merged within tolerance:
   echo "${#files[@]} scenarios: $(for f in "${files[@]}"; do basename "$f" .yaml; done | tr '\n' ' ')"
   local threads=()  # a CPU dry run on one thread: tiny shapes, and no OpenMP spinning on a busy machine
   [ "$DEVICE" = cpu ] && threads=(--threads 1)
-  COLUMNS=160 stage grid "$DEADLINE" "${HW[@]}" validate --device "$DEVICE" "${profile[@]}" "${threads[@]}" \
+  COLUMNS=160 stage grid "$DEADLINE" "${HW[@]}" validate --device "$DEVICE" ${profile[@]+"${profile[@]}"} ${threads[@]+"${threads[@]}"} \
     --out "$OUT/validate.csv" --runs-dir "$WORK/runs" "${files[@]}"
   if [ -s "$OUT/validate.csv" ]; then
     echo "validate.csv: $(tail -n +2 "$OUT/validate.csv" | cut -d, -f1 | uniq | wc -l) of ${#files[@]} scenarios" \
@@ -171,14 +178,6 @@ print('T1 offload exact:', r['t1_offload']['exact'], '| merged within tolerance:
     echo "validate.csv: none written"
   fi
 
-  # 4. cuda tests with what is left
-  if [ "$DEVICE" = cpu ]; then
-    RC[cuda_tests]=skipped
-    echo "== cuda_tests: skipped (DEVICE=cpu)"
-  else
-    stage cuda_tests 60 "$PYTHON" -m pytest -q -m cuda -p no:cacheprovider tests/test_hwprobe_cache.py \
-      tests/test_hwprobe_exactness.py tests/test_hwprobe_run.py tests/test_hwprobe_calibrate.py
-  fi
   finish
   # exit 0 only when the whole grid ran clean and no other stage failed or timed out; a stage
   # skipped on request (EXACTNESS, CALIBRATE, DEVICE=cpu) is fine, one skipped for lack of time is not
