@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.tiers import T1
+from sim.tiers import T1, T2
 
 from .quant import quantize_int8
 from .runtime import OFFLOAD
@@ -62,10 +62,28 @@ class Transit:
     readers: object = None  # copy-stream event recorded at landing: patches issued before it are done
 
 
+class LandingPool:
+    """Pinned host memory offloads land in, allocated once with the cache: the first re-tier
+    demotes about half the context at once, and pinning gigabytes inside the timed loop would be
+    timed as that step's (a serving engine pins its pools up front too). One flat buffer per block
+    part - T1 rows; T2 payload and scales - as large as the host store it lands in, since no
+    re-tier demotes more than the store holds. The previous offload has always landed before the
+    next is launched, so one buffer per part suffices."""
+
+    def __init__(self, rt, stores):
+        parts = {(T1, 0): stores.t1, (T2, 0): stores.t2q, (T2, 1): stores.t2s}  # each [L, cap, B, X]
+        self.parts = {key: rt.host_empty((store.numel(),), store.dtype, True) for key, store in parts.items()}
+
+    def take(self, tier: int, index: int, like):
+        """A view shaped like `like` at the start of that part's buffer."""
+        return self.parts[(tier, index)][: like.numel()].view(like.shape)
+
+
 class OffloadLane:
     def __init__(self, rt, stores, *, asynchronous: bool, prototype: bool, pinned: bool):
         self.rt, self.stores = rt, stores
         self.asynchronous, self.prototype, self.pinned = asynchronous, prototype, pinned
+        self.pool = LandingPool(rt, stores) if pinned and rt.is_cuda else None  # pageable: allocated per offload
         self.pending: Transit | None = None  # in transit: patch staged copies from it
         self.retiring: Transit | None = None  # landed: its blocks wait for their last readers
         self.peak_bytes = 0  # most device memory offload blocks held at once
@@ -88,7 +106,8 @@ class OffloadLane:
             for b in transit.blocks:  # arranged and landing blocks first: allocating (pinning) host
                 # memory is host time, not link time, so it stays out of the busy window below
                 b.sent = tuple(arrange(t, self.prototype, self._kv_split(b, i)) for i, t in enumerate(b.device))
-                b.landing = tuple(rt.host_empty(tuple(t.shape), t.dtype, self.pinned) for t in b.sent)
+                b.landing = tuple(self.pool.take(b.demotion.tier, i, t) if self.pool is not None
+                                  else rt.host_empty(tuple(t.shape), t.dtype, self.pinned) for i, t in enumerate(b.sent))
             start = rt.mark(OFFLOAD)
             for b in transit.blocks:
                 for i, (dst, src) in enumerate(zip(b.landing, b.sent)):
