@@ -66,11 +66,14 @@ class RunContext:
 def build_context(scenario: Scenario, profile: Profile | None = None, profile_path: str | None = None) -> RunContext:
     model = resolve_model(scenario)
     m, p = scenario.model, scenario.policy
-    hw = resolve_hardware(scenario.hardware, m.weight_dtype, p.pinned, profile)
+    policy = TierPolicy.from_config(p)
+    stages = policy.tiering and policy.hbm_ratio < 1.0 - policy.evict_ratio  # some tokens sit in T1/T2
+    hw = resolve_hardware(scenario.hardware, m.weight_dtype, p.pinned, profile,
+                          staging=p.prefetch if stages else "none")
     comp = COMPRESSED_DTYPES[p.compressed_dtype]
     t2_layer = KV_TENSORS * model.num_kv_heads * comp.bytes_for(model.head_dim, min(p.compressed_group_size, model.head_dim))
     return RunContext(
-        scenario=scenario, model=model, hw=hw, policy=TierPolicy.from_config(p),
+        scenario=scenario, model=model, hw=hw, policy=policy,
         kv_bytes_per_token_layer=model.kv_bytes_per_token_layer(m.kv_dtype),
         t2_bytes_per_token_layer=t2_layer,
         weights_bytes=model.weight_bytes(m.weight_dtype, m.weight_group_size),

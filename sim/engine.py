@@ -14,7 +14,7 @@ import simpy
 
 from .context import RunContext
 from .evolution import ACTIVE, ATT_T0, ATT_T1, ATT_T2, MV_D2H_T1, MV_D2H_T2, MV_H2D_T1, MV_H2D_T2, StepPlan
-from .physics import LayerCost, decode_layer_cost, layerwise_pipeline, lm_head_s, prefetch_copies_per_layer, retier_copies
+from .physics import LayerCost, decode_layer_cost, layerwise_pipeline, prefetch_copies_per_layer, retier_copies, step_tail_s
 STALL_EPS_S = 1e-12  # below this a "stall" is floating-point noise of summing layer times
 
 
@@ -158,8 +158,8 @@ def run_timing(ctx: RunContext, plan: StepPlan) -> Timing:
             yield from compute(L * layer_s, tl, "forward")
         else:
             yield from compute(L * layer_s, tl, "forward")
-        yield from compute(lm_head_s(ctx.model, ctx.hw, int(row[ACTIVE])) + ctx.hw.step_overhead_s, tl, "lm head + sampling")
-        return L * layer_s + lm_head_s(ctx.model, ctx.hw, int(row[ACTIVE])) + ctx.hw.step_overhead_s
+        yield from compute(step_tail_s(ctx.model, ctx.hw, int(row[ACTIVE])), tl, "lm head + sampling")
+        return L * layer_s + step_tail_s(ctx.model, ctx.hw, int(row[ACTIVE]))
 
     def retier_traffic(s: int, tl: list | None):
         """Offloads (D2H) and promotions (H2D) of the re-tier after step s; returns H2D, D2H bytes."""

@@ -69,13 +69,15 @@ class Hardware:
     gemm_flop_efficiency_by_rows: list[tuple[float, float]]  # (rows, fraction of peak)
     gemm_flop_per_s_by_rows: list[tuple[float, float]] | None  # measured (rows, FLOP/s) if profiled
     attention_flop_per_s: float
-    layer_overhead_s: float
+    layer_overhead_s: float  # device-side fixed cost per layer (launch gaps): adds to its work
     step_overhead_s: float
     runtime_reserve_bytes: float
     copy_engines: int
     h2d: LinkModel
     d2h: LinkModel
     sources: dict[str, str] = field(default_factory=dict)
+    host_layer_s: float = 0.0  # host time to enqueue a layer; a layer takes max(device work, this)
+    host_step_s: float = 0.0  # the same for the rest of a step (embedding, LM head, sampling, bookkeeping)
 
     def gemm_flop_per_s(self, rows: int) -> float:
         """Achieved GEMM FLOP/s with `rows` tokens (= batch in decode)."""
@@ -101,8 +103,11 @@ def _link_model(spec: LinkSpec, direction: str, pinned: bool, profile: Profile |
     return LinkModel(latency, bw, bidir, curve, source)
 
 
-def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile | None = None) -> Hardware:
-    """Datasheet figures x default efficiencies, scenario overrides, then profile measurements."""
+def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile | None = None,
+                     staging: str = "none") -> Hardware:
+    """Datasheet figures x default efficiencies, scenario overrides, then profile measurements.
+    `staging`: how T1/T2 reach attention ("none", or the prefetch mode), which picks the measured
+    fixed costs of the decode loop."""
     gpu = catalog.gpu(hw_cfg.gpu)
     link_spec = catalog.link(hw_cfg.link or gpu.link)
     eff: EfficiencyDefaults = catalog.efficiency_defaults()
@@ -131,6 +136,8 @@ def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile |
         "scenario override" if ov.gemm_flop_efficiency is not None else "default efficiency by rows")
     attn_flop = gpu.bf16_flop_per_s * pick("attention_flop_efficiency", ov.attention_flop_efficiency, eff.attention_flop_efficiency, "default efficiency")
     layer_over = pick("layer_overhead_s", ov.layer_overhead_s, eff.layer_overhead_s, "default")
+    host_layer = pick("host_layer_s", ov.host_layer_s, 0.0, "default: 0 (launches hidden, e.g. CUDA graphs)")
+    host_step = pick("host_step_s", ov.host_step_s, 0.0, "default: 0 (launches hidden, e.g. CUDA graphs)")
     step_over = pick("step_overhead_s", ov.step_overhead_s, eff.step_overhead_s, "default")
     reserve = pick("runtime_reserve_bytes", ov.runtime_reserve_bytes, eff.runtime_reserve_bytes, "default")
     memory = gpu.memory_bytes
@@ -169,7 +176,23 @@ def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile |
         if c.gemm_flop_per_s_by_rows and not fp8 and ov.gemm_flop_efficiency is None:
             measured_gemm = [(float(m), f) for m, f in c.gemm_flop_per_s_by_rows]
             src["gemm_flop_per_s"] = f"{label}, measured by rows"
-        if c.layer_overhead_s is not None and ov.layer_overhead_s is None:
+        loop = c.step_overheads.get(staging)
+        how = f"{label}, tiny decode steps, staging {staging}"
+        if loop is not None and profile.device == "cuda":
+            # timed at tiny dimensions on an asynchronous device: the host's enqueue time, by max
+            if ov.host_layer_s is None:
+                host_layer, src["host_layer_s"] = loop.layer_s, how + " (host-bound)"
+            if ov.host_step_s is None:
+                host_step, src["host_step_s"] = loop.step_s, how + " (host-bound)"
+        elif loop is not None:
+            # a synchronous device: the host's time is the device's, and adds up
+            if ov.layer_overhead_s is None:
+                layer_over, src["layer_overhead_s"] = loop.layer_s, how
+            if ov.step_overhead_s is None:
+                step_over, src["step_overhead_s"] = loop.step_s, how
+        elif c.layer_overhead_s is not None and profile.device == "cuda" and ov.host_layer_s is None:
+            host_layer, src["host_layer_s"] = c.layer_overhead_s, f"{label}, tiny-layer time (host-bound)"
+        elif c.layer_overhead_s is not None and ov.layer_overhead_s is None:
             layer_over, src["layer_overhead_s"] = c.layer_overhead_s, label
 
     h2d = _link_model(link_spec, "h2d", pinned, profile)
@@ -180,5 +203,6 @@ def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile |
         weight_hbm_bytes_per_s=weight_bw, attention_hbm_bytes_per_s=attn_bw, peak_flop_per_s=peak,
         gemm_flop_efficiency_by_rows=gemm_curve, gemm_flop_per_s_by_rows=measured_gemm,
         attention_flop_per_s=attn_flop, layer_overhead_s=layer_over, step_overhead_s=step_over,
-        runtime_reserve_bytes=reserve, copy_engines=engines, h2d=h2d, d2h=d2h, sources=src,
+        runtime_reserve_bytes=reserve, copy_engines=engines, h2d=h2d, d2h=d2h, sources=src, host_layer_s=host_layer,
+        host_step_s=host_step,
     )

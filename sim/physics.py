@@ -21,21 +21,38 @@ def roofline_s(flop: float, bytes_moved: float, flop_per_s: float, bytes_per_s: 
 
 @dataclass(frozen=True)
 class LayerCost:
+    """One layer on the device timeline. Device work = GEMMs + attention + per-layer kernel
+    overhead (launch gaps on the device: additive). `host_s` is the host's time to enqueue the
+    layer; the device runs asynchronously to it (eager CUDA), so the layer takes whichever is
+    longer: max(device work, host_s). host_s = 0 where launches are hidden (CUDA graphs) or the
+    host time is already inside `overhead_s` (a synchronous device, e.g. the CPU)."""
+
     gemm_s: float
     attention_s: float
     overhead_s: float
     flop: float
     hbm_bytes: float
     qkv_share: float = 0.0  # share of gemm_s spent in the q/k/v projection (before attention)
+    host_s: float = 0.0
 
     @property
-    def total_s(self) -> float:
+    def device_s(self) -> float:
         return self.gemm_s + self.attention_s + self.overhead_s
 
     @property
+    def total_s(self) -> float:
+        return max(self.device_s, self.host_s)
+
+    @property
+    def host_bound(self) -> bool:
+        return self.host_s > self.device_s
+
+    @property
     def pre_attention_s(self) -> float:
-        """Norm + QKV projection: what runs before attention needs the staged tokens."""
-        return self.gemm_s * self.qkv_share
+        """Norm + QKV projection: what runs before attention needs the staged tokens (stretched
+        in proportion when the host sets the pace)."""
+        stretch = self.total_s / self.device_s if self.device_s > 0 else 1.0
+        return self.gemm_s * self.qkv_share * stretch
 
     @property
     def post_attention_s(self) -> float:
@@ -73,13 +90,19 @@ def decode_layer_cost(
     attn_s = roofline_s(a_flop, kv_bytes, hw.attention_flop_per_s, hw.attention_hbm_bytes_per_s)
     qkv = model.hidden_size * (model.q_dim + 2 * model.kv_dim)
     return LayerCost(gemm_s, attn_s, hw.layer_overhead_s, g_flop + a_flop, w_bytes + kv_bytes,
-                     qkv_share=qkv / model.active_linear_params_layer())
+                     qkv_share=qkv / model.active_linear_params_layer(), host_s=hw.host_layer_s)
 
 
 def lm_head_s(model: ModelSpec, hw: Hardware, batch: int) -> float:
     """LM head per step: max(2 * V * h * B / gemm FLOP/s, V * h * 2 B / weight bandwidth)."""
     flop = FLOP_PER_MAC * model.vocab_size * model.hidden_size * batch
     return roofline_s(flop, model.lm_head_bytes(), hw.gemm_flop_per_s(batch), hw.weight_hbm_bytes_per_s)
+
+
+def step_tail_s(model: ModelSpec, hw: Hardware, batch: int) -> float:
+    """What a step costs beside its layers: max(LM head + step overhead on the device, the host's
+    time for the rest of the step) - the same composition as a layer's."""
+    return max(lm_head_s(model, hw, batch) + hw.step_overhead_s, hw.host_step_s)
 
 
 def prefill_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, batch: int, prompt_tokens: int) -> float:

@@ -102,6 +102,14 @@ class AttentionPoint(_P):
     rel_spread: float = Field(0.0, ge=0)  # (max - min) / median over samples
 
 
+class StepOverhead(_P):
+    """Fixed costs of hwprobe's decode loop for one way of staging T1/T2 ("none", or a prefetch
+    mode), from tiny-dimension steps at two depths: on a GPU the host's enqueue time."""
+
+    layer_s: float = Field(ge=0)
+    step_s: float = Field(ge=0)
+
+
 class ComputeProfile(_P):
     """Achieved figures the simulator uses, derived from the raw points below."""
 
@@ -113,6 +121,7 @@ class ComputeProfile(_P):
     gemm_flop_per_s_by_rows: list[tuple[int, float]] = []  # (M, achieved FLOP/s), bf16
     layer_overhead_s: float | None = Field(None, ge=0)
     kernel_launch_s: float | None = Field(None, gt=0)  # one small kernel, back to back (eager)
+    step_overheads: dict[str, StepOverhead] = {}  # by prefetch mode ("none": nothing staged)
     attention_backend: str | None = None
     gemm_points: list[GemmPoint] = []
     attention_points: list[AttentionPoint] = []

@@ -16,7 +16,7 @@ import numpy as np
 
 from .capacity import batch_counts, fits, max_batch, memory_trace
 from .context import RunContext, build_context
-from .physics import decode_layer_cost, layerwise_pipeline_s, lm_head_s, prefetch_copies_per_layer, retier_copies
+from .physics import decode_layer_cost, layerwise_pipeline_s, prefetch_copies_per_layer, retier_copies, step_tail_s
 from .profile import Profile
 from .runner import full_hbm_peak_bytes
 from .scenario import Scenario
@@ -38,7 +38,7 @@ def step_time(ctx: RunContext, batch: int, t0: int, t1: int, t2: int) -> StepTim
     cost = decode_layer_cost(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, batch, t0 + t1 + t2,
                              ctx.kv_bytes_per_token_layer, t2, ctx.t2_bytes_per_token_layer)
     layer_s = cost.total_s
-    tail_s = lm_head_s(ctx.model, ctx.hw, batch) + ctx.hw.step_overhead_s
+    tail_s = step_tail_s(ctx.model, ctx.hw, batch)
     compute_s = L * layer_s + tail_s
     pf_bytes = t1 * ctx.kv_bytes_per_token_layer + t2 * ctx.t2_bytes_per_token_layer
     if not ctx.policy.tiering or pf_bytes <= 0 or pol.prefetch == "per_interval":

@@ -45,6 +45,8 @@ class EfficiencyCfg(_Strict):
     gemm_flop_efficiency: float | None = Field(None, gt=0.0, le=1.0)
     attention_flop_efficiency: float | None = Field(None, gt=0.0, le=1.0)
     layer_overhead_s: float | None = Field(None, ge=0.0)
+    host_layer_s: float | None = Field(None, ge=0.0)  # host time to enqueue a layer (eager); max with device time
+    host_step_s: float | None = Field(None, ge=0.0)  # host time per step outside the layers; max with LM head + step overhead
     step_overhead_s: float | None = Field(None, ge=0.0)
     runtime_reserve_bytes: float | None = Field(None, ge=0.0)
 

@@ -334,6 +334,26 @@ def test_cpu_tiny_calibrate_end_to_end(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["cpu.yaml"]  # no temp files left behind
 
 
+def test_step_overheads_time_tiny_decode_loops_in_every_staging_mode():
+    from hwprobe.cache import Runtime
+    from hwprobe.calibrate.backend import CpuBackend
+    from hwprobe.calibrate.step_overhead import MODES, _Loop, measure_step_overheads
+
+    loop = _Loop(Runtime("cpu"), "layerwise_async", 2, 8)
+    assert loop.cache.hw1 > 0 and loop.cache.ring is not None  # the timed steps stage T1 tokens
+    for _ in range(loop.last_timed - loop.cache.step):
+        loop.step()
+    with pytest.raises(RuntimeError, match="more timed steps"):
+        loop.step()  # the next step would re-tier inside the timing
+    result = measure_step_overheads(CpuBackend(), samples=3, min_window_s=1e-4, retier_interval=24)
+    assert set(result["by_prefetch"]) == set(MODES)
+    for mode, r in result["by_prefetch"].items():
+        t1, t2 = r["step_s_at_depths"]
+        assert 0 < t1 and r["layer_s"] >= 0 and r["step_s"] >= 0
+        if r["layer_s"] > 0 and r["step_s"] > 0:  # slope and intercept reproduce both depths
+            assert r["step_s"] + 2 * r["layer_s"] == pytest.approx(t1) and r["step_s"] + 6 * r["layer_s"] == pytest.approx(t2)
+
+
 def test_layer_overhead_times_the_synthetic_models_layer(monkeypatch):
     """The timed call is hwprobe's own layer (through its KV cache) at tiny shapes, once per call."""
     from hwprobe.calibrate.backend import CpuBackend

@@ -7,7 +7,8 @@ import pytest
 from sim import catalog
 from sim.hardware import LinkModel, interp_log2, resolve_hardware
 from sim.memory import activation_bytes, staging_bytes
-from sim.physics import attention_flop, decode_layer_cost, gemm_flop, layerwise_pipeline_s, lm_head_s, roofline_s
+from sim.physics import (attention_flop, decode_layer_cost, gemm_flop, layerwise_pipeline_s, lm_head_s, roofline_s,
+                         step_tail_s)
 from sim.profile import CopyCurve, CopyPoint
 from sim.scenario import HardwareCfg
 
@@ -138,3 +139,75 @@ def test_sync_per_step_step_time_hand_arithmetic():
     copy_s = 28 * (2 * 3.3e-6 + t1 * kv_layer / 15.7e9)  # per layer: K and V copies, pageable Gen5
     assert s.loc[k, "step_s"] == pytest.approx(s.loc[k, "compute_s"] + copy_s, rel=1e-9)
     assert s.loc[k, "stall_s"] == pytest.approx(copy_s, rel=1e-9)
+
+
+def test_an_asynchronous_device_takes_the_longer_of_device_work_and_host_enqueue():
+    m = catalog.model("deepseek-r1-distill-qwen-7b")
+    kv_layer = 2 * 4 * 128 * 2
+    fast = decode_layer_cost(m, hw(), "bf16", 128, 1, 1000, kv_layer)
+    assert fast.host_s == 0 and fast.total_s == pytest.approx(fast.gemm_s + fast.attention_s + 2e-5)
+    host_s = 3 * fast.device_s  # the host needs longer to enqueue the layer than the device to run it
+    slow = decode_layer_cost(m, hw(efficiency={"host_layer_s": host_s}), "bf16", 128, 1, 1000, kv_layer)
+    assert slow.host_bound and slow.total_s == pytest.approx(host_s)  # max, not device + host
+    assert slow.pre_attention_s == pytest.approx(3 * fast.pre_attention_s)  # stretched with the layer
+    assert slow.pre_attention_s + slow.post_attention_s == pytest.approx(slow.total_s)
+    big = decode_layer_cost(m, hw(efficiency={"host_layer_s": host_s}), "bf16", 128, 64, 64 * 30000, kv_layer)
+    assert not big.host_bound and big.total_s == pytest.approx(big.device_s)  # the host runs ahead
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_measured_tiny_layer_time_is_host_time_on_cuda_and_device_time_on_the_cpu(device):
+    from sim.profile import ComputeProfile, LinkProfile, Profile
+
+    prof = Profile(device=device, device_name="test", machine="t", created_utc="2026-11-30T00:00:00Z",
+                   link=LinkProfile(curves=[]), compute=ComputeProfile(layer_overhead_s=1.5e-4))
+    h = resolve_hardware(HardwareCfg(gpu="h200-sxm"), "bf16", pinned=True, profile=prof)
+    if device == "cuda":  # enqueued asynchronously: composes by max; device launch gaps stay the default
+        assert (h.host_layer_s, h.layer_overhead_s) == (1.5e-4, 2e-5)
+        assert "host-bound" in h.sources["host_layer_s"]
+    else:  # synchronous: the host's time is the device's, and adds up
+        assert (h.host_layer_s, h.layer_overhead_s) == (0.0, 1.5e-4)
+
+
+def _profile_with_loops(device: str):
+    from sim.profile import ComputeProfile, LinkProfile, Profile, StepOverhead
+
+    loops = {"none": StepOverhead(layer_s=1e-4, step_s=5e-4), "layerwise_async": StepOverhead(layer_s=2e-4, step_s=6e-4)}
+    return Profile(device=device, device_name="test", machine="t", created_utc="2026-11-30T00:00:00Z",
+                   link=LinkProfile(curves=[]), compute=ComputeProfile(layer_overhead_s=9e-4, step_overheads=loops))
+
+
+def test_decode_loop_costs_follow_the_staging_mode():
+    cuda = _profile_with_loops("cuda")
+    h = resolve_hardware(HardwareCfg(gpu="h200-sxm"), "bf16", pinned=True, profile=cuda, staging="layerwise_async")
+    assert (h.host_layer_s, h.host_step_s, h.layer_overhead_s, h.step_overhead_s) == (2e-4, 6e-4, 2e-5, 2e-4)
+    h = resolve_hardware(HardwareCfg(gpu="h200-sxm"), "bf16", pinned=True, profile=cuda, staging="none")
+    assert (h.host_layer_s, h.host_step_s) == (1e-4, 5e-4)
+    # a mode the profile lacks falls back to the one-layer figure
+    h = resolve_hardware(HardwareCfg(gpu="h200-sxm"), "bf16", pinned=True, profile=cuda, staging="per_interval")
+    assert (h.host_layer_s, h.host_step_s) == (9e-4, 0.0)
+    cpu = resolve_hardware(HardwareCfg(gpu="h200-sxm"), "bf16", pinned=True, profile=_profile_with_loops("cpu"),
+                           staging="layerwise_async")
+    assert (cpu.host_layer_s, cpu.host_step_s, cpu.layer_overhead_s, cpu.step_overhead_s) == (0.0, 0.0, 2e-4, 6e-4)
+
+
+def test_step_tail_is_the_longer_of_device_and_host():
+    m = catalog.model("deepseek-r1-distill-qwen-7b")
+    device_tail = lm_head_s(m, hw(), 4) + 2e-4
+    assert step_tail_s(m, hw(), 4) == pytest.approx(device_tail)
+    assert step_tail_s(m, hw(efficiency={"host_step_s": 10 * device_tail}), 4) == pytest.approx(10 * device_tail)
+
+
+@pytest.mark.parametrize("kind, prefetch, staging", [("full_hbm", "layerwise_async", "none"),
+                                                      ("evict_only", "layerwise_async", "none"),
+                                                      ("tiered", "sync_per_step", "sync_per_step"),
+                                                      ("tiered", "layerwise_async", "layerwise_async")])
+def test_a_scenario_picks_the_loop_costs_of_its_staging(kind, prefetch, staging):
+    from sim.context import build_context
+    from sim.scenario import scenario_from_dict
+
+    sc = scenario_from_dict({"name": "s", "model": {"name": "deepseek-r1-distill-qwen-7b"},
+                             "policy": {"kind": kind, "prefetch": prefetch, "pinned": prefetch != "sync_per_step"}}, "t")
+    h = build_context(sc, _profile_with_loops("cuda")).hw
+    expected = {"none": 1e-4, "layerwise_async": 2e-4}.get(staging, 9e-4)
+    assert h.host_layer_s == expected

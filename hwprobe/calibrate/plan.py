@@ -49,6 +49,7 @@ class Plan:
     attention_shapes: tuple[Shape, ...]
     attention_batches: tuple[int, ...]
     attention_contexts: tuple[int, ...]
+    loop_retier_interval: int = 256  # tiny decode-loop runs of step_overhead.py: warm-up steps, timed-step room
 
     @property
     def drift_copy_bytes(self) -> int:
@@ -69,8 +70,8 @@ class Plan:
 
     def total_steps(self, device: str) -> int:
         """Progress steps: one per measured point, plus the fixed ones (device copy, launch,
-        layer overhead, two under-load samples, two drift re-checks)."""
-        fixed = 7
+        layer overhead, step overheads, two under-load samples, two drift re-checks)."""
+        fixed = 8
         return (self.copy_curves(device) * len(self.copy_sizes_bytes) + len(self.concurrent_sizes_bytes)
                 + len(self.gemm_shapes) * len(self.gemm_rows) + len(self.peak_sizes)
                 + len(self.attention_shapes) * len(self.attention_batches) * len(self.attention_contexts)
@@ -102,7 +103,8 @@ def make_plan(device: str, quick: bool = False, tiny: bool = False) -> Plan:
             name="tiny", samples=3, min_window_s=TINY_MIN_WINDOW_S,
             copy_sizes_bytes=powers_of_two(4 * KiB, 256 * KiB, 4), concurrent_sizes_bytes=(64 * KiB, 256 * KiB),
             device_copy_bytes=1 * MiB, gemm_shapes=((m7.kv_dim, h),), gemm_rows=(1, 8), peak_sizes=(256,),
-            attention_shapes=(m7_attention,), attention_batches=(1,), attention_contexts=(256, 1024))
+            attention_shapes=(m7_attention,), attention_batches=(1,), attention_contexts=(256, 1024),
+            loop_retier_interval=24)
     if device == "cuda" and quick:
         return Plan(
             name="quick", samples=3, min_window_s=MIN_WINDOW_S,

@@ -16,9 +16,9 @@ from datetime import datetime, timezone
 from importlib import metadata
 from typing import Any, Callable
 
-from sim.profile import ComputeProfile, CopyCurve, LinkProfile, Profile
+from sim.profile import ComputeProfile, CopyCurve, LinkProfile, Profile, StepOverhead
 
-from . import attention, checks, copies, device_copy, fmt, gemm, layer_overhead
+from . import attention, checks, copies, device_copy, fmt, gemm, layer_overhead, step_overhead
 from .env import GpuMonitor, NvmlUnavailable, driver_versions, host_info, nvml_session, throttle_reason_names, torch_info
 from .plan import LOAD_WINDOW_S, Plan, max_copy_bytes
 
@@ -41,6 +41,7 @@ class Measurements:
     device_copy: dict = field(default_factory=dict)
     launch: dict = field(default_factory=dict)
     layer: dict = field(default_factory=dict)
+    loop: dict = field(default_factory=dict)
     gemm_points: list = field(default_factory=list)
     peak_points: list = field(default_factory=list)
     attention_points: list = field(default_factory=list)
@@ -97,6 +98,8 @@ def _measure_compute(backend: Any, plan: Plan, monitor: GpuMonitor | None, out: 
     out.launch = device_copy.measure_kernel_launch(backend, **kw)
     on_step("layer overhead (one synthetic layer, tiny shapes)")
     out.layer = layer_overhead.measure_layer_overhead(backend, **kw)
+    on_step("step overheads (tiny decode steps, by prefetch mode)")
+    out.loop = step_overhead.measure_step_overheads(backend, retier_interval=plan.loop_retier_interval, **kw)
     out.gemm_points, skipped = gemm.measure_decode(backend, list(plan.gemm_shapes), list(plan.gemm_rows),
                                                    on_point=on_step, **kw)
     out.skipped += skipped
@@ -192,6 +195,8 @@ def _assemble(backend: Any, quick: bool, out: Measurements, env: dict, monitor: 
         gemm_flop_per_s_by_rows=gemm.flop_per_s_by_rows(out.gemm_points),
         layer_overhead_s=out.layer.get("layer_overhead_s"),
         kernel_launch_s=launch_s,
+        step_overheads={mode: StepOverhead(layer_s=v["layer_s"], step_s=v["step_s"])
+                        for mode, v in out.loop.get("by_prefetch", {}).items()},
         attention_backend=attention.backend_summary(out.attention_points),
         gemm_points=all_gemms,
         attention_points=out.attention_points,
@@ -252,6 +257,7 @@ def calibrate(backend: Any, plan: Plan, *, quick: bool, nvml: Any = None, on_ste
         env["device_copy"] = out.device_copy
         env["kernel_launch"] = out.launch
         env["layer_overhead"] = out.layer | {"kernel_launch_s": out.launch.get("kernel_launch_s")}
+        env["step_overhead"] = out.loop
         env["drift"] = out.drift
         env["conventions"] = {
             "copy_point_bytes_per_s": "copy size / median time of one copy",

@@ -35,6 +35,8 @@ def summary_rows(profile: Profile) -> list[tuple[str, str]]:
         rows.append(("kernel launch", f"{c.kernel_launch_s / US:.2f} us"))
     if c.layer_overhead_s is not None:
         rows.append(("layer overhead", f"{c.layer_overhead_s / US:.1f} us (one synthetic layer at tiny shapes)"))
+    for mode, o in c.step_overheads.items():
+        rows.append((f"decode loop, staging {mode}", f"{o.layer_s / US:.1f} us per layer + {o.step_s / US:.1f} us per step"))
     if profile.copy_engines:
         rows.append(("copy engines", str(profile.copy_engines)))
     return rows
