@@ -142,6 +142,24 @@ def hwprobe_measurer(opts, runs_dir: Path | None = None):
     return run
 
 
+def recorded_measurer(measured_dir: Path):
+    """Scenario -> the summary a past `hwprobe run` kept under measured_dir/<name> (validate's
+    --runs-dir): the model can be re-checked against a GPU's measurements without the GPU."""
+    import json
+
+    def read(sc) -> dict:
+        path = measured_dir / sc.name / "summary.json"
+        try:
+            summary = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"no measured run {path}", field="--measured") from None
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"unreadable measured run {path}: {err}", field="--measured") from None
+        return {**summary, MEMORY_KEY: summary.get("hbm_peak_bytes")}
+
+    return read
+
+
 def _one_line(err: Exception) -> str:
     if isinstance(err, ConfigError):
         return err.line()
@@ -195,8 +213,11 @@ def register(app: typer.Typer) -> None:
         threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (--device cpu)"),
         as_json: bool = typer.Option(False, "--json", help="print rows and error statistics as JSON"),
         runs_dir: Optional[Path] = typer.Option(None, "--runs-dir", help="also keep each measured run directory here"),
+        measured: Optional[Path] = typer.Option(None, "--measured", help="measure nothing: compare with the runs kept "
+                                                "in this directory by an earlier --runs-dir (no device needed)"),
     ) -> None:
-        """Predict each scenario with the simulator, measure it with hwprobe run, compare."""
+        """Predict each scenario with the simulator, measure it with hwprobe run (or read an earlier
+        measurement, --measured), compare."""
         import json
 
         from sim.atomic import write_text_atomic
@@ -207,15 +228,17 @@ def register(app: typer.Typer) -> None:
         from .run_cmd import DeviceUnavailable, fail, resolve_device, with_source
 
         try:
-            dev = resolve_device(device)
+            dev = None if measured else resolve_device(device)
             loaded = [load_scenario(p, set_) for p in scenarios]
+            if measured and not measured.is_dir():
+                raise ConfigError(f"not a directory: {measured}", field="--measured")
         except DeviceUnavailable as err:
             fail("validate", str(err))
         except ConfigError as err:
             fail("validate", err.line())
         predict = simulator_predictor(str(profile) if profile else None)
-        measure = hwprobe_measurer(RunOptions(device=dev, layers=layers, attention=attention, cpu_threads=threads,
-                                              scores=scores), runs_dir)
+        measure = recorded_measurer(measured) if measured else hwprobe_measurer(
+            RunOptions(device=dev, layers=layers, attention=attention, cpu_threads=threads, scores=scores), runs_dir)
         source = {id(sc): path for sc, path in zip(loaded, scenarios)}
 
         def named(fn):
@@ -256,7 +279,7 @@ def register(app: typer.Typer) -> None:
             exit_if_failed()
             return
         print_tables(rows, stats, ratios)
-        if scores == "simulator":
+        if scores == "simulator" and not measured:
             checks = rows[rows["metric"].isin([k for k, _ in CHECKS])]
             off = checks[checks["rel_error"].abs() > 0]
             print("re-tier decisions replayed from the simulator: traffic and host memory "

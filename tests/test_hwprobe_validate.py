@@ -182,6 +182,25 @@ def test_a_failing_scenario_is_one_line_and_the_grid_goes_on(scenario_file, tmp_
     assert rows.loc[("tiny-validate", "throughput_tok_per_s"), "measured"] > 0  # measured after the failure
 
 
+def test_measured_runs_are_revalidated_without_a_device(scenario_file, tmp_path):
+    out, again = tmp_path / "live.csv", tmp_path / "again.csv"
+    before = torch.get_num_threads()
+    res = runner.invoke(app, ["validate", "--device", "cpu", "--threads", "1", "--out", str(out),
+                              "--runs-dir", str(tmp_path / "runs"), str(scenario_file)])
+    torch.set_num_threads(before)
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["validate", "--measured", str(tmp_path / "runs"), "--out", str(again), str(scenario_file)])
+    assert res.exit_code == 0, res.output  # no --device: nothing runs (this machine has no GPU)
+    pd.testing.assert_frame_equal(pd.read_csv(out), pd.read_csv(again))
+    # with another model of the hardware the predictions change, the measurements do not
+    res = runner.invoke(app, ["validate", "--measured", str(tmp_path / "runs"), "--out", str(again),
+                              "--set", "hardware.efficiency.layer_overhead_s=0.01", str(scenario_file)])
+    a, b = pd.read_csv(out), pd.read_csv(again)
+    assert (a["measured"] == b["measured"]).all() and not (a["predicted"] == b["predicted"]).all()
+    res = runner.invoke(app, ["validate", "--measured", str(tmp_path / "nothing"), str(scenario_file)])
+    assert res.exit_code == 2 and "--measured" in res.stderr and res.stderr.strip().count("\n") == 0
+
+
 def test_validate_bad_scenario_one_line(scenario_file):
     res = runner.invoke(app, ["validate", "--device", "cpu", "--set", "workload.batch_size=0", str(scenario_file)])
     assert res.exit_code == 2
