@@ -294,7 +294,7 @@ def _summarise(scenario, spec, rt, model, cache, raw: _Raw, scale: float, n_laye
         "hbm_peak_source": ("torch.cuda.max_memory_allocated (excludes CUDA context and allocator reserve)"
                             if rt.is_cuda else "estimate: tracked tensor bytes of weights + T0 + staging "
                                                "+ attention workspace + offloads in flight"),
-        # parts of the device memory peak the simulator does not model, so validation can explain a gap
+        # parts of the device memory peak, so validation can explain a gap (the simulator has no workspace)
         "attention_workspace_bytes": float(cache.attention_workspace_bytes()),
         "offload_in_flight_peak_bytes": float(cache.lane.peak_bytes * scale),
         "host_peak_bytes": float(max(raw.host_bytes, default=0)) * scale,

@@ -61,8 +61,8 @@ def print_summary(s: dict) -> None:
         ("decode throughput", _fmt(s["throughput_tok_per_s"], " tok/s")),
         ("TPOT p50 / p99", f"{_fmt(s['tpot_p50_s'], ' ms', MS)} / {_fmt(s['tpot_p99_s'], ' ms', MS)}"),
         ("device memory peak", _fmt(s["hbm_peak_bytes"], " GB", GB) + f"  [{s['hbm_peak_source']}]"),
-        ("  not in the simulator", f"attention workspace {_fmt(s['attention_workspace_bytes'], ' GB', GB)}, "
-                                  f"offloads in flight {_fmt(s['offload_in_flight_peak_bytes'], ' GB', GB)} (peak)"),
+        ("  of which", f"offloads in flight {_fmt(s['offload_in_flight_peak_bytes'], ' GB', GB)} (peak); "
+                       f"attention workspace {_fmt(s['attention_workspace_bytes'], ' GB', GB)} (not in the simulator)"),
         ("host peak (T1+T2)", _fmt(s["host_peak_bytes"], " GB", GB)),
         ("H2D / D2H bytes", f"{_fmt(s['h2d_bytes'], ' GB', GB)} / {_fmt(s['d2h_bytes'], ' GB', GB)}"),
         ("achieved H2D / D2H", f"{_fmt(s['h2d_achieved_bytes_per_s'], ' GB/s', GB)} / "

@@ -21,6 +21,7 @@ class MemoryTrace:
     host_bytes: np.ndarray
     kv_t0_bytes: np.ndarray
     staging_bytes: np.ndarray
+    transit_bytes: np.ndarray  # a re-tier's demoted K/V gathered on the device, held until it lands
 
     @property
     def hbm_peak_bytes(self) -> float:
@@ -32,8 +33,10 @@ class MemoryTrace:
 
 
 def memory_trace(ctx: RunContext, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray, active: np.ndarray,
-                 after: np.ndarray | None = None) -> MemoryTrace:
-    """HBM(step) = weights + T0 KV + staging for this step's T1/T2 + activations + reserve;
+                 after: np.ndarray | None = None, demoted: np.ndarray | None = None) -> MemoryTrace:
+    """HBM(step) = weights + T0 KV + staging for this step's T1/T2 + activations + reserve, + at a
+    re-tier its demoted tokens (`demoted`, (steps, 2): to T1, to T2), gathered on the device while
+    their T0 slots are still held, until the offload lands;
     host(step) = T1 x full KV bytes + T2 x compressed bytes, the larger of during the forward and
     after the step's re-tier (`after`, (steps, 4) counts: its demotions land on the host and stay).
     Inputs: tokens summed over the batch."""
@@ -44,11 +47,14 @@ def memory_trace(ctx: RunContext, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray
         stage = np.zeros_like(staged_layer, dtype=float)
     kv_t0 = t0 * ctx.kv_bytes_per_token
     act = np.asarray(active, dtype=float) * activation_bytes(ctx.model, 1)  # linear in batch
-    hbm = ctx.weights_bytes + kv_t0 + stage + act + ctx.hw.runtime_reserve_bytes
+    transit = np.zeros_like(kv_t0, dtype=float)
+    if demoted is not None:
+        transit = demoted[:, 0] * ctx.kv_bytes_per_token + demoted[:, 1] * ctx.t2_bytes_per_token
+    hbm = ctx.weights_bytes + kv_t0 + stage + act + transit + ctx.hw.runtime_reserve_bytes
     host = t1 * ctx.kv_bytes_per_token + t2 * ctx.t2_bytes_per_token
     if after is not None:
         host = np.maximum(host, after[:, 1] * ctx.kv_bytes_per_token + after[:, 2] * ctx.t2_bytes_per_token)
-    return MemoryTrace(hbm_bytes=hbm, host_bytes=host, kv_t0_bytes=kv_t0, staging_bytes=stage)
+    return MemoryTrace(hbm_bytes=hbm, host_bytes=host, kv_t0_bytes=kv_t0, staging_bytes=stage, transit_bytes=transit)
 
 
 @lru_cache(maxsize=4096)
@@ -65,6 +71,12 @@ class BatchCounts:
     attend: np.ndarray  # (steps, 4)
     after: np.ndarray  # (steps, 4)
     active: np.ndarray  # (steps,)
+
+    @property
+    def net_demoted(self) -> np.ndarray:
+        """(steps, 2): tokens a re-tier adds to T1 and to T2 (net of promotions: the counts carry
+        no churn, which is small next to the first re-tier's demotion that sets the peak)."""
+        return np.maximum(self.after[:, 1:3] - self.attend[:, 1:3], 0)
 
 
 def batch_counts(ctx: RunContext, batch: int, policy: TierPolicy | None = None) -> BatchCounts:
@@ -89,7 +101,7 @@ def batch_counts(ctx: RunContext, batch: int, policy: TierPolicy | None = None) 
 def batch_memory_trace(ctx: RunContext, batch: int, policy: TierPolicy | None = None) -> MemoryTrace:
     """Memory of `batch` sequences (lengths drawn from the workload seed) from tier counts alone."""
     c = batch_counts(ctx, batch, policy)
-    return memory_trace(ctx, c.attend[:, 0], c.attend[:, 1], c.attend[:, 2], c.active, c.after)
+    return memory_trace(ctx, c.attend[:, 0], c.attend[:, 1], c.attend[:, 2], c.active, c.after, c.net_demoted)
 
 
 def fits(trace: MemoryTrace, ctx: RunContext) -> tuple[bool, float, float]:

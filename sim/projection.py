@@ -56,7 +56,7 @@ def project(scenario: Scenario, profile: Profile | None = None, *, samples: int 
     ctx = build_context(scenario, profile)
     batch = scenario.workload.batch_size
     c = batch_counts(ctx, batch)
-    mem = memory_trace(ctx, c.attend[:, 0], c.attend[:, 1], c.attend[:, 2], c.active, c.after)
+    mem = memory_trace(ctx, c.attend[:, 0], c.attend[:, 1], c.attend[:, 2], c.active, c.after, c.net_demoted)
     ok, hbm_short, host_short = fits(mem, ctx)
     out = {
         "fits": ok, "hbm_peak_bytes": mem.hbm_peak_bytes, "host_peak_bytes": mem.host_peak_bytes,

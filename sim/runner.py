@@ -58,7 +58,8 @@ def simulate(scenario: Scenario, profile: Profile | None = None, *, profile_path
     ctx = build_context(scenario, profile, profile_path)
     plan = evolve(ctx)
     att = plan.attend
-    mem = memory_trace(ctx, att[:, ATT_T0], att[:, ATT_T1], att[:, ATT_T2], att[:, ACTIVE], plan.after)
+    mem = memory_trace(ctx, att[:, ATT_T0], att[:, ATT_T1], att[:, ATT_T2], att[:, ACTIVE], plan.after,
+                       plan.moves[:, [MV_D2H_T1, MV_D2H_T2]])
     ok, hbm_short, host_short = fits(mem, ctx)
     timing = run_timing(ctx, plan) if ok else None
 
@@ -95,6 +96,7 @@ def simulate(scenario: Scenario, profile: Profile | None = None, *, profile_path
         "hbm_peak_bytes": mem.hbm_peak_bytes,
         "hbm_saved_bytes": full_hbm_peak_bytes(ctx) - mem.hbm_peak_bytes,
         "host_peak_bytes": mem.host_peak_bytes,
+        "offload_in_flight_peak_bytes": float(mem.transit_bytes.max()) if plan.steps else 0.0,
         "runtime_reserve_bytes": ctx.hw.runtime_reserve_bytes,
         "weights_bytes": ctx.weights_bytes,
         "kv_bytes_per_token": ctx.kv_bytes_per_token,

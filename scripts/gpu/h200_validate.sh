@@ -25,7 +25,9 @@
 # exactness.json, profile.yaml (if calibrated), validate.csv and validate.ratios.csv (tiered and paper
 # throughput over full_hbm's, same shape; both rewritten after every scenario), validate.errors.csv (only
 # when the whole grid finished) and work.tgz (generated scenarios + one run directory per scenario).
-# Afterwards commit the profile and the CSVs under scenarios/hardware/measured/.
+# Afterwards commit the profile and the CSVs under scenarios/hardware/measured/ (and the run directories:
+# with them, `hwprobe validate --measured runs --profile profile.yaml grid/*.yaml` re-predicts the grid
+# on any machine, so later model changes can be checked against this GPU without it).
 #
 # Dry run on a CPU (what tests/test_gpu_script.py does, in seconds):
 #   DEVICE=cpu PYTHON=.venv/bin/python CALIBRATE=0 BATCHES="1 2" CONTEXTS=64 STEPS=24 RETIER=8 RECENT=8 \
