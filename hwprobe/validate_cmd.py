@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Callable, List, Optional
 
@@ -252,9 +253,19 @@ def register(app: typer.Typer) -> None:
         out_path = out or default_run_path("validate", ".csv")
         ratios_path = out_path.with_suffix(".ratios.csv")
 
+        clock = [time.monotonic()]
+
         def keep(so_far: pd.DataFrame) -> None:  # after every scenario: a cut-short grid keeps its rows
             write_text_atomic(out_path, so_far.to_csv(index=False))
             write_text_atomic(ratios_path, ratio_rows(loaded, so_far).to_csv(index=False))
+            done = so_far["scenario"].nunique()
+            last = so_far.iloc[-len(COMPARED):].set_index("metric")
+            now = time.monotonic()
+            elapsed_s, clock[0] = now - clock[0], now
+            print(f"[{done}/{len(loaded)}] {last['scenario'].iloc[0]}: throughput predicted "
+                  f"{_cell(last.at['throughput_tok_per_s', 'predicted'])}, measured "
+                  f"{_cell(last.at['throughput_tok_per_s', 'measured'])} tok/s ({elapsed_s:.0f} s)",
+                  file=sys.stderr, flush=True)
 
         failed = []
 
