@@ -31,6 +31,7 @@ from sim.units import GB, KV_TENSORS, MS
 from .cache import CacheGeometry, CacheOptions, Runtime, TieredKVCache
 from .cache.plan import TierPeaks, batch_peaks
 from .model import ModelShapes, SyntheticTransformer
+from .model.qlinear import QUANTISED_WEIGHTS, int4_supported
 
 STEP_COLUMNS = ["step", "t_s", "step_s", "compute_s", "stall_s", "h2d_bytes", "d2h_bytes",
                 "tokens_t0", "tokens_t1", "tokens_t2", "tokens_t3", "hbm_bytes", "host_bytes", "batch_active"]
@@ -92,6 +93,21 @@ def _run_dtype_name(scenario: Scenario, opts: RunOptions) -> str:
     return scenario.model.kv_dtype if scenario.model.kv_dtype in ("bf16", "fp16") else "bf16"
 
 
+def _weight_dtype(scenario: Scenario, shapes: ModelShapes, run_dtype: str) -> tuple[str, int]:
+    """(weight dtype the synthetic model runs, group): int4 where the scenario asks for it and
+    every projection's shape suits the kernel, else the activation dtype."""
+    want, group = scenario.model.weight_dtype, scenario.model.weight_group_size
+    if want not in QUANTISED_WEIGHTS:
+        return run_dtype, group
+    s = shapes
+    for out_f, in_f in ((s.q_dim + 2 * s.kv_dim, s.hidden), (s.hidden, s.q_dim), (GATE_UP * s.intermediate, s.hidden),
+                        (s.hidden, s.intermediate)):
+        why = int4_supported(out_f, in_f, group)
+        if why:
+            raise ConfigError(f"int4 weights for a {out_f} x {in_f} projection: {why}", field="model.weight_group_size")
+    return want, group
+
+
 def _available_bytes(rt) -> float:
     if rt.is_cuda:
         free, _ = rt.torch.cuda.mem_get_info(rt.device)
@@ -100,11 +116,13 @@ def _available_bytes(rt) -> float:
 
 
 def estimate_device_bytes(shapes: ModelShapes, layers: int, batch: int, peaks: TierPeaks, itemsize: int,
-                          staging_buffers: int, prefetch: str) -> float:
-    """Weights + T0 + staging + activations for `layers` layers, to pick a subset that fits."""
+                          staging_buffers: int, prefetch: str, layer_weight_bytes: float | None = None) -> float:
+    """Weights + T0 + staging + activations for `layers` layers, to pick a subset that fits.
+    layer_weight_bytes: one layer's weights (default: its parameters at `itemsize`)."""
     row = KV_TENSORS * shapes.kv_dim * itemsize  # one token, one layer
     staged_layers = staging_buffers + 1 if prefetch == "layerwise_async" else layers + 1
-    per_layer = shapes.layer_params() * itemsize + batch * peaks.t0 * row
+    weights = shapes.layer_params() * itemsize if layer_weight_bytes is None else layer_weight_bytes
+    per_layer = weights + batch * peaks.t0 * row
     widest = max(GATE_UP * shapes.intermediate, shapes.q_dim + 2 * shapes.kv_dim, shapes.hidden)
     fixed = (shapes.non_layer_params() * itemsize + batch * shapes.vocab * LOGIT_BYTES
              + ACTIVATION_COPIES * batch * widest * itemsize + staged_layers * batch * (peaks.t1 + peaks.t2) * row)
@@ -112,17 +130,22 @@ def estimate_device_bytes(shapes: ModelShapes, layers: int, batch: int, peaks: T
 
 
 def choose_layers(rt, shapes: ModelShapes, requested: int | None, batch: int, peaks: TierPeaks, itemsize: int,
-                  policy_cfg) -> int:
+                  policy_cfg, layer_weight_bytes: float | None = None) -> int:
     total = shapes.layers
     if requested is not None:
         if requested < 1:
             raise ConfigError(f"--layers: expected at least 1, got {requested}")
         return min(requested, total)
     budget = MEMORY_HEADROOM * _available_bytes(rt)
+
+    def need(n: int) -> float:
+        return estimate_device_bytes(shapes, n, batch, peaks, itemsize, policy_cfg.staging_buffers,
+                                     policy_cfg.prefetch, layer_weight_bytes)
+
     for n in range(total, 0, -1):
-        if estimate_device_bytes(shapes, n, batch, peaks, itemsize, policy_cfg.staging_buffers, policy_cfg.prefetch) <= budget:
+        if need(n) <= budget:
             return n
-    need = estimate_device_bytes(shapes, 1, batch, peaks, itemsize, policy_cfg.staging_buffers, policy_cfg.prefetch)
+    need = need(1)
     raise ConfigError(f"does not fit on {rt.device}: one layer alone needs {need / GB:.2f} GB, "
                       f"{budget / GB:.2f} GB usable")
 
@@ -163,19 +186,23 @@ def measure(scenario: Scenario, opts: RunOptions) -> Measurement:
     peaks = batch_peaks(policy, w.prompt_tokens, lengths) if policy.tiering else TierPeaks(
         w.prompt_tokens + int(lengths.max()), 0, 0)
     full = ModelShapes.from_spec(spec)
-    n_layers = choose_layers(rt, full, opts.layers, w.batch_size, peaks, itemsize, p)
+    weight_dtype, group = _weight_dtype(scenario, full, dtype_name)
+    layer_weights = spec.layer_weight_bytes(weight_dtype, group) if weight_dtype in QUANTISED_WEIGHTS else None
+    n_layers = choose_layers(rt, full, opts.layers, w.batch_size, peaks, itemsize, p, layer_weights)
     shapes = ModelShapes.from_spec(spec, n_layers)
     scale = full.layers / n_layers
     notes = []
     if n_layers < full.layers:
         notes.append(f"ran {n_layers} of {full.layers} layers; per-layer time, bytes and memory scaled x{scale:.3g}")
-    if scenario.model.weight_dtype != dtype_name:
-        notes.append(f"weights run in {dtype_name} (scenario says {scenario.model.weight_dtype}): "
-                     "the synthetic model has no quantised GEMM kernels")
+    if weight_dtype in QUANTISED_WEIGHTS:
+        notes.append(f"{weight_dtype} weights: torch's tinygemm kernels, groups of {group} with a bf16 scale and zero")
+    elif scenario.model.weight_dtype != dtype_name:
+        notes.append(f"weights run in {dtype_name} (scenario says {scenario.model.weight_dtype}): torch has no "
+                     f"{scenario.model.weight_dtype} weight-only kernel fit for timing")
     if scenario.model.kv_dtype != dtype_name:
         notes.append(f"KV runs in {dtype_name} (scenario says {scenario.model.kv_dtype})")
 
-    model = SyntheticTransformer(shapes, rt.device, dtype, w.seed + SEED_MODEL)
+    model = SyntheticTransformer(shapes, rt.device, dtype, w.seed + SEED_MODEL, weight_dtype, group)
     geom = CacheGeometry(n_layers, w.batch_size, shapes.kv_heads, shapes.head_dim)
     _warm_up(rt, model, w.batch_size, dtype)
     replay = sequence_tiers(scenario, policy, lengths) if opts.scores == "simulator" else None
@@ -309,7 +336,7 @@ def _summarise(scenario, spec, rt, model, cache, raw: _Raw, scale: float, n_laye
         "offloaded_tokens": int(cache.offloaded_tokens), "evicted_tokens": int(cache.evicted_tokens),
         "final_tokens_per_tier": {f"t{i}": int(counts[-1, i]) for i in TIERS} if n else {},
         "layers_model": int(round(n_layers * scale)), "layers_run": n_layers, "layer_scale": scale,
-        "run_dtype": dtype_name, "attention": opts.attention, "prefill": opts.prefill, "scores": opts.scores,
+        "run_dtype": dtype_name, "weight_dtype_run": model.weight_dtype, "attention": opts.attention, "prefill": opts.prefill, "scores": opts.scores,
         "weights_bytes": float(model.non_layer_bytes() + (model.weight_bytes() - non_layer) * scale),
         "rope": True, "notes": notes,
         "versions": {"torch": torch.__version__, "cuda": torch.version.cuda or "none", "python": platform.python_version()},

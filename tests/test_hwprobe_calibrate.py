@@ -294,13 +294,20 @@ def _assert_sane_profile(profile, device):
     assert link.bidirectional_h2d_bytes_per_s > 0 and link.bidirectional_d2h_bytes_per_s > 0
     c = profile.compute
     assert [m for m, _ in c.gemm_flop_per_s_by_rows] == [1, 8]
-    decode = [p for p in c.gemm_points if p.m in (1, 8)]
+    bf16 = [p for p in c.gemm_points if p.dtype == "bf16"]
+    decode = [p for p in bf16 if p.m in (1, 8)]
     assert {(p.n, p.k) for p in decode} == {(512, 3584)}  # the 7B model's k/v projection
     for p in c.gemm_points:
         assert p.flop_per_s == pytest.approx(2 * p.m * p.n * p.k / p.time_s)
         assert p.best_flop_per_s >= p.flop_per_s
-    assert c.peak_flop_per_s["bf16"] == max(p.flop_per_s for p in c.gemm_points)
+    assert c.peak_flop_per_s["bf16"] == max(p.flop_per_s for p in bf16)
     assert c.weight_hbm_bytes_per_s["bf16"] > 0 and c.device_copy_bytes_per_s > 0
+    # the int4 projections the synthetic model runs, their bytes counted as the simulator counts int4
+    int4 = [p for p in c.gemm_points if p.dtype == "int4"]
+    assert {(p.m, p.n, p.k) for p in int4} == {(1, 512, 3584), (8, 512, 3584)}
+    sim_bytes = 512 * 3584 / 2 + 512 * 3584 / 128 * 2
+    assert all(p.weight_bytes_per_s == pytest.approx(sim_bytes / p.time_s) for p in int4)
+    assert c.weight_hbm_bytes_per_s["int4"] == max(p.weight_bytes_per_s for p in int4 if p.m == 1)
     assert c.attention_hbm_bytes_per_s > 0 and c.attention_backend
     assert {p.context_tokens for p in c.attention_points} == {256, 1024}
     assert all(p.num_heads == 28 and p.num_kv_heads == 4 for p in c.attention_points)

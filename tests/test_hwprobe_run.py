@@ -249,7 +249,7 @@ def test_synthetic_model_sizes_match_its_tensors():
 
     shapes = ModelShapes.from_spec(catalog.model_from_hf_config(REPO / "scenarios" / "models" / "tiny-qwen2.json"))
     model = SyntheticTransformer(shapes, "cpu", torch.float32, seed=0)
-    tensors = [v for v in vars(model).values() if isinstance(v, torch.Tensor)]
-    tensors += [t for layer in model.layers for t in layer.values()]
+    tensors = model.tensors()
+    assert len({t.data_ptr() for t in tensors}) == len(tensors)  # each counted once
     assert sum(t.numel() for t in tensors) == shapes.layers * shapes.layer_params() + shapes.non_layer_params()
     assert model.weight_bytes() == 4 * sum(t.numel() for t in tensors)

@@ -104,6 +104,7 @@ def implausible(profile: Profile, gpu: GpuSpec | None, link: LinkPeak | None) ->
     hbm = gpu.hbm_bytes_per_s
     rates = [("device-to-device copy (read + written)", c.device_copy_bytes_per_s),
              ("weight streaming (bf16)", c.weight_hbm_bytes_per_s.get("bf16")),
+             ("weight streaming (int4, simulator bytes)", c.weight_hbm_bytes_per_s.get("int4")),
              ("attention K/V streaming", c.attention_hbm_bytes_per_s)]
     out += [_over(label, r, hbm, f"{sheet} memory bandwidth") for label, r in rates if r and r > hbm]
     return out

@@ -67,6 +67,50 @@ def measure_decode(backend: Any, shapes: list[tuple[int, int]], rows: list[int],
     return points, skipped
 
 
+INT4_MAX_ROWS = 8  # weight-only int4 serves small batches; larger M is compute-bound and bf16-like
+
+
+def measure_decode_int4(backend: Any, shapes: list[tuple[int, int]], rows: list[int], *, samples: int,
+                        group: int = 128, min_window_s: float = MIN_WINDOW_S,
+                        on_point: Callable[[str], None] = lambda label: None) -> tuple[list[GemmPoint], list[str]]:
+    """The synthetic model's int4 projections (hwprobe/model/qlinear.py: torch's tinygemm kernels)
+    at M <= INT4_MAX_ROWS. Weight bytes are counted as the simulator counts int4 (4 bits + one
+    2-byte scale per group, sim/dtypes.py), so its predicted time for the shape is the measured one."""
+    from sim.dtypes import WEIGHT_DTYPES
+
+    from ..model.qlinear import Linear, int4_supported
+
+    torch = backend.torch
+    points, skipped = [], []
+    for n, k in shapes:
+        small = [m for m in rows if m <= INT4_MAX_ROWS]
+        why = int4_supported(n, k, group)
+        sim_bytes = WEIGHT_DTYPES["int4"].bytes_for(n * k, group)
+        bf16_bytes = n * k * DTYPE_BYTES["bf16"]  # the float weight exists while it is quantised
+        copies = 0 if why else rotation_count(int(sim_bytes), backend.cache_bytes, budget_bytes(backend) - bf16_bytes)
+        if copies == 0:
+            skipped.append(f"int4 GEMM N={n} K={k}: {why or 'weights do not fit in free device memory'}")
+            for m in small:
+                on_point(f"int4 GEMM {m}x{n}x{k} (skipped)")
+            continue
+        try:
+            weights = [Linear(random(backend, (n, k), "bf16"), None, "int4", group, torch.bfloat16) for _ in range(copies)]
+        except (RuntimeError, NotImplementedError) as err:  # a torch build without the kernel
+            skipped.append(f"int4 GEMM N={n} K={k}: {str(err).splitlines()[0]}")
+            for m in small:
+                on_point(f"int4 GEMM {m}x{n}x{k} (skipped)")
+            continue
+        for m in small:
+            on_point(f"int4 GEMM {m}x{n}x{k}")
+            x = random(backend, (m, k), "bf16")
+            timing = measure(backend.window(lambda i: weights[i % copies](x), events=True),
+                             samples=samples, min_window_s=min_window_s)
+            p = _point(m, n, k, "bf16", timing)
+            points.append(p.model_copy(update={"dtype": "int4", "weight_bytes_per_s": sim_bytes / timing.median_s}))
+        del weights
+    return points, skipped
+
+
 def square_gemm(backend: Any, size: int, dtype: str = "bf16") -> Callable[[int], Any] | None:
     """fn(i): one size x size x size GEMM into a preallocated output; None when it does not fit."""
     if SQUARE_OPERANDS * size * size * DTYPE_BYTES[dtype] > budget_bytes(backend):

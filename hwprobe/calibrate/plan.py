@@ -73,9 +73,16 @@ class Plan:
         layer overhead, step overheads, two under-load samples, two drift re-checks)."""
         fixed = 8
         return (self.copy_curves(device) * len(self.copy_sizes_bytes) + len(self.concurrent_sizes_bytes)
-                + len(self.gemm_shapes) * len(self.gemm_rows) + len(self.peak_sizes)
+                + len(self.gemm_shapes) * (len(self.gemm_rows) + len(self.int4_rows)) + len(self.peak_sizes)
                 + len(self.attention_shapes) * len(self.attention_batches) * len(self.attention_contexts)
                 + fixed)
+
+    @property
+    def int4_rows(self) -> tuple[int, ...]:
+        """Rows of the int4 weight-only GEMMs (gemm.INT4_MAX_ROWS and below)."""
+        from .gemm import INT4_MAX_ROWS
+
+        return tuple(m for m in self.gemm_rows if m <= INT4_MAX_ROWS)
 
     def summary(self) -> dict:
         return {

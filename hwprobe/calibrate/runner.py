@@ -43,6 +43,7 @@ class Measurements:
     layer: dict = field(default_factory=dict)
     loop: dict = field(default_factory=dict)
     gemm_points: list = field(default_factory=list)
+    int4_points: list = field(default_factory=list)
     peak_points: list = field(default_factory=list)
     attention_points: list = field(default_factory=list)
     under_load: dict = field(default_factory=dict)
@@ -102,6 +103,9 @@ def _measure_compute(backend: Any, plan: Plan, monitor: GpuMonitor | None, out: 
     out.loop = step_overhead.measure_step_overheads(backend, retier_interval=plan.loop_retier_interval, **kw)
     out.gemm_points, skipped = gemm.measure_decode(backend, list(plan.gemm_shapes), list(plan.gemm_rows),
                                                    on_point=on_step, **kw)
+    out.skipped += skipped
+    out.int4_points, skipped = gemm.measure_decode_int4(backend, list(plan.gemm_shapes), list(plan.gemm_rows),
+                                                        on_point=on_step, **kw)
     out.skipped += skipped
     out.peak_points, skipped = gemm.measure_peak(backend, list(plan.peak_sizes), on_point=on_step, **kw)
     out.skipped += skipped
@@ -189,7 +193,8 @@ def _assemble(backend: Any, quick: bool, out: Measurements, env: dict, monitor: 
     launch_s = out.launch.get("kernel_launch_s")
     compute = ComputeProfile(
         device_copy_bytes_per_s=out.device_copy.get("read_plus_written_bytes_per_s"),
-        weight_hbm_bytes_per_s={"bf16": w} if (w := gemm.weight_stream_bytes_per_s(out.gemm_points)) else {},
+        weight_hbm_bytes_per_s={dtype: w for dtype, points in (("bf16", out.gemm_points), ("int4", out.int4_points))
+                                if (w := gemm.weight_stream_bytes_per_s(points))},
         attention_hbm_bytes_per_s=attention.kv_stream_bytes_per_s(out.attention_points),
         peak_flop_per_s={"bf16": max(p.flop_per_s for p in all_gemms)} if all_gemms else {},
         gemm_flop_per_s_by_rows=gemm.flop_per_s_by_rows(out.gemm_points),
@@ -198,7 +203,7 @@ def _assemble(backend: Any, quick: bool, out: Measurements, env: dict, monitor: 
         step_overheads={mode: StepOverhead(layer_s=v["layer_s"], step_s=v["step_s"])
                         for mode, v in out.loop.get("by_prefetch", {}).items()},
         attention_backend=attention.backend_summary(out.attention_points),
-        gemm_points=all_gemms,
+        gemm_points=all_gemms + out.int4_points,
         attention_points=out.attention_points,
     )
     host = env["host"]

@@ -23,8 +23,8 @@ def summary_rows(profile: Profile) -> list[tuple[str, str]]:
     c = profile.compute
     if c.device_copy_bytes_per_s:
         rows.append(("device copy (read + written)", fmt.rate(c.device_copy_bytes_per_s)))
-    if "bf16" in c.weight_hbm_bytes_per_s:
-        rows.append(("weight streaming bf16 (small M)", fmt.rate(c.weight_hbm_bytes_per_s["bf16"])))
+    for dtype, rate in c.weight_hbm_bytes_per_s.items():
+        rows.append((f"weight streaming {dtype} (small M)", fmt.rate(rate)))
     if "bf16" in c.peak_flop_per_s:
         rows.append(("peak GEMM bf16", fmt.flops(c.peak_flop_per_s["bf16"])))
     for m, flop_per_s in c.gemm_flop_per_s_by_rows:

@@ -17,8 +17,11 @@ from functools import cached_property
 
 from sim.model_spec import ModelSpec
 
+from .qlinear import Linear
+
 NORM_EPS = 1e-6
 GATE_UP = 2  # gate and up projections fused in one matrix
+LINEARS = ("qkv", "o", "gate_up", "down")  # a layer's projections
 BIAS_STD = 0.1  # q/k/v biases: small next to the N(0, 1)-scale projections
 ROPE_THETA = 10000.0  # HF default when config.json has no rope_theta
 
@@ -94,10 +97,14 @@ class Rope:
 
 
 class SyntheticTransformer:
-    def __init__(self, shapes: ModelShapes, device, dtype, seed: int):
+    def __init__(self, shapes: ModelShapes, device, dtype, seed: int, weight_dtype: str | None = None,
+                 group: int = 128):
+        """weight_dtype "int4": the layers' projections are weight-only int4 (qlinear.py), as the
+        simulator's weight bytes count them; embedding, LM head and norms stay in `dtype`."""
         import torch
 
         self.torch, self.shapes, self.dtype = torch, shapes, dtype
+        self.weight_dtype = weight_dtype  # None: the activation dtype
         self.device = torch.device(device)
         g = torch.Generator(device=self.device).manual_seed(seed)
         s = shapes
@@ -109,18 +116,20 @@ class SyntheticTransformer:
         def ones(n: int):
             return torch.ones(n, device=self.device, dtype=dtype)
 
+        def linear(out_f: int, in_f: int, bias=None):
+            return Linear(weight(out_f, in_f), bias, weight_dtype or "bf16", group, dtype)
+
         qkv_out = s.q_dim + 2 * s.kv_dim
         self.layers = []
         for _ in range(s.layers):
             self.layers.append({
                 "ln1": ones(s.hidden),
-                "wqkv": weight(qkv_out, s.hidden),
-                "bqkv": (torch.randn(qkv_out, generator=g, device=self.device, dtype=dtype).mul_(BIAS_STD)
-                         if s.qkv_bias else None),
-                "wo": weight(s.hidden, s.q_dim),
+                "qkv": linear(qkv_out, s.hidden, torch.randn(qkv_out, generator=g, device=self.device, dtype=dtype)
+                              .mul_(BIAS_STD) if s.qkv_bias else None),
+                "o": linear(s.hidden, s.q_dim),
                 "ln2": ones(s.hidden),
-                "wgu": weight(GATE_UP * s.intermediate, s.hidden),
-                "wdown": weight(s.hidden, s.intermediate),
+                "gate_up": linear(GATE_UP * s.intermediate, s.hidden),
+                "down": linear(s.hidden, s.intermediate),
             })
         self.embedding = torch.randn((s.vocab, s.hidden), generator=g, device=self.device, dtype=dtype)
         self.final_norm = ones(s.hidden)
@@ -128,9 +137,16 @@ class SyntheticTransformer:
         self.rope = Rope(s.head_dim, s.rope_theta, self.device)  # a buffer, not weights: not in the sizes
         self._rope_step = None  # (weakref to the cache, its step, cos, sin): computed once per step
 
+    def tensors(self) -> list:
+        """Every weight tensor (norms, biases, packed int4 weights and their scales included)."""
+        out = [self.embedding, self.final_norm] + ([] if self.shapes.tie_embeddings else [self.lm_head])
+        for p in self.layers:
+            out += [p["ln1"], p["ln2"]] + [t for key in LINEARS for t in p[key].tensors]
+            out += [p["qkv"].bias] if p["qkv"].bias is not None else []
+        return out
+
     def weight_bytes(self) -> int:
-        itemsize = self.torch.empty((), dtype=self.dtype).element_size()
-        return (self.shapes.layers * self.shapes.layer_params() + self.shapes.non_layer_params()) * itemsize
+        return sum(t.numel() * t.element_size() for t in self.tensors())
 
     def non_layer_bytes(self) -> int:
         return self.shapes.non_layer_params() * self.torch.empty((), dtype=self.dtype).element_size()
@@ -144,8 +160,8 @@ class SyntheticTransformer:
 
     def _mlp(self, x, p):
         F = self.torch.nn.functional
-        gate, up = F.linear(self._norm(x, p["ln2"]), p["wgu"]).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, p["wdown"])
+        gate, up = p["gate_up"](self._norm(x, p["ln2"])).chunk(2, dim=-1)
+        return x + p["down"](F.silu(gate) * up)
 
     def rope_for_step(self, cache):
         """cos, sin [B, 1, head_dim] at each row's new token (position n - 1 after begin_step), computed
@@ -162,12 +178,12 @@ class SyntheticTransformer:
     def _qkv_heads(self, x, p):
         """x [..., hidden] -> [..., heads + 2 kv_heads, head_dim]: q heads, then k, then v."""
         s = self.shapes
-        qkv = self.torch.nn.functional.linear(self._norm(x, p["ln1"]), p["wqkv"], p["bqkv"])
+        qkv = p["qkv"](self._norm(x, p["ln1"]))
         return qkv.view(*x.shape[:-1], s.heads + 2 * s.kv_heads, s.head_dim)
 
     def layer(self, index: int, x, cache):
         """One layer for one new token per row: x [B, hidden]."""
-        F, s, p = self.torch.nn.functional, self.shapes, self.layers[index]
+        s, p = self.shapes, self.layers[index]
         cos, sin = self.rope_for_step(cache)
         cache.layer_start(index)
         heads = self._qkv_heads(x, p)
@@ -175,7 +191,7 @@ class SyntheticTransformer:
         q, k = qk.split((s.heads, s.kv_heads), dim=1)
         b = x.shape[0]
         o = cache.attend(index, q.view(b, s.kv_heads, s.group, s.head_dim), k, heads[:, s.heads + s.kv_heads:])
-        x = x + F.linear(o.reshape(b, s.q_dim), p["wo"])
+        x = x + p["o"](o.reshape(b, s.q_dim))
         return self._mlp(x, p)
 
     def head(self, x):
@@ -204,6 +220,6 @@ class SyntheticTransformer:
             v = heads[:, :, s.heads + s.kv_heads:].transpose(1, 2)
             cache.write_prompt(i, k, v)  # rotated K, as real models cache it
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-            x = x + F.linear(o.transpose(1, 2).reshape(b, n, s.q_dim), p["wo"])
+            x = x + p["o"](o.transpose(1, 2).reshape(b, n, s.q_dim))
             x = self._mlp(x, p)
         return self.head(x[:, -1])
