@@ -20,7 +20,7 @@ from tests.conftest import REPO
 SCRIPT = REPO / "scripts" / "gpu" / "h200_validate.sh"
 TINY_MODEL = REPO / "scenarios" / "models" / "tiny-qwen2.json"
 KNOBS = ("DEVICE", "PYTHON", "MODEL_YAML", "BATCHES", "CONTEXTS", "STEPS", "RETIER", "RECENT", "CALIBRATE",
-         "EXACTNESS", "DEADLINE", "RESERVE", "WORK", "OUT", "SITE")
+         "EXACTNESS", "EXTRA_70B", "DEADLINE", "RESERVE", "WORK", "OUT", "SITE")
 
 pytestmark = pytest.mark.skipif(not all(shutil.which(t) for t in ("bash", "timeout", "tar")),
                                 reason="needs bash, coreutils timeout and tar")
@@ -39,7 +39,7 @@ def run_script(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess,
 
 def tiny(**env: str) -> dict:
     return {"MODEL_YAML": f"{{hf_config: {TINY_MODEL}, weight_dtype: bf16, kv_dtype: bf16}}", "STEPS": "24",
-            "RETIER": "8", "RECENT": "8", "CALIBRATE": "0", **env}
+            "RETIER": "8", "RECENT": "8", "CALIBRATE": "0", "EXTRA_70B": "0", **env}
 
 
 def expected_names(batches: str, contexts: str) -> list[str]:
@@ -68,9 +68,14 @@ def test_default_grid_is_the_gpu_grid_and_valid_and_a_spent_deadline_runs_nothin
     assert (out / "work.tgz").is_file()
 
     names = expected_names("1 8 32", "2048 8192")
-    assert f"18 scenarios: {' '.join(names)}" in log
+    extra = ["full-70b-int4-b8-c2048", "tier-70b-int4-b8-c2048"]  # last: only if time is left
+    assert f"20 scenarios: {' '.join(names + extra)}" in log
     grid = tmp_path / "work" / "grid"
-    assert sorted(p.stem for p in grid.glob("*.yaml")) == sorted(names)
+    assert sorted(p.stem for p in grid.glob("*.yaml")) == sorted(names + extra)
+    for name in extra:
+        sc = load_scenario(grid / f"{name}.yaml")
+        assert (sc.model.name, sc.model.weight_dtype, sc.workload.batch_size, sc.policy.kind) == (
+            "deepseek-r1-distill-llama-70b", "int4", 8, "full_hbm" if name.startswith("full") else "tiered")
     for name in names:
         sc = load_scenario(grid / f"{name}.yaml")  # pydantic strict: every field written still exists
         kind, b, c = name.split("-")

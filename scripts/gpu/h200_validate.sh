@@ -9,6 +9,8 @@
 #      and for each batch full_hbm, tiered 50% layerwise_async pinned, paper prototype in a row, so
 #      any finished prefix already gives tiered-vs-full ratios. validate rewrites its CSVs after every
 #      scenario, so a timeout keeps the finished rows; a failing scenario is logged and skipped.
+#      Last, if time is left (EXTRA_70B=0 drops them): R1-Distill-Llama-70B with int4 weights, batch 8,
+#      context 2K, full_hbm and tiered - the whole model on one H200, no layer subset.
 #                                                                           the time left
 # Each stage gets min(its cap, time left - RESERVE) through `timeout`; the log gives each rc and seconds.
 #
@@ -46,6 +48,7 @@ RETIER=${RETIER:-32}     # re-tier interval
 RECENT=${RECENT:-128}    # recent window
 CALIBRATE=${CALIBRATE:-1}  # 0 skips stage 2
 EXACTNESS=${EXACTNESS:-1}  # 0 skips stage 1 (a rerun after a shot that already has it)
+EXTRA_70B=${EXTRA_70B:-1}  # 0 drops the two 70B int4 scenarios at the end of the grid
 DEADLINE=${DEADLINE:-300}  # seconds from the start for the whole script
 RESERVE=${RESERVE:-8}      # kept back from every stage for the ones after it and the tarball
 KILL_AFTER=5               # a stage that ignores SIGTERM is killed this long after its cap
@@ -91,10 +94,10 @@ finish() {  # one tarball of the work dir (generated scenarios, run directories)
   date -u
 }
 
-gen() {  # name batch context kind semantics prefetch pinned -> path of the scenario YAML
+gen() {  # name batch context kind semantics prefetch pinned [model] -> path of the scenario YAML
   cat > "$WORK/grid/$1.yaml" <<EOF
 name: $1
-model: $MODEL_YAML
+model: ${8:-$MODEL_YAML}
 hardware: {gpu: h200-sxm}
 workload: {batch_size: $2, prompt_tokens: $3, reasoning_tokens: $STEPS, seed: 0}
 policy: {kind: $4, semantics: $5, prefetch: $6, pinned: $7, hbm_ratio: 0.5, evict_ratio: 0.1,
@@ -168,6 +171,11 @@ print('T1 offload exact:', r['t1_offload']['exact'], '| merged within tolerance:
     files+=("$(gen "tier-b$b-c$ctx" "$b" "$ctx" tiered global layerwise_async true)")
     files+=("$(gen "paper-b$b-c$ctx" "$b" "$ctx" tiered paper_prototype sync_per_step false)")
   done; done
+  if [ "$EXTRA_70B" = 1 ]; then
+    local m70='{name: deepseek-r1-distill-llama-70b, weight_dtype: int4, weight_group_size: 128, kv_dtype: bf16}'
+    files+=("$(gen full-70b-int4-b8-c2048 8 2048 full_hbm global layerwise_async true "$m70")")
+    files+=("$(gen tier-70b-int4-b8-c2048 8 2048 tiered global layerwise_async true "$m70")")
+  fi
   echo "${#files[@]} scenarios: $(for f in "${files[@]}"; do basename "$f" .yaml; done | tr '\n' ' ')"
   local threads=()  # a CPU dry run on one thread: tiny shapes, and no OpenMP spinning on a busy machine
   [ "$DEVICE" = cpu ] && threads=(--threads 1)
