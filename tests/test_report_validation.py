@@ -72,3 +72,15 @@ def test_table_values_survive_a_round_trip_through_pandas(tmp_path):
     t = load_validation(_write(tmp_path, GOOD))
     again = load_validation(_write(tmp_path, t.to_csv(index=False), "again.csv"))
     pd.testing.assert_frame_equal(t, again)
+
+
+def test_throughput_ratios_beside_the_table_become_one_more_metric(tmp_path):
+    table = _write(tmp_path, GOOD)
+    _write(tmp_path, "scenario,baseline,predicted_ratio,measured_ratio,rel_error\nb,a,0.9,0.75,0.2\n", "v.ratios.csv")
+    t = load_validation(table)
+    ratio = t[t.metric == "throughput_vs_full_hbm"]
+    assert list(ratio.scenario) == ["b"] and ratio.rel_error.iloc[0] == pytest.approx((0.9 - 0.75) / 0.75)
+    assert len(t) == 6  # the five rows of the table, then the ratio
+    _write(tmp_path, "scenario,baseline\nb,a\n", "v.ratios.csv")
+    with pytest.raises(ConfigError, match="missing column"):
+        load_validation(table)

@@ -13,6 +13,8 @@ from ..units import GB, MS
 from .style import PERCENT
 
 REQUIRED_COLUMNS = ("scenario", "metric", "predicted", "measured")
+RATIO_METRIC = "throughput_vs_full_hbm"  # from the `.ratios.csv` validate writes beside its table
+RATIO_COLUMNS = ("scenario", "predicted_ratio", "measured_ratio")
 BANDS = (0.10, 0.25)  # relative-error bands drawn and counted: +-10 % and +-25 %
 
 # metric -> (label, scale to the unit shown, unit); unknown metrics are shown as they are
@@ -25,6 +27,7 @@ METRIC_DISPLAY = {
     "host_peak_bytes": ("host memory peak", 1 / GB, "GB"),
     "h2d_bytes": ("H2D traffic", 1 / GB, "GB"),
     "d2h_bytes": ("D2H traffic", 1 / GB, "GB"),
+    RATIO_METRIC: ("throughput relative to full_hbm", 1.0, "ratio"),
 }
 
 
@@ -76,4 +79,23 @@ def load_validation(path: str | Path) -> pd.DataFrame:
     usable = out.dropna(subset=["predicted", "measured"])
     if usable.empty:
         raise ConfigError("no row has both a predicted and a measured value", source=source)
-    return out.reset_index(drop=True)
+    return pd.concat([out, _ratio_rows(p.with_suffix(".ratios.csv"))], ignore_index=True)
+
+
+def _ratio_rows(path: Path) -> pd.DataFrame:
+    """The throughput ratios to full_hbm validate wrote beside the table, as rows of one more
+    metric; none when the file is absent or holds none."""
+    if not path.is_file():
+        return pd.DataFrame(columns=[*REQUIRED_COLUMNS, "rel_error"])
+    source = str(path)
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as exc:
+        raise ConfigError(f"not a readable CSV ({str(exc).splitlines()[0]})", source=source) from None
+    missing = [c for c in RATIO_COLUMNS if c not in frame.columns]
+    if missing:
+        raise ConfigError(f"missing column(s) {', '.join(missing)} (the .ratios.csv `hwprobe validate` writes)",
+                          source=source)
+    pred, meas = _numbers(frame, "predicted_ratio", source), _numbers(frame, "measured_ratio", source)
+    return pd.DataFrame({"scenario": frame["scenario"].astype(str), "metric": RATIO_METRIC, "predicted": pred,
+                         "measured": meas, "rel_error": [relative_error(a, b) for a, b in zip(pred, meas)]})
