@@ -96,3 +96,17 @@ def test_a_group_the_int4_kernel_cannot_take_is_one_line_exit_2(tmp_path):
     res = _run(_scenario(tmp_path, weight_dtype="int4", weight_group_size=48), tmp_path)
     assert res.exit_code == 2 and res.stderr.strip().count("\n") == 0
     assert "model.weight_group_size" in res.stderr and "int4" in res.stderr
+
+
+@pytest.mark.cuda
+def test_int4_linear_on_cuda_matches_the_dequantised_weight():
+    """The CUDA tinygemm path (nibble packing, inner K tiles) at a 7B projection's shape."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    g = torch.Generator(device="cuda").manual_seed(2)
+    n, k = 512, 3584
+    w = (torch.randn(n, k, generator=g, device="cuda") / 60).to(torch.bfloat16)
+    x = torch.randn(4, k, generator=g, device="cuda").to(torch.bfloat16)
+    lin = Linear(w, None, "int4", 128, torch.bfloat16)
+    ref = x.float() @ int4_dequantise(*int4_quantise(w, 128), 128).T
+    assert (lin(x).float() - ref).abs().max().item() < 0.02 * ref.abs().max().item()

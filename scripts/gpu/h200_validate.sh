@@ -143,7 +143,7 @@ print('T1 offload exact:', r['t1_offload']['exact'], '| merged within tolerance:
     echo "== cuda_tests: skipped (DEVICE=cpu)"
   else
     stage cuda_tests 45 "$PYTHON" -m pytest -q -m cuda -p no:cacheprovider tests/test_hwprobe_cache.py \
-      tests/test_hwprobe_calibrate.py
+      tests/test_hwprobe_calibrate.py tests/test_hwprobe_qlinear.py
   fi
 
   # 3. quick calibration
