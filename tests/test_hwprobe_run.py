@@ -171,8 +171,8 @@ def test_replayed_decisions_move_exactly_what_the_simulator_plans(scenario, tmp_
                 "host_peak_bytes", "generated_tokens"):
         assert hw[key] == sim.summary[key], key
     assert hw["offloaded_tokens"] > 0  # something moved
-    for col in ("tokens_t0", "tokens_t1", "tokens_t2", "tokens_t3", "d2h_bytes", "batch_active"):
-        assert list(hw_steps[col]) == list(sim.steps[col]), col
+    for col in ("tokens_t0", "tokens_t1", "tokens_t2", "tokens_t3", "h2d_bytes", "d2h_bytes", "batch_active"):
+        assert list(hw_steps[col]) == list(sim.steps[col]), col  # step by step
 
 
 def test_replay_with_unequal_lengths_copies_the_padded_block(scenario, tmp_path):

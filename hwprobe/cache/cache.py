@@ -111,6 +111,7 @@ class TieredKVCache:
         self._appends: dict[int, tuple] = {}
         self._order = None
         self.counters = StepCounters()
+        self._ahead_h2d_bytes = 0  # bytes of the next step's first fills, issued at the end of this one
         self.device_kv_peak_bytes = 0
         self.offloaded_tokens = 0
         self.evicted_tokens = 0
@@ -198,7 +199,10 @@ class TieredKVCache:
             self._track_device_bytes()
         self.lane.poll()
         if self.ring is not None and s + 1 < self.steps and self.hw1 + self.hw2:
+            before = self.counters.h2d_bytes
             self._prefetch_ahead(s + 1, 0)  # overlaps the LM head and sampling
+            # its bytes are step s+1's (as the simulator counts them); its copy time stays where it ran
+            self._ahead_h2d_bytes, self.counters.h2d_bytes = self.counters.h2d_bytes - before, before
         self._track_device_bytes()
         return self.row_counts()[active].sum(axis=0)
 
@@ -207,7 +211,8 @@ class TieredKVCache:
         self.lane.finish()
 
     def take_counters(self) -> StepCounters:
-        c, self.counters = self.counters, StepCounters()
+        c, self.counters = self.counters, StepCounters(h2d_bytes=self._ahead_h2d_bytes)
+        self._ahead_h2d_bytes = 0
         return c
 
     # ---- state ------------------------------------------------------------------------------
