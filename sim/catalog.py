@@ -53,6 +53,7 @@ class EfficiencyDefaults(_Frozen):
     attention_flop_efficiency: float
     layer_overhead_s: float
     step_overhead_s: float
+    host_pack_bytes_per_s: float
     runtime_reserve_bytes: float
     default_host_memory_bytes: float
 

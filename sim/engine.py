@@ -14,7 +14,8 @@ import simpy
 
 from .context import RunContext
 from .evolution import ACTIVE, ATT_T0, ATT_T1, ATT_T2, MV_D2H_T1, MV_D2H_T2, MV_H2D_T1, MV_H2D_T2, StepPlan
-from .physics import LayerCost, decode_layer_cost, layerwise_pipeline, prefetch_copies_per_layer, retier_copies, step_tail_s
+from .physics import (LayerCost, decode_layer_cost, host_pack_s, layerwise_pipeline, prefetch_copies_per_layer,
+                      retier_copies, step_tail_s)
 STALL_EPS_S = 1e-12  # below this a "stall" is floating-point noise of summing layer times
 
 
@@ -46,13 +47,14 @@ class _Link:
         self.busy: list[tuple[float, float]] = []
         self.other: _Link | None = None
 
-    def transfer(self, nbytes: float, copies: int, timeline: list | None, tag: str):
+    def transfer(self, nbytes: float, copies: int, timeline: list | None, tag: str, host_s: float = 0.0):
+        """`host_s`: host work the copies wait for inside the transfer (the prototype's packing)."""
         if nbytes <= 0 or copies <= 0:
             return
         with self.res.request() as req:
             yield req
             both = self.other is not None and self.other.res.count > 0 and self.other.res is not self.res
-            dur = self.model.transfer_time_s(nbytes, copies, both)
+            dur = self.model.transfer_time_s(nbytes, copies, both) + host_s
             start = self.env.now
             yield self.env.timeout(dur)
             self.busy.append((start, self.env.now))
@@ -153,8 +155,9 @@ def run_timing(ctx: RunContext, plan: StepPlan) -> Timing:
                               for i, (a, b) in enumerate(computes))
         elif tiered and pol.prefetch == "sync_per_step":
             # the prototype: every layer's T1 copied (per-layer pageable copies), then compute
+            pack_s = host_pack_s(ctx.hw, row[ATT_T1] * ctx.kv_bytes_per_token_layer)
             for layer in range(L):
-                yield from h2d.transfer(pf_bytes, pf_copies, tl, f"sync copy L{layer}")
+                yield from h2d.transfer(pf_bytes, pf_copies, tl, f"sync copy L{layer}", pack_s)
             yield from compute(L * layer_s, tl, "forward")
         else:
             yield from compute(L * layer_s, tl, "forward")

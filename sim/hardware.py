@@ -78,6 +78,7 @@ class Hardware:
     sources: dict[str, str] = field(default_factory=dict)
     host_layer_s: float = 0.0  # host time to enqueue a layer; a layer takes max(device work, this)
     host_step_s: float = 0.0  # the same for the rest of a step (embedding, LM head, sampling, bookkeeping)
+    host_pack_bytes_per_s: float = float("inf")  # packing strided K/V on the host before a copy
 
     def gemm_flop_per_s(self, rows: int) -> float:
         """Achieved GEMM FLOP/s with `rows` tokens (= batch in decode)."""
@@ -139,6 +140,7 @@ def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile |
     host_layer = pick("host_layer_s", ov.host_layer_s, 0.0, "default: 0 (launches hidden, e.g. CUDA graphs)")
     host_step = pick("host_step_s", ov.host_step_s, 0.0, "default: 0 (launches hidden, e.g. CUDA graphs)")
     step_over = pick("step_overhead_s", ov.step_overhead_s, eff.step_overhead_s, "default")
+    pack = pick("host_pack_bytes_per_s", ov.host_pack_bytes_per_s, eff.host_pack_bytes_per_s, "default (assumed)")
     reserve = pick("runtime_reserve_bytes", ov.runtime_reserve_bytes, eff.runtime_reserve_bytes, "default")
     memory = gpu.memory_bytes
     src["memory_bytes"] = f"datasheet {gpu.name}"
@@ -176,6 +178,8 @@ def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile |
         if c.gemm_flop_per_s_by_rows and not fp8 and ov.gemm_flop_efficiency is None:
             measured_gemm = [(float(m), f) for m, f in c.gemm_flop_per_s_by_rows]
             src["gemm_flop_per_s"] = f"{label}, measured by rows"
+        if profile.link is not None and profile.link.host_pack_bytes_per_s and ov.host_pack_bytes_per_s is None:
+            pack, src["host_pack_bytes_per_s"] = profile.link.host_pack_bytes_per_s, label
         loop = c.step_overheads.get(staging)
         how = f"{label}, tiny decode steps, staging {staging}"
         if loop is not None and profile.device == "cuda":
@@ -204,5 +208,5 @@ def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile |
         gemm_flop_efficiency_by_rows=gemm_curve, gemm_flop_per_s_by_rows=measured_gemm,
         attention_flop_per_s=attn_flop, layer_overhead_s=layer_over, step_overhead_s=step_over,
         runtime_reserve_bytes=reserve, copy_engines=engines, h2d=h2d, d2h=d2h, sources=src, host_layer_s=host_layer,
-        host_step_s=host_step,
+        host_step_s=host_step, host_pack_bytes_per_s=pack,
     )

@@ -126,6 +126,12 @@ KV_SPLIT_COPIES = 2  # the paper's prototype copies K and V as separate tensors
 T2_BLOCKS = 2  # a compressed block travels as int8 payload + its scales
 
 
+def host_pack_s(hw: Hardware, t1_bytes: float) -> float:
+    """The prototype packs every layer's strided K and V halves of its T1 tokens into contiguous
+    blocks on the host before copying them: t1_bytes / host packing rate (T2 blocks are contiguous)."""
+    return t1_bytes / hw.host_pack_bytes_per_s
+
+
 def prefetch_copies_per_layer(prefetch: str, has_t1: bool, has_t2: bool) -> int:
     """Copies one layer's prefetch takes. The batch's T1 (or T2) tokens of one layer are one
     contiguous token-major host block (hwprobe's layout), so one copy for T1 and two for T2

@@ -67,6 +67,8 @@ class LinkProfile(_P):
     # Per-direction bandwidth while both directions copy at once (large copies).
     bidirectional_h2d_bytes_per_s: float | None = Field(None, gt=0)
     bidirectional_d2h_bytes_per_s: float | None = Field(None, gt=0)
+    # Host memory packing a strided K/V half into a contiguous block (bytes out per second).
+    host_pack_bytes_per_s: float | None = Field(None, gt=0)
 
     def curve(self, direction: str, memory: str) -> CopyCurve | None:
         for c in self.curves:

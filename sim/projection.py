@@ -16,7 +16,8 @@ import numpy as np
 
 from .capacity import batch_counts, fits, max_batch, memory_trace
 from .context import RunContext, build_context
-from .physics import decode_layer_cost, layerwise_pipeline_s, prefetch_copies_per_layer, retier_copies, step_tail_s
+from .physics import (decode_layer_cost, host_pack_s, layerwise_pipeline_s, prefetch_copies_per_layer, retier_copies,
+                      step_tail_s)
 from .profile import Profile
 from .runner import full_hbm_peak_bytes
 from .scenario import Scenario
@@ -45,6 +46,7 @@ def step_time(ctx: RunContext, batch: int, t0: int, t1: int, t2: int) -> StepTim
         return StepTime(compute_s, compute_s, 0.0)
     copy_s = ctx.hw.h2d.transfer_time_s(pf_bytes, prefetch_copies_per_layer(pol.prefetch, t1 > 0, t2 > 0))
     if pol.prefetch == "sync_per_step":
+        copy_s += host_pack_s(ctx.hw, t1 * ctx.kv_bytes_per_token_layer)
         return StepTime(L * copy_s + compute_s, compute_s, L * copy_s)
     finish, _ = layerwise_pipeline_s([cost.pre_attention_s] * L, [cost.post_attention_s] * L, [copy_s] * L, pol.staging_buffers)
     return StepTime(finish + tail_s, compute_s, L * copy_s)

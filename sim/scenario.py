@@ -48,6 +48,7 @@ class EfficiencyCfg(_Strict):
     host_layer_s: float | None = Field(None, ge=0.0)  # host time to enqueue a layer (eager); max with device time
     host_step_s: float | None = Field(None, ge=0.0)  # host time per step outside the layers; max with LM head + step overhead
     step_overhead_s: float | None = Field(None, ge=0.0)
+    host_pack_bytes_per_s: float | None = Field(None, gt=0.0)  # host packing before the prototype's copies
     runtime_reserve_bytes: float | None = Field(None, ge=0.0)
 
 

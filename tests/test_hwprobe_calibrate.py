@@ -292,6 +292,8 @@ def _assert_sane_profile(profile, device):
         assert c.fit_bytes_per_s > 0 and c.fit_per_copy_latency_s >= 0
     assert [p.size_bytes for p in link.curve("h2d", "pinned").points] == [4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB]
     assert link.bidirectional_h2d_bytes_per_s > 0 and link.bidirectional_d2h_bytes_per_s > 0
+    pack = profile.environment["host_pack"]  # the prototype's host-side concatenation, timed
+    assert link.host_pack_bytes_per_s == pack["bytes_per_s"] > 0 and pack["bytes"] > 0 and "contiguous" in pack["method"]
     c = profile.compute
     assert [m for m, _ in c.gemm_flop_per_s_by_rows] == [1, 8]
     bf16 = [p for p in c.gemm_points if p.dtype == "bf16"]

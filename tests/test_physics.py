@@ -7,8 +7,8 @@ import pytest
 from sim import catalog
 from sim.hardware import LinkModel, interp_log2, resolve_hardware
 from sim.memory import activation_bytes, staging_bytes
-from sim.physics import (attention_flop, decode_layer_cost, gemm_flop, layerwise_pipeline_s, lm_head_s, roofline_s,
-                         step_tail_s)
+from sim.physics import (attention_flop, decode_layer_cost, gemm_flop, host_pack_s, layerwise_pipeline_s, lm_head_s,
+                         roofline_s, step_tail_s)
 from sim.profile import CopyCurve, CopyPoint
 from sim.scenario import HardwareCfg
 
@@ -136,7 +136,8 @@ def test_sync_per_step_step_time_hand_arithmetic():
     t1 = s.loc[k - 1, "tokens_t1"]
     assert t1 > 0
     kv_layer = 2 * 4 * 128 * 2  # fp16 KV, one layer
-    copy_s = 28 * (2 * 3.3e-6 + t1 * kv_layer / 15.7e9)  # per layer: K and V copies, pageable Gen5
+    # per layer: K and V packed on the host (assumed 8 GB/s), then copied apart (pageable Gen5)
+    copy_s = 28 * (t1 * kv_layer / 8e9 + 2 * 3.3e-6 + t1 * kv_layer / 15.7e9)
     assert s.loc[k, "step_s"] == pytest.approx(s.loc[k, "compute_s"] + copy_s, rel=1e-9)
     assert s.loc[k, "stall_s"] == pytest.approx(copy_s, rel=1e-9)
 
@@ -211,3 +212,14 @@ def test_a_scenario_picks_the_loop_costs_of_its_staging(kind, prefetch, staging)
     h = build_context(sc, _profile_with_loops("cuda")).hw
     expected = {"none": 1e-4, "layerwise_async": 2e-4}.get(staging, 9e-4)
     assert h.host_layer_s == expected
+
+
+def test_a_measured_host_packing_rate_replaces_the_assumed_one():
+    from sim.profile import ComputeProfile, LinkProfile, Profile
+
+    assert hw().host_pack_bytes_per_s == 8e9 and "assumed" in hw().sources["host_pack_bytes_per_s"]
+    prof = Profile(device="cuda", device_name="test", machine="t", created_utc="2026-11-30T00:00:00Z",
+                   link=LinkProfile(curves=[], host_pack_bytes_per_s=3e9), compute=ComputeProfile())
+    h = resolve_hardware(HardwareCfg(gpu="h200-sxm"), "bf16", pinned=False, profile=prof)
+    assert h.host_pack_bytes_per_s == 3e9 and h.sources["host_pack_bytes_per_s"].startswith("profile")
+    assert host_pack_s(h, 6e9) == pytest.approx(2.0)

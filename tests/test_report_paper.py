@@ -51,6 +51,9 @@ def test_prototype_runs_beside_the_paper(check):
     n = check.numbers
     assert n["paper_cost"] == pytest.approx(1 - paper.TIERED_TOK_PER_S / paper.FULL_TOK_PER_S)
     assert f"{n['paper_cost']:.1%}" in check.prototype_note and f"{n['sim_cost']:.1%}" in check.prototype_note
+    # the prototype's host-side concatenation is costed: without it only link time is left, and less
+    assert 0 < n["link_only_cost"] < n["sim_cost"] and f"{n['link_only_cost']:.1%}" in check.prototype_note
+    assert "concatenated on the host" in check.prototype_note
     ids = [fid for fid, _ in paper_figures(check)]
     assert ids == ["fig-paper-kv", "fig-paper-throughput"]
     bars = paper_figures(check)[1][1].data

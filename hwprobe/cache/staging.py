@@ -56,20 +56,20 @@ class StagingRing:
         rt, buf = self.rt, self.buffer_for(layer)
         if not buf.released:
             raise RuntimeError(f"staging buffer {buf.index} refilled before layer {buf.key} was read")
+        # (destination, source) views made before the start mark: on a GPU the busy window opens
+        # when the copy stream reaches the mark, so host work after it would count as link time
+        pairs = ([(buf.t1[:hw1], stores.t1[layer, :hw1])] if hw1 else []) + (
+            [(buf.t2q[:hw2], stores.t2q[layer, :hw2]), (buf.t2s[:hw2], stores.t2s[layer, :hw2])] if hw2 else [])
         with rt.on_copy_stream():
             if buf.ever_released:
                 rt.copy_waits_for(buf.free)
             start = rt.mark(COPY)
-            if hw1:
-                buf.t1[:hw1].copy_(stores.t1[layer, :hw1], non_blocking=True)
-                counters.h2d_copies += 1
-            if hw2:
-                buf.t2q[:hw2].copy_(stores.t2q[layer, :hw2], non_blocking=True)
-                buf.t2s[:hw2].copy_(stores.t2s[layer, :hw2], non_blocking=True)
-                counters.h2d_copies += 2
+            for dst, src in pairs:
+                dst.copy_(src, non_blocking=True)
             end = rt.mark(COPY)
             patch(layer, buf.t1, buf.t2q, buf.t2s)
             rt.record_copy(buf.ready)
+        counters.h2d_copies += len(pairs)
         rt.note("fill", buf.index, key)
         buf.key, buf.released = key, False
         rows = stores.geom.batch

@@ -70,8 +70,8 @@ class Plan:
 
     def total_steps(self, device: str) -> int:
         """Progress steps: one per measured point, plus the fixed ones (device copy, launch,
-        layer overhead, step overheads, two under-load samples, two drift re-checks)."""
-        fixed = 8
+        layer overhead, step overheads, host packing, two under-load samples, two drift re-checks)."""
+        fixed = 9
         return (self.copy_curves(device) * len(self.copy_sizes_bytes) + len(self.concurrent_sizes_bytes)
                 + len(self.gemm_shapes) * (len(self.gemm_rows) + len(self.int4_rows)) + len(self.peak_sizes)
                 + len(self.attention_shapes) * len(self.attention_batches) * len(self.attention_contexts)

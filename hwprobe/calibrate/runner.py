@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from sim.profile import ComputeProfile, CopyCurve, LinkProfile, Profile, StepOverhead
 
-from . import attention, checks, copies, device_copy, fmt, gemm, layer_overhead, step_overhead
+from . import attention, checks, copies, device_copy, fmt, gemm, host_pack, layer_overhead, step_overhead
 from .env import GpuMonitor, NvmlUnavailable, driver_versions, host_info, nvml_session, throttle_reason_names, torch_info
 from .plan import LOAD_WINDOW_S, Plan, max_copy_bytes
 
@@ -42,6 +42,7 @@ class Measurements:
     launch: dict = field(default_factory=dict)
     layer: dict = field(default_factory=dict)
     loop: dict = field(default_factory=dict)
+    host_pack: dict = field(default_factory=dict)
     gemm_points: list = field(default_factory=list)
     int4_points: list = field(default_factory=list)
     peak_points: list = field(default_factory=list)
@@ -78,6 +79,9 @@ def _measure_copies(backend: Any, plan: Plan, monitor: GpuMonitor | None, out: M
             out.curves.append(copies.measure_curve(backend, bufs, direction, memory, list(plan.copy_sizes_bytes),
                                                    samples=plan.samples, min_window_s=plan.min_window_s,
                                                    on_point=on_step))
+    on_step(f"host packing of strided K/V ({fmt.size(plan.drift_copy_bytes)})")
+    out.host_pack = host_pack.measure_host_pack(backend, plan.drift_copy_bytes, samples=plan.samples,
+                                                min_window_s=plan.min_window_s)
     on_step("link state under load")
     if monitor is not None:
         largest = max(plan.copy_sizes_bytes)
@@ -188,6 +192,7 @@ def _assemble(backend: Any, quick: bool, out: Measurements, env: dict, monitor: 
         curves=curves + concurrent,
         bidirectional_h2d_bytes_per_s=copies.bidirectional_bytes_per_s(by_direction["h2d"]),
         bidirectional_d2h_bytes_per_s=copies.bidirectional_bytes_per_s(by_direction["d2h"]),
+        host_pack_bytes_per_s=out.host_pack.get("bytes_per_s"),
     )
     all_gemms = out.gemm_points + out.peak_points
     launch_s = out.launch.get("kernel_launch_s")
@@ -263,6 +268,7 @@ def calibrate(backend: Any, plan: Plan, *, quick: bool, nvml: Any = None, on_ste
         env["kernel_launch"] = out.launch
         env["layer_overhead"] = out.layer | {"kernel_launch_s": out.launch.get("kernel_launch_s")}
         env["step_overhead"] = out.loop
+        env["host_pack"] = out.host_pack
         env["drift"] = out.drift
         env["conventions"] = {
             "copy_point_bytes_per_s": "copy size / median time of one copy",

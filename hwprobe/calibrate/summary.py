@@ -20,6 +20,8 @@ def summary_rows(profile: Profile) -> list[tuple[str, str]]:
             bidir = getattr(profile.link, f"bidirectional_{d}_bytes_per_s")
             if bidir:
                 rows.append((f"{d} while both directions copy", fmt.rate(bidir)))
+        if profile.link.host_pack_bytes_per_s:
+            rows.append(("host packing of strided K/V", fmt.rate(profile.link.host_pack_bytes_per_s)))
     c = profile.compute
     if c.device_copy_bytes_per_s:
         rows.append(("device copy (read + written)", fmt.rate(c.device_copy_bytes_per_s)))
