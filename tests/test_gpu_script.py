@@ -81,7 +81,7 @@ def test_default_grid_is_the_gpu_grid_and_valid_and_a_spent_deadline_runs_nothin
         kind, b, c = name.split("-")
         assert sc.name == name and sc.model.name == "deepseek-r1-distill-qwen-7b" and sc.hardware.gpu == "h200-sxm"
         assert (sc.workload.batch_size, sc.workload.prompt_tokens, sc.workload.reasoning_tokens) == (
-            int(b[1:]), int(c[1:]), 96)
+            int(b[1:]), int(c[1:]), 64)
         p = sc.policy
         assert (p.retier_interval, p.recent_window, p.protect_prompt, p.hbm_ratio) == (32, 128, False, 0.5)
         assert (p.kind, p.semantics, p.prefetch, p.pinned) == {
