@@ -91,6 +91,3 @@ class Linear:
         y = mm(flat, self.packed, self.group, self.scales_zeros).view(*x.shape[:-1], self.out_features)
         y = y.to(self.act_dtype)
         return y + self.bias if self.bias is not None else y
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors)
