@@ -20,6 +20,20 @@ def run_cli(*args: str, cwd: Path | None = None, tool: str = "kvsim") -> subproc
                           env={**os.environ, "COLUMNS": "200"}, timeout=600)
 
 
+def write_hf_scenario(tmp_path: Path, config: dict, scenario: dict) -> Path:
+    """A Hugging Face config.json and a scenario YAML naming it (model.hf_config) in tmp_path;
+    returns the scenario's path (<name>.yaml)."""
+    import json
+
+    import yaml
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(config))
+    path = tmp_path / f"{scenario['name']}.yaml"
+    path.write_text(yaml.safe_dump({**scenario, "model": {"hf_config": str(cfg), **scenario.get("model", {})}}))
+    return path
+
+
 @pytest.fixture
 def small_scenario_dict() -> dict:
     return {

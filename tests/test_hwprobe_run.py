@@ -7,14 +7,13 @@ import json
 
 import pandas as pd
 import pytest
-import yaml
 
 torch = pytest.importorskip("torch")
 
 from typer.testing import CliRunner  # noqa: E402
 
 from hwprobe.cli import app  # noqa: E402
-from tests.conftest import REPO, run_cli  # noqa: E402
+from tests.conftest import REPO, run_cli, write_hf_scenario  # noqa: E402
 
 runner = CliRunner()
 
@@ -38,17 +37,12 @@ def _restore_threads():
 
 @pytest.fixture
 def scenario(tmp_path):
-    cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps(TINY_CONFIG))
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump({
+    return write_hf_scenario(tmp_path, TINY_CONFIG, {
         "name": "tiny",
-        "model": {"hf_config": str(cfg)},
         "workload": {"batch_size": BATCH, "prompt_tokens": PROMPT, "reasoning_tokens": STEPS, "seed": 1},
         "policy": {"kind": "tiered", "hbm_ratio": 0.4, "evict_ratio": 0.1, "compressed_ratio": 0.3,
                    "compressed_group_size": 8, "retier_interval": RETIER_INTERVAL, "sink_tokens": 2, "recent_window": 4},
-    }))
-    return path
+    })
 
 
 def run(scenario, out, *extra):

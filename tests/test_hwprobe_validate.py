@@ -11,6 +11,7 @@ import yaml
 
 from hwprobe.validate_cmd import ALL_METRICS, CHECKS, COMPARED, METRICS, relative_error, validate
 from sim.scenario import scenario_from_dict
+from tests.conftest import write_hf_scenario
 
 torch = pytest.importorskip("torch")
 
@@ -93,27 +94,37 @@ def test_ratios_against_the_full_hbm_baseline_of_the_same_workload():
 
 @pytest.fixture
 def scenario_file(tmp_path):
-    cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps(TINY_CONFIG))
-    path = tmp_path / "tiny-validate.yaml"
-    path.write_text(yaml.safe_dump({
+    return write_hf_scenario(tmp_path, TINY_CONFIG, {
         "name": "tiny-validate",
-        "model": {"hf_config": str(cfg)},
         "workload": {"batch_size": 2, "prompt_tokens": 8, "reasoning_tokens": 16},
         "policy": {"hbm_ratio": 0.5, "evict_ratio": 0.1, "retier_interval": 4, "sink_tokens": 1, "recent_window": 4},
-    }))
-    return path
+    })
+
+
+def validate_on_cpu(*args: str):
+    """`hwprobe validate --device cpu --threads 1 ARGS`, torch's thread count restored after."""
+    before = torch.get_num_threads()
+    res = runner.invoke(app, ["validate", "--device", "cpu", "--threads", "1", *args])
+    torch.set_num_threads(before)
+    return res
+
+
+def variant(scenario_file, tmp_path, name: str, **policy) -> str:
+    """The tiny scenario under another name, its policy updated; the path of its YAML."""
+    d = yaml.safe_load(scenario_file.read_text())
+    d["name"] = name
+    d["policy"].update(policy)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(d))
+    return str(path)
 
 
 def test_validate_end_to_end_on_cpu(scenario_file, tmp_path):
     from sim.engine import simulate
     from sim.scenario import load_scenario
 
-    before = torch.get_num_threads()
     out = tmp_path / "validate.csv"
-    res = runner.invoke(app, ["validate", "--device", "cpu", "--threads", "1", "--out", str(out), "--json",
-                              "--runs-dir", str(tmp_path / "runs"), str(scenario_file)])
-    torch.set_num_threads(before)
+    res = validate_on_cpu("--out", str(out), "--json", "--runs-dir", str(tmp_path / "runs"), str(scenario_file))
     assert res.exit_code == 0, res.output
     rows = pd.read_csv(out)
     assert list(rows.columns) == ["scenario", "metric", "predicted", "measured", "rel_error"]
@@ -142,15 +153,9 @@ def test_validate_end_to_end_on_cpu(scenario_file, tmp_path):
 
 
 def test_validate_with_a_baseline_writes_the_throughput_ratio(scenario_file, tmp_path):
-    baseline = yaml.safe_load(scenario_file.read_text())
-    baseline["name"], baseline["policy"] = "tiny-full", {"kind": "full_hbm"}
-    full_file = tmp_path / "tiny-full.yaml"
-    full_file.write_text(yaml.safe_dump(baseline))
+    full_file = variant(scenario_file, tmp_path, "tiny-full", kind="full_hbm")
     out = tmp_path / "pair.csv"
-    before = torch.get_num_threads()
-    res = runner.invoke(app, ["validate", "--device", "cpu", "--threads", "1", "--out", str(out),
-                              str(full_file), str(scenario_file)])
-    torch.set_num_threads(before)
+    res = validate_on_cpu("--out", str(out), full_file, str(scenario_file))
     assert res.exit_code == 0, res.output
     assert "throughput relative to full_hbm" in res.stdout
     tput = pd.read_csv(out).query("metric == 'throughput_tok_per_s'").set_index("scenario")
@@ -162,16 +167,10 @@ def test_validate_with_a_baseline_writes_the_throughput_ratio(scenario_file, tmp
 
 
 def test_a_failing_scenario_is_one_line_and_the_grid_goes_on(scenario_file, tmp_path):
-    bad = yaml.safe_load(scenario_file.read_text())
-    bad["name"] = "tiny-fp8-t2"  # the simulator predicts it; hwprobe has int8 T2 only
-    bad["policy"].update({"compressed_ratio": 0.2, "compressed_dtype": "fp8"})
-    bad_file = tmp_path / "bad.yaml"
-    bad_file.write_text(yaml.safe_dump(bad))
+    # the simulator predicts fp8 T2; hwprobe has int8 T2 only
+    bad_file = variant(scenario_file, tmp_path, "tiny-fp8-t2", compressed_ratio=0.2, compressed_dtype="fp8")
     out = tmp_path / "grid.csv"
-    before = torch.get_num_threads()
-    res = runner.invoke(app, ["validate", "--device", "cpu", "--threads", "1", "--out", str(out),
-                              str(bad_file), str(scenario_file)])
-    torch.set_num_threads(before)
+    res = validate_on_cpu("--out", str(out), bad_file, str(scenario_file))
     assert res.exit_code == 1, res.output
     lines = [x for x in res.stderr.strip().splitlines() if not x.startswith("[")]  # less the progress lines
     assert [x[:4] for x in res.stderr.splitlines() if x.startswith("[")] == ["[1/2", "[2/2"]
@@ -185,10 +184,7 @@ def test_a_failing_scenario_is_one_line_and_the_grid_goes_on(scenario_file, tmp_
 
 def test_measured_runs_are_revalidated_without_a_device(scenario_file, tmp_path):
     out, again = tmp_path / "live.csv", tmp_path / "again.csv"
-    before = torch.get_num_threads()
-    res = runner.invoke(app, ["validate", "--device", "cpu", "--threads", "1", "--out", str(out),
-                              "--runs-dir", str(tmp_path / "runs"), str(scenario_file)])
-    torch.set_num_threads(before)
+    res = validate_on_cpu("--out", str(out), "--runs-dir", str(tmp_path / "runs"), str(scenario_file))
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["validate", "--measured", str(tmp_path / "runs"), "--out", str(again), str(scenario_file)])
     assert res.exit_code == 0, res.output  # no --device: nothing runs (this machine has no GPU)
