@@ -79,7 +79,7 @@ def test_weight_bytes_bf16_is_two_bytes_per_param():
 
 def test_weight_bytes_int4_with_group_scales_hand_arithmetic():
     m = catalog.model("llama-3.1-8b")
-    h, I, L, V = 4096, 14336, 32, 128256
+    h, I, L = 4096, 14336, 32
     linear = L * (h * 4096 + 2 * h * 1024 + 4096 * h + 3 * h * I)
     scales = linear // 128 * 2  # one fp16 scale per group of 128 (all dims divisible)
     high_precision = (m.params - linear) * 2  # embeddings, LM head, norms in bf16

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.tiers import T0, T1, T2, T3, assign_tiers, diff_moves, protected_mask
+from sim.tiers import T0, T1, T2, assign_tiers, diff_moves, protected_mask
 
 from .offload import Demotion
 from .quant import dequantize_int8, quantize_int8

@@ -71,6 +71,13 @@ def _batch_axis(grid: GridResult) -> dict:
     return {"type": "log", "title": {"text": "batch (sequences decoded together)"}, "tickvals": b, "ticktext": [str(x) for x in b]}
 
 
+def _batch_trace(p: pd.DataFrame, y: pd.Series, name: str, policy: str, hover: str, mode: str = "lines+markers",
+                 **extra) -> dict:
+    """One policy's line against batch, in the policy's colour."""
+    return {"x": p.batch.tolist(), "y": y.tolist(), "name": name, "mode": mode, "line": {"color": policy_color(policy)},
+            "hovertemplate": hover, **extra}
+
+
 def throughput_figure(grid: GridResult, lk: Lookup) -> SelectableFigure:
     """Decode throughput against batch, one line per policy, ending at that policy's OOM wall."""
     top = max(grid.spec.batches)
@@ -81,9 +88,8 @@ def throughput_figure(grid: GridResult, lk: Lookup) -> SelectableFigure:
         for i, pol in enumerate(grid.spec.policies):
             p = pts[(pts.policy == pol.key) & pts.fits].sort_values("batch")
             row = lim.loc[pol.key]
-            traces.append({"x": p.batch.tolist(), "y": p.throughput_tok_per_s.tolist(), "name": f"{pol.label} - {lk.max_batch_text(row)}",
-                           "mode": "lines+markers", "line": {"color": policy_color(pol.key)},
-                           "hovertemplate": "batch %{x}<br>%{y:,.0f} tok/s"})
+            traces.append(_batch_trace(p, p.throughput_tok_per_s, f"{pol.label} - {lk.max_batch_text(row)}", pol.key,
+                                       "batch %{x}<br>%{y:,.0f} tok/s"))
             mb = int(row["max_batch"])
             if 1 <= mb <= top:
                 shapes.append(wall_shape(mb, policy_color(pol.key)))
@@ -139,9 +145,7 @@ def hbm_saved_figure(grid: GridResult, lk: Lookup) -> SelectableFigure:
                 continue
             p = pts[pts.policy == pol.key].sort_values("batch")
             p = p[~p.wall_point]
-            traces.append({"x": p.batch.tolist(), "y": (p.hbm_saved_bytes / GB).tolist(), "name": pol.label,
-                           "mode": "lines+markers", "line": {"color": policy_color(pol.key)},
-                           "hovertemplate": "batch %{x}<br>%{y:.2f} GB saved"})
+            traces.append(_batch_trace(p, p.hbm_saved_bytes / GB, pol.label, pol.key, "batch %{x}<br>%{y:.2f} GB saved"))
         return traces, {"title.text": f"HBM saved vs full_hbm - {lk.where(sel, gpu=False)}"}
 
     layout = {**BASE_LAYOUT, "xaxis": _batch_axis(grid), "yaxis": {"title": {"text": "HBM saved (GB)"}, "rangemode": "tozero"}}
@@ -169,9 +173,8 @@ def link_figure(grid: GridResult, lk: Lookup) -> SelectableFigure:
                 note = f"link-bound from batch {int(lb)}"
                 if lb <= top:
                     shapes.append({**wall_shape(int(lb), policy_color(pol.key)), "line": {"color": policy_color(pol.key), "dash": "dot", "width": 1.5}})
-            traces.append({"x": p.batch.tolist(), "y": (p.h2d_utilization * PERCENT).tolist(), "name": f"{pol.label} - {note}",
-                           "mode": "lines+markers", "line": {"color": policy_color(pol.key)},
-                           "hovertemplate": "batch %{x}<br>H2D busy %{y:.1f}% of decode time"})
+            traces.append(_batch_trace(p, p.h2d_utilization * PERCENT, f"{pol.label} - {note}", pol.key,
+                                       "batch %{x}<br>H2D busy %{y:.1f}% of decode time"))
         return traces, {"title.text": f"Host->device link utilisation - {lk.where(sel)}", "shapes": shapes}
 
     layout = {**BASE_LAYOUT, "xaxis": _batch_axis(grid), "yaxis": {"title": {"text": "H2D busy (% of decode time)"}, "range": [0, 105]}}
@@ -190,13 +193,11 @@ def transfer_share_figure(grid: GridResult, lk: Lookup) -> SelectableFigure:
         traces = []
         for pol in tiered:
             p = pts[(pts.policy == pol.key) & pts.fits].sort_values("batch")
-            color = policy_color(pol.key)
-            traces.append({"x": p.batch.tolist(), "y": (p.transfer_share * PERCENT).tolist(), "name": f"{pol.label} - transfer",
-                           "mode": "lines+markers", "line": {"color": color}, "legendgroup": pol.key,
-                           "hovertemplate": "batch %{x}<br>transfer in flight %{y:.1f}% of time"})
-            traces.append({"x": p.batch.tolist(), "y": (p.stall_share * PERCENT).tolist(), "name": f"{pol.label} - stall (exposed)",
-                           "mode": "lines", "line": {"color": color, "dash": "dot"}, "legendgroup": pol.key,
-                           "hovertemplate": "batch %{x}<br>compute waiting %{y:.1f}% of time"})
+            traces.append(_batch_trace(p, p.transfer_share * PERCENT, f"{pol.label} - transfer", pol.key,
+                                       "batch %{x}<br>transfer in flight %{y:.1f}% of time", legendgroup=pol.key))
+            stall = _batch_trace(p, p.stall_share * PERCENT, f"{pol.label} - stall (exposed)", pol.key,
+                                 "batch %{x}<br>compute waiting %{y:.1f}% of time", mode="lines", legendgroup=pol.key)
+            traces.append({**stall, "line": {**stall["line"], "dash": "dot"}})
         return traces, {"title.text": f"Transfer share of step time - {lk.where(sel)}"}
 
     layout = {**BASE_LAYOUT, "xaxis": _batch_axis(grid), "yaxis": {"title": {"text": "% of decode time"}, "rangemode": "tozero"}}
