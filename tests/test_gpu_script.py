@@ -20,7 +20,7 @@ from tests.conftest import REPO
 SCRIPT = REPO / "scripts" / "gpu" / "h200_validate.sh"
 TINY_MODEL = REPO / "scenarios" / "models" / "tiny-qwen2.json"
 KNOBS = ("DEVICE", "PYTHON", "MODEL_YAML", "BATCHES", "CONTEXTS", "STEPS", "RETIER", "RECENT", "CALIBRATE",
-         "EXACTNESS", "EXTRA_70B", "DEADLINE", "RESERVE", "WORK", "OUT", "SITE")
+         "EXACTNESS", "EXTRA_70B", "DEADLINE", "RESERVE", "WORK", "OUT", "SITE", "WHEELS")
 
 pytestmark = pytest.mark.skipif(not all(shutil.which(t) for t in ("bash", "timeout", "tar")),
                                 reason="needs bash, coreutils timeout and tar")
@@ -30,7 +30,8 @@ def run_script(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess,
     """Run the script from the repo root with the given knobs (none inherited); (process, seconds, OUT)."""
     out = tmp_path / "out"
     base = {k: v for k, v in os.environ.items() if k not in KNOBS}
-    knobs = {"DEVICE": "cpu", "PYTHON": sys.executable, "WORK": str(tmp_path / "work"), "OUT": str(out), **env}
+    knobs = {"DEVICE": "cpu", "PYTHON": sys.executable, "WORK": str(tmp_path / "work"), "OUT": str(out),
+             "WHEELS": str(tmp_path / "no-wheels"), **env}  # the device's py3.12 wheels (.whl) do not install here
     t0 = time.monotonic()
     proc = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env={**base, **knobs}, capture_output=True, text=True,
                           timeout=180)
@@ -122,7 +123,7 @@ def test_cpu_dry_run_of_the_whole_script(tmp_path):
     assert re.search(r"== exactness rc=0 in \d+ s", log) and re.search(r"== grid rc=0 in \d+ s", log)
     assert "== calibrate: skipped (CALIBRATE=0)" in log and "== cuda_tests: skipped (DEVICE=cpu)" in log
     assert "== summary: exactness=0 calibrate=skipped grid=0 cuda_tests=skipped" in log
-    assert "no .whl/*.whl" in log or "wheels from .whl" in log
+    assert f"no {tmp_path / 'no-wheels'}/*.whl: using" in log
     assert f"validate.csv: {len(names)} of {len(names)} scenarios measured ({len(rows)} rows)" in log
 
 

@@ -55,6 +55,7 @@ KILL_AFTER=5               # a stage that ignores SIGTERM is killed this long af
 WORK=${WORK:-/tmp/h200}
 OUT=${OUT:-$WORK/out}
 SITE=${SITE:-/tmp/site}
+WHEELS=${WHEELS:-.whl}     # wheels the device image lacks (a dry run points this elsewhere)
 
 mkdir -p "$WORK" "$OUT" || exit 3
 rm -rf "$WORK/grid" "$WORK/runs"
@@ -111,14 +112,14 @@ main() {
   echo "DEVICE=$DEVICE PYTHON=$PYTHON CALIBRATE=$CALIBRATE DEADLINE=$DEADLINE RESERVE=$RESERVE"
   echo "BATCHES='$BATCHES' CONTEXTS='$CONTEXTS' STEPS=$STEPS RETIER=$RETIER RECENT=$RECENT WORK=$WORK OUT=$OUT"
   echo "MODEL_YAML=$MODEL_YAML"
-  local whls=(.whl/*.whl)
+  local whls=("$WHEELS"/*.whl)
   if [ -e "${whls[0]}" ]; then
-    echo "installing ${#whls[@]} wheels from .whl into $SITE"
+    echo "installing ${#whls[@]} wheels from $WHEELS into $SITE"
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
       "${whls[@]}" || { echo "wheel install failed"; return 3; }
     export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
   else
-    echo "no .whl/*.whl: using $PYTHON's own packages"
+    echo "no $WHEELS/*.whl: using $PYTHON's own packages"
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
   fi
   [ "$DEVICE" = cpu ] || timeout 20 nvidia-smi --format=csv \
