@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from sim.engine import simulate
+from sim.simulate import simulate
 from sim.projection import project
 from sim.scenario import load_scenario
 

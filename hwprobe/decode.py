@@ -21,10 +21,11 @@ import numpy as np
 import pandas as pd
 
 from sim.context import draw_lengths, resolve_model
-from sim.engine import busy_union_s
+from sim.intervals import busy_union_s
 from sim.evolution import sequence_tiers
 from sim.errors import ConfigError
 from sim.scenario import Scenario
+from sim.schema import P50, P99, STEP_COLUMNS
 from sim.tiers import TIERS, TierPolicy
 from sim.units import GB, KV_TENSORS, MS
 
@@ -33,9 +34,6 @@ from .cache.plan import TierPeaks, batch_peaks
 from .model import ModelShapes, SyntheticTransformer
 from .model.qlinear import QUANTISED_WEIGHTS, int4_supported
 
-STEP_COLUMNS = ["step", "t_s", "step_s", "compute_s", "stall_s", "h2d_bytes", "d2h_bytes",
-                "tokens_t0", "tokens_t1", "tokens_t2", "tokens_t3", "hbm_bytes", "host_bytes", "batch_active"]
-P50, P99 = 50, 99
 MEMORY_HEADROOM = 0.85  # share of free device memory a run may plan to use (allocator slack, workspace)
 ACTIVATION_COPIES = 4  # decode activations alive at once, in widest-activation units (residual, qkv, gate/up, scratch)
 LOGIT_BYTES = 4  # float32 logits

@@ -112,7 +112,7 @@ def validate(scenarios: list, predict: Callable[[object], dict], measure: Callab
 
 def simulator_predictor(profile_path: str | None):
     """sim.engine.simulate(scenario, profile).summary, the scenario's own profile if none given."""
-    from sim.engine import simulate
+    from sim.simulate import simulate
     from sim.profile import load_profile
 
     cache: dict = {}

@@ -129,3 +129,16 @@ def max_batch(ctx: RunContext, limit: int | None = None, policy: TierPolicy | No
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)
     return lo
+
+
+def full_hbm_peak_bytes(ctx: RunContext) -> float:
+    """Peak HBM of the same workload with no tiering (the `full_hbm` baseline)."""
+    full = TierPolicy(kind="full_hbm")
+    return batch_memory_trace(ctx, ctx.scenario.workload.batch_size, full).hbm_peak_bytes
+
+
+def baseline_max_batches(ctx: RunContext) -> dict[str, int]:
+    """Max batch of the same workload under the two baselines, so "how many more requests fit"
+    can be read off one run: full_hbm, and evict_only at this scenario's evict_ratio."""
+    evict_only = TierPolicy.from_config(ctx.scenario.policy.model_copy(update={"kind": "evict_only"}))
+    return {"full_hbm": max_batch(ctx, policy=TierPolicy(kind="full_hbm")), "evict_only": max_batch(ctx, policy=evict_only)}

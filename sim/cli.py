@@ -34,7 +34,7 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="print the summary JSON on stdout"),
 ) -> None:
     """Simulate one scenario; write the resolved scenario, summary.json and steps.csv."""
-    from .engine import simulate
+    from .simulate import simulate
     from .output import default_run_path, summary_rows, to_json, write_run_dir
     from .profile import load_profile
     from .scenario import load_scenario

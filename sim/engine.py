@@ -219,26 +219,3 @@ def run_timing(ctx: RunContext, plan: StepPlan) -> Timing:
     decode_s = records[-1].t_s if records else 0.0
     # an async offload can outlive the last step; utilisation is over the decode span
     return Timing(records=records, h2d_busy=h2d.busy, d2h_busy=d2h.busy, timeline=timeline, decode_s=decode_s)
-
-
-def busy_union_s(*interval_lists: list[tuple[float, float]], until: float) -> float:
-    """Length of the union of busy intervals, clipped at `until`."""
-    ivs = sorted((a, min(b, until)) for lst in interval_lists for a, b in lst if a < until)
-    total, cur_a, cur_b = 0.0, None, None
-    for a, b in ivs:
-        if cur_b is None or a > cur_b:
-            if cur_b is not None:
-                total += cur_b - cur_a
-            cur_a, cur_b = a, b
-        else:
-            cur_b = max(cur_b, b)
-    if cur_b is not None:
-        total += cur_b - cur_a
-    return total
-
-
-def simulate(scenario, profile=None, **kwargs):
-    """Public entry point: see `sim.runner.simulate`."""
-    from .runner import simulate as _simulate
-
-    return _simulate(scenario, profile, **kwargs)

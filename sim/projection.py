@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .capacity import batch_counts, fits, max_batch, memory_trace
+from .capacity import batch_counts, fits, full_hbm_peak_bytes, max_batch, memory_trace
 from .context import RunContext, build_context
 from .physics import (decode_layer_cost, host_pack_s, layerwise_pipeline_s, prefetch_copies_per_layer, retier_copies,
                       step_tail_s)
 from .profile import Profile
-from .runner import full_hbm_peak_bytes
+
 from .scenario import Scenario
 
 DEFAULT_SAMPLES = 48

@@ -18,3 +18,5 @@ TFLOP = 1e12
 KV_TENSORS = 2  # one K and one V tensor per layer
 FLOP_PER_MAC = 2  # a multiply-accumulate is two floating-point operations
 ATTN_MATMULS = 2  # decode attention: QK^T and softmax(QK^T)V
+
+PERCENT = 100  # fractions shown as percentages

@@ -65,7 +65,7 @@ def outputs(case: Case) -> dict[str, str]:
     """File name -> text of the golden files of one case."""
     from sim.projection import project
     from sim.scenario import load_scenario
-    from sim.engine import simulate
+    from sim.simulate import simulate
 
     sc = load_scenario(SCENARIOS / case.scenario, list(case.overrides))
     result = simulate(sc)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from sim.capacity import batch_memory_trace, fits, max_batch
 from sim.context import build_context
-from sim.engine import simulate
+from sim.simulate import simulate
 from sim.output import to_json
 from sim.projection import project
 from sim.scenario import load_scenario, scenario_from_dict

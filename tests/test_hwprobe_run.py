@@ -154,7 +154,7 @@ def test_variable_reasoning_lengths(scenario, tmp_path):
     ["policy.prefetch=per_interval", "policy.scoring=recent"],
 ], ids=["layerwise", "prototype", "per-interval-recent"])
 def test_replayed_decisions_move_exactly_what_the_simulator_plans(scenario, tmp_path, overrides):
-    from sim.engine import simulate
+    from sim.simulate import simulate
     from sim.scenario import load_scenario
 
     sets = [x for o in overrides for x in ("--set", o)]
@@ -173,7 +173,7 @@ def test_replay_with_unequal_lengths_copies_the_padded_block(scenario, tmp_path)
     """T1/T2 are stored [slot, row] per layer and prefetched as one block of high-water slots for
     every row, so rows with fewer staged tokens (or finished ones) are copied as padding: the
     cache's H2D exceeds the simulator's live-token figure, while every tier decision agrees."""
-    from sim.engine import simulate
+    from sim.simulate import simulate
     from sim.scenario import load_scenario
 
     overrides = ["workload.reasoning_tokens={dist: uniform, min: 10, max: 24}", "workload.batch_size=3"]

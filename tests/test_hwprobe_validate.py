@@ -120,7 +120,7 @@ def variant(scenario_file, tmp_path, name: str, **policy) -> str:
 
 
 def test_validate_end_to_end_on_cpu(scenario_file, tmp_path):
-    from sim.engine import simulate
+    from sim.simulate import simulate
     from sim.scenario import load_scenario
 
     out = tmp_path / "validate.csv"

@@ -125,7 +125,7 @@ def test_copy_counts_follow_the_host_layout():
 
 
 def test_sync_per_step_step_time_hand_arithmetic():
-    from sim.engine import simulate
+    from sim.simulate import simulate
     from sim.scenario import load_scenario
 
     from .conftest import SCENARIOS

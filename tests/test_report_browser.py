@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from sim.report.command import build_report
-from sim.report.grid import DEFAULT_GRID
+from sim.studies.projection_grid import DEFAULT_GRID
 
 pytestmark = pytest.mark.browser
 

@@ -16,7 +16,7 @@ from plotly.offline import get_plotlyjs
 
 from sim.errors import ConfigError
 from sim.report.command import build_report
-from sim.report.grid import DEFAULT_GRID
+from sim.studies.projection_grid import DEFAULT_GRID
 
 from .conftest import SCENARIOS, run_cli
 
@@ -134,7 +134,7 @@ def test_projection_tables_written_beside_the_html(projection_html):
     from sim.capacity import max_batch
     from sim.context import build_context
     from sim.report.command import grid_csv_paths
-    from sim.report.grid import DEFAULT_POLICIES, grid_scenario
+    from sim.studies.projection_grid import DEFAULT_POLICIES, grid_scenario
 
     points_path, limits_path = grid_csv_paths(projection_html)
     points, limits = pd.read_csv(points_path), pd.read_csv(limits_path)

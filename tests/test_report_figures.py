@@ -14,13 +14,13 @@ import yaml
 
 from sim.capacity import max_batch
 from sim.context import build_context
-from sim.engine import simulate
+from sim.simulate import simulate
 from sim.report.figures_projection import Lookup, dimensions, projection_figures
 from sim.report.figures_run import occupancy_figure, stall_intervals, thin, timeline_figure, timeline_rows
 from sim.report.figures_validation import validation_figure
-from sim.report.grid import DEFAULT_GRID, grid_scenario, run_grid
+from sim.studies.projection_grid import DEFAULT_GRID, grid_scenario, run_grid
 from sim.report.selectable import compact
-from sim.runner import LINK_BOTTLENECK_UTILIZATION
+from sim.schema import LINK_BOTTLENECK_UTILIZATION
 from sim.scenario import scenario_from_dict
 from sim.units import MS
 
@@ -182,7 +182,7 @@ MEASURED_PROFILE = {
 
 def test_measured_profile_is_an_extra_gpu_column(tmp_path):
     from sim.profile import load_profile
-    from sim.report.grid import profile_base_gpu
+    from sim.studies.projection_grid import profile_base_gpu
 
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(MEASURED_PROFILE))

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from sim import catalog
-from sim.report import paper_claims as paper
+from sim.studies import paper_claims as paper
 from sim.report.figures_paper import paper_figures
-from sim.report.paper_check import check_paper, paper_rule_kv_bytes_per_token
+from sim.studies.paper_check import check_paper, paper_rule_kv_bytes_per_token
 from sim.units import GB, MB
 
 MODELS = (("7B", "deepseek-r1-distill-qwen-7b"), ("70B", "deepseek-r1-distill-llama-70b"))

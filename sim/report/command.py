@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..atomic import write_text_atomic
-from ..engine import simulate
+from ..simulate import simulate
 from ..errors import ConfigError
 from ..profile import Profile, load_profile
 from ..scenario import Scenario, load_scenario
 from .document import ReportData, render
-from .grid import DEFAULT_GRID, GridSpec, check_spec, gpu_columns, run_grid, tasks_for
-from .paper_check import check_paper
+from ..studies.projection_grid import DEFAULT_GRID, GridSpec, check_spec, gpu_columns, run_grid, tasks_for
+from ..studies.paper_check import check_paper
 from .progress import ReportProgress
 from .validation_table import load_validation
 

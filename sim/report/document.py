@@ -8,14 +8,14 @@ import pandas as pd
 
 from .. import __version__
 from ..output import summary_rows
-from ..runner import SimResult
+from ..simulate import SimResult
 from . import html as h
 from .figures_paper import paper_figures
 from .figures_projection import dimensions, projection_figures
 from .figures_run import run_figures, timeline_note
 from .figures_validation import validation_figure
-from .grid import GridResult
-from .paper_check import PaperCheck
+from ..studies.projection_grid import GridResult
+from ..studies.paper_check import PaperCheck
 from .summary_text import paper_sentences, projection_sentences, run_sentence, validation_sentences
 
 TITLE = "kvtier report: tiered KV caches for reasoning LLMs"

@@ -8,8 +8,8 @@ import textwrap
 import plotly.graph_objects as go
 
 from ..units import GB
-from . import paper_claims as paper
-from .paper_check import PaperCheck
+from ..studies import paper_claims as paper
+from ..studies.paper_check import PaperCheck
 from .style import BASE_LAYOUT
 
 PAPER_COLOR = "#999999"

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from ..runner import LINK_BOTTLENECK_UTILIZATION
+from ..schema import LINK_BOTTLENECK_UTILIZATION
 from ..units import GB
-from .grid import GridResult, length_label
+from ..studies.projection_grid import GridResult, length_label
 from .selectable import Dimension, SelectableFigure, build_selectable
 from .style import BASE_LAYOUT, PERCENT, policy_color
 

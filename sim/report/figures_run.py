@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..runner import SimResult
+from ..simulate import SimResult
 from ..units import GB, MS
 from .style import ACTIVITY_COLORS, BASE_LAYOUT, TIER_COLORS
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-PERCENT = 100  # fractions are shown as percentages
+from ..units import PERCENT  # noqa: F401 - re-exported for the figures
 FIGURE_HEIGHT_PX = 460
 FALLBACK_COLOR = "#7f7f7f"
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pandas as pd
 
 from .. import catalog
-from ..runner import LINK_BOTTLENECK_UTILIZATION
+from ..schema import LINK_BOTTLENECK_UTILIZATION
 from ..units import GB
-from .grid import GridResult, length_label
-from . import paper_claims as paper
-from .paper_check import PaperCheck
+from ..studies.projection_grid import GridResult, length_label
+from ..studies import paper_claims as paper
+from ..studies.paper_check import PaperCheck
 from .validation_table import BANDS
 
 REFERENCE_TIERED = "tiered_25"  # the policy the headline numbers quote (the one saving most HBM)

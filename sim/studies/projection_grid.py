@@ -16,14 +16,14 @@ from typing import Callable
 import pandas as pd
 
 from .. import catalog
-from ..capacity import batch_memory_trace, max_batch
+from ..capacity import batch_memory_trace, full_hbm_peak_bytes, max_batch
 from ..context import build_context
 from ..errors import ConfigError
 from ..profile import Profile
 from ..projection import project
-from ..runner import LINK_BOTTLENECK_UTILIZATION, full_hbm_peak_bytes
+from ..schema import LINK_BOTTLENECK_UTILIZATION
 from ..scenario import Scenario, scenario_from_dict
-from .style import PERCENT
+from ..units import PERCENT
 
 DEFAULT_PROMPT_TOKENS = 512  # a typical reasoning prompt; protected (never leaves HBM)
 EVICT_RATIO = 0.1  # the paper's evicted share, used by evict_only and the tiered rows

@@ -9,19 +9,16 @@ import numpy as np
 import pandas as pd
 
 from . import __version__
-from .capacity import batch_memory_trace, fits, max_batch, memory_trace
+from .capacity import baseline_max_batches, fits, full_hbm_peak_bytes, max_batch, memory_trace
 from .context import RunContext, build_context
-from .engine import busy_union_s, run_timing
+from .engine import run_timing
+from .intervals import busy_union_s
 from .evolution import ACTIVE, ATT_T0, ATT_T1, ATT_T2, MV_D2H_T1, MV_D2H_T2, MV_EVICTED, evolve
 from .physics import prefill_s
 from .profile import Profile
 from .scenario import Scenario
-from .tiers import TierPolicy
+from .schema import LINK_BOTTLENECK_UTILIZATION, P50, P99, STEP_COLUMNS
 
-STEP_COLUMNS = ["step", "t_s", "step_s", "compute_s", "stall_s", "h2d_bytes", "d2h_bytes",
-                "tokens_t0", "tokens_t1", "tokens_t2", "tokens_t3", "hbm_bytes", "host_bytes", "batch_active"]
-P50, P99 = 50, 99
-LINK_BOTTLENECK_UTILIZATION = 0.9  # a direction busy this share of decode time is the bottleneck
 
 
 @dataclass
@@ -38,19 +35,6 @@ def _versions() -> dict[str, str]:
 
     return {"kvtier": __version__, "python": platform.python_version(), "simpy": simpy.__version__,
             "numpy": np.__version__, "pandas": pd.__version__, "pydantic": pydantic.__version__}
-
-
-def full_hbm_peak_bytes(ctx: RunContext) -> float:
-    """Peak HBM of the same workload with no tiering (the `full_hbm` baseline)."""
-    full = TierPolicy(kind="full_hbm")
-    return batch_memory_trace(ctx, ctx.scenario.workload.batch_size, full).hbm_peak_bytes
-
-
-def baseline_max_batches(ctx: RunContext) -> dict[str, int]:
-    """Max batch of the same workload under the two baselines, so "how many more requests fit"
-    can be read off one run: full_hbm, and evict_only at this scenario's evict_ratio."""
-    evict_only = TierPolicy.from_config(ctx.scenario.policy.model_copy(update={"kind": "evict_only"}))
-    return {"full_hbm": max_batch(ctx, policy=TierPolicy(kind="full_hbm")), "evict_only": max_batch(ctx, policy=evict_only)}
 
 
 def simulate(scenario: Scenario, profile: Profile | None = None, *, profile_path: str | None = None,

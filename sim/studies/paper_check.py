@@ -14,13 +14,13 @@ from pathlib import Path
 import pandas as pd
 
 from .. import catalog
-from ..engine import simulate
+from ..simulate import simulate
 from ..model_spec import ModelSpec
 from ..projection import project
 from ..scenario import load_scenario, scenario_from_dict
 from ..units import GB, MB
 from . import paper_claims as paper
-from .grid import DEFAULT_GRID, EVICT_RATIO
+from .projection_grid import DEFAULT_GRID, EVICT_RATIO
 
 PAPER_SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "paper-rtx5080-7b.yaml"
 PAPER_HBM_RATIO = 0.5  # the prototype's tiered configuration: 50% of candidates kept in HBM

@@ -1,0 +1,2 @@
+"""Studies built on the simulator: the 7B-70B projection sweep (`projection_grid`) and the reference
+paper's claims checked (`paper_claims`, `paper_check`). They compute; `sim.report` only presents."""
