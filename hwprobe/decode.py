@@ -22,7 +22,7 @@ import pandas as pd
 
 from sim.context import draw_lengths, resolve_model
 from sim.intervals import busy_union_s
-from sim.evolution import sequence_tiers
+from sim.tier_plan import sequence_tiers
 from sim.errors import ConfigError
 from sim.scenario import Scenario
 from sim.schema import P50, P99, STEP_COLUMNS

@@ -10,7 +10,7 @@ import numpy as np
 from .context import RunContext, draw_lengths
 from .counts import count_trajectory
 from .memory import activation_bytes, staging_bytes
-from .tiers import TierPolicy
+from .tiers import T0, T1, T2, TIERS, TierPolicy
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def memory_trace(ctx: RunContext, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray
     hbm = ctx.weights_bytes + kv_t0 + stage + act + transit + ctx.hw.runtime_reserve_bytes
     host = t1 * ctx.kv_bytes_per_token + t2 * ctx.t2_bytes_per_token
     if after is not None:
-        host = np.maximum(host, after[:, 1] * ctx.kv_bytes_per_token + after[:, 2] * ctx.t2_bytes_per_token)
+        host = np.maximum(host, after[:, T1] * ctx.kv_bytes_per_token + after[:, T2] * ctx.t2_bytes_per_token)
     return MemoryTrace(hbm_bytes=hbm, host_bytes=host, kv_t0_bytes=kv_t0, staging_bytes=stage, transit_bytes=transit)
 
 
@@ -64,19 +64,24 @@ def _trajectory(prompt: int, length: int, policy: TierPolicy) -> np.ndarray:
 
 @dataclass(frozen=True)
 class BatchCounts:
-    """Tier counts summed over a batch, per decode step, from the ratios alone.
-    `attend` = counts during step s's forward (after step s-1's re-tier, plus the new token);
-    `after` = counts after step s (its re-tier applied)."""
+    """Tier counts summed over a batch, per decode step, from the ratios alone (columns T0..T3).
+    `attended` = counts during step s's forward (after step s-1's re-tier, plus the new token);
+    `tiers_after` = counts after step s (its re-tier applied)."""
 
-    attend: np.ndarray  # (steps, 4)
-    after: np.ndarray  # (steps, 4)
+    attended: np.ndarray  # (steps, 4)
+    tiers_after: np.ndarray  # (steps, 4)
     active: np.ndarray  # (steps,)
 
     @property
     def net_demoted(self) -> np.ndarray:
         """(steps, 2): tokens a re-tier adds to T1 and to T2 (net of promotions: the counts carry
         no churn, which is small next to the first re-tier's demotion that sets the peak)."""
-        return np.maximum(self.after[:, 1:3] - self.attend[:, 1:3], 0)
+        host = [T1, T2]
+        return np.maximum(self.tiers_after[:, host] - self.attended[:, host], 0)
+
+    def trace(self, ctx: RunContext) -> "MemoryTrace":
+        a = self.attended
+        return memory_trace(ctx, a[:, T0], a[:, T1], a[:, T2], self.active, self.tiers_after, self.net_demoted)
 
 
 def batch_counts(ctx: RunContext, batch: int, policy: TierPolicy | None = None) -> BatchCounts:
@@ -84,24 +89,25 @@ def batch_counts(ctx: RunContext, batch: int, policy: TierPolicy | None = None) 
     w = ctx.scenario.workload
     lengths = draw_lengths(w, batch)
     steps = int(lengths.max())
-    attend = np.zeros((steps, 4), dtype=np.int64)
-    after = np.zeros((steps, 4), dtype=np.int64)
+    attend = np.zeros((steps, len(TIERS)), dtype=np.int64)
+    after = np.zeros((steps, len(TIERS)), dtype=np.int64)
     active = np.zeros(steps, dtype=np.int64)
     uniq, mult = np.unique(lengths, return_counts=True)
     for n, k in zip(uniq, mult):
         traj = _trajectory(w.prompt_tokens, int(n), policy)
-        before = np.vstack([[w.prompt_tokens, 0, 0, 0], traj[:-1]])
-        before[:, 0] += 1  # the step's own new token
+        start = np.zeros((1, len(TIERS)), dtype=np.int64)
+        start[0, T0] = w.prompt_tokens
+        before = np.vstack([start, traj[:-1]])
+        before[:, T0] += 1  # the step's own new token
         attend[: int(n)] += k * before
         after[: int(n)] += k * traj
         active[: int(n)] += k
-    return BatchCounts(attend=attend, after=after, active=active)
+    return BatchCounts(attended=attend, tiers_after=after, active=active)
 
 
 def batch_memory_trace(ctx: RunContext, batch: int, policy: TierPolicy | None = None) -> MemoryTrace:
     """Memory of `batch` sequences (lengths drawn from the workload seed) from tier counts alone."""
-    c = batch_counts(ctx, batch, policy)
-    return memory_trace(ctx, c.attend[:, 0], c.attend[:, 1], c.attend[:, 2], c.active, c.after, c.net_demoted)
+    return batch_counts(ctx, batch, policy).trace(ctx)
 
 
 def fits(trace: MemoryTrace, ctx: RunContext) -> tuple[bool, float, float]:

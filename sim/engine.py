@@ -1,22 +1,25 @@
-"""SimPy timing of a decode run: the GPU computes layer by layer; host->device and device->host
-are separate link resources; prefetch follows the policy's mode; re-tiers move bytes.
+"""SimPy timing of a decode run, written as SimPy's own examples are: `DecodeSim` owns the
+resources (the two link directions) and each behaviour is a named generator method - the step loop,
+one forward pass per prefetch mode, the re-tier's transfers.
 
-The tier plan (which tokens are where at each step) comes from `evolution.evolve`; this module only
-schedules the costs that `physics` computes for it.
+What to schedule comes from pure functions: the tier plan (`tier_plan.plan_tiers`: which tokens sit
+where at each step), a step's cost (`physics.decode_step_cost`) and a re-tier's traffic
+(`physics.retier_traffic`). The processes here only schedule them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import simpy
 
 from .context import RunContext
-from .evolution import ACTIVE, ATT_T0, ATT_T1, ATT_T2, MV_D2H_T1, MV_D2H_T2, MV_H2D_T1, MV_H2D_T2, StepPlan
-from .physics import (LayerCost, decode_layer_cost, host_pack_s, layerwise_pipeline, prefetch_copies_per_layer,
-                      retier_copies, step_tail_s)
+from .physics import RetierTraffic, StepCost, decode_step_cost, retier_traffic
+from .tier_plan import ACTIVE, ATT_T0, ATT_T1, ATT_T2, MV_D2H_T1, MV_D2H_T2, MV_H2D_T1, MV_H2D_T2, TierPlan
+from .tiers import T1, T2
+
 STALL_EPS_S = 1e-12  # below this a "stall" is floating-point noise of summing layer times
+TIMELINE_STEPS = 4  # steps whose activity is recorded for the report's timeline
 
 
 @dataclass
@@ -31,7 +34,10 @@ class StepRecord:
 
 
 @dataclass
-class Timing:
+class DecodeTiming:
+    """What the engine measured: one record per step, each link direction's busy intervals, and
+    the activity of a few steps for the timeline view."""
+
     records: list[StepRecord]
     h2d_busy: list[tuple[float, float]]
     d2h_busy: list[tuple[float, float]]
@@ -39,13 +45,18 @@ class Timing:
     decode_s: float = 0.0
 
 
-class _Link:
-    """One direction of the host link as a SimPy resource that records its busy intervals."""
+class Link:
+    """One direction of the host link: a SimPy resource that records its busy intervals. With one
+    copy engine both directions share the resource; otherwise a copy that starts while the other
+    direction is busy gets the bidirectional share of the bandwidth."""
 
     def __init__(self, env: simpy.Environment, model, resource: simpy.Resource, name: str):
         self.env, self.model, self.res, self.name = env, model, resource, name
         self.busy: list[tuple[float, float]] = []
-        self.other: _Link | None = None
+        self.other: Link | None = None
+
+    def other_busy(self) -> bool:
+        return self.other is not None and self.other.res is not self.res and self.other.res.count > 0
 
     def transfer(self, nbytes: float, copies: int, timeline: list | None, tag: str, host_s: float = 0.0):
         """`host_s`: host work the copies wait for inside the transfer (the prototype's packing)."""
@@ -53,8 +64,7 @@ class _Link:
             return
         with self.res.request() as req:
             yield req
-            both = self.other is not None and self.other.res.count > 0 and self.other.res is not self.res
-            dur = self.model.transfer_time_s(nbytes, copies, both) + host_s
+            dur = self.model.transfer_time_s(nbytes, copies, self.other_busy()) + host_s
             start = self.env.now
             yield self.env.timeout(dur)
             self.busy.append((start, self.env.now))
@@ -62,160 +72,165 @@ class _Link:
                 timeline.append({"kind": self.name, "start_s": start, "end_s": self.env.now, "what": tag})
 
 
-def _layer_cost(ctx: RunContext, row: np.ndarray) -> LayerCost:
-    m = ctx.scenario.model
-    attended = int(row[ATT_T0] + row[ATT_T1] + row[ATT_T2])
-    return decode_layer_cost(
-        ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, int(row[ACTIVE]), attended,
-        ctx.kv_bytes_per_token_layer, int(row[ATT_T2]), ctx.t2_bytes_per_token_layer,
-    )
-
-
-def _prefetch_layer(ctx: RunContext, row: np.ndarray) -> tuple[float, int]:
-    """(bytes, copies) of one layer's T1/T2 prefetch for the batch."""
-    nbytes = row[ATT_T1] * ctx.kv_bytes_per_token_layer + row[ATT_T2] * ctx.t2_bytes_per_token_layer
-    copies = prefetch_copies_per_layer(ctx.scenario.policy.prefetch, row[ATT_T1] > 0, row[ATT_T2] > 0)
-    return float(nbytes), copies
-
-
-TIMELINE_STEPS = 4
-
-
-def timeline_window(plan: StepPlan) -> range:
+def timeline_window(plan: TierPlan) -> range:
     """Steps whose activity is recorded: from just before the first re-tier that moves tokens,
     so the window shows that re-tier's offload and the prefetches that follow it."""
-    moved = np.flatnonzero(plan.moves[:, MV_D2H_T1] + plan.moves[:, MV_D2H_T2] + plan.moves[:, MV_H2D_T1] + plan.moves[:, MV_H2D_T2])
+    m = plan.retier_moves
+    moved = (m[:, MV_D2H_T1] + m[:, MV_D2H_T2] + m[:, MV_H2D_T1] + m[:, MV_H2D_T2]).nonzero()[0]
     first = max(0, int(moved[0]) - 1) if len(moved) else 0
     return range(first, first + TIMELINE_STEPS)
 
 
-def run_timing(ctx: RunContext, plan: StepPlan) -> Timing:
-    sc = ctx.scenario
-    pol = sc.policy
-    L = ctx.num_layers
-    env = simpy.Environment()
-    h2d_res = simpy.Resource(env, capacity=1)
-    d2h_res = h2d_res if ctx.hw.copy_engines < 2 else simpy.Resource(env, capacity=1)
-    h2d = _Link(env, ctx.hw.h2d, h2d_res, "h2d")
-    d2h = _Link(env, ctx.hw.d2h, d2h_res, "d2h")
-    h2d.other, d2h.other = d2h, h2d
-    records: list[StepRecord] = []
-    timeline: list[dict] = []
-    window = timeline_window(plan)
-    stride = sc.sim.step_stride
-    blocking_offload = pol.prefetch == "sync_per_step" or not pol.pinned
-    layer_detail = sc.sim.detail == "layer"
-    last: StepRecord | None = None
+class DecodeSim:
+    """One decode run of a batch on one GPU and its host link."""
 
-    def compute(dur: float, tl: list | None, what: str):
-        start = env.now
-        yield env.timeout(dur)
-        if tl is not None:
-            tl.append({"kind": "compute", "start_s": start, "end_s": env.now, "what": what})
+    def __init__(self, ctx: RunContext, plan: TierPlan):
+        self.ctx, self.plan = ctx, plan
+        pol = ctx.scenario.policy
+        self.prefetch, self.buffers = pol.prefetch, pol.staging_buffers
+        self.staged = ctx.policy.tiering and pol.prefetch != "per_interval"  # T1/T2 cross the link every step
+        self.blocking_offload = pol.prefetch == "sync_per_step" or not pol.pinned
+        self.layer_detail = ctx.scenario.sim.detail == "layer"
+        self.stride = ctx.scenario.sim.step_stride
+        self.env = simpy.Environment()
+        h2d_res = simpy.Resource(self.env, capacity=1)
+        d2h_res = h2d_res if ctx.hw.copy_engines < 2 else simpy.Resource(self.env, capacity=1)
+        self.h2d = Link(self.env, ctx.hw.h2d, h2d_res, "h2d")
+        self.d2h = Link(self.env, ctx.hw.d2h, d2h_res, "d2h")
+        self.h2d.other, self.d2h.other = self.d2h, self.h2d
+        self.records: list[StepRecord] = []
+        self.timeline: list[dict] = []
 
-    def step_body(s: int, row: np.ndarray, tl: list | None):
-        """One decode step's forward pass; returns compute seconds (the rest is stall)."""
-        cost = _layer_cost(ctx, row)
-        layer_s, pre_s, rest_s = cost.total_s, cost.pre_attention_s, cost.post_attention_s
-        pf_bytes, pf_copies = _prefetch_layer(ctx, row)
-        tiered = ctx.policy.tiering and pf_bytes > 0
-        if tiered and pol.prefetch == "layerwise_async":
-            if layer_detail:
-                buffers = simpy.Container(env, capacity=pol.staging_buffers, init=pol.staging_buffers)
-                done = [env.event() for _ in range(L)]
+    def run(self) -> DecodeTiming:
+        self.env.process(self.decode())
+        self.env.run()
+        decode_s = self.records[-1].t_s if self.records else 0.0
+        # an async offload can outlive the last step; utilisation is over the decode span
+        return DecodeTiming(self.records, self.h2d.busy, self.d2h.busy, self.timeline, decode_s)
 
-                def copier():
-                    for layer in range(L):
-                        yield buffers.get(1)
-                        yield from h2d.transfer(pf_bytes, pf_copies, tl, f"prefetch L{layer}")
-                        done[layer].succeed()
+    # ---- costs (pure functions, evaluated per step) -----------------------------------------
+    def step_cost(self, s: int) -> StepCost:
+        ctx, row = self.ctx, self.plan.attended[s]
+        m = ctx.scenario.model
+        return decode_step_cost(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, self.prefetch,
+                                int(row[ACTIVE]), int(row[ATT_T0]), int(row[ATT_T1]), int(row[ATT_T2]),
+                                ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer, self.staged)
 
-                env.process(copier())
-                for layer in range(L):
-                    start = env.now
-                    yield env.timeout(pre_s)
-                    yield done[layer]  # attention needs this layer's staged tokens
-                    yield buffers.put(1)  # they move into the attention workspace: buffer free
-                    yield env.timeout(rest_s)
-                    if tl is not None:
-                        tl.append({"kind": "compute", "start_s": start, "end_s": env.now, "what": f"layer {layer}"})
-            else:
-                both = d2h.res.count > 0 and d2h.res is not h2d.res
-                copy_s = ctx.hw.h2d.transfer_time_s(pf_bytes, pf_copies, both)
-                copies, computes = layerwise_pipeline([pre_s] * L, [rest_s] * L, [copy_s] * L, pol.staging_buffers)
-                with h2d.res.request() as req:
-                    yield req
-                    start = env.now
-                    yield env.timeout(computes[-1][1])
-                h2d.busy.extend((start + a, start + b) for a, b in copies)
-                if tl is not None:
-                    tl.extend({"kind": "h2d", "start_s": start + a, "end_s": start + b, "what": f"prefetch L{i}"}
-                              for i, (a, b) in enumerate(copies))
-                    tl.extend({"kind": "compute", "start_s": start + a, "end_s": start + b, "what": f"layer {i}"}
-                              for i, (a, b) in enumerate(computes))
-        elif tiered and pol.prefetch == "sync_per_step":
-            # the prototype: every layer's T1 copied (per-layer pageable copies), then compute
-            pack_s = host_pack_s(ctx.hw, row[ATT_T1] * ctx.kv_bytes_per_token_layer)
-            for layer in range(L):
-                yield from h2d.transfer(pf_bytes, pf_copies, tl, f"sync copy L{layer}", pack_s)
-            yield from compute(L * layer_s, tl, "forward")
-        else:
-            yield from compute(L * layer_s, tl, "forward")
-        yield from compute(step_tail_s(ctx.model, ctx.hw, int(row[ACTIVE])), tl, "lm head + sampling")
-        return L * layer_s + step_tail_s(ctx.model, ctx.hw, int(row[ACTIVE]))
+    def retier_traffic(self, s: int) -> RetierTraffic:
+        ctx, mv, after = self.ctx, self.plan.retier_moves[s], self.plan.tiers_after[s]
+        return retier_traffic(self.prefetch, ctx.num_layers, ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer,
+                              mv[MV_D2H_T1], mv[MV_D2H_T2], mv[MV_H2D_T1], mv[MV_H2D_T2], after[T1], after[T2])
 
-    def retier_traffic(s: int, tl: list | None):
-        """Offloads (D2H) and promotions (H2D) of the re-tier after step s; returns H2D, D2H bytes."""
-        mv = plan.moves[s]
-        d2h_bytes = L * (mv[MV_D2H_T1] * ctx.kv_bytes_per_token_layer + mv[MV_D2H_T2] * ctx.t2_bytes_per_token_layer)
-        h2d_bytes = L * (mv[MV_H2D_T1] * ctx.kv_bytes_per_token_layer + mv[MV_H2D_T2] * ctx.t2_bytes_per_token_layer)
-        d2h_copies = retier_copies(pol.prefetch, L, mv[MV_D2H_T1] > 0, mv[MV_D2H_T2] > 0)
-        h2d_copies = retier_copies(pol.prefetch, L, mv[MV_H2D_T1] > 0, mv[MV_H2D_T2] > 0)
-        if pol.prefetch == "per_interval":
-            # T1/T2 brought back once per interval and kept resident on the GPU
-            after = plan.after[s]
-            h2d_bytes += L * (after[1] * ctx.kv_bytes_per_token_layer + after[2] * ctx.t2_bytes_per_token_layer)
-            h2d_copies += L * prefetch_copies_per_layer(pol.prefetch, after[1] > 0, after[2] > 0)
-        offload = env.process(d2h.transfer(float(d2h_bytes), d2h_copies, tl, "offload"))
-        if blocking_offload:
-            yield offload
-        # promoted tokens must be in HBM before the next step attends them
-        yield env.process(h2d.transfer(float(h2d_bytes), h2d_copies, tl, "promote"))
-        return float(h2d_bytes), float(d2h_bytes)
-
-    def decode():
-        nonlocal last
+    # ---- processes ---------------------------------------------------------------------------
+    def decode(self):
+        """The step loop: each step's forward pass, then its re-tier if one is due."""
+        window = timeline_window(self.plan)
+        last: StepRecord | None = None
         last_h2d_busy_s = 0.0
-        for s in range(plan.steps):
-            row = plan.attend[s]
-            tl = timeline if s in window else None
-            n_recorded = len(timeline)
-            start = env.now
-            pf_bytes, _ = _prefetch_layer(ctx, row)
-            h2d_b = L * pf_bytes if (ctx.policy.tiering and pol.prefetch != "per_interval") else 0.0
-            if last is not None and s % stride and not plan.retier[s] and tl is None:
+        for s in range(self.plan.steps):
+            tl = self.timeline if s in window else None
+            n_recorded = len(self.timeline)
+            start = self.env.now
+            cost = self.step_cost(s)
+            h2d_bytes = self.ctx.num_layers * cost.prefetch_bytes_per_layer if self.staged else 0.0
+            if last is not None and s % self.stride and not self.plan.retier_due[s] and tl is None:
                 # stride: repeat the last simulated step's time (and link busy time) instead of simulating it
-                yield env.timeout(last.step_s)
+                yield self.env.timeout(last.step_s)
                 if last_h2d_busy_s > 0:
-                    h2d.busy.append((start, start + last_h2d_busy_s))
+                    self.h2d.busy.append((start, start + last_h2d_busy_s))
                 compute_s = last.compute_s
             else:
-                n_busy = len(h2d.busy)
-                compute_s = yield from step_body(s, row, tl)
-                last_h2d_busy_s = sum(b - a for a, b in h2d.busy[n_busy:])
-            d2h_b = 0.0
-            if plan.retier[s]:
-                extra_h2d, d2h_b = yield from retier_traffic(s, tl)
-                h2d_b += extra_h2d
-            step_s = env.now - start
-            for rec in timeline[n_recorded:]:
+                n_busy = len(self.h2d.busy)
+                yield from self.forward(cost, tl)
+                last_h2d_busy_s = sum(b - a for a, b in self.h2d.busy[n_busy:])
+                compute_s = cost.compute_s
+            d2h_bytes = 0.0
+            if self.plan.retier_due[s]:
+                traffic = self.retier_traffic(s)
+                yield from self.retier(traffic, tl)
+                h2d_bytes += traffic.h2d_bytes
+                d2h_bytes = traffic.d2h_bytes
+            step_s = self.env.now - start
+            for rec in self.timeline[n_recorded:]:
                 rec["step"] = s
             stall_s = step_s - compute_s
-            last = StepRecord(s, env.now, step_s, compute_s, stall_s if stall_s > STALL_EPS_S else 0.0, h2d_b, d2h_b)
-            records.append(last)
+            last = StepRecord(s, self.env.now, step_s, compute_s, stall_s if stall_s > STALL_EPS_S else 0.0,
+                              h2d_bytes, d2h_bytes)
+            self.records.append(last)
 
-    env.process(decode())
-    env.run()
-    decode_s = records[-1].t_s if records else 0.0
-    # an async offload can outlive the last step; utilisation is over the decode span
-    return Timing(records=records, h2d_busy=h2d.busy, d2h_busy=d2h.busy, timeline=timeline, decode_s=decode_s)
+    def forward(self, cost: StepCost, tl: list | None):
+        """One step's forward pass in the policy's prefetch mode, then its tail."""
+        if cost.stages and self.prefetch == "layerwise_async":
+            yield from (self.layerwise_layers(cost, tl) if self.layer_detail else self.layerwise_closed_form(cost, tl))
+        elif cost.stages and self.prefetch == "sync_per_step":
+            yield from self.sync_copies(cost, tl)
+            yield from self.compute(cost.num_layers * cost.layer.total_s, tl, "forward")
+        else:  # nothing staged (full_hbm, per_interval, or no host tokens yet)
+            yield from self.compute(cost.num_layers * cost.layer.total_s, tl, "forward")
+        yield from self.compute(cost.tail_s, tl, "lm head + sampling")
+
+    def layerwise_layers(self, cost: StepCost, tl: list | None):
+        """Layer by layer: a copier brings each layer's T1/T2 into one of the staging buffers while
+        earlier layers compute; a layer's attention waits for its copy, then frees the buffer."""
+        env, L = self.env, cost.num_layers
+        buffers = simpy.Container(env, capacity=self.buffers, init=self.buffers)
+        staged = [env.event() for _ in range(L)]
+        env.process(self.layerwise_copier(cost, buffers, staged, tl))
+        pre_s, rest_s = cost.layer.pre_attention_s, cost.layer.post_attention_s
+        for layer in range(L):
+            start = env.now
+            yield env.timeout(pre_s)
+            yield staged[layer]  # attention needs this layer's staged tokens
+            yield buffers.put(1)  # they move into the attention workspace: buffer free
+            yield env.timeout(rest_s)
+            if tl is not None:
+                tl.append({"kind": "compute", "start_s": start, "end_s": env.now, "what": f"layer {layer}"})
+
+    def layerwise_copier(self, cost: StepCost, buffers: simpy.Container, staged: list, tl: list | None):
+        for layer in range(cost.num_layers):
+            yield buffers.get(1)
+            yield from self.h2d.transfer(cost.prefetch_bytes_per_layer, cost.prefetch_copies_per_layer, tl,
+                                         f"prefetch L{layer}")
+            staged[layer].succeed()
+
+    def layerwise_closed_form(self, cost: StepCost, tl: list | None):
+        """Step level: the same pipeline from its closed form (`physics.layerwise_pipeline`), the
+        H2D direction held for the whole forward pass."""
+        copy_s = cost.prefetch_copy_s(self.ctx.hw.h2d, self.h2d.other_busy())
+        copies, computes = cost.layerwise_pipeline(copy_s, self.buffers)
+        with self.h2d.res.request() as req:
+            yield req
+            start = self.env.now
+            yield self.env.timeout(computes[-1][1])
+        self.h2d.busy.extend((start + a, start + b) for a, b in copies)
+        if tl is not None:
+            tl.extend({"kind": "h2d", "start_s": start + a, "end_s": start + b, "what": f"prefetch L{i}"}
+                      for i, (a, b) in enumerate(copies))
+            tl.extend({"kind": "compute", "start_s": start + a, "end_s": start + b, "what": f"layer {i}"}
+                      for i, (a, b) in enumerate(computes))
+
+    def sync_copies(self, cost: StepCost, tl: list | None):
+        """The prototype: every layer's T1 copied (per-layer pageable copies, packed on the host
+        first) before the forward pass starts."""
+        for layer in range(cost.num_layers):
+            yield from self.h2d.transfer(cost.prefetch_bytes_per_layer, cost.prefetch_copies_per_layer, tl,
+                                         f"sync copy L{layer}", cost.pack_s_per_layer)
+
+    def retier(self, traffic: RetierTraffic, tl: list | None):
+        """Offloads (D2H) run beside the next steps unless they block (pageable memory or the
+        prototype); promotions (H2D) must land before the next step attends them."""
+        offload = self.env.process(self.d2h.transfer(traffic.d2h_bytes, traffic.d2h_copies, tl, "offload"))
+        if self.blocking_offload:
+            yield offload
+        yield self.env.process(self.h2d.transfer(traffic.h2d_bytes, traffic.h2d_copies, tl, "promote"))
+
+    def compute(self, dur: float, tl: list | None, what: str):
+        start = self.env.now
+        yield self.env.timeout(dur)
+        if tl is not None:
+            tl.append({"kind": "compute", "start_s": start, "end_s": self.env.now, "what": what})
+
+
+def run_timing(ctx: RunContext, plan: TierPlan) -> DecodeTiming:
+    """Time a decode run of `plan` (the SimPy reference model)."""
+    return DecodeSim(ctx, plan).run()

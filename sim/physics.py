@@ -1,4 +1,5 @@
-"""Pure cost functions of decode: per-layer roofline, LM head, prefill, layerwise prefetch pipeline.
+"""Pure cost functions of decode: per-layer roofline, LM head, prefill, one decode step composed
+(`decode_step_cost`), a re-tier's link traffic (`retier_traffic`), the layerwise prefetch pipeline.
 
 No SimPy here: the engine only schedules what these compute. Formulas are in the docstrings.
 """
@@ -10,8 +11,6 @@ from dataclasses import dataclass
 from .hardware import Hardware
 from .model_spec import ModelSpec
 from .units import ATTN_MATMULS, FLOP_PER_MAC
-
-ACTIVATION_BYTES = 2  # bf16 activations
 
 
 def roofline_s(flop: float, bytes_moved: float, flop_per_s: float, bytes_per_s: float) -> float:
@@ -30,8 +29,6 @@ class LayerCost:
     gemm_s: float
     attention_s: float
     overhead_s: float
-    flop: float
-    hbm_bytes: float
     qkv_share: float = 0.0  # share of gemm_s spent in the q/k/v projection (before attention)
     host_s: float = 0.0
 
@@ -89,8 +86,7 @@ def decode_layer_cost(
     kv_bytes = (attended_tokens + batch) * kv_bytes_per_token_layer + dequant_bytes
     attn_s = roofline_s(a_flop, kv_bytes, hw.attention_flop_per_s, hw.attention_hbm_bytes_per_s)
     qkv = model.hidden_size * (model.q_dim + 2 * model.kv_dim)
-    return LayerCost(gemm_s, attn_s, hw.layer_overhead_s, g_flop + a_flop, w_bytes + kv_bytes,
-                     qkv_share=qkv / model.active_linear_params_layer(), host_s=hw.host_layer_s)
+    return LayerCost(gemm_s, attn_s, hw.layer_overhead_s, qkv_share=qkv / model.active_linear_params_layer(), host_s=hw.host_layer_s)
 
 
 def lm_head_s(model: ModelSpec, hw: Hardware, batch: int) -> float:
@@ -183,3 +179,82 @@ def layerwise_pipeline_s(pre_s: list[float], rest_s: list[float], copy_s: list[f
     _, layers = layerwise_pipeline(pre_s, rest_s, copy_s, buffers)
     finish = layers[-1][1] if layers else 0.0
     return finish, finish - sum(pre_s) - sum(rest_s)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """One decode step of a batch, composed once for every engine (SimPy layer level, closed-form
+    step level, fast projection): `num_layers` identical layers, then the tail (LM head, sampling).
+    Staged T1/T2 tokens cross the link once per layer (`prefetch_*`, zero when none are staged)."""
+
+    layer: LayerCost
+    num_layers: int
+    tail_s: float
+    prefetch_bytes_per_layer: float
+    prefetch_copies_per_layer: int
+    pack_s_per_layer: float = 0.0  # host work each prototype copy waits for (sync_per_step)
+
+    @property
+    def compute_s(self) -> float:
+        """Device time with no stall: L * layer + tail."""
+        return self.num_layers * self.layer.total_s + self.tail_s
+
+    @property
+    def stages(self) -> bool:
+        return self.prefetch_bytes_per_layer > 0
+
+    def prefetch_copy_s(self, link, both_directions_busy: bool = False) -> float:
+        """One layer's prefetch on `link` (a LinkModel): copies + bytes / bandwidth, plus the host
+        packing the prototype's copies wait for."""
+        return link.transfer_time_s(self.prefetch_bytes_per_layer, self.prefetch_copies_per_layer,
+                                    both_directions_busy) + self.pack_s_per_layer
+
+    def layerwise_pipeline(self, copy_s: float, buffers: int) -> tuple[list, list]:
+        """`layerwise_pipeline` of this step's layers with every layer's copy taking `copy_s`."""
+        L = self.num_layers
+        return layerwise_pipeline([self.layer.pre_attention_s] * L, [self.layer.post_attention_s] * L, [copy_s] * L,
+                                  buffers)
+
+
+def decode_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, prefetch: str,
+                     batch: int, t0: int, t1: int, t2: int, kv_bytes_per_token_layer: float,
+                     t2_bytes_per_token_layer: float, staged: bool = True) -> StepCost:
+    """One decode step for tier counts summed over the batch: each layer attends T0 + T1 + T2
+    (`decode_layer_cost`), the tail is `step_tail_s`, and - when `staged` (a tiered policy that
+    stages its host tiers every step) - each layer's T1/T2 crosses the link:
+    bytes = T1 * KV bytes/token/layer + T2 * compressed bytes/token/layer,
+    copies = `prefetch_copies_per_layer`; the prototype (sync_per_step) packs its T1 on the host first."""
+    layer = decode_layer_cost(model, hw, weight_dtype, group_size, batch, t0 + t1 + t2, kv_bytes_per_token_layer,
+                              t2, t2_bytes_per_token_layer)
+    tail_s = step_tail_s(model, hw, batch)
+    nbytes = float(t1 * kv_bytes_per_token_layer + t2 * t2_bytes_per_token_layer) if staged else 0.0
+    copies = prefetch_copies_per_layer(prefetch, t1 > 0, t2 > 0) if staged else 0
+    pack_s = host_pack_s(hw, t1 * kv_bytes_per_token_layer) if staged and prefetch == "sync_per_step" else 0.0
+    return StepCost(layer, model.num_layers, tail_s, nbytes, copies, pack_s)
+
+
+@dataclass(frozen=True)
+class RetierTraffic:
+    """Link traffic of one re-tier (all layers): demotions go device->host, promotions host->device."""
+
+    h2d_bytes: float
+    h2d_copies: int
+    d2h_bytes: float
+    d2h_copies: int
+
+
+def retier_traffic(prefetch: str, num_layers: int, kv_bytes_per_token_layer: float, t2_bytes_per_token_layer: float,
+                   to_t1: int, to_t2: int, from_t1: int, from_t2: int,
+                   resident_t1: int = 0, resident_t2: int = 0) -> RetierTraffic:
+    """d2h = L * (tokens to T1 * KV bytes + tokens to T2 * compressed bytes), h2d likewise for the
+    promoted ones; copies from `retier_copies`. `per_interval` also brings every host-resident
+    token (`resident_*`, counts after the re-tier) back once and keeps it on the GPU."""
+    L = num_layers
+    d2h_bytes = L * (to_t1 * kv_bytes_per_token_layer + to_t2 * t2_bytes_per_token_layer)
+    h2d_bytes = L * (from_t1 * kv_bytes_per_token_layer + from_t2 * t2_bytes_per_token_layer)
+    d2h_copies = retier_copies(prefetch, L, to_t1 > 0, to_t2 > 0)
+    h2d_copies = retier_copies(prefetch, L, from_t1 > 0, from_t2 > 0)
+    if prefetch == "per_interval":
+        h2d_bytes += L * (resident_t1 * kv_bytes_per_token_layer + resident_t2 * t2_bytes_per_token_layer)
+        h2d_copies += L * prefetch_copies_per_layer(prefetch, resident_t1 > 0, resident_t2 > 0)
+    return RetierTraffic(float(h2d_bytes), h2d_copies, float(d2h_bytes), d2h_copies)

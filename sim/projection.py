@@ -1,9 +1,9 @@
 """Fast projection: the simulator's physics evaluated without token identities or SimPy events.
 
 For sweeps of thousands of configurations (reports). Tier sizes come from the ratios
-(`counts`), step time from the closed-form layerwise pipeline (`physics.layerwise_pipeline_s`) at
-`samples` evenly spaced steps, integrated over the run. What it leaves out, compared with
-`sim.engine.simulate`: re-tier churn (promotions and demotions caused by changing scores; only the
+(`counts`), step time from the engine's own step cost (`physics.decode_step_cost`) with the
+layerwise pipeline in closed form, at `samples` evenly spaced steps, integrated over the run. What it
+leaves out, compared with `sim.simulate.simulate`: re-tier churn (promotions and demotions caused by changing scores; only the
 net flow into the host is moved) and link contention between re-tier traffic and prefetch.
 A test keeps it within a few percent of the full simulation on the shipped scenarios.
 """
@@ -14,13 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .capacity import batch_counts, fits, full_hbm_peak_bytes, max_batch, memory_trace
+from .capacity import batch_counts, fits, full_hbm_peak_bytes, max_batch
 from .context import RunContext, build_context
-from .physics import (decode_layer_cost, host_pack_s, layerwise_pipeline_s, prefetch_copies_per_layer, retier_copies,
-                      step_tail_s)
+from .physics import decode_step_cost, retier_copies
 from .profile import Profile
-
 from .scenario import Scenario
+from .tiers import T0, T1, T2
 
 DEFAULT_SAMPLES = 48
 
@@ -33,23 +32,20 @@ class StepTime:
 
 
 def step_time(ctx: RunContext, batch: int, t0: int, t1: int, t2: int) -> StepTime:
-    """One decode step for tier counts summed over the batch (same formulas as the engine)."""
+    """One decode step for tier counts summed over the batch: the engine's step cost
+    (`physics.decode_step_cost`), its prefetch in closed form with no link contention."""
     m, pol = ctx.scenario.model, ctx.scenario.policy
-    L = ctx.num_layers
-    cost = decode_layer_cost(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, batch, t0 + t1 + t2,
-                             ctx.kv_bytes_per_token_layer, t2, ctx.t2_bytes_per_token_layer)
-    layer_s = cost.total_s
-    tail_s = step_tail_s(ctx.model, ctx.hw, batch)
-    compute_s = L * layer_s + tail_s
-    pf_bytes = t1 * ctx.kv_bytes_per_token_layer + t2 * ctx.t2_bytes_per_token_layer
-    if not ctx.policy.tiering or pf_bytes <= 0 or pol.prefetch == "per_interval":
-        return StepTime(compute_s, compute_s, 0.0)
-    copy_s = ctx.hw.h2d.transfer_time_s(pf_bytes, prefetch_copies_per_layer(pol.prefetch, t1 > 0, t2 > 0))
+    staged = ctx.policy.tiering and pol.prefetch != "per_interval"  # per_interval keeps T1/T2 resident
+    cost = decode_step_cost(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, pol.prefetch, batch, t0, t1, t2,
+                            ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer, staged)
+    if not cost.stages:
+        return StepTime(cost.compute_s, cost.compute_s, 0.0)
+    copy_s = cost.prefetch_copy_s(ctx.hw.h2d)
+    L = cost.num_layers
     if pol.prefetch == "sync_per_step":
-        copy_s += host_pack_s(ctx.hw, t1 * ctx.kv_bytes_per_token_layer)
-        return StepTime(L * copy_s + compute_s, compute_s, L * copy_s)
-    finish, _ = layerwise_pipeline_s([cost.pre_attention_s] * L, [cost.post_attention_s] * L, [copy_s] * L, pol.staging_buffers)
-    return StepTime(finish + tail_s, compute_s, L * copy_s)
+        return StepTime(L * copy_s + cost.compute_s, cost.compute_s, L * copy_s)
+    _, layers = cost.layerwise_pipeline(copy_s, pol.staging_buffers)
+    return StepTime(layers[-1][1] + cost.tail_s, cost.compute_s, L * copy_s)
 
 
 def project(scenario: Scenario, profile: Profile | None = None, *, samples: int = DEFAULT_SAMPLES,
@@ -58,7 +54,7 @@ def project(scenario: Scenario, profile: Profile | None = None, *, samples: int 
     ctx = build_context(scenario, profile)
     batch = scenario.workload.batch_size
     c = batch_counts(ctx, batch)
-    mem = memory_trace(ctx, c.attend[:, 0], c.attend[:, 1], c.attend[:, 2], c.active, c.after, c.net_demoted)
+    mem = c.trace(ctx)
     ok, hbm_short, host_short = fits(mem, ctx)
     out = {
         "fits": ok, "hbm_peak_bytes": mem.hbm_peak_bytes, "host_peak_bytes": mem.host_peak_bytes,
@@ -69,12 +65,12 @@ def project(scenario: Scenario, profile: Profile | None = None, *, samples: int 
     steps = len(c.active)
     idx = np.unique(np.linspace(0, steps - 1, min(samples, steps)).round().astype(int))
     weights = np.diff(np.concatenate([[0], (idx[1:] + idx[:-1]) // 2 + 1, [steps]]))  # steps each sample stands for
-    times = [step_time(ctx, int(c.active[i]), *(int(x) for x in c.attend[i, :3])) for i in idx]
+    times = [step_time(ctx, int(c.active[i]), *(int(x) for x in c.attended[i, [T0, T1, T2]])) for i in idx]
     step_s = np.array([t.step_s for t in times])
     compute_s = np.array([t.compute_s for t in times])
     h2d_s = np.array([t.h2d_busy_s for t in times])
     # net flow into the host at re-tiers (D2H), asynchronous unless the offload blocks
-    d2h_tokens = np.clip(np.diff(np.concatenate([[0], c.after[:, 1] + c.after[:, 2]])), 0, None)
+    d2h_tokens = np.clip(np.diff(np.concatenate([[0], c.tiers_after[:, T1] + c.tiers_after[:, T2]])), 0, None)
     d2h_bytes = float(np.sum(d2h_tokens) * ctx.kv_bytes_per_token)
     per_retier = retier_copies(scenario.policy.prefetch, ctx.num_layers, True, scenario.policy.compressed_ratio > 0)
     d2h_s = ctx.hw.d2h.transfer_time_s(d2h_bytes, int(np.count_nonzero(d2h_tokens)) * per_retier)
@@ -90,7 +86,7 @@ def project(scenario: Scenario, profile: Profile | None = None, *, samples: int 
         "d2h_utilization": min(1.0, d2h_s / decode_s),
         "stall_share": float(np.sum((step_s - compute_s) * weights)) / decode_s,
         "transfer_share": min(1.0, (h2d_total + (d2h_s if blocking else 0.0)) / decode_s),
-        "h2d_bytes": float(np.sum(weights * (c.attend[idx, 1] * ctx.kv_bytes_per_token + c.attend[idx, 2] * ctx.t2_bytes_per_token))) if ctx.policy.tiering else 0.0,
+        "h2d_bytes": float(np.sum(weights * (c.attended[idx, T1] * ctx.kv_bytes_per_token + c.attended[idx, T2] * ctx.t2_bytes_per_token))) if ctx.policy.tiering else 0.0,
         "d2h_bytes": d2h_bytes,
     })
     return out

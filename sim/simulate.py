@@ -13,7 +13,8 @@ from .capacity import baseline_max_batches, fits, full_hbm_peak_bytes, max_batch
 from .context import RunContext, build_context
 from .engine import run_timing
 from .intervals import busy_union_s
-from .evolution import ACTIVE, ATT_T0, ATT_T1, ATT_T2, MV_D2H_T1, MV_D2H_T2, MV_EVICTED, evolve
+from .tier_plan import ACTIVE, ATT_T0, ATT_T1, ATT_T2, MV_D2H_T1, MV_D2H_T2, MV_EVICTED, plan_tiers
+from .tiers import T0, T1, T2, T3, TIERS
 from .physics import prefill_s
 from .profile import Profile
 from .scenario import Scenario
@@ -40,17 +41,17 @@ def _versions() -> dict[str, str]:
 def simulate(scenario: Scenario, profile: Profile | None = None, *, profile_path: str | None = None,
              with_max_batch: bool = True) -> SimResult:
     ctx = build_context(scenario, profile, profile_path)
-    plan = evolve(ctx)
-    att = plan.attend
-    mem = memory_trace(ctx, att[:, ATT_T0], att[:, ATT_T1], att[:, ATT_T2], att[:, ACTIVE], plan.after,
-                       plan.moves[:, [MV_D2H_T1, MV_D2H_T2]])
+    plan = plan_tiers(ctx)
+    att = plan.attended
+    mem = memory_trace(ctx, att[:, ATT_T0], att[:, ATT_T1], att[:, ATT_T2], att[:, ACTIVE], plan.tiers_after,
+                       plan.retier_moves[:, [MV_D2H_T1, MV_D2H_T2]])
     ok, hbm_short, host_short = fits(mem, ctx)
     timing = run_timing(ctx, plan) if ok else None
 
     steps = pd.DataFrame({
         "step": np.arange(plan.steps),
-        "tokens_t0": plan.after[:, 0], "tokens_t1": plan.after[:, 1],
-        "tokens_t2": plan.after[:, 2], "tokens_t3": plan.after[:, 3],
+        "tokens_t0": plan.tiers_after[:, T0], "tokens_t1": plan.tiers_after[:, T1],
+        "tokens_t2": plan.tiers_after[:, T2], "tokens_t3": plan.tiers_after[:, T3],
         "hbm_bytes": mem.hbm_bytes, "host_bytes": mem.host_bytes, "batch_active": att[:, ACTIVE],
     })
     if timing is not None:
@@ -84,9 +85,9 @@ def simulate(scenario: Scenario, profile: Profile | None = None, *, profile_path
         "runtime_reserve_bytes": ctx.hw.runtime_reserve_bytes,
         "weights_bytes": ctx.weights_bytes,
         "kv_bytes_per_token": ctx.kv_bytes_per_token,
-        "offloaded_tokens": int(plan.moves[:, MV_D2H_T1].sum() + plan.moves[:, MV_D2H_T2].sum()),
-        "evicted_tokens": int(plan.moves[:, MV_EVICTED].sum()),
-        "final_tokens_per_tier": {f"t{i}": int(plan.after[-1, i]) for i in range(4)} if plan.steps else {},
+        "offloaded_tokens": int(plan.retier_moves[:, MV_D2H_T1].sum() + plan.retier_moves[:, MV_D2H_T2].sum()),
+        "evicted_tokens": int(plan.retier_moves[:, MV_EVICTED].sum()),
+        "final_tokens_per_tier": {f"t{i}": int(plan.tiers_after[-1, i]) for i in TIERS} if plan.steps else {},
     }
     if timing is not None:
         decode_s = timing.decode_s

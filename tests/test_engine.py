@@ -81,9 +81,9 @@ def test_a_retiers_demoted_tokens_are_held_on_the_device_until_they_land(small_s
     sc = scen(small_scenario_dict, "policy.compressed_ratio=0.2", "policy.protect_prompt=false")
     r = simulate(sc)
     ctx = build_context(sc, None)
-    from sim.evolution import MV_D2H_T1, MV_D2H_T2, evolve
+    from sim.tier_plan import MV_D2H_T1, MV_D2H_T2, plan_tiers
 
-    moves = evolve(ctx).moves
+    moves = plan_tiers(ctx).retier_moves
     transit = moves[:, MV_D2H_T1] * ctx.kv_bytes_per_token + moves[:, MV_D2H_T2] * ctx.t2_bytes_per_token
     no_transit = simulate(scen(small_scenario_dict, "policy.compressed_ratio=0.2", "policy.protect_prompt=false",
                                "policy.retier_interval=100000")).steps  # same steps before any re-tier

@@ -58,7 +58,7 @@ class CacheOptions:
 class TieredKVCache:
     def __init__(self, rt, geom: CacheGeometry, policy: TierPolicy, options: CacheOptions,
                  prompt_tokens: int, lengths, dtype, replay: list | None = None):
-        """replay: per row, the simulator's SequenceTiers (sim.evolution.sequence_tiers); re-tier
+        """replay: per row, the simulator's SequenceTiers (sim.tier_plan.sequence_tiers); re-tier
         decisions then follow the simulator's seeded scores instead of this cache's attention."""
         import torch
 

@@ -44,7 +44,7 @@ def fold_scores(cache) -> None:
 
 
 def _replayed(cache, b: int, old: np.ndarray) -> np.ndarray:
-    """Row b's new tiers from the simulator's seeded state for the same sequence (sim/evolution.py),
+    """Row b's new tiers from the simulator's seeded state for the same sequence (sim/tier_plan.py),
     which must have reached the same tiers: both start from the same prompt and take the same steps."""
     seq = cache.replay[b]
     seq.advance(cache.step + 1 - seq.steps_done)
