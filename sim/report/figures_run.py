@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..intervals import uncovered_intervals
 from ..simulate import SimResult
 from ..units import GB, MS
 from .style import ACTIVITY_COLORS, BASE_LAYOUT, TIER_COLORS
@@ -55,34 +56,13 @@ def memory_figure(result: SimResult) -> go.Figure:
     return fig
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[list[float]] = []
-    for a, b in sorted(intervals):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
-
-
 def stall_intervals(timeline: pd.DataFrame) -> list[tuple[float, float]]:
     """Time with a transfer in flight and no compute running: the exposed (not hidden) transfers."""
     if timeline.empty:
         return []
-    compute = _union(list(timeline.loc[timeline.kind == "compute", ["start_s", "end_s"]].itertuples(index=False, name=None)))
-    copies = _union(list(timeline.loc[timeline.kind != "compute", ["start_s", "end_s"]].itertuples(index=False, name=None)))
-    stalls = []
-    for a, b in copies:
-        cur = a
-        for ca, cb in compute:
-            if cb <= cur or ca >= b:
-                continue
-            if ca > cur:
-                stalls.append((cur, ca))
-            cur = max(cur, cb)
-        if cur < b:
-            stalls.append((cur, b))
-    return stalls
+    compute = list(timeline.loc[timeline.kind == "compute", ["start_s", "end_s"]].itertuples(index=False, name=None))
+    copies = list(timeline.loc[timeline.kind != "compute", ["start_s", "end_s"]].itertuples(index=False, name=None))
+    return uncovered_intervals(copies, compute)
 
 
 def timeline_rows(timeline: pd.DataFrame) -> dict[str, list[tuple[float, float, str]]]:
