@@ -7,12 +7,16 @@ Every figure carries the source it came from, so a summary can say which numbers
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
+from typing import Generic, TypeVar
 
 from . import catalog
 from .catalog import EfficiencyDefaults, GpuSpec, LinkSpec
 from .dtypes import FP8_COMPUTE_WEIGHT_DTYPES
-from .profile import CopyCurve, Profile
+from .profile import ComputeProfile, CopyCurve, Profile
+
+T = TypeVar("T")
+SCENARIO = "scenario override"  # the source of an overridden figure; sim/output.py lists them by it
 
 
 def interp_log2(points: list[tuple[float, float]], x: float) -> float:
@@ -28,6 +32,24 @@ def interp_log2(points: list[tuple[float, float]], x: float) -> float:
             f = (lx - math.log2(x0)) / (math.log2(x1) - math.log2(x0))
             return y0 + f * (y1 - y0)
     raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class Sourced(Generic[T]):
+    """A figure and where it came from. `pinned`: set by the scenario, so no measurement replaces it
+    (precedence: scenario override, then profile, then datasheet x default efficiency)."""
+
+    value: T
+    source: str
+    pinned: bool = False
+
+    def override(self, value: T | None, source: str = SCENARIO) -> Sourced[T]:
+        """The scenario's value, where it gives one (None keeps this figure)."""
+        return self if value is None else Sourced(value, source, pinned=True)
+
+    def measure(self, value: T | None, source: str) -> Sourced[T]:
+        """A profile's measurement, unless nothing was measured (None) or the scenario pinned this figure."""
+        return self if value is None or self.pinned else Sourced(value, source)
 
 
 @dataclass(frozen=True)
@@ -87,7 +109,182 @@ class Hardware:
         return self.peak_flop_per_s * interp_log2(self.gemm_flop_efficiency_by_rows, rows)
 
 
+
+
+def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile | None = None,
+                     staging: str = "none") -> Hardware:
+    """Datasheet figures x default efficiencies, scenario overrides, then profile measurements.
+    `staging`: how T1/T2 reach attention ("none", or the prefetch mode), which picks the measured
+    fixed costs of the decode loop."""
+    gpu = catalog.gpu(hw_cfg.gpu)
+    link_spec = catalog.link(hw_cfg.link or gpu.link)
+    eff = catalog.efficiency_defaults()
+    figs = _datasheet_figures(gpu, hw_cfg, weight_dtype, eff)
+    if profile is not None:
+        figs = _measured_figures(figs, profile, gpu, hw_cfg, weight_dtype, eff, staging)
+    h2d = _link_model(link_spec, "h2d", pinned, profile)
+    d2h = _link_model(link_spec, "d2h", pinned, profile)
+    return _assemble(gpu, link_spec, figs, h2d, d2h)
+
+
+@dataclass(frozen=True)
+class _Gemm:
+    """GEMM speed: peak x fraction of peak by rows, or the measured FLOP/s by rows where profiled."""
+
+    peak_flop_per_s: float
+    efficiency_by_rows: list[tuple[float, float]]
+    measured_by_rows: list[tuple[float, float]] | None = None
+
+
+@dataclass(frozen=True)
+class _Figures:
+    """One scenario's figures while they are resolved. The Sourced fields, in this order, are the
+    keys of `Hardware.sources` (summary.json keeps that order)."""
+
+    weight_hbm_efficiency: Sourced[float]
+    weight_hbm_bytes_per_s: Sourced[float]
+    attention_hbm_efficiency: Sourced[float]
+    attention_hbm_bytes_per_s: Sourced[float]
+    gemm_flop_per_s: Sourced[_Gemm]
+    attention_flop_efficiency: Sourced[float]
+    layer_overhead_s: Sourced[float]
+    host_layer_s: Sourced[float]
+    host_step_s: Sourced[float]
+    step_overhead_s: Sourced[float]
+    host_pack_bytes_per_s: Sourced[float]
+    runtime_reserve_bytes: Sourced[float]
+    memory_bytes: Sourced[float]
+    host_memory_bytes: Sourced[float]
+    attention_flop_per_s: float  # sourced by attention_flop_efficiency
+    copy_engines: int
+    fp8: bool  # FP8 weights on a GPU with an FP8 peak: GEMMs run at that peak
+
+    def sources(self) -> dict[str, str]:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: v.source for name, v in values.items() if isinstance(v, Sourced)}
+
+
+def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyDefaults) -> _Figures:
+    """Datasheet x default efficiency, or the scenario's override of each."""
+    ov = hw_cfg.efficiency
+    w_eff = Sourced(eff.weight_hbm_efficiency[weight_dtype], "default efficiency").override(ov.weight_hbm_efficiency)
+    a_eff = Sourced(eff.attention_hbm_efficiency, "default efficiency").override(ov.attention_hbm_efficiency)
+    f_eff = Sourced(eff.attention_flop_efficiency, "default efficiency").override(ov.attention_flop_efficiency)
+    fp8 = bool(weight_dtype in FP8_COMPUTE_WEIGHT_DTYPES and gpu.fp8_flop_per_s)
+    peak, peak_name = (gpu.fp8_flop_per_s, "fp8") if fp8 else (gpu.bf16_flop_per_s, "bf16")
+    gemm = Sourced(_Gemm(peak, eff.gemm_flop_efficiency_by_rows),
+                   f"datasheet {gpu.name} {peak_name} peak x default efficiency by rows")
+    if ov.gemm_flop_efficiency is not None:  # one fraction at every row count
+        gemm = Sourced(_Gemm(peak, [(1.0, ov.gemm_flop_efficiency)]),
+                       f"datasheet {gpu.name} {peak_name} peak x {SCENARIO}", pinned=True)
+    host_memory = Sourced(eff.default_host_memory_bytes, "default")
+    if gpu.host_memory_bytes:
+        host_memory = Sourced(gpu.host_memory_bytes, "datasheet")
+    hidden = "default: 0 (launches hidden, e.g. CUDA graphs)"
+    return _Figures(
+        weight_hbm_efficiency=w_eff,
+        weight_hbm_bytes_per_s=_hbm_rate(gpu, w_eff),
+        attention_hbm_efficiency=a_eff,
+        attention_hbm_bytes_per_s=_hbm_rate(gpu, a_eff),
+        gemm_flop_per_s=gemm,
+        attention_flop_efficiency=f_eff,
+        layer_overhead_s=Sourced(eff.layer_overhead_s, "default").override(ov.layer_overhead_s),
+        host_layer_s=Sourced(0.0, hidden).override(ov.host_layer_s),
+        host_step_s=Sourced(0.0, hidden).override(ov.host_step_s),
+        step_overhead_s=Sourced(eff.step_overhead_s, "default").override(ov.step_overhead_s),
+        host_pack_bytes_per_s=Sourced(eff.host_pack_bytes_per_s, "default (assumed)")
+        .override(ov.host_pack_bytes_per_s),
+        runtime_reserve_bytes=Sourced(eff.runtime_reserve_bytes, "default").override(ov.runtime_reserve_bytes),
+        memory_bytes=Sourced(gpu.memory_bytes, f"datasheet {gpu.name}"),
+        host_memory_bytes=host_memory.override(hw_cfg.host_memory_bytes, "scenario"),
+        attention_flop_per_s=gpu.bf16_flop_per_s * f_eff.value,
+        copy_engines=hw_cfg.copy_engines or gpu.copy_engines,
+        fp8=fp8,
+    )
+
+
+def _hbm_rate(gpu: GpuSpec, efficiency: Sourced[float]) -> Sourced[float]:
+    """Datasheet HBM bandwidth x `efficiency`; pinned with it, so that a scenario's efficiency
+    keeps its rate against a measured one."""
+    source = f"datasheet {gpu.name} x {efficiency.value:g} ({efficiency.source})"
+    return Sourced(gpu.hbm_bytes_per_s * efficiency.value, source, efficiency.pinned)
+
+
+def _measured_figures(figs: _Figures, profile: Profile, gpu: GpuSpec, hw_cfg, weight_dtype: str,
+                      eff: EfficiencyDefaults, staging: str) -> _Figures:
+    """The profile's measurements on top of the datasheet; a scenario's override still wins."""
+    label = f"profile: {profile.device_name} ({profile.device}, {profile.created_utc[:10]})"
+    c = profile.compute
+    figs = replace(
+        figs,
+        memory_bytes=figs.memory_bytes.measure(profile.device_memory_bytes, label),
+        host_memory_bytes=figs.host_memory_bytes.measure(profile.host_memory_bytes, label),
+        copy_engines=hw_cfg.copy_engines or profile.copy_engines or figs.copy_engines,
+        weight_hbm_bytes_per_s=_measured_weight_rate(figs.weight_hbm_bytes_per_s, c.weight_hbm_bytes_per_s,
+                                                     weight_dtype, eff, label),
+        attention_hbm_bytes_per_s=figs.attention_hbm_bytes_per_s.measure(c.attention_hbm_bytes_per_s, label),
+        host_pack_bytes_per_s=figs.host_pack_bytes_per_s.measure(
+            profile.link.host_pack_bytes_per_s if profile.link is not None else None, label),
+    )
+    figs = _measured_flops(figs, c, gpu, label)
+    return _measured_loop_costs(figs, profile, staging, label)
+
+
+def _measured_weight_rate(rate: Sourced[float], measured: dict[str, float], weight_dtype: str,
+                          eff: EfficiencyDefaults, label: str) -> Sourced[float]:
+    """The measured weight-streaming rate of this dtype, else the measured bf16 rate scaled by the
+    default dtype ratio (dequantising kernels are slower)."""
+    if rate.pinned:  # the scenario's efficiency wins over any measurement
+        return rate
+    if measured.get(weight_dtype) is not None:
+        return Sourced(measured[weight_dtype], label)
+    if "bf16" in measured:
+        ratio = eff.weight_hbm_efficiency[weight_dtype] / eff.weight_hbm_efficiency["bf16"]
+        return Sourced(measured["bf16"] * ratio, f"{label}, bf16 x default {weight_dtype}/bf16 ratio {ratio:.3g}")
+    return rate
+
+
+def _measured_flops(figs: _Figures, c: ComputeProfile, gpu: GpuSpec, label: str) -> _Figures:
+    """A measured peak replaces the datasheet's (GEMM and attention keep their fractions of it);
+    bf16 GEMM FLOP/s measured by rows replaces peak x fraction."""
+    gemm, attention_flop = figs.gemm_flop_per_s, figs.attention_flop_per_s
+    peak = c.peak_flop_per_s.get("fp8" if figs.fp8 else "bf16")
+    if peak:
+        fraction = SCENARIO if gemm.pinned else "default efficiency by rows"
+        gemm = Sourced(replace(gemm.value, peak_flop_per_s=peak), f"{label}, peak x {fraction}", gemm.pinned)
+        attention_flop = peak * (attention_flop / gpu.bf16_flop_per_s)
+    if c.gemm_flop_per_s_by_rows and not figs.fp8:
+        by_rows = [(float(m), f) for m, f in c.gemm_flop_per_s_by_rows]
+        gemm = gemm.measure(replace(gemm.value, measured_by_rows=by_rows), f"{label}, measured by rows")
+    return replace(figs, gemm_flop_per_s=gemm, attention_flop_per_s=attention_flop)
+
+
+def _measured_loop_costs(figs: _Figures, profile: Profile, staging: str, label: str) -> _Figures:
+    """Fixed costs of the decode loop, timed at tiny dimensions. On an asynchronous device (cuda)
+    that time is the host's enqueue, which composes with device work by max; on a synchronous one
+    the host's time is the device's, and adds up."""
+    c = profile.compute
+    cuda = profile.device == "cuda"
+    loop = c.step_overheads.get(staging)
+    if loop is not None:
+        how = f"{label}, tiny decode steps, staging {staging}"
+        if cuda:
+            return replace(figs, host_layer_s=figs.host_layer_s.measure(loop.layer_s, how + " (host-bound)"),
+                           host_step_s=figs.host_step_s.measure(loop.step_s, how + " (host-bound)"))
+        return replace(figs, layer_overhead_s=figs.layer_overhead_s.measure(loop.layer_s, how),
+                       step_overhead_s=figs.step_overhead_s.measure(loop.step_s, how))
+    if c.layer_overhead_s is None:
+        return figs
+    # no loop timed with this staging: fall back to one tiny layer's time
+    if cuda:  # host-bound: the host's time per layer, unless the scenario set it
+        return replace(figs, host_layer_s=figs.host_layer_s.measure(c.layer_overhead_s,
+                                                                    f"{label}, tiny-layer time (host-bound)"))
+    return replace(figs, layer_overhead_s=figs.layer_overhead_s.measure(c.layer_overhead_s, label))
+
+
 def _link_model(spec: LinkSpec, direction: str, pinned: bool, profile: Profile | None) -> LinkModel:
+    """One direction of the host link: the profile's measured curve for this kind of host memory,
+    else the datasheet's latency and bandwidth."""
     memory = "pinned" if pinned else "pageable"
     bw = getattr(spec, f"{memory}_{direction}_bytes_per_s")
     latency = spec.per_copy_latency_s if pinned else spec.pageable_per_copy_latency_s
@@ -99,114 +296,25 @@ def _link_model(spec: LinkSpec, direction: str, pinned: bool, profile: Profile |
         if curve is not None:
             bw, latency = curve.fit_bytes_per_s, curve.fit_per_copy_latency_s
             measured_bidir = getattr(profile.link, f"bidirectional_{direction}_bytes_per_s")
-            bidir = min(bw, measured_bidir) if measured_bidir else bw * spec.bidirectional_bytes_per_s / getattr(spec, f"pinned_{direction}_bytes_per_s")
+            # not measured: the measured rate x the datasheet's bidirectional/pinned ratio
+            pinned_bw = getattr(spec, f"pinned_{direction}_bytes_per_s")
+            bidir = min(bw, measured_bidir) if measured_bidir else bw * spec.bidirectional_bytes_per_s / pinned_bw
             source = f"profile: {profile.device_name} ({memory} curve)"
     return LinkModel(latency, bw, bidir, curve, source)
 
 
-def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile | None = None,
-                     staging: str = "none") -> Hardware:
-    """Datasheet figures x default efficiencies, scenario overrides, then profile measurements.
-    `staging`: how T1/T2 reach attention ("none", or the prefetch mode), which picks the measured
-    fixed costs of the decode loop."""
-    gpu = catalog.gpu(hw_cfg.gpu)
-    link_spec = catalog.link(hw_cfg.link or gpu.link)
-    eff: EfficiencyDefaults = catalog.efficiency_defaults()
-    ov = hw_cfg.efficiency
-    src: dict[str, str] = {}
-
-    def pick(name: str, override, default, default_src: str):
-        if override is not None:
-            src[name] = "scenario override"
-            return override
-        src[name] = default_src
-        return default
-
-    fp8 = weight_dtype in FP8_COMPUTE_WEIGHT_DTYPES and gpu.fp8_flop_per_s
-    peak = gpu.fp8_flop_per_s if fp8 else gpu.bf16_flop_per_s
-    w_eff = pick("weight_hbm_efficiency", ov.weight_hbm_efficiency, eff.weight_hbm_efficiency[weight_dtype], "default efficiency")
-    weight_bw = gpu.hbm_bytes_per_s * w_eff
-    src["weight_hbm_bytes_per_s"] = f"datasheet {gpu.name} x {w_eff:g} ({src['weight_hbm_efficiency']})"
-    a_eff = pick("attention_hbm_efficiency", ov.attention_hbm_efficiency, eff.attention_hbm_efficiency, "default efficiency")
-    attn_bw = gpu.hbm_bytes_per_s * a_eff
-    src["attention_hbm_bytes_per_s"] = f"datasheet {gpu.name} x {a_eff:g} ({src['attention_hbm_efficiency']})"
-    gemm_curve = eff.gemm_flop_efficiency_by_rows
-    if ov.gemm_flop_efficiency is not None:
-        gemm_curve = [(1.0, ov.gemm_flop_efficiency)]
-    src["gemm_flop_per_s"] = f"datasheet {gpu.name} {'fp8' if fp8 else 'bf16'} peak x " + (
-        "scenario override" if ov.gemm_flop_efficiency is not None else "default efficiency by rows")
-    attn_flop = gpu.bf16_flop_per_s * pick("attention_flop_efficiency", ov.attention_flop_efficiency, eff.attention_flop_efficiency, "default efficiency")
-    layer_over = pick("layer_overhead_s", ov.layer_overhead_s, eff.layer_overhead_s, "default")
-    host_layer = pick("host_layer_s", ov.host_layer_s, 0.0, "default: 0 (launches hidden, e.g. CUDA graphs)")
-    host_step = pick("host_step_s", ov.host_step_s, 0.0, "default: 0 (launches hidden, e.g. CUDA graphs)")
-    step_over = pick("step_overhead_s", ov.step_overhead_s, eff.step_overhead_s, "default")
-    pack = pick("host_pack_bytes_per_s", ov.host_pack_bytes_per_s, eff.host_pack_bytes_per_s, "default (assumed)")
-    reserve = pick("runtime_reserve_bytes", ov.runtime_reserve_bytes, eff.runtime_reserve_bytes, "default")
-    memory = gpu.memory_bytes
-    src["memory_bytes"] = f"datasheet {gpu.name}"
-    host = hw_cfg.host_memory_bytes or gpu.host_memory_bytes or eff.default_host_memory_bytes
-    src["host_memory_bytes"] = "scenario" if hw_cfg.host_memory_bytes else ("datasheet" if gpu.host_memory_bytes else "default")
-    engines = hw_cfg.copy_engines or gpu.copy_engines
-    measured_gemm = None
-
-    if profile is not None:
-        c = profile.compute
-        label = f"profile: {profile.device_name} ({profile.device}, {profile.created_utc[:10]})"
-        if profile.device_memory_bytes:
-            memory, src["memory_bytes"] = profile.device_memory_bytes, label
-        if profile.host_memory_bytes and not hw_cfg.host_memory_bytes:
-            host, src["host_memory_bytes"] = profile.host_memory_bytes, label
-        if profile.copy_engines and not hw_cfg.copy_engines:
-            engines = profile.copy_engines
-        measured_w = c.weight_hbm_bytes_per_s.get(weight_dtype)
-        if measured_w is None and "bf16" in c.weight_hbm_bytes_per_s and ov.weight_hbm_efficiency is None:
-            # scale the measured bf16 rate by the default dtype ratio (dequantising kernels are slower)
-            ratio = eff.weight_hbm_efficiency[weight_dtype] / eff.weight_hbm_efficiency["bf16"]
-            measured_w = c.weight_hbm_bytes_per_s["bf16"] * ratio
-            src["weight_hbm_bytes_per_s"] = f"{label}, bf16 x default {weight_dtype}/bf16 ratio {ratio:.3g}"
-        elif measured_w is not None:
-            src["weight_hbm_bytes_per_s"] = label
-        if measured_w is not None and ov.weight_hbm_efficiency is None:
-            weight_bw = measured_w
-        if c.attention_hbm_bytes_per_s and ov.attention_hbm_efficiency is None:
-            attn_bw, src["attention_hbm_bytes_per_s"] = c.attention_hbm_bytes_per_s, label
-        dtype_key = "fp8" if fp8 else "bf16"
-        if c.peak_flop_per_s.get(dtype_key):
-            peak = c.peak_flop_per_s[dtype_key]
-            attn_flop = peak * (attn_flop / gpu.bf16_flop_per_s)
-            src["gemm_flop_per_s"] = f"{label}, peak x default efficiency by rows"
-        if c.gemm_flop_per_s_by_rows and not fp8 and ov.gemm_flop_efficiency is None:
-            measured_gemm = [(float(m), f) for m, f in c.gemm_flop_per_s_by_rows]
-            src["gemm_flop_per_s"] = f"{label}, measured by rows"
-        if profile.link is not None and profile.link.host_pack_bytes_per_s and ov.host_pack_bytes_per_s is None:
-            pack, src["host_pack_bytes_per_s"] = profile.link.host_pack_bytes_per_s, label
-        loop = c.step_overheads.get(staging)
-        how = f"{label}, tiny decode steps, staging {staging}"
-        if loop is not None and profile.device == "cuda":
-            # timed at tiny dimensions on an asynchronous device: the host's enqueue time, by max
-            if ov.host_layer_s is None:
-                host_layer, src["host_layer_s"] = loop.layer_s, how + " (host-bound)"
-            if ov.host_step_s is None:
-                host_step, src["host_step_s"] = loop.step_s, how + " (host-bound)"
-        elif loop is not None:
-            # a synchronous device: the host's time is the device's, and adds up
-            if ov.layer_overhead_s is None:
-                layer_over, src["layer_overhead_s"] = loop.layer_s, how
-            if ov.step_overhead_s is None:
-                step_over, src["step_overhead_s"] = loop.step_s, how
-        elif c.layer_overhead_s is not None and profile.device == "cuda" and ov.host_layer_s is None:
-            host_layer, src["host_layer_s"] = c.layer_overhead_s, f"{label}, tiny-layer time (host-bound)"
-        elif c.layer_overhead_s is not None and ov.layer_overhead_s is None:
-            layer_over, src["layer_overhead_s"] = c.layer_overhead_s, label
-
-    h2d = _link_model(link_spec, "h2d", pinned, profile)
-    d2h = _link_model(link_spec, "d2h", pinned, profile)
-    src["h2d"], src["d2h"] = h2d.source, d2h.source
+def _assemble(gpu: GpuSpec, link_spec: LinkSpec, figs: _Figures, h2d: LinkModel, d2h: LinkModel) -> Hardware:
+    gemm = figs.gemm_flop_per_s.value
     return Hardware(
-        gpu=gpu, link_spec=link_spec, memory_bytes=memory, host_memory_bytes=host,
-        weight_hbm_bytes_per_s=weight_bw, attention_hbm_bytes_per_s=attn_bw, peak_flop_per_s=peak,
-        gemm_flop_efficiency_by_rows=gemm_curve, gemm_flop_per_s_by_rows=measured_gemm,
-        attention_flop_per_s=attn_flop, layer_overhead_s=layer_over, step_overhead_s=step_over,
-        runtime_reserve_bytes=reserve, copy_engines=engines, h2d=h2d, d2h=d2h, sources=src, host_layer_s=host_layer,
-        host_step_s=host_step, host_pack_bytes_per_s=pack,
+        gpu=gpu, link_spec=link_spec,
+        memory_bytes=figs.memory_bytes.value, host_memory_bytes=figs.host_memory_bytes.value,
+        weight_hbm_bytes_per_s=figs.weight_hbm_bytes_per_s.value,
+        attention_hbm_bytes_per_s=figs.attention_hbm_bytes_per_s.value,
+        peak_flop_per_s=gemm.peak_flop_per_s, gemm_flop_efficiency_by_rows=gemm.efficiency_by_rows,
+        gemm_flop_per_s_by_rows=gemm.measured_by_rows, attention_flop_per_s=figs.attention_flop_per_s,
+        layer_overhead_s=figs.layer_overhead_s.value, step_overhead_s=figs.step_overhead_s.value,
+        runtime_reserve_bytes=figs.runtime_reserve_bytes.value, copy_engines=figs.copy_engines, h2d=h2d, d2h=d2h,
+        sources={**figs.sources(), "h2d": h2d.source, "d2h": d2h.source},
+        host_layer_s=figs.host_layer_s.value, host_step_s=figs.host_step_s.value,
+        host_pack_bytes_per_s=figs.host_pack_bytes_per_s.value,
     )
