@@ -26,15 +26,15 @@ def main() -> None:
         t0 = time.perf_counter()
         result = simulate(sc)
         wall_s = time.perf_counter() - t0
-        steps = result.summary["steps"]
+        steps = result.summary.steps
         print(f"simulate detail={detail:5s}: {wall_s:7.2f} s wall, {steps / wall_s:9.0f} simulated decode steps/s "
               f"({steps} steps x {sc.workload.batch_size} seqs x 80 layers; "
-              f"predicted {result.summary['throughput_tok_per_s']:.1f} tok/s)")
+              f"predicted {result.summary.throughput_tok_per_s:.1f} tok/s)")
     sc = load_scenario(SCENARIO, OVERRIDES)
     t0 = time.perf_counter()
     p = project(sc)
     wall_s = time.perf_counter() - t0
-    print(f"projection            : {wall_s:7.3f} s wall (incl. max-batch search), predicted {p['throughput_tok_per_s']:.1f} tok/s")
+    print(f"projection            : {wall_s:7.3f} s wall (incl. max-batch search), predicted {p.throughput_tok_per_s:.1f} tok/s")
 
 
 if __name__ == "__main__":

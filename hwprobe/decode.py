@@ -22,22 +22,25 @@ import pandas as pd
 
 from sim.context import draw_lengths, resolve_model
 from sim.intervals import busy_union_s
+from sim.memory import ACTIVATION_BUFFERS, activation_bytes, staging_bytes
 from sim.tier_plan import sequence_tiers
 from sim.errors import ConfigError
 from sim.scenario import Scenario
-from sim.schema import P50, P99, STEP_COLUMNS
+from sim.schema import P50, STEP_COLUMNS, MeasuredSummary, tpot_percentiles_s
 from sim.tiers import TIERS, TierPolicy
 from sim.units import GB, KV_TENSORS, MS
 
 from .cache import CacheGeometry, CacheOptions, Runtime, TieredKVCache
-from .cache.plan import TierPeaks, batch_peaks
+from .cache.peaks import TierPeaks, batch_peaks
 from .model import ModelShapes, SyntheticTransformer
 from .model.qlinear import QUANTISED_WEIGHTS, int4_supported
+from .model.synthetic import GATE_UP
 
 MEMORY_HEADROOM = 0.85  # share of free device memory a run may plan to use (allocator slack, workspace)
-ACTIVATION_COPIES = 4  # decode activations alive at once, in widest-activation units (residual, qkv, gate/up, scratch)
-LOGIT_BYTES = 4  # float32 logits
-GATE_UP = 2  # the gated MLP's fused gate and up projections
+# Widest-activation buffers the real decode holds beyond the simulator's model (sim/memory.py
+# ACTIVATION_BUFFERS: residual + scratch): the qkv and gate/up outputs are alive too. A margin on the
+# simulator's formula, not a second one: planning layers with too small a figure risks running out.
+EXTRA_ACTIVATION_BUFFERS = 2
 PREFILL_MODES = ("random", "model")
 # attention: re-tier on this cache's own attention scores (the design); simulator: replay the
 # simulator's seeded decisions, so both move the same tokens and a comparison isolates timing
@@ -60,7 +63,7 @@ class RunOptions:
 
 @dataclass
 class Measurement:
-    summary: dict
+    summary: MeasuredSummary
     steps: pd.DataFrame
     notes: list[str] = field(default_factory=list)
 
@@ -116,14 +119,18 @@ def _available_bytes(rt) -> float:
 def estimate_device_bytes(shapes: ModelShapes, layers: int, batch: int, peaks: TierPeaks, itemsize: int,
                           staging_buffers: int, prefetch: str, layer_weight_bytes: float | None = None) -> float:
     """Weights + T0 + staging + activations for `layers` layers, to pick a subset that fits.
-    layer_weight_bytes: one layer's weights (default: its parameters at `itemsize`)."""
+    layer_weight_bytes: one layer's weights (default: its parameters at `itemsize`).
+    Staging and activations are the simulator's formulas (sim/memory.py) at the run's itemsize, plus
+    the attention workspace (one more staged layer) and EXTRA_ACTIVATION_BUFFERS; T2 counts at full
+    precision, an upper bound."""
     row = KV_TENSORS * shapes.kv_dim * itemsize  # one token, one layer
-    staged_layers = staging_buffers + 1 if prefetch == "layerwise_async" else layers + 1
+    staged_layer = batch * (peaks.t1 + peaks.t2) * row
     weights = shapes.layer_params() * itemsize if layer_weight_bytes is None else layer_weight_bytes
     per_layer = weights + batch * peaks.t0 * row
-    widest = max(GATE_UP * shapes.intermediate, shapes.q_dim + 2 * shapes.kv_dim, shapes.hidden)
-    fixed = (shapes.non_layer_params() * itemsize + batch * shapes.vocab * LOGIT_BYTES
-             + ACTIVATION_COPIES * batch * widest * itemsize + staged_layers * batch * (peaks.t1 + peaks.t2) * row)
+    activations = activation_bytes(shapes.spec, batch, itemsize=itemsize,
+                                   buffers=ACTIVATION_BUFFERS + EXTRA_ACTIVATION_BUFFERS)
+    fixed = (shapes.non_layer_params() * itemsize + activations
+             + staging_bytes(prefetch, staging_buffers, layers, staged_layer) + staged_layer)
     return fixed + layers * per_layer
 
 
@@ -160,7 +167,7 @@ def _warm_up(rt, model, batch: int, dtype) -> None:
     rt.synchronize()
 
 
-def measure(scenario: Scenario, opts: RunOptions) -> Measurement:
+def measure_run(scenario: Scenario, opts: RunOptions) -> Measurement:
     import torch
 
     spec = resolve_model(scenario)
@@ -264,80 +271,129 @@ def _decode_loop(rt, model, cache, tokens) -> _Raw:
 
 def _summarise(scenario, spec, rt, model, cache, raw: _Raw, scale: float, n_layers: int, dtype_name: str,
                opts: RunOptions, notes: list[str]) -> Measurement:
-    el = rt.elapsed_s
+    depth = _scale_to_depth(raw, rt.elapsed_s, model.non_layer_bytes(), scale)
+    host_p50 = float(np.percentile(raw.host_s, P50)) if raw.marks else None
+    if rt.is_cuda and raw.marks and _launch_bound(host_p50, depth.run_step_s):
+        notes.append(f"launch-bound: the host needs {host_p50 / MS:.2f} ms to enqueue a step "
+                     f"(GPU step p50 {np.percentile(depth.run_step_s, P50) / MS:.2f} ms); step time is the Python loop's")
+    summary = _measured_summary(scenario, spec, rt, model, cache, raw, depth, _link_busy(raw, rt.elapsed_s), scale,
+                                n_layers, dtype_name, opts, notes, host_p50)
+    return Measurement(summary=summary, steps=_step_table(depth, raw.active), notes=notes)
+
+
+def _launch_bound(host_p50_s: float, gpu_step_s: np.ndarray) -> bool:
+    """The host needs about as long to enqueue a step as the GPU takes to run it."""
+    return host_p50_s >= HOST_BOUND_SHARE * float(np.percentile(gpu_step_s, P50))
+
+
+@dataclass(frozen=True)
+class _FullDepth:
+    """Per-step figures scaled to the model's full depth: the layers, the re-tiers and their bytes
+    scale with it; embedding, LM head and sampling do not."""
+
+    run_step_s: np.ndarray  # as timed, the layers run
+    step_s: np.ndarray
+    stall_s: np.ndarray
+    compute_s: np.ndarray
+    h2d_bytes: np.ndarray
+    d2h_bytes: np.ndarray
+    hbm_bytes: np.ndarray
+    host_bytes: np.ndarray
+    counts: np.ndarray  # (steps, tiers): tokens per tier after each step, over the batch
+
+
+def _scale_to_depth(raw: _Raw, el, non_layer_bytes: float, scale: float) -> _FullDepth:
     n = len(raw.marks)
     ends = [raw.begin] + [m[2] for m in raw.marks]
     step_s = np.array([el(ends[i], ends[i + 1]) for i in range(n)])
     layer_s = np.array([el(m[0], m[1]) for m in raw.marks])
     stall_s = np.array([sum(el(a, b) for a, b in c.stalls) for c in raw.counters])
     retier_s = np.array([el(*c.retier_span) if c.retier_span else 0.0 for c in raw.counters])
-    # layers and re-tiers scale with depth; embedding, LM head and sampling do not
     per_layer_part = layer_s + retier_s
     step_scaled = step_s + (scale - 1.0) * per_layer_part
     stall_scaled = np.minimum(stall_s * scale, step_scaled)
-    compute_scaled = np.maximum(step_scaled - stall_scaled, 0.0)
+    return _FullDepth(
+        run_step_s=step_s, step_s=step_scaled, stall_s=stall_scaled, compute_s=np.maximum(step_scaled - stall_scaled, 0.0),
+        h2d_bytes=np.array([c.h2d_bytes for c in raw.counters], dtype=float) * scale,
+        d2h_bytes=np.array([c.d2h_bytes for c in raw.counters], dtype=float) * scale,
+        hbm_bytes=non_layer_bytes + (np.array(raw.hbm_bytes, dtype=float) - non_layer_bytes) * scale,
+        host_bytes=np.array(raw.host_bytes, dtype=float) * scale,
+        counts=np.array(raw.counts, dtype=np.int64).reshape(n, len(TIERS)),
+    )
 
+
+@dataclass(frozen=True)
+class _LinkBusy:
+    """Time each link direction, and either, was busy during the decode span of the layers run (s)."""
+
+    h2d_s: float
+    d2h_s: float
+    either_s: float
+
+
+def _link_busy(raw: _Raw, el) -> _LinkBusy:
     def offsets(key):
         return [(el(raw.begin, a), el(raw.begin, b)) for c in raw.counters for a, b in getattr(c, key)]
 
-    span = el(raw.begin, ends[-1]) if n else 0.0
-    h2d_busy = busy_union_s(offsets("h2d_busy"), until=span)
-    d2h_busy = busy_union_s(offsets("d2h_busy"), until=span)
-    link_busy = busy_union_s(offsets("h2d_busy"), offsets("d2h_busy"), until=span)
-    decode_s = float(step_scaled.sum())  # as the simulator: the end of the last step, so stall share
-    # and transfer share are shares of the same span the step times add up to
-    h2d = np.array([c.h2d_bytes for c in raw.counters], dtype=float) * scale
-    d2h = np.array([c.d2h_bytes for c in raw.counters], dtype=float) * scale
-    non_layer = model.non_layer_bytes()
-    hbm = non_layer + (np.array(raw.hbm_bytes, dtype=float) - non_layer) * scale
-    counts = np.array(raw.counts, dtype=np.int64).reshape(n, len(TIERS))
-    steps = pd.DataFrame({
-        "step": np.arange(n), "t_s": np.cumsum(step_scaled), "step_s": step_scaled, "compute_s": compute_scaled,
-        "stall_s": stall_scaled, "h2d_bytes": h2d, "d2h_bytes": d2h,
-        "tokens_t0": counts[:, 0], "tokens_t1": counts[:, 1], "tokens_t2": counts[:, 2], "tokens_t3": counts[:, 3],
-        "hbm_bytes": hbm, "host_bytes": np.array(raw.host_bytes, dtype=float) * scale,
-        "batch_active": raw.active,
+    span = el(raw.begin, raw.marks[-1][2]) if raw.marks else 0.0
+    h2d, d2h = offsets("h2d_busy"), offsets("d2h_busy")
+    return _LinkBusy(busy_union_s(h2d, until=span), busy_union_s(d2h, until=span), busy_union_s(h2d, d2h, until=span))
+
+
+def _step_table(depth: _FullDepth, active: list) -> pd.DataFrame:
+    c = depth.counts
+    return pd.DataFrame({
+        "step": np.arange(len(depth.step_s)), "t_s": np.cumsum(depth.step_s), "step_s": depth.step_s,
+        "compute_s": depth.compute_s, "stall_s": depth.stall_s, "h2d_bytes": depth.h2d_bytes, "d2h_bytes": depth.d2h_bytes,
+        "tokens_t0": c[:, 0], "tokens_t1": c[:, 1], "tokens_t2": c[:, 2], "tokens_t3": c[:, 3],
+        "hbm_bytes": depth.hbm_bytes, "host_bytes": depth.host_bytes, "batch_active": active,
     })[STEP_COLUMNS]
-    generated = int(sum(raw.active))
+
+
+def _measured_summary(scenario, spec, rt, model, cache, raw: _Raw, depth: _FullDepth, busy: _LinkBusy, scale: float,
+                      n_layers: int, dtype_name: str, opts: RunOptions, notes: list[str],
+                      host_p50: float | None) -> MeasuredSummary:
     torch = rt.torch
-    host_p50 = float(np.percentile(raw.host_s, P50)) if n else None
-    if rt.is_cuda and n and host_p50 >= HOST_BOUND_SHARE * float(np.percentile(step_s, P50)):
-        notes.append(f"launch-bound: the host needs {host_p50 / MS:.2f} ms to enqueue a step "
-                     f"(GPU step p50 {np.percentile(step_s, P50) / MS:.2f} ms); step time is the Python loop's")
-    summary = {
-        "scenario": scenario.name, "model": spec.name, "device": rt.device.type,
-        "device_name": torch.cuda.get_device_name(rt.device) if rt.is_cuda else platform.processor() or platform.machine(),
-        "measured": True, "timing": rt.timing_label,
-        "policy": scenario.policy.kind, "semantics": scenario.policy.semantics, "prefetch": scenario.policy.prefetch,
-        "pinned": bool(scenario.policy.pinned and rt.is_cuda),
-        "batch_size": scenario.workload.batch_size, "generated_tokens": generated, "steps": n,
-        "decode_s": decode_s,
-        "throughput_tok_per_s": generated / decode_s if decode_s > 0 else None,
-        "tpot_p50_s": float(np.percentile(step_scaled, P50)) if n else None,
-        "tpot_p99_s": float(np.percentile(step_scaled, P99)) if n else None,
-        "hbm_peak_bytes": non_layer + (raw.hbm_peak_bytes - non_layer) * scale,
-        "hbm_peak_source": ("torch.cuda.max_memory_allocated (excludes CUDA context and allocator reserve)"
-                            if rt.is_cuda else "estimate: tracked tensor bytes of weights + T0 + staging "
-                                               "+ attention workspace + offloads in flight"),
-        # parts of the device memory peak, so validation can explain a gap (the simulator has no workspace)
-        "attention_workspace_bytes": float(cache.attention_workspace_bytes()),
-        "offload_in_flight_peak_bytes": float(cache.lane.peak_bytes * scale),
-        "host_peak_bytes": float(max(raw.host_bytes, default=0)) * scale,
-        "h2d_bytes": float(h2d.sum()), "d2h_bytes": float(d2h.sum()),
-        "h2d_utilization": h2d_busy * scale / decode_s if decode_s > 0 else None,
-        "d2h_utilization": d2h_busy * scale / decode_s if decode_s > 0 else None,
-        "transfer_share": min(1.0, link_busy * scale / decode_s) if decode_s > 0 else None,
-        "stall_share": float(stall_scaled.sum()) / decode_s if decode_s > 0 else None,
-        "h2d_achieved_bytes_per_s": float(h2d.sum()) / (h2d_busy * scale) if h2d_busy > 0 else None,
-        "d2h_achieved_bytes_per_s": float(d2h.sum()) / (d2h_busy * scale) if d2h_busy > 0 else None,
-        "host_enqueue_p50_s": host_p50,
-        "offloaded_tokens": int(cache.offloaded_tokens), "evicted_tokens": int(cache.evicted_tokens),
-        "final_tokens_per_tier": {f"t{i}": int(counts[-1, i]) for i in TIERS} if n else {},
-        "layers_model": int(round(n_layers * scale)), "layers_run": n_layers, "layer_scale": scale,
-        "run_dtype": dtype_name, "weight_dtype_run": model.weight_dtype, "attention": opts.attention, "prefill": opts.prefill, "scores": opts.scores,
-        "weights_bytes": float(model.non_layer_bytes() + (model.weight_bytes() - non_layer) * scale),
-        "rope": True, "notes": notes,
-        "versions": {"torch": torch.__version__, "cuda": torch.version.cuda or "none", "python": platform.python_version()},
-        "resolved_scenario": scenario.model_dump(mode="json"),
-    }
-    return Measurement(summary=summary, steps=steps, notes=notes)
+    n = len(depth.step_s)
+    generated = int(sum(raw.active))
+    decode_s = float(depth.step_s.sum())  # as the simulator: the end of the last step, so stall share
+    # and transfer share are shares of the same span the step times add up to
+    timed = decode_s > 0
+    tpot_p50_s, tpot_p99_s = tpot_percentiles_s(depth.step_s) if n else (None, None)
+    h2d_bytes, d2h_bytes = float(depth.h2d_bytes.sum()), float(depth.d2h_bytes.sum())
+    non_layer = model.non_layer_bytes()
+    return MeasuredSummary(
+        scenario=scenario.name, model=spec.name, device=rt.device.type,
+        device_name=torch.cuda.get_device_name(rt.device) if rt.is_cuda else platform.processor() or platform.machine(),
+        measured=True, timing=rt.timing_label,
+        policy=scenario.policy.kind, semantics=scenario.policy.semantics, prefetch=scenario.policy.prefetch,
+        pinned=bool(scenario.policy.pinned and rt.is_cuda),
+        batch_size=scenario.workload.batch_size, generated_tokens=generated, steps=n,
+        decode_s=decode_s,
+        throughput_tok_per_s=generated / decode_s if timed else None,
+        tpot_p50_s=tpot_p50_s, tpot_p99_s=tpot_p99_s,
+        hbm_peak_bytes=non_layer + (raw.hbm_peak_bytes - non_layer) * scale,
+        hbm_peak_source=("torch.cuda.max_memory_allocated (excludes CUDA context and allocator reserve)"
+                         if rt.is_cuda else "estimate: tracked tensor bytes of weights + T0 + staging "
+                                            "+ attention workspace + offloads in flight"),
+        attention_workspace_bytes=float(cache.attention_workspace_bytes()),
+        offload_in_flight_peak_bytes=float(cache.lane.peak_bytes * scale),
+        host_peak_bytes=float(max(raw.host_bytes, default=0)) * scale,
+        h2d_bytes=h2d_bytes, d2h_bytes=d2h_bytes,
+        h2d_utilization=busy.h2d_s * scale / decode_s if timed else None,
+        d2h_utilization=busy.d2h_s * scale / decode_s if timed else None,
+        transfer_share=min(1.0, busy.either_s * scale / decode_s) if timed else None,
+        stall_share=float(depth.stall_s.sum()) / decode_s if timed else None,
+        h2d_achieved_bytes_per_s=h2d_bytes / (busy.h2d_s * scale) if busy.h2d_s > 0 else None,
+        d2h_achieved_bytes_per_s=d2h_bytes / (busy.d2h_s * scale) if busy.d2h_s > 0 else None,
+        host_enqueue_p50_s=host_p50,
+        offloaded_tokens=int(cache.offloaded_tokens), evicted_tokens=int(cache.evicted_tokens),
+        final_tokens_per_tier={f"t{i}": int(depth.counts[-1, i]) for i in TIERS} if n else {},
+        layers_model=int(round(n_layers * scale)), layers_run=n_layers, layer_scale=scale,
+        run_dtype=dtype_name, weight_dtype_run=model.weight_dtype, attention=opts.attention, prefill=opts.prefill,
+        scores=opts.scores,
+        weights_bytes=float(model.non_layer_bytes() + (model.weight_bytes() - non_layer) * scale),
+        rope=True, notes=notes,
+        versions={"torch": torch.__version__, "cuda": torch.version.cuda or "none", "python": platform.python_version()},
+        resolved_scenario=scenario.model_dump(mode="json"),
+    )

@@ -12,8 +12,7 @@ import json
 
 import pandas as pd
 
-THROUGHPUT = "throughput_tok_per_s"
-RATIO_COLUMNS = ["scenario", "baseline", "predicted_ratio", "measured_ratio", "rel_error"]
+from sim.schema import RATIO_COLUMNS, THROUGHPUT, RatioRow, relative_error
 
 
 def workload_key(scenario) -> str:
@@ -33,7 +32,7 @@ def _ratio(a, b) -> float | None:
 def ratio_rows(scenarios: list, rows: pd.DataFrame) -> pd.DataFrame:
     """rows: validate's long table (scenario, metric, predicted, measured, ...), possibly partial.
     One row per non-baseline scenario whose baseline has been measured too."""
-    tput = rows[rows["metric"] == THROUGHPUT].drop_duplicates("scenario").set_index("scenario")
+    tput = rows[rows["metric"] == THROUGHPUT.key].drop_duplicates("scenario").set_index("scenario")
     baselines: dict[str, str] = {}
     for sc in scenarios:
         if sc.policy.kind == "full_hbm" and sc.name in tput.index:
@@ -45,8 +44,9 @@ def ratio_rows(scenarios: list, rows: pd.DataFrame) -> pd.DataFrame:
             continue
         p = _ratio(tput.at[sc.name, "predicted"], tput.at[base, "predicted"])
         m = _ratio(tput.at[sc.name, "measured"], tput.at[base, "measured"])
-        err = (p - m) / m if p is not None and m else None
-        out.append({"scenario": sc.name, "baseline": base, "predicted_ratio": p, "measured_ratio": m, "rel_error": err})
+        err = relative_error(p, m) if m else None  # none for a measured ratio of 0
+        out.append(RatioRow(scenario=sc.name, baseline=base, predicted_ratio=p, measured_ratio=m,
+                            rel_error=err).model_dump())
     return pd.DataFrame(out, columns=RATIO_COLUMNS)
 
 

@@ -11,6 +11,7 @@ from typing import List, Optional
 import typer
 
 from sim.errors import EXIT_BAD_INPUT, ConfigError
+from sim.schema import MeasuredSummary
 
 DEVICES = ("cuda", "cpu")
 
@@ -47,7 +48,7 @@ def _fmt(v, unit: str = "", scale: float = 1.0, digits: int = 4) -> str:
     return "-" if v is None else f"{v / scale:.{digits}g}{unit}"
 
 
-def print_summary(s: dict) -> None:
+def print_summary(s: MeasuredSummary) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -55,23 +56,23 @@ def print_summary(s: dict) -> None:
 
     t = Table(show_header=False, box=None)
     rows = [
-        ("scenario", f"{s['scenario']}: {s['model']} on {s['device_name']} ({s['device']}, timing {s['timing']}), "
-                     f"batch {s['batch_size']}, {s['policy']} ({s['semantics']}, {s['prefetch']})"),
-        ("layers", f"{s['layers_run']} run of {s['layers_model']}" + (" (scaled)" if s["layer_scale"] != 1 else "")),
-        ("decode throughput", _fmt(s["throughput_tok_per_s"], " tok/s")),
-        ("TPOT p50 / p99", f"{_fmt(s['tpot_p50_s'], ' ms', MS)} / {_fmt(s['tpot_p99_s'], ' ms', MS)}"),
-        ("device memory peak", _fmt(s["hbm_peak_bytes"], " GB", GB) + f"  [{s['hbm_peak_source']}]"),
-        ("  of which", f"offloads in flight {_fmt(s['offload_in_flight_peak_bytes'], ' GB', GB)} (peak); "
-                       f"attention workspace {_fmt(s['attention_workspace_bytes'], ' GB', GB)} (not in the simulator)"),
-        ("host peak (T1+T2)", _fmt(s["host_peak_bytes"], " GB", GB)),
-        ("H2D / D2H bytes", f"{_fmt(s['h2d_bytes'], ' GB', GB)} / {_fmt(s['d2h_bytes'], ' GB', GB)}"),
-        ("achieved H2D / D2H", f"{_fmt(s['h2d_achieved_bytes_per_s'], ' GB/s', GB)} / "
-                               f"{_fmt(s['d2h_achieved_bytes_per_s'], ' GB/s', GB)}"),
-        ("transfer share / stall share", f"{_fmt(s['transfer_share'], '', 0.01, 3)} % / {_fmt(s['stall_share'], '', 0.01, 3)} %"),
-        ("offloaded / evicted tokens", f"{s['offloaded_tokens']:,} / {s['evicted_tokens']:,}"
-                                       f"  [re-tier on {s['scores']} scores]"),
+        ("scenario", f"{s.scenario}: {s.model} on {s.device_name} ({s.device}, timing {s.timing}), "
+                     f"batch {s.batch_size}, {s.policy} ({s.semantics}, {s.prefetch})"),
+        ("layers", f"{s.layers_run} run of {s.layers_model}" + (" (scaled)" if s.layer_scale != 1 else "")),
+        ("decode throughput", _fmt(s.throughput_tok_per_s, " tok/s")),
+        ("TPOT p50 / p99", f"{_fmt(s.tpot_p50_s, ' ms', MS)} / {_fmt(s.tpot_p99_s, ' ms', MS)}"),
+        ("device memory peak", _fmt(s.hbm_peak_bytes, " GB", GB) + f"  [{s.hbm_peak_source}]"),
+        ("  of which", f"offloads in flight {_fmt(s.offload_in_flight_peak_bytes, ' GB', GB)} (peak); "
+                       f"attention workspace {_fmt(s.attention_workspace_bytes, ' GB', GB)} (not in the simulator)"),
+        ("host peak (T1+T2)", _fmt(s.host_peak_bytes, " GB", GB)),
+        ("H2D / D2H bytes", f"{_fmt(s.h2d_bytes, ' GB', GB)} / {_fmt(s.d2h_bytes, ' GB', GB)}"),
+        ("achieved H2D / D2H", f"{_fmt(s.h2d_achieved_bytes_per_s, ' GB/s', GB)} / "
+                               f"{_fmt(s.d2h_achieved_bytes_per_s, ' GB/s', GB)}"),
+        ("transfer share / stall share", f"{_fmt(s.transfer_share, '', 0.01, 3)} % / {_fmt(s.stall_share, '', 0.01, 3)} %"),
+        ("offloaded / evicted tokens", f"{s.offloaded_tokens:,} / {s.evicted_tokens:,}"
+                                       f"  [re-tier on {s.scores} scores]"),
     ]
-    rows += [("note", n) for n in s["notes"]]
+    rows += [("note", n) for n in s.notes]
     for label, value in rows:
         t.add_row(f"[bold]{label}[/bold]", value)
     Console(width=shutil.get_terminal_size((150, 40)).columns).print(t)
@@ -97,15 +98,15 @@ def register(app: typer.Typer) -> None:
         from sim.output import default_run_path, to_json, write_run_dir
         from sim.scenario import load_scenario
 
-        from .decode import RunOptions, measure
+        from .decode import RunOptions, measure_run
 
         try:
             dev = resolve_device(device)
             sc = load_scenario(scenario, set_)
             if attention not in ("merged", "ordered"):
                 raise ConfigError(f"--attention: expected merged or ordered, got {attention!r}")
-            result = measure(sc, RunOptions(device=dev, layers=layers, attention=attention, prefill=prefill, dtype=dtype,
-                                              cpu_threads=threads, scores=scores))
+            result = measure_run(sc, RunOptions(device=dev, layers=layers, attention=attention, prefill=prefill,
+                                                dtype=dtype, cpu_threads=threads, scores=scores))
         except DeviceUnavailable as err:
             fail("run", str(err))
         except ConfigError as err:

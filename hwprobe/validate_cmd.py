@@ -23,45 +23,24 @@ import pandas as pd
 import typer
 
 from sim.errors import ConfigError
+from sim.schema import (DEVICE_MEMORY_PEAK, ROW_COLUMNS, STAT_COLUMNS, THROUGHPUT, VALIDATION_CHECKS,
+                        VALIDATION_METRICS, ErrorStat, ValidationRow, relative_error)
 
 from .ratios import ratio_rows
 
-METRICS = (  # the accuracy figures; "all" aggregates these
-    ("throughput_tok_per_s", "throughput tok/s"),
-    ("tpot_p50_s", "step time p50 s"),
-    ("transfer_share", "transfer share"),
-    ("device_memory_peak_bytes", "device memory peak B"),
-)
-CHECKS = (  # follow from the tier decisions alone: exact when the decisions are replayed
-    ("h2d_bytes", "H2D bytes"),
-    ("d2h_bytes", "D2H bytes"),
-    ("host_peak_bytes", "host memory peak B"),
-)
+METRICS = VALIDATION_METRICS  # the accuracy figures; "all" aggregates these
+CHECKS = VALIDATION_CHECKS  # follow from the tier decisions alone: exact when the decisions are replayed
 COMPARED = METRICS + CHECKS
 # Measured device memory is what torch allocated (no CUDA context, no allocator slack), so the
 # prediction drops the simulator's runtime reserve before comparing.
-MEMORY_KEY = "device_memory_peak_bytes"
-ROW_COLUMNS = ["scenario", "metric", "predicted", "measured", "rel_error"]
-STAT_COLUMNS = ["metric", "n", "median_abs_rel_error", "worst_rel_error", "worst_scenario"]
+MEMORY_KEY = DEVICE_MEMORY_PEAK.key
 ALL_METRICS = "all"
 
 
-def relative_error(predicted, measured) -> float | None:
-    """(predicted - measured) / measured; None where undefined (a value missing, or measured 0 while
-    predicted is not: no finite relative error exists)."""
-    if predicted is None or measured is None:
-        return None
-    p, m = float(predicted), float(measured)
-    if math.isnan(p) or math.isnan(m):
-        return None
-    if m == 0.0:
-        return 0.0 if p == 0.0 else None
-    return (p - m) / m
-
-
 def comparison_rows(name: str, predicted: dict, measured: dict) -> list[dict]:
-    return [{"scenario": name, "metric": key, "predicted": predicted.get(key), "measured": measured.get(key),
-             "rel_error": relative_error(predicted.get(key), measured.get(key))} for key, _ in COMPARED]
+    return [ValidationRow(scenario=name, metric=key, predicted=predicted.get(key), measured=measured.get(key),
+                          rel_error=relative_error(predicted.get(key), measured.get(key))).model_dump()
+            for key, _ in COMPARED]
 
 
 def error_stats(rows: pd.DataFrame) -> pd.DataFrame:
@@ -73,13 +52,14 @@ def error_stats(rows: pd.DataFrame) -> pd.DataFrame:
         sel = rows[rows["metric"].isin(headline)] if metric == ALL_METRICS else rows[rows["metric"] == metric]
         sel = sel[sel["rel_error"].notna()]
         if sel.empty:
-            out.append({"metric": metric, "n": 0, "median_abs_rel_error": None, "worst_rel_error": None,
-                        "worst_scenario": None})
+            out.append(ErrorStat(metric=metric, n=0, median_abs_rel_error=None, worst_rel_error=None,
+                                 worst_scenario=None).model_dump())
             continue
         err = sel["rel_error"].astype(float)
         worst = int(np.argmax(err.abs().to_numpy()))
-        out.append({"metric": metric, "n": len(sel), "median_abs_rel_error": float(err.abs().median()),
-                    "worst_rel_error": float(err.iloc[worst]), "worst_scenario": sel["scenario"].iloc[worst]})
+        out.append(ErrorStat(metric=metric, n=len(sel), median_abs_rel_error=float(err.abs().median()),
+                             worst_rel_error=float(err.iloc[worst]),
+                             worst_scenario=sel["scenario"].iloc[worst]).model_dump())
     return pd.DataFrame(out, columns=STAT_COLUMNS)
 
 
@@ -111,7 +91,8 @@ def validate(scenarios: list, predict: Callable[[object], dict], measure: Callab
 
 
 def simulator_predictor(profile_path: str | None):
-    """sim.engine.simulate(scenario, profile).summary, the scenario's own profile if none given."""
+    """Scenario -> sim.simulate.simulate(scenario, profile).summary as a dict, the scenario's own
+    profile if none given."""
     from sim.simulate import simulate
     from sim.profile import load_profile
 
@@ -122,7 +103,7 @@ def simulator_predictor(profile_path: str | None):
         if path and path not in cache:
             cache[path] = load_profile(path)
         summary = simulate(sc, cache.get(path) if path else None, profile_path=path, with_max_batch=False).summary
-        return {**summary, MEMORY_KEY: summary["hbm_peak_bytes"] - summary["runtime_reserve_bytes"]}
+        return {**summary.model_dump(), MEMORY_KEY: summary.hbm_peak_bytes - summary.runtime_reserve_bytes}
 
     return predict
 
@@ -132,13 +113,13 @@ def hwprobe_measurer(opts, runs_dir: Path | None = None):
     steps.csv, resolved scenario) is kept under runs_dir/<scenario name>."""
     from sim.output import write_run_dir
 
-    from .decode import measure
+    from .decode import measure_run
 
     def run(sc) -> dict:
-        result = measure(sc, opts)
+        result = measure_run(sc, opts)
         if runs_dir is not None:
             write_run_dir(runs_dir / sc.name, sc, result.summary, result.steps)
-        return {**result.summary, MEMORY_KEY: result.summary["hbm_peak_bytes"]}
+        return {**result.summary.model_dump(), MEMORY_KEY: result.summary.hbm_peak_bytes}
 
     return run
 
@@ -199,6 +180,125 @@ def print_tables(rows: pd.DataFrame, stats: pd.DataFrame, ratios: pd.DataFrame) 
     print_ratios(ratios, console)
 
 
+def _load_inputs(paths: list[Path], overrides: list[str], device: str | None, measured: Path | None):
+    """(device, loaded scenarios): the device is None when nothing is measured (--measured). Bad
+    input exits 2 with one line."""
+    from sim.scenario import load_scenario
+
+    from .run_cmd import DeviceUnavailable, fail, resolve_device
+
+    try:
+        dev = None if measured else resolve_device(device)
+        loaded = [load_scenario(p, overrides) for p in paths]
+        if measured and not measured.is_dir():
+            raise ConfigError(f"not a directory: {measured}", field="--measured")
+    except DeviceUnavailable as err:
+        fail("validate", str(err))
+    except ConfigError as err:
+        fail("validate", err.line())
+    return dev, loaded
+
+
+def _sides(loaded: list, paths: list[Path], profile: Path | None, measured: Path | None, opts, runs_dir: Path | None):
+    """(predict, measure): the simulator, and hwprobe run (or the runs kept in `measured`); a
+    ConfigError either raises names the scenario's file."""
+    from .run_cmd import with_source
+
+    predict = simulator_predictor(str(profile) if profile else None)
+    measure = recorded_measurer(measured) if measured else hwprobe_measurer(opts, runs_dir)
+    source = {id(sc): path for sc, path in zip(loaded, paths)}
+
+    def named(fn):
+        def call(sc):
+            try:
+                return fn(sc)
+            except ConfigError as err:
+                raise with_source(err, source[id(sc)]) from None
+        return call
+
+    return named(predict), named(measure)
+
+
+def _ratios_path(out_path: Path) -> Path:
+    return out_path.with_suffix(".ratios.csv")
+
+
+def _errors_path(out_path: Path) -> Path:
+    return out_path.with_suffix(".errors.csv")
+
+
+class _ProgressWriter:
+    """After every scenario: the rows so far and their ratios written (a cut-short grid keeps its
+    rows), and one line on stderr with the throughput of the scenario just done."""
+
+    def __init__(self, out_path: Path, loaded: list):
+        self.out_path, self.loaded = out_path, loaded
+        self.clock = time.monotonic()
+
+    def __call__(self, so_far: pd.DataFrame) -> None:
+        from sim.atomic import write_text_atomic
+
+        write_text_atomic(self.out_path, so_far.to_csv(index=False))
+        write_text_atomic(_ratios_path(self.out_path), ratio_rows(self.loaded, so_far).to_csv(index=False))
+        done = so_far["scenario"].nunique()
+        last = so_far.iloc[-len(COMPARED):].set_index("metric")
+        now = time.monotonic()
+        elapsed_s, self.clock = now - self.clock, now
+        print(f"[{done}/{len(self.loaded)}] {last['scenario'].iloc[0]}: throughput predicted "
+              f"{_cell(last.at[THROUGHPUT.key, 'predicted'])}, measured "
+              f"{_cell(last.at[THROUGHPUT.key, 'measured'])} tok/s ({elapsed_s:.0f} s)",
+              file=sys.stderr, flush=True)
+
+
+class _Failures:
+    """Scenarios whose prediction or measurement failed: each said on stderr as it happens; the
+    command exits 1 at the end if there were any."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.names: list[str] = []
+
+    def report(self, sc, what: str, err: Exception) -> None:
+        self.names.append(sc.name)
+        print(f"hwprobe validate: {sc.name}: {what} failed: {_one_line(err)}", file=sys.stderr)
+
+    def exit_if_any(self) -> None:
+        if self.names:
+            print(f"hwprobe validate: {len(self.names)} of {self.total} scenario(s) failed: {', '.join(self.names)}",
+                  file=sys.stderr)
+            raise typer.Exit(1)
+
+
+def _write_tables(out_path: Path, rows: pd.DataFrame, stats: pd.DataFrame, ratios: pd.DataFrame) -> None:
+    from sim.atomic import write_text_atomic
+
+    write_text_atomic(out_path, rows.to_csv(index=False))
+    write_text_atomic(_ratios_path(out_path), ratios.to_csv(index=False))
+    write_text_atomic(_errors_path(out_path), stats.to_csv(index=False))
+
+
+def _print_json(rows: pd.DataFrame, stats: pd.DataFrame, ratios: pd.DataFrame) -> None:
+    import json
+
+    print(json.dumps({"rows": rows.to_dict(orient="records"), "errors": stats.to_dict(orient="records"),
+                      "ratios": ratios.to_dict(orient="records")}, indent=2, default=float))
+
+
+def _print_outcome(rows: pd.DataFrame, stats: pd.DataFrame, ratios: pd.DataFrame, out_path: Path, *,
+                   replayed: bool, cpu_without_profile: bool) -> None:
+    """The tables, what the checks found when the simulator's decisions were replayed, and notes."""
+    print_tables(rows, stats, ratios)
+    if replayed:
+        checks = rows[rows["metric"].isin([k for k, _ in CHECKS])]
+        off = checks[checks["rel_error"].abs() > 0]
+        print("re-tier decisions replayed from the simulator: traffic and host memory "
+              + ("agree exactly" if off.empty else f"DIFFER in {len(off)} row(s): the cache and the simulator disagree"))
+    if cpu_without_profile:
+        print("note: measured on the CPU; predictions are for each scenario's GPU unless a CPU profile is given")
+    print("note: device memory compares allocated bytes: the prediction leaves out the simulator's runtime reserve")
+    print(f"wrote {out_path}, {_errors_path(out_path)} and {_ratios_path(out_path)}")
+
+
 def register(app: typer.Typer) -> None:
     @app.command(name="validate")
     def validate_cmd(
@@ -219,84 +319,22 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Predict each scenario with the simulator, measure it with hwprobe run (or read an earlier
         measurement, --measured), compare."""
-        import json
-
-        from sim.atomic import write_text_atomic
         from sim.output import default_run_path
-        from sim.scenario import load_scenario
 
         from .decode import RunOptions
-        from .run_cmd import DeviceUnavailable, fail, resolve_device, with_source
 
-        try:
-            dev = None if measured else resolve_device(device)
-            loaded = [load_scenario(p, set_) for p in scenarios]
-            if measured and not measured.is_dir():
-                raise ConfigError(f"not a directory: {measured}", field="--measured")
-        except DeviceUnavailable as err:
-            fail("validate", str(err))
-        except ConfigError as err:
-            fail("validate", err.line())
-        predict = simulator_predictor(str(profile) if profile else None)
-        measure = recorded_measurer(measured) if measured else hwprobe_measurer(
-            RunOptions(device=dev, layers=layers, attention=attention, cpu_threads=threads, scores=scores), runs_dir)
-        source = {id(sc): path for sc, path in zip(loaded, scenarios)}
-
-        def named(fn):
-            def call(sc):
-                try:
-                    return fn(sc)
-                except ConfigError as err:
-                    raise with_source(err, source[id(sc)]) from None
-            return call
-
+        dev, loaded = _load_inputs(scenarios, set_, device, measured)
+        opts = RunOptions(device=dev, layers=layers, attention=attention, cpu_threads=threads, scores=scores)
+        predict, measure = _sides(loaded, scenarios, profile, measured, opts, runs_dir)
         out_path = out or default_run_path("validate", ".csv")
-        ratios_path = out_path.with_suffix(".ratios.csv")
-
-        clock = [time.monotonic()]
-
-        def keep(so_far: pd.DataFrame) -> None:  # after every scenario: a cut-short grid keeps its rows
-            write_text_atomic(out_path, so_far.to_csv(index=False))
-            write_text_atomic(ratios_path, ratio_rows(loaded, so_far).to_csv(index=False))
-            done = so_far["scenario"].nunique()
-            last = so_far.iloc[-len(COMPARED):].set_index("metric")
-            now = time.monotonic()
-            elapsed_s, clock[0] = now - clock[0], now
-            print(f"[{done}/{len(loaded)}] {last['scenario'].iloc[0]}: throughput predicted "
-                  f"{_cell(last.at['throughput_tok_per_s', 'predicted'])}, measured "
-                  f"{_cell(last.at['throughput_tok_per_s', 'measured'])} tok/s ({elapsed_s:.0f} s)",
-                  file=sys.stderr, flush=True)
-
-        failed = []
-
-        def report(sc, what: str, err: Exception) -> None:
-            failed.append(sc.name)
-            print(f"hwprobe validate: {sc.name}: {what} failed: {_one_line(err)}", file=sys.stderr)
-
-        def exit_if_failed() -> None:
-            if failed:
-                print(f"hwprobe validate: {len(failed)} of {len(loaded)} scenario(s) failed: {', '.join(failed)}",
-                      file=sys.stderr)
-                raise typer.Exit(1)
-
-        rows, stats = validate(loaded, named(predict), named(measure), progress=keep, on_error=report)
+        failures = _Failures(len(loaded))
+        rows, stats = validate(loaded, predict, measure, progress=_ProgressWriter(out_path, loaded),
+                               on_error=failures.report)
         ratios = ratio_rows(loaded, rows)
-        write_text_atomic(out_path, rows.to_csv(index=False))
-        write_text_atomic(ratios_path, ratios.to_csv(index=False))
-        write_text_atomic(out_path.with_suffix(".errors.csv"), stats.to_csv(index=False))
+        _write_tables(out_path, rows, stats, ratios)
         if as_json:
-            print(json.dumps({"rows": rows.to_dict(orient="records"), "errors": stats.to_dict(orient="records"),
-                              "ratios": ratios.to_dict(orient="records")}, indent=2, default=float))
-            exit_if_failed()
-            return
-        print_tables(rows, stats, ratios)
-        if scores == "simulator" and not measured:
-            checks = rows[rows["metric"].isin([k for k, _ in CHECKS])]
-            off = checks[checks["rel_error"].abs() > 0]
-            print("re-tier decisions replayed from the simulator: traffic and host memory "
-                  + ("agree exactly" if off.empty else f"DIFFER in {len(off)} row(s): the cache and the simulator disagree"))
-        if dev == "cpu" and not profile:
-            print("note: measured on the CPU; predictions are for each scenario's GPU unless a CPU profile is given")
-        print("note: device memory compares allocated bytes: the prediction leaves out the simulator's runtime reserve")
-        print(f"wrote {out_path}, {out_path.with_suffix('.errors.csv')} and {ratios_path}")
-        exit_if_failed()
+            _print_json(rows, stats, ratios)
+        else:
+            _print_outcome(rows, stats, ratios, out_path, replayed=scores == "simulator" and not measured,
+                           cpu_without_profile=dev == "cpu" and not profile)
+        failures.exit_if_any()

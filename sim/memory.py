@@ -6,8 +6,6 @@ Host = T1 (full precision) + T2 (compressed) KV, pinned or pageable.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .model_spec import ModelSpec
 
 ACTIVATION_BYTES = 2  # bf16 activations
@@ -15,12 +13,15 @@ LOGIT_BYTES = 4  # fp32 logits for sampling
 ACTIVATION_BUFFERS = 2  # a residual stream and a scratch copy of the widest activation
 
 
-def activation_bytes(model: ModelSpec, batch: int) -> float:
-    """Decode activations alive at once: B * (2 * widest per-token activation) * 2 B + B * V * 4 B logits.
-    The widest activation is the gate/up output (2 * I) or the q/k/v output."""
+def activation_bytes(model: ModelSpec, batch: int, itemsize: int = ACTIVATION_BYTES,
+                     buffers: int = ACTIVATION_BUFFERS) -> float:
+    """Decode activations alive at once: B * (buffers * widest per-token activation) * itemsize
+    + B * V * 4 B logits. The widest activation is the gate/up output (2 * I) or the q/k/v output.
+    The simulator uses the defaults (2 buffers, bf16); hwprobe's layer planner passes its run dtype
+    and a margin of extra buffers (hwprobe/decode.py `estimate_device_bytes`)."""
     inter = model.intermediate_size or model.moe_intermediate_size * max(model.experts_per_token, 1)
     widest = max(2 * inter, model.q_dim + 2 * model.kv_dim, model.hidden_size)
-    return batch * (ACTIVATION_BUFFERS * widest * ACTIVATION_BYTES + model.vocab_size * LOGIT_BYTES)
+    return batch * (buffers * widest * itemsize + model.vocab_size * LOGIT_BYTES)
 
 
 def staging_bytes(prefetch: str, staging_buffers: int, num_layers: int, staged_layer_bytes: float) -> float:
@@ -34,16 +35,3 @@ def staging_bytes(prefetch: str, staging_buffers: int, num_layers: int, staged_l
         return staging_buffers * staged_layer_bytes
     return num_layers * staged_layer_bytes
 
-
-@dataclass(frozen=True)
-class MemoryState:
-    weights_bytes: float
-    kv_t0_bytes: float
-    staging_bytes: float
-    activation_bytes: float
-    reserve_bytes: float
-    host_bytes: float
-
-    @property
-    def hbm_bytes(self) -> float:
-        return self.weights_bytes + self.kv_t0_bytes + self.staging_bytes + self.activation_bytes + self.reserve_bytes

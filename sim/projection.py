@@ -19,6 +19,7 @@ from .context import RunContext, build_context
 from .physics import decode_step_cost, retier_copies
 from .profile import Profile
 from .scenario import Scenario
+from .schema import ProjectionSummary
 from .tiers import T0, T1, T2
 
 DEFAULT_SAMPLES = 48
@@ -49,19 +50,13 @@ def step_time(ctx: RunContext, batch: int, t0: int, t1: int, t2: int) -> StepTim
 
 
 def project(scenario: Scenario, profile: Profile | None = None, *, samples: int = DEFAULT_SAMPLES,
-            with_max_batch: bool = True) -> dict:
+            with_max_batch: bool = True) -> ProjectionSummary:
     """Summary metrics of one scenario (the keys `kvsim run` reports, where defined here)."""
     ctx = build_context(scenario, profile)
     batch = scenario.workload.batch_size
     c = batch_counts(ctx, batch)
     mem = c.trace(ctx)
     ok, hbm_short, host_short = fits(mem, ctx)
-    out = {
-        "fits": ok, "hbm_peak_bytes": mem.hbm_peak_bytes, "host_peak_bytes": mem.host_peak_bytes,
-        "hbm_shortfall_bytes": hbm_short, "hbm_capacity_bytes": ctx.hw.memory_bytes,
-        "hbm_saved_bytes": full_hbm_peak_bytes(ctx) - mem.hbm_peak_bytes,
-        "max_batch": max_batch(ctx) if with_max_batch else None,
-    }
     steps = len(c.active)
     idx = np.unique(np.linspace(0, steps - 1, min(samples, steps)).round().astype(int))
     weights = np.diff(np.concatenate([[0], (idx[1:] + idx[:-1]) // 2 + 1, [steps]]))  # steps each sample stands for
@@ -78,15 +73,18 @@ def project(scenario: Scenario, profile: Profile | None = None, *, samples: int 
     decode_s = float(np.sum(step_s * weights)) + (d2h_s if blocking else 0.0)
     h2d_total = float(np.sum(h2d_s * weights))
     generated = int(c.active.sum())
-    out.update({
-        "decode_s": decode_s,
-        "throughput_tok_per_s": generated / decode_s,
-        "tpot_p50_s": float(np.median(np.repeat(step_s, weights))),
-        "h2d_utilization": min(1.0, h2d_total / decode_s),
-        "d2h_utilization": min(1.0, d2h_s / decode_s),
-        "stall_share": float(np.sum((step_s - compute_s) * weights)) / decode_s,
-        "transfer_share": min(1.0, (h2d_total + (d2h_s if blocking else 0.0)) / decode_s),
-        "h2d_bytes": float(np.sum(weights * (c.attended[idx, T1] * ctx.kv_bytes_per_token + c.attended[idx, T2] * ctx.t2_bytes_per_token))) if ctx.policy.tiering else 0.0,
-        "d2h_bytes": d2h_bytes,
-    })
-    return out
+    return ProjectionSummary(
+        fits=ok, hbm_peak_bytes=mem.hbm_peak_bytes, host_peak_bytes=mem.host_peak_bytes,
+        hbm_shortfall_bytes=hbm_short, hbm_capacity_bytes=ctx.hw.memory_bytes,
+        hbm_saved_bytes=full_hbm_peak_bytes(ctx) - mem.hbm_peak_bytes,
+        max_batch=max_batch(ctx) if with_max_batch else None,
+        decode_s=decode_s,
+        throughput_tok_per_s=generated / decode_s,
+        tpot_p50_s=float(np.median(np.repeat(step_s, weights))),
+        h2d_utilization=min(1.0, h2d_total / decode_s),
+        d2h_utilization=min(1.0, d2h_s / decode_s),
+        stall_share=float(np.sum((step_s - compute_s) * weights)) / decode_s,
+        transfer_share=min(1.0, (h2d_total + (d2h_s if blocking else 0.0)) / decode_s),
+        h2d_bytes=float(np.sum(weights * (c.attended[idx, T1] * ctx.kv_bytes_per_token + c.attended[idx, T2] * ctx.t2_bytes_per_token))) if ctx.policy.tiering else 0.0,
+        d2h_bytes=d2h_bytes,
+    )

@@ -124,6 +124,11 @@ class PolicyCfg(_Strict):
         return self
 
 
+# The one definition of every policy default: sim/tiers.py's TierPolicy and hwprobe's CacheOptions
+# take theirs from it, so a scenario, the simulator and the real cache cannot disagree.
+DEFAULT_POLICY = PolicyCfg()
+
+
 class SimCfg(_Strict):
     detail: Literal["layer", "step"] = "layer"  # layer: SimPy events per layer; step: closed-form pipeline per step
     step_stride: int = Field(1, ge=1)  # simulate every k-th decode step, weight it by k

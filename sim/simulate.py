@@ -18,13 +18,13 @@ from .tiers import T0, T1, T2, T3, TIERS
 from .physics import prefill_s
 from .profile import Profile
 from .scenario import Scenario
-from .schema import LINK_BOTTLENECK_UTILIZATION, P50, P99, STEP_COLUMNS
+from .schema import LINK_BOTTLENECK_UTILIZATION, STEP_COLUMNS, SimRunSummary, tpot_percentiles_s
 
 
 
 @dataclass
 class SimResult:
-    summary: dict
+    summary: SimRunSummary
     steps: pd.DataFrame
     timeline: pd.DataFrame
     scenario: Scenario
@@ -62,65 +62,59 @@ def simulate(scenario: Scenario, profile: Profile | None = None, *, profile_path
             steps[col] = np.nan
     steps = steps[STEP_COLUMNS]
 
-    generated = int(plan.lengths.sum())
-    summary: dict = {
-        "scenario": scenario.name,
-        "model": ctx.model.name,
-        "gpu": ctx.hw.gpu.name,
-        "policy": scenario.policy.kind,
-        "semantics": scenario.policy.semantics,
-        "prefetch": scenario.policy.prefetch,
-        "batch_size": scenario.workload.batch_size,
-        "generated_tokens": generated,
-        "steps": plan.steps,
-        "fits": ok,
-        "hbm_shortfall_bytes": hbm_short,
-        "host_shortfall_bytes": host_short,
-        "hbm_capacity_bytes": ctx.hw.memory_bytes,
-        "host_capacity_bytes": ctx.hw.host_memory_bytes,
-        "hbm_peak_bytes": mem.hbm_peak_bytes,
-        "hbm_saved_bytes": full_hbm_peak_bytes(ctx) - mem.hbm_peak_bytes,
-        "host_peak_bytes": mem.host_peak_bytes,
-        "offload_in_flight_peak_bytes": float(mem.transit_bytes.max()) if plan.steps else 0.0,
-        "runtime_reserve_bytes": ctx.hw.runtime_reserve_bytes,
-        "weights_bytes": ctx.weights_bytes,
-        "kv_bytes_per_token": ctx.kv_bytes_per_token,
-        "offloaded_tokens": int(plan.retier_moves[:, MV_D2H_T1].sum() + plan.retier_moves[:, MV_D2H_T2].sum()),
-        "evicted_tokens": int(plan.retier_moves[:, MV_EVICTED].sum()),
-        "final_tokens_per_tier": {f"t{i}": int(plan.tiers_after[-1, i]) for i in TIERS} if plan.steps else {},
-    }
-    if timing is not None:
-        decode_s = timing.decode_s
-        step_s = steps["step_s"].to_numpy()
-        h2d_busy = busy_union_s(timing.h2d_busy, until=decode_s)
-        d2h_busy = busy_union_s(timing.d2h_busy, until=decode_s)
-        summary.update({
-            "decode_s": decode_s,
-            "prefill_s": prefill_s(ctx.model, ctx.hw, scenario.model.weight_dtype, scenario.model.weight_group_size,
-                                   scenario.workload.batch_size, scenario.workload.prompt_tokens),
-            "throughput_tok_per_s": generated / decode_s if decode_s > 0 else None,
-            "tpot_p50_s": float(np.percentile(step_s, P50)),
-            "tpot_p99_s": float(np.percentile(step_s, P99)),
-            "h2d_bytes": float(steps["h2d_bytes"].sum()),
-            "d2h_bytes": float(steps["d2h_bytes"].sum()),
-            "h2d_utilization": h2d_busy / decode_s,
-            "d2h_utilization": d2h_busy / decode_s,
-            "transfer_share": busy_union_s(timing.h2d_busy, timing.d2h_busy, until=decode_s) / decode_s,
-            "stall_share": float(steps["stall_s"].sum()) / decode_s,
-        })
-        summary["link_bottleneck"] = max(summary["h2d_utilization"], summary["d2h_utilization"]) >= LINK_BOTTLENECK_UTILIZATION
-    else:
-        for key in ("decode_s", "prefill_s", "throughput_tok_per_s", "tpot_p50_s", "tpot_p99_s", "h2d_bytes", "d2h_bytes",
-                    "h2d_utilization", "d2h_utilization", "transfer_share", "stall_share", "link_bottleneck"):
-            summary[key] = None
-    summary["max_batch"] = max_batch(ctx) if with_max_batch else None
-    summary["max_batch_by_policy"] = baseline_max_batches(ctx) if with_max_batch else None
+    summary = _run_summary(scenario, ctx, plan, mem, (ok, hbm_short, host_short), timing, steps, profile_path,
+                           with_max_batch)
     every = scenario.sim.record_every
     if every > 1:  # the CSV keeps every n-th step and the last; the summary used them all
         keep = (steps["step"] % every == 0) | (steps["step"] == plan.steps - 1)
         steps = steps[keep].reset_index(drop=True)
-    summary["sources"] = dict(ctx.hw.sources)
-    summary["profile"] = profile_path
-    summary["versions"] = _versions()
-    summary["resolved_scenario"] = scenario.model_dump(mode="json")
     return SimResult(summary=summary, steps=steps, timeline=pd.DataFrame(timing.timeline if timing else []), scenario=scenario)
+
+
+def _run_summary(scenario: Scenario, ctx: RunContext, plan, mem, fit: tuple, timing, steps: pd.DataFrame,
+                 profile_path: str | None, with_max_batch: bool) -> SimRunSummary:
+    """The summary of a run from its tier plan, memory trace, fit (ok, HBM and host shortfall) and
+    timing (None when it does not fit); `steps` is the full per-step table."""
+    ok, hbm_short, host_short = fit
+    generated = int(plan.lengths.sum())
+    moves = plan.retier_moves
+    return SimRunSummary(
+        scenario=scenario.name, model=ctx.model.name, gpu=ctx.hw.gpu.name,
+        policy=scenario.policy.kind, semantics=scenario.policy.semantics, prefetch=scenario.policy.prefetch,
+        batch_size=scenario.workload.batch_size, generated_tokens=generated, steps=plan.steps,
+        fits=ok, hbm_shortfall_bytes=hbm_short, host_shortfall_bytes=host_short,
+        hbm_capacity_bytes=ctx.hw.memory_bytes, host_capacity_bytes=ctx.hw.host_memory_bytes,
+        hbm_peak_bytes=mem.hbm_peak_bytes, hbm_saved_bytes=full_hbm_peak_bytes(ctx) - mem.hbm_peak_bytes,
+        host_peak_bytes=mem.host_peak_bytes,
+        offload_in_flight_peak_bytes=float(mem.transit_bytes.max()) if plan.steps else 0.0,
+        runtime_reserve_bytes=ctx.hw.runtime_reserve_bytes, weights_bytes=ctx.weights_bytes,
+        kv_bytes_per_token=ctx.kv_bytes_per_token,
+        offloaded_tokens=int(moves[:, MV_D2H_T1].sum() + moves[:, MV_D2H_T2].sum()),
+        evicted_tokens=int(moves[:, MV_EVICTED].sum()),
+        final_tokens_per_tier={f"t{i}": int(plan.tiers_after[-1, i]) for i in TIERS} if plan.steps else {},
+        **(_decode_figures(scenario, ctx, timing, steps, generated) if timing is not None else {}),
+        max_batch=max_batch(ctx) if with_max_batch else None,
+        max_batch_by_policy=baseline_max_batches(ctx) if with_max_batch else None,
+        sources=dict(ctx.hw.sources), profile=profile_path,
+        versions=_versions(), resolved_scenario=scenario.model_dump(mode="json"),
+    )
+
+
+def _decode_figures(scenario: Scenario, ctx: RunContext, timing, steps: pd.DataFrame, generated: int) -> dict:
+    """The timing figures of a run that fits, as SimRunSummary fields (they stay None otherwise)."""
+    decode_s = timing.decode_s
+    h2d_utilization = busy_union_s(timing.h2d_busy, until=decode_s) / decode_s
+    d2h_utilization = busy_union_s(timing.d2h_busy, until=decode_s) / decode_s
+    tpot_p50_s, tpot_p99_s = tpot_percentiles_s(steps["step_s"].to_numpy())
+    return dict(
+        decode_s=decode_s,
+        prefill_s=prefill_s(ctx.model, ctx.hw, scenario.model.weight_dtype, scenario.model.weight_group_size,
+                            scenario.workload.batch_size, scenario.workload.prompt_tokens),
+        throughput_tok_per_s=generated / decode_s if decode_s > 0 else None,
+        tpot_p50_s=tpot_p50_s, tpot_p99_s=tpot_p99_s,
+        h2d_bytes=float(steps["h2d_bytes"].sum()), d2h_bytes=float(steps["d2h_bytes"].sum()),
+        h2d_utilization=h2d_utilization, d2h_utilization=d2h_utilization,
+        transfer_share=busy_union_s(timing.h2d_busy, timing.d2h_busy, until=decode_s) / decode_s,
+        stall_share=float(steps["stall_s"].sum()) / decode_s,
+        link_bottleneck=max(h2d_utilization, d2h_utilization) >= LINK_BOTTLENECK_UTILIZATION,
+    )

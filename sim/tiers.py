@@ -15,21 +15,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .scenario import DEFAULT_POLICY
+
 T0, T1, T2, T3 = 0, 1, 2, 3
 TIERS = (T0, T1, T2, T3)
 
 
 @dataclass(frozen=True)
 class TierPolicy:
-    kind: str = "tiered"  # full_hbm | evict_only | tiered
-    semantics: str = "global"  # global | paper_prototype
-    hbm_ratio: float = 0.5
-    evict_ratio: float = 0.1
-    compressed_ratio: float = 0.0
-    retier_interval: int = 64
-    sink_tokens: int = 4
-    recent_window: int = 128
-    protect_prompt: bool = True
+    """The tier rule's parameters; defaults are the scenario schema's (sim/scenario.py DEFAULT_POLICY)."""
+
+    kind: str = DEFAULT_POLICY.kind  # full_hbm | evict_only | tiered
+    semantics: str = DEFAULT_POLICY.semantics  # global | paper_prototype
+    hbm_ratio: float = DEFAULT_POLICY.hbm_ratio
+    evict_ratio: float = DEFAULT_POLICY.evict_ratio
+    compressed_ratio: float = DEFAULT_POLICY.compressed_ratio
+    retier_interval: int = DEFAULT_POLICY.retier_interval
+    sink_tokens: int = DEFAULT_POLICY.sink_tokens
+    recent_window: int = DEFAULT_POLICY.recent_window
+    protect_prompt: bool = DEFAULT_POLICY.protect_prompt
 
     @classmethod
     def from_config(cls, policy) -> "TierPolicy":

@@ -54,10 +54,10 @@ CASES: tuple[Case, ...] = (
 )
 
 
-def _normalised_json(summary: dict) -> str:
+def _normalised_json(summary) -> str:
     from sim.output import to_json
 
-    text = to_json({k: v for k, v in summary.items() if k not in MACHINE_KEYS})
+    text = to_json(summary.model_dump(exclude=set(MACHINE_KEYS)))
     return text.replace(str(REPO), "<repo>") + "\n"
 
 

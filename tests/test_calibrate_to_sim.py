@@ -11,9 +11,8 @@ from .conftest import SCENARIOS, run_cli
 pytest.importorskip("torch")
 
 
-def test_cpu_profile_feeds_kvsim_run(tmp_path):
-    prof = tmp_path / "p.yaml"
-    res = run_cli("calibrate", "--device", "cpu", "--tiny", "--out", str(prof), tool="hwprobe")
+def test_cpu_profile_feeds_kvsim_run(tmp_path, cpu_tiny_profile):
+    res, prof = cpu_tiny_profile  # `hwprobe calibrate --device cpu --tiny`, shared with test_hwprobe_calibrate
     assert res.returncode == 0, res.stderr
     res = run_cli("run", str(SCENARIOS / "h200-7b-batch.yaml"), "--profile", str(prof), "--json",
                   "--out", str(tmp_path / "run"), "--set", "workload.batch_size=2", "--set", "workload.reasoning_tokens=128")

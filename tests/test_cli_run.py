@@ -20,7 +20,8 @@ CSV_COLUMNS = ["step", "t_s", "step_s", "compute_s", "stall_s", "h2d_bytes", "d2
 
 def test_paper_scenario_prints_summary_and_writes_run_dir(tmp_path):
     out = tmp_path / "run"
-    res = run_cli("run", str(SCENARIOS / "paper-rtx5080-7b.yaml"), "--out", str(out))
+    # the one test that runs the installed `kvsim` console script; the others call its app in process
+    res = run_cli("run", str(SCENARIOS / "paper-rtx5080-7b.yaml"), "--out", str(out), subprocess_=True)
     assert res.returncode == 0, res.stderr
     for label in ("decode throughput", "TPOT p50 / p99", "HBM saved vs full_hbm", "max batch that fits"):
         assert label in res.stdout

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,27 +21,68 @@ from tests.conftest import REPO
 SCRIPT = REPO / "scripts" / "gpu" / "h200_validate.sh"
 TINY_MODEL = REPO / "scenarios" / "models" / "tiny-qwen2.json"
 KNOBS = ("DEVICE", "PYTHON", "MODEL_YAML", "BATCHES", "CONTEXTS", "STEPS", "RETIER", "RECENT", "CALIBRATE",
-         "EXACTNESS", "EXTRA_70B", "DEADLINE", "RESERVE", "WORK", "OUT", "SITE", "WHEELS")
+         "EXACTNESS", "EXTRA_70B", "DEADLINE", "RESERVE", "KILL_AFTER", "MIN_CAP", "WORK", "OUT", "SITE", "WHEELS")
 
 pytestmark = pytest.mark.skipif(not all(shutil.which(t) for t in ("bash", "timeout", "tar")),
                                 reason="needs bash, coreutils timeout and tar")
 
 
+class ScriptRun:
+    """The script started from the repo root with the given knobs (none inherited), in the background;
+    result() waits for it: (process, seconds from start to exit, OUT)."""
+
+    def __init__(self, tmp_path: Path, **env: str):
+        self.out = tmp_path / "out"
+        base = {k: v for k, v in os.environ.items() if k not in KNOBS}
+        knobs = {"DEVICE": "cpu", "PYTHON": sys.executable, "WORK": str(tmp_path / "work"), "OUT": str(self.out),
+                 "WHEELS": str(tmp_path / "no-wheels"), **env}  # the device's py3.12 wheels (.whl) do not install here
+        self.args = ["bash", str(SCRIPT)]
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen(self.args, cwd=REPO, env={**base, **knobs}, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.waiter = threading.Thread(target=self._wait, daemon=True)  # times the exit, not when it is asked for
+        self.waiter.start()
+
+    def _wait(self) -> None:
+        try:
+            self.stdout, self.stderr = self.proc.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.stdout, self.stderr = self.proc.communicate()
+        self.seconds = time.monotonic() - self.t0
+
+    def result(self) -> tuple[subprocess.CompletedProcess, float, Path]:
+        self.waiter.join()
+        return subprocess.CompletedProcess(self.args, self.proc.returncode, self.stdout, self.stderr), self.seconds, self.out
+
+
 def run_script(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, float, Path]:
-    """Run the script from the repo root with the given knobs (none inherited); (process, seconds, OUT)."""
-    out = tmp_path / "out"
-    base = {k: v for k, v in os.environ.items() if k not in KNOBS}
-    knobs = {"DEVICE": "cpu", "PYTHON": sys.executable, "WORK": str(tmp_path / "work"), "OUT": str(out),
-             "WHEELS": str(tmp_path / "no-wheels"), **env}  # the device's py3.12 wheels (.whl) do not install here
-    t0 = time.monotonic()
-    proc = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env={**base, **knobs}, capture_output=True, text=True,
-                          timeout=180)
-    return proc, time.monotonic() - t0, out
+    """Run the script to the end (see ScriptRun): (process, seconds, OUT)."""
+    return ScriptRun(tmp_path, **env).result()
 
 
 def tiny(**env: str) -> dict:
     return {"MODEL_YAML": f"{{hf_config: {TINY_MODEL}, weight_dtype: bf16, kv_dtype: bf16}}", "STEPS": "24",
             "RETIER": "8", "RECENT": "8", "CALIBRATE": "0", "EXTRA_70B": "0", **env}
+
+
+SHORT_DEADLINE = 8  # the grid gets 8 - 1 (reserve) - 1 (kill grace) = 6 s, less the start: several tiny scenarios
+SHORT_BATCHES, SHORT_CONTEXTS = "1 2 4 8 16 32", "256 512 1024 4096"  # 72 scenarios: far more than fit
+
+
+@pytest.fixture(scope="module")
+def short_deadline_run(tmp_path_factory):
+    """The short-deadline dry run, started in the background when first asked for: the whole dry run
+    asks for it too, so that the two (mostly one thread each, the deadline one mostly waiting out
+    its clock) overlap instead of taking turns."""
+    pytest.importorskip("torch")
+    run = ScriptRun(tmp_path_factory.mktemp("short-deadline"),
+                    **tiny(BATCHES=SHORT_BATCHES, CONTEXTS=SHORT_CONTEXTS, STEPS="48", EXACTNESS="0",
+                           DEADLINE=str(SHORT_DEADLINE), RESERVE="1", KILL_AFTER="1", MIN_CAP="3"))
+    yield run
+    if run.proc.poll() is None:  # never collected (its test deselected or failed first)
+        run.proc.kill()
+    run.waiter.join()
 
 
 def expected_names(batches: str, contexts: str) -> list[str]:
@@ -91,7 +133,7 @@ def test_default_grid_is_the_gpu_grid_and_valid_and_a_spent_deadline_runs_nothin
             "paper": ("tiered", "paper_prototype", "sync_per_step", False)}[kind]
 
 
-def test_cpu_dry_run_of_the_whole_script(tmp_path):
+def test_cpu_dry_run_of_the_whole_script(tmp_path, short_deadline_run):  # (runs alongside this one)
     pytest.importorskip("torch")
     proc, seconds, out = run_script(tmp_path, **tiny(BATCHES="1 2", CONTEXTS="64"))
     log = (out / "log.txt").read_text()
@@ -127,12 +169,9 @@ def test_cpu_dry_run_of_the_whole_script(tmp_path):
     assert f"validate.csv: {len(names)} of {len(names)} scenarios measured ({len(rows)} rows)" in log
 
 
-def test_a_short_deadline_cuts_the_grid_and_keeps_the_finished_rows(tmp_path):
-    pytest.importorskip("torch")
-    deadline = 20  # the grid gets 20 - 2 (reserve) - 5 (kill grace) = 13 s: about a dozen tiny scenarios
-    batches, contexts = "1 2 4 8 16 32", "256 512 1024 4096"  # 72 scenarios: far more than fit
-    proc, seconds, out = run_script(tmp_path, **tiny(BATCHES=batches, CONTEXTS=contexts, STEPS="48", EXACTNESS="0",
-                                                     DEADLINE=str(deadline), RESERVE="2"))
+def test_a_short_deadline_cuts_the_grid_and_keeps_the_finished_rows(short_deadline_run):
+    deadline, batches, contexts = SHORT_DEADLINE, SHORT_BATCHES, SHORT_CONTEXTS
+    proc, seconds, out = short_deadline_run.result()
     log = (out / "log.txt").read_text()
     assert proc.returncode == 1, log
     assert seconds < deadline + 5, log

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hwprobe.cache import CacheGeometry, CacheOptions, Runtime, TieredKVCache  # noqa: E402
-from hwprobe.cache.plan import batch_peaks  # noqa: E402
+from hwprobe.cache.peaks import batch_peaks  # noqa: E402
 from hwprobe.cache.quant import dequantize_int8, max_error_bound, quantize_int8  # noqa: E402
 from hwprobe.cache.slots import FREE, SlotTable  # noqa: E402
 from sim.scenario import ImportanceCfg  # noqa: E402
@@ -76,7 +76,7 @@ def drive(caches, steps, seed=0, on_step=None):
 def test_t1_offload_is_bitwise_exact_with_the_same_kernel():
     full, tiered = make(FULL, attention="ordered"), make(T1_ONLY, attention="ordered")
     seen_t1 = []
-    outs, _ = drive([full, tiered], 30, on_step=lambda s: seen_t1.append(tiered.hw1))
+    outs, _ = drive([full, tiered], 30, on_step=lambda s: seen_t1.append(tiered.t1_high_water))
     assert max(seen_t1) > 0, "nothing was offloaded: the comparison would be vacuous"
     assert all(torch.equal(a, b) for a, b in zip(*outs))
 
@@ -257,6 +257,7 @@ def _ring_ops_are_ordered(trace, ring):
     recorded_ready, recorded_free = set(), set()  # buffers whose event was recorded since last use
     waited_free, waited_ready = set(), set()
     reads = set()
+    refills = 0  # fills of a buffer read before: the case the free-event ordering is about
     for op, *args in trace:
         if op == "record_copy" and args[0] in ready:
             recorded_ready.add(ready[args[0]])
@@ -272,6 +273,7 @@ def _ring_ops_are_ordered(trace, ring):
             buf, key = args
             if buf in reads:  # reused: must have waited on the free recorded after the last read
                 assert buf in waited_free, f"buffer {buf} refilled for {key} without waiting for its reader"
+                refills += 1
             assert held.get(buf, ("released",))[0] == "released", f"buffer {buf} refilled before release"
             held[buf] = ("filled", key)
             recorded_free.discard(buf)
@@ -289,6 +291,7 @@ def _ring_ops_are_ordered(trace, ring):
             recorded_ready.discard(buf)
             held[buf] = ("released", key)
     assert reads == set(range(len(ring.buffers)))
+    assert refills > 0, "no buffer was refilled after a read: the replay checked no reuse"
 
 
 @pytest.mark.parametrize("n_buffers", [1, 2, 3])
@@ -300,7 +303,7 @@ def test_staging_buffer_reuse_across_many_layers(n_buffers):
     full = make(FULL, layers=12, attention="ordered")
     tiered = make(MIXED, layers=12, attention="ordered", staging_buffers=n_buffers, trace=trace)
     outs, _ = drive([full, tiered], 16)
-    assert tiered.hw1 > 0
+    assert tiered.t1_high_water > 0
     fills = [t for t in trace if t[0] == "fill"]
     assert len(fills) >= 12 * 8
     _ring_ops_are_ordered(trace, tiered.ring)
@@ -345,7 +348,7 @@ def test_cuda_prefetch_and_offload_are_exact(prefetch):
             assert torch.equal(outs[0], outs[1]) and torch.equal(outs[2], outs[3])
         for c in caches:
             c.end_step()
-    assert caches[1].hw1 > 0 and caches[3].hw2 > 0 and caches[3].offloaded_tokens > 0
+    assert caches[1].t1_high_water > 0 and caches[3].t2_high_water > 0 and caches[3].offloaded_tokens > 0
 
 
 # ---- prefetch modes, copy counts and the re-tier offload ------------------------------------------
@@ -381,15 +384,15 @@ def test_copy_counts_are_the_simulators(prefetch, policy):
     L = 3
     cache = make(policy, layers=L, prefetch=prefetch)
     seen, expect = {"h2d": 0, "d2h": 0}, {"h2d": 0, "d2h": 0}
-    prev = {"tier": cache.tier.copy(), "n": cache.n.copy(), "hw": (0, 0)}
+    prev = {"tier": cache.tier.copy(), "n": cache.n.copy(), "high_water": (0, 0)}
 
     def check(step):
         c = cache.take_counters()
         seen["h2d"] += c.h2d_copies
         seen["d2h"] += c.d2h_copies
-        hw1, hw2 = prev["hw"]
-        if prefetch != "per_interval" and (hw1 or hw2):
-            expect["h2d"] += L * prefetch_copies_per_layer(prefetch, hw1 > 0, hw2 > 0)
+        t1_slots, t2_slots = prev["high_water"]
+        if prefetch != "per_interval" and (t1_slots or t2_slots):
+            expect["h2d"] += L * prefetch_copies_per_layer(prefetch, t1_slots > 0, t2_slots > 0)
         if policy.retier_due(step):
             old, new = prev["tier"].copy(), cache.tier
             old[np.arange(cache.geom.batch), prev["n"]] = T0  # this step's token, before the re-tier
@@ -400,8 +403,9 @@ def test_copy_counts_are_the_simulators(prefetch, policy):
             expect["d2h"] += retier_copies(prefetch, L, moved(T0, T1), moved(T0, T2))
             expect["h2d"] += retier_copies(prefetch, L, moved(T1, T0), moved(T2, T0))
             if prefetch == "per_interval":
-                expect["h2d"] += L * prefetch_copies_per_layer(prefetch, cache.hw1 > 0, cache.hw2 > 0)
-        prev.update(tier=cache.tier.copy(), n=cache.n.copy(), hw=(cache.hw1, cache.hw2))
+                expect["h2d"] += L * prefetch_copies_per_layer(prefetch, cache.t1_high_water > 0,
+                                                               cache.t2_high_water > 0)
+        prev.update(tier=cache.tier.copy(), n=cache.n.copy(), high_water=(cache.t1_high_water, cache.t2_high_water))
 
     drive([cache], 40, on_step=check)
     assert seen == expect and expect["d2h"] > 0 and expect["h2d"] > 0
@@ -410,10 +414,11 @@ def test_copy_counts_are_the_simulators(prefetch, policy):
 def test_sync_per_step_copies_k_and_v_apart():
     layers = 3
     cache = make(T1_ONLY, layers=layers, prefetch="sync_per_step")
-    copies, hw1 = [], [0]
-    drive([cache], 20, on_step=lambda s: (copies.append(cache.take_counters().h2d_copies), hw1.append(cache.hw1)))
+    copies, t1_slots = [], [0]
+    drive([cache], 20, on_step=lambda s: (copies.append(cache.take_counters().h2d_copies),
+                                          t1_slots.append(cache.t1_high_water)))
     # every step that starts with T1 tokens copies each layer's K and V, not a re-tier among them
-    per_step = [(n, h) for s, (n, h) in enumerate(zip(copies, hw1)) if not T1_ONLY.retier_due(s)]
+    per_step = [(n, h) for s, (n, h) in enumerate(zip(copies, t1_slots)) if not T1_ONLY.retier_due(s)]
     assert [n for n, h in per_step if h] == [2 * layers] * sum(1 for _, h in per_step if h)
     assert [n for n, h in per_step if not h] == [0] * sum(1 for _, h in per_step if not h)
     assert sum(1 for _, h in per_step if h) >= 5

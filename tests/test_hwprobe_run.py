@@ -97,7 +97,7 @@ def test_sync_per_step_copies_every_layer_every_step(scenario, tmp_path):
 
 def _layer_staging_bytes(scenario_path) -> int:
     """One layer's T1 + T2 staging for the batch at the planned peaks (bf16 rows, int8 + fp16 scales)."""
-    from hwprobe.cache.plan import batch_peaks
+    from hwprobe.cache.peaks import batch_peaks
     from sim.context import draw_lengths
     from sim.scenario import load_scenario
     from sim.tiers import TierPolicy
@@ -163,7 +163,7 @@ def test_replayed_decisions_move_exactly_what_the_simulator_plans(scenario, tmp_
     assert hw["scores"] == "simulator"
     for key in ("offloaded_tokens", "evicted_tokens", "final_tokens_per_tier", "h2d_bytes", "d2h_bytes",
                 "host_peak_bytes", "generated_tokens"):
-        assert hw[key] == sim.summary[key], key
+        assert hw[key] == getattr(sim.summary, key), key
     assert hw["offloaded_tokens"] > 0  # something moved
     for col in ("tokens_t0", "tokens_t1", "tokens_t2", "tokens_t3", "h2d_bytes", "d2h_bytes", "batch_active"):
         assert list(hw_steps[col]) == list(sim.steps[col]), col  # step by step
@@ -180,9 +180,9 @@ def test_replay_with_unequal_lengths_copies_the_padded_block(scenario, tmp_path)
     hw, hw_steps = run(scenario, tmp_path / "var", "--scores", "simulator", *[x for o in overrides for x in ("--set", o)])
     sim = simulate(load_scenario(scenario, overrides), None, with_max_batch=False)
     for key in ("offloaded_tokens", "evicted_tokens", "final_tokens_per_tier", "d2h_bytes", "generated_tokens"):
-        assert hw[key] == sim.summary[key], key
+        assert hw[key] == getattr(sim.summary, key), key
     assert list(hw_steps["tokens_t1"]) == list(sim.steps["tokens_t1"])
-    assert hw["h2d_bytes"] > sim.summary["h2d_bytes"]
+    assert hw["h2d_bytes"] > sim.summary.h2d_bytes
 
 
 def test_own_attention_scores_decide_differently_from_the_simulator(scenario, tmp_path):
@@ -217,7 +217,8 @@ def test_without_cuda_and_without_device_cpu_exit_2_no_traceback(scenario):
 
 
 def test_missing_file_no_traceback(tmp_path):
-    proc = run_cli("run", str(tmp_path / "nope.yaml"), "--device", "cpu", tool="hwprobe")
+    # the one test that runs the installed `hwprobe` console script; the others call its app in process
+    proc = run_cli("run", str(tmp_path / "nope.yaml"), "--device", "cpu", tool="hwprobe", subprocess_=True)
     assert proc.returncode == 2 and "file not found" in proc.stderr and "Traceback" not in proc.stderr
 
 

@@ -62,6 +62,8 @@ def test_oom_wall_is_at_the_computed_max_batch(grid, figs):
     expected = [int(_limit(grid, sel, p.key).max_batch) for p in SMALL.policies]
     assert walls == [mb for mb in expected if 1 <= mb <= top]
     assert all(s.x0 == s.x1 for s in fig.figure.layout.shapes)
+    assert len(fig.figure.data) == len(SMALL.policies)  # one line per policy: the zip below drops none
+    assert walls  # at least one line ends at a wall inside the plotted batches
     for trace, pol, mb in zip(fig.figure.data, SMALL.policies, expected):
         assert f"max batch {mb}" in trace.name
         if 1 <= mb <= top:  # the line ends exactly at the wall
@@ -88,6 +90,7 @@ def test_every_selection_has_a_variant_with_the_same_trace_count(grid, figs):
 def test_max_batch_bars_equal_the_limits(grid, figs):
     fig = figs["fig-max-batch"].figure
     sel = SMALL.default_selection
+    assert len(fig.data) == len(SMALL.policies)  # one bar series per policy: the zip below drops none
     for trace, pol in zip(fig.data, SMALL.policies):
         assert list(trace.x) == ["rtx-4090", "h100-sxm"]
         assert list(trace.y) == [int(_limit(grid, {**sel, "gpu": g}, pol.key).max_batch) for g in SMALL.gpus]
@@ -116,6 +119,7 @@ def test_link_bound_marker_where_utilisation_crosses_the_threshold(grid, figs):
 def test_hbm_saved_grows_with_batch_and_full_hbm_is_absent(figs):
     fig = figs["fig-hbm-saved"].figure
     assert "full_hbm" not in {t.name for t in fig.data}
+    assert len(fig.data) > 0
     for t in fig.data:
         y = np.asarray(t.y, dtype=float)
         assert (np.diff(y) >= 0).all() and y[-1] > 0

@@ -21,13 +21,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.scenario import DEFAULT_POLICY
 from sim.tiers import T0, T1, T2, T3, TIERS, TierPolicy
 from sim.units import KV_TENSORS
 
 from .attention import NEG_INF, ordered_union, union_softmax_attention, unorder_probs
 from .counters import StepCounters
 from .offload import OffloadLane
-from .plan import TierPeaks, batch_peaks
+from .peaks import TierPeaks, batch_peaks
 from .prototype import PrototypeCopies
 from .quant import dequantize_int8, effective_group
 from .resident import ResidentStage
@@ -42,12 +43,15 @@ ATTENTION_MODES = ("merged", "ordered")
 
 @dataclass(frozen=True)
 class CacheOptions:
-    prefetch: str = "layerwise_async"  # layerwise_async (this project) | sync_per_step (the paper's prototype) | per_interval
-    staging_buffers: int = 2
-    pinned: bool = True  # T1/T2 in page-locked memory (only meaningful on CUDA)
-    group_size: int = 64  # T2 quantisation group (capped at head_dim)
+    """Policy fields default to the scenario schema's (sim/scenario.py DEFAULT_POLICY)."""
+
+    # layerwise_async (this project) | sync_per_step (the paper's prototype) | per_interval
+    prefetch: str = DEFAULT_POLICY.prefetch
+    staging_buffers: int = DEFAULT_POLICY.staging_buffers
+    pinned: bool = DEFAULT_POLICY.pinned  # T1/T2 in page-locked memory (only meaningful on CUDA)
+    group_size: int = DEFAULT_POLICY.compressed_group_size  # T2 quantisation group (capped at head_dim)
     attention: str = "merged"  # merged: T0 in place + staged, one softmax; ordered: one key set in token order
-    scoring: str = "cumulative"  # cumulative (paper) | recent (last interval only)
+    scoring: str = DEFAULT_POLICY.scoring  # cumulative (paper) | recent (last interval only)
 
     @classmethod
     def from_policy(cls, cfg, attention: str = "merged") -> "CacheOptions":
@@ -106,7 +110,8 @@ class TieredKVCache:
         self.promotion_sources: list = []  # pinned host blocks of the last promotions (kept until the next re-tier)
         self.scale = geom.head_dim ** -0.5
         self.step = -1
-        self.hw0, self.hw1, self.hw2 = self.prompt, 0, 0
+        # per tier, slots [0, high water) are the ones any row uses: what attention reads, what copies move
+        self.t0_high_water, self.t1_high_water, self.t2_high_water = self.prompt, 0, 0
         self._bias = None  # this step's mask over [T0 prefix | staged], None when nothing is masked
         self._appends: dict[int, tuple] = {}
         self._order = None
@@ -145,19 +150,19 @@ class TieredKVCache:
         self._app = (b_dev, s_dev, len(b_host) == self.geom.batch)
         if len(b_host):
             self.bias0.index_put_((b_dev, s_dev), self._zero)
-        self.hw0 = t0.high_water()
+        self.t0_high_water = t0.high_water()
         self._set_bias()
         if self.options.attention == "ordered":
             self._build_order()
-        if self.proto is not None and self.hw1 + self.hw2:
-            self.proto.copy_all(self.stores, self.hw1, self.hw2, self.counters)
+        if self.proto is not None and self.t1_high_water + self.t2_high_water:
+            self.proto.copy_all(self.stores, self.t1_high_water, self.t2_high_water, self.counters)
             self._track_device_bytes()
-        elif self.ring is not None and self.hw1 + self.hw2:
+        elif self.ring is not None and self.t1_high_water + self.t2_high_water:
             self._prefetch_ahead(s, 0)
 
     def layer_start(self, layer: int) -> None:
         """Called before a layer's first kernel: issue the copies of the next layer(s)."""
-        if self.ring is not None and self.hw1 + self.hw2:
+        if self.ring is not None and self.t1_high_water + self.t2_high_water:
             self._prefetch_ahead(self.step, layer)
 
     def attend(self, layer: int, q, k, v):
@@ -168,8 +173,8 @@ class TieredKVCache:
         if len(b_dev):
             kv = torch.stack((k, v), dim=1)
             t0l[:, b_dev, :, s_dev] = kv if all_rows else kv[b_dev]
-        hw0, n_s = self.hw0, self.hw1 + self.hw2
-        parts = [(t0l[0, :, :, :hw0], t0l[1, :, :, :hw0])]
+        n0, n_s = self.t0_high_water, self.t1_high_water + self.t2_high_water
+        parts = [(t0l[0, :, :, :n0], t0l[1, :, :, :n0])]
         if n_s:
             self._stage(layer)
             parts.append((self.ws[0, :, :, :n_s], self.ws[1, :, :, :n_s]))
@@ -181,9 +186,9 @@ class TieredKVCache:
         else:
             out, probs = union_softmax_attention(q, parts, self._bias, self.scale)
         weight = 1.0 / self.geom.layers  # averaged over layers
-        self.acc0[:, :hw0].add_(probs[:, :hw0], alpha=weight)
+        self.acc0[:, :n0].add_(probs[:, :n0], alpha=weight)
         if n_s:
-            self.acc_s[:, :n_s].add_(probs[:, hw0:], alpha=weight)
+            self.acc_s[:, :n_s].add_(probs[:, n0:], alpha=weight)
         return out
 
     def end_step(self) -> np.ndarray:
@@ -194,11 +199,12 @@ class TieredKVCache:
             self.proto.discard()  # the prototype drops its copies after the step
         if self.policy.retier_due(s):
             retier(self, active)
-            if self.resident is not None and self.hw1 + self.hw2:
-                self.resident.refresh(self.stores, self.hw1, self.hw2, self.counters, self.lane.patch)
+            if self.resident is not None and self.t1_high_water + self.t2_high_water:
+                self.resident.refresh(self.stores, self.t1_high_water, self.t2_high_water, self.counters,
+                                      self.lane.patch)
             self._track_device_bytes()
         self.lane.poll()
-        if self.ring is not None and s + 1 < self.steps and self.hw1 + self.hw2:
+        if self.ring is not None and s + 1 < self.steps and self.t1_high_water + self.t2_high_water:
             before = self.counters.h2d_bytes
             self._prefetch_ahead(s + 1, 0)  # overlaps the LM head and sampling
             # its bytes are step s+1's (as the simulator counts them); its copy time stays where it ran
@@ -229,8 +235,8 @@ class TieredKVCache:
         torch = self.torch
         t0, t1, t2 = self.tables
         self.bias0.copy_(torch.as_tensor(np.where(t0.pos != FREE, 0.0, NEG_INF), dtype=torch.float32))
-        self.hw1, self.hw2 = t1.high_water(), t2.high_water()
-        live = np.concatenate([t1.live_mask(self.hw1), t2.live_mask(self.hw2)], axis=1)
+        self.t1_high_water, self.t2_high_water = t1.high_water(), t2.high_water()
+        live = np.concatenate([t1.live_mask(self.t1_high_water), t2.live_mask(self.t2_high_water)], axis=1)
         self.bias_s.fill_(NEG_INF)
         if live.shape[1]:
             self.bias_s[:, : live.shape[1]] = torch.as_tensor(np.where(live, 0.0, NEG_INF), dtype=torch.float32)
@@ -288,12 +294,12 @@ class TieredKVCache:
 
     def _set_bias(self) -> None:
         """One mask per step (not per layer): empty T0 slots and empty staged slots."""
-        t0_holes = bool((self.tables[T0].live_counts() < self.hw0).any())
-        n_s = self.hw1 + self.hw2
+        t0_holes = bool((self.tables[T0].live_counts() < self.t0_high_water).any())
+        n_s = self.t1_high_water + self.t2_high_water
         if n_s:
-            self._bias = self.torch.cat([self.bias0[:, : self.hw0], self.bias_s[:, :n_s]], dim=1)
+            self._bias = self.torch.cat([self.bias0[:, : self.t0_high_water], self.bias_s[:, :n_s]], dim=1)
         else:
-            self._bias = self.bias0[:, : self.hw0] if t0_holes else None
+            self._bias = self.bias0[:, : self.t0_high_water] if t0_holes else None
 
     def _prefetch_ahead(self, step: int, layer: int) -> None:
         """Fill, in layer order, every buffer whose previous contents have been read."""
@@ -304,7 +310,7 @@ class TieredKVCache:
                 continue
             if not ring.can_fill(key, j):
                 break
-            ring.fill(key, j, self.stores, self.hw1, self.hw2, self.counters, self.lane.patch)
+            ring.fill(key, j, self.stores, self.t1_high_water, self.t2_high_water, self.counters, self.lane.patch)
 
     def _stage(self, layer: int) -> None:
         """This layer's T1/T2 tokens into the attention workspace (T2 dequantised)."""
@@ -321,23 +327,23 @@ class TieredKVCache:
 
     def _to_workspace(self, t1, t2q, t2s) -> None:
         """t1: rows [n, B, R], or (K, V) halves [n, B, R/2] as the prototype copies them."""
-        g, h1, h2 = self.geom, self.hw1, self.hw2
+        g, n1, n2 = self.geom, self.t1_high_water, self.t2_high_water
         shape = (g.batch, KV_TENSORS, g.kv_heads, g.head_dim)
-        if h1 and isinstance(t1, tuple):
+        if n1 and isinstance(t1, tuple):
             for i, half in enumerate(t1):
-                self.ws[i, :, :, :h1].copy_(half[:h1].view(h1, g.batch, g.kv_heads, g.head_dim).permute(1, 2, 0, 3))
-        elif h1:
-            self.ws[:, :, :, :h1].copy_(t1[:h1].view(h1, *shape).permute(2, 1, 3, 0, 4))
-        if h2:
-            x = dequantize_int8(t2q[:h2], t2s[:h2], self.dtype)
-            self.ws[:, :, :, h1 : h1 + h2].copy_(x.view(h2, *shape).permute(2, 1, 3, 0, 4))
+                self.ws[i, :, :, :n1].copy_(half[:n1].view(n1, g.batch, g.kv_heads, g.head_dim).permute(1, 2, 0, 3))
+        elif n1:
+            self.ws[:, :, :, :n1].copy_(t1[:n1].view(n1, *shape).permute(2, 1, 3, 0, 4))
+        if n2:
+            x = dequantize_int8(t2q[:n2], t2s[:n2], self.dtype)
+            self.ws[:, :, :, n1 : n1 + n2].copy_(x.view(n2, *shape).permute(2, 1, 3, 0, 4))
 
     def _build_order(self) -> None:
         """For `ordered` attention: where each T0 / staged slot lands in token order."""
         torch = self.torch
         t0, t1, t2 = self.tables
-        pos0 = t0.pos[:, : self.hw0]
-        pos_s = np.concatenate([t1.pos[:, : self.hw1], t2.pos[:, : self.hw2]], axis=1)
+        pos0 = t0.pos[:, : self.t0_high_water]
+        pos_s = np.concatenate([t1.pos[:, : self.t1_high_water], t2.pos[:, : self.t2_high_water]], axis=1)
         both = np.concatenate([pos0, pos_s], axis=1)
         counts = (both != FREE).sum(axis=1)
         width = int(counts.max())
@@ -350,4 +356,4 @@ class TieredKVCache:
         if self.rt.is_cuda:  # pinned + non_blocking: a pageable upload would make the host wait every step
             src = src.pin_memory()
         dev = src.to(self.rt.device, non_blocking=True)
-        self._order = ([dev[:, : self.hw0], dev[:, self.hw0 :]], width)
+        self._order = ([dev[:, : self.t0_high_water], dev[:, self.t0_high_water :]], width)

@@ -17,25 +17,27 @@ class PrototypeCopies:
         self.rt, self.layers = rt, layers
         self.staged: list | None = None  # per layer: ((K, V) or None, T2 payload or None, T2 scales or None)
 
-    def copy_all(self, stores, hw1: int, hw2: int, counters) -> None:
+    def copy_all(self, stores, t1_slots: int, t2_slots: int, counters) -> None:
         rt = self.rt
         with rt.exposed(counters.stalls):
             rt.synchronize()
             start = rt.mark()
-            self.staged = [self._copy_layer(stores, layer, hw1, hw2, counters) for layer in range(self.layers)]
+            self.staged = [self._copy_layer(stores, layer, t1_slots, t2_slots, counters)
+                           for layer in range(self.layers)]
             rt.synchronize()
             end = rt.mark()
         counters.h2d_busy.append((start, end))
-        layer_bytes = stores.geom.batch * (hw1 * stores.full_row_bytes + hw2 * stores.t2_row_bytes)
+        layer_bytes = stores.geom.batch * (t1_slots * stores.full_row_bytes + t2_slots * stores.t2_row_bytes)
         counters.h2d_bytes += self.layers * layer_bytes
 
-    def _copy_layer(self, stores, layer: int, hw1: int, hw2: int, counters):
-        t1 = stores.t1[layer, :hw1]
+    def _copy_layer(self, stores, layer: int, t1_slots: int, t2_slots: int, counters):
+        t1 = stores.t1[layer, :t1_slots]
         half = t1.shape[-1] // KV_TENSORS
-        kv = (self._copy(t1[..., :half], counters), self._copy(t1[..., half:], counters)) if hw1 else None
-        if not hw2:
+        kv = (self._copy(t1[..., :half], counters), self._copy(t1[..., half:], counters)) if t1_slots else None
+        if not t2_slots:
             return kv, None, None
-        return kv, self._copy(stores.t2q[layer, :hw2], counters), self._copy(stores.t2s[layer, :hw2], counters)
+        t2q, t2s = stores.t2q[layer, :t2_slots], stores.t2s[layer, :t2_slots]
+        return kv, self._copy(t2q, counters), self._copy(t2s, counters)
 
     def _copy(self, x, counters):
         """One synchronous host -> device copy (a strided host view is packed on the host first,

@@ -23,7 +23,7 @@ class ResidentStage:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.t1, self.t2q, self.t2s))
 
-    def refresh(self, stores, hw1: int, hw2: int, counters, patch) -> None:
+    def refresh(self, stores, t1_slots: int, t2_slots: int, counters, patch) -> None:
         """Copy every layer's prefixes (then `patch(layer, t1, t2q, t2s)` the rows still in transit);
         compute waits for all of it."""
         rt = self.rt
@@ -32,18 +32,18 @@ class ResidentStage:
             with rt.on_copy_stream():
                 start = rt.mark(COPY)
                 for layer in range(self.t1.shape[0]):
-                    if hw1:
-                        self.t1[layer, :hw1].copy_(stores.t1[layer, :hw1], non_blocking=True)
+                    if t1_slots:
+                        self.t1[layer, :t1_slots].copy_(stores.t1[layer, :t1_slots], non_blocking=True)
                         counters.h2d_copies += 1
-                    if hw2:
-                        self.t2q[layer, :hw2].copy_(stores.t2q[layer, :hw2], non_blocking=True)
-                        self.t2s[layer, :hw2].copy_(stores.t2s[layer, :hw2], non_blocking=True)
+                    if t2_slots:
+                        self.t2q[layer, :t2_slots].copy_(stores.t2q[layer, :t2_slots], non_blocking=True)
+                        self.t2s[layer, :t2_slots].copy_(stores.t2s[layer, :t2_slots], non_blocking=True)
                         counters.h2d_copies += 2
                     patch(layer, self.t1[layer], self.t2q[layer], self.t2s[layer])
                 end = rt.mark(COPY)
             rt.compute_waits_for_copies()
         counters.h2d_busy.append((start, end))
-        layer_bytes = stores.geom.batch * (hw1 * stores.full_row_bytes + hw2 * stores.t2_row_bytes)
+        layer_bytes = stores.geom.batch * (t1_slots * stores.full_row_bytes + t2_slots * stores.t2_row_bytes)
         counters.h2d_bytes += self.t1.shape[0] * layer_bytes
 
     def layer(self, layer: int):

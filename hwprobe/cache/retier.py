@@ -27,12 +27,13 @@ from .transfer import arrange, copy_block, restore
 
 def fold_scores(cache) -> None:
     """Per-slot attention accumulated on the device since the last re-tier -> per-position scores.
-    Staged columns are T1 slots [0, hw1) then T2 slots [0, hw2), as attention saw them."""
+    Staged columns are T1 slots [0, t1_high_water) then T2 slots [0, t2_high_water), as attention
+    saw them."""
     acc0 = cache.acc0.cpu().numpy()
     acc_s = cache.acc_s.cpu().numpy()
     spans = [(cache.tables[T0], acc0, 0, cache.tables[T0].high_water()),
-             (cache.tables[T1], acc_s, 0, cache.hw1),
-             (cache.tables[T2], acc_s, cache.hw1, cache.hw2)]
+             (cache.tables[T1], acc_s, 0, cache.t1_high_water),
+             (cache.tables[T2], acc_s, cache.t1_high_water, cache.t2_high_water)]
     for table, acc, offset, width in spans:
         if width == 0:
             continue

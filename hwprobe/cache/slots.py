@@ -14,7 +14,7 @@ FREE = -1
 
 
 class CapacityError(RuntimeError):
-    """More live tokens than the capacity plan allowed: a bug in the plan, never user input."""
+    """More live tokens than the tier peaks (peaks.py) allowed: a bug in the peaks, never user input."""
 
 
 class SlotTable:

@@ -50,16 +50,17 @@ class StagingRing:
     def holds(self, key, layer: int) -> bool:
         return self.buffer_for(layer).key == key
 
-    def fill(self, key, layer: int, stores, hw1: int, hw2: int, counters, patch) -> None:
-        """Issue the copies of layer `layer`'s T1 prefix [0, hw1) and T2 prefix [0, hw2), then
+    def fill(self, key, layer: int, stores, t1_slots: int, t2_slots: int, counters, patch) -> None:
+        """Issue the copies of layer `layer`'s T1 prefix [0, t1_slots) and T2 prefix [0, t2_slots), then
         `patch(layer, t1, t2q, t2s)` the rows an offload still has in transit."""
         rt, buf = self.rt, self.buffer_for(layer)
         if not buf.released:
             raise RuntimeError(f"staging buffer {buf.index} refilled before layer {buf.key} was read")
         # (destination, source) views made before the start mark: on a GPU the busy window opens
         # when the copy stream reaches the mark, so host work after it would count as link time
-        pairs = ([(buf.t1[:hw1], stores.t1[layer, :hw1])] if hw1 else []) + (
-            [(buf.t2q[:hw2], stores.t2q[layer, :hw2]), (buf.t2s[:hw2], stores.t2s[layer, :hw2])] if hw2 else [])
+        pairs = ([(buf.t1[:t1_slots], stores.t1[layer, :t1_slots])] if t1_slots else []) + (
+            [(buf.t2q[:t2_slots], stores.t2q[layer, :t2_slots]),
+             (buf.t2s[:t2_slots], stores.t2s[layer, :t2_slots])] if t2_slots else [])
         with rt.on_copy_stream():
             if buf.ever_released:
                 rt.copy_waits_for(buf.free)
@@ -73,7 +74,7 @@ class StagingRing:
         rt.note("fill", buf.index, key)
         buf.key, buf.released = key, False
         rows = stores.geom.batch
-        counters.h2d_bytes += rows * (hw1 * stores.full_row_bytes + hw2 * stores.t2_row_bytes)
+        counters.h2d_bytes += rows * (t1_slots * stores.full_row_bytes + t2_slots * stores.t2_row_bytes)
         counters.h2d_busy.append((start, end))
         if not rt.is_cuda:  # nothing overlaps on the CPU: the copy is exposed in full
             counters.stalls.append((start, end))

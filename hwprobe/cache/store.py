@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from sim.dtypes import SCALE_BYTES
 from sim.units import KV_TENSORS
 
-from .plan import TierPeaks
+from .peaks import TierPeaks
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from sim.profile import AttentionPoint
 from sim.units import KV_TENSORS
 
 from .operands import DTYPE_BYTES, budget_bytes, random, rotation_count
-from .timing import MIN_WINDOW_S, measure
+from .timing import MIN_WINDOW_S, time_window
 
 SDPA_BACKEND_ORDER = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 UNKNOWN_BACKEND = "sdpa (backend unknown)"
@@ -73,8 +73,8 @@ def measure_point(backend: Any, shape: Shape, batch: int, context: int, *, sampl
     label, forced = select_backend(backend.torch, backend.device, q, *kv[0])
     sdpa = _sdpa(backend.torch)
     with forced():
-        timing = measure(backend.window(lambda i: sdpa(q, *kv[i % copies], enable_gqa=True), events=True),
-                         samples=samples, min_window_s=min_window_s)
+        timing = time_window(backend.window(lambda i: sdpa(q, *kv[i % copies], enable_gqa=True), events=True),
+                             samples=samples, min_window_s=min_window_s)
     return AttentionPoint(batch=batch, context_tokens=context, num_heads=heads, num_kv_heads=kv_heads,
                           head_dim=head_dim, dtype=dtype, time_s=timing.median_s,
                           kv_bytes_per_s=nbytes / timing.median_s, backend=label,

@@ -17,7 +17,7 @@ from sim.profile import CopyCurve, CopyPoint
 
 from . import fmt
 from .fit import fit_latency_bandwidth
-from .timing import MIN_WINDOW_S, WARMUP_CALLS, measure, measure_pair
+from .timing import MIN_WINDOW_S, WARMUP_CALLS, time_window, time_window_pair
 
 Direction = Literal["h2d", "d2h"]
 Memory = Literal["pinned", "pageable"]
@@ -109,7 +109,7 @@ def measure_point(backend: Any, bufs: CopyBuffers, direction: Direction, memory:
     _prefill(backend, dst, ref)
     asynchronous = _asynchronous(backend, memory)
     window = backend.window(lambda i: backend.copy(dst, src, non_blocking=asynchronous), events=asynchronous)
-    timing = measure(window, samples=samples, min_window_s=min_window_s, warmup=warmup)
+    timing = time_window(window, samples=samples, min_window_s=min_window_s, warmup=warmup)
     backend.sync()  # a non_blocking device->host result must not be read before this
     verify(backend.torch, dst, ref, direction, memory)
     return _point(nbytes, timing)
@@ -143,7 +143,7 @@ def measure_concurrent_point(backend: Any, bufs: CopyBuffers, memory: Memory, nb
     asynchronous = _asynchronous(backend, memory)
     window = backend.pair_window(lambda i: backend.copy(h2d_dst, h2d_src, non_blocking=asynchronous),
                                  lambda i: backend.copy(d2h_dst, d2h_src, non_blocking=asynchronous))
-    t_h2d, t_d2h = measure_pair(window, samples=samples, min_window_s=min_window_s)
+    t_h2d, t_d2h = time_window_pair(window, samples=samples, min_window_s=min_window_s)
     backend.sync()
     verify(backend.torch, h2d_dst, h2d_ref, "h2d", memory + " (concurrent)")
     verify(backend.torch, d2h_dst, d2h_ref, "d2h", memory + " (concurrent)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .copies import pattern, verify
-from .timing import MIN_WINDOW_S, measure
+from .timing import MIN_WINDOW_S, time_window
 
 DEVICE_COPY_TRAFFIC = 2  # a copy reads every byte once and writes it once
 
@@ -22,8 +22,8 @@ def measure_device_copy(backend: Any, nbytes: int, *, samples: int, min_window_s
     dst = backend.device_buffer(nbytes)
     torch.bitwise_not(src, out=dst)
     backend.sync()
-    timing = measure(backend.window(lambda i: dst.copy_(src), events=True), samples=samples,
-                     min_window_s=min_window_s)
+    timing = time_window(backend.window(lambda i: dst.copy_(src), events=True), samples=samples,
+                         min_window_s=min_window_s)
     backend.sync()
     verify(torch, dst, src, "d2d", "device")
     return {
@@ -38,6 +38,6 @@ def measure_device_copy(backend: Any, nbytes: int, *, samples: int, min_window_s
 def measure_kernel_launch(backend: Any, *, samples: int, min_window_s: float = MIN_WINDOW_S) -> dict:
     """Back-to-back launches of a one-element add (eager PyTorch): the fixed cost per kernel."""
     x = backend.torch.zeros(1, device=backend.tensor_device)
-    timing = measure(backend.window(lambda i: x.add_(1.0), events=True), samples=samples,
-                     min_window_s=min_window_s)
+    timing = time_window(backend.window(lambda i: x.add_(1.0), events=True), samples=samples,
+                         min_window_s=min_window_s)
     return {"kernel_launch_s": timing.median_s, "samples": timing.samples, "rel_spread": timing.rel_spread}

@@ -15,7 +15,7 @@ from sim.profile import GemmPoint
 from sim.units import FLOP_PER_MAC
 
 from .operands import DTYPE_BYTES, budget_bytes, random, rotation_count
-from .timing import MIN_WINDOW_S, Timing, measure
+from .timing import MIN_WINDOW_S, WindowTiming, time_window
 
 SQUARE_OPERANDS = 3  # A, B and the output of a square GEMM
 # The peak search stops growing the GEMM once one call takes longer than this: on a slow device
@@ -34,7 +34,7 @@ def decode_shapes(models: Iterable[ModelSpec]) -> list[tuple[int, int]]:
     return sorted(shapes)
 
 
-def _point(m: int, n: int, k: int, dtype: str, timing: Timing) -> GemmPoint:
+def _point(m: int, n: int, k: int, dtype: str, timing: WindowTiming) -> GemmPoint:
     flop = FLOP_PER_MAC * m * n * k
     return GemmPoint(m=m, n=n, k=k, dtype=dtype, time_s=timing.median_s, flop_per_s=flop / timing.median_s,
                      weight_bytes_per_s=n * k * DTYPE_BYTES[dtype] / timing.median_s,
@@ -60,8 +60,8 @@ def measure_decode(backend: Any, shapes: list[tuple[int, int]], rows: list[int],
         for m in rows:
             on_point(f"GEMM {m}x{n}x{k}")
             x = random(backend, (m, k), dtype)
-            timing = measure(backend.window(lambda i: F.linear(x, weights[i % copies]), events=True),
-                             samples=samples, min_window_s=min_window_s)
+            timing = time_window(backend.window(lambda i: F.linear(x, weights[i % copies]), events=True),
+                                 samples=samples, min_window_s=min_window_s)
             points.append(_point(m, n, k, dtype, timing))
         weights = None  # free this shape's operands before the next is made
     return points, skipped
@@ -103,8 +103,8 @@ def measure_decode_int4(backend: Any, shapes: list[tuple[int, int]], rows: list[
         for m in small:
             on_point(f"int4 GEMM {m}x{n}x{k}")
             x = random(backend, (m, k), "bf16")
-            timing = measure(backend.window(lambda i: weights[i % copies](x), events=True),
-                             samples=samples, min_window_s=min_window_s)
+            timing = time_window(backend.window(lambda i: weights[i % copies](x), events=True),
+                                 samples=samples, min_window_s=min_window_s)
             p = _point(m, n, k, "bf16", timing)
             points.append(p.model_copy(update={"dtype": "int4", "weight_bytes_per_s": sim_bytes / timing.median_s}))
         weights = None  # free this shape's operands before the next is made
@@ -126,7 +126,7 @@ def measure_square(backend: Any, size: int, *, samples: int, dtype: str = "bf16"
     fn = square_gemm(backend, size, dtype)
     if fn is None:
         return None
-    timing = measure(backend.window(fn, events=True), samples=samples, min_window_s=min_window_s)
+    timing = time_window(backend.window(fn, events=True), samples=samples, min_window_s=min_window_s)
     return _point(size, size, size, dtype, timing)
 
 

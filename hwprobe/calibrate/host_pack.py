@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .timing import MIN_WINDOW_S, measure
+from .timing import MIN_WINDOW_S, time_window
 
 KV_HEADS, HEAD_DIM = 4, 128  # the 7B's K half of a row: 4 x 128 bf16 values = 1 KiB pieces
 ROW_HALF_ELEMS = KV_HEADS * HEAD_DIM
@@ -35,6 +35,6 @@ def measure_host_pack(backend: Any, nbytes: int, *, samples: int, min_window_s: 
             half.contiguous()
         return time.perf_counter() - t0
 
-    timing = measure(window, samples=samples, min_window_s=min_window_s)
+    timing = time_window(window, samples=samples, min_window_s=min_window_s)
     return {"bytes_per_s": packed / timing.median_s, "bytes": packed, "method": METHOD, "samples": timing.samples,
             "rel_spread": timing.rel_spread}

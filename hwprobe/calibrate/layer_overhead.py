@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from .timing import MIN_WINDOW_S, measure
+from .timing import MIN_WINDOW_S, time_window
 
 HIDDEN = 64
 HEADS = KV_HEADS = 1
@@ -47,8 +47,8 @@ def measure_layer_overhead(backend: Any, *, samples: int, min_window_s: float = 
     cache.begin_step()  # the step's token has its T0 slot; every timed call rewrites it
     x = model.embed(torch.zeros(BATCH, dtype=torch.long, device=rt.device))
     layers = itertools.cycle(range(LAYERS_TIMED))  # across windows too, however few calls each has
-    timing = measure(backend.window(lambda i: model.layer(next(layers), x, cache), events=True),
-                     samples=samples, min_window_s=min_window_s)
+    timing = time_window(backend.window(lambda i: model.layer(next(layers), x, cache), events=True),
+                         samples=samples, min_window_s=min_window_s)
     return {
         "layer_overhead_s": timing.median_s,
         "method": METHOD,

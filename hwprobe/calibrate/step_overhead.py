@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .timing import MIN_WINDOW_S, measure
+from .timing import MIN_WINDOW_S, time_window
 
 MODES = ("none", "layerwise_async", "sync_per_step", "per_interval")
 HIDDEN = HEAD_DIM = INTERMEDIATE = VOCAB = 64
@@ -79,7 +79,7 @@ def _step_timing(rt, loop: _Loop, samples: int, min_window_s: float):
         rt.synchronize()
         return rt.elapsed_s(start, end)
 
-    return measure(window, samples=samples, min_window_s=min_window_s)
+    return time_window(window, samples=samples, min_window_s=min_window_s)
 
 
 def measure_step_overheads(backend: Any, *, samples: int, min_window_s: float = MIN_WINDOW_S,

@@ -24,7 +24,7 @@ Window = Callable[[int], float]
 
 
 @dataclass(frozen=True)
-class Timing:
+class WindowTiming:
     """Per-call time over `samples` windows of `reps` calls each."""
 
     median_s: float
@@ -34,12 +34,12 @@ class Timing:
     reps: int
 
 
-def summarize(per_call_s: Sequence[float], reps: int) -> Timing:
+def summarize(per_call_s: Sequence[float], reps: int) -> WindowTiming:
     if not per_call_s:
         raise ValueError("no samples")
     med = statistics.median(per_call_s)
     spread = (max(per_call_s) - min(per_call_s)) / med if med > 0 else 0.0
-    return Timing(med, min(per_call_s), spread, len(per_call_s), reps)
+    return WindowTiming(med, min(per_call_s), spread, len(per_call_s), reps)
 
 
 def reps_for(min_window_s: float, one_call_s: float) -> int:
@@ -49,8 +49,8 @@ def reps_for(min_window_s: float, one_call_s: float) -> int:
     return max(1, min(MAX_REPS, math.ceil(min_window_s / one_call_s)))
 
 
-def measure(window: Window, *, samples: int, min_window_s: float = MIN_WINDOW_S,
-            warmup: int = WARMUP_CALLS) -> Timing:
+def time_window(window: Window, *, samples: int, min_window_s: float = MIN_WINDOW_S,
+                warmup: int = WARMUP_CALLS) -> WindowTiming:
     """Warm up, size the window from one trial call, then time `samples` windows."""
     if warmup > 0:
         window(warmup)
@@ -61,9 +61,9 @@ def measure(window: Window, *, samples: int, min_window_s: float = MIN_WINDOW_S,
 PairWindow = Callable[[int], tuple[float, float]]
 
 
-def measure_pair(window: PairWindow, *, samples: int, min_window_s: float = MIN_WINDOW_S,
-                 warmup: int = WARMUP_CALLS) -> tuple[Timing, Timing]:
-    """Like `measure` for two activities started together, each timed in its own window."""
+def time_window_pair(window: PairWindow, *, samples: int, min_window_s: float = MIN_WINDOW_S,
+                     warmup: int = WARMUP_CALLS) -> tuple[WindowTiming, WindowTiming]:
+    """Like `time_window` for two activities started together, each timed in its own window."""
     if warmup > 0:
         window(warmup)
     a, b = window(1)

@@ -35,6 +35,8 @@
 #   DEVICE=cpu PYTHON=.venv/bin/python CALIBRATE=0 BATCHES="1 2" CONTEXTS=64 STEPS=24 RETIER=8 RECENT=8 \
 #   MODEL_YAML="{hf_config: $PWD/scenarios/models/tiny-qwen2.json, weight_dtype: bf16, kv_dtype: bf16}" \
 #   WORK=/tmp/h200-dry OUT=/tmp/h200-dry/out bash scripts/gpu/h200_validate.sh
+# (the deadline test also sets RESERVE=1 KILL_AFTER=1 MIN_CAP=3 so that a short DEADLINE still leaves the
+# grid a few seconds; on the GPU leave all three at their defaults, 8, 5 and 5 s)
 set -uo pipefail
 SECONDS=0
 export PYTHONUNBUFFERED=1
@@ -51,7 +53,8 @@ EXACTNESS=${EXACTNESS:-1}  # 0 skips stage 1 (a rerun after a shot that already 
 EXTRA_70B=${EXTRA_70B:-1}  # 0 drops the two 70B int4 scenarios at the end of the grid
 DEADLINE=${DEADLINE:-300}  # seconds from the start for the whole script
 RESERVE=${RESERVE:-8}      # kept back from every stage for the ones after it and the tarball
-KILL_AFTER=5               # a stage that ignores SIGTERM is killed this long after its cap
+KILL_AFTER=${KILL_AFTER:-5}  # a stage that ignores SIGTERM is killed this long after its cap
+MIN_CAP=${MIN_CAP:-5}      # a stage that would get less than this many seconds is not run
 WORK=${WORK:-/tmp/h200}
 OUT=${OUT:-$WORK/out}
 SITE=${SITE:-/tmp/site}
@@ -73,7 +76,7 @@ stage() {
   shift 2
   avail=$(( DEADLINE - SECONDS - RESERVE - KILL_AFTER ))
   (( avail < cap )) && cap=$avail
-  if (( cap < 5 )); then
+  if (( cap < MIN_CAP )); then
     echo "== $name: no time left ($(( DEADLINE - SECONDS )) s of ${DEADLINE} s), not run" >&2
     RC[$name]=no_time; echo "== $name rc=no_time in 0 s" >&2; return 125
   fi

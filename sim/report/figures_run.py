@@ -48,7 +48,7 @@ def memory_figure(result: SimResult) -> go.Figure:
                              hovertemplate="step %{x}<br>%{y:.2f} GB"))
     fig.add_trace(go.Scatter(x=s.step, y=s.host_bytes / GB, name="host (T1 + T2)", mode="lines",
                              line={"color": TIER_COLORS["T1 host"]}, hovertemplate="step %{x}<br>%{y:.2f} GB"))
-    cap = result.summary["hbm_capacity_bytes"] / GB
+    cap = result.summary.hbm_capacity_bytes / GB
     fig.add_hline(y=cap, line={"dash": "dash", "color": "#d62728"}, annotation_text=f"HBM capacity {cap:.0f} GB",
                   annotation_position="top left")
     fig.update_layout(title_text=f"HBM and host memory - {result.scenario.name}", xaxis_title="decode step",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from .. import catalog
-from ..schema import LINK_BOTTLENECK_UTILIZATION
+from ..schema import LINK_BOTTLENECK_UTILIZATION, SimRunSummary
 from ..units import GB
 from ..studies.projection_grid import GridResult, length_label
 from ..studies import paper_claims as paper
@@ -114,16 +114,15 @@ def paper_sentences(check: PaperCheck) -> list[str]:
     return out
 
 
-def run_sentence(summary: dict) -> str:
-    s = summary
-    head = f"{s['scenario']}: {s['model']} on {s['gpu']}, batch {s['batch_size']}, {s['policy']}"
-    if not s["fits"]:
-        return (f"{head} does not fit: needs {s['hbm_peak_bytes'] / GB:.1f} GB HBM, has {s['hbm_capacity_bytes'] / GB:.0f} GB "
-                f"(max batch {s['max_batch']}).")
-    txt = (f"{head}: {s['throughput_tok_per_s']:,.1f} tok/s, HBM peak {s['hbm_peak_bytes'] / GB:.1f} of "
-           f"{s['hbm_capacity_bytes'] / GB:.0f} GB (saves {s['hbm_saved_bytes'] / GB:.2f} GB), H2D busy "
-           f"{s['h2d_utilization']:.0%}, stalls {s['stall_share']:.1%} of decode time, max batch {s['max_batch']}")
-    return txt + (" - the host link is the bottleneck." if s.get("link_bottleneck") else ".")
+def run_sentence(s: SimRunSummary) -> str:
+    head = f"{s.scenario}: {s.model} on {s.gpu}, batch {s.batch_size}, {s.policy}"
+    if not s.fits:
+        return (f"{head} does not fit: needs {s.hbm_peak_bytes / GB:.1f} GB HBM, has {s.hbm_capacity_bytes / GB:.0f} GB "
+                f"(max batch {s.max_batch}).")
+    txt = (f"{head}: {s.throughput_tok_per_s:,.1f} tok/s, HBM peak {s.hbm_peak_bytes / GB:.1f} of "
+           f"{s.hbm_capacity_bytes / GB:.0f} GB (saves {s.hbm_saved_bytes / GB:.2f} GB), H2D busy "
+           f"{s.h2d_utilization:.0%}, stalls {s.stall_share:.1%} of decode time, max batch {s.max_batch}")
+    return txt + (" - the host link is the bottleneck." if s.link_bottleneck else ".")
 
 
 def validation_sentences(table: pd.DataFrame) -> list[str]:

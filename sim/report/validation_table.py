@@ -9,6 +9,8 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import ConfigError
+from ..schema import (D2H_BYTES, DEVICE_MEMORY_PEAK, H2D_BYTES, HOST_PEAK, THROUGHPUT, TPOT_P50, TRANSFER_SHARE,
+                      relative_error)
 from ..units import GB, MS
 from .style import PERCENT
 
@@ -19,14 +21,14 @@ BANDS = (0.10, 0.25)  # relative-error bands drawn and counted: +-10 % and +-25 
 
 # metric -> (label, scale to the unit shown, unit); unknown metrics are shown as they are
 METRIC_DISPLAY = {
-    "throughput_tok_per_s": ("decode throughput", 1.0, "tok/s"),
-    "tpot_p50_s": ("step time p50", 1 / MS, "ms"),
-    "transfer_share": ("transfer share", PERCENT, "% of decode time"),
-    "device_memory_peak_bytes": ("device memory peak", 1 / GB, "GB"),
+    THROUGHPUT.key: ("decode throughput", 1.0, "tok/s"),
+    TPOT_P50.key: ("step time p50", 1 / MS, "ms"),
+    TRANSFER_SHARE.key: ("transfer share", PERCENT, "% of decode time"),
+    DEVICE_MEMORY_PEAK.key: ("device memory peak", 1 / GB, "GB"),
     "hbm_peak_bytes": ("device memory peak", 1 / GB, "GB"),
-    "host_peak_bytes": ("host memory peak", 1 / GB, "GB"),
-    "h2d_bytes": ("H2D traffic", 1 / GB, "GB"),
-    "d2h_bytes": ("D2H traffic", 1 / GB, "GB"),
+    HOST_PEAK.key: ("host memory peak", 1 / GB, "GB"),
+    H2D_BYTES.key: ("H2D traffic", 1 / GB, "GB"),
+    D2H_BYTES.key: ("D2H traffic", 1 / GB, "GB"),
     RATIO_METRIC: ("throughput relative to full_hbm", 1.0, "ratio"),
 }
 
@@ -35,11 +37,10 @@ def metric_display(metric: str) -> tuple[str, float, str]:
     return METRIC_DISPLAY.get(metric, (metric, 1.0, ""))
 
 
-def relative_error(predicted: float, measured: float) -> float:
-    """(predicted - measured) / measured; NaN where undefined (a value missing, measured 0)."""
-    if math.isnan(predicted) or math.isnan(measured) or measured == 0:
-        return 0.0 if measured == 0 and predicted == 0 else math.nan
-    return (predicted - measured) / measured
+def _relative_error(predicted: float, measured: float) -> float:
+    """sim.schema.relative_error for a float column: NaN where undefined."""
+    err = relative_error(predicted, measured)
+    return math.nan if err is None else err
 
 
 def _numbers(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
@@ -74,7 +75,7 @@ def load_validation(path: str | Path) -> pd.DataFrame:
     out["predicted"] = _numbers(frame, "predicted", source)
     out["measured"] = _numbers(frame, "measured", source)
     given = _numbers(frame, "rel_error", source) if "rel_error" in frame.columns else pd.Series(math.nan, index=frame.index)
-    computed = [relative_error(p_, m_) for p_, m_ in zip(out["predicted"], out["measured"])]
+    computed = [_relative_error(p_, m_) for p_, m_ in zip(out["predicted"], out["measured"])]
     out["rel_error"] = given.where(given.notna(), computed)
     usable = out.dropna(subset=["predicted", "measured"])
     if usable.empty:
@@ -98,4 +99,4 @@ def _ratio_rows(path: Path) -> pd.DataFrame:
                           source=source)
     pred, meas = _numbers(frame, "predicted_ratio", source), _numbers(frame, "measured_ratio", source)
     return pd.DataFrame({"scenario": frame["scenario"].astype(str), "metric": RATIO_METRIC, "predicted": pred,
-                         "measured": meas, "rel_error": [relative_error(a, b) for a, b in zip(pred, meas)]})
+                         "measured": meas, "rel_error": [_relative_error(a, b) for a, b in zip(pred, meas)]})

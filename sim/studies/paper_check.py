@@ -75,7 +75,7 @@ def _savings_bytes(model: str, kv_dtype: str) -> float:
                      "reasoning_tokens": paper.PROJECTION_CONTEXT_TOKENS - PROJECTION_PROMPT_TOKENS},
         "policy": {"kind": "tiered", "hbm_ratio": PAPER_HBM_RATIO, "evict_ratio": EVICT_RATIO},
     }, "paper check")
-    return project(sc, with_max_batch=False)["hbm_saved_bytes"]
+    return project(sc, with_max_batch=False).hbm_saved_bytes
 
 
 def kv_table(models: tuple[tuple[str, str], ...]) -> pd.DataFrame:
@@ -133,14 +133,14 @@ def prototype_runs(path: Path = PAPER_SCENARIO) -> list[PrototypeRun]:
     runs = []
     for label, overrides in PROTOTYPE_RUNS:
         s = simulate(load_scenario(path, overrides), with_max_batch=False).summary
-        runs.append(PrototypeRun(label, s["throughput_tok_per_s"], s["transfer_share"], s["stall_share"], s["hbm_saved_bytes"]))
+        runs.append(PrototypeRun(label, s.throughput_tok_per_s, s.transfer_share, s.stall_share, s.hbm_saved_bytes))
     return runs
 
 
 def link_only_cost(path: Path = PAPER_SCENARIO) -> float:
     """The prototype's simulated cost with its host-side concatenation left out (link time only)."""
     free_pack = ["hardware.efficiency.host_pack_bytes_per_s=1e30"]  # packing takes no time
-    full, proto = (simulate(load_scenario(path, o + free_pack), with_max_batch=False).summary["throughput_tok_per_s"]
+    full, proto = (simulate(load_scenario(path, o + free_pack), with_max_batch=False).summary.throughput_tok_per_s
                    for _, o in PROTOTYPE_RUNS[:2])
     return 1 - proto / full
 

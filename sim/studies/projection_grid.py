@@ -138,6 +138,7 @@ class Task:
     prompt_tokens: int
 
 
+# the fields of sim.schema.ProjectionSummary a point keeps
 POINT_KEYS = ("fits", "throughput_tok_per_s", "hbm_peak_bytes", "hbm_saved_bytes", "hbm_capacity_bytes",
               "h2d_utilization", "transfer_share", "stall_share")
 
@@ -164,7 +165,7 @@ def _link_bound_batch(task: Task, policy: PolicyVariant, util: dict[int, float],
     while hi - lo > 1:
         mid = (lo + hi) // 2
         sc = grid_scenario(task.model, task.weight_dtype, task.gpu.base_gpu, task.length, mid, policy, task.prompt_tokens)
-        if project(sc, task.gpu.profile, with_max_batch=False)["h2d_utilization"] >= LINK_BOTTLENECK_UTILIZATION:
+        if project(sc, task.gpu.profile, with_max_batch=False).h2d_utilization >= LINK_BOTTLENECK_UTILIZATION:
             hi = mid
         else:
             lo = mid
@@ -183,11 +184,15 @@ def run_task(task: Task) -> tuple[list[dict], list[dict]]:
         util: dict[int, float] = {}
         for b in batches:
             sc = grid_scenario(task.model, task.weight_dtype, task.gpu.base_gpu, task.length, b, pol, task.prompt_tokens)
-            r = project(sc, task.gpu.profile, with_max_batch=False) if b <= mb else _memory_only(sc, task.gpu.profile)
+            if b <= mb:
+                r = project(sc, task.gpu.profile, with_max_batch=False)
+                figures = {k: getattr(r, k) for k in POINT_KEYS}
+                if r.fits:
+                    util[b] = r.h2d_utilization
+            else:
+                figures = _memory_only(sc, task.gpu.profile)
             points.append({**base, "policy": pol.key, "batch": b, "wall_point": b == mb and b not in task.batches,
-                           **{k: r[k] for k in POINT_KEYS}})
-            if r["fits"]:
-                util[b] = r["h2d_utilization"]
+                           **figures})
         link_b = _link_bound_batch(task, pol, util, mb) if pol.tiered else None
         limits.append({**base, "policy": pol.key, "max_batch": mb, "max_batch_limit": ctx.scenario.sim.max_batch_limit,
                        "link_bound_batch": link_b, "hbm_capacity_bytes": ctx.hw.memory_bytes})
