@@ -27,7 +27,7 @@ from sim.tier_plan import sequence_tiers
 from sim.errors import ConfigError
 from sim.scenario import Scenario
 from sim.schema import P50, STEP_COLUMNS, MeasuredSummary, tpot_percentiles_s
-from sim.tiers import TIERS, TierPolicy
+from sim.tiers import T0, T1, T2, T3, TIERS, TierPolicy
 from sim.units import GB, KV_TENSORS, MS
 
 from .cache import CacheGeometry, CacheOptions, Runtime, TieredKVCache
@@ -345,7 +345,7 @@ def _step_table(depth: _FullDepth, active: list) -> pd.DataFrame:
     return pd.DataFrame({
         "step": np.arange(len(depth.step_s)), "t_s": np.cumsum(depth.step_s), "step_s": depth.step_s,
         "compute_s": depth.compute_s, "stall_s": depth.stall_s, "h2d_bytes": depth.h2d_bytes, "d2h_bytes": depth.d2h_bytes,
-        "tokens_t0": c[:, 0], "tokens_t1": c[:, 1], "tokens_t2": c[:, 2], "tokens_t3": c[:, 3],
+        "tokens_t0": c[:, T0], "tokens_t1": c[:, T1], "tokens_t2": c[:, T2], "tokens_t3": c[:, T3],
         "hbm_bytes": depth.hbm_bytes, "host_bytes": depth.host_bytes, "batch_active": active,
     })[STEP_COLUMNS]
 

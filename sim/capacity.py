@@ -49,7 +49,8 @@ def memory_trace(ctx: RunContext, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray
     act = np.asarray(active, dtype=float) * activation_bytes(ctx.model, 1)  # linear in batch
     transit = np.zeros_like(kv_t0, dtype=float)
     if demoted is not None:
-        transit = demoted[:, 0] * ctx.kv_bytes_per_token + demoted[:, 1] * ctx.t2_bytes_per_token
+        to_t1, to_t2 = demoted.T
+        transit = to_t1 * ctx.kv_bytes_per_token + to_t2 * ctx.t2_bytes_per_token
     hbm = ctx.weights_bytes + kv_t0 + stage + act + transit + ctx.hw.runtime_reserve_bytes
     host = t1 * ctx.kv_bytes_per_token + t2 * ctx.t2_bytes_per_token
     if after is not None:
