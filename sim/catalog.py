@@ -8,10 +8,11 @@ from importlib import resources
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from .errors import ConfigError
 from .model_spec import ModelSpec
+from .units import MiB
 
 
 class _Frozen(BaseModel):
@@ -22,14 +23,27 @@ class GpuSpec(_Frozen):
     name: str
     aliases: list[str] = []
     source: str
-    memory_bytes: float
+    memory_bytes: float  # what the device reports (memory_total_mib converted at load), else the datasheet's
+    memory_source: str
+    memory_total_mib: int | None = None  # NVML / nvidia-smi memory.total, as the catalog states it
     hbm_bytes_per_s: float
     bf16_flop_per_s: float
+    fp32_flop_per_s: float  # CUDA cores (non-tensor): the dequantisation work of weight-only kernels
     fp8_flop_per_s: float | None = None
     int8_op_per_s: float | None = None
     link: str
     copy_engines: int = 2
     host_memory_bytes: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _device_memory(cls, data):
+        """memory_total_mib (binary, as the device reports it) -> memory_bytes, converted once here."""
+        if isinstance(data, dict) and data.get("memory_total_mib") is not None:
+            if data.get("memory_bytes") is not None:
+                raise ValueError("give memory_total_mib or memory_bytes, not both")
+            data = {**data, "memory_bytes": float(data["memory_total_mib"] * MiB)}
+        return data
 
 
 class LinkSpec(_Frozen):
@@ -45,10 +59,15 @@ class LinkSpec(_Frozen):
     pageable_per_copy_latency_s: float
 
 
+SOURCE_KINDS = ("measured", "derived", "assumed")
+
+
 class EfficiencyDefaults(_Frozen):
     source: str
     weight_hbm_efficiency: dict[str, float]
+    dequant_ops_per_weight: dict[str, float]  # CUDA-core lane operations per weight of a weight-only kernel
     attention_hbm_efficiency: float
+    attention_latency_s: float
     gemm_flop_efficiency_by_rows: list[tuple[float, float]]
     attention_flop_efficiency: float
     layer_overhead_s: float
@@ -56,6 +75,18 @@ class EfficiencyDefaults(_Frozen):
     host_pack_bytes_per_s: float
     runtime_reserve_bytes: float
     default_host_memory_bytes: float
+    sources: dict[str, str]  # figure -> how it was obtained ("measured: ...", "derived: ...", "assumed: ...")
+
+    @model_validator(mode="after")
+    def _every_figure_sourced(self):
+        figures = [name for name in type(self).model_fields if name not in ("source", "sources")]
+        missing = [name for name in figures if name not in self.sources]
+        if missing:
+            raise ValueError(f"no entry in sources for {', '.join(missing)}")
+        bad = [name for name, text in self.sources.items() if not text.startswith(SOURCE_KINDS)]
+        if bad:
+            raise ValueError(f"sources of {', '.join(bad)} must start with one of {', '.join(SOURCE_KINDS)}")
+        return self
 
 
 class _ModelEntry(_Frozen):

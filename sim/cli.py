@@ -108,11 +108,12 @@ def gpus(as_json: bool = typer.Option(False, "--json")) -> None:
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    t = Table(title="GPUs (datasheet, dense)")
+    t = Table(title="GPUs (datasheet, dense; memory as the device reports it)")
     for col in ("gpu", "memory", "HBM BW", "BF16", "FP8", "link", "pinned H2D/D2H", "copy engines"):
         t.add_column(col, justify="left" if col in ("gpu", "link") else "right")
     for r in rows:
-        t.add_row(r["name"], f"{r['memory_bytes'] / GB:.0f} GB", f"{r['hbm_bytes_per_s'] / TB:.2f} TB/s",
+        mib = f" ({r['memory_total_mib']:,} MiB)" if r["memory_total_mib"] else ""
+        t.add_row(r["name"], f"{r['memory_bytes'] / GB:.1f} GB{mib}", f"{r['hbm_bytes_per_s'] / TB:.2f} TB/s",
                   f"{r['bf16_flop_per_s'] / TFLOP:.0f} TFLOP/s",
                   "-" if not r["fp8_flop_per_s"] else f"{r['fp8_flop_per_s'] / TFLOP:.0f} TFLOP/s",
                   r["link"], f"{r['link_pinned_h2d_bytes_per_s'] / GB:.1f}/{r['link_pinned_d2h_bytes_per_s'] / GB:.1f} GB/s",

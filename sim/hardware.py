@@ -12,8 +12,9 @@ from typing import Generic, TypeVar
 
 from . import catalog
 from .catalog import EfficiencyDefaults, GpuSpec, LinkSpec
-from .dtypes import FP8_COMPUTE_WEIGHT_DTYPES
+from .dtypes import FP8_COMPUTE_WEIGHT_DTYPES, WEIGHT_DTYPES
 from .profile import ComputeProfile, CopyCurve, Profile
+from .units import FLOP_PER_MAC
 
 T = TypeVar("T")
 SCENARIO = "scenario override"  # the source of an overridden figure; sim/output.py lists them by it
@@ -101,6 +102,10 @@ class Hardware:
     host_layer_s: float = 0.0  # host time to enqueue a layer; a layer takes max(device work, this)
     host_step_s: float = 0.0  # the same for the rest of a step (embedding, LM head, sampling, bookkeeping)
     host_pack_bytes_per_s: float = float("inf")  # packing strided K/V on the host before a copy
+    weight_kernel: str = "bf16 GEMM"  # how the layer's weights are multiplied (dtype path), for people
+    dequant_ops_per_weight: float = 0.0  # CUDA-core lane operations per weight (weight-only kernels)
+    dequant_op_per_s: float = float("inf")  # CUDA-core lane operations per second (FP32 rate / 2)
+    attention_latency_s: float = 0.0  # floor of one decode-attention call (its time = this + bytes / rate)
 
     def gemm_flop_per_s(self, rows: int) -> float:
         """Achieved GEMM FLOP/s with `rows` tokens (= batch in decode)."""
@@ -147,6 +152,9 @@ class _Figures:
     attention_hbm_bytes_per_s: Sourced[float]
     gemm_flop_per_s: Sourced[_Gemm]
     attention_flop_efficiency: Sourced[float]
+    attention_latency_s: Sourced[float]
+    dequant_ops_per_weight: Sourced[float]
+    weight_kernel: Sourced[str]
     layer_overhead_s: Sourced[float]
     host_layer_s: Sourced[float]
     host_step_s: Sourced[float]
@@ -181,6 +189,7 @@ def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyD
     if gpu.host_memory_bytes:
         host_memory = Sourced(gpu.host_memory_bytes, "datasheet")
     hidden = "default: 0 (launches hidden, e.g. CUDA graphs)"
+    kernel, dequant = _weight_kernel(gpu, weight_dtype, fp8, eff)
     return _Figures(
         weight_hbm_efficiency=w_eff,
         weight_hbm_bytes_per_s=_hbm_rate(gpu, w_eff),
@@ -188,6 +197,9 @@ def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyD
         attention_hbm_bytes_per_s=_hbm_rate(gpu, a_eff),
         gemm_flop_per_s=gemm,
         attention_flop_efficiency=f_eff,
+        attention_latency_s=Sourced(eff.attention_latency_s, "default (assumed)").override(ov.attention_latency_s),
+        dequant_ops_per_weight=dequant.override(ov.dequant_ops_per_weight),
+        weight_kernel=kernel,
         layer_overhead_s=Sourced(eff.layer_overhead_s, "default").override(ov.layer_overhead_s),
         host_layer_s=Sourced(0.0, hidden).override(ov.host_layer_s),
         host_step_s=Sourced(0.0, hidden).override(ov.host_step_s),
@@ -195,12 +207,28 @@ def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyD
         host_pack_bytes_per_s=Sourced(eff.host_pack_bytes_per_s, "default (assumed)")
         .override(ov.host_pack_bytes_per_s),
         runtime_reserve_bytes=Sourced(eff.runtime_reserve_bytes, "default").override(ov.runtime_reserve_bytes),
-        memory_bytes=Sourced(gpu.memory_bytes, f"datasheet {gpu.name}"),
+        memory_bytes=Sourced(gpu.memory_bytes, f"catalog {gpu.name}: {gpu.memory_source}"),
         host_memory_bytes=host_memory.override(hw_cfg.host_memory_bytes, "scenario"),
         attention_flop_per_s=gpu.bf16_flop_per_s * f_eff.value,
         copy_engines=hw_cfg.copy_engines or gpu.copy_engines,
         fp8=fp8,
     )
+
+
+def _weight_kernel(gpu: GpuSpec, weight_dtype: str, fp8: bool, eff: EfficiencyDefaults) -> tuple[Sourced[str], Sourced[float]]:
+    """How a layer's weights are multiplied, and the CUDA-core work per weight that takes: bf16 and
+    fp16 weights feed the tensor cores as they are; fp8 runs as a W8A8 GEMM at the fp8 peak where the
+    GPU has fp8 tensor cores; int8, int4 (and fp8 without fp8 tensor cores) run weight-only kernels
+    that dequantise every weight to bf16 on the CUDA cores before the MMA."""
+    dequant_src = "default (derived: instruction count of the published conversion, efficiency.yaml)"
+    if fp8:
+        return (Sourced(f"fp8 W8A8 GEMM at the {gpu.name} fp8 tensor-core peak", "datasheet"),
+                Sourced(0.0, "fp8 tensor cores: no dequantisation"))
+    if weight_dtype not in eff.dequant_ops_per_weight:
+        return Sourced(f"{weight_dtype} GEMM on the tensor cores", "datasheet"), Sourced(0.0, "no dequantisation")
+    why = f"; {gpu.name} has no fp8 tensor cores" if weight_dtype == "fp8" else ""
+    kernel = f"{weight_dtype} weight-only (W{WEIGHT_DTYPES[weight_dtype].bits}A16): dequantised on CUDA cores, bf16 MMA{why}"
+    return Sourced(kernel, "datasheet"), Sourced(eff.dequant_ops_per_weight[weight_dtype], dequant_src)
 
 
 def _hbm_rate(gpu: GpuSpec, efficiency: Sourced[float]) -> Sourced[float]:
@@ -317,4 +345,6 @@ def _assemble(gpu: GpuSpec, link_spec: LinkSpec, figs: _Figures, h2d: LinkModel,
         sources={**figs.sources(), "h2d": h2d.source, "d2h": d2h.source},
         host_layer_s=figs.host_layer_s.value, host_step_s=figs.host_step_s.value,
         host_pack_bytes_per_s=figs.host_pack_bytes_per_s.value,
+        weight_kernel=figs.weight_kernel.value, dequant_ops_per_weight=figs.dequant_ops_per_weight.value,
+        dequant_op_per_s=gpu.fp32_flop_per_s / FLOP_PER_MAC, attention_latency_s=figs.attention_latency_s.value,
     )

@@ -168,6 +168,14 @@ class ModelSpec:
         untouched = self.num_experts - self.expected_experts_touched(batch)
         return full - untouched * one_expert
 
+    def layer_linear_params_read(self, batch: int) -> float:
+        """Linear weights one decode step reads (and a weight-only kernel dequantises) in one layer:
+        every matrix of a dense layer; an MoE layer's untouched experts are skipped."""
+        full = self.attention_linear_params_layer() + self.mlp_linear_params_layer()
+        if not self.is_moe:
+            return full
+        return full - (self.num_experts - self.expected_experts_touched(batch)) * self.expert_params()
+
     def active_linear_params_layer(self) -> int:
         """Linear parameters one token multiplies through in one layer (MoE: k experts + shared)."""
         if not self.is_moe:

@@ -66,6 +66,32 @@ def attention_flop(model: ModelSpec, attended_tokens: int) -> float:
     return ATTN_MATMULS * FLOP_PER_MAC * attended_tokens * model.num_heads * model.head_dim
 
 
+def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, rows: int) -> float:
+    """Projections + MLP of one layer over `rows` tokens. The kernel streams its weights from HBM
+    while its compute pipeline dequantises each weight on the CUDA cores (weight-only int8/int4, or
+    fp8 without fp8 tensor cores) and runs the tensor-core MMA; the slower of the two sets the time:
+
+    time = max(weight bytes / weight streaming rate,
+               weights x dequant ops per weight / CUDA-core op rate + 2 * P * rows / GEMM FLOP/s(rows))
+
+    With no dequantisation (bf16, fp16, fp8 on fp8 tensor cores) this is the roofline
+    max(FLOP / FLOP/s, bytes / bytes/s). The dequantisation is paid once per weight per call, the MMA
+    grows with rows: a weight-only kernel turns compute-bound at a smaller batch on a GPU whose
+    CUDA cores are slow against its memory (Marlin's speedup fades past batch 16-32 for this reason)."""
+    flop = gemm_flop(model, rows)
+    w_bytes = model.layer_weight_bytes_read(weight_dtype, rows, group_size)
+    dequant_s = model.layer_linear_params_read(rows) * hw.dequant_ops_per_weight / hw.dequant_op_per_s
+    return max(w_bytes / hw.weight_hbm_bytes_per_s, dequant_s + flop / hw.gemm_flop_per_s(rows))
+
+
+def attention_s(flop: float, kv_bytes: float, hw: Hardware) -> float:
+    """One decode-attention call: latency + KV bytes / achieved bandwidth, or its FLOP if they bind:
+    max(FLOP / attention FLOP/s, latency + bytes / attention bytes/s). The latency is the floor a
+    short context cannot hide; a long one streams at the split-KV kernel's fraction of HBM bandwidth,
+    so the achieved fraction grows with tokens per sequence and batch."""
+    return max(flop / hw.attention_flop_per_s, hw.attention_latency_s + kv_bytes / hw.attention_hbm_bytes_per_s)
+
+
 def decode_layer_cost(
     model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, batch: int,
     attended_tokens: int, kv_bytes_per_token_layer: float,
@@ -73,18 +99,16 @@ def decode_layer_cost(
 ) -> LayerCost:
     """One layer of one decode step for a batch.
 
-    gemm_s = max(2 * P_layer * B / gemm_flop_per_s(B), weight_bytes / weight_hbm_bytes_per_s)
-    attention_s = max(4 * sum_b n_b * H * d / attn_flop_per_s,
-                      (attended KV bytes + T2 dequant read+write + new K/V write) / attn_hbm_bytes_per_s)
+    gemm_s = `weight_kernel_s` (weights streamed vs dequantised + multiplied)
+    attention_s = `attention_s` of 4 * sum_b n_b * H * d FLOP and
+                  attended KV bytes + T2 dequant read+write + new K/V write
     `attended_tokens` = sum over the batch of T0 + staged T1/T2 tokens.
     """
-    g_flop = gemm_flop(model, batch)
-    w_bytes = model.layer_weight_bytes_read(weight_dtype, batch, group_size)
-    gemm_s = roofline_s(g_flop, w_bytes, hw.gemm_flop_per_s(batch), hw.weight_hbm_bytes_per_s)
+    gemm_s = weight_kernel_s(model, hw, weight_dtype, group_size, batch)
     a_flop = attention_flop(model, attended_tokens)
     dequant_bytes = t2_staged_tokens * (t2_bytes_per_token_layer + kv_bytes_per_token_layer)
     kv_bytes = (attended_tokens + batch) * kv_bytes_per_token_layer + dequant_bytes
-    attn_s = roofline_s(a_flop, kv_bytes, hw.attention_flop_per_s, hw.attention_hbm_bytes_per_s)
+    attn_s = attention_s(a_flop, kv_bytes, hw)
     qkv = model.hidden_size * (model.q_dim + 2 * model.kv_dim)
     return LayerCost(gemm_s, attn_s, hw.layer_overhead_s, qkv_share=qkv / model.active_linear_params_layer(), host_s=hw.host_layer_s)
 
@@ -107,11 +131,9 @@ def prefill_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int
     if prompt_tokens <= 0:
         return 0.0
     rows = batch * prompt_tokens
-    g_flop = gemm_flop(model, rows)
-    w_bytes = model.layer_weight_bytes(weight_dtype, group_size)
     causal_flop = batch * ATTN_MATMULS * FLOP_PER_MAC * model.num_heads * model.head_dim * prompt_tokens * (prompt_tokens + 1) / 2
     per_layer = (
-        roofline_s(g_flop, w_bytes, hw.gemm_flop_per_s(rows), hw.weight_hbm_bytes_per_s)
+        weight_kernel_s(model, hw, weight_dtype, group_size, rows)
         + causal_flop / hw.attention_flop_per_s
         + hw.layer_overhead_s
     )

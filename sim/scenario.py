@@ -44,6 +44,8 @@ class EfficiencyCfg(_Strict):
     attention_hbm_efficiency: float | None = Field(None, gt=0.0, le=1.0)
     gemm_flop_efficiency: float | None = Field(None, gt=0.0, le=1.0)
     attention_flop_efficiency: float | None = Field(None, gt=0.0, le=1.0)
+    attention_latency_s: float | None = Field(None, ge=0.0)  # floor of one decode-attention call
+    dequant_ops_per_weight: float | None = Field(None, ge=0.0)  # CUDA-core operations per weight, weight-only kernels
     layer_overhead_s: float | None = Field(None, ge=0.0)
     host_layer_s: float | None = Field(None, ge=0.0)  # host time to enqueue a layer (eager); max with device time
     host_step_s: float | None = Field(None, ge=0.0)  # host time per step outside the layers; max with LM head + step overhead

@@ -79,8 +79,8 @@ def cpu_tiny_profile(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Pat
     return run_cli("calibrate", "--device", "cpu", "--tiny", "--out", str(out), tool="hwprobe"), out
 
 
-@pytest.fixture
-def small_scenario_dict() -> dict:
+def small_scenario() -> dict:
+    """A small 7B scenario, a fresh dict each call (module-scoped fixtures take it from here)."""
     return {
         "name": "small",
         "model": {"name": "deepseek-r1-distill-qwen-7b"},
@@ -89,3 +89,8 @@ def small_scenario_dict() -> dict:
         "policy": {"kind": "tiered", "hbm_ratio": 0.5, "evict_ratio": 0.1, "retier_interval": 32,
                    "recent_window": 32, "sink_tokens": 4},
     }
+
+
+@pytest.fixture
+def small_scenario_dict() -> dict:
+    return small_scenario()

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import pytest
@@ -99,15 +100,38 @@ def _figure_count(html: str) -> int:
     return len(re.findall(r'class="plotly-graph-div"', html))
 
 
-def test_projection_report_renders_without_errors(tmp_path):
+@pytest.fixture(scope="module")
+def projection_page(tmp_path_factory):
+    """The reduced projection report, built, then opened in chromium in the background: the run
+    report's test asks for it first, so the two pages render at the same time. (path, future of
+    _open's attributes; its result() re-raises what _open raised)."""
     _browser()
-    out = tmp_path / "projection.html"
-    val = tmp_path / "val.csv"
+    tmp = tmp_path_factory.mktemp("projection")
+    out = tmp / "projection.html"
+    val = tmp / "val.csv"
     val.write_text(VALIDATION)
     build_report([], [], val, out, grid_spec=SMALL, workers=1, show_progress=False)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        yield out, pool.submit(_open, out, tmp)
+
+
+def test_run_report_renders_without_errors(tmp_path, small_scenario_dict, projection_page):
+    _browser()
+    sc = tmp_path / "small.yaml"
+    sc.write_text(yaml.safe_dump(small_scenario_dict))
+    out = tmp_path / "runs.html"
+    build_report([sc], [], None, out, show_progress=False)
+    r = _open(out, tmp_path)
+    assert r["data-js-errors"] == []
+    assert int(r["data-plots"]) == int(r["data-drawn"]) == _figure_count(out.read_text()) == 3
+    assert r["data-remote"] == []
+
+
+def test_projection_report_renders_without_errors(projection_page):
+    out, opened = projection_page
     expected = _figure_count(out.read_text())
     assert expected == 8  # 5 projection + 2 paper + 1 validation
-    r = _open(out, tmp_path)
+    r = opened.result()
     assert r["data-js-errors"] == []
     assert int(r["data-plots"]) == expected and int(r["data-drawn"]) == expected
     assert r["data-remote"] == []
@@ -123,14 +147,3 @@ def test_projection_report_renders_without_errors(tmp_path):
         switched += 1
     assert switched, r["data-selectors"]  # at least one selector had options to switch between
 
-
-def test_run_report_renders_without_errors(tmp_path, small_scenario_dict):
-    _browser()
-    sc = tmp_path / "small.yaml"
-    sc.write_text(yaml.safe_dump(small_scenario_dict))
-    out = tmp_path / "runs.html"
-    build_report([sc], [], None, out, show_progress=False)
-    r = _open(out, tmp_path)
-    assert r["data-js-errors"] == []
-    assert int(r["data-plots"]) == int(r["data-drawn"]) == _figure_count(out.read_text()) == 3
-    assert r["data-remote"] == []
