@@ -106,6 +106,14 @@ class Hardware:
     dequant_ops_per_weight: float = 0.0  # CUDA-core lane operations per weight (weight-only kernels)
     dequant_op_per_s: float = float("inf")  # CUDA-core lane operations per second (FP32 rate / 2)
     attention_latency_s: float = 0.0  # floor of one decode-attention call (its time = this + bytes / rate)
+    # measured (rows, weight bytes / kernel time) of this weight dtype's kernel: replaces the model
+    weight_kernel_bytes_per_s_by_rows: list[tuple[float, float]] | None = None
+
+    def measured_weight_kernel_s(self, weight_bytes: float, rows: int) -> float | None:
+        """Weight bytes / the measured kernel rate at `rows`, or None where not profiled."""
+        if not self.weight_kernel_bytes_per_s_by_rows:
+            return None
+        return weight_bytes / interp_log2(self.weight_kernel_bytes_per_s_by_rows, rows)
 
     def gemm_flop_per_s(self, rows: int) -> float:
         """Achieved GEMM FLOP/s with `rows` tokens (= batch in decode)."""
@@ -155,6 +163,7 @@ class _Figures:
     attention_latency_s: Sourced[float]
     dequant_ops_per_weight: Sourced[float]
     weight_kernel: Sourced[str]
+    weight_kernel_by_rows: Sourced[list | None]
     layer_overhead_s: Sourced[float]
     host_layer_s: Sourced[float]
     host_step_s: Sourced[float]
@@ -200,6 +209,7 @@ def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyD
         attention_latency_s=Sourced(eff.attention_latency_s, "default (assumed)").override(ov.attention_latency_s),
         dequant_ops_per_weight=dequant.override(ov.dequant_ops_per_weight),
         weight_kernel=kernel,
+        weight_kernel_by_rows=Sourced(None, "modelled: weight streaming vs dequantisation + MMA"),
         layer_overhead_s=Sourced(eff.layer_overhead_s, "default").override(ov.layer_overhead_s),
         host_layer_s=Sourced(0.0, hidden).override(ov.host_layer_s),
         host_step_s=Sourced(0.0, hidden).override(ov.host_step_s),
@@ -221,14 +231,17 @@ def _weight_kernel(gpu: GpuSpec, weight_dtype: str, fp8: bool, eff: EfficiencyDe
     GPU has fp8 tensor cores; int8, int4 (and fp8 without fp8 tensor cores) run weight-only kernels
     that dequantise every weight to bf16 on the CUDA cores before the MMA."""
     dequant_src = "default (derived: instruction count of the published conversion, efficiency.yaml)"
+    def path(text: str) -> Sourced[str]:  # the summary's sources name the path a run assumed
+        return Sourced(text, text)
+
     if fp8:
-        return (Sourced(f"fp8 W8A8 GEMM at the {gpu.name} fp8 tensor-core peak", "datasheet"),
+        return (path(f"fp8 W8A8 GEMM at the {gpu.name} fp8 tensor-core peak"),
                 Sourced(0.0, "fp8 tensor cores: no dequantisation"))
     if weight_dtype not in eff.dequant_ops_per_weight:
-        return Sourced(f"{weight_dtype} GEMM on the tensor cores", "datasheet"), Sourced(0.0, "no dequantisation")
-    why = f"; {gpu.name} has no fp8 tensor cores" if weight_dtype == "fp8" else ""
+        return path(f"{weight_dtype} GEMM on the tensor cores"), Sourced(0.0, "no dequantisation")
+    why = f"; {gpu.name} has no fp8 tensor cores (datasheet)" if weight_dtype == "fp8" else ""
     kernel = f"{weight_dtype} weight-only (W{WEIGHT_DTYPES[weight_dtype].bits}A16): dequantised on CUDA cores, bf16 MMA{why}"
-    return Sourced(kernel, "datasheet"), Sourced(eff.dequant_ops_per_weight[weight_dtype], dequant_src)
+    return path(kernel), Sourced(eff.dequant_ops_per_weight[weight_dtype], dequant_src)
 
 
 def _hbm_rate(gpu: GpuSpec, efficiency: Sourced[float]) -> Sourced[float]:
@@ -251,11 +264,29 @@ def _measured_figures(figs: _Figures, profile: Profile, gpu: GpuSpec, hw_cfg, we
         weight_hbm_bytes_per_s=_measured_weight_rate(figs.weight_hbm_bytes_per_s, c.weight_hbm_bytes_per_s,
                                                      weight_dtype, eff, label),
         attention_hbm_bytes_per_s=figs.attention_hbm_bytes_per_s.measure(c.attention_hbm_bytes_per_s, label),
+        attention_latency_s=figs.attention_latency_s.measure(c.attention_latency_s, f"{label}, fit over context"),
         host_pack_bytes_per_s=figs.host_pack_bytes_per_s.measure(
             profile.link.host_pack_bytes_per_s if profile.link is not None else None, label),
+        runtime_reserve_bytes=_measured_reserve(figs.runtime_reserve_bytes, profile, label),
     )
+    curve = c.weight_kernel_bytes_per_s_by_rows.get(weight_dtype)
+    if curve and not figs.weight_hbm_bytes_per_s.pinned:  # a scenario's weight efficiency keeps the model
+        kernel = c.weight_kernels.get(weight_dtype, f"{weight_dtype} kernel")
+        figs = replace(figs, weight_kernel_by_rows=Sourced([(float(r), b) for r, b in curve],
+                                                           f"{label}, {kernel} measured by rows"))
     figs = _measured_flops(figs, c, gpu, label)
     return _measured_loop_costs(figs, profile, staging, label)
+
+
+def _measured_reserve(reserve: Sourced[float], profile: Profile, label: str) -> Sourced[float]:
+    """Memory already in use on the device when calibration started (its CUDA context, other
+    processes) raises the reserve to at least that; the default covers a bare context."""
+    if profile.device_memory_bytes is None or profile.device_memory_free_bytes is None:
+        return reserve
+    in_use = profile.device_memory_bytes - profile.device_memory_free_bytes
+    if in_use <= reserve.value:
+        return reserve
+    return reserve.measure(in_use, f"{label}, in use on the device at calibration")
 
 
 def _measured_weight_rate(rate: Sourced[float], measured: dict[str, float], weight_dtype: str,
@@ -346,5 +377,6 @@ def _assemble(gpu: GpuSpec, link_spec: LinkSpec, figs: _Figures, h2d: LinkModel,
         host_layer_s=figs.host_layer_s.value, host_step_s=figs.host_step_s.value,
         host_pack_bytes_per_s=figs.host_pack_bytes_per_s.value,
         weight_kernel=figs.weight_kernel.value, dequant_ops_per_weight=figs.dequant_ops_per_weight.value,
+        weight_kernel_bytes_per_s_by_rows=figs.weight_kernel_by_rows.value,
         dequant_op_per_s=gpu.fp32_flop_per_s / FLOP_PER_MAC, attention_latency_s=figs.attention_latency_s.value,
     )

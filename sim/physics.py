@@ -77,9 +77,13 @@ def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
     With no dequantisation (bf16, fp16, fp8 on fp8 tensor cores) this is the roofline
     max(FLOP / FLOP/s, bytes / bytes/s). The dequantisation is paid once per weight per call, the MMA
     grows with rows: a weight-only kernel turns compute-bound at a smaller batch on a GPU whose
-    CUDA cores are slow against its memory (Marlin's speedup fades past batch 16-32 for this reason)."""
+    CUDA cores are slow against its memory (Marlin's speedup fades past batch 16-32 for this reason).
+    A profile that timed the dtype's kernel across rows replaces the model: weight bytes / measured rate."""
     flop = gemm_flop(model, rows)
     w_bytes = model.layer_weight_bytes_read(weight_dtype, rows, group_size)
+    measured_s = hw.measured_weight_kernel_s(w_bytes, rows)
+    if measured_s is not None:  # a profile timed this dtype's kernel across rows
+        return measured_s
     dequant_s = model.layer_linear_params_read(rows) * hw.dequant_ops_per_weight / hw.dequant_op_per_s
     return max(w_bytes / hw.weight_hbm_bytes_per_s, dequant_s + flop / hw.gemm_flop_per_s(rows))
 

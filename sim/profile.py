@@ -118,7 +118,12 @@ class ComputeProfile(_P):
     device_copy_bytes_per_s: float | None = Field(None, gt=0)
     device_copy_convention: str = "bytes read + bytes written per second"
     weight_hbm_bytes_per_s: dict[str, float] = {}  # by weight dtype, from small-M GEMMs
+    # by weight dtype: (rows, weight bytes / kernel time) of the dtype's decode kernel on a layer-shaped
+    # matrix, dequantisation and MMA included; replaces the modelled weight kernel where present
+    weight_kernel_bytes_per_s_by_rows: dict[str, list[tuple[int, float]]] = {}
+    weight_kernels: dict[str, str] = {}  # by weight dtype: the kernel those points timed
     attention_hbm_bytes_per_s: float | None = Field(None, gt=0)
+    attention_latency_s: float | None = Field(None, ge=0)  # intercept of decode attention time against KV bytes
     peak_flop_per_s: dict[str, float] = {}  # by dtype, from the peak search
     gemm_flop_per_s_by_rows: list[tuple[int, float]] = []  # (M, achieved FLOP/s), bf16
     layer_overhead_s: float | None = Field(None, ge=0)
@@ -138,7 +143,8 @@ class Profile(_P):
     created_utc: str  # ISO 8601
     versions: dict[str, str] = {}  # torch, cuda, driver, python, kvtier
     environment: dict = {}  # clocks, PCIe link state, throttle reasons, host CPU, ...
-    device_memory_bytes: float | None = Field(None, gt=0)
+    device_memory_bytes: float | None = Field(None, gt=0)  # the device's total, as it reports it
+    device_memory_free_bytes: float | None = Field(None, ge=0)  # free when calibration started
     host_memory_bytes: float | None = Field(None, gt=0)
     copy_engines: int | None = Field(None, ge=1)
     link: LinkProfile | None = None

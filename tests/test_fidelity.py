@@ -125,7 +125,7 @@ def test_fp8_on_a100_is_weight_only_and_says_so():
     assert h.peak_flop_per_s == 312e12  # bf16 tensor cores
     assert h.dequant_ops_per_weight == 1.5
     assert "no fp8 tensor cores" in h.weight_kernel and "W8A16" in h.weight_kernel
-    assert h.sources["weight_kernel"] == "datasheet"
+    assert h.sources["weight_kernel"] == h.weight_kernel  # the summary names the path
     assert weight_kernel_s(catalog.model(SEVEN_B), h, "fp8", 128, 32) == pytest.approx(
         _by_hand("a100-80gb-sxm", "fp8", 32, 1.5))
 
@@ -145,3 +145,29 @@ def test_attention_grows_into_its_bandwidth_with_context():
     assert fractions[-1] > 0.85 * 0.80  # 64K tokens: close to the split-KV kernel's streaming fraction
     # a batch of 32 sequences of 1K tokens streams like one sequence of 32K: the work, not its shape
     assert attention_s(0.0, 32 * 1024 * kv_token_layer, h) == attention_s(0.0, 32768 * kv_token_layer, h)
+
+
+# ---- a calibrated profile covers the four -------------------------------------------------------
+def test_profile_measurements_replace_the_four_models():
+    from sim.profile import ComputeProfile, Profile
+
+    prof = Profile(device="cuda", device_name="NVIDIA H200", machine="t", created_utc="2026-12-01T00:00:00Z",
+                   device_memory_bytes=150e9, device_memory_free_bytes=146e9,
+                   compute=ComputeProfile(weight_kernel_bytes_per_s_by_rows={"int4": [(1, 3e12), (16, 2.5e12), (64, 1e12)]},
+                                          weight_kernels={"int4": "tinygemm"}, attention_hbm_bytes_per_s=4e12,
+                                          attention_latency_s=8e-6))
+    h = resolve_hardware(HardwareCfg(gpu="h200-sxm"), "int4", pinned=True, profile=prof)
+    label = "profile: NVIDIA H200 (cuda, 2026-12-01)"
+    assert (h.memory_bytes, h.sources["memory_bytes"]) == (150e9, label)
+    assert h.runtime_reserve_bytes == 4e9  # 4 GB in use at calibration > the 1.5 GB default
+    assert h.sources["runtime_reserve_bytes"] == f"{label}, in use on the device at calibration"
+    assert h.attention_latency_s == 8e-6 and attention_s(0.0, 4e6, h) == pytest.approx(8e-6 + 4e6 / 4e12)
+    assert h.sources["weight_kernel_by_rows"] == f"{label}, tinygemm measured by rows"
+    m = catalog.model(SEVEN_B)
+    wb = m.layer_weight_bytes("int4", 128)
+    assert weight_kernel_s(m, h, "int4", 128, 1) == pytest.approx(wb / 3e12)
+    assert weight_kernel_s(m, h, "int4", 4, 4) == pytest.approx(m.layer_weight_bytes("int4", 4) / 2.75e12)  # log2 midpoint
+    # little in use: the default reserve stands; another dtype keeps the model
+    quiet = prof.model_copy(update={"device_memory_free_bytes": 149.5e9})
+    h = resolve_hardware(HardwareCfg(gpu="h200-sxm"), "int8", pinned=True, profile=quiet)
+    assert h.runtime_reserve_bytes == 1.5e9 and h.weight_kernel_bytes_per_s_by_rows is None

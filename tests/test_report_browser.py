@@ -22,6 +22,8 @@ import yaml
 from sim.report.command import build_report
 from sim.studies.projection_grid import DEFAULT_GRID
 
+from .conftest import small_scenario
+
 pytestmark = pytest.mark.browser
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
@@ -101,34 +103,30 @@ def _figure_count(html: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def projection_page(tmp_path_factory):
-    """The reduced projection report, built, then opened in chromium in the background: the run
-    report's test asks for it first, so the two pages render at the same time. (path, future of
-    _open's attributes; its result() re-raises what _open raised)."""
+def pages(tmp_path_factory):
+    """Both reports built and opened in headless chromium, each chromium started in the background as
+    soon as its page is written, so the run report renders while the projection builds and the two
+    render at once: {"runs" | "projection": (page, future of _open's attributes)}; result() re-raises
+    what _open raised."""
     _browser()
-    tmp = tmp_path_factory.mktemp("projection")
-    out = tmp / "projection.html"
-    val = tmp / "val.csv"
-    val.write_text(VALIDATION)
-    build_report([], [], val, out, grid_spec=SMALL, workers=1, show_progress=False)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        yield out, pool.submit(_open, out, tmp)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        tmp = tmp_path_factory.mktemp("runs")
+        sc = tmp / "small.yaml"
+        sc.write_text(yaml.safe_dump(small_scenario()))
+        runs = tmp / "runs.html"
+        build_report([sc], [], None, runs, show_progress=False)
+        opened = {"runs": (runs, pool.submit(_open, runs, tmp))}
+        tmp = tmp_path_factory.mktemp("projection")
+        projection = tmp / "projection.html"
+        val = tmp / "val.csv"
+        val.write_text(VALIDATION)
+        build_report([], [], val, projection, grid_spec=SMALL, workers=1, show_progress=False)
+        opened["projection"] = (projection, pool.submit(_open, projection, tmp))
+        yield opened
 
 
-def test_run_report_renders_without_errors(tmp_path, small_scenario_dict, projection_page):
-    _browser()
-    sc = tmp_path / "small.yaml"
-    sc.write_text(yaml.safe_dump(small_scenario_dict))
-    out = tmp_path / "runs.html"
-    build_report([sc], [], None, out, show_progress=False)
-    r = _open(out, tmp_path)
-    assert r["data-js-errors"] == []
-    assert int(r["data-plots"]) == int(r["data-drawn"]) == _figure_count(out.read_text()) == 3
-    assert r["data-remote"] == []
-
-
-def test_projection_report_renders_without_errors(projection_page):
-    out, opened = projection_page
+def test_projection_report_renders_without_errors(pages):
+    out, opened = pages["projection"]
     expected = _figure_count(out.read_text())
     assert expected == 8  # 5 projection + 2 paper + 1 validation
     r = opened.result()
@@ -147,3 +145,10 @@ def test_projection_report_renders_without_errors(projection_page):
         switched += 1
     assert switched, r["data-selectors"]  # at least one selector had options to switch between
 
+
+def test_run_report_renders_without_errors(pages):
+    out, opened = pages["runs"]
+    r = opened.result()
+    assert r["data-js-errors"] == []
+    assert int(r["data-plots"]) == int(r["data-drawn"]) == _figure_count(out.read_text()) == 3
+    assert r["data-remote"] == []
