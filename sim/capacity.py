@@ -43,7 +43,7 @@ def memory_trace(ctx: RunContext, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray
     p = ctx.scenario.policy
     staged_layer = t1 * ctx.kv_bytes_per_token_layer + t2 * ctx.kv_bytes_per_token_layer  # T2 dequantised into staging
     stage = staging_bytes(p.prefetch, p.staging_buffers, ctx.num_layers, 1.0) * staged_layer
-    if not ctx.policy.tiering:
+    if not ctx.policy.tiering or p.access == "host_attention":  # nothing staged on the GPU
         stage = np.zeros_like(staged_layer, dtype=float)
     kv_t0 = t0 * ctx.kv_bytes_per_token
     act = np.asarray(active, dtype=float) * activation_bytes(ctx.model, 1)  # linear in batch

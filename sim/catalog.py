@@ -32,6 +32,7 @@ class GpuSpec(_Frozen):
     fp8_flop_per_s: float | None = None
     int8_op_per_s: float | None = None
     link: str
+    host: str = "epyc-9654"  # the host CPU of this part's typical system
     copy_engines: int = 2
     host_memory_bytes: float | None = None
 
@@ -44,6 +45,29 @@ class GpuSpec(_Frozen):
                 raise ValueError("give memory_total_mib or memory_bytes, not both")
             data = {**data, "memory_bytes": float(data["memory_total_mib"] * MiB)}
         return data
+
+
+class HostSpec(_Frozen):
+    """One host CPU socket: what host-side attention reads its T1/T2 with."""
+
+    name: str
+    aliases: list[str] = []
+    source: str
+    cores: int
+    memory_channels: int
+    memory_mt_per_s: int
+    theoretical_memory_bytes_per_s: float
+    achieved_memory_fraction: float
+    fp32_flop_per_s: float
+
+    @property
+    def achieved_memory_bytes_per_s(self) -> float:
+        return self.theoretical_memory_bytes_per_s * self.achieved_memory_fraction
+
+
+class HostDefaults(_Frozen):
+    host_attention_flop_efficiency: float
+    host_attention_dispatch_s: float
 
 
 class LinkSpec(_Frozen):
@@ -171,6 +195,24 @@ def gpu(name: str) -> GpuSpec:
         if _key(name) in {_key(spec.name), *map(_key, spec.aliases)}:
             return spec
     raise ConfigError(f"unknown GPU {name!r}; expected one of: {', '.join(gpus())}")
+
+
+@lru_cache(maxsize=None)
+def hosts() -> dict[str, HostSpec]:
+    return {e["name"]: HostSpec(**e) for e in _read_catalog("hosts.yaml")["hosts"]}
+
+
+@lru_cache(maxsize=None)
+def host_defaults() -> HostDefaults:
+    data = _read_catalog("hosts.yaml")
+    return HostDefaults(**{k: v for k, v in data.items() if k != "hosts"})
+
+
+def host(name: str) -> HostSpec:
+    for spec in hosts().values():
+        if _key(name) in {_key(spec.name), *map(_key, spec.aliases)}:
+            return spec
+    raise ConfigError(f"unknown host CPU {name!r}; expected one of: {', '.join(hosts())}")
 
 
 def link(name: str) -> LinkSpec:

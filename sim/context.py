@@ -69,7 +69,7 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
     policy = TierPolicy.from_config(p)
     stages = policy.tiering and policy.hbm_ratio < 1.0 - policy.evict_ratio  # some tokens sit in T1/T2
     hw = resolve_hardware(scenario.hardware, m.weight_dtype, p.pinned, profile,
-                          staging=p.prefetch if stages else "none")
+                          staging=p.prefetch if stages else "none", with_host=p.access != "prefetch")
     comp = COMPRESSED_DTYPES[p.compressed_dtype]
     t2_layer = KV_TENSORS * model.num_kv_heads * comp.bytes_for(model.head_dim, min(p.compressed_group_size, model.head_dim))
     return RunContext(

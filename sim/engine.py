@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import simpy
 
 from .context import RunContext
-from .physics import RetierTraffic, StepCost, decode_step_cost, retier_traffic
+from .physics import RetierTraffic, StepCost, decode_step_cost, layerwise_pipeline, retier_traffic
 from .tier_plan import ACTIVE, ATT_T0, ATT_T1, ATT_T2, MV_D2H_T1, MV_D2H_T2, MV_H2D_T1, MV_H2D_T2, TierPlan
 from .tiers import T1, T2
 
@@ -43,6 +43,7 @@ class DecodeTiming:
     d2h_busy: list[tuple[float, float]]
     timeline: list[dict] = field(default_factory=list)  # compute / h2d / d2h intervals in a window
     decode_s: float = 0.0
+    host_busy: list[tuple[float, float]] = field(default_factory=list)  # host CPU attending T1/T2
 
 
 class Link:
@@ -87,7 +88,7 @@ class DecodeSim:
     def __init__(self, ctx: RunContext, plan: TierPlan):
         self.ctx, self.plan = ctx, plan
         pol = ctx.scenario.policy
-        self.prefetch, self.buffers = pol.prefetch, pol.staging_buffers
+        self.prefetch, self.buffers, self.access = pol.prefetch, pol.staging_buffers, pol.access
         self.staged = ctx.policy.tiering and pol.prefetch != "per_interval"  # T1/T2 cross the link every step
         self.blocking_offload = pol.prefetch == "sync_per_step" or not pol.pinned
         self.layer_detail = ctx.scenario.sim.detail == "layer"
@@ -98,6 +99,14 @@ class DecodeSim:
         self.h2d = Link(self.env, ctx.hw.h2d, h2d_res, "h2d")
         self.d2h = Link(self.env, ctx.hw.d2h, d2h_res, "d2h")
         self.h2d.other, self.d2h.other = self.d2h, self.h2d
+        # host attention's queries and partial outputs are tiny: with a third copy engine they need not
+        # queue behind bulk copies, and they do not count as the other direction being busy
+        small = ctx.hw.copy_engines >= 3
+        self.d2h_queries = Link(self.env, ctx.hw.d2h, simpy.Resource(self.env, capacity=1) if small else d2h_res, "d2h")
+        self.h2d_partials = Link(self.env, ctx.hw.h2d, simpy.Resource(self.env, capacity=1) if small else h2d_res, "h2d")
+        self.d2h_queries.other, self.h2d_partials.other = self.h2d, self.d2h
+        self.host = simpy.Resource(self.env, capacity=1)  # the host's attention thread pool: one layer at a time
+        self.host_busy: list[tuple[float, float]] = []
         self.records: list[StepRecord] = []
         self.timeline: list[dict] = []
 
@@ -106,7 +115,8 @@ class DecodeSim:
         self.env.run()
         decode_s = self.records[-1].t_s if self.records else 0.0
         # an async offload can outlive the last step; utilisation is over the decode span
-        return DecodeTiming(self.records, self.h2d.busy, self.d2h.busy, self.timeline, decode_s)
+        return DecodeTiming(self.records, self.h2d.busy + self.h2d_partials.busy, self.d2h.busy + self.d2h_queries.busy,
+                            self.timeline, decode_s, self.host_busy)
 
     # ---- costs (pure functions, evaluated per step) -----------------------------------------
     def step_cost(self, s: int) -> StepCost:
@@ -114,7 +124,8 @@ class DecodeSim:
         m = ctx.scenario.model
         return decode_step_cost(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, self.prefetch,
                                 int(row[ACTIVE]), int(row[ATT_T0]), int(row[ATT_T1]), int(row[ATT_T2]),
-                                ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer, self.staged)
+                                ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer, self.staged, self.access,
+                                self.buffers)
 
     def retier_traffic(self, s: int) -> RetierTraffic:
         ctx, mv, after = self.ctx, self.plan.retier_moves[s], self.plan.tiers_after[s]
@@ -133,6 +144,10 @@ class DecodeSim:
             start = self.env.now
             cost = self.step_cost(s)
             h2d_bytes = self.ctx.num_layers * cost.prefetch_bytes_per_layer if self.staged else 0.0
+            host_d2h_bytes = 0.0
+            if cost.host is not None:  # queries out, partial outputs back, every layer
+                h2d_bytes += self.ctx.num_layers * cost.host.partial_bytes
+                host_d2h_bytes = self.ctx.num_layers * cost.host.query_bytes
             if last is not None and s % self.stride and not self.plan.retier_due[s] and tl is None:
                 # stride: repeat the last simulated step's time (and link busy time) instead of simulating it
                 yield self.env.timeout(last.step_s)
@@ -144,12 +159,12 @@ class DecodeSim:
                 yield from self.forward(cost, tl)
                 last_h2d_busy_s = sum(b - a for a, b in self.h2d.busy[n_busy:])
                 compute_s = cost.compute_s
-            d2h_bytes = 0.0
+            d2h_bytes = host_d2h_bytes
             if self.plan.retier_due[s]:
                 traffic = self.retier_traffic(s)
                 yield from self.retier(traffic, tl)
                 h2d_bytes += traffic.h2d_bytes
-                d2h_bytes = traffic.d2h_bytes
+                d2h_bytes += traffic.d2h_bytes
             step_s = self.env.now - start
             for rec in self.timeline[n_recorded:]:
                 rec["step"] = s
@@ -160,7 +175,9 @@ class DecodeSim:
 
     def forward(self, cost: StepCost, tl: list | None):
         """One step's forward pass in the policy's prefetch mode, then its tail."""
-        if cost.stages and self.prefetch == "layerwise_async":
+        if cost.host is not None:
+            yield from (self.host_layers(cost, tl) if self.layer_detail else self.host_closed_form(cost, tl))
+        elif cost.stages and self.prefetch == "layerwise_async":
             yield from (self.layerwise_layers(cost, tl) if self.layer_detail else self.layerwise_closed_form(cost, tl))
         elif cost.stages and self.prefetch == "sync_per_step":
             yield from self.sync_copies(cost, tl)
@@ -208,6 +225,67 @@ class DecodeSim:
                       for i, (a, b) in enumerate(copies))
             tl.extend({"kind": "compute", "start_s": start + a, "end_s": start + b, "what": f"layer {i}"}
                       for i, (a, b) in enumerate(computes))
+
+    def host_layers(self, cost: StepCost, tl: list | None):
+        """Layer by layer with part (or all) of T1/T2 attended on the host: once a layer's prefetched
+        part is staged, its queries go to the host, which attends its tokens while the GPU attends its
+        own; the layer continues when both are done."""
+        env, L = self.env, cost.num_layers
+        staged = None
+        if cost.stages:
+            buffers = simpy.Container(env, capacity=self.buffers, init=self.buffers)
+            staged = [env.event() for _ in range(L)]
+            env.process(self.layerwise_copier(cost, buffers, staged, tl))
+        pre_s, attention_s = cost.layer.pre_attention_s, cost.layer.attention_s
+        after_s = cost.layer.post_attention_s - attention_s  # output projection, MLP, launch gaps
+        for layer in range(L):
+            start = env.now
+            yield env.timeout(pre_s)
+            if staged is not None:
+                yield staged[layer]
+                yield buffers.put(1)
+            on_host = env.process(self.host_attention(cost.host, tl, layer))
+            yield env.timeout(attention_s)
+            yield on_host  # merge the host's partial outputs by their log-sum-exp
+            yield env.timeout(after_s)
+            if tl is not None:
+                tl.append({"kind": "compute", "start_s": start, "end_s": env.now, "what": f"layer {layer}"})
+
+    def host_attention(self, path, tl: list | None, layer: int):
+        """Queries device->host, attention on the host's thread pool, partial outputs host->device."""
+        yield from self.d2h_queries.transfer(path.query_bytes, 1, tl, f"queries L{layer}")
+        with self.host.request() as req:
+            yield req
+            start = self.env.now
+            yield self.env.timeout(path.host_s)
+            self.host_busy.append((start, self.env.now))
+            if tl is not None:
+                tl.append({"kind": "host", "start_s": start, "end_s": self.env.now, "what": f"host attention L{layer}"})
+        yield from self.h2d_partials.transfer(path.partial_bytes, 1, tl, f"partials L{layer}")
+
+    def host_closed_form(self, cost: StepCost, tl: list | None):
+        """Step level: the pipeline of `StepCost.closed_form_s`, the H2D direction held for the
+        forward pass when a part is prefetched."""
+        hw, L = self.ctx.hw, cost.num_layers
+        copy_s = cost.prefetch_copy_s(hw.h2d, self.h2d.other_busy()) if cost.stages else 0.0
+        wait_s = cost.host_wait_s(hw)
+        copies, layers = layerwise_pipeline([cost.layer.pre_attention_s] * L, [cost.layer.post_attention_s + wait_s] * L,
+                                            [copy_s] * L, self.buffers)
+        with self.h2d.res.request() as req:
+            yield req
+            start = self.env.now
+            yield self.env.timeout(layers[-1][1])
+        self.h2d.busy.extend((start + a, start + b) for a, b in (c for c in copies if c is not None))
+        to_host_s = hw.d2h.transfer_time_s(cost.host.query_bytes, 1)
+        back_s = hw.h2d.transfer_time_s(cost.host.partial_bytes, 1)
+        for a, _ in layers:  # each layer's host path starts once its queries exist
+            t = start + a + cost.layer.pre_attention_s
+            self.d2h_queries.busy.append((t, t + to_host_s))
+            self.host_busy.append((t + to_host_s, t + to_host_s + cost.host.host_s))
+            self.h2d_partials.busy.append((t + to_host_s + cost.host.host_s, t + to_host_s + cost.host.host_s + back_s))
+        if tl is not None:
+            tl.extend({"kind": "compute", "start_s": start + a, "end_s": start + b, "what": f"layer {i}"}
+                      for i, (a, b) in enumerate(layers))
 
     def sync_copies(self, cost: StepCost, tl: list | None):
         """The prototype: every layer's T1 copied (per-layer pageable copies, packed on the host

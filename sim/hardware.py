@@ -81,6 +81,35 @@ class LinkModel:
 
 
 @dataclass(frozen=True)
+class HostCpu:
+    """The host socket that attends T1/T2 where they live (policy.access host_attention / split)."""
+
+    name: str
+    dram_bytes_per_s: float  # achieved streaming bandwidth of one socket
+    flop_per_s: float  # achieved FP32 FLOP/s of the attention kernel on its vector units
+    dispatch_s: float  # waking the thread pool and joining it, once per layer
+
+    def attention_s(self, kv_bytes: float, flop: float) -> float:
+        """max(KV bytes / DRAM bandwidth, FLOP / FLOP/s) + dispatch: the roofline of a batched
+        GEMV over the host-resident K/V, plus the thread pool's fixed cost."""
+        if kv_bytes <= 0:
+            return 0.0
+        return max(kv_bytes / self.dram_bytes_per_s, flop / self.flop_per_s) + self.dispatch_s
+
+
+def resolve_host(name: str) -> tuple[HostCpu, dict[str, str]]:
+    """A catalog host CPU with the default attention-kernel figures, and their sources."""
+    spec, d = catalog.host(name), catalog.host_defaults()
+    cpu = HostCpu(spec.name, spec.achieved_memory_bytes_per_s, spec.fp32_flop_per_s * d.host_attention_flop_efficiency,
+                  d.host_attention_dispatch_s)
+    return cpu, {
+        "host_dram_bytes_per_s": f"catalog {spec.name}: {spec.theoretical_memory_bytes_per_s / 1e9:g} GB/s theoretical "
+                                 f"x {spec.achieved_memory_fraction:g} (assumed)",
+        "host_flop_per_s": f"catalog {spec.name}: FP32 peak x {d.host_attention_flop_efficiency:g} (assumed)",
+    }
+
+
+@dataclass(frozen=True)
 class Hardware:
     gpu: GpuSpec
     link_spec: LinkSpec
@@ -108,6 +137,7 @@ class Hardware:
     attention_latency_s: float = 0.0  # floor of one decode-attention call (its time = this + bytes / rate)
     # measured (rows, weight bytes / kernel time) of this weight dtype's kernel: replaces the model
     weight_kernel_bytes_per_s_by_rows: list[tuple[float, float]] | None = None
+    host_cpu: HostCpu | None = None  # attends T1/T2 on the host (policy.access host_attention / split)
 
     def measured_weight_kernel_s(self, weight_bytes: float, rows: int) -> float | None:
         """Weight bytes / the measured kernel rate at `rows`, or None where not profiled."""
@@ -125,10 +155,11 @@ class Hardware:
 
 
 def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile | None = None,
-                     staging: str = "none") -> Hardware:
+                     staging: str = "none", with_host: bool = False) -> Hardware:
     """Datasheet figures x default efficiencies, scenario overrides, then profile measurements.
     `staging`: how T1/T2 reach attention ("none", or the prefetch mode), which picks the measured
-    fixed costs of the decode loop."""
+    fixed costs of the decode loop. `with_host`: also the host CPU that attends T1/T2 (an access
+    strategy other than prefetch)."""
     gpu = catalog.gpu(hw_cfg.gpu)
     link_spec = catalog.link(hw_cfg.link or gpu.link)
     eff = catalog.efficiency_defaults()
@@ -137,7 +168,11 @@ def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile |
         figs = _measured_figures(figs, profile, gpu, hw_cfg, weight_dtype, eff, staging)
     h2d = _link_model(link_spec, "h2d", pinned, profile)
     d2h = _link_model(link_spec, "d2h", pinned, profile)
-    return _assemble(gpu, link_spec, figs, h2d, d2h)
+    hw = _assemble(gpu, link_spec, figs, h2d, d2h)
+    if not with_host:
+        return hw
+    cpu, host_sources = resolve_host(hw_cfg.host or gpu.host)
+    return replace(hw, host_cpu=cpu, sources={**hw.sources, **host_sources})
 
 
 @dataclass(frozen=True)

@@ -207,6 +207,38 @@ def layerwise_pipeline_s(pre_s: list[float], rest_s: list[float], copy_s: list[f
     return finish, finish - sum(pre_s) - sum(rest_s)
 
 
+QUERY_BYTES_PER_ELEMENT = 2  # the bf16 query of each head goes to the host
+PARTIAL_BYTES_PER_ELEMENT = 4  # fp32 partial output (d per head) and its log-sum-exp come back
+SPLIT_STEPS = 16  # `split` tries fractions 0, 1/16, ..., 1 of the host-resident tokens prefetched
+
+
+@dataclass(frozen=True)
+class HostPath:
+    """One layer's exact attention over host-resident K/V, on the host: the queries go device->host,
+    the host attends its tokens, partial outputs + log-sum-exp come back and the GPU merges them
+    with its own by their LSEs (the same exact merge as staged tokens)."""
+
+    query_bytes: float  # B * H * d * 2
+    partial_bytes: float  # B * H * (d + 1) * 4
+    host_s: float  # `HostCpu.attention_s` over the tokens attended on the host
+    tokens: float  # host-resident tokens attended there, over the batch
+
+    def time_s(self, hw: Hardware) -> float:
+        """Query copy + host attention + partial-output copy, each at its own latency."""
+        return hw.d2h.transfer_time_s(self.query_bytes, 1) + self.host_s + hw.h2d.transfer_time_s(self.partial_bytes, 1)
+
+
+def host_path(model: ModelSpec, hw: Hardware, batch: int, t1: float, t2: float, kv_bytes_per_token_layer: float,
+              t2_bytes_per_token_layer: float) -> HostPath:
+    """Host attention over t1 full and t2 compressed tokens of one layer: reads their bytes where
+    they live; 4 * n * H * d FLOP as on the GPU (T2 dequantised on the fly, its reads are compressed)."""
+    kv_bytes = t1 * kv_bytes_per_token_layer + t2 * t2_bytes_per_token_layer
+    flop = attention_flop(model, t1 + t2)
+    return HostPath(query_bytes=batch * model.num_heads * model.head_dim * QUERY_BYTES_PER_ELEMENT,
+                    partial_bytes=batch * model.num_heads * (model.head_dim + 1) * PARTIAL_BYTES_PER_ELEMENT,
+                    host_s=hw.host_cpu.attention_s(kv_bytes, flop), tokens=t1 + t2)
+
+
 @dataclass(frozen=True)
 class StepCost:
     """One decode step of a batch, composed once for every engine (SimPy layer level, closed-form
@@ -219,11 +251,30 @@ class StepCost:
     prefetch_bytes_per_layer: float
     prefetch_copies_per_layer: int
     pack_s_per_layer: float = 0.0  # host work each prototype copy waits for (sync_per_step)
+    host: HostPath | None = None  # the part of T1/T2 attended on the host (access host_attention / split)
+    host_fraction: float = 0.0  # share of the host-resident tokens attended there (1: host_attention)
 
     @property
     def compute_s(self) -> float:
         """Device time with no stall: L * layer + tail."""
         return self.num_layers * self.layer.total_s + self.tail_s
+
+    def host_wait_s(self, hw: Hardware) -> float:
+        """How long a layer's attention waits for the host path beyond its own T0 attention."""
+        if self.host is None:
+            return 0.0
+        return max(0.0, self.host.time_s(hw) - self.layer.attention_s)
+
+    def closed_form_s(self, hw: Hardware, copy_s: float, buffers: int) -> float:
+        """The step without link contention: the layerwise pipeline (prefetched part) with each
+        layer's attention waiting for its host path, then the tail."""
+        wait_s = self.host_wait_s(hw)
+        if copy_s <= 0 and wait_s <= 0:
+            return self.compute_s
+        L = self.num_layers
+        _, layers = layerwise_pipeline([self.layer.pre_attention_s] * L, [self.layer.post_attention_s + wait_s] * L,
+                                       [copy_s] * L, buffers)
+        return layers[-1][1] + self.tail_s
 
     @property
     def stages(self) -> bool:
@@ -244,12 +295,20 @@ class StepCost:
 
 def decode_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, prefetch: str,
                      batch: int, t0: int, t1: int, t2: int, kv_bytes_per_token_layer: float,
-                     t2_bytes_per_token_layer: float, staged: bool = True) -> StepCost:
+                     t2_bytes_per_token_layer: float, staged: bool = True, access: str = "prefetch",
+                     buffers: int = 2) -> StepCost:
     """One decode step for tier counts summed over the batch: each layer attends T0 + T1 + T2
     (`decode_layer_cost`), the tail is `step_tail_s`, and - when `staged` (a tiered policy that
     stages its host tiers every step) - each layer's T1/T2 crosses the link:
     bytes = T1 * KV bytes/token/layer + T2 * compressed bytes/token/layer,
     copies = `prefetch_copies_per_layer`; the prototype (sync_per_step) packs its T1 on the host first."""
+    if staged and access != "prefetch" and t1 + t2 > 0:
+        args = (model, hw, weight_dtype, group_size, prefetch, batch, t0, t1, t2, kv_bytes_per_token_layer,
+                t2_bytes_per_token_layer)
+        if access == "host_attention":
+            return _host_split_cost(*args, fraction_on_host=1.0)
+        options = [_host_split_cost(*args, fraction_on_host=1.0 - i / SPLIT_STEPS) for i in range(SPLIT_STEPS + 1)]
+        return min(options, key=lambda c: c.closed_form_s(hw, c.prefetch_copy_s(hw.h2d), buffers))
     layer = decode_layer_cost(model, hw, weight_dtype, group_size, batch, t0 + t1 + t2, kv_bytes_per_token_layer,
                               t2, t2_bytes_per_token_layer)
     tail_s = step_tail_s(model, hw, batch)
@@ -257,6 +316,22 @@ def decode_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_si
     copies = prefetch_copies_per_layer(prefetch, t1 > 0, t2 > 0) if staged else 0
     pack_s = host_pack_s(hw, t1 * kv_bytes_per_token_layer) if staged and prefetch == "sync_per_step" else 0.0
     return StepCost(layer, model.num_layers, tail_s, nbytes, copies, pack_s)
+
+
+def _host_split_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, prefetch: str, batch: int,
+                     t0: int, t1: int, t2: int, kv_bytes_per_token_layer: float, t2_bytes_per_token_layer: float,
+                     fraction_on_host: float) -> StepCost:
+    """A step whose host-resident tokens are attended `fraction_on_host` on the host and the rest
+    prefetched (T1 and T2 in the same proportion): the GPU attends T0 + the prefetched part, the
+    host the rest, and each layer waits for the later of the two."""
+    g1, g2 = (1.0 - fraction_on_host) * t1, (1.0 - fraction_on_host) * t2  # prefetched to the GPU
+    layer = decode_layer_cost(model, hw, weight_dtype, group_size, batch, t0 + g1 + g2, kv_bytes_per_token_layer,
+                              g2, t2_bytes_per_token_layer)
+    path = host_path(model, hw, batch, t1 - g1, t2 - g2, kv_bytes_per_token_layer, t2_bytes_per_token_layer)
+    nbytes = float(g1 * kv_bytes_per_token_layer + g2 * t2_bytes_per_token_layer)
+    copies = prefetch_copies_per_layer(prefetch, g1 > 0, g2 > 0)
+    return StepCost(layer, model.num_layers, step_tail_s(model, hw, batch), nbytes, copies,
+                    host=path if path.tokens > 0 else None, host_fraction=fraction_on_host)
 
 
 @dataclass(frozen=True)

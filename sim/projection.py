@@ -30,23 +30,40 @@ class StepTime:
     step_s: float
     compute_s: float
     h2d_busy_s: float
+    h2d_bytes: float = 0.0  # set where part of T1/T2 is attended on the host (prefetched part + partial outputs)
 
 
 def step_time(ctx: RunContext, batch: int, t0: int, t1: int, t2: int) -> StepTime:
     """One decode step for tier counts summed over the batch: the engine's step cost
-    (`physics.decode_step_cost`), its prefetch in closed form with no link contention."""
+    (`physics.decode_step_cost`), its prefetch and host path in closed form with no link contention."""
     m, pol = ctx.scenario.model, ctx.scenario.policy
     staged = ctx.policy.tiering and pol.prefetch != "per_interval"  # per_interval keeps T1/T2 resident
     cost = decode_step_cost(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, pol.prefetch, batch, t0, t1, t2,
-                            ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer, staged)
+                            ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer, staged, pol.access,
+                            pol.staging_buffers)
+    L = cost.num_layers
+    if cost.host is not None:
+        copy_s = cost.prefetch_copy_s(ctx.hw.h2d) if cost.stages else 0.0
+        partials_s = ctx.hw.h2d.transfer_time_s(cost.host.partial_bytes, 1)
+        return StepTime(cost.closed_form_s(ctx.hw, copy_s, pol.staging_buffers), cost.compute_s, L * (copy_s + partials_s),
+                        L * (cost.prefetch_bytes_per_layer + cost.host.partial_bytes))
     if not cost.stages:
         return StepTime(cost.compute_s, cost.compute_s, 0.0)
     copy_s = cost.prefetch_copy_s(ctx.hw.h2d)
-    L = cost.num_layers
     if pol.prefetch == "sync_per_step":
         return StepTime(L * copy_s + cost.compute_s, cost.compute_s, L * copy_s)
     _, layers = cost.layerwise_pipeline(copy_s, pol.staging_buffers)
     return StepTime(layers[-1][1] + cost.tail_s, cost.compute_s, L * copy_s)
+
+
+def _h2d_bytes(ctx: RunContext, c, idx: np.ndarray, weights: np.ndarray, times: list[StepTime]) -> float:
+    """Bytes prefetched over the run: every T1/T2 token of every step, or - where part of them is
+    attended on the host - the prefetched part plus the partial outputs."""
+    if not ctx.policy.tiering:
+        return 0.0
+    if ctx.scenario.policy.access != "prefetch":
+        return float(np.sum(weights * np.array([t.h2d_bytes for t in times])))
+    return float(np.sum(weights * (c.attended[idx, T1] * ctx.kv_bytes_per_token + c.attended[idx, T2] * ctx.t2_bytes_per_token)))
 
 
 def project(scenario: Scenario, profile: Profile | None = None, *, samples: int = DEFAULT_SAMPLES,
@@ -85,6 +102,6 @@ def project(scenario: Scenario, profile: Profile | None = None, *, samples: int 
         d2h_utilization=min(1.0, d2h_s / decode_s),
         stall_share=float(np.sum((step_s - compute_s) * weights)) / decode_s,
         transfer_share=min(1.0, (h2d_total + (d2h_s if blocking else 0.0)) / decode_s),
-        h2d_bytes=float(np.sum(weights * (c.attended[idx, T1] * ctx.kv_bytes_per_token + c.attended[idx, T2] * ctx.t2_bytes_per_token))) if ctx.policy.tiering else 0.0,
+        h2d_bytes=_h2d_bytes(ctx, c, idx, weights, times),
         d2h_bytes=d2h_bytes,
     )

@@ -57,6 +57,7 @@ class EfficiencyCfg(_Strict):
 class HardwareCfg(_Strict):
     gpu: str = "h200-sxm"
     link: str | None = None  # default: the GPU's catalog link
+    host: str | None = None  # host CPU (sim/catalog/hosts.yaml); default: the GPU entry's
     host_memory_bytes: float | None = Field(None, gt=0)
     profile: str | None = None  # measured profile YAML from `hwprobe calibrate`
     copy_engines: int | None = Field(None, ge=1)
@@ -112,9 +113,19 @@ class PolicyCfg(_Strict):
     protect_prompt: bool = True
     scoring: Literal["cumulative", "recent"] = "cumulative"
     prefetch: Literal["layerwise_async", "sync_per_step", "per_interval"] = "layerwise_async"
+    # how attention reaches T1/T2: prefetch them to the GPU (`prefetch` mode above), attend them on the
+    # host where they live (`host_attention`), or per layer a chosen fraction each way (`split`)
+    access: Literal["prefetch", "host_attention", "split"] = "prefetch"
     staging_buffers: int = Field(2, ge=1)
     pinned: bool = True
     importance: ImportanceCfg = ImportanceCfg()
+
+    @model_validator(mode="after")
+    def _access(self):
+        if self.access != "prefetch" and self.prefetch != "layerwise_async":
+            raise ValueError(f"access {self.access!r} runs with prefetch 'layerwise_async' (its prefetched part is "
+                             f"pipelined per layer), got {self.prefetch!r}")
+        return self
 
     @model_validator(mode="after")
     def _ratios(self):
@@ -209,7 +220,7 @@ def check_catalog_names(scenario: Scenario, source: str) -> None:
     from . import catalog
 
     checks = [("model.name", scenario.model.name, catalog.model), ("hardware.gpu", scenario.hardware.gpu, catalog.gpu),
-              ("hardware.link", scenario.hardware.link, catalog.link)]
+              ("hardware.link", scenario.hardware.link, catalog.link), ("hardware.host", scenario.hardware.host, catalog.host)]
     if scenario.model.hf_config is not None:
         try:
             catalog.model_from_hf_config(scenario.model.hf_config)

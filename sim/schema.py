@@ -113,6 +113,11 @@ class _SimPrefill(Document):
     prefill_s: float | None = None
 
 
+class _SimHostAccess(Document):
+    access: str = "prefetch"  # prefetch | host_attention | split: how attention reaches T1/T2
+    host_attention_share: float | None = None  # share of decode time the host CPU attends T1/T2
+
+
 class _SimLimits(Document):
     link_bottleneck: bool | None = None  # a direction busy >= LINK_BOTTLENECK_UTILIZATION of decode time
     max_batch: int | None = None  # None: not searched (simulate(with_max_batch=False))
@@ -125,7 +130,8 @@ class _SimSources(Document):
 
 
 class SimRunSummary(*fields_in_order(RunName, _SimHardware, PolicyName, RunSize, _SimMemory, TierTotals, DecodeTime,
-                                     _SimPrefill, DecodeRates, LinkFigures, _SimLimits, _SimSources, Provenance)):
+                                     _SimPrefill, DecodeRates, LinkFigures, _SimHostAccess, _SimLimits, _SimSources,
+                                     Provenance)):
     """One simulated run. The timing figures are None when the run does not fit."""
 
 

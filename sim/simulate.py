@@ -81,6 +81,7 @@ def _run_summary(scenario: Scenario, ctx: RunContext, plan, mem, fit: tuple, tim
     return SimRunSummary(
         scenario=scenario.name, model=ctx.model.name, gpu=ctx.hw.gpu.name,
         policy=scenario.policy.kind, semantics=scenario.policy.semantics, prefetch=scenario.policy.prefetch,
+        access=scenario.policy.access,
         batch_size=scenario.workload.batch_size, generated_tokens=generated, steps=plan.steps,
         fits=ok, hbm_shortfall_bytes=hbm_short, host_shortfall_bytes=host_short,
         hbm_capacity_bytes=ctx.hw.memory_bytes, host_capacity_bytes=ctx.hw.host_memory_bytes,
@@ -117,4 +118,6 @@ def _decode_figures(scenario: Scenario, ctx: RunContext, timing, steps: pd.DataF
         transfer_share=busy_union_s(timing.h2d_busy, timing.d2h_busy, until=decode_s) / decode_s,
         stall_share=float(steps["stall_s"].sum()) / decode_s,
         link_bottleneck=max(h2d_utilization, d2h_utilization) >= LINK_BOTTLENECK_UTILIZATION,
+        host_attention_share=(busy_union_s(timing.host_busy, until=decode_s) / decode_s
+                              if scenario.policy.access != "prefetch" else None),
     )
