@@ -140,3 +140,15 @@ def test_bad_access_inputs_name_the_field():
 def test_every_gpu_names_a_catalog_host():
     for gpu in catalog.gpus().values():
         assert catalog.host(gpu.host).name == gpu.host
+
+
+def test_access_study_ranks_the_strategies_and_names_what_binds():
+    from sim.studies.access_strategies import access_table, binding_resource
+
+    df = access_table("deepseek-r1-distill-qwen-7b", "bf16", ("h200-sxm",), 1024).set_index("access")
+    assert df.loc["prefetch", "binds"] == "host link"  # every T1 token crosses PCIe every step
+    assert df.loc["host_attention", "throughput_tok_per_s"] > df.loc["prefetch", "throughput_tok_per_s"]
+    assert df.loc["split", "throughput_tok_per_s"] >= 0.99 * df[["throughput_tok_per_s"]].max().iloc[0]
+    assert df.loc["host_attention", "max_batch"] >= df.loc["prefetch", "max_batch"]  # no staging buffers
+    assert binding_resource(0.95, 0.1) == "host link" and binding_resource(0.1, 0.95) == "host CPU"
+    assert binding_resource(0.85, 0.85) == "host link + host CPU" and binding_resource(0.5, 0.5) == "GPU"

@@ -1,0 +1,74 @@
+"""Which access strategy wins: for a model, GPU and reasoning length, the throughput of prefetch,
+host_attention and split - each tiered policy at its own max batch - against full_hbm at its max
+batch, and what binds each (the host link, the host CPU, or neither). From the fast projection."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ..capacity import batch_counts, max_batch
+from ..context import build_context
+from ..physics import decode_step_cost
+from ..projection import project, step_time
+from ..scenario import scenario_from_dict
+from ..schema import LINK_BOTTLENECK_UTILIZATION
+
+ACCESS_STRATEGIES = ("prefetch", "host_attention", "split")
+HOST_SATURATED_SHARE = 0.9  # the host CPU attends this share of a step: it sets the pace
+
+
+def _scenario(model: str, weight_dtype: str, gpu: str, length: int, prompt: int, policy: dict, batch: int = 1):
+    return scenario_from_dict({
+        "name": f"{model}-{gpu}-{length}", "model": {"name": model, "weight_dtype": weight_dtype}, "hardware": {"gpu": gpu},
+        "workload": {"batch_size": batch, "prompt_tokens": prompt, "reasoning_tokens": length}, "policy": policy,
+    }, "access study")
+
+
+def host_share_at_end(sc) -> float:
+    """Share of the last decode step the host CPU spends attending (its steady state at full length)."""
+    ctx = build_context(sc)
+    c = batch_counts(ctx, sc.workload.batch_size)
+    t0, t1, t2 = (int(x) for x in c.attended[-1, :3])
+    batch = int(c.active[-1])
+    st = step_time(ctx, batch, t0, t1, t2)
+    m, p = sc.model, sc.policy
+    cost = decode_step_cost(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, p.prefetch, batch, t0, t1, t2,
+                            ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer, True, p.access, p.staging_buffers)
+    return 0.0 if cost.host is None else ctx.num_layers * cost.host.host_s / st.step_s
+
+
+def binding_resource(h2d_utilization: float, host_share: float) -> str:
+    """The busier of the host link and the host CPU where it is busy enough to set the pace, else
+    the GPU; both where both are (split balances them)."""
+    busy = [name for name, share, limit in (("host link", h2d_utilization, LINK_BOTTLENECK_UTILIZATION),
+                                            ("host CPU", host_share, HOST_SATURATED_SHARE)) if share >= limit * 0.9]
+    return " + ".join(busy) if busy else "GPU"
+
+
+def access_table(model: str, weight_dtype: str, gpus: tuple[str, ...], length: int, prompt: int = 512,
+                 hbm_ratio: float = 0.25, evict_ratio: float = 0.1) -> pd.DataFrame:
+    """One row per (GPU, strategy): max batch, throughput there, ratio to full_hbm at its own max
+    batch, and the binding resource."""
+    rows = []
+    for gpu in gpus:
+        full = _scenario(model, weight_dtype, gpu, length, prompt, {"kind": "full_hbm"})
+        full_b = max_batch(build_context(full))
+        full_tput = project(full.model_copy(update={"workload": full.workload.model_copy(update={"batch_size": max(full_b, 1)})}),
+                            with_max_batch=False).throughput_tok_per_s if full_b else None
+        for access in ACCESS_STRATEGIES:
+            pol = {"kind": "tiered", "hbm_ratio": hbm_ratio, "evict_ratio": evict_ratio, "access": access}
+            sc1 = _scenario(model, weight_dtype, gpu, length, prompt, pol)
+            b = max_batch(build_context(sc1))
+            if b == 0:
+                rows.append({"gpu": gpu, "access": access, "max_batch": 0, "throughput_tok_per_s": None,
+                             "vs_full_hbm": None, "binds": "does not fit"})
+                continue
+            sc = _scenario(model, weight_dtype, gpu, length, prompt, pol, batch=b)
+            p = project(sc, with_max_batch=False)
+            host_share = host_share_at_end(sc)
+            binds = binding_resource(p.h2d_utilization, host_share)
+            rows.append({"gpu": gpu, "access": access, "max_batch": b, "full_hbm_max_batch": full_b,
+                         "throughput_tok_per_s": p.throughput_tok_per_s,
+                         "vs_full_hbm": p.throughput_tok_per_s / full_tput if full_tput else None,
+                         "h2d_utilization": p.h2d_utilization, "host_share_last_step": host_share, "binds": binds})
+    return pd.DataFrame(rows)
