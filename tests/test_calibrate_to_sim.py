@@ -21,4 +21,7 @@ def test_cpu_profile_feeds_kvsim_run(tmp_path, cpu_tiny_profile):
     assert s["profile"] == str(prof)
     for figure in ("h2d", "d2h", "weight_hbm_bytes_per_s", "memory_bytes"):
         assert s["sources"][figure].startswith("profile:"), figure
+    # the bf16 decode kernel timed across rows replaces the modelled weight kernel
+    assert s["sources"]["weight_kernel_by_rows"].startswith("profile:")
+    assert s["sources"]["weight_kernel_by_rows"].endswith("bf16 (cpu) measured by rows")
     assert "(cpu," in s["sources"]["memory_bytes"]  # labelled as a CPU measurement, not a GPU

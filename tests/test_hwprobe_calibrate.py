@@ -311,7 +311,8 @@ def _assert_sane_profile(profile, device):
     assert all(p.weight_bytes_per_s == pytest.approx(sim_bytes / p.time_s) for p in int4)
     assert c.weight_hbm_bytes_per_s["int4"] == max(p.weight_bytes_per_s for p in int4 if p.m == 1)
     assert c.attention_hbm_bytes_per_s > 0 and c.attention_backend
-    assert {p.context_tokens for p in c.attention_points} == {256, 1024}
+    assert {p.context_tokens for p in c.attention_points} == {64, 256, 1024}
+    _assert_fidelity_figures(profile)
     assert all(p.num_heads == 28 and p.num_kv_heads == 4 for p in c.attention_points)
     # the per-layer cost is measured on a real layer (many kernels), not assumed from one launch
     lo = profile.environment["layer_overhead"]
@@ -322,6 +323,44 @@ def _assert_sane_profile(profile, device):
     assert profile.quick and profile.versions["torch"] == torch.__version__
     assert profile.environment["plan"]["name"] == "tiny"
     assert set(profile.environment["drift"]) == {"copy", "gemm"}
+
+
+def _assert_fidelity_figures(profile):
+    """What the simulator's fidelity models read: free device memory, each weight dtype's kernel
+    across rows, and attention latency + bandwidth from a fit over the attention points."""
+    from hwprobe.calibrate.attention import fit_kv_stream
+    from hwprobe.calibrate.weight_kernels import INT8_CUDA_WARNING
+
+    c, w, gpu = profile.compute, profile.warnings, profile.device == "cuda"
+    if gpu:
+        assert 0 < profile.device_memory_free_bytes <= profile.device_memory_bytes
+    else:  # by design: host memory others use is no device tenant (runner._device_memory)
+        assert profile.device_memory_free_bytes is None
+    curves = c.weight_kernel_bytes_per_s_by_rows
+    expected = {"bf16", "int4"} | ({"int8"} if hasattr(torch, "_weight_int8pack_mm") else set())
+    fp8 = gpu and torch.cuda.get_device_capability() >= (8, 9)
+    assert set(curves) == expected | ({"fp8"} if fp8 else set()), (set(curves), w)
+    assert set(c.weight_kernels) == set(curves)
+    for dtype, curve in curves.items():
+        assert [m for m, _ in curve] == [1, 8] and all(rate > 0 for _, rate in curve), dtype
+        points = {p.m: p for p in c.gemm_points if p.dtype == dtype and (p.n, p.k) == (512, 3584)}
+        assert [(m, points[m].weight_bytes_per_s) for m in (1, 8)] == curve  # the raw points are kept
+    int8_bytes = 512 * 3584 + 512 * 3584 / 128 * 2  # sim/dtypes.py: 1 byte + a 2-byte scale per 128
+    assert all(p.weight_bytes_per_s == pytest.approx(int8_bytes / p.time_s) for p in c.gemm_points if p.dtype == "int8")
+    assert "cuBLAS" in c.weight_kernels["bf16"] if gpu else "cpu" in c.weight_kernels["bf16"]
+    assert (INT8_CUDA_WARNING in w) == (gpu and "int8" in curves)
+    if not fp8:
+        assert "fp8" not in curves and not any(p.dtype == "fp8" for p in c.gemm_points)
+        assert any(x.startswith("fp8 unavailable: ") for x in w), w
+    fit = fit_kv_stream(c.attention_points)
+    assert profile.environment["attention_fit"]["unsound"] == fit.unsound
+    if fit.unsound is None:  # the fit replaces the best point's rate
+        assert c.attention_latency_s == pytest.approx(fit.latency_s) and c.attention_latency_s >= 0
+        assert c.attention_hbm_bytes_per_s == pytest.approx(fit.bytes_per_s)
+    else:  # a CPU's attention can be far from a line (thread wake-ups): then the best rate, no latency
+        assert c.attention_latency_s is None
+        assert c.attention_hbm_bytes_per_s == max(p.kv_bytes_per_s for p in c.attention_points)
+        assert any(x.startswith(f"attention fit not used ({fit.unsound})") for x in w), w
 
 
 def test_cpu_tiny_calibrate_end_to_end(cpu_tiny_profile):
@@ -394,6 +433,7 @@ def test_calibrate_modules_import_torch_only_when_measuring():
     modules = ["hwprobe.info_cmd", "hwprobe.calibrate_cmd"] + [
         f"hwprobe.calibrate.{m}" for m in ("env", "backend", "timing", "fit", "copies", "gemm", "attention",
                                            "device_copy", "layer_overhead", "operands", "plan", "checks", "runner",
+                                           "weight_kernels",
                                            "summary")]
     code = f"import sys; [__import__(m) for m in {modules!r}]; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -456,11 +496,18 @@ def test_runner_gpu_path_records_nvml_state_and_checks_bounds():
     assert env["throttle_reasons_seen"] == ["sw_power_cap"]
     assert profile.versions["driver"] == "570.86.15" and profile.versions["cuda_driver"] == "12.4"
     assert profile.copy_engines == 3 and profile.device_memory_bytes == 150e9
+    assert 0 < profile.device_memory_free_bytes <= 150e9  # free_device_bytes() before anything was allocated
+    # the GPU path with CPU tensors: the CPU's kernels, named as such, and no fp8
+    assert set(profile.compute.weight_kernel_bytes_per_s_by_rows) >= {"bf16", "int4"}
+    assert "cpu" in profile.compute.weight_kernels["bf16"] and "fp8" not in profile.compute.weight_kernels
+    assert {p.context_tokens for p in profile.compute.attention_points} == {64, 256, 1024}
     assert {(c.memory, c.concurrent) for c in profile.link.curves} == {
         ("pinned", False), ("pageable", False), ("pinned", True)}
     w = profile.warnings
     assert any(x.startswith("downtrained link: PCIe gen 2 x1 under load") for x in w)
     assert any(x.startswith("throttling seen during the run: sw_power_cap") for x in w)
     assert not any(x.startswith("cpu mode") for x in w)
+    assert any(x.startswith("fp8 unavailable: no fp8 kernel on the CPU") for x in w)
+    assert not any(x.startswith("int8 weight kernel: ") for x in w)  # the reference-kernel caveat is CUDA's
     fastest = max(p.bytes_per_s for c in profile.link.curves for p in c.points)
     assert any(x.startswith("implausible: ") for x in w) == (fastest > 15.75e9 / 16)

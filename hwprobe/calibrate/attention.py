@@ -1,7 +1,8 @@
 """Decode attention time against context length, with the catalog models' GQA shapes.
 
 One decode step's attention reads every cached K and V once: q (B, H, 1, d) against K, V
-(B, Hkv, n, d). It is a memory stream, so the figure the simulator needs is K/V bytes per second.
+(B, Hkv, n, d). It is a memory stream with a fixed cost per call, so the points over batch and
+context are fitted with the simulator's model: time = latency + K/V bytes / bandwidth.
 torch's scaled_dot_product_attention picks a kernel itself; to know which one ran, backends are
 forced one at a time in this order and the first that accepts the shapes is the one measured.
 """
@@ -9,13 +10,16 @@ forced one at a time in this order and the first that accepts the shapes is the 
 from __future__ import annotations
 
 import contextlib
+import statistics
 import warnings
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from sim.model_spec import ModelSpec
 from sim.profile import AttentionPoint
 from sim.units import KV_TENSORS
 
+from .fit import fit_latency_bandwidth
 from .operands import DTYPE_BYTES, budget_bytes, random, rotation_count
 from .timing import MIN_WINDOW_S, time_window
 
@@ -101,8 +105,50 @@ def measure_sweep(backend: Any, shapes: list[Shape], batches: list[int], context
 
 def kv_stream_bytes_per_s(points: list[AttentionPoint]) -> float | None:
     """K/V streaming rate: the best rate any point reached (long contexts, where the fixed cost
-    per call no longer matters; the simulator adds that cost separately)."""
+    per call no longer matters). The fallback when the fit below is not sound."""
     return max((p.kv_bytes_per_s for p in points), default=None)
+
+
+FIT_MIN_SIZES = 3  # distinct K/V sizes: two points always lie on a line
+FIT_MIN_SPAN = 4.0  # largest / smallest K/V bytes: short contexts carry the latency, long ones the slope
+FIT_MAX_MEDIAN_RESIDUAL = 0.25  # median |t - fit| / t: a line that misses most points is not a model of them
+
+
+@dataclass(frozen=True)
+class AttentionFit:
+    """time = latency_s + K/V bytes / bytes_per_s over the decode attention points (sim/physics.py
+    attention_s is this line); `unsound` says why it should not replace the best point's rate."""
+
+    latency_s: float
+    bytes_per_s: float
+    points: int
+    median_rel_residual: float
+    unsound: str | None
+
+
+def point_kv_bytes(p: AttentionPoint) -> int:
+    return kv_bytes(p.batch, p.num_kv_heads, p.context_tokens, p.head_dim, p.dtype)
+
+
+def fit_kv_stream(points: list[AttentionPoint]) -> AttentionFit | None:
+    """Least squares of time against K/V bytes (relative residuals, latency clamped at >= 0: fit.py,
+    the copies' fit); None without points."""
+    if not points:
+        return None
+    sizes = [point_kv_bytes(p) for p in points]
+    times = [p.time_s for p in points]
+    fit = fit_latency_bandwidth(sizes, times)
+    residuals = [abs(t - (fit.per_copy_latency_s + b / fit.bytes_per_s)) / t for b, t in zip(sizes, times)]
+    median = statistics.median(residuals)
+    distinct = len(set(sizes))
+    unsound = None
+    if distinct < FIT_MIN_SIZES:
+        unsound = f"{distinct} distinct K/V sizes, fewer than {FIT_MIN_SIZES}"
+    elif max(sizes) < FIT_MIN_SPAN * min(sizes):
+        unsound = f"K/V sizes span {max(sizes) / min(sizes):.1f}x, less than {FIT_MIN_SPAN:g}x"
+    elif median > FIT_MAX_MEDIAN_RESIDUAL:
+        unsound = f"the line misses the points by {median:.0%} (median), more than {FIT_MAX_MEDIAN_RESIDUAL:.0%}"
+    return AttentionFit(fit.per_copy_latency_s, fit.bytes_per_s, len(points), median, unsound)
 
 
 def backend_summary(points: list[AttentionPoint]) -> str | None:

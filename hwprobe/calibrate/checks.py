@@ -94,10 +94,12 @@ def implausible(profile: Profile, gpu: GpuSpec | None, link: LinkPeak | None) ->
         return out
     c = profile.compute
     sheet = f"{gpu.name} datasheet"
-    for p in c.gemm_points:
-        if p.flop_per_s > gpu.bf16_flop_per_s:
-            out.append(_over(f"GEMM {p.m}x{p.n}x{p.k} {p.dtype}", p.flop_per_s, gpu.bf16_flop_per_s,
-                             f"{sheet} bf16", fmt.flops))
+    for p in c.gemm_points:  # fp8 GEMMs run on the fp8 tensor cores, everything else at most at the bf16 rate
+        limit, limit_name = ((gpu.fp8_flop_per_s, "fp8") if p.dtype == "fp8" and gpu.fp8_flop_per_s
+                             else (gpu.bf16_flop_per_s, "bf16"))
+        if p.flop_per_s > limit:
+            out.append(_over(f"GEMM {p.m}x{p.n}x{p.k} {p.dtype}", p.flop_per_s, limit, f"{sheet} {limit_name}",
+                             fmt.flops))
     peak = c.peak_flop_per_s.get("bf16")
     if peak and peak > gpu.bf16_flop_per_s:
         out.append(_over("peak bf16 GEMM", peak, gpu.bf16_flop_per_s, f"{sheet} bf16", fmt.flops))
@@ -106,6 +108,8 @@ def implausible(profile: Profile, gpu: GpuSpec | None, link: LinkPeak | None) ->
              ("weight streaming (bf16)", c.weight_hbm_bytes_per_s.get("bf16")),
              ("weight streaming (int4, simulator bytes)", c.weight_hbm_bytes_per_s.get("int4")),
              ("attention K/V streaming", c.attention_hbm_bytes_per_s)]
+    rates += [(f"weight kernel {dtype} (simulator bytes)", max(rate for _, rate in curve))
+              for dtype, curve in c.weight_kernel_bytes_per_s_by_rows.items() if curve]
     out += [_over(label, r, hbm, f"{sheet} memory bandwidth") for label, r in rates if r and r > hbm]
     return out
 

@@ -19,6 +19,12 @@ def rate(bytes_per_s: float) -> str:
     return f"{bytes_per_s / GB:.1f} GB/s"
 
 
+def rates_by_rows(curve: list[tuple[int, float]]) -> str:
+    """"M=1 3205, M=8 3101, ..., M=256 0.123" in GB/s: whole numbers from 100, else three digits."""
+    return ", ".join(f"M={m} {r:.0f}" if (r := bytes_per_s / GB) >= 100 else f"M={m} {r:.3g}"
+                     for m, bytes_per_s in curve)
+
+
 def flops(flop_per_s: float) -> str:
     """TFLOP/s for GPUs; GFLOP/s when below one TFLOP/s (CPUs), so small figures do not read 0.00."""
     if flop_per_s < TFLOP:

@@ -42,6 +42,14 @@ def _point(m: int, n: int, k: int, dtype: str, timing: WindowTiming) -> GemmPoin
                      best_flop_per_s=flop / timing.best_s)
 
 
+def sim_bytes_point(m: int, n: int, k: int, dtype: str, weight_bytes: float, timing: WindowTiming) -> GemmPoint:
+    """A point of a quantised weight kernel (activations in bf16): its weight rate counted in the
+    simulator's bytes for `dtype` (`weight_bytes`, sim/dtypes.py), so the simulator's predicted time for
+    the shape is the measured one."""
+    p = _point(m, n, k, "bf16", timing)
+    return p.model_copy(update={"dtype": dtype, "weight_bytes_per_s": weight_bytes / timing.median_s})
+
+
 def measure_decode(backend: Any, shapes: list[tuple[int, int]], rows: list[int], *, samples: int,
                    dtype: str = "bf16", min_window_s: float = MIN_WINDOW_S,
                    on_point: Callable[[str], None] = lambda label: None) -> tuple[list[GemmPoint], list[str]]:
@@ -71,19 +79,22 @@ INT4_MAX_ROWS = 8  # weight-only int4 serves small batches; larger M is compute-
 
 
 def measure_decode_int4(backend: Any, shapes: list[tuple[int, int]], rows: list[int], *, samples: int,
-                        group: int = 128, min_window_s: float = MIN_WINDOW_S,
+                        group: int = 128, min_window_s: float = MIN_WINDOW_S, max_rows: int | None = INT4_MAX_ROWS,
                         on_point: Callable[[str], None] = lambda label: None) -> tuple[list[GemmPoint], list[str]]:
     """The synthetic model's int4 projections (hwprobe/model/qlinear.py: torch's tinygemm kernels)
-    at M <= INT4_MAX_ROWS. Weight bytes are counted as the simulator counts int4 (4 bits + one
-    2-byte scale per group, sim/dtypes.py), so its predicted time for the shape is the measured one."""
+    at M <= max_rows (None: every row; the weight-kernel sweep goes past INT4_MAX_ROWS on one shape).
+    Weight bytes are counted as the simulator counts int4 (4 bits + one 2-byte scale per group,
+    sim/dtypes.py), so its predicted time for the shape is the measured one."""
     from sim.dtypes import WEIGHT_DTYPES
 
     from ..model.qlinear import Linear, int4_supported
 
     torch = backend.torch
     points, skipped = [], []
+    small = [m for m in rows if max_rows is None or m <= max_rows]
     for n, k in shapes:
-        small = [m for m in rows if m <= INT4_MAX_ROWS]
+        if not small:
+            continue
         why = int4_supported(n, k, group)
         sim_bytes = WEIGHT_DTYPES["int4"].bytes_for(n * k, group)
         bf16_bytes = n * k * DTYPE_BYTES["bf16"]  # the float weight exists while it is quantised
@@ -105,8 +116,7 @@ def measure_decode_int4(backend: Any, shapes: list[tuple[int, int]], rows: list[
             x = random(backend, (m, k), "bf16")
             timing = time_window(backend.window(lambda i: weights[i % copies](x), events=True),
                                  samples=samples, min_window_s=min_window_s)
-            p = _point(m, n, k, "bf16", timing)
-            points.append(p.model_copy(update={"dtype": "int4", "weight_bytes_per_s": sim_bytes / timing.median_s}))
+            points.append(sim_bytes_point(m, n, k, "int4", sim_bytes, timing))
         weights = None  # free this shape's operands before the next is made
     return points, skipped
 

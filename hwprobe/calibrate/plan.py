@@ -1,4 +1,4 @@
-"""What a calibration run sweeps: copy sizes, GEMM shapes and rows, attention contexts, samples.
+"""What a calibration run sweeps: copy sizes, GEMM shapes and rows, weight kernels, attention contexts, samples.
 
 Four sizes of plan: `full` (every catalog shape; under fifteen minutes on an H200), `quick`
 (shorter sweeps, fewer samples; about two minutes on an H200), the CPU variants of both (small
@@ -49,7 +49,15 @@ class Plan:
     attention_shapes: tuple[Shape, ...]
     attention_batches: tuple[int, ...]
     attention_contexts: tuple[int, ...]
+    # Every weight dtype's decode kernel on one layer-shaped (N, K) across rows (weight_kernels.py). The
+    # shape and rows are among the GEMM sweep's, whose bf16 points are the bf16 kernel's.
+    weight_kernel_shape: tuple[int, int]
+    weight_kernel_rows: tuple[int, ...]
     loop_retier_interval: int = 256  # tiny decode-loop runs of step_overhead.py: warm-up steps, timed-step room
+
+    def __post_init__(self) -> None:
+        if self.weight_kernel_shape not in self.gemm_shapes or not set(self.weight_kernel_rows) <= set(self.gemm_rows):
+            raise ValueError(f"plan {self.name}: the weight-kernel shape and rows must be among the GEMM sweep's")
 
     @property
     def drift_copy_bytes(self) -> int:
@@ -70,10 +78,12 @@ class Plan:
 
     def total_steps(self, device: str) -> int:
         """Progress steps: one per measured point, plus the fixed ones (device copy, launch,
-        layer overhead, step overheads, host packing, two under-load samples, two drift re-checks)."""
+        layer overhead, step overheads, host packing, two under-load samples, two drift re-checks).
+        The weight-kernel sweep adds int4 past its usual rows, and int8 and fp8 at every row."""
         fixed = 9
         return (self.copy_curves(device) * len(self.copy_sizes_bytes) + len(self.concurrent_sizes_bytes)
                 + len(self.gemm_shapes) * (len(self.gemm_rows) + len(self.int4_rows)) + len(self.peak_sizes)
+                + len(self.int4_kernel_rows) + len(QUANTISED_KERNELS) * len(self.weight_kernel_rows)
                 + len(self.attention_shapes) * len(self.attention_batches) * len(self.attention_contexts)
                 + fixed)
 
@@ -83,6 +93,11 @@ class Plan:
         from .gemm import INT4_MAX_ROWS
 
         return tuple(m for m in self.gemm_rows if m <= INT4_MAX_ROWS)
+
+    @property
+    def int4_kernel_rows(self) -> tuple[int, ...]:
+        """Rows of the int4 weight kernel beyond `int4_rows` (the sweep's own rows cover the rest)."""
+        return tuple(m for m in self.weight_kernel_rows if m not in self.int4_rows)
 
     def summary(self) -> dict:
         return {
@@ -94,10 +109,13 @@ class Plan:
             "attention_shapes": [list(s) for s in self.attention_shapes],
             "attention_batches": list(self.attention_batches),
             "attention_contexts": list(self.attention_contexts),
+            "weight_kernel_shape_nk": list(self.weight_kernel_shape),
+            "weight_kernel_rows": list(self.weight_kernel_rows),
         }
 
 
 DECODE_ROWS = powers_of_two(1, 256)  # M = 1, 2, 4, ..., 256: batch sizes of decode
+QUANTISED_KERNELS = ("int8", "fp8")  # timed by weight_kernels.measure; bf16 and int4 come from the GEMM sweeps
 
 
 def make_plan(device: str, quick: bool = False, tiny: bool = False) -> Plan:
@@ -105,13 +123,14 @@ def make_plan(device: str, quick: bool = False, tiny: bool = False) -> Plan:
     m7 = catalog.model(QUICK_MODEL)
     h, inter = m7.hidden_size, m7.intermediate_size
     m7_attention = (m7.num_heads, m7.num_kv_heads, m7.head_dim)
+    up = (inter, h)  # the 7B's gate/up projection: one of the two largest matrices of its layer
     if tiny:
         return Plan(
             name="tiny", samples=3, min_window_s=TINY_MIN_WINDOW_S,
             copy_sizes_bytes=powers_of_two(4 * KiB, 256 * KiB, 4), concurrent_sizes_bytes=(64 * KiB, 256 * KiB),
             device_copy_bytes=1 * MiB, gemm_shapes=((m7.kv_dim, h),), gemm_rows=(1, 8), peak_sizes=(256,),
-            attention_shapes=(m7_attention,), attention_batches=(1,), attention_contexts=(256, 1024),
-            loop_retier_interval=24)
+            attention_shapes=(m7_attention,), attention_batches=(1,), attention_contexts=(64, 256, 1024),
+            weight_kernel_shape=(m7.kv_dim, h), weight_kernel_rows=(1, 8), loop_retier_interval=24)
     if device == "cuda" and quick:
         return Plan(
             name="quick", samples=3, min_window_s=MIN_WINDOW_S,
@@ -119,27 +138,30 @@ def make_plan(device: str, quick: bool = False, tiny: bool = False) -> Plan:
             concurrent_sizes_bytes=powers_of_two(64 * KiB, 256 * MiB, 16),
             device_copy_bytes=256 * MiB, gemm_shapes=((m7.q_dim, h), (inter, h), (h, inter)),
             gemm_rows=DECODE_ROWS, peak_sizes=(8192,), attention_shapes=(m7_attention,),
-            attention_batches=(1, 8), attention_contexts=powers_of_two(1024, 65536, 4))
+            attention_batches=(1, 8), attention_contexts=powers_of_two(1024, 65536, 4),
+            weight_kernel_shape=up, weight_kernel_rows=DECODE_ROWS)
     if device == "cuda":
         return Plan(
             name="full", samples=5, min_window_s=MIN_WINDOW_S,
             copy_sizes_bytes=powers_of_two(4 * KiB, 1 * GiB), concurrent_sizes_bytes=powers_of_two(4 * KiB, 1 * GiB, 4),
             device_copy_bytes=1 * GiB, gemm_shapes=tuple(decode_shapes(models)), gemm_rows=DECODE_ROWS,
             peak_sizes=(4096, 8192, 16384), attention_shapes=tuple(attention_shapes(models)),
-            attention_batches=(1, 8), attention_contexts=powers_of_two(512, 65536))
+            attention_batches=(1, 8), attention_contexts=powers_of_two(512, 65536),
+            weight_kernel_shape=up, weight_kernel_rows=DECODE_ROWS)
     if quick:
         return Plan(
             name="cpu-quick", samples=3, min_window_s=MIN_WINDOW_S,
             copy_sizes_bytes=powers_of_two(4 * KiB, 64 * MiB, 4), concurrent_sizes_bytes=(64 * KiB, 1 * MiB, 16 * MiB),
             device_copy_bytes=64 * MiB, gemm_shapes=((m7.kv_dim, h),), gemm_rows=DECODE_ROWS,
             peak_sizes=(256, 512, 1024), attention_shapes=(m7_attention,), attention_batches=(1,),
-            attention_contexts=(256, 1024, 4096))
+            attention_contexts=(256, 1024, 4096), weight_kernel_shape=(m7.kv_dim, h), weight_kernel_rows=(1, 4, 16, 64))
     return Plan(
         name="cpu-full", samples=5, min_window_s=MIN_WINDOW_S,
         copy_sizes_bytes=powers_of_two(4 * KiB, 256 * MiB), concurrent_sizes_bytes=powers_of_two(4 * KiB, 256 * MiB, 4),
         device_copy_bytes=256 * MiB, gemm_shapes=tuple(decode_shapes([m7])), gemm_rows=DECODE_ROWS,
         peak_sizes=(512, 1024, 2048), attention_shapes=tuple(attention_shapes([m7])), attention_batches=(1, 4),
-        attention_contexts=powers_of_two(256, 8192))
+        attention_contexts=powers_of_two(256, 8192), weight_kernel_shape=(m7.q_dim, h),
+        weight_kernel_rows=powers_of_two(1, 128))
 
 
 def max_copy_bytes(free_device_bytes: int, free_host_bytes: int, device: str) -> int:

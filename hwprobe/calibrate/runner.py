@@ -1,9 +1,11 @@
 """One calibration run: measure in a fixed order, re-check for drift, assemble the Profile.
 
-Order: host<->device copies (one direction, then both at once) while the copy buffers exist,
-then device memory, kernel launch, one decode layer's fixed cost, GEMMs, attention, and finally
-the drift re-check, so the re-check sees the machine after everything else has warmed it. NVML is
-sampled while copies and GEMMs are in flight, because PCIe links downtrain and clocks drop when idle.
+Order: device memory in use before anything is allocated, host<->device copies (one direction,
+then both at once) while the copy buffers exist, then device memory bandwidth, kernel launch, one
+decode layer's fixed cost, GEMMs, each weight dtype's decode kernel across rows, attention, and
+finally the drift re-check, so the re-check sees the machine after everything else has warmed it.
+NVML is sampled while copies and GEMMs are in flight, because PCIe links downtrain and clocks drop
+when idle.
 """
 
 from __future__ import annotations
@@ -11,16 +13,17 @@ from __future__ import annotations
 import contextlib
 import math
 import platform
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
 from typing import Any, Callable
 
 from sim.profile import ComputeProfile, CopyCurve, LinkProfile, Profile, StepOverhead
 
-from . import attention, checks, copies, device_copy, fmt, gemm, host_pack, layer_overhead, step_overhead
+from . import (attention, checks, copies, device_copy, fmt, gemm, host_pack, layer_overhead, step_overhead,
+               weight_kernels)
 from .env import GpuMonitor, NvmlUnavailable, driver_versions, host_info, nvml_session, throttle_reason_names, torch_info
-from .plan import LOAD_WINDOW_S, Plan, max_copy_bytes
+from .plan import LOAD_WINDOW_S, QUANTISED_KERNELS, Plan, max_copy_bytes
 
 OnStep = Callable[[str], None]
 
@@ -45,12 +48,15 @@ class Measurements:
     host_pack: dict = field(default_factory=dict)
     gemm_points: list = field(default_factory=list)
     int4_points: list = field(default_factory=list)
+    kernel_points: list = field(default_factory=list)  # the weight-kernel sweep beyond the GEMM sweeps' points
     peak_points: list = field(default_factory=list)
     attention_points: list = field(default_factory=list)
     under_load: dict = field(default_factory=dict)
     drift: dict = field(default_factory=dict)
+    attention_fit: attention.AttentionFit | None = None
     skipped: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # drift
+    notes: list[str] = field(default_factory=list)  # kernels not timed, or timed with a caveat; fits not used
 
 
 def _open_monitor(stack: contextlib.ExitStack, backend: Any, nvml: Any) -> tuple[GpuMonitor | None, str | None]:
@@ -111,6 +117,7 @@ def _measure_compute(backend: Any, plan: Plan, monitor: GpuMonitor | None, out: 
     out.int4_points, skipped = gemm.measure_decode_int4(backend, list(plan.gemm_shapes), list(plan.gemm_rows),
                                                         on_point=on_step, **kw)
     out.skipped += skipped
+    _measure_weight_kernels(backend, plan, out, on_step)
     out.peak_points, skipped = gemm.measure_peak(backend, list(plan.peak_sizes), on_point=on_step, **kw)
     out.skipped += skipped
     on_step("clocks under GEMM load")
@@ -123,6 +130,25 @@ def _measure_compute(backend: Any, plan: Plan, monitor: GpuMonitor | None, out: 
         backend, list(plan.attention_shapes), list(plan.attention_batches), list(plan.attention_contexts),
         on_point=on_step, **kw)
     out.skipped += skipped
+    out.attention_fit = attention.fit_kv_stream(out.attention_points)
+    if out.attention_fit is not None and out.attention_fit.unsound:
+        out.notes.append(f"attention fit not used ({out.attention_fit.unsound}): K/V streaming is the best point's "
+                         "rate and no attention latency is recorded")
+
+
+def _measure_weight_kernels(backend: Any, plan: Plan, out: Measurements, on_step: OnStep) -> None:
+    """Every weight dtype's decode kernel on the plan's layer-shaped matrix across rows. bf16 and int4
+    at the GEMM sweeps' rows are already measured; this adds int4 at more rows, then int8 and fp8."""
+    kw = dict(samples=plan.samples, min_window_s=plan.min_window_s, on_point=on_step)
+    shape = plan.weight_kernel_shape
+    points, skipped = gemm.measure_decode_int4(backend, [shape], list(plan.int4_kernel_rows), max_rows=None, **kw)
+    out.kernel_points += points
+    out.skipped += skipped
+    for dtype in QUANTISED_KERNELS:
+        points, skipped, notes = weight_kernels.measure(backend, dtype, shape, list(plan.weight_kernel_rows), **kw)
+        out.kernel_points += points
+        out.skipped += skipped
+        out.notes += notes
 
 
 def _retime_gemm(backend: Any, plan: Plan, point: Any) -> Any:
@@ -182,8 +208,20 @@ def _with_cpu_labels(curves: list[CopyCurve]) -> list[CopyCurve]:
     return [c for curve in curves for c in (curve.model_copy(update={"memory": "pinned"}), curve)]
 
 
-def _assemble(backend: Any, quick: bool, out: Measurements, env: dict, monitor: GpuMonitor | None,
-              bounds: tuple[Any, Any], created_utc: str) -> Profile:
+def _device_memory(backend: Any, host: dict) -> tuple[int | None, int | None]:
+    """(total, free) device memory, taken before calibration allocates anything. On a GPU: the total
+    it reports and what is free to this process (the driver's free memory plus torch's unused cache).
+    On the CPU the "device" is host memory: its total, and free left None by design - the simulator
+    reads total - free as memory other tenants hold on the device for a whole run (its runtime
+    reserve), and on the CPU that would be every other process's host memory of the moment, neither
+    a device tenant nor steady. The host's available memory stays in environment.host."""
+    if backend.device == "cuda":
+        return int(backend.props.total_memory), int(backend.free_device_bytes())
+    return host.get("memory_total_bytes"), None
+
+
+def _assemble(backend: Any, plan: Plan, quick: bool, out: Measurements, env: dict, monitor: GpuMonitor | None,
+              bounds: tuple[Any, Any], created_utc: str, memory: tuple[int | None, int | None]) -> Profile:
     cpu = backend.device == "cpu"
     curves = _with_cpu_labels(out.curves) if cpu else out.curves
     concurrent = _with_cpu_labels(out.concurrent) if cpu else out.concurrent
@@ -196,11 +234,18 @@ def _assemble(backend: Any, quick: bool, out: Measurements, env: dict, monitor: 
     )
     all_gemms = out.gemm_points + out.peak_points
     launch_s = out.launch.get("kernel_launch_s")
+    kernel_curves = weight_kernels.curves(out.gemm_points + out.int4_points + out.kernel_points,
+                                          plan.weight_kernel_shape, list(plan.weight_kernel_rows))
+    kernel_names = weight_kernels.kernel_names(backend)
+    fit = out.attention_fit if out.attention_fit is not None and out.attention_fit.unsound is None else None
     compute = ComputeProfile(
         device_copy_bytes_per_s=out.device_copy.get("read_plus_written_bytes_per_s"),
         weight_hbm_bytes_per_s={dtype: w for dtype, points in (("bf16", out.gemm_points), ("int4", out.int4_points))
                                 if (w := gemm.weight_stream_bytes_per_s(points))},
-        attention_hbm_bytes_per_s=attention.kv_stream_bytes_per_s(out.attention_points),
+        weight_kernel_bytes_per_s_by_rows=kernel_curves,
+        weight_kernels={dtype: kernel_names[dtype] for dtype in kernel_curves},
+        attention_hbm_bytes_per_s=fit.bytes_per_s if fit else attention.kv_stream_bytes_per_s(out.attention_points),
+        attention_latency_s=fit.latency_s if fit else None,
         peak_flop_per_s={"bf16": max(p.flop_per_s for p in all_gemms)} if all_gemms else {},
         gemm_flop_per_s_by_rows=gemm.flop_per_s_by_rows(out.gemm_points),
         layer_overhead_s=out.layer.get("layer_overhead_s"),
@@ -208,15 +253,16 @@ def _assemble(backend: Any, quick: bool, out: Measurements, env: dict, monitor: 
         step_overheads={mode: StepOverhead(layer_s=v["layer_s"], step_s=v["step_s"])
                         for mode, v in out.loop.get("by_prefetch", {}).items()},
         attention_backend=attention.backend_summary(out.attention_points),
-        gemm_points=all_gemms + out.int4_points,
+        gemm_points=all_gemms + out.int4_points + out.kernel_points,
         attention_points=out.attention_points,
     )
     host = env["host"]
-    device_memory = backend.props.total_memory if not cpu else host.get("memory_total_bytes")
+    device_memory, device_free = memory
     profile = Profile(
         device=backend.device, device_name=backend.name, machine=host.get("hostname", "unknown"),
         created_utc=created_utc, versions=_versions(monitor, backend.torch), environment=env,
-        device_memory_bytes=device_memory or None, host_memory_bytes=host.get("memory_total_bytes"),
+        device_memory_bytes=device_memory or None, device_memory_free_bytes=device_free,
+        host_memory_bytes=host.get("memory_total_bytes"),
         copy_engines=backend.copy_engines(), link=link, compute=compute, quick=quick,
     )
     return profile.model_copy(update={"warnings": _warnings(backend, profile, monitor, out, env, bounds)})
@@ -240,6 +286,7 @@ def _warnings(backend: Any, profile: Profile, monitor: GpuMonitor | None, out: M
     found += checks.downtrained(monitor.static if monitor else {}, out.under_load.get("h2d_copy"))
     found += checks.throttling(monitor.throttle_bits_seen if monitor else None)
     found += out.warnings  # drift
+    found += out.notes
     found += checks.high_variance(profile)
     found += [f"skipped: {s}" for s in out.skipped]
     return found
@@ -254,6 +301,7 @@ def calibrate(backend: Any, plan: Plan, *, quick: bool, nvml: Any = None, on_ste
         env["nvml"] = {"available": monitor is not None} | ({"reason": nvml_reason} if nvml_reason else {})
         if monitor is not None:
             env["gpu"] = monitor.static
+        memory = _device_memory(backend, env["host"])  # before anything below allocates
         plan = plan.capped(max_copy_bytes(backend.free_device_bytes(), backend.free_host_bytes(), backend.device))
         env["plan"] = plan.summary()
         out = Measurements()
@@ -270,13 +318,19 @@ def calibrate(backend: Any, plan: Plan, *, quick: bool, nvml: Any = None, on_ste
         env["step_overhead"] = out.loop
         env["host_pack"] = out.host_pack
         env["drift"] = out.drift
+        env["attention_fit"] = asdict(out.attention_fit) if out.attention_fit else None
+        env["weight_kernels"] = {"shape_nk": list(plan.weight_kernel_shape), "rows": list(plan.weight_kernel_rows),
+                                 "group_size": weight_kernels.WEIGHT_GROUP, "kernels": weight_kernels.kernel_names(backend)}
         env["conventions"] = {
             "copy_point_bytes_per_s": "copy size / median time of one copy",
             "device_copy_bytes_per_s": "bytes read + bytes written per second",
             "gemm": "y = x @ W^T, x (M, K), W (N, K), random bf16, weights rotated past 2x the last-level cache",
             "attention": "decode SDPA: q (B, H, 1, d) against K, V (B, Hkv, n, d), bf16, enable_gqa",
+            "attention_fit": "time = latency + K/V bytes / bandwidth, least squares on relative residuals, latency >= 0",
+            "weight_kernel_bytes_per_s": "weight bytes as the simulator counts them (sim/dtypes.py, groups of "
+                                         "group_size) / median kernel time; activations bf16 (fp8: e4m3, not timed)",
         }
         gpu, peak = bounds = _bounds(backend, monitor)
         env["catalog_gpu"] = gpu.name if gpu else None
         env["link_peak"] = {"name": peak.name, "theoretical_bytes_per_s": peak.bytes_per_s} if peak else None
-        return _assemble(backend, quick, out, env, monitor, bounds, created_utc)
+        return _assemble(backend, plan, quick, out, env, monitor, bounds, created_utc, memory)

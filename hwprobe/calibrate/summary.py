@@ -10,6 +10,10 @@ from . import fmt
 
 def summary_rows(profile: Profile) -> list[tuple[str, str]]:
     rows = [("device", f"{profile.device}: {profile.device_name}")]
+    if profile.device_memory_bytes:
+        free = (f"{fmt.size(profile.device_memory_free_bytes)} free at the start"
+                if profile.device_memory_free_bytes is not None else "free not recorded (host memory)")
+        rows.append(("device memory", f"{fmt.size(profile.device_memory_bytes)}, {free}"))
     if profile.link is not None:
         for c in profile.link.curves:
             if not c.concurrent:
@@ -31,8 +35,12 @@ def summary_rows(profile: Profile) -> list[tuple[str, str]]:
         rows.append(("peak GEMM bf16", fmt.flops(c.peak_flop_per_s["bf16"])))
     for m, flop_per_s in c.gemm_flop_per_s_by_rows:
         rows.append((f"GEMM bf16 at M={m}", fmt.flops(flop_per_s)))
+    for dtype, curve in c.weight_kernel_bytes_per_s_by_rows.items():
+        rows.append((f"weight kernel {dtype}, GB/s by M", f"{fmt.rates_by_rows(curve)} ({c.weight_kernels.get(dtype)})"))
     if c.attention_hbm_bytes_per_s:
-        rows.append(("attention K/V streaming", f"{fmt.rate(c.attention_hbm_bytes_per_s)} ({c.attention_backend})"))
+        latency = f" + {c.attention_latency_s / US:.1f} us per call" if c.attention_latency_s is not None else ""
+        rows.append(("attention K/V streaming",
+                     f"{fmt.rate(c.attention_hbm_bytes_per_s)}{latency} ({c.attention_backend})"))
     if c.kernel_launch_s:
         rows.append(("kernel launch", f"{c.kernel_launch_s / US:.2f} us"))
     if c.layer_overhead_s is not None:
