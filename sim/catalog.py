@@ -33,6 +33,7 @@ class GpuSpec(_Frozen):
     int8_op_per_s: float | None = None
     link: str
     host: str = "epyc-9654"  # the host CPU of this part's typical system
+    interconnect: str = "nvlink4"  # GPU-to-GPU fabric for tensor parallelism
     copy_engines: int = 2
     host_memory_bytes: float | None = None
 
@@ -68,6 +69,13 @@ class HostSpec(_Frozen):
 class HostDefaults(_Frozen):
     host_attention_flop_efficiency: float
     host_attention_dispatch_s: float
+
+
+class InterconnectSpec(_Frozen):
+    name: str
+    source: str
+    bus_bytes_per_s: float  # NCCL all_reduce busbw, ring, large messages
+    per_hop_latency_s: float
 
 
 class LinkSpec(_Frozen):
@@ -213,6 +221,18 @@ def host(name: str) -> HostSpec:
         if _key(name) in {_key(spec.name), *map(_key, spec.aliases)}:
             return spec
     raise ConfigError(f"unknown host CPU {name!r}; expected one of: {', '.join(hosts())}")
+
+
+@lru_cache(maxsize=None)
+def interconnects() -> dict[str, InterconnectSpec]:
+    return {e["name"]: InterconnectSpec(**e) for e in _read_catalog("interconnects.yaml")["interconnects"]}
+
+
+def interconnect(name: str) -> InterconnectSpec:
+    spec = interconnects().get(_key(name))
+    if spec is None:
+        raise ConfigError(f"unknown interconnect {name!r}; expected one of: {', '.join(interconnects())}")
+    return spec
 
 
 def link(name: str) -> LinkSpec:

@@ -17,6 +17,7 @@ from .units import KV_TENSORS
 
 
 def resolve_model(scenario: Scenario) -> ModelSpec:
+    """The whole model (catalog or Hugging Face config)."""
     m = scenario.model
     return catalog.model(m.name) if m.name else catalog.model_from_hf_config(m.hf_config)
 
@@ -64,12 +65,15 @@ class RunContext:
 
 
 def build_context(scenario: Scenario, profile: Profile | None = None, profile_path: str | None = None) -> RunContext:
-    model = resolve_model(scenario)
+    """Everything is per GPU: with tensor parallelism `model` is one GPU's shard, so weights, KV
+    bytes per token, FLOP and memory are one GPU's, and the batch is the whole group's."""
+    model = resolve_model(scenario).shard(scenario.parallel.tp)
     m, p = scenario.model, scenario.policy
     policy = TierPolicy.from_config(p)
     stages = policy.tiering and policy.hbm_ratio < 1.0 - policy.evict_ratio  # some tokens sit in T1/T2
     hw = resolve_hardware(scenario.hardware, m.weight_dtype, p.pinned, profile,
-                          staging=p.prefetch if stages else "none", with_host=p.access != "prefetch")
+                          staging=p.prefetch if stages else "none", with_host=p.access != "prefetch",
+                          tp=scenario.parallel.tp)
     comp = COMPRESSED_DTYPES[p.compressed_dtype]
     t2_layer = KV_TENSORS * model.num_kv_heads * comp.bytes_for(model.head_dim, min(p.compressed_group_size, model.head_dim))
     return RunContext(

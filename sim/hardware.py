@@ -138,6 +138,17 @@ class Hardware:
     # measured (rows, weight bytes / kernel time) of this weight dtype's kernel: replaces the model
     weight_kernel_bytes_per_s_by_rows: list[tuple[float, float]] | None = None
     host_cpu: HostCpu | None = None  # attends T1/T2 on the host (policy.access host_attention / split)
+    tp: int = 1  # GPUs in the tensor-parallel group
+    interconnect_bytes_per_s: float = float("inf")  # NCCL all-reduce busbw between them
+    interconnect_hop_s: float = 0.0
+
+    def allreduce_s(self, nbytes: float) -> float:
+        """Ring all-reduce of `nbytes` over the TP group: 2(N-1)/N x bytes / busbw + 2(N-1) x per-hop
+        latency (DESIGN.md); 0 on one GPU."""
+        n = self.tp
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        return 2 * (n - 1) / n * nbytes / self.interconnect_bytes_per_s + 2 * (n - 1) * self.interconnect_hop_s
 
     def measured_weight_kernel_s(self, weight_bytes: float, rows: int) -> float | None:
         """Weight bytes / the measured kernel rate at `rows`, or None where not profiled."""
@@ -155,7 +166,7 @@ class Hardware:
 
 
 def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile | None = None,
-                     staging: str = "none", with_host: bool = False) -> Hardware:
+                     staging: str = "none", with_host: bool = False, tp: int = 1) -> Hardware:
     """Datasheet figures x default efficiencies, scenario overrides, then profile measurements.
     `staging`: how T1/T2 reach attention ("none", or the prefetch mode), which picks the measured
     fixed costs of the decode loop. `with_host`: also the host CPU that attends T1/T2 (an access
@@ -169,6 +180,10 @@ def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile |
     h2d = _link_model(link_spec, "h2d", pinned, profile)
     d2h = _link_model(link_spec, "d2h", pinned, profile)
     hw = _assemble(gpu, link_spec, figs, h2d, d2h)
+    if tp > 1:
+        fabric = catalog.interconnect(gpu.interconnect)
+        hw = replace(hw, tp=tp, interconnect_bytes_per_s=fabric.bus_bytes_per_s, interconnect_hop_s=fabric.per_hop_latency_s,
+                     sources={**hw.sources, "interconnect": f"catalog {fabric.name}: {fabric.source}"})
     if not with_host:
         return hw
     cpu, host_sources = resolve_host(hw_cfg.host or gpu.host)

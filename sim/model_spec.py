@@ -55,6 +55,32 @@ class ModelSpec:
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    # ---- tensor parallelism -------------------------------------------------------------
+    def tp_problem(self, tp: int) -> str | None:
+        """Why this model cannot be sharded over `tp` GPUs (vLLM's rules), or None."""
+        if self.num_heads % tp:
+            return f"{self.num_heads} attention heads are not divisible by tp {tp}"
+        if self.num_kv_heads % tp and tp % self.num_kv_heads:
+            return f"tp {tp} must divide the {self.num_kv_heads} KV heads or be a multiple of them"
+        for name, size in (("intermediate_size", self.intermediate_size), ("moe_intermediate_size", self.moe_intermediate_size),
+                           ("shared_expert_intermediate_size", self.shared_expert_intermediate_size)):
+            if size % tp:
+                return f"{name} {size} is not divisible by tp {tp}"
+        return None
+
+    def shard(self, tp: int) -> "ModelSpec":
+        """What one GPU of a `tp`-way tensor-parallel group holds: H/tp query heads, max(1, Hkv/tp)
+        KV heads (replicated where tp > Hkv), I/tp of each MLP, V/tp of the embedding and LM head
+        (vocab-parallel); hidden size, layers and norms unchanged. tp = 1 is the model itself."""
+        if tp == 1:
+            return self
+        from dataclasses import replace
+
+        return replace(self, num_heads=self.num_heads // tp, num_kv_heads=max(1, self.num_kv_heads // tp),
+                       intermediate_size=self.intermediate_size // tp, moe_intermediate_size=self.moe_intermediate_size // tp,
+                       shared_expert_intermediate_size=self.shared_expert_intermediate_size // tp,
+                       vocab_size=-(-self.vocab_size // tp), explicit_head_dim=self.head_dim)
+
     # ---- KV -----------------------------------------------------------------------------
     def kv_bytes_per_token_layer(self, kv_dtype: str = "bf16") -> float:
         """K and V of one token in one layer: 2 * Hkv * d * bytes (+ one scale per head for int8)."""

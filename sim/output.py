@@ -61,10 +61,15 @@ def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.1f} %"
 
 
+def _where(s: SimRunSummary) -> str:
+    tp = s.resolved_scenario.get("parallel", {}).get("tp", 1)
+    return f"{tp} x {s.gpu} (tensor parallel; memory figures per GPU)" if tp > 1 else s.gpu
+
+
 def summary_rows(s: SimRunSummary) -> list[tuple[str, str]]:
     """(label, value) rows in reading order."""
     rows = [
-        ("scenario", f"{s.scenario}: {s.model} on {s.gpu}, batch {s.batch_size}, "
+        ("scenario", f"{s.scenario}: {s.model} on {_where(s)}, batch {s.batch_size}, "
                      f"{s.policy} ({s.semantics}, {s.prefetch})"),
     ]
     if s.fits:

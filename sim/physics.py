@@ -13,6 +13,10 @@ from .model_spec import ModelSpec
 from .units import ATTN_MATMULS, FLOP_PER_MAC
 
 
+ALLREDUCES_PER_LAYER = 2  # tensor parallelism: after the attention output and after the MLP down projection
+ACTIVATION_BYTES = 2  # bf16 activations all-reduced
+
+
 def roofline_s(flop: float, bytes_moved: float, flop_per_s: float, bytes_per_s: float) -> float:
     """time = max(FLOP / achieved FLOP/s, bytes / achieved bytes/s)."""
     return max(flop / flop_per_s, bytes_moved / bytes_per_s)
@@ -31,10 +35,11 @@ class LayerCost:
     overhead_s: float
     qkv_share: float = 0.0  # share of gemm_s spent in the q/k/v projection (before attention)
     host_s: float = 0.0
+    allreduce_s: float = 0.0  # tensor parallelism: the layer's two all-reduces (after attention and MLP)
 
     @property
     def device_s(self) -> float:
-        return self.gemm_s + self.attention_s + self.overhead_s
+        return self.gemm_s + self.attention_s + self.overhead_s + self.allreduce_s
 
     @property
     def total_s(self) -> float:
@@ -114,7 +119,8 @@ def decode_layer_cost(
     kv_bytes = (attended_tokens + batch) * kv_bytes_per_token_layer + dequant_bytes
     attn_s = attention_s(a_flop, kv_bytes, hw)
     qkv = model.hidden_size * (model.q_dim + 2 * model.kv_dim)
-    return LayerCost(gemm_s, attn_s, hw.layer_overhead_s, qkv_share=qkv / model.active_linear_params_layer(), host_s=hw.host_layer_s)
+    allreduce_s = ALLREDUCES_PER_LAYER * hw.allreduce_s(batch * model.hidden_size * ACTIVATION_BYTES)
+    return LayerCost(gemm_s, attn_s, hw.layer_overhead_s, allreduce_s=allreduce_s, qkv_share=qkv / model.active_linear_params_layer(), host_s=hw.host_layer_s)
 
 
 def lm_head_s(model: ModelSpec, hw: Hardware, batch: int) -> float:
@@ -138,6 +144,7 @@ def prefill_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int
     causal_flop = batch * ATTN_MATMULS * FLOP_PER_MAC * model.num_heads * model.head_dim * prompt_tokens * (prompt_tokens + 1) / 2
     per_layer = (
         weight_kernel_s(model, hw, weight_dtype, group_size, rows)
+        + ALLREDUCES_PER_LAYER * hw.allreduce_s(rows * model.hidden_size * ACTIVATION_BYTES)
         + causal_flop / hw.attention_flop_per_s
         + hw.layer_overhead_s
     )

@@ -149,6 +149,13 @@ class SimCfg(_Strict):
     max_batch_limit: int = Field(4096, ge=1)  # upper end of the max-batch search
 
 
+class ParallelCfg(_Strict):
+    """Tensor parallelism: weights, query heads and KV heads sharded over `tp` GPUs (KV heads
+    replicated where the model has fewer than `tp`, as vLLM does), two all-reduces per layer."""
+
+    tp: int = Field(1, ge=1, le=64)
+
+
 class Scenario(_Strict):
     name: str = "scenario"
     description: str = ""
@@ -156,6 +163,7 @@ class Scenario(_Strict):
     hardware: HardwareCfg = HardwareCfg()
     workload: WorkloadCfg = WorkloadCfg()
     policy: PolicyCfg = PolicyCfg()
+    parallel: ParallelCfg = ParallelCfg()
     sim: SimCfg = SimCfg()
 
 
@@ -233,6 +241,11 @@ def check_catalog_names(scenario: Scenario, source: str) -> None:
             lookup(value)
         except ConfigError as err:
             raise ConfigError(err.message, source=source, field=field) from None
+    if scenario.parallel.tp > 1:
+        spec = catalog.model(scenario.model.name) if scenario.model.name else catalog.model_from_hf_config(scenario.model.hf_config)
+        problem = spec.tp_problem(scenario.parallel.tp)
+        if problem:
+            raise ConfigError(problem, source=source, field="parallel.tp")
 
 
 def read_yaml(path: str | Path) -> Any:
