@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from sim.context import draw_lengths, resolve_model
+from sim.context import build_context, draw_lengths, resolve_model
 from sim.intervals import busy_union_s
 from sim.memory import ACTIVATION_BUFFERS, activation_bytes, staging_bytes
 from sim.tier_plan import sequence_tiers
@@ -31,6 +31,7 @@ from sim.tiers import T0, T1, T2, T3, TIERS, TierPolicy
 from sim.units import GB, KV_TENSORS, MS
 
 from .cache import CacheGeometry, CacheOptions, Runtime, TieredKVCache
+from .cache.host_attention import simulator_split_rule
 from .cache.peaks import TierPeaks, batch_peaks
 from .model import ModelShapes, SyntheticTransformer
 from .model.qlinear import QUANTISED_WEIGHTS, int4_supported
@@ -59,6 +60,9 @@ class RunOptions:
     dtype: str | None = None  # bf16 | fp16 | float32; default the scenario's kv_dtype (bf16 if not a float type)
     cpu_threads: int | None = None  # torch intra-op threads on the CPU (tiny shapes run fastest on 1)
     scores: str = "attention"  # see SCORE_SOURCES
+    # policy.access split: share of each layer's host slots attended on the host; None: the
+    # simulator's choice for each step's tier counts (cache/host_attention.py simulator_split_rule)
+    host_fraction: float | None = None
 
 
 @dataclass
@@ -117,14 +121,15 @@ def _available_bytes(rt) -> float:
 
 
 def estimate_device_bytes(shapes: ModelShapes, layers: int, batch: int, peaks: TierPeaks, itemsize: int,
-                          staging_buffers: int, prefetch: str, layer_weight_bytes: float | None = None) -> float:
+                          staging_buffers: int, prefetch: str, layer_weight_bytes: float | None = None,
+                          access: str = "prefetch") -> float:
     """Weights + T0 + staging + activations for `layers` layers, to pick a subset that fits.
     layer_weight_bytes: one layer's weights (default: its parameters at `itemsize`).
     Staging and activations are the simulator's formulas (sim/memory.py) at the run's itemsize, plus
     the attention workspace (one more staged layer) and EXTRA_ACTIVATION_BUFFERS; T2 counts at full
-    precision, an upper bound."""
+    precision, an upper bound. host_attention stages nothing."""
     row = KV_TENSORS * shapes.kv_dim * itemsize  # one token, one layer
-    staged_layer = batch * (peaks.t1 + peaks.t2) * row
+    staged_layer = 0 if access == "host_attention" else batch * (peaks.t1 + peaks.t2) * row
     weights = shapes.layer_params() * itemsize if layer_weight_bytes is None else layer_weight_bytes
     per_layer = weights + batch * peaks.t0 * row
     activations = activation_bytes(shapes.spec, batch, itemsize=itemsize,
@@ -145,7 +150,7 @@ def choose_layers(rt, shapes: ModelShapes, requested: int | None, batch: int, pe
 
     def need(n: int) -> float:
         return estimate_device_bytes(shapes, n, batch, peaks, itemsize, policy_cfg.staging_buffers,
-                                     policy_cfg.prefetch, layer_weight_bytes)
+                                     policy_cfg.prefetch, layer_weight_bytes, policy_cfg.access)
 
     for n in range(total, 0, -1):
         if need(n) <= budget:
@@ -177,6 +182,7 @@ def measure_run(scenario: Scenario, opts: RunOptions) -> Measurement:
     if opts.scores not in SCORE_SOURCES:
         raise ConfigError(f"--scores: expected one of {', '.join(SCORE_SOURCES)}, got {opts.scores!r}")
     w, p = scenario.workload, scenario.policy
+    check_access_options(p, opts.host_fraction, opts.attention)
     dtype_name = _run_dtype_name(scenario, opts)
     dtype = _torch_dtype(torch, dtype_name)
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -211,8 +217,15 @@ def measure_run(scenario: Scenario, opts: RunOptions) -> Measurement:
     geom = CacheGeometry(n_layers, w.batch_size, shapes.kv_heads, shapes.head_dim)
     _warm_up(rt, model, w.batch_size, dtype)
     replay = sequence_tiers(scenario, policy, lengths) if opts.scores == "simulator" else None
-    cache = TieredKVCache(rt, geom, policy, CacheOptions.from_policy(p, opts.attention), w.prompt_tokens, lengths,
-                          dtype, replay)
+    split_rule = None
+    if p.access == "split" and opts.host_fraction is None:
+        split_rule = simulator_split_rule(build_context(scenario))
+        notes.append(f"split: the host's share of each layer's host slots is the simulator's choice per step "
+                     f"(decode_step_cost on the {scenario.hardware.gpu} model)")
+    elif p.access == "split":
+        notes.append(f"split: a fixed {opts.host_fraction:g} of each layer's host slots attended on the host")
+    cache = TieredKVCache(rt, geom, policy, CacheOptions.from_policy(p, opts.attention, opts.host_fraction),
+                          w.prompt_tokens, lengths, dtype, replay, split_rule)
     gen = torch.Generator(device=rt.device).manual_seed(w.seed + SEED_PROMPT)
     if opts.prefill == "model" and w.prompt_tokens:
         prompt = torch.randint(0, shapes.vocab, (w.batch_size, w.prompt_tokens), generator=gen, device=rt.device)
@@ -222,6 +235,17 @@ def measure_run(scenario: Scenario, opts: RunOptions) -> Measurement:
         tokens = torch.randint(0, shapes.vocab, (w.batch_size,), generator=gen, device=rt.device)
     raw = _decode_loop(rt, model, cache, tokens)
     return _summarise(scenario, spec, rt, model, cache, raw, scale, n_layers, dtype_name, opts, notes)
+
+
+def check_access_options(p, f: float | None, attention: str) -> None:
+    """--host-fraction and --attention against the scenario's policy.access (p: its PolicyCfg)."""
+    if f is not None and not 0.0 <= f <= 1.0:
+        raise ConfigError(f"expected 0 to 1, got {f:g}", field="--host-fraction")
+    if f is not None and p.access != "split":
+        raise ConfigError(f"applies to policy.access split, the scenario has {p.access!r}", field="--host-fraction")
+    if p.access != "prefetch" and attention != "merged":
+        raise ConfigError(f"policy.access {p.access} merges the host's partial attention by LSE: it runs with "
+                          f"--attention merged", field="--attention")
 
 
 @dataclass
@@ -264,6 +288,7 @@ def _decode_loop(rt, model, cache, tokens) -> _Raw:
         raw.host_bytes.append(cache.host_kv_bytes())
     rt.synchronize()
     cache.drain()  # an offload of the last re-tier lands in the host stores (outside the timed span)
+    cache.close()
     tracked = max(raw.hbm_bytes + [weights + cache.device_kv_peak_bytes])
     raw.hbm_peak_bytes = float(torch.cuda.max_memory_allocated(rt.device) if rt.is_cuda else tracked)
     return raw
@@ -362,6 +387,8 @@ def _measured_summary(scenario, spec, rt, model, cache, raw: _Raw, depth: _FullD
     tpot_p50_s, tpot_p99_s = tpot_percentiles_s(depth.step_s) if n else (None, None)
     h2d_bytes, d2h_bytes = float(depth.h2d_bytes.sum()), float(depth.d2h_bytes.sum())
     non_layer = model.non_layer_bytes()
+    access = scenario.policy.access
+    host_busy_s = sum(c.host_busy_s for c in raw.counters) * scale  # host wall clock, per layer: scales with depth
     return MeasuredSummary(
         scenario=scenario.name, model=spec.name, device=rt.device.type,
         device_name=torch.cuda.get_device_name(rt.device) if rt.is_cuda else platform.processor() or platform.machine(),
@@ -385,6 +412,8 @@ def _measured_summary(scenario, spec, rt, model, cache, raw: _Raw, depth: _FullD
         transfer_share=min(1.0, busy.either_s * scale / decode_s) if timed else None,
         stall_share=float(depth.stall_s.sum()) / decode_s if timed else None,
         h2d_achieved_bytes_per_s=h2d_bytes / (busy.h2d_s * scale) if busy.h2d_s > 0 else None,
+        access=access,
+        host_attention_share=min(1.0, host_busy_s / decode_s) if timed and access != "prefetch" else None,
         d2h_achieved_bytes_per_s=d2h_bytes / (busy.d2h_s * scale) if busy.d2h_s > 0 else None,
         host_enqueue_p50_s=host_p50,
         offloaded_tokens=int(cache.offloaded_tokens), evicted_tokens=int(cache.evicted_tokens),

@@ -3,7 +3,8 @@
 A small synthetic model decodes greedily; at every layer of every step the same q/k/v go to a tiered
 cache and to a reference cache holding every token in device memory, and their attention outputs are
 compared. T1 offload changes nothing (bitwise, when the same kernel sees the same key set in token
-order; within dtype rounding when T0 and the staged tokens are merged by one softmax); int8 T2
+order; within dtype rounding when T0 and the staged tokens are merged by one softmax, or when the
+host attends T1 where it lives and its partial result is merged by log-sum-exp); int8 T2
 changes values by at most half a quantisation step per element; T3 eviction changes the output, and
 greedy decoding under heavy eviction diverges from the full cache.
 """
@@ -34,6 +35,7 @@ T2_GROUP = 8
 HBM_RATIO = 0.5
 HEAVY_EVICT_RATIO = 0.5  # half of every re-tier's candidates dropped: divergence is certain, not luck
 MERGED_TOL_ULPS = 16  # split softmax reorders sums: allow this many ulps of the output's magnitude
+SPLIT_HOST_FRACTION = 0.5  # access split: half of each layer's T1 slots staged, half attended on the host
 DTYPES = {"cpu": "float32", "cuda": "bfloat16"}
 CPU_THREADS = 1  # tensors this small run faster on one thread than with OpenMP synchronisation
 
@@ -134,7 +136,7 @@ def greedy(setup: Setup, cache, steps: int = DECODE_STEPS) -> list[int]:
 def compare(setup: Setup, policy: TierPolicy, attention: str, **opts):
     """(shadow, tiered cache) after a full greedy run following the tiered cache."""
     shadow = _Shadow(new_cache(setup, policy, attention, **opts), new_cache(setup, FULL, attention))
-    greedy(setup, shadow)
+    shadow.tokens = greedy(setup, shadow)  # the tiered cache's greedy tokens (the model follows it)
     shadow.tiered.drain()  # the last re-tier's offload lands: T2 is read from the host store below
     return shadow, shadow.tiered
 
@@ -186,6 +188,10 @@ def run_exactness(device: str = "cpu") -> dict:
     t2, t2_cache = compare(setup, T2_ALL, "ordered")
     kv_err, kv_bound, t2_tokens = t2_kv_error(t2_cache, t2.reference)
     t3, t3_cache = compare(setup, T3_HEAVY, "ordered")
+    host, host_cache = compare(setup, T1_ONLY, "merged", access="host_attention")
+    split, split_cache = compare(setup, T1_ONLY, "merged", access="split", host_fraction=SPLIT_HOST_FRACTION)
+    host_cache.close()  # their host attention workers
+    split_cache.close()
     full_tokens = greedy(setup, new_cache(setup, FULL, "ordered"))
     tiered_tokens = greedy(setup, new_cache(setup, T1_ONLY, "ordered"))
     merged_tokens = greedy(setup, new_cache(setup, T1_ONLY, "merged"))
@@ -200,6 +206,12 @@ def run_exactness(device: str = "cpu") -> dict:
         "t1_offload_merged": {"attention": "merged (T0 in place + staged, one softmax over both)",
                               "max_abs_diff": merged.max_abs_diff, "tolerance": tol,
                               "within_tolerance": merged.max_abs_diff <= tol},
+        "t1_host_attention": {"attention": "T0 on the device, T1 attended on the host, merged by log-sum-exp",
+                              "max_abs_diff": host.max_abs_diff, "tolerance": tol,
+                              "within_tolerance": host.max_abs_diff <= tol},
+        "t1_split": {"attention": "T0 + a staged share of T1 on the device, the rest on the host, merged by "
+                                  "log-sum-exp", "host_fraction": SPLIT_HOST_FRACTION,
+                     "max_abs_diff": split.max_abs_diff, "tolerance": tol, "within_tolerance": split.max_abs_diff <= tol},
         "t2_int8": {"max_abs_diff": t2.max_abs_diff, "tokens_in_t2": t2_tokens, "kv_max_abs_err": kv_err,
                     "kv_err_bound": kv_bound, "within_bound": kv_bound >= 0 and kv_err <= kv_bound},
         "t3_evict": {"max_abs_diff": t3.max_abs_diff, "evicted_tokens": int(t3_cache.evicted_tokens),
@@ -208,6 +220,8 @@ def run_exactness(device: str = "cpu") -> dict:
             "steps": DECODE_STEPS,
             "full_vs_t1_identical": full_tokens == tiered_tokens,
             "full_vs_t1_merged_identical": full_tokens == merged_tokens,
+            "full_vs_host_attention_identical": full_tokens == host.tokens,
+            "full_vs_split_identical": full_tokens == split.tokens,
             "full_vs_evicted_identical": full_tokens == evict_tokens,
             "first_divergent_step": first_divergent_step(full_tokens, evict_tokens),
         },
@@ -227,11 +241,18 @@ def _print_table(r: dict) -> None:
     t.add_row("T1 offload, same kernel", f"{t1['max_abs_diff']:.3g}", "bitwise equal" if t1["exact"] else "DIFFERS")
     t.add_row("T1 offload, merged softmax", f"{m['max_abs_diff']:.3g}",
               f"{'within' if m['within_tolerance'] else 'OUTSIDE'} tolerance {m['tolerance']:.2g}")
+    for key, label in (("t1_host_attention", "T1 on the host, merged by LSE"),
+                       ("t1_split", f"T1 split ({r['t1_split']['host_fraction']:.0%} on the host)")):
+        h = r[key]
+        t.add_row(label, f"{h['max_abs_diff']:.3g}",
+                  f"{'within' if h['within_tolerance'] else 'OUTSIDE'} tolerance {h['tolerance']:.2g}")
     t.add_row(f"T2 int8 ({t2['tokens_in_t2']} tokens)", f"{t2['max_abs_diff']:.3g}",
               f"KV error {t2['kv_max_abs_err']:.3g} <= half step {t2['kv_err_bound']:.3g}: {t2['within_bound']}")
     t.add_row(f"T3 eviction ({t3['evicted_tokens']} tokens)", f"{t3['max_abs_diff']:.3g}", "changes the output")
     div = g["first_divergent_step"]
     t.add_row("greedy tokens, T1 vs full", "-", "identical" if g["full_vs_t1_identical"] else "DIFFER")
+    t.add_row("greedy tokens, T1 on the host / split vs full", "-",
+              "identical" if g["full_vs_host_attention_identical"] and g["full_vs_split_identical"] else "DIFFER")
     t.add_row(f"greedy tokens, evict {t3['evict_ratio']:.0%} vs full", "-",
               "identical" if div is None else f"diverge at step {div}")
     Console().print(t)

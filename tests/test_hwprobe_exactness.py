@@ -36,6 +36,15 @@ def test_t1_offload_merged_within_tolerance(result):
     assert m["within_tolerance"] and m["max_abs_diff"] <= m["tolerance"] < 1e-4
 
 
+def test_t1_on_the_host_and_split_within_tolerance_with_identical_greedy_tokens(result):
+    for key in ("t1_host_attention", "t1_split"):
+        h = result[key]
+        assert h["within_tolerance"] and h["max_abs_diff"] <= h["tolerance"] < 1e-4
+    assert 0 < result["t1_split"]["host_fraction"] < 1
+    assert result["greedy"]["full_vs_host_attention_identical"] is True
+    assert result["greedy"]["full_vs_split_identical"] is True
+
+
 def test_t2_int8_bounded_by_half_a_step_and_visible(result):
     t2 = result["t2_int8"]
     assert t2["tokens_in_t2"] > 0
@@ -60,7 +69,8 @@ def test_greedy_tokens_identical_without_eviction_and_diverge_with_it(result):
 def test_table_output_names_every_check():
     res = runner.invoke(app, ["exactness", "--device", "cpu"], env={"COLUMNS": "200"})
     assert res.exit_code == 0
-    for words in ("T1 offload, same kernel", "bitwise equal", "T2 int8", "T3 eviction", "diverge at step"):
+    for words in ("T1 offload, same kernel", "bitwise equal", "T1 on the host", "T2 int8", "T3 eviction",
+                  "diverge at step"):
         assert words in res.stdout
 
 

@@ -8,6 +8,10 @@ cache holding everything in HBM would see, and the output is bitwise equal (Prop
 
 It returns each token's attention probability averaged over query heads: the score the tier
 policy accumulates.
+
+When the host attends part of the keys (host_attention.py), each side computes a partial result with
+its log-sum-exp (`partial_softmax_attention`) and `merge_partials` combines them: the same softmax
+over the union, up to summation order.
 """
 
 from __future__ import annotations
@@ -68,3 +72,51 @@ def unorder_probs(probs, dsts):
 
     padded = torch.cat([probs, torch.zeros_like(probs[:, :1])], dim=1)
     return padded.gather(1, torch.cat(dsts, dim=1))
+
+
+def partial_softmax_attention(q, parts, bias, scale: float):
+    """Softmax attention over one share of the keys, with its log-sum-exp, to be merged with the
+    other shares' (`merge_partials`): the same QK^T / PV per part as `union_softmax_attention`,
+    float32 softmax. Returns (out [B, Hkv, G, d] in q's dtype, lse [B, Hkv, G] float32, p
+    [B, Hkv, G, sum n_i] float32, per query head). A (row, head) with no key (all masked) gets out 0,
+    lse -inf and p 0, so it carries no weight in the merge."""
+    import torch
+
+    qs = q * scale
+    logits = [torch.matmul(qs, k.transpose(-1, -2)) for k, _ in parts]
+    s = (logits[0] if len(logits) == 1 else torch.cat(logits, dim=-1)).float()
+    if bias is not None:
+        s = s + bias[:, None, None, :]
+    m = s.amax(dim=-1, keepdim=True).nan_to_num(neginf=0.0)  # no key at all: any finite shift
+    e = torch.exp(s - m)
+    total = e.sum(dim=-1, keepdim=True)
+    p = e / total.clamp_min(torch.finfo(torch.float32).tiny)
+    lse = (m + total.log()).squeeze(-1)
+    pv = p.to(q.dtype)
+    out, start = None, 0
+    for k, v in parts:
+        n = k.shape[-2]
+        part = torch.matmul(pv[..., start : start + n], v)
+        out = part if out is None else out + part
+        start += n
+    return out, lse, p
+
+
+def merge_shares(lse_a, lse_b):
+    """Each share's weight in the merged softmax, per (row, head): e^{m_a} / (e^{m_a} + e^{m_b}) and
+    its complement, computed after subtracting the larger LSE (stable; both -inf gives 0 and 0)."""
+    import torch
+
+    m = torch.maximum(lse_a, lse_b).nan_to_num(neginf=0.0)
+    a, b = torch.exp(lse_a - m), torch.exp(lse_b - m)
+    total = (a + b).clamp_min(torch.finfo(torch.float32).tiny)
+    return a / total, b / total
+
+
+def merge_partials(out_a, lse_a, out_b, lse_b):
+    """Two partial attentions over disjoint key sets -> attention over their union:
+    o = (e^{m_a} o_a + e^{m_b} o_b) / (e^{m_a} + e^{m_b}), m the LSEs. Exact up to float rounding.
+    Returns (out float32 [B, Hkv, G, d], share_a, share_b [B, Hkv, G])."""
+    share_a, share_b = merge_shares(lse_a, lse_b)
+    out = out_a.float() * share_a[..., None] + out_b.float() * share_b[..., None]
+    return out, share_a, share_b

@@ -21,6 +21,7 @@ class StepCounters:
     stalls: list = field(default_factory=list)  # (mark, mark): compute waiting on link transfers
     h2d_busy: list = field(default_factory=list)  # (mark, mark) on the copy stream
     d2h_busy: list = field(default_factory=list)  # (mark, mark) on the offload stream
+    host_busy_s: float = 0.0  # host worker attending T1/T2 (access host_attention / split), wall clock
     retier_span: tuple | None = None  # (mark, mark) of this step's whole re-tier (scales with depth)
     offloaded_tokens: int = 0
     evicted_tokens: int = 0

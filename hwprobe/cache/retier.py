@@ -31,6 +31,8 @@ def fold_scores(cache) -> None:
     saw them."""
     acc0 = cache.acc0.cpu().numpy()
     acc_s = cache.acc_s.cpu().numpy()
+    if cache.host is not None and cache.host.scoring:  # host-attended slots, same columns (host_attention.py)
+        acc_s = acc_s + cache.host.take_scores()
     spans = [(cache.tables[T0], acc0, 0, cache.tables[T0].high_water()),
              (cache.tables[T1], acc_s, 0, cache.t1_high_water),
              (cache.tables[T2], acc_s, cache.t1_high_water, cache.t2_high_water)]

@@ -2,7 +2,8 @@
 
 One code path runs on both devices, so CI on a CPU exercises the same prefetch ordering a GPU uses.
 On CUDA host->device copies run on a copy stream and re-tier offloads (device->host) on an offload
-stream of their own, so an offload overlaps the next steps' prefetches; the streams order each other
+stream of their own, so an offload overlaps the next steps' prefetches; host attention's queries go
+device->host on a small stream of theirs (host_attention.py); the streams order each other
 with events and `wait_stream` (never `record_stream`), so a buffer is rewritten only after the
 kernels that read it have run. On the CPU copies are plain synchronous copies, every event has
 completed when it is queried, and a timing mark is `time.perf_counter()`.
@@ -14,7 +15,8 @@ import time
 from contextlib import contextmanager, nullcontext
 
 S_PER_MS = 1e-3  # torch.cuda.Event.elapsed_time returns milliseconds
-COMPUTE, COPY, OFFLOAD = "compute", "copy", "offload"  # the streams a timing mark can be recorded on
+# the streams a timing mark can be recorded on
+COMPUTE, COPY, OFFLOAD, HOST_PATH = "compute", "copy", "offload", "host_path"
 
 
 class _NullEvent:
@@ -50,8 +52,9 @@ class Runtime:
             self.compute_stream = torch.cuda.current_stream(self.device)
             self.copy_stream = torch.cuda.Stream(self.device)
             self.offload_stream = torch.cuda.Stream(self.device)
+            self.host_path_stream = torch.cuda.Stream(self.device)  # host attention's query copies
         else:
-            self.compute_stream = self.copy_stream = self.offload_stream = None
+            self.compute_stream = self.copy_stream = self.offload_stream = self.host_path_stream = None
 
     # ---- ordering -------------------------------------------------------------------------
     def event(self):
@@ -64,6 +67,20 @@ class Runtime:
     def on_offload_stream(self):
         """Context in which a re-tier's offload (gather and device->host copy) is issued."""
         return self.torch.cuda.stream(self.offload_stream) if self.is_cuda else nullcontext()
+
+    def on_host_path_stream(self):
+        """Context in which host attention's queries are copied device->host."""
+        return self.torch.cuda.stream(self.host_path_stream) if self.is_cuda else nullcontext()
+
+    def host_path_waits_for_compute(self) -> None:
+        """The query copy issued next reads what the compute stream has queued so far."""
+        if self.is_cuda:
+            self.host_path_stream.wait_stream(self.compute_stream)
+
+    def record_host_path(self, event) -> None:
+        self.note("record_host_path", id(event))
+        if self.is_cuda:
+            event.record(self.host_path_stream)
 
     def record_offload(self, event) -> None:
         self.note("record_offload", id(event))
@@ -125,12 +142,13 @@ class Runtime:
 
     # ---- timing ---------------------------------------------------------------------------
     def mark(self, on: str = COMPUTE):
-        """A point in time on one stream (compute, copy or offload): a timing CUDA event, or
+        """A point in time on one stream (compute, copy, offload or host path): a timing CUDA event, or
         perf_counter on the CPU."""
         if not self.is_cuda:
             return time.perf_counter()
         ev = self.torch.cuda.Event(enable_timing=True)
-        ev.record({COMPUTE: self.compute_stream, COPY: self.copy_stream, OFFLOAD: self.offload_stream}[on])
+        ev.record({COMPUTE: self.compute_stream, COPY: self.copy_stream, OFFLOAD: self.offload_stream,
+                   HOST_PATH: self.host_path_stream}[on])
         return ev
 
     @contextmanager
