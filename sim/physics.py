@@ -1,12 +1,13 @@
 """Pure cost functions of decode: per-layer roofline, LM head, prefill, one decode step composed
-(`decode_step_cost`), a re-tier's link traffic (`retier_traffic`), the layerwise prefetch pipeline.
+(`decode_step_cost`), a continuous-batching step of decodes and prefill chunks (`mixed_step_cost`),
+a re-tier's link traffic (`retier_traffic`), the layerwise prefetch pipeline.
 
 No SimPy here: the engine only schedules what these compute. Formulas are in the docstrings.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .hardware import Hardware
 from .model_spec import ModelSpec
@@ -118,9 +119,13 @@ def decode_layer_cost(
     dequant_bytes = t2_staged_tokens * (t2_bytes_per_token_layer + kv_bytes_per_token_layer)
     kv_bytes = (attended_tokens + batch) * kv_bytes_per_token_layer + dequant_bytes
     attn_s = attention_s(a_flop, kv_bytes, hw)
-    qkv = model.hidden_size * (model.q_dim + 2 * model.kv_dim)
     allreduce_s = ALLREDUCES_PER_LAYER * hw.allreduce_s(batch * model.hidden_size * ACTIVATION_BYTES)
-    return LayerCost(gemm_s, attn_s, hw.layer_overhead_s, allreduce_s=allreduce_s, qkv_share=qkv / model.active_linear_params_layer(), host_s=hw.host_layer_s)
+    return LayerCost(gemm_s, attn_s, hw.layer_overhead_s, allreduce_s=allreduce_s, qkv_share=qkv_share(model), host_s=hw.host_layer_s)
+
+
+def qkv_share(model: ModelSpec) -> float:
+    """Share of a layer's linear work in the q/k/v projection: h * (q_dim + 2 kv_dim) / linear params."""
+    return model.hidden_size * (model.q_dim + 2 * model.kv_dim) / model.active_linear_params_layer()
 
 
 def lm_head_s(model: ModelSpec, hw: Hardware, batch: int) -> float:
@@ -323,6 +328,51 @@ def decode_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_si
     copies = prefetch_copies_per_layer(prefetch, t1 > 0, t2 > 0) if staged else 0
     pack_s = host_pack_s(hw, t1 * kv_bytes_per_token_layer) if staged and prefetch == "sync_per_step" else 0.0
     return StepCost(layer, model.num_layers, tail_s, nbytes, copies, pack_s)
+
+
+def prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_tokens: float,
+                        kv_bytes_per_token_layer: float) -> float:
+    """Causal attention of one layer over a step's prefill chunks (one variable-length kernel): a
+    chunk token at position i (1-based) attends i tokens, so
+    FLOP = 4 * H * d * sum over chunk tokens of i  (a whole prompt of P: 2 * P (P + 1) * H * d, as `prefill_s`),
+    bytes = (prefix + chunk tokens) x KV bytes/token/layer (the prefix read, the chunk written),
+    time = max(FLOP / attention FLOP/s, bytes / attention bytes/s): compute-bound for all but short
+    chunks behind a long prefix."""
+    if position_sum <= 0:
+        return 0.0
+    flop = attention_flop(model, position_sum)
+    return roofline_s(flop, kv_tokens * kv_bytes_per_token_layer, hw.attention_flop_per_s, hw.attention_hbm_bytes_per_s)
+
+
+def mixed_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, prefetch: str,
+                    decodes: int, t0: int, t1: int, t2: int, kv_bytes_per_token_layer: float,
+                    t2_bytes_per_token_layer: float, prefill_tokens: int = 0, prefill_position_sum: float = 0,
+                    prefill_kv_tokens: float = 0, prefill_seqs: int = 0, staged: bool = True,
+                    access: str = "prefetch", buffers: int = 2) -> StepCost:
+    """One continuous-batching step: `decodes` decoding sequences (tier counts t0/t1/t2 summed over
+    them, each at its own context) plus prefill chunks of `prefill_tokens` tokens from `prefill_seqs`
+    sequences. Per layer:
+      GEMMs over rows = decodes + prefill tokens (`weight_kernel_s(rows)`)
+      + decode attention as `decode_step_cost` (T0 + staged T1/T2, or host access as the policy says)
+      + `prefill_attention_s` (causal over each chunk's prefix)
+      + layer overhead + 2 all-reduces of rows x h x 2 B;
+    tail = `step_tail_s` over the rows that sample (logits only at each sequence's last token):
+    decodes + prefill_seqs. The decodes' T1/T2 cross the link as in `decode_step_cost` (prefill
+    chunks attend T0 only). With no prefill this is `decode_step_cost` exactly."""
+    if decodes:
+        base = decode_step_cost(model, hw, weight_dtype, group_size, prefetch, decodes, t0, t1, t2,
+                                kv_bytes_per_token_layer, t2_bytes_per_token_layer, staged, access, buffers)
+    else:
+        base = StepCost(LayerCost(0.0, 0.0, hw.layer_overhead_s, qkv_share=qkv_share(model), host_s=hw.host_layer_s),
+                        model.num_layers, 0.0, 0.0, 0)
+    if prefill_tokens <= 0:
+        return base
+    rows = decodes + prefill_tokens
+    layer = replace(base.layer, gemm_s=weight_kernel_s(model, hw, weight_dtype, group_size, rows),
+                    attention_s=base.layer.attention_s + prefill_attention_s(model, hw, prefill_position_sum,
+                                                                             prefill_kv_tokens, kv_bytes_per_token_layer),
+                    allreduce_s=ALLREDUCES_PER_LAYER * hw.allreduce_s(rows * model.hidden_size * ACTIVATION_BYTES))
+    return replace(base, layer=layer, tail_s=step_tail_s(model, hw, decodes + prefill_seqs))
 
 
 def _host_split_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, prefetch: str, batch: int,

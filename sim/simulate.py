@@ -11,6 +11,7 @@ import pandas as pd
 from . import __version__
 from .capacity import baseline_max_batches, fits, full_hbm_peak_bytes, max_batch, memory_trace
 from .context import RunContext, build_context
+from .errors import ConfigError
 from .engine import run_timing
 from .intervals import busy_union_s
 from .tier_plan import ACTIVE, ATT_T0, ATT_T1, ATT_T2, MV_D2H_T1, MV_D2H_T2, MV_EVICTED, plan_tiers
@@ -40,6 +41,9 @@ def _versions() -> dict[str, str]:
 
 def simulate(scenario: Scenario, profile: Profile | None = None, *, profile_path: str | None = None,
              with_max_batch: bool = True) -> SimResult:
+    if scenario.workload.arrivals is not None:  # not a closed batch: sim.serving.run.simulate_serving runs it
+        raise ConfigError("a serving scenario (requests arriving): `kvsim run` simulates it; this command takes a "
+                          "closed batch", field="workload.arrivals")
     ctx = build_context(scenario, profile, profile_path)
     plan = plan_tiers(ctx)
     att = plan.attended

@@ -30,10 +30,21 @@ class Case:
     name: str
     scenario: str  # file under scenarios/
     overrides: tuple[str, ...] = ()
+    serving: bool = False  # workload.arrivals: summary.json, requests.csv, timeline.csv of sim.serving
+
+
+SERVING_SHORT = ("workload.arrivals.requests=100", "sim.record_every=10")  # golden: the first 100 requests, every 10th step
+
+
+def _shipped(path: Path) -> Case:
+    import yaml
+
+    serving = "arrivals" in (yaml.safe_load(path.read_text()).get("workload") or {})
+    return Case(path.stem, path.name, SERVING_SHORT if serving else (), serving)
 
 
 CASES: tuple[Case, ...] = (
-    *(Case(p.stem, p.name) for p in sorted(SCENARIOS.glob("*.yaml"))),
+    *(_shipped(p) for p in sorted(SCENARIOS.glob("*.yaml"))),
     # the paper check (sim/report/paper_check.py: PROTOTYPE_RUNS and link_only_cost)
     Case("paper-full-hbm", PAPER, ("policy.kind=full_hbm",)),
     Case("paper-ours", PAPER, ("policy.semantics=global", "policy.prefetch=layerwise_async", "policy.pinned=true")),
@@ -68,6 +79,12 @@ def outputs(case: Case) -> dict[str, str]:
     from sim.simulate import simulate
 
     sc = load_scenario(SCENARIOS / case.scenario, list(case.overrides))
+    if case.serving:
+        from sim.serving.run import simulate_serving
+
+        served = simulate_serving(sc)
+        return {"summary.json": _normalised_json(served.summary), "requests.csv": served.requests.to_csv(index=False),
+                "timeline.csv": served.timeline.to_csv(index=False)}
     result = simulate(sc)
     projection = project(sc)
     return {

@@ -1,0 +1,165 @@
+"""SimPy timing of a serving run, in the shape of `sim.engine.DecodeSim`: `ServingSim` owns the
+queue and the scheduler; its processes are the arrivals (open loop), the clients (closed loop) and
+the step loop. The GPU and its host link are a `DecodeSim` (its forward pass per prefetch mode and
+its re-tier transfers, over the same SimPy environment), so a serving step is timed exactly as a
+decode step of the same cost is.
+
+What to schedule comes from pure functions: the step plan (`scheduler.Scheduler.schedule`), its cost
+(`physics.mixed_step_cost`) and its re-tier traffic (`physics.retier_traffic`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..context import RunContext
+from ..engine import DecodeSim
+from ..physics import RetierTraffic, StepCost, mixed_step_cost, retier_traffic
+import numpy as np
+
+from .arrivals import RequestSet
+from .request import RequestTable
+from .scheduler import Scheduler, StepPlan
+
+
+@dataclass
+class StepRow:
+    """One step (or the start of an idle spell: step_s 0, nothing running) for the timeline."""
+
+    t_s: float
+    step_s: float
+    running: int
+    waiting: int
+    decodes: int
+    prefill_tokens: int
+    hbm_bytes: float
+    host_bytes: float
+
+
+@dataclass
+class ServingTrace:
+    """What the engine measured: every request's times (the table), one row per step, the
+    inter-token gaps (each step's duration weighted by the tokens that came one step after their
+    previous one, plus every other gap), and the area under requests-in-system over time."""
+
+    table: RequestTable
+    steps: list[StepRow]
+    itl_step_s: list[float] = field(default_factory=list)
+    itl_step_tokens: list[int] = field(default_factory=list)
+    itl_other_s: list[np.ndarray] = field(default_factory=list)
+    in_system_area_s: float = 0.0  # integral of (arrived, not finished) requests over time
+    end_s: float = 0.0
+    preemptions: int = 0
+
+
+class ServingSim:
+    """Requests arriving at one GPU (one tensor-parallel group) and its host link."""
+
+    def __init__(self, ctx: RunContext, requests: RequestSet, scheduler: Scheduler):
+        self.ctx, self.specs, self.scheduler = ctx, requests, scheduler
+        self.table = scheduler.table
+        self.device = DecodeSim(ctx, plan=None)  # forward passes and re-tier transfers on the GPU's link
+        self.env = self.device.env
+        self.done: dict[int, object] = {}  # closed loop: the event each client waits on, by request
+        self.sent = 0  # requests sent so far (closed loop: the next one to send)
+        self.finished = 0
+        self.wake = None  # event the idle step loop waits on
+        self.in_system = 0
+        self.area_s = 0.0
+        self.t_changed = 0.0
+        self.trace = ServingTrace(self.table, [])
+
+    def run(self) -> ServingTrace:
+        if self.specs.concurrency is not None:
+            for _ in range(min(self.specs.concurrency, len(self.specs))):
+                self.env.process(self.client())
+        else:
+            self.env.process(self.arrivals())
+        self.env.process(self.step_loop())
+        self.env.run()
+        self.trace.in_system_area_s, self.trace.end_s = self.area_s, self.env.now
+        self.trace.preemptions = self.scheduler.preemptions
+        return self.trace
+
+    # ---- requests ------------------------------------------------------------------------------
+    def _count(self, delta: int) -> None:
+        now = self.env.now
+        self.area_s += self.in_system * (now - self.t_changed)
+        self.in_system += delta
+        self.t_changed = now
+
+    def arrive(self, i: int) -> None:
+        self.table.arrival_s[i] = self.env.now
+        self.sent += 1
+        self._count(+1)
+        self.scheduler.arrive(i)
+        if self.wake is not None and not self.wake.triggered:
+            self.wake.succeed()
+
+    def arrivals(self):
+        """Open loop: each request at its arrival time, whatever the server is doing."""
+        for i, t in enumerate(self.specs.arrival_s):
+            yield self.env.timeout(max(0.0, float(t) - self.env.now))
+            self.arrive(i)
+
+    def client(self):
+        """Closed loop: send a request, wait for its last token, send the next (no think time)."""
+        while self.sent < len(self.specs):
+            i = self.sent
+            self.done[i] = self.env.event()
+            self.arrive(i)
+            yield self.done[i]
+
+    # ---- the step loop -------------------------------------------------------------------------
+    def step_cost(self, plan: StepPlan) -> StepCost:
+        ctx, m, pol = self.ctx, self.ctx.scenario.model, self.ctx.scenario.policy
+        a = plan.attended
+        return mixed_step_cost(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, pol.prefetch,
+                               len(plan.decodes), int(a[0]), int(a[1]), int(a[2]), ctx.kv_bytes_per_token_layer,
+                               ctx.t2_bytes_per_token_layer, plan.prefill_tokens, plan.prefill_position_sum(),
+                               plan.prefill_kv_tokens(), len(plan.chunks), self.device.staged, pol.access,
+                               pol.staging_buffers)
+
+    def retier_traffic(self, plan: StepPlan) -> RetierTraffic:
+        ctx = self.ctx
+        return retier_traffic(self.device.prefetch, ctx.num_layers, ctx.kv_bytes_per_token_layer,
+                              ctx.t2_bytes_per_token_layer, plan.demoted[0], plan.demoted[1], 0, 0,
+                              plan.resident[0], plan.resident[1])
+
+    def step_loop(self):
+        """Form a step, run its forward pass (and its decodes' re-tiers), hand out its tokens."""
+        sched, env, fixed_bytes = self.scheduler, self.env, self.scheduler.memory.fixed_bytes
+        step = 0
+        while self.finished < len(self.specs):
+            plan = sched.schedule(env.now)
+            if plan.empty:
+                if plan.preempted:  # all preempted: admission resumes on the next pass
+                    continue
+                self.trace.steps.append(StepRow(env.now, 0.0, 0, len(sched.waiting), 0, 0, fixed_bytes, 0.0))
+                self.wake = env.event()
+                yield self.wake
+                self.wake = None
+                continue
+            start = env.now
+            row = StepRow(start, 0.0, len(sched.running), len(sched.waiting), len(plan.decodes), plan.prefill_tokens,
+                          fixed_bytes + plan.hbm_kv_bytes, plan.host_bytes)
+            yield from self.device.forward(self.step_cost(plan), None)
+            if plan.retiers:
+                yield from self.device.retier(self.retier_traffic(plan), None)
+            row.step_s = env.now - start
+            self.trace.steps.append(row)
+            out = sched.complete(plan, env.now, step)
+            if out.regular:
+                self.trace.itl_step_s.append(row.step_s)
+                self.trace.itl_step_tokens.append(out.regular)
+            if len(out.gaps):
+                self.trace.itl_other_s.append(out.gaps)
+            step += 1
+            if len(out.finished):
+                self.finished += len(out.finished)
+                self._count(-len(out.finished))
+                for i in out.finished:
+                    if int(i) in self.done:
+                        self.done.pop(int(i)).succeed()
+            if len(out.finished) and self.specs.concurrency is not None:
+                yield env.timeout(0)  # let the clients whose request finished send their next one

@@ -1,0 +1,103 @@
+"""One simulated serving run: requests -> memory budget (fits?) -> SimPy serving timing -> tables and summary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ..context import RunContext, build_context
+from ..profile import Profile
+from ..scenario import Scenario
+from ..schema import REQUEST_COLUMNS, SERVING_TIMELINE_COLUMNS, ServingSummary
+from ..simulate import _versions
+from ..tiers import T0, T1, T2
+from ..units import GB
+from .arrivals import RequestSet, build_requests
+from .config import ClosedLoopArrivals, GammaArrivals, PoissonArrivals
+from .engine import ServingSim
+from .kv_memory import KvMemory, kv_memory
+from .metrics import request_table, serving_figures, timeline_table
+from .request import RequestTable
+from .scheduler import Scheduler
+from .tier_counts import TierCounter
+
+
+@dataclass
+class ServingResult:
+    summary: ServingSummary
+    requests: pd.DataFrame  # REQUEST_COLUMNS
+    timeline: pd.DataFrame  # SERVING_TIMELINE_COLUMNS
+    scenario: Scenario
+
+
+def alone_shortfall(memory: KvMemory, counter: TierCounter, reqs: RequestSet) -> str | None:
+    """Why some request could never run even alone (its largest K/V over its life exceeds the KV
+    budget or host memory: vLLM refuses such a request), or None. A request of prompt P and N output
+    tokens holds at most its counts during and after decode steps 0..N-2, or its prompt."""
+    if memory.kv_budget_bytes <= 0:
+        return (f"weights, activations and runtime reserve need {memory.fixed_bytes / GB:,.2f} GB of "
+                f"{memory.hbm_capacity_bytes / GB:,.2f} GB HBM: nothing is left for KV")
+    for p in np.unique(reqs.prompt_tokens):
+        mine = reqs.prompt_tokens == p
+        steps = np.arange(max(int(reqs.output_tokens[mine].max()) - 1, 1))
+        att, aft = counter.attended(int(p), steps), counter.after(int(p), steps)
+        hbm = np.maximum.accumulate(np.maximum(memory.hbm_kv_bytes(att[:, T0], att[:, T1] + att[:, T2]),
+                                               memory.hbm_kv_bytes(aft[:, T0], 0)))
+        host = np.maximum.accumulate(np.maximum(memory.host_bytes(att[:, T1], att[:, T2]),
+                                                memory.host_bytes(aft[:, T1], aft[:, T2])))
+        last = np.maximum(reqs.output_tokens[mine] - 2, 0)
+        need_hbm = np.maximum(hbm[last], memory.hbm_kv_bytes(int(p), 0))
+        need_host = host[last]
+        bad = np.flatnonzero((need_hbm > memory.kv_budget_bytes) | (need_host > memory.host_capacity_bytes))
+        if len(bad):
+            i = bad[0]
+            rid = int(reqs.ids[mine][i])
+            return (f"request {rid} ({int(p)} + {int(reqs.output_tokens[mine][i])} tokens) needs "
+                    f"{need_hbm[i] / GB:,.2f} GB of KV in HBM (budget {memory.kv_budget_bytes / GB:,.2f} GB) and "
+                    f"{need_host[i] / GB:,.2f} GB of host memory (has {memory.host_capacity_bytes / GB:,.2f} GB) alone")
+    return None
+
+
+def simulate_serving(scenario: Scenario, profile: Profile | None = None, *, profile_path: str | None = None) -> ServingResult:
+    ctx = build_context(scenario, profile, profile_path)
+    reqs = build_requests(scenario.workload)
+    sched_cfg = scenario.scheduler
+    memory = kv_memory(ctx, sched_cfg.max_num_batched_tokens, sched_cfg.max_num_seqs)
+    counter = TierCounter(ctx.policy, reqs.prompt_tokens, reqs.output_tokens)
+    why = alone_shortfall(memory, counter, reqs)
+    figures, requests, timeline = {}, pd.DataFrame(columns=REQUEST_COLUMNS), pd.DataFrame(columns=SERVING_TIMELINE_COLUMNS)
+    if why is None:
+        trace = ServingSim(ctx, reqs, Scheduler(sched_cfg, memory, counter, RequestTable(reqs))).run()
+        requests, timeline = request_table(trace), timeline_table(trace)
+        figures = serving_figures(trace, requests, timeline, scenario.slo)
+    summary = _summary(scenario, ctx, reqs, memory, why, figures, profile_path)
+    every = scenario.sim.record_every
+    if every > 1 and len(timeline):  # the CSV keeps every n-th row and the last; the summary used them all
+        keep = (np.arange(len(timeline)) % every == 0) | (np.arange(len(timeline)) == len(timeline) - 1)
+        timeline = timeline[keep].reset_index(drop=True)
+    return ServingResult(summary=summary, requests=requests, timeline=timeline, scenario=scenario)
+
+
+def _summary(scenario: Scenario, ctx: RunContext, reqs: RequestSet, memory: KvMemory, why: str | None, figures: dict,
+             profile_path: str | None) -> ServingSummary:
+    a, sc = scenario.workload.arrivals, scenario.scheduler
+    return ServingSummary(
+        scenario=scenario.name, model=ctx.model.name, gpu=ctx.hw.gpu.name, tp=scenario.parallel.tp,
+        policy=scenario.policy.kind, arrivals=a.kind,
+        offered_rate_per_s=a.rate_per_s if isinstance(a, (PoissonArrivals, GammaArrivals)) else None,
+        clients=a.concurrency if isinstance(a, ClosedLoopArrivals) else None,
+        max_num_seqs=sc.max_num_seqs, max_num_batched_tokens=sc.max_num_batched_tokens,
+        chunked_prefill=sc.chunked_prefill,
+        fits=why is None, does_not_fit=why,
+        hbm_capacity_bytes=memory.hbm_capacity_bytes, host_capacity_bytes=memory.host_capacity_bytes,
+        weights_bytes=memory.weights_bytes, activation_bytes=memory.activation_bytes,
+        runtime_reserve_bytes=memory.runtime_reserve_bytes, kv_budget_bytes=memory.kv_budget_bytes,
+        kv_bytes_per_token=memory.kv_bytes_per_token,
+        requests=len(reqs), total_input_tokens=int(reqs.prompt_tokens.sum()),
+        total_output_tokens=int(reqs.output_tokens.sum()),
+        **figures,
+        sources=dict(ctx.hw.sources), profile=profile_path,
+        versions=_versions(), resolved_scenario=scenario.model_dump(mode="json"),
+    )

@@ -1,0 +1,181 @@
+"""Continuous batching in vLLM's style (v1 scheduler), as pure bookkeeping: no SimPy, no time cost.
+
+Each step: (1) the running requests' K/V for this step must fit - while it does not, the newest
+running request is preempted (recompute: K/V dropped, back to the front of the queue); (2) every
+running request is scheduled in admission order, a decode taking one token of the step's budget
+(`max_num_batched_tokens`) and an unfinished prefill its next chunk; (3) if nothing was preempted,
+waiting requests are admitted first come, first served while fewer than `max_num_seqs` run, tokens
+are left and memory holds the newcomer's reservation - the head of the queue that does not fit
+stops admission (no overtaking). Without chunked prefill a prompt is scheduled whole or waits.
+
+Memory is tier-aware (`kv_memory`, `tier_counts`): a decoding request holds its T0 tokens (+ staging
+for the T1/T2 it attends) in HBM and its T1/T2 in host memory, at its own current length; a
+(re)admitted one reserves what it will hold once prefilled - its prompt in T0, or for a resumed
+one its tier counts at its current length (a tiered cache re-tiers what it recomputes).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..tiers import T0, T1, T2
+from .kv_memory import KvMemory
+from .request import RequestTable
+from .tier_counts import TierCounter
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+@dataclass
+class StepPlan:
+    """One step: who decodes, which prefill chunks run, who was preempted, and the step's tier
+    counts summed over its decodes (what `physics.mixed_step_cost` and the re-tier traffic need).
+    Requests are indices into the `RequestTable`."""
+
+    decodes: np.ndarray = field(default_factory=lambda: _EMPTY)
+    chunks: np.ndarray = field(default_factory=lambda: _EMPTY)  # requests prefilling this step
+    chunk_tokens: np.ndarray = field(default_factory=lambda: _EMPTY)
+    chunk_prefix: np.ndarray = field(default_factory=lambda: _EMPTY)  # tokens each chunk's request has computed before it
+    preempted: list[int] = field(default_factory=list)
+    attended: np.ndarray = field(default_factory=lambda: np.zeros(4, dtype=np.int64))  # T0..T3 over decodes
+    demoted: tuple[int, int] = (0, 0)  # tokens the decodes' re-tiers move to T1, T2 (net)
+    resident: tuple[int, int] = (0, 0)  # T1, T2 held after the step by the decodes that re-tier
+    retiers: int = 0
+    hbm_kv_bytes: float = 0.0  # T0 KV + staging held during the step (reservations of prefills included)
+    host_bytes: float = 0.0
+
+    @property
+    def empty(self) -> bool:
+        return not len(self.decodes) and not len(self.chunks)
+
+    @property
+    def prefill_tokens(self) -> int:
+        return int(self.chunk_tokens.sum())
+
+    def prefill_position_sum(self) -> int:
+        """sum over chunk tokens of the number of tokens each attends (its 1-based position):
+        a chunk of c tokens after a computed prefix a: c * a + c (c + 1) / 2."""
+        c, a = self.chunk_tokens, self.chunk_prefix
+        return int(np.sum(c * a + c * (c + 1) // 2))
+
+    def prefill_kv_tokens(self) -> int:
+        """K/V tokens the chunks' attention reads (prefix) and writes (chunk): sum of a + c."""
+        return int(np.sum(self.chunk_prefix + self.chunk_tokens))
+
+
+@dataclass
+class StepTokens:
+    """What a finished step handed out: requests that finished, tokens whose previous token came
+    the step before (their inter-token latency is this step's time), and every other gap."""
+
+    finished: np.ndarray
+    regular: int
+    gaps: np.ndarray
+
+
+class Scheduler:
+    def __init__(self, cfg, memory: KvMemory, counter: TierCounter, table: RequestTable):
+        self.cfg, self.memory, self.counter, self.table = cfg, memory, counter, table
+        self.running = _EMPTY  # in admission order: the last is the newest
+        self.waiting: deque[int] = deque()  # arrived, not running; preempted ones at the front
+        self.preemptions = 0
+
+    def arrive(self, i: int) -> None:
+        self.waiting.append(i)
+
+    def _needs(self, att: np.ndarray, aft: np.ndarray, decoding: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(HBM KV bytes, host bytes) per request: T0 + staged T1/T2 (decodes only) during the
+        step; host the larger of during the step and after its re-tier."""
+        m = self.memory
+        hbm = m.hbm_kv_bytes(att[:, T0], np.where(decoding, att[:, T1] + att[:, T2], 0))
+        host = np.maximum(m.host_bytes(att[:, T1], att[:, T2]), m.host_bytes(aft[:, T1], aft[:, T2]))
+        return hbm, host
+
+    def schedule(self, now: float) -> StepPlan:
+        t, m, plan = self.table, self.memory, StepPlan()
+        run = self.running
+        decoding = t.computed[run] >= t.target[run]
+        att, aft = self.counter.step_counts(t.prompt[run], t.generated[run], decoding)
+        hbm, host = self._needs(att, aft, decoding)
+        # (1) preempt the newest until the rest fits (cumulative sums grow, so what fits is a prefix)
+        keep = int(np.count_nonzero((np.cumsum(hbm) <= m.kv_budget_bytes) & (np.cumsum(host) <= m.host_capacity_bytes)))
+        if keep < len(run):
+            for i in run[keep:][::-1]:  # newest first; each goes to the front, so the oldest ends first in line
+                t.preempt(int(i))
+                self.waiting.appendleft(int(i))
+                plan.preempted.append(int(i))
+            self.preemptions += len(run) - keep
+            run, decoding, att, aft, hbm, host = run[:keep], decoding[:keep], att[:keep], aft[:keep], hbm[:keep], host[:keep]
+            self.running = run
+        total_hbm, total_host = float(hbm.sum()), float(host.sum())
+        # (2) the running requests in admission order: a decode takes one token, a prefill its next chunk
+        budget = self.cfg.max_num_batched_tokens
+        want = np.where(decoding, 1, t.target[run] - t.computed[run])
+        take = np.minimum(want, np.maximum(budget - (np.cumsum(want) - want), 0))
+        sched = take > 0
+        dec = sched & decoding
+        plan.decodes = run[dec]
+        pre = sched & ~decoding
+        chunks, chunk_tokens = [run[pre]], [take[pre]]
+        tokens = budget - int(take.sum())
+        # (3) admission, first come first served
+        admitted = []
+        while not plan.preempted and self.waiting and tokens > 0 and len(run) + len(admitted) < self.cfg.max_num_seqs:
+            i = self.waiting[0]
+            left = int(t.target[i] - t.computed[i])
+            if left > tokens and not self.cfg.chunked_prefill:
+                break
+            c = self.counter.held(int(t.prompt[i]), np.array([t.generated[i] + 1]))[0]
+            h, ho = m.hbm_kv_bytes(c[T0], 0), m.host_bytes(c[T1], c[T2])
+            if not m.fits(total_hbm + h, total_host + ho):
+                break
+            self.waiting.popleft()
+            total_hbm += h
+            total_host += ho
+            admitted.append(i)
+            if np.isnan(t.admitted_s[i]):
+                t.admitted_s[i] = now
+            chunk = min(left, tokens)
+            chunks.append(np.array([i]))
+            chunk_tokens.append(np.array([chunk]))
+            tokens -= chunk
+        if admitted:
+            self.running = np.concatenate([run, np.asarray(admitted, dtype=np.int64)])
+        plan.chunks, plan.chunk_tokens = np.concatenate(chunks), np.concatenate(chunk_tokens)
+        plan.chunk_prefix = t.computed[plan.chunks]
+        plan.hbm_kv_bytes, plan.host_bytes = total_hbm, total_host
+        if dec.any():
+            a, b = att[dec], aft[dec]
+            plan.attended = a.sum(axis=0)
+            due = self.counter.retier_due(t.generated[plan.decodes] - 1)
+            if due.any():
+                host = [T1, T2]
+                moved = np.maximum(b[due][:, host] - a[due][:, host], 0).sum(axis=0)
+                kept = b[due][:, host].sum(axis=0)
+                plan.demoted, plan.resident = (int(moved[0]), int(moved[1])), (int(kept[0]), int(kept[1]))
+                plan.retiers = int(due.sum())
+        return plan
+
+    def complete(self, plan: StepPlan, now: float, step: int) -> StepTokens:
+        """Apply a finished step: decodes sample a token, chunks advance (a prefill that completes
+        samples one); finished requests leave the running set."""
+        t = self.table
+        t.computed[plan.chunks] += plan.chunk_tokens
+        done_prefill = plan.chunks[t.computed[plan.chunks] >= t.target[plan.chunks]]
+        produced = np.concatenate([plan.decodes, done_prefill])
+        t.generated[produced] += 1
+        first = t.generated[produced] == 1
+        t.first_token_s[produced[first]] = now
+        later = produced[~first]
+        regular = t.last_token_step[later] == step - 1
+        gaps = now - t.last_token_s[later[~regular]]
+        t.last_token_s[produced] = now
+        t.last_token_step[produced] = step
+        finished = produced[t.generated[produced] >= t.output[produced]]
+        if len(finished):
+            t.finish_s[finished] = now
+            self.running = self.running[~np.isin(self.running, finished)]
+        return StepTokens(finished, int(np.count_nonzero(regular)), gaps)

@@ -1,0 +1,82 @@
+"""Tier counts of a serving sequence at its current length, from the ratios alone (`counts.count_trajectory`,
+the same rule the closed batch's capacity uses).
+
+A sequence of prompt P at decode step s (0-based; the step that writes its (s+1)-th generated token's
+K/V) holds P + s + 1 tokens: during the step it attends the counts after step s - 1 plus the new
+token in T0 (`attended`), and after it holds the counts after step s with its re-tier applied
+(`after`). Re-tiers run on each sequence's own step count (`TierPolicy.retier_due`), as in a batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..counts import count_trajectory
+from ..tiers import T0, TIERS, TierPolicy
+
+
+class TierCounter:
+    """Counts (rows: sequences; columns T0..T3) by prompt and decode step, vectorised over
+    sequences; one trajectory per distinct prompt, as long as its longest request needs."""
+
+    def __init__(self, policy: TierPolicy, prompts: np.ndarray, outputs: np.ndarray):
+        self.policy = policy
+        self.tiering = policy.tiering
+        self._traj: dict[int, np.ndarray] = {}
+        if self.tiering:
+            for p in np.unique(prompts):
+                steps = int(outputs[prompts == p].max())  # decode steps s < output - 1 are run; one spare row
+                self._traj[int(p)] = count_trajectory(int(p), max(steps, 1), policy)
+
+    def after(self, prompt: int, steps: np.ndarray) -> np.ndarray:
+        """Counts after decode step `steps` (its re-tier applied)."""
+        if not self.tiering:
+            out = np.zeros((len(steps), len(TIERS)), dtype=np.int64)
+            out[:, T0] = prompt + steps + 1
+            return out
+        return self._traj[prompt][steps]
+
+    def attended(self, prompt: int, steps: np.ndarray) -> np.ndarray:
+        """Counts during decode step `steps`: after step - 1 (the prompt alone before step 0), plus the new token."""
+        if not self.tiering:
+            return self.after(prompt, steps)
+        out = self._traj[prompt][np.maximum(steps - 1, 0)].copy()
+        first = steps == 0
+        out[first] = 0
+        out[first, T0] = prompt
+        out[:, T0] += 1
+        return out
+
+    def held(self, prompt: int, generated: np.ndarray) -> np.ndarray:
+        """Counts a sequence holds between steps with `generated` output tokens (>= 1): its cache
+        is P + generated - 1 tokens (the last sampled token is written by the next step)."""
+        steps = np.asarray(generated) - 2
+        out = self.after(prompt, np.maximum(steps, 0)).copy()
+        first = steps < 0
+        out[first] = 0
+        out[first, T0] = prompt
+        return out
+
+    def step_counts(self, prompts: np.ndarray, generated: np.ndarray, decoding: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(during the step, after it) for running requests: a decoding one at its decode step
+        generated - 1 (`attended`, `after`); a (re)prefilling one what it holds once prefilled,
+        prompt + generated tokens (`held` at generated + 1), both times."""
+        if not self.tiering:  # every token in T0: prompt + generated either way
+            out = np.zeros((len(prompts), len(TIERS)), dtype=np.int64)
+            out[:, T0] = prompts + generated
+            return out, out
+        att = np.empty((len(prompts), len(TIERS)), dtype=np.int64)
+        aft = np.empty_like(att)
+        for p in np.unique(prompts):
+            mine = prompts == p
+            dec, pre = mine & decoding, mine & ~decoding
+            steps = generated[dec] - 1
+            att[dec], aft[dec] = self.attended(int(p), steps), self.after(int(p), steps)
+            att[pre] = aft[pre] = self.held(int(p), generated[pre] + 1)
+        return att, aft
+
+    def retier_due(self, steps: np.ndarray) -> np.ndarray:
+        if not self.tiering:
+            return np.zeros(len(steps), dtype=bool)
+        return (steps + 1) % self.policy.retier_interval == 0
+
