@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import importlib
 
-import typer
+from sim.cli_guard import GuardedTyper
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="hwprobe: measure a machine, run the real tiered KV cache, validate the simulator against it.")
+app = GuardedTyper("hwprobe", add_completion=False, no_args_is_help=True,
+                   help="hwprobe: measure a machine, run the real tiered KV cache, validate the simulator against it.")
 
 # module name -> registers one or more commands on `app` via `register(app)`
 _COMMAND_MODULES = [

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -20,18 +21,48 @@ class DeviceUnavailable(Exception):
     """The requested device is missing: one line, exit 2."""
 
 
+_DEVICE_FORM = re.compile(r"(cuda|cpu)(?::(\d{1,4}))?")
+MAX_THREADS = 4096
+
+
 def resolve_device(device: str | None) -> str:
-    """`cuda` unless told otherwise; never silently falls back to the CPU."""
+    """`cuda` unless told otherwise; never silently falls back to the CPU. `cuda:N` must name a
+    device this machine has."""
     name = device or "cuda"
-    if name.split(":")[0] not in DEVICES:
-        raise DeviceUnavailable(f"--device: expected cuda or cpu, got {name!r}")
-    if name.startswith("cuda"):
+    form = _DEVICE_FORM.fullmatch(name)
+    if form is None:
+        raise DeviceUnavailable(f"--device: expected cuda, cuda:N or cpu, got {name!r}")
+    if form.group(1) == "cpu" and form.group(2) not in (None, "0"):
+        raise DeviceUnavailable(f"--device: the CPU is cpu (or cpu:0), got {name!r}")
+    if form.group(1) == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             raise DeviceUnavailable("no CUDA device available; pass --device cpu to run on the CPU "
                                     "(timings are then labelled cpu)")
+        if form.group(2) is not None and int(form.group(2)) >= torch.cuda.device_count():
+            raise DeviceUnavailable(f"--device: {name} does not exist; this machine has "
+                                    f"{torch.cuda.device_count()} CUDA device(s)")
     return name
+
+
+def check_run_options(*, layers: int | None = None, threads: int | None = None, attention: str = "merged",
+                      prefill: str = "random", dtype: str | None = None, scores: str = "attention") -> None:
+    """Every option of `hwprobe run` / `validate` checked before any work: a ConfigError naming it."""
+    from sim.limits import MAX_LAYERS
+
+    from .decode import PREFILL_MODES, RUN_DTYPES, SCORE_SOURCES
+
+    if layers is not None and not 1 <= layers <= MAX_LAYERS:
+        raise ConfigError(f"expected 1 to {MAX_LAYERS}, got {layers}", field="--layers")
+    if threads is not None and not 1 <= threads <= MAX_THREADS:
+        raise ConfigError(f"expected 1 to {MAX_THREADS}, got {threads}", field="--threads")
+    for option, value, choices in (("--attention", attention, ("merged", "ordered")), ("--prefill", prefill, PREFILL_MODES),
+                                   ("--scores", scores, SCORE_SOURCES)):
+        if value not in choices:
+            raise ConfigError(f"expected one of {', '.join(choices)}, got {value!r}", field=option)
+    if dtype is not None and dtype not in RUN_DTYPES:
+        raise ConfigError(f"expected one of {', '.join(RUN_DTYPES)}, got {dtype!r}", field="--dtype")
 
 
 def with_source(err: ConfigError, path) -> ConfigError:
@@ -72,6 +103,8 @@ def print_summary(s: MeasuredSummary) -> None:
         ("offloaded / evicted tokens", f"{s.offloaded_tokens:,} / {s.evicted_tokens:,}"
                                        f"  [re-tier on {s.scores} scores]"),
     ]
+    if s.access != "prefetch":
+        rows.append(("host attention share", f"{_fmt(s.host_attention_share, '', 0.01, 3)} %  [access {s.access}]"))
     rows += [("note", n) for n in s.notes]
     for label, value in rows:
         t.add_row(f"[bold]{label}[/bold]", value)
@@ -93,26 +126,39 @@ def register(app: typer.Typer) -> None:
         threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (--device cpu; tiny shapes run fastest on 1)"),
         scores: str = typer.Option("attention", "--scores", help="attention (re-tier on this run's attention) or "
                                    "simulator (replay the simulator's seeded decisions: same tokens moved)"),
+        host_fraction: Optional[float] = typer.Option(None, "--host-fraction", help="policy.access split: share of each "
+                                                      "layer's host tokens attended on the host (default: the simulator's "
+                                                      "choice per step)"),
     ) -> None:
         """Run the real tiered KV cache in a decode loop and measure it."""
-        from sim.output import default_run_path, to_json, write_run_dir
+        from sim.output import check_out_path, default_run_path, to_json, write_run_dir
         from sim.scenario import load_scenario
 
-        from .decode import RunOptions, measure_run
+        from .decode import RunOptions, check_access_options, measure_run
 
-        try:
+        try:  # every option, input and the output path checked before anything is measured
+            check_run_options(layers=layers, threads=threads, attention=attention, prefill=prefill, dtype=dtype,
+                              scores=scores)
+            if out is not None:
+                check_out_path(out, folder=True)
             dev = resolve_device(device)
             sc = load_scenario(scenario, set_)
-            if attention not in ("merged", "ordered"):
-                raise ConfigError(f"--attention: expected merged or ordered, got {attention!r}")
-            result = measure_run(sc, RunOptions(device=dev, layers=layers, attention=attention, prefill=prefill,
-                                                dtype=dtype, cpu_threads=threads, scores=scores))
+            check_access_options(sc.policy, host_fraction, attention)
+            out_dir = out or default_run_path(f"hwprobe-{sc.name}")
+            check_out_path(out_dir, folder=True)
         except DeviceUnavailable as err:
             fail("run", str(err))
         except ConfigError as err:
+            fail("run", err.line() if err.field and err.field.startswith("--") else with_source(err, scenario).line())
+        try:
+            result = measure_run(sc, RunOptions(device=dev, layers=layers, attention=attention, prefill=prefill,
+                                                dtype=dtype, cpu_threads=threads, scores=scores,
+                                                host_fraction=host_fraction))
+            write_run_dir(out_dir, sc, result.summary, result.steps)
+        except ConfigError as err:
             fail("run", with_source(err, scenario).line())
-        out_dir = out or default_run_path(f"hwprobe-{sc.name}")
-        write_run_dir(out_dir, sc, result.summary, result.steps)
+        except OSError as exc:
+            fail("run", ConfigError(f"cannot write {out_dir}: {exc.strerror or exc}", field="--out").line())
         if as_json:
             print(to_json(result.summary))
             return

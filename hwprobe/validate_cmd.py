@@ -111,14 +111,14 @@ def simulator_predictor(profile_path: str | None):
 def hwprobe_measurer(opts, runs_dir: Path | None = None):
     """Scenario -> measured summary; with `runs_dir`, each run's directory (summary.json,
     steps.csv, resolved scenario) is kept under runs_dir/<scenario name>."""
-    from sim.output import write_run_dir
+    from sim.output import safe_name, write_run_dir
 
     from .decode import measure_run
 
     def run(sc) -> dict:
         result = measure_run(sc, opts)
         if runs_dir is not None:
-            write_run_dir(runs_dir / sc.name, sc, result.summary, result.steps)
+            write_run_dir(runs_dir / safe_name(sc.name), sc, result.summary, result.steps)
         return {**result.summary.model_dump(), MEMORY_KEY: result.summary.hbm_peak_bytes}
 
     return run
@@ -127,16 +127,19 @@ def hwprobe_measurer(opts, runs_dir: Path | None = None):
 def recorded_measurer(measured_dir: Path):
     """Scenario -> the summary a past `hwprobe run` kept under measured_dir/<name> (validate's
     --runs-dir): the model can be re-checked against a GPU's measurements without the GPU."""
-    import json
+    from sim.inputs import read_json
+    from sim.output import safe_name
 
     def read(sc) -> dict:
-        path = measured_dir / sc.name / "summary.json"
+        path = measured_dir / safe_name(sc.name) / "summary.json"
+        if not path.is_file():
+            raise ConfigError(f"no measured run {path}", field="--measured")
         try:
-            summary = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"no measured run {path}", field="--measured") from None
-        except (OSError, ValueError) as err:
-            raise ConfigError(f"unreadable measured run {path}: {err}", field="--measured") from None
+            summary = read_json(path)
+        except ConfigError as err:
+            raise ConfigError(f"unreadable measured run {err.line()}", field="--measured") from None
+        if not isinstance(summary, dict):
+            raise ConfigError(f"unreadable measured run {path}: expected a JSON object", field="--measured")
         return {**summary, MEMORY_KEY: summary.get("hbm_peak_bytes")}
 
     return read
@@ -180,18 +183,32 @@ def print_tables(rows: pd.DataFrame, stats: pd.DataFrame, ratios: pd.DataFrame) 
     print_ratios(ratios, console)
 
 
-def _load_inputs(paths: list[Path], overrides: list[str], device: str | None, measured: Path | None):
-    """(device, loaded scenarios): the device is None when nothing is measured (--measured). Bad
+def _load_inputs(paths: list[Path], overrides: list[str], device: str | None, measured: Path | None, *,
+                 profile: Path | None = None, out_path: Path | None = None, runs_dir: Path | None = None,
+                 options: dict | None = None):
+    """(device, loaded scenarios): the device is None when nothing is measured (--measured). Every
+    option, input file (scenarios, profiles) and output path is checked here, before any work; bad
     input exits 2 with one line."""
+    from sim.output import check_out_path
+    from sim.profile import load_profile
     from sim.scenario import load_scenario
 
-    from .run_cmd import DeviceUnavailable, fail, resolve_device
+    from .run_cmd import DeviceUnavailable, check_run_options, fail, resolve_device
 
     try:
+        check_run_options(**(options or {}))
         dev = None if measured else resolve_device(device)
         loaded = [load_scenario(p, overrides) for p in paths]
         if measured and not measured.is_dir():
             raise ConfigError(f"not a directory: {measured}", field="--measured")
+        for prof in {str(profile)} if profile else {sc.hardware.profile for sc in loaded} - {None}:
+            load_profile(prof)
+        if out_path is not None:
+            check_out_path(out_path, folder=False)
+            for beside in (_ratios_path(out_path), _errors_path(out_path)):
+                check_out_path(beside, folder=False)
+        if runs_dir is not None:
+            check_out_path(runs_dir, folder=True, field="--runs-dir")
     except DeviceUnavailable as err:
         fail("validate", str(err))
     except ConfigError as err:
@@ -323,10 +340,12 @@ def register(app: typer.Typer) -> None:
 
         from .decode import RunOptions
 
-        dev, loaded = _load_inputs(scenarios, set_, device, measured)
+        out_path = out or default_run_path("validate", ".csv")
+        dev, loaded = _load_inputs(scenarios, set_, device, measured, profile=profile, out_path=out_path,
+                                   runs_dir=runs_dir, options=dict(layers=layers, threads=threads, attention=attention,
+                                                                   scores=scores))
         opts = RunOptions(device=dev, layers=layers, attention=attention, cpu_threads=threads, scores=scores)
         predict, measure = _sides(loaded, scenarios, profile, measured, opts, runs_dir)
-        out_path = out or default_run_path("validate", ".csv")
         failures = _Failures(len(loaded))
         rows, stats = validate(loaded, predict, measure, progress=_ProgressWriter(out_path, loaded),
                                on_error=failures.report)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -243,41 +242,7 @@ def link(name: str) -> LinkSpec:
 
 
 def model_from_hf_config(path: str | Path) -> ModelSpec:
-    """A ModelSpec from a Hugging Face config.json on disk."""
-    p = Path(path)
-    try:
-        cfg = json.loads(p.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read Hugging Face config: {exc.strerror}", source=str(p)) from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"invalid JSON at line {exc.lineno}: {exc.msg}", source=str(p)) from None
-    if not isinstance(cfg, dict):
-        raise ConfigError("expected a JSON object", source=str(p))
-    required = ["num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size"]
-    for key in required:
-        if not isinstance(cfg.get(key), int):
-            raise ConfigError("expected an integer", source=str(p), field=key)
-    model_type = str(cfg.get("model_type", ""))
-    heads = cfg["num_attention_heads"]
-    n_experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0)
-    inter = cfg.get("intermediate_size")
-    if not isinstance(inter, int) and not n_experts:
-        raise ConfigError("expected an integer", source=str(p), field="intermediate_size")
-    return ModelSpec(
-        name=str(cfg.get("_name_or_path") or p.parent.name or p.stem),
-        num_layers=cfg["num_hidden_layers"],
-        hidden_size=cfg["hidden_size"],
-        num_heads=heads,
-        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        intermediate_size=int(inter or 0) if not n_experts else 0,
-        vocab_size=cfg["vocab_size"],
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        explicit_head_dim=cfg.get("head_dim"),
-        qkv_bias=bool(cfg.get("attention_bias", model_type.startswith("qwen2"))),
-        qk_norm=model_type.startswith("qwen3"),
-        num_experts=n_experts,
-        experts_per_token=int(cfg.get("num_experts_per_tok") or 0),
-        moe_intermediate_size=int(cfg.get("moe_intermediate_size") or (inter if n_experts else 0) or 0),
-        shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
-        source=f"config.json at {p}",
-    )
+    """A ModelSpec from a Hugging Face config.json on disk, validated strictly (sim/hf_config.py)."""
+    from .hf_config import model_from_hf_config as from_hf
+
+    return from_hf(path)

@@ -13,10 +13,11 @@ from rich.console import Console
 from rich.table import Table
 
 from . import catalog
+from .cli_guard import GuardedTyper
 from .errors import EXIT_BAD_INPUT, ConfigError
 from .units import GB, TB, TFLOP
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+app = GuardedTyper("kvsim", add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console(width=shutil.get_terminal_size((150, 40)).columns)
 
 
@@ -33,29 +34,52 @@ def run(
     set_: List[str] = typer.Option([], "--set", help="override, e.g. policy.hbm_ratio=0.3 (repeatable)"),
     as_json: bool = typer.Option(False, "--json", help="print the summary JSON on stdout"),
 ) -> None:
-    """Simulate one scenario; write the resolved scenario, summary.json and steps.csv."""
+    """Simulate one scenario; write the resolved scenario, summary.json and steps.csv (with
+    workload.arrivals: a serving run, requests.csv and timeline.csv)."""
     from .simulate import simulate
-    from .output import default_run_path, summary_rows, to_json, write_run_dir
-    from .profile import load_profile
+    from .output import check_out_path, default_run_path, serving_summary_rows, summary_rows, to_json, write_run_dir
+    from .profile import device_mismatch, load_profile, measured_device
     from .scenario import load_scenario
 
-    try:
+    try:  # every input and the output path checked before anything is simulated or written
+        if out is not None:
+            check_out_path(out, folder=True)
         sc = load_scenario(scenario, set_)
         prof_path = str(profile) if profile else sc.hardware.profile
         prof = load_profile(prof_path) if prof_path else None
-        result = simulate(sc, prof, profile_path=prof_path)
+        out_dir = out or default_run_path(sc.name)
+        check_out_path(out_dir, folder=True)
     except ConfigError as err:
         _fail(err)
-    out_dir = out or default_run_path(sc.name)
-    write_run_dir(out_dir, sc, result.summary, result.steps)
+    mismatch = device_mismatch(prof, catalog.gpu(sc.hardware.gpu)) if prof is not None else None
+    if mismatch:
+        print(f"kvsim: warning: {prof_path}: {mismatch}", file=sys.stderr)
+    serving = sc.workload.arrivals is not None
+    try:
+        if serving:
+            from .serving.run import simulate_serving
+
+            result = simulate_serving(sc, prof, profile_path=prof_path)
+            files = {"requests.csv": result.requests, "timeline.csv": result.timeline}
+            write_run_dir(out_dir, sc, result.summary, tables=files)
+        else:
+            result = simulate(sc, prof, profile_path=prof_path)
+            files = {"steps.csv": result.steps}
+            write_run_dir(out_dir, sc, result.summary, result.steps)
+    except ConfigError as err:
+        _fail(err)
+    except OSError as exc:
+        _fail(ConfigError(f"cannot write {out_dir}: {exc.strerror or exc}", field="--out"))
     if as_json:
         print(to_json(result.summary))
         return
     table = Table(show_header=False, box=None)
-    for label, value in summary_rows(result.summary):
+    rows = (serving_summary_rows(result.summary) if serving
+            else summary_rows(result.summary, measured_on=measured_device(prof) if prof else None))
+    for label, value in rows:
         table.add_row(f"[bold]{label}[/bold]", value)
     console.print(table)
-    console.print(f"[dim]wrote {out_dir}/ (scenario.resolved.yaml, summary.json, steps.csv)[/dim]")
+    console.print(f"[dim]wrote {out_dir}/ (scenario.resolved.yaml, summary.json, {', '.join(files)})[/dim]")
 
 
 def _model_rows(kv_dtype: str) -> list[dict]:
@@ -148,6 +172,28 @@ def report(
     except ConfigError as err:
         _fail(err)
     print(f"wrote {written} ({written.stat().st_size / MB:.1f} MB)", file=sys.stderr)
+
+
+@app.command()
+def sweep(
+    spec: Path = typer.Argument(..., help="sweep spec YAML (scenarios/sweeps/)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="sweep directory (default runs/sweep-<spec name>); a rerun into it resumes"),
+    executor: str = typer.Option("local", "--executor", help="local (processes on this machine) or ray"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (default: start a local Ray instance)"),
+    workers: Optional[int] = typer.Option(None, "--workers", help="local processes, or CPUs of a local Ray instance (default: all cores)"),
+    batch: Optional[int] = typer.Option(None, "--batch", help="points per task (default: 32 on Ray, chosen by level locally)"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar with ETA on stderr"),
+) -> None:
+    """Evaluate a grid of scenarios; write DIR/table.csv and DIR/table.parquet, one row per point."""
+    from .sweep.command import sweep_command
+
+    try:
+        code = sweep_command(spec, out, executor=executor, address=address, workers=workers, batch=batch,
+                             progress=progress)
+    except ConfigError as err:
+        _fail(err)
+    if code:
+        raise typer.Exit(code)
 
 
 def main() -> None:

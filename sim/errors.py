@@ -13,9 +13,12 @@ class ConfigError(Exception):
         super().__init__(self.line())
 
     def line(self) -> str:
+        """One line whatever the parts hold: newlines as spaces, any other character that is not
+        printable (a line separator, a terminal escape in a file name) escaped."""
         parts = [p for p in (self.source, self.field) if p]
         parts.append(self.message)
-        return ": ".join(parts).replace("\n", " ")
+        text = ": ".join(parts).replace("\n", " ")
+        return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 EXIT_BAD_INPUT = 2

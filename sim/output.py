@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
 from pydantic import BaseModel
 
-from .atomic import write_text_atomic
+from .atomic import write_dir_atomic
+from .errors import ConfigError
 from .hardware import SCENARIO as SCENARIO_OVERRIDE
 from .schema import SimRunSummary
 from .units import GB, MS
@@ -36,21 +39,62 @@ def to_json(document: BaseModel | dict) -> str:
 RUNS_DIR = Path("runs")
 
 
+MAX_FOLDER_NAME = 100
+
+
+def safe_name(label: str) -> str:
+    """`label` as one harmless path component: letters, digits, '.', '_' and '-' kept, any other run
+    of characters (a '/', spaces) one '-', no leading dot (no '..', no hidden folder)."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", label).lstrip(".-")[:MAX_FOLDER_NAME].rstrip(".-")
+    return name or "run"
+
+
 def default_run_path(label: str, suffix: str = "") -> Path:
-    """runs/<label>-<UTC time><suffix>: where a run goes when --out is not given."""
+    """runs/<label>-<UTC time><suffix>: where a run goes when --out is not given (the label made
+    safe_name, so a scenario name cannot put it outside runs/)."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return RUNS_DIR / f"{label}-{stamp}{suffix}"
+    return RUNS_DIR / f"{safe_name(label)}-{stamp}{suffix}"
 
 
-def write_run_dir(out_dir: str | Path, scenario, summary: BaseModel, steps) -> Path:
-    """The resolved scenario, summary.json and the per-step table as steps.csv, each written atomically."""
+def _nearest_existing(path: Path) -> Path:
+    p = path
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def check_out_path(path: str | Path, *, folder: bool, field: str = "--out") -> None:
+    """Before any work: `path` can be written as a folder (folder=True; an existing folder is
+    written into) or as a file; a path under a file, an existing entry of the other kind or an
+    unwritable folder is a ConfigError naming `field`."""
+    p = Path(path)
+    try:
+        if p.exists():
+            if folder and not p.is_dir():
+                raise ConfigError(f"{p} exists and is not a folder", field=field)
+            if not folder and p.is_dir():
+                raise ConfigError(f"{p} is a folder; expected the path of a file", field=field)
+        base = _nearest_existing(p.parent if not p.exists() or not folder else p)
+        if not base.is_dir():
+            raise ConfigError(f"{base} is a file; cannot write {p} under it", field=field)
+        if not os.access(base, os.W_OK | os.X_OK):
+            raise ConfigError(f"cannot write in {base}", field=field)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {p}: {exc.strerror or exc}", field=field) from None
+
+
+def write_run_dir(out_dir: str | Path, scenario, summary: BaseModel, steps=None, tables: dict | None = None) -> Path:
+    """The resolved scenario, summary.json and the per-step table as steps.csv (or, given `tables`,
+    each DataFrame as its named CSV: a serving run's requests.csv and timeline.csv), written as a
+    whole (sim/atomic.py write_dir_atomic): an interrupted write leaves the complete folder or none."""
     from .scenario import scenario_to_yaml
 
-    out = Path(out_dir)
-    write_text_atomic(out / "scenario.resolved.yaml", scenario_to_yaml(scenario))
-    write_text_atomic(out / "steps.csv", steps.to_csv(index=False))
-    write_text_atomic(out / "summary.json", to_json(summary) + "\n")
-    return out
+    csvs = tables if tables is not None else {"steps.csv": steps}
+    return write_dir_atomic(out_dir, {
+        "scenario.resolved.yaml": scenario_to_yaml(scenario),
+        **{name: table.to_csv(index=False) for name, table in csvs.items()},
+        "summary.json": to_json(summary) + "\n",
+    })
 
 
 def _gb(x) -> str:
@@ -61,15 +105,15 @@ def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.1f} %"
 
 
-def _where(s: SimRunSummary) -> str:
+def summary_rows(s: SimRunSummary, measured_on: str | None = None) -> list[tuple[str, str]]:
+    """(label, value) rows in reading order. `measured_on`: the device the run's profile measured
+    (sim.profile.measured_device), said beside the GPU so CPU figures never pass for the GPU's."""
+    where = f"{s.gpu} (measured figures from {measured_on})" if measured_on else s.gpu
     tp = s.resolved_scenario.get("parallel", {}).get("tp", 1)
-    return f"{tp} x {s.gpu} (tensor parallel; memory figures per GPU)" if tp > 1 else s.gpu
-
-
-def summary_rows(s: SimRunSummary) -> list[tuple[str, str]]:
-    """(label, value) rows in reading order."""
+    if tp > 1:
+        where = f"{tp} x {where} (tensor parallel; memory figures per GPU)"
     rows = [
-        ("scenario", f"{s.scenario}: {s.model} on {_where(s)}, batch {s.batch_size}, "
+        ("scenario", f"{s.scenario}: {s.model} on {where}, batch {s.batch_size}, "
                      f"{s.policy} ({s.semantics}, {s.prefetch})"),
     ]
     if s.fits:
@@ -94,11 +138,50 @@ def summary_rows(s: SimRunSummary) -> list[tuple[str, str]]:
             if s.max_batch_by_policy else "")),
     ]
     measured = sorted(k for k, v in s.sources.items() if str(v).startswith("profile"))
-    rows.append(("hardware figures", f"measured ({', '.join(measured)}) from {s.profile}; others datasheet x default efficiency"
+    on = f" on {measured_on}" if measured_on else ""
+    rows.append(("hardware figures", f"measured{on} ({', '.join(measured)}) from {s.profile}; others datasheet x default efficiency"
                  if measured else "datasheet x default efficiency (no profile)"))
     overridden = sorted(k for k, v in s.sources.items() if v == SCENARIO_OVERRIDE)
     if overridden:
         rows.append(("scenario overrides", ", ".join(overridden)))
     if s.link_bottleneck:
         rows.append(("bottleneck", "host link (a direction is busy >= 90% of decode time)"))
+    return rows
+
+
+def _ms(x) -> str:
+    return "-" if x is None else f"{x / MS:,.1f} ms"
+
+
+def serving_summary_rows(s) -> list[tuple[str, str]]:
+    """(label, value) rows of a ServingSummary, in reading order."""
+    where = s.gpu if s.tp == 1 else f"{s.tp} x {s.gpu} (tensor parallel; memory figures per GPU)"
+    load = {"poisson": f"Poisson at {s.offered_rate_per_s:g} req/s", "gamma": f"gamma at {s.offered_rate_per_s:g} req/s",
+            "closed_loop": f"closed loop, {s.clients} clients", "trace": "trace"}[s.arrivals]
+    rows = [("scenario", f"{s.scenario}: {s.model} on {where}, {s.policy}, {s.requests:,} requests, {load}"),
+            ("scheduler", f"max_num_seqs {s.max_num_seqs}, max_num_batched_tokens {s.max_num_batched_tokens:,}, "
+                          f"chunked prefill {'on' if s.chunked_prefill else 'off'}")]
+    if not s.fits:
+        rows.append(("fits", f"NO - does not fit: {s.does_not_fit}"))
+        return rows
+    rows += [
+        ("fits", "yes"),
+        ("duration", f"{s.duration_s:,.1f} s ({s.steps:,} steps)"),
+        ("request / output throughput", f"{s.request_throughput_per_s:,.2f} req/s / {s.output_throughput_tok_per_s:,.0f} tok/s"),
+        ("TTFT mean / p50 / p99", f"{_ms(s.ttft_mean_s)} / {_ms(s.ttft_p50_s)} / {_ms(s.ttft_p99_s)}"),
+        ("TPOT mean / p50 / p99", f"{_ms(s.tpot_mean_s)} / {_ms(s.tpot_p50_s)} / {_ms(s.tpot_p99_s)}"),
+        ("ITL p50 / p99", f"{_ms(s.itl_p50_s)} / {_ms(s.itl_p99_s)}"),
+        ("E2E mean / p99", f"{s.e2e_mean_s:,.2f} / {s.e2e_p99_s:,.2f} s"),
+    ]
+    if s.goodput_req_per_s is not None:
+        targets = ", ".join(t for t in (f"TTFT <= {_ms(s.slo_ttft_s)}" if s.slo_ttft_s else "",
+                                        f"TPOT <= {_ms(s.slo_tpot_s)}" if s.slo_tpot_s else "") if t)
+        rows.append(("goodput", f"{s.goodput_req_per_s:,.2f} req/s ({targets})"))
+    rows += [
+        ("concurrency mean / running mean / max", f"{s.mean_concurrency:,.1f} / {s.mean_running:,.1f} / {s.max_running}"),
+        ("queue mean", f"{s.queue_mean_s:,.3f} s"),
+        ("preemptions", f"{s.preemptions:,} ({s.preempted_requests:,} requests)"),
+        ("HBM peak / KV budget", f"{_gb(s.hbm_peak_bytes)} of {_gb(s.hbm_capacity_bytes)} / {_gb(s.kv_budget_bytes)}"),
+        ("host peak", _gb(s.host_peak_bytes)),
+    ]
     return rows

@@ -8,15 +8,40 @@ standing in for one (host memcpy as "link"); CPU profiles are labelled and never
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import ConfigError
+from .limits import (MAX_BATCH, MAX_BYTES, MAX_BYTES_PER_S, MAX_FLOP_PER_S, MAX_SECONDS, MIN_BYTES_PER_S,
+                     MIN_FLOP_PER_S)
 
 PROFILE_SCHEMA_VERSION = 1
+MAX_ROWS = 2**20  # GEMM rows (tokens in one step)
+MAX_DIM = 2**24  # a GEMM dimension
+MAX_SAMPLES = 10**6
+MAX_COPY_ENGINES = 64
+
+# Measured figures: positive, finite (the loader refuses NaN and infinities anywhere) and bounded.
+BytesPerS = Annotated[float, Field(ge=MIN_BYTES_PER_S, le=MAX_BYTES_PER_S)]
+FlopPerS = Annotated[float, Field(ge=MIN_FLOP_PER_S, le=MAX_FLOP_PER_S)]
+# a raw measured point: positive (the figures fitted from the points carry the lower bounds above)
+PointBytesPerS = Annotated[float, Field(gt=0, le=MAX_BYTES_PER_S)]
+PointFlopPerS = Annotated[float, Field(gt=0, le=MAX_FLOP_PER_S)]
+Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
+Rows = Annotated[int, Field(gt=0, le=MAX_ROWS)]
+
+
+def _pair(value):
+    """YAML has no tuples: a (rows, rate) pair is read back as a two-item list."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+RowsBytesPerS = Annotated[tuple[Rows, BytesPerS], BeforeValidator(_pair)]
+RowsFlopPerS = Annotated[tuple[Rows, FlopPerS], BeforeValidator(_pair)]
 
 
 class _P(BaseModel):
@@ -26,10 +51,10 @@ class _P(BaseModel):
 class CopyPoint(_P):
     """One copy size: median time of one copy of `size_bytes`, over `samples` timed repeats."""
 
-    size_bytes: int = Field(gt=0)
-    time_s: float = Field(gt=0)
-    bytes_per_s: float = Field(gt=0)
-    samples: int = Field(1, ge=1)
+    size_bytes: int = Field(gt=0, le=MAX_BYTES)
+    time_s: Seconds
+    bytes_per_s: PointBytesPerS
+    samples: int = Field(1, ge=1, le=MAX_SAMPLES)
     rel_spread: float = Field(0.0, ge=0)  # (max - min) / median over samples
     verified: bool = True  # destination compared against source after the copy
 
@@ -41,8 +66,8 @@ class CopyCurve(_P):
     memory: Literal["pinned", "pageable"]
     concurrent: bool = False  # measured while the other direction was busy
     points: list[CopyPoint]
-    fit_per_copy_latency_s: float = Field(ge=0)
-    fit_bytes_per_s: float = Field(gt=0)
+    fit_per_copy_latency_s: float = Field(ge=0, le=MAX_SECONDS)
+    fit_bytes_per_s: BytesPerS
 
     def copy_time_s(self, size_bytes: float) -> float:
         """Time of one copy: log-log interpolation of measured points inside their range, the
@@ -65,10 +90,10 @@ class CopyCurve(_P):
 class LinkProfile(_P):
     curves: list[CopyCurve]
     # Per-direction bandwidth while both directions copy at once (large copies).
-    bidirectional_h2d_bytes_per_s: float | None = Field(None, gt=0)
-    bidirectional_d2h_bytes_per_s: float | None = Field(None, gt=0)
+    bidirectional_h2d_bytes_per_s: BytesPerS | None = None
+    bidirectional_d2h_bytes_per_s: BytesPerS | None = None
     # Host memory packing a strided K/V half into a contiguous block (bytes out per second).
-    host_pack_bytes_per_s: float | None = Field(None, gt=0)
+    host_pack_bytes_per_s: BytesPerS | None = None
 
     def curve(self, direction: str, memory: str) -> CopyCurve | None:
         for c in self.curves:
@@ -78,29 +103,29 @@ class LinkProfile(_P):
 
 
 class GemmPoint(_P):
-    m: int = Field(gt=0)
-    n: int = Field(gt=0)
-    k: int = Field(gt=0)
+    m: int = Field(gt=0, le=MAX_DIM)
+    n: int = Field(gt=0, le=MAX_DIM)
+    k: int = Field(gt=0, le=MAX_DIM)
     dtype: str
-    time_s: float = Field(gt=0)
-    flop_per_s: float = Field(gt=0)
-    weight_bytes_per_s: float = Field(gt=0)  # n*k*bytes / time: weight streaming rate
-    samples: int = Field(1, ge=1)
+    time_s: Seconds
+    flop_per_s: PointFlopPerS
+    weight_bytes_per_s: PointBytesPerS  # n*k*bytes / time: weight streaming rate
+    samples: int = Field(1, ge=1, le=MAX_SAMPLES)
     rel_spread: float = Field(0.0, ge=0)  # (max - min) / median over samples
-    best_flop_per_s: float | None = Field(None, gt=0)  # from the fastest sample (time_s is the median)
+    best_flop_per_s: PointFlopPerS | None = None  # from the fastest sample (time_s is the median)
 
 
 class AttentionPoint(_P):
-    batch: int = Field(gt=0)
-    context_tokens: int = Field(gt=0)
-    num_heads: int = Field(gt=0)
-    num_kv_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
+    batch: int = Field(gt=0, le=MAX_BATCH)
+    context_tokens: int = Field(gt=0, le=MAX_DIM)
+    num_heads: int = Field(gt=0, le=MAX_DIM)
+    num_kv_heads: int = Field(gt=0, le=MAX_DIM)
+    head_dim: int = Field(gt=0, le=MAX_DIM)
     dtype: str
-    time_s: float = Field(gt=0)
-    kv_bytes_per_s: float = Field(gt=0)
+    time_s: Seconds
+    kv_bytes_per_s: PointBytesPerS
     backend: str
-    samples: int = Field(1, ge=1)
+    samples: int = Field(1, ge=1, le=MAX_SAMPLES)
     rel_spread: float = Field(0.0, ge=0)  # (max - min) / median over samples
 
 
@@ -108,30 +133,41 @@ class StepOverhead(_P):
     """Fixed costs of hwprobe's decode loop for one way of staging T1/T2 ("none", or a prefetch
     mode), from tiny-dimension steps at two depths: on a GPU the host's enqueue time."""
 
-    layer_s: float = Field(ge=0)
-    step_s: float = Field(ge=0)
+    layer_s: float = Field(ge=0, le=MAX_SECONDS)
+    step_s: float = Field(ge=0, le=MAX_SECONDS)
 
 
 class ComputeProfile(_P):
     """Achieved figures the simulator uses, derived from the raw points below."""
 
-    device_copy_bytes_per_s: float | None = Field(None, gt=0)
+    device_copy_bytes_per_s: BytesPerS | None = None
     device_copy_convention: str = "bytes read + bytes written per second"
-    weight_hbm_bytes_per_s: dict[str, float] = {}  # by weight dtype, from small-M GEMMs
+    weight_hbm_bytes_per_s: dict[str, BytesPerS] = {}  # by weight dtype, from small-M GEMMs
     # by weight dtype: (rows, weight bytes / kernel time) of the dtype's decode kernel on a layer-shaped
     # matrix, dequantisation and MMA included; replaces the modelled weight kernel where present
-    weight_kernel_bytes_per_s_by_rows: dict[str, list[tuple[int, float]]] = {}
+    weight_kernel_bytes_per_s_by_rows: dict[str, list[RowsBytesPerS]] = {}
     weight_kernels: dict[str, str] = {}  # by weight dtype: the kernel those points timed
-    attention_hbm_bytes_per_s: float | None = Field(None, gt=0)
-    attention_latency_s: float | None = Field(None, ge=0)  # intercept of decode attention time against KV bytes
-    peak_flop_per_s: dict[str, float] = {}  # by dtype, from the peak search
-    gemm_flop_per_s_by_rows: list[tuple[int, float]] = []  # (M, achieved FLOP/s), bf16
-    layer_overhead_s: float | None = Field(None, ge=0)
-    kernel_launch_s: float | None = Field(None, gt=0)  # one small kernel, back to back (eager)
+    attention_hbm_bytes_per_s: BytesPerS | None = None
+    attention_latency_s: float | None = Field(None, ge=0, le=MAX_SECONDS)  # intercept of decode attention time against KV bytes
+    peak_flop_per_s: dict[str, FlopPerS] = {}  # by dtype, from the peak search
+    gemm_flop_per_s_by_rows: list[RowsFlopPerS] = []  # (M, achieved FLOP/s), bf16
+    layer_overhead_s: float | None = Field(None, ge=0, le=MAX_SECONDS)
+    kernel_launch_s: Seconds | None = None  # one small kernel, back to back (eager)
     step_overheads: dict[str, StepOverhead] = {}  # by prefetch mode ("none": nothing staged)
     attention_backend: str | None = None
     gemm_points: list[GemmPoint] = []
     attention_points: list[AttentionPoint] = []
+
+    @model_validator(mode="after")
+    def _distinct_rows(self):
+        """A row count appears once per curve: two figures for one row count mean nothing."""
+        curves = {"gemm_flop_per_s_by_rows": self.gemm_flop_per_s_by_rows,
+                  **{f"weight_kernel_bytes_per_s_by_rows.{k}": v for k, v in self.weight_kernel_bytes_per_s_by_rows.items()}}
+        for name, points in curves.items():
+            rows = [r for r, _ in points]
+            if len(set(rows)) != len(rows):
+                raise ValueError(f"{name}: a row count appears twice ({sorted(rows)})")
+        return self
 
 
 class Profile(_P):
@@ -143,10 +179,10 @@ class Profile(_P):
     created_utc: str  # ISO 8601
     versions: dict[str, str] = {}  # torch, cuda, driver, python, kvtier
     environment: dict = {}  # clocks, PCIe link state, throttle reasons, host CPU, ...
-    device_memory_bytes: float | None = Field(None, gt=0)  # the device's total, as it reports it
-    device_memory_free_bytes: float | None = Field(None, ge=0)  # free when calibration started
-    host_memory_bytes: float | None = Field(None, gt=0)
-    copy_engines: int | None = Field(None, ge=1)
+    device_memory_bytes: float | None = Field(None, gt=0, le=MAX_BYTES)  # the device's total, as it reports it
+    device_memory_free_bytes: float | None = Field(None, ge=0, le=MAX_BYTES)  # free when calibration started
+    host_memory_bytes: float | None = Field(None, gt=0, le=MAX_BYTES)
+    copy_engines: int | None = Field(None, ge=1, le=MAX_COPY_ENGINES)
     link: LinkProfile | None = None
     compute: ComputeProfile = ComputeProfile()
     warnings: list[str] = []
@@ -154,21 +190,51 @@ class Profile(_P):
 
 
 def load_profile(path: str | Path) -> Profile:
-    from .scenario import read_yaml, validation_error_line
+    """A profile file, size-capped and validated strictly (no YAML `true` as 1, no NaN or
+    infinity, measured figures positive and bounded); any failure a ConfigError."""
+    from .inputs import read_yaml
+    from .scenario import validation_error_line
 
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError("expected a mapping at the top level", source=str(path))
     version = data.get("schema_version")
-    if version != PROFILE_SCHEMA_VERSION:
+    if type(version) is not int or version != PROFILE_SCHEMA_VERSION:
         raise ConfigError(
             f"unsupported profile schema_version {version!r}, expected {PROFILE_SCHEMA_VERSION}",
             source=str(path), field="schema_version",
         )
     try:
-        return Profile.model_validate(data)
+        profile = Profile.model_validate(data, strict=True)
     except ValidationError as err:
         raise validation_error_line(err, str(path)) from None
+    total, free = profile.device_memory_bytes, profile.device_memory_free_bytes
+    if total is not None and free is not None and free > total:
+        raise ConfigError(f"{free:g} is more than device_memory_bytes {total:g}", source=str(path),
+                          field="device_memory_free_bytes")
+    return profile
+
+
+def _compact(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def measured_device(profile: Profile) -> str:
+    """What a profile's figures describe, for people: `cuda (NVIDIA H200)`, `cpu (AMD EPYC 9654)`."""
+    return f"{profile.device} ({profile.device_name})"
+
+
+def device_mismatch(profile: Profile, gpu) -> str | None:
+    """One line when the profile did not measure the scenario's GPU (`gpu`, a catalog GpuSpec): a CPU
+    profile, or a GPU whose name matches none of the catalog entry's names; None when it did."""
+    if profile.device != "cuda":
+        return (f"the profile measured the {measured_device(profile)}, not a GPU: its figures describe that "
+                f"CPU, not {gpu.name}")
+    device = _compact(profile.device_name)
+    if not any(_compact(n) in device for n in (gpu.name, *gpu.aliases)):
+        return (f"the profile measured {profile.device_name}, the scenario's GPU is {gpu.name}: measured figures "
+                f"describe {profile.device_name}")
+    return None
 
 
 def profile_to_yaml(profile: Profile) -> str:

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
 from .errors import ConfigError
+from .inputs import check_tree, parse_yaml
+from .inputs import read_yaml as _read_yaml
+from .limits import (MAX_BATCH, MAX_BYTES, MAX_LAYER_STEPS, MAX_NAME_CHARS, MAX_OVERHEAD_S,
+                     MAX_SEED, MAX_TEXT_CHARS, MAX_TOKEN_SLOTS, MAX_TOKENS, MIN_BYTES_PER_S, MIN_EFFICIENCY)
+from .serving.config import ARRIVAL_KINDS, Arrivals, SchedulerCfg, SloCfg
 
+GROUP_SIZE_MAX = 2**16
+COPY_ENGINES_MAX = 64
+STAGING_BUFFERS_MAX = 64
 
 
 def _ratio(default: float):
@@ -20,15 +28,17 @@ KvDType = Literal["bf16", "fp16", "fp8", "int8"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Loading validates strictly too (no YAML `true` as the integer 1, no "0.5" as a number): see
+    # scenario_from_dict. NaN and infinities are refused everywhere.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelCfg(_Strict):
-    name: str | None = None
-    hf_config: str | None = None
+    name: str | None = Field(None, max_length=MAX_NAME_CHARS)
+    hf_config: str | None = Field(None, min_length=1, max_length=MAX_TEXT_CHARS)
     weight_dtype: WeightDType = "bf16"
     kv_dtype: KvDType = "bf16"
-    weight_group_size: int = Field(128, ge=1)
+    weight_group_size: int = Field(128, ge=1, le=GROUP_SIZE_MAX)
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -40,27 +50,27 @@ class ModelCfg(_Strict):
 class EfficiencyCfg(_Strict):
     """Overrides of the default achieved fractions (see sim/catalog/efficiency.yaml)."""
 
-    weight_hbm_efficiency: float | None = Field(None, gt=0.0, le=1.0)
-    attention_hbm_efficiency: float | None = Field(None, gt=0.0, le=1.0)
-    gemm_flop_efficiency: float | None = Field(None, gt=0.0, le=1.0)
-    attention_flop_efficiency: float | None = Field(None, gt=0.0, le=1.0)
-    attention_latency_s: float | None = Field(None, ge=0.0)  # floor of one decode-attention call
-    dequant_ops_per_weight: float | None = Field(None, ge=0.0)  # CUDA-core operations per weight, weight-only kernels
-    layer_overhead_s: float | None = Field(None, ge=0.0)
-    host_layer_s: float | None = Field(None, ge=0.0)  # host time to enqueue a layer (eager); max with device time
-    host_step_s: float | None = Field(None, ge=0.0)  # host time per step outside the layers; max with LM head + step overhead
-    step_overhead_s: float | None = Field(None, ge=0.0)
-    host_pack_bytes_per_s: float | None = Field(None, gt=0.0)  # host packing before the prototype's copies
-    runtime_reserve_bytes: float | None = Field(None, ge=0.0)
+    weight_hbm_efficiency: float | None = Field(None, ge=MIN_EFFICIENCY, le=1.0)
+    attention_hbm_efficiency: float | None = Field(None, ge=MIN_EFFICIENCY, le=1.0)
+    gemm_flop_efficiency: float | None = Field(None, ge=MIN_EFFICIENCY, le=1.0)
+    attention_flop_efficiency: float | None = Field(None, ge=MIN_EFFICIENCY, le=1.0)
+    attention_latency_s: float | None = Field(None, ge=0.0, le=MAX_OVERHEAD_S)  # floor of one decode-attention call
+    dequant_ops_per_weight: float | None = Field(None, ge=0.0, le=1000.0)  # CUDA-core operations per weight, weight-only kernels
+    layer_overhead_s: float | None = Field(None, ge=0.0, le=MAX_OVERHEAD_S)
+    host_layer_s: float | None = Field(None, ge=0.0, le=MAX_OVERHEAD_S)  # host time to enqueue a layer (eager); max with device time
+    host_step_s: float | None = Field(None, ge=0.0, le=MAX_OVERHEAD_S)  # host time per step outside the layers; max with LM head + step overhead
+    step_overhead_s: float | None = Field(None, ge=0.0, le=MAX_OVERHEAD_S)
+    host_pack_bytes_per_s: float | None = Field(None, ge=MIN_BYTES_PER_S)  # host packing before the prototype's copies (1e30: free)
+    runtime_reserve_bytes: float | None = Field(None, ge=0.0, le=MAX_BYTES)
 
 
 class HardwareCfg(_Strict):
-    gpu: str = "h200-sxm"
-    link: str | None = None  # default: the GPU's catalog link
+    gpu: str = Field("h200-sxm", max_length=MAX_NAME_CHARS)
+    link: str | None = Field(None, max_length=MAX_NAME_CHARS)  # default: the GPU's catalog link
     host: str | None = None  # host CPU (sim/catalog/hosts.yaml); default: the GPU entry's
-    host_memory_bytes: float | None = Field(None, gt=0)
-    profile: str | None = None  # measured profile YAML from `hwprobe calibrate`
-    copy_engines: int | None = Field(None, ge=1)
+    host_memory_bytes: float | None = Field(None, gt=0, le=MAX_BYTES)
+    profile: str | None = Field(None, min_length=1, max_length=MAX_TEXT_CHARS)  # measured profile YAML from `hwprobe calibrate`
+    copy_engines: int | None = Field(None, ge=1, le=COPY_ENGINES_MAX)
     efficiency: EfficiencyCfg = EfficiencyCfg()
 
 
@@ -68,25 +78,36 @@ class LengthDist(_Strict):
     """A distribution of reasoning lengths, drawn per sequence from the scenario's seed."""
 
     dist: Literal["uniform", "normal", "lognormal"]
-    min: int | None = Field(None, ge=1)
-    max: int | None = Field(None, ge=1)
-    mean: float | None = Field(None, gt=0)
-    std: float | None = Field(None, ge=0)
+    min: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    max: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    mean: float | None = Field(None, ge=1, le=MAX_TOKENS)
+    std: float | None = Field(None, ge=0, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _params(self):
-        if self.dist == "uniform" and (self.min is None or self.max is None or self.min > self.max):
-            raise ValueError("uniform needs min <= max")
+        if self.dist == "uniform" and (self.min is None or self.max is None):
+            raise ValueError("uniform needs min and max")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"{self.dist} needs min <= max, got min {self.min} > max {self.max}")
         if self.dist in ("normal", "lognormal") and (self.mean is None or self.std is None):
             raise ValueError(f"{self.dist} needs mean and std")
         return self
 
 
 class WorkloadCfg(_Strict):
-    batch_size: int = Field(1, ge=1)
-    prompt_tokens: int = Field(256, ge=0)
-    reasoning_tokens: int | LengthDist = 2048
-    seed: int = 0
+    batch_size: int = Field(1, ge=1, le=MAX_BATCH)
+    prompt_tokens: int = Field(256, ge=0, le=MAX_TOKENS)
+    reasoning_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | LengthDist = 2048
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    arrivals: Arrivals | None = None  # serving (sim/serving): requests arrive; absent: the closed batch above
+
+    @model_serializer(mode="wrap")
+    def _closed_batch_unchanged(self, handler):
+        """A closed batch dumps (resolved scenario, sweep hashes) as it did before serving existed."""
+        data = handler(self)
+        if self.arrivals is None:
+            data.pop("arrivals", None)
+        return data
 
 
 class ImportanceCfg(_Strict):
@@ -94,8 +115,8 @@ class ImportanceCfg(_Strict):
 
     # importance = Gamma(gamma_shape) ** gamma_power. Defaults fitted by grid search to the paper's
     # measured shape: top 20% of tokens hold ~56.5% of attention mass, bottom 50% ~8% (under ~10%).
-    gamma_shape: float = Field(0.1, gt=0.0)
-    gamma_power: float = Field(0.25, gt=0.0)
+    gamma_shape: float = Field(0.1, gt=0.0, le=100.0)
+    gamma_power: float = Field(0.25, gt=0.0, le=10.0)
     drift: float = Field(0.0, ge=0.0, le=1.0)  # share of a token's importance redrawn at each re-tier
 
 
@@ -106,17 +127,17 @@ class PolicyCfg(_Strict):
     evict_ratio: float = _ratio(0.1)
     compressed_ratio: float = _ratio(0.0)
     compressed_dtype: Literal["int8", "fp8", "int4"] = "int8"
-    compressed_group_size: int = Field(64, ge=1)
-    retier_interval: int = Field(64, ge=1)
-    sink_tokens: int = Field(4, ge=0)
-    recent_window: int = Field(128, ge=0)
+    compressed_group_size: int = Field(64, ge=1, le=GROUP_SIZE_MAX)
+    retier_interval: int = Field(64, ge=1, le=MAX_TOKENS)
+    sink_tokens: int = Field(4, ge=0, le=MAX_TOKENS)
+    recent_window: int = Field(128, ge=0, le=MAX_TOKENS)
     protect_prompt: bool = True
     scoring: Literal["cumulative", "recent"] = "cumulative"
     prefetch: Literal["layerwise_async", "sync_per_step", "per_interval"] = "layerwise_async"
     # how attention reaches T1/T2: prefetch them to the GPU (`prefetch` mode above), attend them on the
     # host where they live (`host_attention`), or per layer a chosen fraction each way (`split`)
     access: Literal["prefetch", "host_attention", "split"] = "prefetch"
-    staging_buffers: int = Field(2, ge=1)
+    staging_buffers: int = Field(2, ge=1, le=STAGING_BUFFERS_MAX)
     pinned: bool = True
     importance: ImportanceCfg = ImportanceCfg()
 
@@ -144,9 +165,9 @@ DEFAULT_POLICY = PolicyCfg()
 
 class SimCfg(_Strict):
     detail: Literal["layer", "step"] = "layer"  # layer: SimPy events per layer; step: closed-form pipeline per step
-    step_stride: int = Field(1, ge=1)  # simulate every k-th decode step, weight it by k
-    record_every: int = Field(1, ge=1)  # per-step CSV keeps every n-th simulated step
-    max_batch_limit: int = Field(4096, ge=1)  # upper end of the max-batch search
+    step_stride: int = Field(1, ge=1, le=MAX_TOKENS)  # simulate every k-th decode step, weight it by k
+    record_every: int = Field(1, ge=1, le=MAX_TOKENS)  # per-step CSV keeps every n-th simulated step
+    max_batch_limit: int = Field(4096, ge=1, le=MAX_BATCH)  # upper end of the max-batch search
 
 
 class ParallelCfg(_Strict):
@@ -157,31 +178,49 @@ class ParallelCfg(_Strict):
 
 
 class Scenario(_Strict):
-    name: str = "scenario"
-    description: str = ""
+    name: str = Field("scenario", min_length=1, max_length=MAX_NAME_CHARS)
+    description: str = Field("", max_length=MAX_TEXT_CHARS)
     model: ModelCfg
     hardware: HardwareCfg = HardwareCfg()
     workload: WorkloadCfg = WorkloadCfg()
     policy: PolicyCfg = PolicyCfg()
     parallel: ParallelCfg = ParallelCfg()
     sim: SimCfg = SimCfg()
+    scheduler: SchedulerCfg = SchedulerCfg()  # continuous batching, for workload.arrivals
+    slo: SloCfg | None = None  # goodput targets, for workload.arrivals
+
+    @model_serializer(mode="wrap")
+    def _closed_batch_unchanged(self, handler):
+        """A closed batch dumps (resolved scenario, sweep hashes) as it did before serving existed."""
+        data = handler(self)
+        if self.workload.arrivals is None:
+            data.pop("scheduler", None)
+            data.pop("slo", None)
+        return data
 
 
 # ---- loading ------------------------------------------------------------------------------
 
+_UNION_TAGS = ("int", "constrained-int", "LengthDist", *ARRIVAL_KINDS)  # pydantic's names of a union's branches in `loc`
+
+
 def _field_path(loc: tuple) -> str:
-    parts = [str(p) for p in loc if not (isinstance(p, str) and (p.startswith("function-") or p in ("int", "LengthDist")))]
+    parts = [str(p) for p in loc if not (isinstance(p, str) and (p.startswith("function-") or p in _UNION_TAGS))]
     return ".".join(parts) or "(top level)"
 
 
 def validation_error_line(err: ValidationError, source: str) -> ConfigError:
     errors = err.errors()
-    # For `int | LengthDist` fields given a mapping, report the mapping branch's error.
-    specific = [e for e in errors if not (e["loc"] and e["loc"][-1] == "int")]
+    # For `int | LengthDist` fields, report the error of the branch the input's kind selects: the
+    # mapping branch for a mapping, the integer branch for anything else.
+    specific = [e for e in errors if e["type"] != "model_type"
+                and not (e["loc"] and e["loc"][-1] in ("int", "constrained-int") and isinstance(e["input"], dict))]
     first = (specific or errors)[0]
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         msg = "unknown key"
+    if first["type"] == "union_tag_not_found":  # a tagged union (workload.arrivals) without its tag
+        msg = f"missing key {first['ctx']['discriminator']}"
     return ConfigError(msg, source=source, field=_field_path(first["loc"]))
 
 
@@ -195,8 +234,8 @@ def apply_overrides(data: dict, overrides: list[str], source: str) -> dict:
         if not sep or not key:
             raise ConfigError(f"--set expects key.path=value, got {item!r}", source=source)
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError:
+            value = parse_yaml(raw, "--set", check=False) if raw != "" else ""  # checked with the whole tree
+        except ConfigError:  # not YAML: the text itself (refused by the schema unless a string is expected)
             value = raw
         node = out
         parts = key.strip().split(".")
@@ -215,12 +254,40 @@ def scenario_from_dict(data: Any, source: str, overrides: list[str] | None = Non
     if not isinstance(data, dict):
         raise ConfigError("expected a mapping at the top level", source=source)
     data = apply_overrides(data, overrides or [], source)
+    check_tree(data, source)
     try:
-        scenario = Scenario.model_validate(data)
+        scenario = Scenario.model_validate(data, strict=True)
     except ValidationError as err:
         raise validation_error_line(err, source) from None
     check_catalog_names(scenario, source)
+    check_simulable(scenario, source)
+    from .serving.checks import check_serving
+
+    check_serving(scenario, source)
     return scenario
+
+
+def check_simulable(scenario: Scenario, source: str) -> None:
+    """Sizes no run could hold are refused at load, naming the limit: the longest drawn reasoning
+    length, the per-token state of the batch and (detail 'layer') the SimPy events per layer."""
+    from .context import draw_lengths, resolve_model
+
+    w = scenario.workload
+    longest = int(draw_lengths(w, w.batch_size).max())
+    if longest > MAX_TOKENS:
+        raise ConfigError(f"draws a reasoning length of {longest:,} tokens, more than {MAX_TOKENS:,}; give a max",
+                          source=source, field="workload.reasoning_tokens")
+    slots = w.batch_size * (w.prompt_tokens + longest)
+    if slots > MAX_TOKEN_SLOTS:
+        raise ConfigError(f"batch_size x (prompt_tokens + longest reasoning) = {slots:,} tokens, more than the "
+                          f"{MAX_TOKEN_SLOTS:,} a run can hold", source=source, field="workload.batch_size")
+    if scenario.sim.detail == "layer":
+        layers = resolve_model(scenario).num_layers
+        events = -(-longest // scenario.sim.step_stride) * layers
+        if events > MAX_LAYER_STEPS:
+            raise ConfigError(f"{events:,} simulated layer-steps (steps / step_stride x {layers} layers), more than "
+                              f"{MAX_LAYER_STEPS:,}; use sim.detail: step or a larger sim.step_stride",
+                              source=source, field="sim.detail")
 
 
 def check_catalog_names(scenario: Scenario, source: str) -> None:
@@ -233,7 +300,8 @@ def check_catalog_names(scenario: Scenario, source: str) -> None:
         try:
             catalog.model_from_hf_config(scenario.model.hf_config)
         except ConfigError as err:
-            raise ConfigError(f"{err.source}: {err.message}", source=source, field="model.hf_config") from None
+            where = ": ".join(p for p in (err.source, err.field) if p)
+            raise ConfigError(f"{where}: {err.message}", source=source, field="model.hf_config") from None
     for field, value, lookup in checks:
         if value is None:
             continue
@@ -249,29 +317,23 @@ def check_catalog_names(scenario: Scenario, source: str) -> None:
 
 
 def read_yaml(path: str | Path) -> Any:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise ConfigError("file not found", source=str(p)) from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read file: {exc.strerror or exc}", source=str(p)) from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}: " if mark is not None else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ConfigError(f"invalid YAML: {where}{problem}", source=str(p)) from None
+    """A YAML document, size-capped and checked (see sim/inputs.py); any failure a ConfigError."""
+    return _read_yaml(path)
 
 
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
-    """Load and validate; a relative `model.hf_config` is taken relative to the scenario file."""
+    """Load and validate; a relative `model.hf_config` or trace `workload.arrivals.path` is taken
+    relative to the scenario file."""
     data = read_yaml(path)
     if isinstance(data, dict) and isinstance(data.get("model"), dict):
         hf = data["model"].get("hf_config")
         if isinstance(hf, str) and not Path(hf).is_absolute() and (Path(path).parent / hf).exists():
             data = {**data, "model": {**data["model"], "hf_config": str(Path(path).parent / hf)}}
+    arrivals = data.get("workload", {}).get("arrivals") if isinstance(data, dict) and isinstance(data.get("workload"), dict) else None
+    if isinstance(arrivals, dict) and isinstance(arrivals.get("path"), str):
+        trace = arrivals["path"]
+        if not Path(trace).is_absolute() and (Path(path).parent / trace).exists():
+            data = {**data, "workload": {**data["workload"], "arrivals": {**arrivals, "path": str(Path(path).parent / trace)}}}
     return scenario_from_dict(data, str(path), overrides)
 
 

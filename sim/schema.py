@@ -113,7 +113,7 @@ class _SimPrefill(Document):
     prefill_s: float | None = None
 
 
-class _SimHostAccess(Document):
+class HostAccess(Document):  # shared with the measured summary
     access: str = "prefetch"  # prefetch | host_attention | split: how attention reaches T1/T2
     host_attention_share: float | None = None  # share of decode time the host CPU attends T1/T2
 
@@ -130,7 +130,7 @@ class _SimSources(Document):
 
 
 class SimRunSummary(*fields_in_order(RunName, _SimHardware, PolicyName, RunSize, _SimMemory, TierTotals, DecodeTime,
-                                     _SimPrefill, DecodeRates, LinkFigures, _SimHostAccess, _SimLimits, _SimSources,
+                                     _SimPrefill, DecodeRates, LinkFigures, HostAccess, _SimLimits, _SimSources,
                                      Provenance)):
     """One simulated run. The timing figures are None when the run does not fit."""
 
@@ -155,6 +155,109 @@ class ProjectionSummary(Document):
     transfer_share: float
     h2d_bytes: float
     d2h_bytes: float
+
+
+# -- the serving summary: `kvsim run` on a scenario with workload.arrivals (`sim.serving`)
+# per-request table (requests.csv) and time series (timeline.csv)
+REQUEST_COLUMNS = ["id", "arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "queue_s",
+                   "preemptions", "prompt_tokens", "output_tokens"]
+SERVING_TIMELINE_COLUMNS = ["t_s", "running", "waiting", "hbm_bytes", "host_bytes", "step_s", "decodes",
+                            "prefill_tokens"]
+P90 = 90
+
+
+class _ServingSetup(Document):
+    gpu: str
+    tp: int
+    policy: str
+    arrivals: str  # poisson | gamma | closed_loop | trace
+    offered_rate_per_s: float | None  # poisson, gamma
+    clients: int | None  # closed_loop concurrency
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    chunked_prefill: bool
+
+
+class _ServingMemory(Document):
+    """Per GPU. KV budget = HBM - weights - activations - runtime reserve."""
+
+    fits: bool
+    does_not_fit: str | None  # why, when it does not
+    hbm_capacity_bytes: float
+    host_capacity_bytes: float
+    weights_bytes: float
+    activation_bytes: float  # held for a step of max_num_batched_tokens tokens
+    runtime_reserve_bytes: float
+    kv_budget_bytes: float
+    kv_bytes_per_token: float
+    hbm_peak_bytes: float | None = None
+    host_peak_bytes: float | None = None
+
+
+class _ServingVolume(Document):
+    requests: int
+    total_input_tokens: int
+    total_output_tokens: int
+    duration_s: float | None = None  # first arrival (t = 0) to the last request's last token
+    steps: int | None = None
+
+
+class _ServingRates(Document):
+    """`vllm bench serve`'s figures: requests and output tokens per second of the duration; goodput
+    = requests meeting every SLO given, per second (None without slo)."""
+
+    request_throughput_per_s: float | None = None
+    output_throughput_tok_per_s: float | None = None
+    total_token_throughput_tok_per_s: float | None = None  # prompt + output tokens
+    goodput_req_per_s: float | None = None
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
+
+
+class _Ttft(Document):  # time to first token, queueing included
+    ttft_mean_s: float | None = None
+    ttft_p50_s: float | None = None
+    ttft_p90_s: float | None = None
+    ttft_p99_s: float | None = None
+
+
+class _Tpot(Document):  # per request: (E2E - TTFT) / (output tokens - 1), requests of 2+ tokens
+    tpot_mean_s: float | None = None
+    tpot_p50_s: float | None = None
+    tpot_p90_s: float | None = None
+    tpot_p99_s: float | None = None
+
+
+class _Itl(Document):  # every gap between successive tokens of a request, over all requests
+    itl_mean_s: float | None = None
+    itl_p50_s: float | None = None
+    itl_p90_s: float | None = None
+    itl_p99_s: float | None = None
+
+
+class _E2e(Document):  # arrival to last token
+    e2e_mean_s: float | None = None
+    e2e_p50_s: float | None = None
+    e2e_p90_s: float | None = None
+    e2e_p99_s: float | None = None
+
+
+class _ServingQueue(Document):
+    queue_mean_s: float | None = None  # arrival to first scheduled
+    preemptions: int | None = None
+    preempted_requests: int | None = None
+    mean_concurrency: float | None = None  # time-average of requests in the system (arrived, not finished)
+    mean_running: float | None = None  # time-average of requests the scheduler runs
+    max_running: int | None = None
+
+
+class ServingSummary(*fields_in_order(RunName, _ServingSetup, _ServingMemory, _ServingVolume, _ServingRates, _Ttft,
+                                      _Tpot, _Itl, _E2e, _ServingQueue, _SimSources, Provenance)):
+    """One simulated serving run. The timing figures are None when it does not fit."""
+
+
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")  # each with _mean_s, _p50_s, _p90_s, _p99_s
+LATENCY_STATS = (("mean", None), ("p50", P50), ("p90", P90), ("p99", P99))
 
 
 # -- hwprobe's measured summary: `hwprobe run`, `measure_run(...).summary`
@@ -199,8 +302,8 @@ class _MeasuredRun(Document):
 
 
 class MeasuredSummary(*fields_in_order(RunName, _MeasuredDevice, PolicyName, _MeasuredHost, RunSize, DecodeTime,
-                                       DecodeRates, _MeasuredMemory, LinkFigures, _MeasuredLinkRates, TierTotals,
-                                       _MeasuredRun, Provenance)):
+                                       DecodeRates, _MeasuredMemory, LinkFigures, HostAccess, _MeasuredLinkRates,
+                                       TierTotals, _MeasuredRun, Provenance)):
     """One run measured on the real tiered KV cache, with the simulator's keys where they mean the same."""
 
 

@@ -94,3 +94,18 @@ def small_scenario() -> dict:
 @pytest.fixture
 def small_scenario_dict() -> dict:
     return small_scenario()
+
+
+# ---- hypothesis: a quick deterministic `ci` profile by default, `--hypothesis-profile=thorough` for more
+def _register_hypothesis_profiles() -> None:
+    from hypothesis import HealthCheck, settings
+
+    quiet = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+    # max_examples is the budget of the costliest fuzz test; cheaper ones scale it up (tests/fuzz_inputs.py)
+    settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True, database=None,
+                              suppress_health_check=quiet)
+    settings.register_profile("thorough", max_examples=500, deadline=None, database=None, suppress_health_check=quiet)
+    settings.load_profile("ci")
+
+
+_register_hypothesis_profiles()

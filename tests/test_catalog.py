@@ -127,7 +127,7 @@ def test_hf_config_moe_counts_all_experts(tmp_path):
 
 
 def test_hf_config_errors(tmp_path):
-    with pytest.raises(ConfigError, match="cannot read"):
+    with pytest.raises(ConfigError, match="file not found"):
         catalog.model_from_hf_config(tmp_path / "missing.json")
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(ConfigError, match="invalid JSON"):

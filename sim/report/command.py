@@ -6,10 +6,12 @@ line and exit status 2.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..atomic import write_text_atomic
+from ..atomic import write_files_atomic
+from ..output import check_out_path
 from ..simulate import simulate
 from ..errors import ConfigError
 from ..profile import Profile, load_profile
@@ -36,6 +38,7 @@ def load_inputs(scenario_paths: list[Path], profile_paths: list[Path], validatio
     (as `kvsim run --profile` does); otherwise each run uses its scenario's own hardware.profile."""
     if out.exists() and out.is_dir():
         raise ConfigError("is a directory; expected the path of the HTML file to write", source=str(out), field="--out")
+    check_out_path(out, folder=False)
     profiles = [load_profile(p) for p in profile_paths]
     runs = []
     for path in scenario_paths:
@@ -45,6 +48,19 @@ def load_inputs(scenario_paths: list[Path], profile_paths: list[Path], validatio
         runs.append((sc, prof, prof_path))
     table = load_validation(validation_path) if validation_path else None
     return Inputs(runs, profiles, table)
+
+
+def profile_warnings(inputs: Inputs) -> list[str]:
+    """A line for each run whose profile did not measure the run's GPU (sim.profile.device_mismatch)."""
+    from .. import catalog
+    from ..profile import device_mismatch
+
+    lines = []
+    for sc, prof, prof_path in inputs.scenarios:
+        mismatch = device_mismatch(prof, catalog.gpu(sc.hardware.gpu)) if prof is not None else None
+        if mismatch:
+            lines.append(f"{sc.name}: {prof_path}: {mismatch}")
+    return sorted(set(lines))
 
 
 def compute(inputs: Inputs, validation_source: str, *, grid_spec: GridSpec = DEFAULT_GRID, workers: int | None = None,
@@ -75,16 +91,20 @@ def build_report(scenario_paths: list[Path], profile_paths: list[Path], validati
     if overrides and not scenario_paths:
         raise ConfigError("--set applies to scenarios; the projection takes none")
     inputs = load_inputs(scenario_paths, profile_paths, validation_path, out, overrides)
+    for line in profile_warnings(inputs):
+        print(f"kvsim: warning: {line}", file=sys.stderr)
     progress = ReportProgress(enabled=show_progress)
     with progress.running():
         data = compute(inputs, str(validation_path or ""), grid_spec=grid_spec, workers=workers, progress=progress)
         advance = progress.step("writing HTML", 1)
         text = render(data, command)
+        files = {}
         if data.grid is not None:  # the numbers behind the projection, for spreadsheets and scripts
             points, limits = grid_csv_paths(out)
-            write_text_atomic(points, data.grid.points.to_csv(index=False))
-            write_text_atomic(limits, data.grid.limits.to_csv(index=False))
-        write_text_atomic(out, text)
+            files[points] = data.grid.points.to_csv(index=False)
+            files[limits] = data.grid.limits.to_csv(index=False)
+        files[out] = text
+        write_files_atomic(files)  # all renamed together: an interrupt leaves all of them or none
         advance()
     return out
 

@@ -3,12 +3,15 @@ rel_error = (predicted - measured) / measured. Bad input fails with one line nam
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 from pathlib import Path
 
 import pandas as pd
 
 from ..errors import ConfigError
+from ..inputs import read_text
 from ..schema import (D2H_BYTES, DEVICE_MEMORY_PEAK, H2D_BYTES, HOST_PEAK, THROUGHPUT, TPOT_P50, TRANSFER_SHARE,
                       relative_error)
 from ..units import GB, MS
@@ -46,11 +49,25 @@ def _relative_error(predicted: float, measured: float) -> float:
 def _numbers(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
     raw = frame[column]
     values = pd.to_numeric(raw, errors="coerce")
-    bad = values.isna() & raw.notna() & (raw.astype(str).str.strip() != "")
+    bad = (values.isna() & raw.notna() & (raw.astype(str).str.strip() != "")) | values.isin([math.inf, -math.inf])
     if bad.any():
-        row = int(bad.idxmax())
-        raise ConfigError(f"expected a number, got {str(raw[row])!r} (data row {row + 1})", source=source, field=column)
+        row = int(bad.to_numpy().argmax())
+        raise ConfigError(f"expected a number, got {str(raw.iloc[row])[:40]!r} (data row {row + 1})",
+                          source=source, field=column)
     return values.astype(float)
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    """Every cell as text, the file size-capped and UTF-8 (sim/inputs.py); a parse failure a
+    ConfigError naming the file. pandas' EmptyDataError is left to the caller."""
+    text = read_text(path)
+    try:
+        return pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, na_values=[""])
+    except pd.errors.EmptyDataError:
+        raise
+    except (pd.errors.ParserError, ValueError, csv.Error, MemoryError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"not a readable CSV ({first})", source=str(path)) from None
 
 
 def load_validation(path: str | Path) -> pd.DataFrame:
@@ -60,11 +77,9 @@ def load_validation(path: str | Path) -> pd.DataFrame:
     if not p.is_file():
         raise ConfigError("file not found" if not p.exists() else "not a file", source=source)
     try:
-        frame = pd.read_csv(p, dtype=str, keep_default_na=False, na_values=[""])
+        frame = _read_csv(p)
     except pd.errors.EmptyDataError:
         raise ConfigError("empty file; expected the CSV that `hwprobe validate` writes", source=source) from None
-    except (pd.errors.ParserError, UnicodeDecodeError, OSError) as exc:
-        raise ConfigError(f"not a readable CSV ({str(exc).splitlines()[0]})", source=source) from None
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
         raise ConfigError(f"missing column(s) {', '.join(missing)}; expected {', '.join(REQUIRED_COLUMNS)}, rel_error "
@@ -90,8 +105,8 @@ def _ratio_rows(path: Path) -> pd.DataFrame:
         return pd.DataFrame(columns=[*REQUIRED_COLUMNS, "rel_error"])
     source = str(path)
     try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as exc:
+        frame = _read_csv(path)
+    except pd.errors.EmptyDataError as exc:
         raise ConfigError(f"not a readable CSV ({str(exc).splitlines()[0]})", source=source) from None
     missing = [c for c in RATIO_COLUMNS if c not in frame.columns]
     if missing:

@@ -1,0 +1,95 @@
+"""SIGINT at random moments during `kvsim run`, `kvsim report` and `hwprobe calibrate --device cpu`
+leaves either the complete output or none (no half-written run folder, no temporary files), and
+the interrupted command says so in one line, without a traceback."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .promise import dump_yaml, files_under, tiny_scenario
+
+RUN_FILES = {"scenario.resolved.yaml", "summary.json", "steps.csv"}
+
+# The command runs in a child that first imports everything it will use and says "ready": the random
+# moment is drawn from the command's own run time, not from the interpreter's start (an interrupt
+# while Python itself starts ends in its KeyboardInterrupt report before any handler exists).
+DRIVER = """
+import sys
+import importlib
+for name in sys.argv[2].split(","):
+    importlib.import_module(name)
+app = importlib.import_module(sys.argv[1]).app
+print("ready", flush=True)
+sys.argv = [sys.argv[1]] + sys.argv[3:]
+app()
+"""
+PRELOAD = {
+    "sim.cli": "sim.simulate,sim.output,sim.profile,sim.scenario,sim.report.command",
+    "hwprobe.cli": "torch,hwprobe.calibrate.runner,hwprobe.calibrate.backend,hwprobe.calibrate.plan,hwprobe.calibrate.summary",
+}
+
+
+def _interrupt_after_ready(proc: subprocess.Popen, delay_s: float) -> None:
+    if proc.stdout.readline().strip() != "ready":
+        return
+    time.sleep(delay_s)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    proc.stdout.read()
+
+
+def test_sigint_at_random_moments_leaves_complete_output_or_none(tmp_path):
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    (tmp_path / "s.yaml").write_text(dump_yaml(tiny_scenario()))
+    jobs = []  # (CLI module, arguments, when to interrupt after ready (s), kind, output path)
+    # moments up to about each command's own run time (a later one finds it done: the complete output)
+    for i in range(2):
+        jobs.append(("sim.cli", ["run", "s.yaml", "--out", f"run{i}"], rng.uniform(0.0, 0.8), "run", tmp_path / f"run{i}"))
+    jobs.append(("sim.cli", ["report", "s.yaml", "--out", "report.html"], rng.uniform(0.0, 1.2), "report",
+                 tmp_path / "report.html"))
+    if importlib.util.find_spec("torch") is not None:
+        jobs.append(("hwprobe.cli", ["calibrate", "--device", "cpu", "--tiny", "--out", "cal.yaml"],
+                     rng.uniform(0.0, 4.0), "profile", tmp_path / "cal.yaml"))
+    running = []
+    for module, args, delay_s, kind, out in jobs:
+        proc = subprocess.Popen([sys.executable, "-c", DRIVER, module, PRELOAD[module], *args], cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "COLUMNS": "200"})
+        thread = threading.Thread(target=_interrupt_after_ready, args=(proc, delay_s), daemon=True)
+        thread.start()
+        running.append((proc, thread, delay_s, kind, out))
+    for proc, thread, delay_s, kind, out in running:
+        thread.join(timeout=60)
+        proc.wait(timeout=60)
+        stderr = proc.stderr.read()
+        context = f"seed {seed}: {kind} interrupted {delay_s:.2f} s after ready, exit {proc.returncode}: {stderr[-500:]}"
+        assert "Traceback" not in stderr, context
+        # -SIGINT: the signal came as the interpreter was shutting down, after the command had ended
+        assert proc.returncode in (0, 130, -signal.SIGINT), context
+        if proc.returncode == 130:
+            assert stderr.rstrip().endswith(": interrupted"), context
+        elif proc.returncode == 0:
+            assert out.exists(), context
+        if not out.exists():
+            continue
+        if kind == "run":
+            assert {p.name for p in out.iterdir()} == RUN_FILES, context
+            json.loads((out / "summary.json").read_text())
+        elif kind == "report":
+            assert out.read_text().rstrip().endswith("</html>"), context
+        else:
+            from sim.profile import load_profile
+
+            load_profile(out)
+    leftovers = [f for f in files_under(tmp_path) if f.endswith(".tmp") or "/." in f or f.startswith(".")]
+    assert not leftovers, f"seed {seed}: {leftovers}"
