@@ -118,7 +118,7 @@ def test_host_attention_moves_kilobytes_not_the_t1_set_and_stages_nothing():
 
 
 def test_a_desktop_host_saturates_where_a_server_socket_does_not():
-    over = ["workload.batch_size=32", "policy.access=host_attention", "sim.detail=step"]
+    over = ["workload.batch_size=32", "workload.reasoning_tokens=1024", "policy.access=host_attention", "sim.detail=step"]
     server = simulate(load_scenario(SCENARIOS / "h200-7b-batch.yaml", [*over, "hardware.host=epyc-9654"]),
                       with_max_batch=False).summary
     desktop = simulate(load_scenario(SCENARIOS / "h200-7b-batch.yaml", [*over, "hardware.host=ryzen-7950x"]),
