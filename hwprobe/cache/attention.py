@@ -34,14 +34,7 @@ def union_softmax_attention(q, parts, bias, scale: float):
     if bias is not None:
         s = s + bias[:, None, None, :]
     p = torch.softmax(s, dim=-1, dtype=torch.float32)
-    pv = p.to(q.dtype)
-    out, start = None, 0
-    for k, v in parts:
-        n = k.shape[-2]
-        part = torch.matmul(pv[..., start : start + n], v)
-        out = part if out is None else out + part
-        start += n
-    return out, p.mean(dim=(1, 2))
+    return _weighted_values(p.to(q.dtype), parts), p.mean(dim=(1, 2))
 
 
 def ordered_union(parts, dsts, width: int):
@@ -92,14 +85,7 @@ def partial_softmax_attention(q, parts, bias, scale: float):
     total = e.sum(dim=-1, keepdim=True)
     p = e / total.clamp_min(torch.finfo(torch.float32).tiny)
     lse = (m + total.log()).squeeze(-1)
-    pv = p.to(q.dtype)
-    out, start = None, 0
-    for k, v in parts:
-        n = k.shape[-2]
-        part = torch.matmul(pv[..., start : start + n], v)
-        out = part if out is None else out + part
-        start += n
-    return out, lse, p
+    return _weighted_values(p.to(q.dtype), parts), lse, p
 
 
 def merge_shares(lse_a, lse_b):
@@ -120,3 +106,14 @@ def merge_partials(out_a, lse_a, out_b, lse_b):
     share_a, share_b = merge_shares(lse_a, lse_b)
     out = out_a.float() * share_a[..., None] + out_b.float() * share_b[..., None]
     return out, share_a, share_b
+
+
+def _weighted_values(pv, parts):
+    """sum over parts of probs[:, keys of the part] @ V of the part (keys in the order of `parts`)."""
+    out, start = None, 0
+    for k, v in parts:
+        n = k.shape[-2]
+        part = pv[..., start : start + n] @ v
+        out = part if out is None else out + part
+        start += n
+    return out
