@@ -128,7 +128,7 @@ def pages(tmp_path_factory):
 def test_projection_report_renders_without_errors(pages):
     out, opened = pages["projection"]
     expected = _figure_count(out.read_text())
-    assert expected == 8  # 5 projection + 2 paper + 1 validation
+    assert expected == 10  # 5 projection + 2 access strategies + 2 paper + 1 validation
     r = opened.result()
     assert r["data-js-errors"] == []
     assert int(r["data-plots"]) == expected and int(r["data-drawn"]) == expected

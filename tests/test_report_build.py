@@ -39,10 +39,11 @@ def projection_html(tmp_path_factory):
 
 def test_projection_report_sections_and_figures(projection_html):
     html = projection_html.read_text()
-    for anchor in ('id="summary"', 'id="projection"', 'id="paper"', 'class="controls"', "What the figures say"):
+    for anchor in ('id="summary"', 'id="projection"', 'id="access"', 'fig-access-0', 'fig-access-1', 'id="paper"', 'class="controls"', "What the figures say"):
         assert anchor in html
     assert _figure_ids(html) == ["fig-throughput", "fig-max-batch", "fig-hbm-saved", "fig-link", "fig-transfer-share",
-                                 "fig-paper-kv", "fig-paper-throughput"]
+                                 "fig-access-0", "fig-access-1", "fig-paper-kv", "fig-paper-throughput"]
+    assert "Which access strategy wins" in html and "host CPU" in html  # the binding resource is named
     for fid in ("fig-throughput", "fig-max-batch", "fig-hbm-saved", "fig-link", "fig-transfer-share"):
         assert f'id="variants-{fid}"' in html
     # the written summary is computed, e.g. it quotes the capacity gain and the paper's sizing error

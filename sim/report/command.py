@@ -18,6 +18,7 @@ from ..profile import Profile, load_profile
 from ..scenario import Scenario, load_scenario
 from .document import ReportData, render
 from ..studies.projection_grid import DEFAULT_GRID, GridSpec, check_spec, gpu_columns, run_grid, tasks_for
+from ..studies.access_strategies import access_study
 from ..studies.paper_check import check_paper
 from .progress import ReportProgress
 from .validation_table import load_validation
@@ -73,6 +74,7 @@ def compute(inputs: Inputs, validation_source: str, *, grid_spec: GridSpec = DEF
         n_tasks = len(tasks_for(grid_spec, gpu_columns(grid_spec, inputs.profiles)))
         data.grid = run_grid(grid_spec, inputs.profiles, workers=workers,
                              on_task_done=progress.step("projection (model x weights x GPU x length)", n_tasks))
+        data.access = access_study()
         advance = progress.step("the paper, checked", PAPER_STEPS)
         data.paper = check_paper(grid_spec.models)
         advance()

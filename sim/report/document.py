@@ -10,13 +10,14 @@ from .. import __version__
 from ..output import summary_rows
 from ..simulate import SimResult
 from . import html as h
+from .figures_access import access_figure
 from .figures_paper import paper_figures
 from .figures_projection import dimensions, projection_figures
 from .figures_run import run_figures, timeline_note
 from .figures_validation import validation_figure
 from ..studies.projection_grid import GridResult
 from ..studies.paper_check import PaperCheck
-from .summary_text import paper_sentences, projection_sentences, run_sentence, validation_sentences
+from .summary_text import access_sentences, paper_sentences, projection_sentences, run_sentence, validation_sentences
 
 TITLE = "kvtier report: tiered KV caches for reasoning LLMs"
 
@@ -24,6 +25,7 @@ TITLE = "kvtier report: tiered KV caches for reasoning LLMs"
 @dataclass
 class ReportData:
     grid: GridResult | None = None
+    access: pd.DataFrame | None = None  # sim.studies.access_strategies.access_study
     paper: PaperCheck | None = None
     runs: list[SimResult] = field(default_factory=list)
     validation: pd.DataFrame | None = None
@@ -43,6 +45,24 @@ def _projection_section(grid: GridResult) -> str:
     body = h.paragraph(intro) + h.controls_html(dimensions(grid))
     body += "".join(h.selectable_html(sf) for sf in projection_figures(grid))
     return h.section("projection", "Projection: 7B-70B on one GPU", body)
+
+
+def _access_section(table: pd.DataFrame) -> str:
+    body = h.paragraph(
+        "How attention reaches the tokens in host memory decides what tiering costs. prefetch streams every T1/T2 token "
+        "over the host link at every step; host_attention sends each layer's queries to the host, whose CPU attends the "
+        "tokens where they live and returns a few kilobytes of partial outputs for the exact log-sum-exp merge; split "
+        "prefetches the share that balances the two. Each bar: throughput of a 25%-HBM tiered cache at its own max "
+        "batch over full_hbm at its max batch (fast projection, datasheet figures, default host CPU of each GPU's "
+        "systems); the label names what binds. Nothing here is free: where the host CPU binds, a weaker socket (two "
+        "DDR5 channels) or more concurrent sequences slow every step.")
+    cols = ["model", "gpu", "access", "max_batch", "full_hbm_max_batch", "throughput_tok_per_s", "vs_full_hbm", "binds"]
+    rows = [[r.model, r.gpu, r.access, r.max_batch, "-" if pd.isna(r.full_hbm_max_batch) else int(r.full_hbm_max_batch),
+             "-" if pd.isna(r.throughput_tok_per_s) else f"{r.throughput_tok_per_s:,.0f}",
+             "-" if pd.isna(r.vs_full_hbm) else f"{r.vs_full_hbm:.2f}x", r.binds] for r in table[cols].itertuples()]
+    body += h.table_html(["model", "GPU", "access", "max batch", "full_hbm max batch", "tok/s", "vs full_hbm", "binds"], rows)
+    body += "".join(h.figure_html(f"fig-access-{i}", access_figure(table, m)) for i, m in enumerate(table.model.unique()))
+    return h.section("access", "Which access strategy wins", body)
 
 
 def _paper_section(check: PaperCheck) -> str:
@@ -75,6 +95,8 @@ def summary_items(data: ReportData) -> list[str]:
     items: list[str] = []
     if data.grid is not None:
         items += projection_sentences(data.grid)
+    if data.access is not None:
+        items += access_sentences(data.access)
     if data.paper is not None:
         items += paper_sentences(data.paper)
     items += [run_sentence(r.summary) for r in data.runs]
@@ -87,6 +109,8 @@ def render(data: ReportData, command: str) -> str:
     body = h.summary_html(summary_items(data))
     if data.grid is not None:
         body += _projection_section(data.grid)
+    if data.access is not None:
+        body += _access_section(data.access)
     if data.paper is not None:
         body += _paper_section(data.paper)
     body += "".join(_run_section(i, r) for i, r in enumerate(data.runs))

@@ -135,3 +135,23 @@ def validation_sentences(table: pd.DataFrame) -> list[str]:
         within = ", ".join(f"{(err <= b).mean():.0%} within +-{b:.0%}" for b in BANDS)
         parts.append(f"{metric}: median |error| {err.median():.1%} over {len(g)} scenario(s), {within}")
     return ["Validation (predicted against measured): " + "; ".join(parts) + "."]
+
+
+def access_sentences(table) -> list[str]:
+    """Which access strategy wins, in one sentence per model, from the access study's table."""
+    out = []
+    for model, t in table.groupby("model", sort=False):
+        fits = t.dropna(subset=["vs_full_hbm"])
+        if fits.empty:
+            continue
+        best = fits.loc[fits.groupby("gpu", sort=False)["vs_full_hbm"].idxmax()]
+        wins = ", ".join(f"{r.gpu} {r.access} {r.vs_full_hbm:.2f}x (prefetch "
+                         f"{fits[(fits.gpu == r.gpu) & (fits.access == 'prefetch')].vs_full_hbm.iloc[0]:.2f}x)"
+                         for r in best.itertuples())
+        host_bound = int((fits.binds.str.contains("host CPU")).sum())
+        prefetch = fits[fits.access == "prefetch"]
+        link_bound = int(prefetch.binds.str.contains("host link").sum())
+        out.append(f"Access strategies, {model} (25%-HBM tiered at max batch over full_hbm at its own): {wins}. "
+                   f"The host CPU binds in {host_bound} of {len(fits)} strategy x GPU cases; prefetch is host-link-bound "
+                   f"on {link_bound} of {len(prefetch)} GPUs.")
+    return out

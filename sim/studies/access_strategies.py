@@ -72,3 +72,18 @@ def access_table(model: str, weight_dtype: str, gpus: tuple[str, ...], length: i
                          "vs_full_hbm": p.throughput_tok_per_s / full_tput if full_tput else None,
                          "h2d_utilization": p.h2d_utilization, "host_share_last_step": host_share, "binds": binds})
     return pd.DataFrame(rows)
+
+
+# The report's section: the default projection's largest and smallest models on the GPUs a capacity
+# engineer compares most, at one mid-length reasoning chain.
+STUDY_MODELS = (("7B bf16", "deepseek-r1-distill-qwen-7b", "bf16"), ("70B int4", "deepseek-r1-distill-llama-70b", "int4"))
+STUDY_GPUS = ("h200-sxm", "h100-sxm", "l40s", "rtx-4090")
+STUDY_LENGTH = 4096
+STUDY_HBM_RATIO = 0.25
+
+
+def access_study(models=STUDY_MODELS, gpus=STUDY_GPUS, length: int = STUDY_LENGTH) -> pd.DataFrame:
+    """`access_table` for each (label, model, weights), one frame with a `model` column."""
+    frames = [access_table(name, wd, gpus, length, hbm_ratio=STUDY_HBM_RATIO).assign(model=label)
+              for label, name, wd in models]
+    return pd.concat(frames, ignore_index=True)
