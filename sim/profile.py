@@ -170,6 +170,32 @@ class ComputeProfile(_P):
         return self
 
 
+class HostAttentionPoint(_P):
+    """One token count of host-side attention: median time of one layer's call over `kv_bytes` of K/V."""
+
+    batch: int = Field(gt=0, le=MAX_BATCH)
+    tokens: int = Field(gt=0, le=MAX_DIM)  # host-resident tokens per sequence
+    kv_bytes: float = Field(gt=0, le=MAX_BYTES)  # K and V bytes as stored, over the batch
+    time_s: Seconds
+    samples: int = Field(1, ge=1, le=MAX_SAMPLES)
+    rel_spread: float = Field(0.0, ge=0)  # (max - min) / median over samples
+
+
+class HostProfile(_P):
+    """The host CPU that attends T1/T2 where they live (policy.access host_attention / split).
+    Fit: time = attention_dispatch_s + kv_bytes / attention_bytes_per_s over `attention_points`."""
+
+    cpu_name: str
+    threads: int = Field(ge=1, le=2**16)  # torch intra-op threads during the measurement
+    dram_bytes_per_s: BytesPerS | None = None  # STREAM-like large copy: bytes read + bytes written per second
+    dram_convention: str = "bytes read + bytes written per second (torch copy_ of a large float32 buffer)"
+    attention_kernel: str = ""  # what was timed
+    attention_points: list[HostAttentionPoint] = []
+    attention_bytes_per_s: BytesPerS | None = None
+    attention_dispatch_s: float | None = Field(None, ge=0, le=MAX_SECONDS)
+    round_trip_s: Seconds | None = None  # query D2H + partials H2D of one layer (tiny copies); None on the CPU
+
+
 class Profile(_P):
     schema_version: int = PROFILE_SCHEMA_VERSION
     kind: Literal["measured"] = "measured"
@@ -185,6 +211,7 @@ class Profile(_P):
     copy_engines: int | None = Field(None, ge=1, le=MAX_COPY_ENGINES)
     link: LinkProfile | None = None
     compute: ComputeProfile = ComputeProfile()
+    host: HostProfile | None = None  # host-side attention (hwprobe calibrate); None in older profiles
     warnings: list[str] = []
     quick: bool = False
 

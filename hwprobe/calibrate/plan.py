@@ -54,6 +54,11 @@ class Plan:
     weight_kernel_shape: tuple[int, int]
     weight_kernel_rows: tuple[int, ...]
     loop_retier_interval: int = 256  # tiny decode-loop runs of step_overhead.py: warm-up steps, timed-step room
+    # Host-side attention (host_attention.py): the cache's host routine over one 7B-shaped layer
+    # (batch x 4 KV heads x tokens x 128), at these token counts; and a STREAM-like copy of this size.
+    host_attention_batch: int = 1
+    host_attention_tokens: tuple[int, ...] = (64, 256, 1024)
+    host_dram_bytes: int = 4 * MiB
 
     def __post_init__(self) -> None:
         if self.weight_kernel_shape not in self.gemm_shapes or not set(self.weight_kernel_rows) <= set(self.gemm_rows):
@@ -80,12 +85,12 @@ class Plan:
         """Progress steps: one per measured point, plus the fixed ones (device copy, launch,
         layer overhead, step overheads, host packing, two under-load samples, two drift re-checks).
         The weight-kernel sweep adds int4 past its usual rows, and int8 and fp8 at every row."""
-        fixed = 9
+        fixed = 11  # + host DRAM bandwidth and the host path's round trip
         return (self.copy_curves(device) * len(self.copy_sizes_bytes) + len(self.concurrent_sizes_bytes)
                 + len(self.gemm_shapes) * (len(self.gemm_rows) + len(self.int4_rows)) + len(self.peak_sizes)
                 + len(self.int4_kernel_rows) + len(QUANTISED_KERNELS) * len(self.weight_kernel_rows)
                 + len(self.attention_shapes) * len(self.attention_batches) * len(self.attention_contexts)
-                + fixed)
+                + len(self.host_attention_tokens) + fixed)
 
     @property
     def int4_rows(self) -> tuple[int, ...]:
@@ -111,11 +116,18 @@ class Plan:
             "attention_contexts": list(self.attention_contexts),
             "weight_kernel_shape_nk": list(self.weight_kernel_shape),
             "weight_kernel_rows": list(self.weight_kernel_rows),
+            "host_attention_batch": self.host_attention_batch,
+            "host_attention_tokens": list(self.host_attention_tokens),
+            "host_dram_bytes": self.host_dram_bytes,
         }
 
 
 DECODE_ROWS = powers_of_two(1, 256)  # M = 1, 2, 4, ..., 256: batch sizes of decode
-QUANTISED_KERNELS = ("int8", "fp8")  # timed by weight_kernels.measure; bf16 and int4 come from the GEMM sweeps
+QUANTISED_KERNELS = ("int8", "fp8")
+# host-side attention sweeps (tiny: the Plan defaults)
+QUICK_HOST = dict(host_attention_batch=4, host_attention_tokens=(256, 1024, 4096, 16384), host_dram_bytes=256 * MiB)
+CPU_QUICK_HOST = dict(host_attention_batch=4, host_attention_tokens=(256, 1024, 4096), host_dram_bytes=256 * MiB)
+FULL_HOST = dict(host_attention_batch=8, host_attention_tokens=(256, 1024, 4096, 16384), host_dram_bytes=1 * GiB)  # timed by weight_kernels.measure; bf16 and int4 come from the GEMM sweeps
 
 
 def make_plan(device: str, quick: bool = False, tiny: bool = False) -> Plan:
@@ -139,7 +151,7 @@ def make_plan(device: str, quick: bool = False, tiny: bool = False) -> Plan:
             device_copy_bytes=256 * MiB, gemm_shapes=((m7.q_dim, h), (inter, h), (h, inter)),
             gemm_rows=DECODE_ROWS, peak_sizes=(8192,), attention_shapes=(m7_attention,),
             attention_batches=(1, 8), attention_contexts=powers_of_two(1024, 65536, 4),
-            weight_kernel_shape=up, weight_kernel_rows=DECODE_ROWS)
+            weight_kernel_shape=up, weight_kernel_rows=DECODE_ROWS, **QUICK_HOST)
     if device == "cuda":
         return Plan(
             name="full", samples=5, min_window_s=MIN_WINDOW_S,
@@ -147,21 +159,22 @@ def make_plan(device: str, quick: bool = False, tiny: bool = False) -> Plan:
             device_copy_bytes=1 * GiB, gemm_shapes=tuple(decode_shapes(models)), gemm_rows=DECODE_ROWS,
             peak_sizes=(4096, 8192, 16384), attention_shapes=tuple(attention_shapes(models)),
             attention_batches=(1, 8), attention_contexts=powers_of_two(512, 65536),
-            weight_kernel_shape=up, weight_kernel_rows=DECODE_ROWS)
+            weight_kernel_shape=up, weight_kernel_rows=DECODE_ROWS, **FULL_HOST)
     if quick:
         return Plan(
             name="cpu-quick", samples=3, min_window_s=MIN_WINDOW_S,
             copy_sizes_bytes=powers_of_two(4 * KiB, 64 * MiB, 4), concurrent_sizes_bytes=(64 * KiB, 1 * MiB, 16 * MiB),
             device_copy_bytes=64 * MiB, gemm_shapes=((m7.kv_dim, h),), gemm_rows=DECODE_ROWS,
             peak_sizes=(256, 512, 1024), attention_shapes=(m7_attention,), attention_batches=(1,),
-            attention_contexts=(256, 1024, 4096), weight_kernel_shape=(m7.kv_dim, h), weight_kernel_rows=(1, 4, 16, 64))
+            attention_contexts=(256, 1024, 4096), weight_kernel_shape=(m7.kv_dim, h), weight_kernel_rows=(1, 4, 16, 64),
+            **CPU_QUICK_HOST)
     return Plan(
         name="cpu-full", samples=5, min_window_s=MIN_WINDOW_S,
         copy_sizes_bytes=powers_of_two(4 * KiB, 256 * MiB), concurrent_sizes_bytes=powers_of_two(4 * KiB, 256 * MiB, 4),
         device_copy_bytes=256 * MiB, gemm_shapes=tuple(decode_shapes([m7])), gemm_rows=DECODE_ROWS,
         peak_sizes=(512, 1024, 2048), attention_shapes=tuple(attention_shapes([m7])), attention_batches=(1, 4),
         attention_contexts=powers_of_two(256, 8192), weight_kernel_shape=(m7.q_dim, h),
-        weight_kernel_rows=powers_of_two(1, 128))
+        weight_kernel_rows=powers_of_two(1, 128), **FULL_HOST)
 
 
 def max_copy_bytes(free_device_bytes: int, free_host_bytes: int, device: str) -> int:
