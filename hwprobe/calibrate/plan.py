@@ -123,11 +123,11 @@ class Plan:
 
 
 DECODE_ROWS = powers_of_two(1, 256)  # M = 1, 2, 4, ..., 256: batch sizes of decode
-QUANTISED_KERNELS = ("int8", "fp8")
+QUANTISED_KERNELS = ("int8", "fp8")  # timed by weight_kernels.measure; bf16 and int4 come from the GEMM sweeps
 # host-side attention sweeps (tiny: the Plan defaults)
 QUICK_HOST = dict(host_attention_batch=4, host_attention_tokens=(256, 1024, 4096, 16384), host_dram_bytes=256 * MiB)
 CPU_QUICK_HOST = dict(host_attention_batch=4, host_attention_tokens=(256, 1024, 4096), host_dram_bytes=256 * MiB)
-FULL_HOST = dict(host_attention_batch=8, host_attention_tokens=(256, 1024, 4096, 16384), host_dram_bytes=1 * GiB)  # timed by weight_kernels.measure; bf16 and int4 come from the GEMM sweeps
+FULL_HOST = dict(host_attention_batch=8, host_attention_tokens=(256, 1024, 4096, 16384), host_dram_bytes=1 * GiB)
 
 
 def make_plan(device: str, quick: bool = False, tiny: bool = False) -> Plan:

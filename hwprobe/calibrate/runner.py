@@ -18,10 +18,10 @@ from datetime import datetime, timezone
 from importlib import metadata
 from typing import Any, Callable
 
-from sim.profile import ComputeProfile, CopyCurve, LinkProfile, Profile, StepOverhead
+from sim.profile import ComputeProfile, CopyCurve, HostProfile, LinkProfile, Profile, StepOverhead
 
-from . import (attention, checks, copies, device_copy, fmt, gemm, host_pack, layer_overhead, step_overhead,
-               weight_kernels)
+from . import (attention, checks, copies, device_copy, fmt, gemm, host_attention, host_pack, layer_overhead,
+               step_overhead, weight_kernels)
 from .env import GpuMonitor, NvmlUnavailable, driver_versions, host_info, nvml_session, throttle_reason_names, torch_info
 from .plan import LOAD_WINDOW_S, QUANTISED_KERNELS, Plan, max_copy_bytes
 
@@ -54,6 +54,7 @@ class Measurements:
     under_load: dict = field(default_factory=dict)
     drift: dict = field(default_factory=dict)
     attention_fit: attention.AttentionFit | None = None
+    host: HostProfile | None = None  # host-side attention, host DRAM, the host path's round trip
     skipped: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # drift
     notes: list[str] = field(default_factory=list)  # kernels not timed, or timed with a caveat; fits not used
@@ -134,6 +135,22 @@ def _measure_compute(backend: Any, plan: Plan, monitor: GpuMonitor | None, out: 
     if out.attention_fit is not None and out.attention_fit.unsound:
         out.notes.append(f"attention fit not used ({out.attention_fit.unsound}): K/V streaming is the best point's "
                          "rate and no attention latency is recorded")
+    _measure_host(backend, plan, out, on_step)
+
+
+def _measure_host(backend: Any, plan: Plan, out: Measurements, on_step: OnStep) -> None:
+    """The host CPU attending host-resident K/V with the cache's own routine, on a 7B-shaped layer."""
+    from sim import catalog
+
+    from .plan import QUICK_MODEL
+
+    m7 = catalog.model(QUICK_MODEL)
+    free = backend.free_host_bytes()  # 0 where unknown
+    dram_bytes = min(plan.host_dram_bytes, free // 4) if free else plan.host_dram_bytes  # source + destination
+    out.host = host_attention.measure(
+        backend, batch=plan.host_attention_batch, tokens=list(plan.host_attention_tokens), kv_heads=m7.num_kv_heads,
+        head_dim=m7.head_dim, dram_bytes=dram_bytes, samples=plan.samples, min_window_s=plan.min_window_s,
+        on_step=on_step)
 
 
 def _measure_weight_kernels(backend: Any, plan: Plan, out: Measurements, on_step: OnStep) -> None:
@@ -263,7 +280,7 @@ def _assemble(backend: Any, plan: Plan, quick: bool, out: Measurements, env: dic
         created_utc=created_utc, versions=_versions(monitor, backend.torch), environment=env,
         device_memory_bytes=device_memory or None, device_memory_free_bytes=device_free,
         host_memory_bytes=host.get("memory_total_bytes"),
-        copy_engines=backend.copy_engines(), link=link, compute=compute, quick=quick,
+        copy_engines=backend.copy_engines(), link=link, compute=compute, host=out.host, quick=quick,
     )
     return profile.model_copy(update={"warnings": _warnings(backend, profile, monitor, out, env, bounds)})
 
@@ -327,6 +344,9 @@ def calibrate(backend: Any, plan: Plan, *, quick: bool, nvml: Any = None, on_ste
             "gemm": "y = x @ W^T, x (M, K), W (N, K), random bf16, weights rotated past 2x the last-level cache",
             "attention": "decode SDPA: q (B, H, 1, d) against K, V (B, Hkv, n, d), bf16, enable_gqa",
             "attention_fit": "time = latency + K/V bytes / bandwidth, least squares on relative residuals, latency >= 0",
+            "host_dram_bytes_per_s": "bytes read + bytes written per second, torch copy_ of a large float32 host buffer",
+            "host_attention": "one layer's host-resident T1 K/V (bf16 as stored) attended by the cache's host routine "
+                              "on its worker thread; fit time = dispatch + K/V bytes / bandwidth as attention_fit",
             "weight_kernel_bytes_per_s": "weight bytes as the simulator counts them (sim/dtypes.py, groups of "
                                          "group_size) / median kernel time; activations bf16 (fp8: e4m3, not timed)",
         }

@@ -47,6 +47,16 @@ def summary_rows(profile: Profile) -> list[tuple[str, str]]:
         rows.append(("layer overhead", f"{c.layer_overhead_s / US:.1f} us (one synthetic layer at tiny shapes)"))
     for mode, o in c.step_overheads.items():
         rows.append((f"decode loop, staging {mode}", f"{o.layer_s / US:.1f} us per layer + {o.step_s / US:.1f} us per step"))
+    h = profile.host
+    if h is not None:
+        if h.attention_bytes_per_s:
+            rows.append(("host attention K/V streaming",
+                         f"{fmt.rate(h.attention_bytes_per_s)} + {(h.attention_dispatch_s or 0) / US:.1f} us per layer "
+                         f"({h.threads} threads, {h.cpu_name})"))
+        if h.dram_bytes_per_s:
+            rows.append(("host DRAM copy (read + written)", fmt.rate(h.dram_bytes_per_s)))
+        if h.round_trip_s is not None:
+            rows.append(("host path round trip (query + partials)", f"{h.round_trip_s / US:.1f} us per layer"))
     if profile.copy_engines:
         rows.append(("copy engines", str(profile.copy_engines)))
     return rows

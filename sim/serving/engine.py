@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..context import RunContext
 from ..engine import DecodeSim
 from ..physics import RetierTraffic, StepCost, mixed_step_cost, retier_traffic
-import numpy as np
 
 from .arrivals import RequestSet
 from .request import RequestTable
