@@ -97,16 +97,31 @@ class HostCpu:
         return max(kv_bytes / self.dram_bytes_per_s, flop / self.flop_per_s) + self.dispatch_s
 
 
-def resolve_host(name: str) -> tuple[HostCpu, dict[str, str]]:
-    """A catalog host CPU with the default attention-kernel figures, and their sources."""
+def resolve_host(name: str, profile: Profile | None = None) -> tuple[HostCpu, dict[str, str]]:
+    """A catalog host CPU with the default attention-kernel figures, and their sources; a profile's
+    host section (`hwprobe calibrate`) replaces what it measured: the host attention kernel's achieved
+    K/V streaming rate as the DRAM bandwidth and the fit's intercept as the dispatch cost. The
+    FLOP/s stays the catalog's (not measured)."""
     spec, d = catalog.host(name), catalog.host_defaults()
     cpu = HostCpu(spec.name, spec.achieved_memory_bytes_per_s, spec.fp32_flop_per_s * d.host_attention_flop_efficiency,
                   d.host_attention_dispatch_s)
-    return cpu, {
+    sources = {
         "host_dram_bytes_per_s": f"catalog {spec.name}: {spec.theoretical_memory_bytes_per_s / 1e9:g} GB/s theoretical "
                                  f"x {spec.achieved_memory_fraction:g} (assumed)",
         "host_flop_per_s": f"catalog {spec.name}: FP32 peak x {d.host_attention_flop_efficiency:g} (assumed)",
     }
+    host = profile.host if profile is not None else None
+    if host is None:
+        return cpu, sources
+    label = (f"profile: {host.cpu_name} ({host.threads} threads, {profile.created_utc[:10]}), host attention "
+             f"fit over {len(host.attention_points)} points")
+    if host.attention_bytes_per_s is not None:
+        cpu = replace(cpu, name=host.cpu_name, dram_bytes_per_s=host.attention_bytes_per_s)
+        sources["host_dram_bytes_per_s"] = f"{label}: K/V bytes / time"
+    if host.attention_dispatch_s is not None:
+        cpu = replace(cpu, name=host.cpu_name, dispatch_s=host.attention_dispatch_s)
+        sources["host_dispatch_s"] = f"{label}: intercept"
+    return cpu, sources
 
 
 @dataclass(frozen=True)
@@ -186,7 +201,7 @@ def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile |
                      sources={**hw.sources, "interconnect": f"catalog {fabric.name}: {fabric.source}"})
     if not with_host:
         return hw
-    cpu, host_sources = resolve_host(hw_cfg.host or gpu.host)
+    cpu, host_sources = resolve_host(hw_cfg.host or gpu.host, profile)
     return replace(hw, host_cpu=cpu, sources={**hw.sources, **host_sources})
 
 

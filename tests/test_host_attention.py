@@ -37,6 +37,50 @@ def test_host_roofline_by_hand():
     assert "assumed" in sources["host_dram_bytes_per_s"]
 
 
+def _host_profile(points, **host):
+    from hwprobe.calibrate.host_attention import host_figures
+    from sim.profile import HostAttentionPoint, HostProfile, Profile
+
+    bytes_per_s, dispatch_s = host_figures([HostAttentionPoint(batch=1, tokens=n, kv_bytes=b, time_s=t)
+                                            for n, b, t in points])
+    section = HostProfile(cpu_name="Test CPU", threads=8, attention_kernel="k", attention_bytes_per_s=bytes_per_s,
+                          attention_dispatch_s=dispatch_s, **host)
+    return Profile(device="cpu", device_name="Test CPU", machine="m", created_utc="2025-01-02T00:00:00+00:00",
+                   host=section)
+
+
+def test_profile_host_section_replaces_the_catalog_dram_rate_and_dispatch():
+    # an exact line: 20 us per layer + K/V bytes at 50 GB/s
+    points = [(n, n * 2048.0, 20e-6 + n * 2048 / 50e9) for n in (256, 1024, 4096, 16384)]
+    profile = _host_profile(points)
+    cpu, sources = resolve_host("epyc-9654", profile)
+    catalog_cpu, catalog_sources = resolve_host("epyc-9654")
+    assert cpu.dram_bytes_per_s == pytest.approx(50e9) and cpu.dispatch_s == pytest.approx(20e-6)
+    assert cpu.flop_per_s == catalog_cpu.flop_per_s and cpu.name == "Test CPU"  # FLOP/s not measured
+    assert sources["host_dram_bytes_per_s"].startswith("profile: Test CPU (8 threads, 2025-01-02), host attention")
+    assert sources["host_dispatch_s"].startswith("profile: Test CPU") and "intercept" in sources["host_dispatch_s"]
+    assert sources["host_flop_per_s"] == catalog_sources["host_flop_per_s"]
+    assert "host_dispatch_s" not in catalog_sources
+    assert resolve_host("epyc-9654", profile.model_copy(update={"host": None})) == (catalog_cpu, catalog_sources)
+    # build_context passes the profile on: the scenario's host path runs on the measured figures
+    ctx = build_context(load_scenario(SCENARIOS / "h200-7b-batch.yaml", [*SMALL, "policy.access=host_attention"]),
+                        profile)
+    assert ctx.hw.host_cpu == cpu and ctx.hw.sources["host_dispatch_s"] == sources["host_dispatch_s"]
+
+
+def test_cpu_tiny_profile_drives_the_host_path(cpu_tiny_profile):
+    from sim.profile import load_profile
+
+    result, out = cpu_tiny_profile  # `hwprobe calibrate --device cpu --tiny`, run once per session
+    assert result.returncode == 0, result.stdout + result.stderr
+    profile = load_profile(out)
+    ctx = build_context(load_scenario(SCENARIOS / "h200-7b-batch.yaml", [*SMALL, "policy.access=split"]), profile)
+    host = ctx.hw.host_cpu
+    assert (host.dram_bytes_per_s, host.dispatch_s) == (profile.host.attention_bytes_per_s,
+                                                        profile.host.attention_dispatch_s)
+    assert ctx.hw.sources["host_dram_bytes_per_s"].startswith(f"profile: {profile.host.cpu_name}")
+
+
 def test_host_path_bytes_and_time_by_hand():
     ctx = ctx_for("policy.access=host_attention")
     m, hw = ctx.model, ctx.hw

@@ -323,6 +323,25 @@ def _assert_sane_profile(profile, device):
     assert profile.quick and profile.versions["torch"] == torch.__version__
     assert profile.environment["plan"]["name"] == "tiny"
     assert set(profile.environment["drift"]) == {"copy", "gemm"}
+    _assert_host_section(profile, device)
+
+
+def _assert_host_section(profile, device):
+    """The host CPU timed with the cache's own host-attention routine on a 7B-shaped layer, its fit
+    over the raw points, a STREAM-like copy, and the host path's round trip on a GPU only."""
+    from hwprobe.calibrate.env import cpu_model
+    from hwprobe.calibrate.host_attention import host_figures
+
+    h = profile.host
+    assert h is not None and h.cpu_name == cpu_model() and h.threads >= 1
+    assert "_attend" in h.attention_kernel and "partial_softmax_attention" in h.attention_kernel
+    assert [p.tokens for p in h.attention_points] == [64, 256, 1024]
+    for p in h.attention_points:  # bf16 K and V of batch x 4 KV heads x tokens x 128
+        assert p.batch == 1 and p.kv_bytes == p.tokens * 2 * 4 * 128 * 2 and p.time_s > 0 and p.samples == 3
+    assert (h.attention_bytes_per_s, h.attention_dispatch_s) == pytest.approx(host_figures(h.attention_points))
+    assert h.attention_bytes_per_s > 0 and h.attention_dispatch_s >= 0 and h.dram_bytes_per_s > 0
+    assert (h.round_trip_s is not None) == (device == "cuda")
+    assert profile.environment["plan"]["host_attention_tokens"] == [64, 256, 1024]
 
 
 def _assert_fidelity_figures(profile):
@@ -433,7 +452,7 @@ def test_calibrate_modules_import_torch_only_when_measuring():
     modules = ["hwprobe.info_cmd", "hwprobe.calibrate_cmd"] + [
         f"hwprobe.calibrate.{m}" for m in ("env", "backend", "timing", "fit", "copies", "gemm", "attention",
                                            "device_copy", "layer_overhead", "operands", "plan", "checks", "runner",
-                                           "weight_kernels",
+                                           "weight_kernels", "host_attention",
                                            "summary")]
     code = f"import sys; [__import__(m) for m in {modules!r}]; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -501,6 +520,7 @@ def test_runner_gpu_path_records_nvml_state_and_checks_bounds():
     assert set(profile.compute.weight_kernel_bytes_per_s_by_rows) >= {"bf16", "int4"}
     assert "cpu" in profile.compute.weight_kernels["bf16"] and "fp8" not in profile.compute.weight_kernels
     assert {p.context_tokens for p in profile.compute.attention_points} == {64, 256, 1024}
+    _assert_host_section(profile, "cuda")  # the round trip through the GPU path's copies and syncs
     assert {(c.memory, c.concurrent) for c in profile.link.curves} == {
         ("pinned", False), ("pageable", False), ("pinned", True)}
     w = profile.warnings
