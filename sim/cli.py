@@ -196,6 +196,70 @@ def sweep(
         raise typer.Exit(code)
 
 
+@app.command()
+def plan(
+    scenario: Path = typer.Argument(..., help="scenario YAML: the model, prompt and output lengths, scheduler, policy fields"),
+    rate: float = typer.Option(..., "--rate", help="offered load, requests per second (Poisson arrivals)"),
+    ttft_p99_ms: Optional[float] = typer.Option(None, "--ttft-p99-ms", help="p99 time-to-first-token target (default: the scenario's slo.ttft_ms)"),
+    tpot_p99_ms: Optional[float] = typer.Option(None, "--tpot-p99-ms", help="p99 time-per-output-token target (default: the scenario's slo.tpot_ms)"),
+    gpus_: Optional[str] = typer.Option(None, "--gpus", help="GPU kinds, comma-separated (default: every catalog GPU)"),
+    counts: Optional[str] = typer.Option(None, "--counts", help="GPU counts, each run as tensor parallelism tp = N (default 1,2,4,8)"),
+    policies: Optional[str] = typer.Option(None, "--policies", help="full_hbm, evict_only, tiered, tiered:RATIO (default: full_hbm,evict_only,tiered:0.25,tiered:0.5,tiered:0.75)"),
+    price: List[str] = typer.Option([], "--price", help="override a $/GPU-hour, GPU=DOLLARS (repeatable)"),
+    requests: int = typer.Option(400, "--requests", help="requests per simulation (seeded)"),
+    max_factor: float = typer.Option(4.0, "--max-factor", help="the max-rate search stops at this multiple of --rate"),
+    workers: Optional[int] = typer.Option(None, "--workers", help="processes (default: all cores)"),
+    set_: List[str] = typer.Option([], "--set", help="override applied to the scenario first (repeatable)"),
+    as_json: bool = typer.Option(False, "--json", help="print the rows as JSON on stdout"),
+    out: Optional[Path] = typer.Option(None, "--out", help="folder to write plan.csv into"),
+) -> None:
+    """Cheapest GPU kind x count (as TP) x KV policy meeting a p99 TTFT/TPOT SLO at --rate, with each
+    one's max sustainable rate; ranked by $/hour (assumed prices, sim/catalog/prices.yaml)."""
+    import time
+
+    from .atomic import write_text_atomic
+    from .output import check_out_path
+    from .plan import PlanSpec, parse_counts, parse_gpus, parse_policies, parse_prices, plan as run_plan, plan_csv
+    from .scenario import load_scenario
+
+    if out is not None:
+        check_out_path(out, folder=True)
+    if workers is not None and workers < 1:
+        raise ConfigError(f"expected at least 1, got {workers}", field="--workers")
+    sc = load_scenario(scenario, set_)
+    slo = sc.slo
+    spec = PlanSpec(rate=rate,
+                    ttft_s=ttft_p99_ms / 1e3 if ttft_p99_ms is not None else (slo.ttft_s if slo else None),
+                    tpot_s=tpot_p99_ms / 1e3 if tpot_p99_ms is not None else (slo.tpot_s if slo else None),
+                    requests=requests, max_factor=max_factor)
+    names, ns, pols, prices = parse_gpus(gpus_), parse_counts(counts), parse_policies(policies), parse_prices(price)
+    t0 = time.monotonic()
+    rows = run_plan(sc, spec, names, ns, pols, prices, workers=workers)
+    wall = time.monotonic() - t0
+    if out is not None:
+        write_text_atomic(out / "plan.csv", plan_csv(rows))
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    slo_text = " and ".join(t for t in (f"p99 TTFT <= {spec.ttft_s * 1e3:g} ms" if spec.ttft_s else "",
+                                        f"p99 TPOT <= {spec.tpot_s * 1e3:g} ms" if spec.tpot_s else "") if t)
+    t = Table(title=f"{sc.model.name or 'model'}: {rate:g} req/s, {slo_text} ({requests} requests a run; N GPUs as TP = N)")
+    for col in ("#", "gpu", "N", "policy", "$/h", "TTFT p99", "TPOT p99", "max rate", "binding", "why not"):
+        t.add_column(col, justify="left" if col in ("gpu", "policy", "binding", "why not") else "right")
+    ms = lambda v: "-" if v is None else f"{v:,.0f} ms"  # noqa: E731
+    for r in rows:
+        mx = "-" if r["max_rate_per_s"] is None else (f">={r['max_rate_per_s']:.3g}/s" if r["max_rate_capped"] else f"{r['max_rate_per_s']:.3g}/s")
+        style = None if r["status"] == "pass" else "dim"
+        t.add_row(str(r["rank"] or ""), r["gpu"], str(r["gpus"]), r["policy"], f"{r['usd_per_hour']:.2f}",
+                  ms(r["ttft_p99_ms"]), ms(r["tpot_p99_ms"]), mx, r["binding"] or "", r["reason"] or "", style=style)
+    console.print(t)
+    console.print(f"[dim]{sum(r['status'] == 'pass' for r in rows)} of {len(rows)} configurations meet the SLO; "
+                  f"prices are assumptions (sim/catalog/prices.yaml, --price GPU=$/h); data parallelism (replicas) "
+                  f"is not searched yet; {wall:.0f} s[/dim]")
+    if out is not None:
+        console.print(f"[dim]wrote {out / 'plan.csv'}[/dim]")
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,319 @@
+"""`kvsim plan`: the cheapest serving configurations that meet a latency SLO at a request rate.
+
+Candidates are GPU kind x GPU count N (used as tensor parallelism tp = N; data parallelism, N/tp
+replicas behind a load balancer, is a later increment) x KV policy (full_hbm, evict_only, tiered at
+hbm_ratio 0.25/0.5/0.75 with the scenario's other policy fields). Before anything is simulated a
+candidate is pruned when the model cannot be sharded over N GPUs (`ModelSpec.tp_problem`) or one
+GPU's weight shard plus the runtime reserve exceeds its memory. Each survivor is simulated
+(`sim.serving.run.simulate_serving`, step detail) with Poisson arrivals at the rate asked, the
+scenario's prompt and output lengths and a fixed seed, and its p99 TTFT and TPOT checked against the
+SLO; a passing one's highest sustainable rate is found by bisection on the rate (doubling from the
+rate until one fails, then geometric bisection until the bracket is within `tolerance`; capped at
+`max_factor` x the rate). Cost is N x an assumed
+$/GPU-hour (sim/catalog/prices.yaml, `--price` overrides); passing rows rank by $/hour, then by max
+rate.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from importlib import resources
+
+import yaml
+
+from . import catalog
+from .errors import ConfigError
+from .scenario import Scenario, scenario_from_dict
+from .units import GB
+
+DEFAULT_COUNTS = (1, 2, 4, 8)
+TIERED_RATIOS = (0.25, 0.5, 0.75)
+DEFAULT_POLICIES = ("full_hbm", "evict_only", *(f"tiered:{r:g}" for r in TIERED_RATIOS))
+MAX_COUNT = 64
+MAX_REQUESTS_PLAN = 100_000
+NEAR_FULL = 0.95  # a peak within 5% of capacity counts as that resource binding
+PLAN_COLUMNS = ["rank", "gpu", "gpus", "tp", "policy", "status", "usd_per_hour", "ttft_p99_ms", "tpot_p99_ms",
+                "max_rate_per_s", "max_rate_capped", "next_rate_per_s", "binding", "reason", "price_source"]
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """What a configuration must do: `rate` requests/s with p99 TTFT <= ttft_s and p99 TPOT <= tpot_s."""
+
+    rate: float
+    ttft_s: float | None
+    tpot_s: float | None
+    requests: int = 400
+    max_factor: float = 4.0  # the max-rate search stops at max_factor x rate
+    tolerance: float = 0.1  # ... or when the bracket's upper end is within 10% of its lower
+
+
+@dataclass(frozen=True)
+class Candidate:
+    gpu: str
+    count: int
+    policy: str
+
+
+# ---- inputs ----------------------------------------------------------------------------------
+def parse_list(text: str | None, field: str) -> list[str]:
+    items = [t.strip() for t in (text or "").split(",")]
+    if not text or not all(items):
+        raise ConfigError(f"expected a comma-separated list, got {text!r}", field=field)
+    return items
+
+
+def parse_gpus(text: str | None) -> list[str]:
+    if text is None:
+        return list(catalog.gpus())
+    out = []
+    for name in parse_list(text, "--gpus"):
+        try:
+            g = catalog.gpu(name).name
+        except ConfigError as err:
+            raise ConfigError(err.message, field="--gpus") from None
+        if g not in out:
+            out.append(g)
+    return out
+
+
+def parse_counts(text: str | None) -> list[int]:
+    if text is None:
+        return list(DEFAULT_COUNTS)
+    out = []
+    for item in parse_list(text, "--counts"):
+        if not item.isdigit() or not 1 <= int(item) <= MAX_COUNT:
+            raise ConfigError(f"expected GPU counts from 1 to {MAX_COUNT}, got {item!r}", field="--counts")
+        if int(item) not in out:
+            out.append(int(item))
+    return sorted(out)
+
+
+def parse_policies(text: str | None) -> list[str]:
+    """full_hbm, evict_only, tiered (the three default hbm_ratios) or tiered:RATIO (0 < RATIO <= 1)."""
+    if text is None:
+        return list(DEFAULT_POLICIES)
+    out: list[str] = []
+    for item in parse_list(text, "--policies"):
+        if item in ("full_hbm", "evict_only"):
+            names = [item]
+        elif item == "tiered":
+            names = [f"tiered:{r:g}" for r in TIERED_RATIOS]
+        elif item.startswith("tiered:"):
+            try:
+                r = float(item.split(":", 1)[1])
+            except ValueError:
+                r = math.nan
+            if not 0.0 < r <= 1.0:
+                raise ConfigError(f"expected tiered:RATIO with 0 < RATIO <= 1, got {item!r}", field="--policies")
+            names = [f"tiered:{r:g}"]
+        else:
+            raise ConfigError(f"expected full_hbm, evict_only, tiered or tiered:RATIO, got {item!r}", field="--policies")
+        out += [n for n in names if n not in out]
+    return out
+
+
+def load_prices() -> dict[str, tuple[float, str]]:
+    """{gpu: ($/GPU-hour, source)} from sim/catalog/prices.yaml."""
+    data = yaml.safe_load(resources.files("sim").joinpath("catalog", "prices.yaml").read_text())
+    return {catalog.gpu(e["gpu"]).name: (float(e["usd_per_gpu_hour"]), str(e["source"])) for e in data["prices"]}
+
+
+def parse_prices(items: list[str]) -> dict[str, tuple[float, str]]:
+    """The catalog's prices with `GPU=DOLLARS_PER_HOUR` overrides."""
+    prices = load_prices()
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            usd = float(value.strip().lstrip("$"))
+        except ValueError:
+            usd = math.nan
+        if not sep or not name.strip() or not math.isfinite(usd) or usd < 0:
+            raise ConfigError(f"expected GPU=DOLLARS_PER_HOUR, e.g. h100-sxm=2.5, got {item!r}", field="--price")
+        try:
+            g = catalog.gpu(name).name
+        except ConfigError as err:
+            raise ConfigError(err.message, field="--price") from None
+        prices[g] = (usd, f"--price {g}={usd:g}")
+    return prices
+
+
+def check_spec(spec: PlanSpec) -> None:
+    for field, value in (("--rate", spec.rate), ("--ttft-p99-ms", spec.ttft_s), ("--tpot-p99-ms", spec.tpot_s)):
+        if value is not None and (not math.isfinite(value) or value <= 0):
+            raise ConfigError(f"expected a positive number, got {value:g}", field=field)
+    if spec.ttft_s is None and spec.tpot_s is None:
+        raise ConfigError("give --ttft-p99-ms, --tpot-p99-ms or both (or a scenario with slo:)", field="--ttft-p99-ms")
+    if not 1 <= spec.requests <= MAX_REQUESTS_PLAN:
+        raise ConfigError(f"expected 1 to {MAX_REQUESTS_PLAN:,} requests, got {spec.requests}", field="--requests")
+    if not (math.isfinite(spec.max_factor) and spec.max_factor >= 1.0):
+        raise ConfigError(f"expected at least 1, got {spec.max_factor:g}", field="--max-factor")
+
+
+# ---- candidates --------------------------------------------------------------------------------
+def candidate_scenario(base: Scenario, cand: Candidate, rate: float, spec: PlanSpec) -> Scenario:
+    """The base scenario on `cand` (tp = its count), Poisson arrivals at `rate`, step detail and the
+    plan's SLO. Hardware overrides that belong to the base GPU (link, host, copy engines) are kept
+    only for that GPU; a measured profile is not used."""
+    data = base.model_dump(mode="json")
+    hw = dict(data.get("hardware") or {})
+    hw.pop("profile", None)
+    if catalog.gpu(hw.get("gpu", base.hardware.gpu)).name != cand.gpu:
+        for key in ("link", "host", "copy_engines"):
+            hw.pop(key, None)
+    hw["gpu"] = cand.gpu
+    policy = dict(data.get("policy") or {})
+    if cand.policy.startswith("tiered:"):
+        policy.update(kind="tiered", hbm_ratio=float(cand.policy.split(":", 1)[1]))
+    else:
+        policy["kind"] = cand.policy
+    work = dict(data["workload"])
+    old = base.workload.arrivals
+    seed = getattr(old, "seed", None)
+    work["arrivals"] = {"kind": "poisson", "rate_per_s": float(rate), "requests": spec.requests,
+                        **({"seed": seed} if seed is not None else {})}
+    slo = {k: v * 1000.0 for k, v in (("ttft_ms", spec.ttft_s), ("tpot_ms", spec.tpot_s)) if v is not None}
+    data.update(hardware=hw, policy=policy, workload=work, parallel={"tp": cand.count},
+                sim={**(data.get("sim") or {}), "detail": "step"}, slo=slo)
+    data["name"] = f"plan-{cand.gpu}-x{cand.count}-{cand.policy.replace(':', '-')}"
+    return scenario_from_dict(data, "plan")
+
+
+def prune(base: Scenario, gpu: str, count: int) -> str | None:
+    """Why `count` x `gpu` (tp = count) cannot hold the model at all, or None."""
+    from .context import build_context, resolve_model
+
+    problem = resolve_model(base).tp_problem(count)
+    if problem:
+        return f"cannot shard: {problem}"
+    sc = candidate_scenario(base, Candidate(gpu, count, "full_hbm"), 1.0, PlanSpec(1.0, 1.0, None, requests=1))
+    ctx = build_context(sc)
+    need = ctx.weights_bytes + ctx.hw.runtime_reserve_bytes
+    if need > ctx.hw.memory_bytes:
+        return (f"does not fit: weights {ctx.weights_bytes / GB:,.1f} GB + reserve {ctx.hw.runtime_reserve_bytes / GB:,.1f} GB "
+                f"per GPU > {ctx.hw.memory_bytes / GB:,.1f} GB HBM")
+    return None
+
+
+def slo_misses(summary, spec: PlanSpec) -> list[str]:
+    """The SLO percentiles a run missed, each with by how much; empty when it meets the SLO."""
+    if not summary.fits:
+        return [f"does not fit: {summary.does_not_fit}"]
+    out = []
+    for label, got, target in (("p99 TTFT", summary.ttft_p99_s, spec.ttft_s), ("p99 TPOT", summary.tpot_p99_s, spec.tpot_s)):
+        if target is not None and got is not None and got > target:
+            out.append(f"{label} {got * 1e3:,.0f} ms > {target * 1e3:,.0f} ms (+{(got / target - 1) * 100:,.0f}%)")
+    return out
+
+
+def binding(summary, scenario: Scenario) -> str:
+    """The resource that stops a run from meeting the SLO, as far as the summary tells."""
+    if not summary.fits:
+        return "HBM capacity"
+    if summary.preemptions:
+        return f"HBM capacity ({summary.preemptions} preemptions)"
+    if summary.hbm_peak_bytes is not None and summary.hbm_peak_bytes >= NEAR_FULL * summary.hbm_capacity_bytes:
+        return "HBM capacity (KV budget full, admission waits)"
+    if summary.host_peak_bytes and summary.host_peak_bytes >= NEAR_FULL * summary.host_capacity_bytes:
+        return "host memory"
+    if summary.max_running is not None and summary.max_running >= scenario.scheduler.max_num_seqs:
+        return "compute/bandwidth (batch at max_num_seqs)"
+    return "compute/bandwidth"
+
+
+def _run(base: Scenario, cand: Candidate, rate: float, spec: PlanSpec):
+    from .serving.run import simulate_serving
+
+    return simulate_serving(candidate_scenario(base, cand, rate, spec)).summary
+
+
+def evaluate(base: Scenario, cand: Candidate, spec: PlanSpec) -> dict:
+    """One candidate simulated at the rate asked and, if it meets the SLO, its max rate."""
+    row = dict(gpu=cand.gpu, gpus=cand.count, tp=cand.count, policy=cand.policy, status="fail",
+               ttft_p99_ms=None, tpot_p99_ms=None, max_rate_per_s=None, max_rate_capped=None,
+               next_rate_per_s=None, binding=None, reason=None)
+    try:
+        s = _run(base, cand, spec.rate, spec)
+    except ConfigError as err:  # e.g. the scenario's other policy ratios and this hbm_ratio exceed 1
+        return {**row, "reason": f"invalid: {err.line()}"}
+    row.update(ttft_p99_ms=None if s.ttft_p99_s is None else s.ttft_p99_s * 1e3,
+               tpot_p99_ms=None if s.tpot_p99_s is None else s.tpot_p99_s * 1e3)
+    sc = candidate_scenario(base, cand, spec.rate, spec)
+    misses = slo_misses(s, spec)
+    if misses:
+        return {**row, "reason": ("SLO missed: " if s.fits else "") + "; ".join(misses), "binding": binding(s, sc)}
+    # doubling from the rate asked until a rate fails (or the cap passes), then geometric bisection
+    cap = spec.rate * spec.max_factor
+    lo, hi, hi_summary = spec.rate, spec.rate, None
+    while hi < cap and hi_summary is None:
+        hi = min(hi * 2.0, cap)
+        top = _run(base, cand, hi, spec)
+        if slo_misses(top, spec):
+            hi_summary = top
+        else:
+            lo = hi
+    if hi_summary is not None:
+        while hi / lo > 1.0 + spec.tolerance:
+            mid = math.sqrt(lo * hi)
+            m = _run(base, cand, mid, spec)
+            if slo_misses(m, spec):
+                hi, hi_summary = mid, m
+            else:
+                lo = mid
+    row.update(status="pass", max_rate_per_s=lo, max_rate_capped=hi_summary is None,
+               next_rate_per_s=hi if hi_summary is not None else None,
+               binding=binding(hi_summary, sc) if hi_summary is not None else "-",
+               reason=None if hi_summary is not None else f"meets the SLO up to the search cap {spec.max_factor:g} x --rate")
+    return row
+
+
+def _evaluate_star(args):
+    return evaluate(*args)
+
+
+def plan(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], policies: list[str],
+         prices: dict[str, tuple[float, str]], workers: int | None = None) -> list[dict]:
+    """Every candidate's row (PLAN_COLUMNS), ranked: passing by $/hour then max rate (rank 1, 2, ...),
+    then failing, then pruned (rank None)."""
+    check_spec(spec)
+    for g in gpus:
+        if g not in prices:
+            raise ConfigError(f"no price for {g} in sim/catalog/prices.yaml; give --price {g}=DOLLARS_PER_HOUR", field="--price")
+    rows, todo = [], []
+    for g in gpus:
+        for n in counts:
+            why = prune(base, g, n)
+            for p in policies:
+                if why:
+                    rows.append(dict(gpu=g, gpus=n, tp=n, policy=p, status="pruned", ttft_p99_ms=None, tpot_p99_ms=None,
+                                     max_rate_per_s=None, max_rate_capped=None, next_rate_per_s=None, binding=None,
+                                     reason=why))
+                else:
+                    todo.append((base, Candidate(g, n, p), spec))
+    workers = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
+    if workers == 1:
+        rows += [evaluate(*t) for t in todo]
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            rows += list(pool.map(_evaluate_star, todo))
+    for r in rows:
+        usd, source = prices[r["gpu"]]
+        r.update(usd_per_hour=r["gpus"] * usd, price_source=source)
+    order = {"pass": 0, "fail": 1, "pruned": 2}
+    rows.sort(key=lambda r: (order[r["status"]], r["usd_per_hour"], -(r["max_rate_per_s"] or 0.0), r["gpu"], r["gpus"]))
+    rank = 0
+    for r in rows:
+        rank += r["status"] == "pass"
+        r["rank"] = rank if r["status"] == "pass" else None
+    return [{c: r[c] for c in PLAN_COLUMNS} for r in rows]
+
+
+def plan_csv(rows: list[dict]) -> str:
+    import pandas as pd
+
+    df = pd.DataFrame(rows, columns=PLAN_COLUMNS)
+    df["rank"] = df["rank"].astype("Int64")
+    return df.to_csv(index=False)

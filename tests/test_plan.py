@@ -1,0 +1,118 @@
+"""`kvsim plan` (issue #14 item 3): pruning, SLO rows that re-simulate as they say, the max rate's
+bracket, cost ranking, --price, bad options."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import yaml
+
+from sim import plan as P
+from sim.scenario import load_scenario
+
+from .conftest import run_cli
+
+GPUS = ["rtx-5080", "h100-sxm"]  # a 14B in bf16 (about 30 GB) does not fit one 16 GB RTX 5080; two hold it
+SCENARIO = {
+    "name": "plan-7b", "model": {"name": "deepseek-r1-distill-qwen-14b", "weight_dtype": "bf16", "kv_dtype": "bf16"},
+    "hardware": {"gpu": "h100-sxm"},
+    "workload": {"prompt_tokens": 256, "reasoning_tokens": {"dist": "lognormal", "mean": 128, "std": 64, "min": 8, "max": 512},
+                 "seed": 0, "arrivals": {"kind": "poisson", "rate_per_s": 1, "requests": 10}},
+    "scheduler": {"max_num_seqs": 64, "max_num_batched_tokens": 4096},
+    "policy": {"kind": "full_hbm"}, "sim": {"detail": "step"},
+}
+SPEC = P.PlanSpec(rate=16.0, ttft_s=0.5, tpot_s=0.015, requests=200)
+
+
+@pytest.fixture(scope="module")
+def scenario_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("plan") / "plan-7b.yaml"
+    path.write_text(yaml.safe_dump(SCENARIO))
+    return path
+
+
+@pytest.fixture(scope="module")
+def rows(scenario_path):
+    base = load_scenario(scenario_path)
+    return P.plan(base, SPEC, GPUS, [1, 2], ["full_hbm", "tiered:0.5"], P.load_prices(), workers=1)
+
+
+def _summary(scenario_path, row, rate):
+    base = load_scenario(scenario_path)
+    return P._run(base, P.Candidate(row["gpu"], row["gpus"], row["policy"]), rate, SPEC)
+
+
+def test_pruning_removes_configurations_that_cannot_hold_the_weights(rows):
+    pruned = [r for r in rows if r["status"] == "pruned"]
+    assert {(r["gpu"], r["gpus"]) for r in pruned} == {("rtx-5080", 1)}
+    assert all("weights" in r["reason"] and r["rank"] is None for r in pruned)
+    assert {(r["gpu"], r["gpus"]) for r in rows if r["status"] != "pruned"} == {("rtx-5080", 2), ("h100-sxm", 1), ("h100-sxm", 2)}
+
+
+def test_a_model_that_cannot_be_sharded_is_pruned(scenario_path):
+    base = load_scenario(scenario_path)
+    assert "cannot shard" in P.prune(base, "h100-sxm", 3)  # 40 heads over 3 GPUs
+
+
+def test_passing_rows_meet_the_slo_at_the_rate_and_the_max_rate_is_bracketed(rows, scenario_path):
+    passing = [r for r in rows if r["status"] == "pass"]
+    assert passing and any(r["status"] == "fail" for r in rows)
+    for r in passing:
+        assert not P.slo_misses(_summary(scenario_path, r, SPEC.rate), SPEC)
+    r = next(r for r in passing if not r["max_rate_capped"])
+    assert r["max_rate_per_s"] >= SPEC.rate and r["next_rate_per_s"] <= r["max_rate_per_s"] * (1 + SPEC.tolerance) + 1e-9
+    assert not P.slo_misses(_summary(scenario_path, r, r["max_rate_per_s"]), SPEC)
+    assert P.slo_misses(_summary(scenario_path, r, r["next_rate_per_s"]), SPEC)
+    for r in rows:
+        if r["status"] == "fail":
+            assert r["reason"] and r["binding"]
+
+
+def test_ranked_by_cost_then_max_rate(rows):
+    passing = [r for r in rows if r["status"] == "pass"]
+    assert [r["rank"] for r in passing] == list(range(1, len(passing) + 1))
+    keys = [(r["usd_per_hour"], -r["max_rate_per_s"]) for r in passing]
+    assert keys == sorted(keys)
+    prices = P.load_prices()
+    assert all(r["usd_per_hour"] == pytest.approx(r["gpus"] * prices[r["gpu"]][0]) for r in rows)
+    assert all(src.startswith("assumed:") for _, src in prices.values())
+    assert set(prices) >= set(P.catalog.gpus())  # every catalog GPU priced
+
+
+def test_cli_json_out_and_price_override(scenario_path, tmp_path):
+    out = tmp_path / "plan"
+    res = run_cli("plan", str(scenario_path), "--rate", "4", "--ttft-p99-ms", "500", "--tpot-p99-ms", "20",
+                  "--gpus", "rtx-5080,H100", "--counts", "2", "--policies", "full_hbm", "--requests", "40",
+                  "--price", "h100-sxm=0.1", "--workers", "1", "--json", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(res.stdout)
+    assert [(r["gpu"], r["usd_per_hour"]) for r in rows if r["gpu"] == "h100-sxm"] == [("h100-sxm", pytest.approx(0.2))]
+    assert rows[0]["gpu"] == "h100-sxm" and rows[0]["rank"] == 1  # cheapest now
+    with open(out / "plan.csv") as fh:
+        table = list(csv.DictReader(fh))
+    assert [t["gpu"] for t in table] == [r["gpu"] for r in rows] and table[0]["rank"] == "1"
+
+
+def test_cli_table(scenario_path):
+    res = run_cli("plan", str(scenario_path), "--rate", "4", "--gpus", "h100-sxm", "--counts", "1",
+                  "--policies", "full_hbm", "--requests", "30", "--ttft-p99-ms", "500", "--workers", "1")
+    assert res.returncode == 0, res.stderr
+    assert "h100-sxm" in res.stdout and "assumptions" in res.stdout
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--rate", "0", "--ttft-p99-ms", "500"], "--rate"),
+    (["--rate", "4"], "--ttft-p99-ms"),  # no SLO given, none in the scenario
+    (["--rate", "4", "--ttft-p99-ms", "500", "--gpus", "tpu-v9"], "--gpus"),
+    (["--rate", "4", "--ttft-p99-ms", "500", "--counts", "1,x"], "--counts"),
+    (["--rate", "4", "--ttft-p99-ms", "500", "--policies", "tiered:2"], "--policies"),
+    (["--rate", "4", "--ttft-p99-ms", "500", "--price", "h100-sxm"], "--price"),
+    (["--rate", "4", "--ttft-p99-ms", "500", "--requests", "0"], "--requests"),
+])
+def test_bad_option_is_one_line_exit_2(scenario_path, args, field):
+    res = run_cli("plan", str(scenario_path), *args)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0] and "Traceback" not in res.stderr
