@@ -1,3 +1,3 @@
 """kvtier simulator: a SimPy model of a tiered KV cache. Never imports torch."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
