@@ -27,6 +27,7 @@ import yaml
 from . import catalog
 from .errors import ConfigError
 from .scenario import Scenario, scenario_from_dict
+from .schema import LINK_BOTTLENECK_UTILIZATION
 from .units import GB
 
 DEFAULT_COUNTS = (1, 2, 4, 8)
@@ -219,6 +220,9 @@ def binding(summary, scenario: Scenario) -> str:
         return "HBM capacity (KV budget full, admission waits)"
     if summary.host_peak_bytes and summary.host_peak_bytes >= NEAR_FULL * summary.host_capacity_bytes:
         return "host memory"
+    link = max(summary.h2d_utilization or 0.0, summary.d2h_utilization or 0.0)
+    if link >= LINK_BOTTLENECK_UTILIZATION:
+        return f"host link (busy {link:.0%} of the run)"
     if summary.max_running is not None and summary.max_running >= scenario.scheduler.max_num_seqs:
         return "compute/bandwidth (batch at max_num_seqs)"
     return "compute/bandwidth"

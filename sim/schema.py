@@ -251,8 +251,13 @@ class _ServingQueue(Document):
     max_running: int | None = None
 
 
+class _ServingLink(Document):
+    h2d_utilization: float | None = None  # share of the run the host link is busy, per direction
+    d2h_utilization: float | None = None
+
+
 class ServingSummary(*fields_in_order(RunName, _ServingSetup, _ServingMemory, _ServingVolume, _ServingRates, _Ttft,
-                                      _Tpot, _Itl, _E2e, _ServingQueue, _SimSources, Provenance)):
+                                      _Tpot, _Itl, _E2e, _ServingQueue, _ServingLink, _SimSources, Provenance)):
     """One simulated serving run. The timing figures are None when it does not fit."""
 
 

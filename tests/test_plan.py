@@ -12,7 +12,7 @@ import yaml
 from sim import plan as P
 from sim.scenario import load_scenario
 
-from .conftest import run_cli
+from .conftest import SCENARIOS, run_cli
 
 GPUS = ["rtx-5080", "h100-sxm"]  # a 14B in bf16 (about 30 GB) does not fit one 16 GB RTX 5080; two hold it
 SCENARIO = {
@@ -116,3 +116,16 @@ def test_bad_option_is_one_line_exit_2(scenario_path, args, field):
     assert res.returncode == 2, (res.stdout, res.stderr)
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and field in lines[0] and "Traceback" not in res.stderr
+
+
+def test_a_link_bound_run_names_the_host_link():
+    from types import SimpleNamespace
+
+    from sim.plan import binding
+    from sim.scenario import load_scenario
+
+    sc = load_scenario(SCENARIOS / "serving-h100-70b-tp4.yaml")
+    s = SimpleNamespace(fits=True, preemptions=0, hbm_peak_bytes=1.0, hbm_capacity_bytes=100.0, host_peak_bytes=0.0,
+                        host_capacity_bytes=100.0, h2d_utilization=0.95, d2h_utilization=0.1, max_running=10)
+    assert binding(s, sc) == "host link (busy 95% of the run)"
+    assert binding(SimpleNamespace(**{**vars(s), "h2d_utilization": 0.5}), sc) == "compute/bandwidth"

@@ -354,3 +354,17 @@ def test_serving_sections_need_arrivals_and_a_closed_batch_command_refuses_a_ser
     # a closed batch dumps as before serving existed (resolved scenarios, golden files, sweep hashes)
     closed = load(serving(workload={"batch_size": 2})).model_dump(mode="json")
     assert "arrivals" not in closed["workload"] and "scheduler" not in closed and "slo" not in closed
+
+
+def test_tiered_serving_reports_link_utilisation():
+    """The serving summary carries each link direction's busy share, so the planner can name the link."""
+    from sim.scenario import load_scenario
+    from sim.serving.run import simulate_serving
+
+    over = ["workload.arrivals.requests=40", "policy.kind=tiered", "policy.hbm_ratio=0.25", "parallel.tp=2",
+            "model.name=deepseek-r1-distill-qwen-14b"]
+    s = simulate_serving(load_scenario(SCENARIOS / "serving-h100-70b-tp4.yaml", over)).summary
+    assert s.fits and 0.0 < s.h2d_utilization <= 1.0 and 0.0 <= s.d2h_utilization <= 1.0
+    full = simulate_serving(load_scenario(SCENARIOS / "serving-h100-70b-tp4.yaml",
+                                          [*over, "policy.kind=full_hbm"])).summary
+    assert full.h2d_utilization == 0.0

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..context import RunContext
 from ..engine import DecodeSim
+from ..intervals import busy_union_s
 from ..physics import RetierTraffic, StepCost, mixed_step_cost, retier_traffic
 
 from .arrivals import RequestSet
@@ -51,6 +52,8 @@ class ServingTrace:
     in_system_area_s: float = 0.0  # integral of (arrived, not finished) requests over time
     end_s: float = 0.0
     preemptions: int = 0
+    h2d_busy_s: float = 0.0  # union of the host link's busy intervals per direction
+    d2h_busy_s: float = 0.0
 
 
 class ServingSim:
@@ -80,6 +83,9 @@ class ServingSim:
         self.env.run()
         self.trace.in_system_area_s, self.trace.end_s = self.area_s, self.env.now
         self.trace.preemptions = self.scheduler.preemptions
+        d = self.device
+        self.trace.h2d_busy_s = busy_union_s(d.h2d.busy, d.h2d_partials.busy, until=self.env.now)
+        self.trace.d2h_busy_s = busy_union_s(d.d2h.busy, d.d2h_queries.busy, until=self.env.now)
         return self.trace
 
     # ---- requests ------------------------------------------------------------------------------

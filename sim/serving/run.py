@@ -72,6 +72,8 @@ def simulate_serving(scenario: Scenario, profile: Profile | None = None, *, prof
         trace = ServingSim(ctx, reqs, Scheduler(sched_cfg, memory, counter, RequestTable(reqs))).run()
         requests, timeline = request_table(trace), timeline_table(trace)
         figures = serving_figures(trace, requests, timeline, scenario.slo)
+        if trace.end_s > 0:
+            figures.update(h2d_utilization=trace.h2d_busy_s / trace.end_s, d2h_utilization=trace.d2h_busy_s / trace.end_s)
     summary = _summary(scenario, ctx, reqs, memory, why, figures, profile_path)
     every = scenario.sim.record_every
     if every > 1 and len(timeline):  # the CSV keeps every n-th row and the last; the summary used them all
