@@ -212,8 +212,10 @@ def plan(
     set_: List[str] = typer.Option([], "--set", help="override applied to the scenario first (repeatable)"),
     as_json: bool = typer.Option(False, "--json", help="print the rows as JSON on stdout"),
     out: Optional[Path] = typer.Option(None, "--out", help="folder to write plan.csv into"),
+    replicas: bool = typer.Option(False, "--replicas", help="also try data-parallel replicas of the smallest "
+                                  "tensor-parallel group that holds the model (about doubles the search)"),
 ) -> None:
-    """Cheapest GPU kind x count (as TP) x KV policy meeting a p99 TTFT/TPOT SLO at --rate, with each
+    """Cheapest GPU kind x count (TP x replicas) x KV policy meeting a p99 TTFT/TPOT SLO at --rate, with each
     one's max sustainable rate; ranked by $/hour (assumed prices, sim/catalog/prices.yaml)."""
     import time
 
@@ -234,7 +236,7 @@ def plan(
                     requests=requests, max_factor=max_factor)
     names, ns, pols, prices = parse_gpus(gpus_), parse_counts(counts), parse_policies(policies), parse_prices(price)
     t0 = time.monotonic()
-    rows = run_plan(sc, spec, names, ns, pols, prices, workers=workers)
+    rows = run_plan(sc, spec, names, ns, pols, prices, workers=workers, replicas=replicas)
     wall = time.monotonic() - t0
     if out is not None:
         write_text_atomic(out / "plan.csv", plan_csv(rows))
@@ -243,19 +245,20 @@ def plan(
         return
     slo_text = " and ".join(t for t in (f"p99 TTFT <= {spec.ttft_s * 1e3:g} ms" if spec.ttft_s else "",
                                         f"p99 TPOT <= {spec.tpot_s * 1e3:g} ms" if spec.tpot_s else "") if t)
-    t = Table(title=f"{sc.model.name or 'model'}: {rate:g} req/s, {slo_text} ({requests} requests a run; N GPUs as TP = N)")
-    for col in ("#", "gpu", "N", "policy", "$/h", "TTFT p99", "TPOT p99", "max rate", "binding", "why not"):
+    t = Table(title=f"{sc.model.name or 'model'}: {rate:g} req/s, {slo_text} ({requests} requests a run; N GPUs as TP x replicas)")
+    for col in ("#", "gpu", "N", "TP x DP", "policy", "$/h", "TTFT p99", "TPOT p99", "max rate", "binding", "why not"):
         t.add_column(col, justify="left" if col in ("gpu", "policy", "binding", "why not") else "right")
     ms = lambda v: "-" if v is None else f"{v:,.0f} ms"  # noqa: E731
     for r in rows:
         mx = "-" if r["max_rate_per_s"] is None else (f">={r['max_rate_per_s']:.3g}/s" if r["max_rate_capped"] else f"{r['max_rate_per_s']:.3g}/s")
         style = None if r["status"] == "pass" else "dim"
-        t.add_row(str(r["rank"] or ""), r["gpu"], str(r["gpus"]), r["policy"], f"{r['usd_per_hour']:.2f}",
+        t.add_row(str(r["rank"] or ""), r["gpu"], str(r["gpus"]), f"{r['tp']} x {r['dp']}", r["policy"], f"{r['usd_per_hour']:.2f}",
                   ms(r["ttft_p99_ms"]), ms(r["tpot_p99_ms"]), mx, r["binding"] or "", r["reason"] or "", style=style)
     console.print(t)
     console.print(f"[dim]{sum(r['status'] == 'pass' for r in rows)} of {len(rows)} configurations meet the SLO; "
-                  f"prices are assumptions (sim/catalog/prices.yaml, --price GPU=$/h); data parallelism (replicas) "
-                  f"is not searched yet; {wall:.0f} s[/dim]")
+                  f"prices are assumptions (sim/catalog/prices.yaml, --price GPU=$/h); "
+                  f"{'replicas share the rate evenly' if replicas else 'N GPUs as one TP group (--replicas also tries DP)'}; "
+                  f"{wall:.0f} s[/dim]")
     if out is not None:
         console.print(f"[dim]wrote {out / 'plan.csv'}[/dim]")
 

@@ -1,7 +1,8 @@
 """`kvsim plan`: the cheapest serving configurations that meet a latency SLO at a request rate.
 
-Candidates are GPU kind x GPU count N (used as tensor parallelism tp = N; data parallelism, N/tp
-replicas behind a load balancer, is a later increment) x KV policy (full_hbm, evict_only, tiered at
+Candidates are GPU kind x GPU count N x split (tensor parallelism tp = N, and - where a smaller
+tensor-parallel group holds the model - the most replicas: the smallest feasible tp, N/tp data-parallel
+replicas behind a load balancer that spreads requests evenly, each simulated at rate/replicas) x KV policy (full_hbm, evict_only, tiered at
 hbm_ratio 0.25/0.5/0.75 with the scenario's other policy fields). Before anything is simulated a
 candidate is pruned when the model cannot be sharded over N GPUs (`ModelSpec.tp_problem`) or one
 GPU's weight shard plus the runtime reserve exceeds its memory. Each survivor is simulated
@@ -36,7 +37,7 @@ DEFAULT_POLICIES = ("full_hbm", "evict_only", *(f"tiered:{r:g}" for r in TIERED_
 MAX_COUNT = 64
 MAX_REQUESTS_PLAN = 100_000
 NEAR_FULL = 0.95  # a peak within 5% of capacity counts as that resource binding
-PLAN_COLUMNS = ["rank", "gpu", "gpus", "tp", "policy", "status", "usd_per_hour", "ttft_p99_ms", "tpot_p99_ms",
+PLAN_COLUMNS = ["rank", "gpu", "gpus", "tp", "dp", "policy", "status", "usd_per_hour", "ttft_p99_ms", "tpot_p99_ms",
                 "max_rate_per_s", "max_rate_capped", "next_rate_per_s", "binding", "reason", "price_source"]
 
 
@@ -55,8 +56,17 @@ class PlanSpec:
 @dataclass(frozen=True)
 class Candidate:
     gpu: str
-    count: int
+    count: int  # GPUs in all
     policy: str
+    tp: int | None = None  # GPUs per replica (default: all of them)
+
+    @property
+    def tp_size(self) -> int:
+        return self.tp or self.count
+
+    @property
+    def replicas(self) -> int:
+        return self.count // self.tp_size
 
 
 # ---- inputs ----------------------------------------------------------------------------------
@@ -177,9 +187,9 @@ def candidate_scenario(base: Scenario, cand: Candidate, rate: float, spec: PlanS
     work["arrivals"] = {"kind": "poisson", "rate_per_s": float(rate), "requests": spec.requests,
                         **({"seed": seed} if seed is not None else {})}
     slo = {k: v * 1000.0 for k, v in (("ttft_ms", spec.ttft_s), ("tpot_ms", spec.tpot_s)) if v is not None}
-    data.update(hardware=hw, policy=policy, workload=work, parallel={"tp": cand.count},
+    data.update(hardware=hw, policy=policy, workload=work, parallel={"tp": cand.tp_size},
                 sim={**(data.get("sim") or {}), "detail": "step"}, slo=slo)
-    data["name"] = f"plan-{cand.gpu}-x{cand.count}-{cand.policy.replace(':', '-')}"
+    data["name"] = f"plan-{cand.gpu}-x{cand.count}-tp{cand.tp_size}-{cand.policy.replace(':', '-')}"
     return scenario_from_dict(data, "plan")
 
 
@@ -197,6 +207,16 @@ def prune(base: Scenario, gpu: str, count: int) -> str | None:
         return (f"does not fit: weights {ctx.weights_bytes / GB:,.1f} GB + reserve {ctx.hw.runtime_reserve_bytes / GB:,.1f} GB "
                 f"per GPU > {ctx.hw.memory_bytes / GB:,.1f} GB HBM")
     return None
+
+
+def feasible_splits(base: Scenario, gpu: str, count: int) -> list[int] | str:
+    """The tensor-parallel sizes tried for `count` GPUs: all of them as one group, and the smallest
+    group that holds the model (the most replicas); or why even `count` GPUs cannot hold it."""
+    why_all = prune(base, gpu, count)
+    if why_all:
+        return why_all
+    smallest = next((tp for tp in range(1, count) if count % tp == 0 and prune(base, gpu, tp) is None), count)
+    return sorted({smallest, count})
 
 
 def slo_misses(summary, spec: PlanSpec) -> list[str]:
@@ -229,14 +249,16 @@ def binding(summary, scenario: Scenario) -> str:
 
 
 def _run(base: Scenario, cand: Candidate, rate: float, spec: PlanSpec):
+    """One replica's serving summary at `rate` requests/s for the whole configuration: the load
+    balancer gives each of the `replicas` an equal share."""
     from .serving.run import simulate_serving
 
-    return simulate_serving(candidate_scenario(base, cand, rate, spec)).summary
+    return simulate_serving(candidate_scenario(base, cand, rate / cand.replicas, spec)).summary
 
 
 def evaluate(base: Scenario, cand: Candidate, spec: PlanSpec) -> dict:
     """One candidate simulated at the rate asked and, if it meets the SLO, its max rate."""
-    row = dict(gpu=cand.gpu, gpus=cand.count, tp=cand.count, policy=cand.policy, status="fail",
+    row = dict(gpu=cand.gpu, gpus=cand.count, tp=cand.tp_size, dp=cand.replicas, policy=cand.policy, status="fail",
                ttft_p99_ms=None, tpot_p99_ms=None, max_rate_per_s=None, max_rate_capped=None,
                next_rate_per_s=None, binding=None, reason=None)
     try:
@@ -245,7 +267,7 @@ def evaluate(base: Scenario, cand: Candidate, spec: PlanSpec) -> dict:
         return {**row, "reason": f"invalid: {err.line()}"}
     row.update(ttft_p99_ms=None if s.ttft_p99_s is None else s.ttft_p99_s * 1e3,
                tpot_p99_ms=None if s.tpot_p99_s is None else s.tpot_p99_s * 1e3)
-    sc = candidate_scenario(base, cand, spec.rate, spec)
+    sc = candidate_scenario(base, cand, spec.rate / cand.replicas, spec)
     misses = slo_misses(s, spec)
     if misses:
         return {**row, "reason": ("SLO missed: " if s.fits else "") + "; ".join(misses), "binding": binding(s, sc)}
@@ -279,8 +301,9 @@ def _evaluate_star(args):
 
 
 def plan(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], policies: list[str],
-         prices: dict[str, tuple[float, str]], workers: int | None = None) -> list[dict]:
-    """Every candidate's row (PLAN_COLUMNS), ranked: passing by $/hour then max rate (rank 1, 2, ...),
+         prices: dict[str, tuple[float, str]], workers: int | None = None, replicas: bool = False) -> list[dict]:
+    """Every candidate's row (PLAN_COLUMNS), ranked (`replicas`: also the most-replicas split of
+    each count, which roughly doubles the search): passing by $/hour then max rate (rank 1, 2, ...),
     then failing, then pruned (rank None)."""
     check_spec(spec)
     for g in gpus:
@@ -289,14 +312,14 @@ def plan(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], pol
     rows, todo = [], []
     for g in gpus:
         for n in counts:
-            why = prune(base, g, n)
+            splits = feasible_splits(base, g, n)
             for p in policies:
-                if why:
-                    rows.append(dict(gpu=g, gpus=n, tp=n, policy=p, status="pruned", ttft_p99_ms=None, tpot_p99_ms=None,
-                                     max_rate_per_s=None, max_rate_capped=None, next_rate_per_s=None, binding=None,
-                                     reason=why))
+                if isinstance(splits, str):
+                    rows.append(dict(gpu=g, gpus=n, tp=n, dp=1, policy=p, status="pruned", ttft_p99_ms=None,
+                                     tpot_p99_ms=None, max_rate_per_s=None, max_rate_capped=None, next_rate_per_s=None,
+                                     binding=None, reason=splits))
                 else:
-                    todo.append((base, Candidate(g, n, p), spec))
+                    todo += [(base, Candidate(g, n, p, tp), spec) for tp in (splits if replicas else [n])]
     workers = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
     if workers == 1:
         rows += [evaluate(*t) for t in todo]

@@ -36,7 +36,7 @@ def scenario_path(tmp_path_factory):
 @pytest.fixture(scope="module")
 def rows(scenario_path):
     base = load_scenario(scenario_path)
-    return P.plan(base, SPEC, GPUS, [1, 2], ["full_hbm", "tiered:0.5"], P.load_prices(), workers=1)
+    return P.plan(base, SPEC, GPUS, [1, 2], ["full_hbm", "tiered:0.5"], P.load_prices(), workers=1, replicas=True)
 
 
 def _summary(scenario_path, row, rate):
@@ -85,10 +85,12 @@ def test_cli_json_out_and_price_override(scenario_path, tmp_path):
     out = tmp_path / "plan"
     res = run_cli("plan", str(scenario_path), "--rate", "4", "--ttft-p99-ms", "500", "--tpot-p99-ms", "20",
                   "--gpus", "rtx-5080,H100", "--counts", "2", "--policies", "full_hbm", "--requests", "40",
-                  "--price", "h100-sxm=0.1", "--workers", "1", "--json", "--out", str(out))
+                  "--price", "h100-sxm=0.1", "--workers", "1", "--replicas", "--json", "--out", str(out))
     assert res.returncode == 0, res.stderr
     rows = json.loads(res.stdout)
-    assert [(r["gpu"], r["usd_per_hour"]) for r in rows if r["gpu"] == "h100-sxm"] == [("h100-sxm", pytest.approx(0.2))]
+    h100 = [r for r in rows if r["gpu"] == "h100-sxm"]  # TP 2, and two replicas of TP 1
+    assert sorted((r["tp"], r["dp"]) for r in h100) == [(1, 2), (2, 1)]
+    assert all(r["usd_per_hour"] == pytest.approx(0.2) for r in h100)
     assert rows[0]["gpu"] == "h100-sxm" and rows[0]["rank"] == 1  # cheapest now
     with open(out / "plan.csv") as fh:
         table = list(csv.DictReader(fh))
@@ -129,3 +131,15 @@ def test_a_link_bound_run_names_the_host_link():
                         host_capacity_bytes=100.0, h2d_utilization=0.95, d2h_utilization=0.1, max_running=10)
     assert binding(s, sc) == "host link (busy 95% of the run)"
     assert binding(SimpleNamespace(**{**vars(s), "h2d_utilization": 0.5}), sc) == "compute/bandwidth"
+
+
+def test_replicas_split_the_rate_and_multiply_the_max_rate(rows, scenario_path):
+    """2 x H100 holds the 14B model on one GPU too: the plan also tries two replicas of TP 1, each
+    simulated at half the rate; its max rate is the whole configuration's."""
+    h100_2 = [r for r in rows if r["gpu"] == "h100-sxm" and r["gpus"] == 2]
+    assert {(r["tp"], r["dp"]) for r in h100_2} == {(1, 2), (2, 1)}
+    base = load_scenario(scenario_path)
+    one = P._run(base, P.Candidate("h100-sxm", 1, "full_hbm"), SPEC.rate / 2, SPEC)
+    two = P._run(base, P.Candidate("h100-sxm", 2, "full_hbm", tp=1), SPEC.rate, SPEC)
+    assert two.ttft_p99_s == one.ttft_p99_s and two.tpot_p99_s == one.tpot_p99_s  # the same replica at rate / 2
+    assert P.feasible_splits(base, "rtx-5080", 2) == [2]  # one 5080 cannot hold it: no replicas of TP 1
