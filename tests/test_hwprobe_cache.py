@@ -37,8 +37,8 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-def make(policy, layers=2, batch=2, lengths=None, trace=None, **opts):
-    rt = Runtime("cpu", trace=trace)
+def make(policy, layers=2, batch=2, lengths=None, trace=None, rt=None, **opts):
+    rt = rt or Runtime("cpu", trace=trace)
     lengths = lengths or [40] * batch
     geom = CacheGeometry(layers, batch, HKV, D)
     cache = TieredKVCache(rt, geom, policy, CacheOptions(group_size=GROUP, **opts), PROMPT, lengths, torch.float32)

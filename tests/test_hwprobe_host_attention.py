@@ -17,18 +17,13 @@ torch = pytest.importorskip("torch")
 from hwprobe.cache import CacheGeometry, CacheOptions, Runtime, TieredKVCache  # noqa: E402
 from hwprobe.cache.attention import merge_partials, partial_softmax_attention, union_softmax_attention  # noqa: E402
 from sim.physics import PARTIAL_BYTES_PER_ELEMENT, SPLIT_STEPS  # noqa: E402
-from sim.tiers import TierPolicy  # noqa: E402
 
 from .conftest import SCENARIOS, run_cli  # noqa: E402
+from .test_hwprobe_cache import D, FULL, G, GROUP, HKV, MIXED, PROMPT, T1_ONLY, WITH_T2, make  # noqa: E402
+from .test_hwprobe_cache import drive as drive_with_kv  # noqa: E402
 
-PROMPT, GROUP = 6, 4
-HKV, G, D = 2, 2, 8
 TOL_ULPS = 16  # as the merged-softmax tests: split sums reorder, allow this many ulps of the magnitude
 
-T1_ONLY = TierPolicy(hbm_ratio=0.5, evict_ratio=0.0, compressed_ratio=0.0, retier_interval=4, sink_tokens=1, recent_window=4)
-MIXED = TierPolicy(hbm_ratio=0.4, evict_ratio=0.1, compressed_ratio=0.3, retier_interval=4, sink_tokens=1, recent_window=4)
-WITH_T2 = TierPolicy(hbm_ratio=0.3, evict_ratio=0.0, compressed_ratio=0.7, retier_interval=4, sink_tokens=1, recent_window=4)
-FULL = TierPolicy(kind="full_hbm")
 HOST = dict(access="host_attention")
 SPLIT = dict(access="split", host_fraction=0.5)
 
@@ -41,32 +36,9 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-def make(policy, rt=None, layers=2, batch=2, **opts):
-    geom = CacheGeometry(layers, batch, HKV, D)
-    cache = TieredKVCache(rt or Runtime("cpu"), geom, policy, CacheOptions(group_size=GROUP, **opts), PROMPT,
-                          [40] * batch, torch.float32)
-    cache.fill_prompt_random(torch.Generator().manual_seed(7))
-    return cache
-
-
 def drive(caches, steps, seed=0, on_step=None):
-    """Identical random q/k/v into every cache; each cache's attention outputs in order."""
-    g = torch.Generator().manual_seed(seed)
-    B, L = caches[0].geom.batch, caches[0].geom.layers
-    outs = [[] for _ in caches]
-    for s in range(steps):
-        for c in caches:
-            c.begin_step()
-        for layer in range(L):
-            q, k, v = (torch.randn(B, HKV, *shape, generator=g) for shape in ((G, D), (D,), (D,)))
-            for i, c in enumerate(caches):
-                c.layer_start(layer)
-                outs[i].append(c.attend(layer, q, k, v))
-        for c in caches:
-            c.end_step()
-        if on_step:
-            on_step(s)
-    return outs
+    """Identical random q/k/v into every cache (test_hwprobe_cache's driver); each cache's outputs."""
+    return drive_with_kv(caches, steps, seed, on_step)[0]
 
 
 def max_diff(a, b) -> float:
