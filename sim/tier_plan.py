@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .context import RunContext, draw_lengths
+from .batch_tiers import BatchTiers
 from .sequence import SequenceTiers
-from .tiers import T0, T1, T2, TIERS, TierPolicy
+from .tiers import T0, T1, T2, T3, TIERS, TierPolicy
 
 # columns of TierPlan.attended (counts attended during the step's forward, before its re-tier)
 ATT_T0, ATT_T1, ATT_T2, ACTIVE = range(4)
@@ -36,40 +37,50 @@ class TierPlan:
         return len(self.attended)
 
 
+def sequence_rngs(workload, n: int) -> list[np.random.Generator]:
+    """One independent seeded stream per sequence (its importance draws)."""
+    return [np.random.default_rng(s) for s in np.random.SeedSequence([workload.seed, 2]).spawn(n)]
+
+
 def sequence_tiers(scenario, policy: TierPolicy, lengths: np.ndarray) -> list[SequenceTiers]:
-    """The seeded per-sequence tier state the plan evolves (one independent stream per sequence).
-    hwprobe replays it (`scores: simulator`) so the real cache moves exactly the planned tokens."""
+    """The seeded per-sequence tier state, one sequence at a time (the same evolution as `plan_tiers`,
+    token for token). hwprobe replays it (`scores: simulator`) so the real cache moves exactly the planned tokens."""
     w = scenario.workload
-    rngs = [np.random.default_rng(s) for s in np.random.SeedSequence([w.seed, 2]).spawn(len(lengths))]
     return [SequenceTiers(w.prompt_tokens, w.prompt_tokens + int(n), policy, scenario.policy.importance, rng,
-                          scenario.policy.scoring) for n, rng in zip(lengths, rngs)]
+                          scenario.policy.scoring) for n, rng in zip(lengths, sequence_rngs(w, len(lengths)))]
 
 
 def plan_tiers(ctx: RunContext) -> TierPlan:
+    """The whole run's tier plan. Between re-tiers a sequence's counts only grow by one T0 token per
+    step, so the per-step sums are prefix sums over the unfinished rows (kept longest first); the
+    token-level work happens only at re-tiers (`BatchTiers`)."""
     sc = ctx.scenario
     w = sc.workload
     lengths = draw_lengths(w, w.batch_size)
     steps = int(lengths.max())
-    seqs = sequence_tiers(sc, ctx.policy, lengths)
+    retier = np.array([ctx.policy.retier_due(s) for s in range(steps)], dtype=bool)
+    batch = BatchTiers(w.prompt_tokens, lengths, ctx.policy, sc.policy.importance, sequence_rngs(w, len(lengths)),
+                       sc.policy.scoring)
+    active = len(lengths) - np.searchsorted(np.sort(lengths), np.arange(steps), side="right")  # unfinished rows per step
     attend = np.zeros((steps, ATTENDED_COLUMNS), dtype=np.int64)
     after = np.zeros((steps, len(TIERS)), dtype=np.int64)
     moves = np.zeros((steps, MOVE_COLUMNS), dtype=np.int64)
-    retier = np.zeros(steps, dtype=bool)
-    # running per-sequence counts so the per-step loop stays O(batch)
-    counts = np.zeros((w.batch_size, len(TIERS)), dtype=np.int64)
+    counts = np.zeros((len(lengths), len(TIERS)), dtype=np.int64)  # per row (longest first) at the last re-tier
     counts[:, T0] = w.prompt_tokens
-    for step in range(steps):
-        active = np.flatnonzero(lengths > step)
-        due = ctx.policy.retier_due(step)
-        retier[step] = due
-        counts[active, T0] += 1  # the step's new token; sequences catch up on it at their next re-tier
-        a = counts[active]
-        attend[step] = (a[:, T0].sum(), a[:, T1].sum(), a[:, T2].sum(), len(active))
-        if due:
-            for i in active:
-                seqs[i].advance(step + 1 - seqs[i].steps_done)
-                mv = seqs[i].retier()
-                counts[i] = seqs[i].counts()
-                moves[step] += (mv.to_t1_from_t0, mv.to_t2_from_t0, mv.to_t0_from_t1, mv.to_t0_from_t2, mv.evicted)
-        after[step] = counts[active].sum(axis=0)
+    ends = np.flatnonzero(retier).tolist()
+    begin = 0
+    for end in ends + ([steps - 1] if not ends or ends[-1] != steps - 1 else []):
+        seg = np.arange(begin, end + 1)
+        cum = np.vstack([np.zeros(len(TIERS), dtype=np.int64), np.cumsum(counts, axis=0)])[active[seg]]
+        attend[seg, ATT_T0] = cum[:, T0] + active[seg] * (seg - begin + 1)  # each unfinished row's new tokens
+        attend[seg, ATT_T1], attend[seg, ATT_T2], attend[seg, ACTIVE] = cum[:, T1], cum[:, T2], active[seg]
+        after[seg] = np.column_stack([attend[seg, ATT_T0], cum[:, T1], cum[:, T2], cum[:, T3]])
+        if retier[end]:
+            trans = batch.retier(end + 1)  # (rows, old, new)
+            rows = len(trans)
+            counts[:rows] = trans.sum(axis=1)
+            total = trans.sum(axis=0)
+            moves[end] = (total[T0, T1], total[T0, T2], total[T1, T0], total[T2, T0], total[:T3, T3].sum())
+            after[end] = counts[:rows].sum(axis=0)
+        begin = end + 1
     return TierPlan(lengths=lengths, attended=attend, tiers_after=after, retier_moves=moves, retier_due=retier)
