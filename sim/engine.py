@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pandas as pd
 import simpy
 
 from .context import RunContext
+from .intervals import busy_union_s
 from .physics import RetierTraffic, StepCost, decode_step_cost, layerwise_pipeline, retier_traffic
 from .tier_plan import ACTIVE, ATT_T0, ATT_T1, ATT_T2, MV_D2H_T1, MV_D2H_T2, MV_H2D_T1, MV_H2D_T2, TierPlan
 from .tiers import T1, T2
@@ -44,6 +46,14 @@ class DecodeTiming:
     timeline: list[dict] = field(default_factory=list)  # compute / h2d / d2h intervals in a window
     decode_s: float = 0.0
     host_busy: list[tuple[float, float]] = field(default_factory=list)  # host CPU attending T1/T2
+
+    def step_frame(self) -> pd.DataFrame:
+        return pd.DataFrame([r.__dict__ for r in self.records])
+
+    def busy_s(self, *directions: str, until: float) -> float:
+        """Seconds any of `directions` (h2d, d2h, host) was busy before `until`."""
+        lists = {"h2d": self.h2d_busy, "d2h": self.d2h_busy, "host": self.host_busy}
+        return busy_union_s(*(lists[d] for d in directions), until=until)
 
 
 class Link:

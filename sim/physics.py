@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from .hardware import Hardware
 from .model_spec import ModelSpec
 from .units import ATTN_MATMULS, FLOP_PER_MAC
@@ -100,6 +102,11 @@ def attention_s(flop: float, kv_bytes: float, hw: Hardware) -> float:
     short context cannot hide; a long one streams at the split-KV kernel's fraction of HBM bandwidth,
     so the achieved fraction grows with tokens per sequence and batch."""
     return max(flop / hw.attention_flop_per_s, hw.attention_latency_s + kv_bytes / hw.attention_hbm_bytes_per_s)
+
+
+def attention_s_array(flop: np.ndarray, kv_bytes: np.ndarray, hw: Hardware) -> np.ndarray:
+    """`attention_s` over arrays (the fast level's steps); a test holds the two equal."""
+    return np.maximum(flop / hw.attention_flop_per_s, hw.attention_latency_s + kv_bytes / hw.attention_hbm_bytes_per_s)
 
 
 def decode_layer_cost(

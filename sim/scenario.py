@@ -164,7 +164,10 @@ DEFAULT_POLICY = PolicyCfg()
 
 
 class SimCfg(_Strict):
-    detail: Literal["layer", "step"] = "layer"  # layer: SimPy events per layer; step: closed-form pipeline per step
+    # layer: SimPy events per layer (the reference); step: closed-form pipeline per step in SimPy;
+    # fast: numpy over all steps, re-tier churn from `fast_rows` sequences (sim/fast.py)
+    detail: Literal["layer", "step", "fast"] = "layer"
+    fast_rows: int = Field(4, ge=1, le=MAX_BATCH)  # fast level: sequences whose token-level churn stands for the batch
     step_stride: int = Field(1, ge=1, le=MAX_TOKENS)  # simulate every k-th decode step, weight it by k
     record_every: int = Field(1, ge=1, le=MAX_TOKENS)  # per-step CSV keeps every n-th simulated step
     max_batch_limit: int = Field(4096, ge=1, le=MAX_BATCH)  # upper end of the max-batch search

@@ -13,7 +13,7 @@ from .capacity import baseline_max_batches, fits, full_hbm_peak_bytes, max_batch
 from .context import RunContext, build_context
 from .errors import ConfigError
 from .engine import run_timing
-from .intervals import busy_union_s
+from .fast import fast_plan, fast_timing, supports
 from .tier_plan import ACTIVE, ATT_T0, ATT_T1, ATT_T2, MV_D2H_T1, MV_D2H_T2, MV_EVICTED, plan_tiers
 from .tiers import T0, T1, T2, T3, TIERS
 from .physics import prefill_s
@@ -45,12 +45,15 @@ def simulate(scenario: Scenario, profile: Profile | None = None, *, profile_path
         raise ConfigError("a serving scenario (requests arriving): `kvsim run` simulates it; this command takes a "
                           "closed batch", field="workload.arrivals")
     ctx = build_context(scenario, profile, profile_path)
-    plan = plan_tiers(ctx)
+    fast = scenario.sim.detail == "fast"
+    plan = fast_plan(ctx) if fast else plan_tiers(ctx)
     att = plan.attended
     mem = memory_trace(ctx, att[:, ATT_T0], att[:, ATT_T1], att[:, ATT_T2], att[:, ACTIVE], plan.tiers_after,
                        plan.retier_moves[:, [MV_D2H_T1, MV_D2H_T2]])
     ok, hbm_short, host_short = fits(mem, ctx)
-    timing = run_timing(ctx, plan) if ok else None
+    timing = None
+    if ok:
+        timing = fast_timing(ctx, plan) if fast and supports(ctx) else run_timing(ctx, plan)
 
     steps = pd.DataFrame({
         "step": np.arange(plan.steps),
@@ -59,8 +62,7 @@ def simulate(scenario: Scenario, profile: Profile | None = None, *, profile_path
         "hbm_bytes": mem.hbm_bytes, "host_bytes": mem.host_bytes, "batch_active": att[:, ACTIVE],
     })
     if timing is not None:
-        rec = pd.DataFrame([r.__dict__ for r in timing.records])
-        steps = rec.merge(steps, on="step")
+        steps = timing.step_frame().merge(steps, on="step")
     else:
         for col in ("t_s", "step_s", "compute_s", "stall_s", "h2d_bytes", "d2h_bytes"):
             steps[col] = np.nan
@@ -108,8 +110,8 @@ def _run_summary(scenario: Scenario, ctx: RunContext, plan, mem, fit: tuple, tim
 def _decode_figures(scenario: Scenario, ctx: RunContext, timing, steps: pd.DataFrame, generated: int) -> dict:
     """The timing figures of a run that fits, as SimRunSummary fields (they stay None otherwise)."""
     decode_s = timing.decode_s
-    h2d_utilization = busy_union_s(timing.h2d_busy, until=decode_s) / decode_s
-    d2h_utilization = busy_union_s(timing.d2h_busy, until=decode_s) / decode_s
+    h2d_utilization = timing.busy_s("h2d", until=decode_s) / decode_s
+    d2h_utilization = timing.busy_s("d2h", until=decode_s) / decode_s
     tpot_p50_s, tpot_p99_s = tpot_percentiles_s(steps["step_s"].to_numpy())
     return dict(
         decode_s=decode_s,
@@ -119,9 +121,9 @@ def _decode_figures(scenario: Scenario, ctx: RunContext, timing, steps: pd.DataF
         tpot_p50_s=tpot_p50_s, tpot_p99_s=tpot_p99_s,
         h2d_bytes=float(steps["h2d_bytes"].sum()), d2h_bytes=float(steps["d2h_bytes"].sum()),
         h2d_utilization=h2d_utilization, d2h_utilization=d2h_utilization,
-        transfer_share=busy_union_s(timing.h2d_busy, timing.d2h_busy, until=decode_s) / decode_s,
+        transfer_share=timing.busy_s("h2d", "d2h", until=decode_s) / decode_s,
         stall_share=float(steps["stall_s"].sum()) / decode_s,
         link_bottleneck=max(h2d_utilization, d2h_utilization) >= LINK_BOTTLENECK_UTILIZATION,
-        host_attention_share=(busy_union_s(timing.host_busy, until=decode_s) / decode_s
+        host_attention_share=(timing.busy_s("host", until=decode_s) / decode_s
                               if scenario.policy.access != "prefetch" else None),
     )
