@@ -159,16 +159,17 @@ def report(
     scenarios: Optional[List[Path]] = typer.Argument(None, help="scenario YAMLs for per-run views; none: the 7B-70B projection and the paper checked"),
     profile: List[Path] = typer.Option([], "--profile", help="measured profile (hwprobe calibrate): an extra GPU column; one profile also applies to the runs (repeatable)"),
     validation: Optional[Path] = typer.Option(None, "--validation", help="CSV written by hwprobe validate: predicted against measured"),
+    plan_dir: Optional[Path] = typer.Option(None, "--plan", help="folder written by kvsim plan --out: the \"Serving plan\" section"),
     out: Path = typer.Option(Path("reports/report.html"), "--out", help="the HTML file to write (self-contained, opens offline)"),
     set_: List[str] = typer.Option([], "--set", help="override applied to every scenario, e.g. sim.detail=layer (repeatable)"),
 ) -> None:
-    """One interactive HTML report: the projection (default) or per-run views, and validation."""
+    """One interactive HTML report: the projection (default) or per-run views, validation and a serving plan."""
     from .report.command import build_report
     from .units import MB
 
     try:
         written = build_report(list(scenarios or []), list(profile), validation, out, overrides=set_,
-                               command="kvsim report " + " ".join(sys.argv[2:]))
+                               command="kvsim report " + " ".join(sys.argv[2:]), plan_path=plan_dir)
     except ConfigError as err:
         _fail(err)
     print(f"wrote {written} ({written.stat().st_size / MB:.1f} MB)", file=sys.stderr)
@@ -211,7 +212,8 @@ def plan(
     workers: Optional[int] = typer.Option(None, "--workers", help="processes (default: all cores)"),
     set_: List[str] = typer.Option([], "--set", help="override applied to the scenario first (repeatable)"),
     as_json: bool = typer.Option(False, "--json", help="print the rows as JSON on stdout"),
-    out: Optional[Path] = typer.Option(None, "--out", help="folder to write plan.csv into"),
+    out: Optional[Path] = typer.Option(None, "--out", help="folder to write plan.csv, probes.csv (every simulation) and "
+                                       "plan.json (the search asked) into; `kvsim report --plan DIR` draws them"),
     replicas: bool = typer.Option(False, "--replicas", help="also try data-parallel replicas of the smallest "
                                   "tensor-parallel group that holds the model (about doubles the search)"),
 ) -> None:
@@ -219,9 +221,10 @@ def plan(
     one's max sustainable rate; ranked by $/hour (assumed prices, sim/catalog/prices.yaml)."""
     import time
 
-    from .atomic import write_text_atomic
+    from .atomic import write_dir_atomic
     from .output import check_out_path
-    from .plan import PlanSpec, parse_counts, parse_gpus, parse_policies, parse_prices, plan as run_plan, plan_csv
+    from .plan import PlanSpec, parse_counts, parse_gpus, parse_policies, parse_prices, search
+    from .plan_files import plan_dir_files
     from .scenario import load_scenario
 
     if out is not None:
@@ -236,10 +239,10 @@ def plan(
                     requests=requests, max_factor=max_factor)
     names, ns, pols, prices = parse_gpus(gpus_), parse_counts(counts), parse_policies(policies), parse_prices(price)
     t0 = time.monotonic()
-    rows = run_plan(sc, spec, names, ns, pols, prices, workers=workers, replicas=replicas)
-    wall = time.monotonic() - t0
-    if out is not None:
-        write_text_atomic(out / "plan.csv", plan_csv(rows))
+    result = search(sc, spec, names, ns, pols, prices, workers=workers, replicas=replicas)
+    rows, wall = result.rows, time.monotonic() - t0
+    if out is not None:  # the three files replaced together
+        write_dir_atomic(out, plan_dir_files(rows, result.probes, _plan_doc(scenario, sc, spec, names, ns, pols, replicas, price)))
     if as_json:
         print(json.dumps(rows, indent=2))
         return
@@ -260,7 +263,22 @@ def plan(
                   f"{'replicas share the rate evenly' if replicas else 'N GPUs as one TP group (--replicas also tries DP)'}; "
                   f"{wall:.0f} s[/dim]")
     if out is not None:
-        console.print(f"[dim]wrote {out / 'plan.csv'}[/dim]")
+        console.print(f"[dim]wrote {out}/ (plan.csv, probes.csv: {len(result.probes)} simulations, plan.json); "
+                      f"kvsim report --plan {out} draws them[/dim]")
+
+
+def _plan_doc(path: Path, sc, spec, gpus: list[str], counts: list[int], policies: list[str], replicas: bool,
+              price_overrides: list[str]):
+    """plan.json: what `kvsim plan` was asked (sim.plan_files.PlanDoc)."""
+    from . import __version__
+    from .plan_files import PlanDoc
+
+    ms = lambda s: None if s is None else s * 1e3  # noqa: E731
+    return PlanDoc(scenario=sc.name, scenario_path=str(path), model=sc.model.name or str(sc.model.hf_config), rate_per_s=spec.rate,
+                   ttft_p99_ms=ms(spec.ttft_s), tpot_p99_ms=ms(spec.tpot_s), requests=spec.requests,
+                   max_factor=spec.max_factor, tolerance=spec.tolerance, gpus=gpus, counts=counts, policies=policies,
+                   replicas=replicas, prices_source="sim/catalog/prices.yaml (assumed on-demand list prices, not quotes)",
+                   price_overrides=list(price_overrides), kvtier_version=__version__)
 
 
 def main() -> None:

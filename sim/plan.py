@@ -27,6 +27,7 @@ import yaml
 
 from . import catalog
 from .errors import ConfigError
+from .plan_files import MISS_FIT, MISS_TPOT, MISS_TTFT, candidate_key
 from .scenario import Scenario, scenario_from_dict
 from .schema import LINK_BOTTLENECK_UTILIZATION
 from .units import GB
@@ -219,15 +220,35 @@ def feasible_splits(base: Scenario, gpu: str, count: int) -> list[int] | str:
     return sorted({smallest, count})
 
 
+def _misses(summary, spec: PlanSpec) -> list[tuple[str, str]]:
+    """(key in sim.plan_files.MISS_KEYS, text) for each SLO percentile a run missed."""
+    if not summary.fits:
+        return [(MISS_FIT, f"does not fit: {summary.does_not_fit}")]
+    out = []
+    for key, label, got, target in ((MISS_TTFT, "p99 TTFT", summary.ttft_p99_s, spec.ttft_s),
+                                    (MISS_TPOT, "p99 TPOT", summary.tpot_p99_s, spec.tpot_s)):
+        if target is not None and got is not None and got > target:
+            out.append((key, f"{label} {got * 1e3:,.0f} ms > {target * 1e3:,.0f} ms (+{(got / target - 1) * 100:,.0f}%)"))
+    return out
+
+
 def slo_misses(summary, spec: PlanSpec) -> list[str]:
     """The SLO percentiles a run missed, each with by how much; empty when it meets the SLO."""
-    if not summary.fits:
-        return [f"does not fit: {summary.does_not_fit}"]
-    out = []
-    for label, got, target in (("p99 TTFT", summary.ttft_p99_s, spec.ttft_s), ("p99 TPOT", summary.tpot_p99_s, spec.tpot_s)):
-        if target is not None and got is not None and got > target:
-            out.append(f"{label} {got * 1e3:,.0f} ms > {target * 1e3:,.0f} ms (+{(got / target - 1) * 100:,.0f}%)")
-    return out
+    return [text for _, text in _misses(summary, spec)]
+
+
+def probe_row(cand: Candidate, probe: int, step: str, rate: float, summary, spec: PlanSpec) -> dict:
+    """One simulation of the search as a probes.csv row (sim.plan_files.PROBE_COLUMNS)."""
+    ms = lambda v: None if v is None else v * 1e3  # noqa: E731
+    misses = _misses(summary, spec)
+    goodput = summary.goodput_req_per_s
+    return dict(candidate=candidate_key(cand.gpu, cand.count, cand.tp_size, cand.policy), gpu=cand.gpu, gpus=cand.count,
+                tp=cand.tp_size, dp=cand.replicas, policy=cand.policy, probe=probe, step=step, offered_rate_per_s=rate,
+                passed=not misses, slo_missed=";".join(k for k, _ in misses),
+                **{f"{m}_{p}_ms": ms(getattr(summary, f"{m}_{p}_s")) for m in ("ttft", "tpot") for p in ("p50", "p90", "p99")},
+                e2e_p99_ms=ms(summary.e2e_p99_s),
+                goodput_req_per_s=None if goodput is None else goodput * cand.replicas,
+                reason="; ".join(t for _, t in misses) or None)
 
 
 def binding(summary, scenario: Scenario) -> str:
@@ -257,12 +278,24 @@ def _run(base: Scenario, cand: Candidate, rate: float, spec: PlanSpec):
 
 
 def evaluate(base: Scenario, cand: Candidate, spec: PlanSpec) -> dict:
-    """One candidate simulated at the rate asked and, if it meets the SLO, its max rate."""
+    """One candidate simulated at the rate asked and, if it meets the SLO, its max rate; under
+    "probes", every simulation it took (probe_row)."""
+    probes: list[dict] = []
+
+    def run(rate: float, step: str):
+        s = _run(base, cand, rate, spec)
+        probes.append(probe_row(cand, len(probes) + 1, step, rate, s, spec))
+        return s
+
+    return {**_search(base, cand, spec, run), "probes": probes}
+
+
+def _search(base: Scenario, cand: Candidate, spec: PlanSpec, run) -> dict:
     row = dict(gpu=cand.gpu, gpus=cand.count, tp=cand.tp_size, dp=cand.replicas, policy=cand.policy, status="fail",
                ttft_p99_ms=None, tpot_p99_ms=None, max_rate_per_s=None, max_rate_capped=None,
                next_rate_per_s=None, binding=None, reason=None)
     try:
-        s = _run(base, cand, spec.rate, spec)
+        s = run(spec.rate, "rate")
     except ConfigError as err:  # e.g. the scenario's other policy ratios and this hbm_ratio exceed 1
         return {**row, "reason": f"invalid: {err.line()}"}
     row.update(ttft_p99_ms=None if s.ttft_p99_s is None else s.ttft_p99_s * 1e3,
@@ -271,12 +304,14 @@ def evaluate(base: Scenario, cand: Candidate, spec: PlanSpec) -> dict:
     misses = slo_misses(s, spec)
     if misses:
         return {**row, "reason": ("SLO missed: " if s.fits else "") + "; ".join(misses), "binding": binding(s, sc)}
-    # doubling from the rate asked until a rate fails (or the cap passes), then geometric bisection
+    # doubling from the rate asked until a rate fails (or the cap passes), then geometric bisection:
+    # every passing rate becomes `lo` and every failing one `hi`, so the max rate is the highest
+    # passing probe and next_rate_per_s the lowest failing one
     cap = spec.rate * spec.max_factor
     lo, hi, hi_summary = spec.rate, spec.rate, None
     while hi < cap and hi_summary is None:
         hi = min(hi * 2.0, cap)
-        top = _run(base, cand, hi, spec)
+        top = run(hi, "double")
         if slo_misses(top, spec):
             hi_summary = top
         else:
@@ -284,7 +319,7 @@ def evaluate(base: Scenario, cand: Candidate, spec: PlanSpec) -> dict:
     if hi_summary is not None:
         while hi / lo > 1.0 + spec.tolerance:
             mid = math.sqrt(lo * hi)
-            m = _run(base, cand, mid, spec)
+            m = run(mid, "bisect")
             if slo_misses(m, spec):
                 hi, hi_summary = mid, m
             else:
@@ -300,11 +335,23 @@ def _evaluate_star(args):
     return evaluate(*args)
 
 
+@dataclass
+class PlanResult:
+    rows: list[dict]  # PLAN_COLUMNS, ranked
+    probes: list[dict]  # sim.plan_files.PROBE_COLUMNS: every simulation, candidate by candidate
+
+
 def plan(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], policies: list[str],
          prices: dict[str, tuple[float, str]], workers: int | None = None, replicas: bool = False) -> list[dict]:
+    """Every candidate's row (PLAN_COLUMNS), ranked: search(...).rows."""
+    return search(base, spec, gpus, counts, policies, prices, workers=workers, replicas=replicas).rows
+
+
+def search(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], policies: list[str],
+           prices: dict[str, tuple[float, str]], workers: int | None = None, replicas: bool = False) -> PlanResult:
     """Every candidate's row (PLAN_COLUMNS), ranked (`replicas`: also the most-replicas split of
     each count, which roughly doubles the search): passing by $/hour then max rate (rank 1, 2, ...),
-    then failing, then pruned (rank None)."""
+    then failing, then pruned (rank None); and the probes behind them."""
     check_spec(spec)
     for g in gpus:
         if g not in prices:
@@ -326,6 +373,7 @@ def plan(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], pol
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             rows += list(pool.map(_evaluate_star, todo))
+    probes = [p for r in rows for p in r.pop("probes", [])]
     for r in rows:
         usd, source = prices[r["gpu"]]
         r.update(usd_per_hour=r["gpus"] * usd, price_source=source)
@@ -335,7 +383,7 @@ def plan(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], pol
     for r in rows:
         rank += r["status"] == "pass"
         r["rank"] = rank if r["status"] == "pass" else None
-    return [{c: r[c] for c in PLAN_COLUMNS} for r in rows]
+    return PlanResult([{c: r[c] for c in PLAN_COLUMNS} for r in rows], probes)
 
 
 def plan_csv(rows: list[dict]) -> str:

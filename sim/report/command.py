@@ -20,6 +20,7 @@ from .document import ReportData, render
 from ..studies.projection_grid import DEFAULT_GRID, GridSpec, check_spec, gpu_columns, run_grid, tasks_for
 from ..studies.access_strategies import access_study
 from ..studies.paper_check import check_paper
+from .plan_input import load_plan
 from .progress import ReportProgress
 from .validation_table import load_validation
 
@@ -31,10 +32,11 @@ class Inputs:
     scenarios: list[tuple[Scenario, Profile | None, str | None]]  # scenario, profile, profile path
     profiles: list[Profile]
     validation: object | None  # DataFrame
+    plan: object | None = None  # sim.report.plan_input.PlanFiles
 
 
 def load_inputs(scenario_paths: list[Path], profile_paths: list[Path], validation_path: Path | None, out: Path,
-                overrides: list[str] | None = None) -> Inputs:
+                overrides: list[str] | None = None, plan_path: Path | None = None) -> Inputs:
     """Everything the report reads, checked up front. A single --profile also applies to the runs
     (as `kvsim run --profile` does); otherwise each run uses its scenario's own hardware.profile."""
     if out.exists() and out.is_dir():
@@ -48,7 +50,7 @@ def load_inputs(scenario_paths: list[Path], profile_paths: list[Path], validatio
         prof = profiles[0] if len(profile_paths) == 1 else (load_profile(prof_path) if prof_path else None)
         runs.append((sc, prof, prof_path))
     table = load_validation(validation_path) if validation_path else None
-    return Inputs(runs, profiles, table)
+    return Inputs(runs, profiles, table, load_plan(plan_path) if plan_path is not None else None)
 
 
 def profile_warnings(inputs: Inputs) -> list[str]:
@@ -68,7 +70,7 @@ def compute(inputs: Inputs, validation_source: str, *, grid_spec: GridSpec = DEF
             progress: ReportProgress | None = None) -> ReportData:
     """Projection and the paper check when no scenario is given; per-run views otherwise."""
     progress = progress or ReportProgress(enabled=False)
-    data = ReportData(validation=inputs.validation, validation_source=validation_source)
+    data = ReportData(validation=inputs.validation, validation_source=validation_source, plan=inputs.plan)
     if not inputs.scenarios:
         check_spec(grid_spec)
         n_tasks = len(tasks_for(grid_spec, gpu_columns(grid_spec, inputs.profiles)))
@@ -88,11 +90,12 @@ def compute(inputs: Inputs, validation_source: str, *, grid_spec: GridSpec = DEF
 
 def build_report(scenario_paths: list[Path], profile_paths: list[Path], validation_path: Path | None, out: Path, *,
                  overrides: list[str] | None = None, command: str = "kvsim report", grid_spec: GridSpec = DEFAULT_GRID,
-                 workers: int | None = None, show_progress: bool = True) -> Path:
-    """Check the inputs, compute, write `out`; `overrides` (`--set key=value`) apply to every scenario."""
+                 workers: int | None = None, show_progress: bool = True, plan_path: Path | None = None) -> Path:
+    """Check the inputs, compute, write `out`; `overrides` (`--set key=value`) apply to every scenario;
+    `plan_path`: a `kvsim plan --out` folder for the "Serving plan" section."""
     if overrides and not scenario_paths:
         raise ConfigError("--set applies to scenarios; the projection takes none")
-    inputs = load_inputs(scenario_paths, profile_paths, validation_path, out, overrides)
+    inputs = load_inputs(scenario_paths, profile_paths, validation_path, out, overrides, plan_path)
     for line in profile_warnings(inputs):
         print(f"kvsim: warning: {line}", file=sys.stderr)
     progress = ReportProgress(enabled=show_progress)

@@ -1,4 +1,5 @@
-"""What the report says, in which order: summary, projection, the paper checked, runs, validation."""
+"""What the report says, in which order: summary, projection, the paper checked, serving plan, runs,
+validation."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from .figures_access import access_figure
 from .figures_paper import paper_figures
 from .figures_projection import dimensions, projection_figures
 from .figures_run import run_figures, timeline_note
+from .figures_serving import TABLE_HEADERS, latency_figure, max_rate_figure, plan_sentences, slo_text, table_rows
 from .figures_validation import validation_figure
+from .plan_input import PlanFiles
 from ..studies.projection_grid import GridResult
 from ..studies.paper_check import PaperCheck
 from .summary_text import access_sentences, paper_sentences, projection_sentences, run_sentence, validation_sentences
@@ -30,6 +33,11 @@ class ReportData:
     runs: list[SimResult] = field(default_factory=list)
     validation: pd.DataFrame | None = None
     validation_source: str = ""
+    plan: PlanFiles | None = None  # a `kvsim plan --out` folder (--plan)
+
+
+PLAN_EXAMPLE = ("kvsim plan scenarios/serving-h100-70b-tp4.yaml --rate 10 --ttft-p99-ms 2000 --tpot-p99-ms 50 "
+                "--out runs/plan")
 
 
 def _projection_section(grid: GridResult) -> str:
@@ -76,6 +84,31 @@ def _paper_section(check: PaperCheck) -> str:
     return h.section("paper", "The paper, checked", body)
 
 
+def _serving_section(pf: PlanFiles) -> str:
+    doc = pf.doc
+    body = h.paragraph(
+        f"From {pf.folder} (kvsim plan on {doc.scenario}: {doc.rate_per_s:g} req/s, {slo_text(pf)}, {doc.requests} requests "
+        f"a simulation): every configuration the search simulated, at every rate it tried - first the target rate, then "
+        f"doubling until the SLO is missed (at most {doc.max_factor:g} x the target), then geometric bisection to within "
+        f"{doc.tolerance:.0%}. Circles meet the SLO, crosses miss it; latencies are one replica's. Costs are {doc.prices_source}"
+        + (f", with {', '.join(doc.price_overrides)}" if doc.price_overrides else "") + ".")
+    body += h.figure_html("fig-plan-latency", latency_figure(pf),
+                          "Pick a GPU configuration in the menu above the panels; click a legend entry to hide a trace.")
+    body += h.figure_html("fig-plan-max-rate", max_rate_figure(pf),
+                          "\"misses\": that configuration and policy misses the SLO already at the target rate (why: "
+                          "the table). >= marks the search's cap.")
+    body += h.table_html(TABLE_HEADERS, table_rows(pf))
+    return h.section("serving-plan", "Serving plan", body)
+
+
+def _serving_note(command: str) -> str:
+    """Where the section would be: how to add it, no figures."""
+    steps = f"{PLAN_EXAMPLE}\n{command.strip()} --plan runs/plan"
+    return h.section("serving-plan", "Serving plan", h.paragraph(
+        "Not in this report: it draws the serving plan only from a folder that kvsim plan wrote (no simulation runs "
+        "for it here). To add it, run these two commands (any scenario, rate and SLO):") + f"<pre>{h.esc(steps)}</pre>")
+
+
 def _run_section(i: int, result: SimResult) -> str:
     sid = f"run-{i}"
     body = h.table_html(["", ""], [list(r) for r in summary_rows(result.summary)])
@@ -99,6 +132,8 @@ def summary_items(data: ReportData) -> list[str]:
         items += access_sentences(data.access)
     if data.paper is not None:
         items += paper_sentences(data.paper)
+    if data.plan is not None:
+        items += plan_sentences(data.plan)
     items += [run_sentence(r.summary) for r in data.runs]
     if data.validation is not None:
         items += validation_sentences(data.validation)
@@ -113,6 +148,10 @@ def render(data: ReportData, command: str) -> str:
         body += _access_section(data.access)
     if data.paper is not None:
         body += _paper_section(data.paper)
+    if data.plan is not None:
+        body += _serving_section(data.plan)
+    elif data.grid is not None:
+        body += _serving_note(command)
     body += "".join(_run_section(i, r) for i, r in enumerate(data.runs))
     if data.validation is not None:
         body += _validation_section(data.validation, data.validation_source)
