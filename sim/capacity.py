@@ -59,8 +59,15 @@ def memory_trace(ctx: RunContext, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray
 
 
 @lru_cache(maxsize=4096)
-def _trajectory(prompt: int, length: int, policy: TierPolicy) -> np.ndarray:
-    return count_trajectory(prompt, length, policy)
+def _trajectory(prompt: int, length: int, policy: TierPolicy) -> tuple[np.ndarray, np.ndarray]:
+    """One sequence's counts (attended during each step, after each step); read-only, shared."""
+    traj = count_trajectory(prompt, length, policy)
+    start = np.zeros((1, len(TIERS)), dtype=np.int64)
+    start[0, T0] = prompt
+    before = np.vstack([start, traj[:-1]])
+    before[:, T0] += 1  # the step's own new token
+    traj.flags.writeable = before.flags.writeable = False
+    return before, traj
 
 
 @dataclass(frozen=True)
@@ -90,16 +97,15 @@ def batch_counts(ctx: RunContext, batch: int, policy: TierPolicy | None = None) 
     w = ctx.scenario.workload
     lengths = draw_lengths(w, batch)
     steps = int(lengths.max())
+    uniq, mult = np.unique(lengths, return_counts=True)
+    if len(uniq) == 1:  # equal lengths: every sequence the same
+        before, traj = _trajectory(w.prompt_tokens, steps, policy)
+        return BatchCounts(attended=batch * before, tiers_after=batch * traj, active=np.full(steps, batch, dtype=np.int64))
     attend = np.zeros((steps, len(TIERS)), dtype=np.int64)
     after = np.zeros((steps, len(TIERS)), dtype=np.int64)
     active = np.zeros(steps, dtype=np.int64)
-    uniq, mult = np.unique(lengths, return_counts=True)
     for n, k in zip(uniq, mult):
-        traj = _trajectory(w.prompt_tokens, int(n), policy)
-        start = np.zeros((1, len(TIERS)), dtype=np.int64)
-        start[0, T0] = w.prompt_tokens
-        before = np.vstack([start, traj[:-1]])
-        before[:, T0] += 1  # the step's own new token
+        before, traj = _trajectory(w.prompt_tokens, int(n), policy)
         attend[: int(n)] += k * before
         after[: int(n)] += k * traj
         active[: int(n)] += k
@@ -128,6 +134,9 @@ def max_batch(ctx: RunContext, limit: int | None = None, policy: TierPolicy | No
 
     if not ok(1):
         return 0
+    guess = _affine_max_batch(ctx, policy or ctx.policy, limit)
+    if guess is not None and ok(guess) and (guess == limit or not ok(guess + 1)):
+        return guess  # the closed form, confirmed at the edge by the exact traces
     lo, hi = 1, 2
     while hi <= limit and ok(hi):
         lo, hi = hi, hi * 2
@@ -136,6 +145,24 @@ def max_batch(ctx: RunContext, limit: int | None = None, policy: TierPolicy | No
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)
     return lo
+
+
+def _affine_max_batch(ctx: RunContext, policy: TierPolicy, limit: int) -> int | None:
+    """With equal lengths every sequence has the same trace, so memory is affine in the batch:
+    HBM(b) = fixed + b * per-sequence(step), host(b) = b * per-sequence(step). The largest b under
+    both capacities, or None where lengths vary (then only the search knows)."""
+    if not isinstance(ctx.scenario.workload.reasoning_tokens, int):
+        return None
+    one = batch_memory_trace(ctx, 1, policy)
+    fixed = ctx.weights_bytes + ctx.hw.runtime_reserve_bytes
+    per_seq_hbm = float((one.hbm_bytes - fixed).max())
+    per_seq_host = one.host_peak_bytes
+    b = limit
+    if per_seq_hbm > 0:
+        b = min(b, int((ctx.hw.memory_bytes - fixed) // per_seq_hbm))
+    if per_seq_host > 0:
+        b = min(b, int(ctx.hw.host_memory_bytes // per_seq_host))
+    return max(1, b)
 
 
 def full_hbm_peak_bytes(ctx: RunContext) -> float:

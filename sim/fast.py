@@ -91,12 +91,12 @@ class StepArrays:
     pack_s: np.ndarray
 
 
-def step_arrays(ctx: RunContext, plan: TierPlan) -> StepArrays:
-    """The step cost of `physics.decode_step_cost` (prefetch access) for every step at once: the
-    batch-dependent parts (GEMMs, all-reduces, overheads, tail) once per distinct batch, attention
-    as `physics.attention_s_array` over the steps. Same formulas, same order of operations."""
+def step_arrays(ctx: RunContext, att: np.ndarray) -> StepArrays:
+    """The step cost of `physics.decode_step_cost` (prefetch access) for every row of `att` (columns
+    `tier_plan.ATT_*`: T0, T1, T2 attended and sequences) at once: the batch-dependent parts (GEMMs,
+    all-reduces, overheads, tail) once per distinct batch, attention as `physics.attention_s_array`.
+    Same formulas, same order of operations: the same floats."""
     m, pol, hw, model = ctx.scenario.model, ctx.scenario.policy, ctx.hw, ctx.model
-    att = plan.attended
     batch, t0, t1, t2 = att[:, ACTIVE], att[:, ATT_T0], att[:, ATT_T1], att[:, ATT_T2]
     uniq, inv = np.unique(batch, return_inverse=True)
     per_batch = [decode_layer_cost(model, hw, m.weight_dtype, m.weight_group_size, int(b), 0,
@@ -148,6 +148,18 @@ def pipeline_finish_s(pre: np.ndarray, rest: np.ndarray, copy: np.ndarray, layer
     return np.where(copy > 0, end, layers * (pre + rest))
 
 
+def uncontended_step_s(ctx: RunContext, a: StepArrays) -> tuple[np.ndarray, np.ndarray]:
+    """(step time, one layer's copy time) of every step with the link to itself: the prototype's
+    copies before the forward pass, or the layerwise pipeline, or - nothing staged - the compute."""
+    pol, L = ctx.scenario.policy, ctx.num_layers
+    copy_s = copy_times_s(ctx.hw.h2d, a.prefetch_bytes, a.prefetch_copies, False) + a.pack_s
+    if pol.prefetch == "sync_per_step":
+        step_s = L * copy_s + a.compute_s
+    else:
+        step_s = pipeline_finish_s(a.pre_s, a.post_s, copy_s, L, pol.staging_buffers) + a.tail_s
+    return np.where(a.prefetch_bytes > 0, step_s, a.compute_s), copy_s
+
+
 # ---- timing ----------------------------------------------------------------------------------------
 @dataclass
 class FastTiming:
@@ -191,15 +203,10 @@ class _Links:
 
 def fast_timing(ctx: RunContext, plan: TierPlan) -> FastTiming:
     """Time `plan` at the fast level (module doc)."""
-    pol, hw, L = ctx.scenario.policy, ctx.hw, ctx.num_layers
-    a = step_arrays(ctx, plan)
-    copy_s = copy_times_s(hw.h2d, a.prefetch_bytes, a.prefetch_copies, False) + a.pack_s
+    pol, L = ctx.scenario.policy, ctx.num_layers
+    a = step_arrays(ctx, plan.attended)
+    free_s, copy_s = uncontended_step_s(ctx, a)
     staged = a.prefetch_bytes > 0
-    if pol.prefetch == "sync_per_step":
-        free_s = L * copy_s + a.compute_s
-    else:
-        free_s = pipeline_finish_s(a.pre_s, a.post_s, copy_s, L, pol.staging_buffers) + a.tail_s
-    free_s = np.where(staged, free_s, a.compute_s)
     steps = plan.steps
     step_s = free_s.copy()
     h2d_bytes = np.where(staged, L * a.prefetch_bytes, 0.0)

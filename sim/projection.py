@@ -16,6 +16,7 @@ import numpy as np
 
 from .capacity import batch_counts, fits, full_hbm_peak_bytes, max_batch
 from .context import RunContext, build_context
+from .fast import step_arrays, uncontended_step_s
 from .physics import decode_step_cost, retier_copies
 from .profile import Profile
 from .scenario import Scenario
@@ -56,6 +57,18 @@ def step_time(ctx: RunContext, batch: int, t0: int, t1: int, t2: int) -> StepTim
     return StepTime(layers[-1][1] + cost.tail_s, cost.compute_s, L * copy_s)
 
 
+def _step_times(ctx: RunContext, c, idx: np.ndarray) -> list[StepTime]:
+    """`step_time` of the sampled steps; with prefetch access all at once (`fast.step_arrays`, the
+    same floats as the scalar physics), host access one step at a time."""
+    if ctx.scenario.policy.access != "prefetch" and ctx.policy.tiering:
+        return [step_time(ctx, int(c.active[i]), *(int(x) for x in c.attended[i, [T0, T1, T2]])) for i in idx]
+    att = np.column_stack([c.attended[idx, T0], c.attended[idx, T1], c.attended[idx, T2], c.active[idx]])
+    a = step_arrays(ctx, att)
+    step_s, copy_s = uncontended_step_s(ctx, a)
+    h2d_s = np.where(a.prefetch_bytes > 0, ctx.num_layers * copy_s, 0.0)
+    return [StepTime(float(s), float(cs), float(h)) for s, cs, h in zip(step_s, a.compute_s, h2d_s)]
+
+
 def _h2d_bytes(ctx: RunContext, c, idx: np.ndarray, weights: np.ndarray, times: list[StepTime]) -> float:
     """Bytes prefetched over the run: every T1/T2 token of every step, or - where part of them is
     attended on the host - the prefetched part plus the partial outputs."""
@@ -77,7 +90,7 @@ def project(scenario: Scenario, profile: Profile | None = None, *, samples: int 
     steps = len(c.active)
     idx = np.unique(np.linspace(0, steps - 1, min(samples, steps)).round().astype(int))
     weights = np.diff(np.concatenate([[0], (idx[1:] + idx[:-1]) // 2 + 1, [steps]]))  # steps each sample stands for
-    times = [step_time(ctx, int(c.active[i]), *(int(x) for x in c.attended[i, [T0, T1, T2]])) for i in idx]
+    times = _step_times(ctx, c, idx)
     step_s = np.array([t.step_s for t in times])
     compute_s = np.array([t.compute_s for t in times])
     h2d_s = np.array([t.h2d_busy_s for t in times])

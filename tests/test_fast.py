@@ -95,7 +95,7 @@ def test_step_arrays_equal_the_physics_step_cost():
                             ("paper-rtx5080-7b.yaml", ["workload.reasoning_tokens=200"])):
         ctx = build_context(load_scenario(SCENARIOS / name, overrides))
         plan = plan_tiers(ctx)
-        a = step_arrays(ctx, plan)
+        a = step_arrays(ctx, plan.attended)
         m, p = ctx.scenario.model, ctx.scenario.policy
         for s in range(0, plan.steps, 37):
             row = plan.attended[s]

@@ -67,7 +67,7 @@ def test_base_file_relative_to_spec(tmp_path):
 
 @pytest.mark.parametrize("change, field, words", [
     ({"levl": "full"}, "levl", "unknown key"),
-    ({"level": "fast"}, "level", "'full' or 'projection'"),
+    ({"level": "fastest"}, "level", "'full', 'fast' or 'projection'"),
     ({"axes": [{"grid": {"workload.batch_size": [1, 0]}}]}, "workload.batch_size", "point 1 (workload.batch_size=0)"),
     ({"axes": [{"grid": {"workload.batchsize": [1]}}]}, "workload.batchsize", "unknown key"),
     ({"axes": [{"zip": {"workload.batch_size": [1, 2], "workload.seed": [1]}}]}, "axes.0.zip", "differ in length"),
@@ -157,6 +157,19 @@ def test_full_level_and_mixed_kinds_of_value(tmp_path):
     df = pd.read_parquet(tmp_path / "out" / "table.parquet")
     assert df["workload.reasoning_tokens"].tolist() == ["200", '{"dist": "uniform", "max": 200, "mean": null, "min": 100, "std": null}']
     assert {"tpot_p99_s", "prefill_s", "link_bottleneck"} <= set(df.columns) and df["fits"].all()
+
+
+def test_fast_level_is_the_full_level_at_detail_fast(tmp_path):
+    axes = [{"grid": {"workload.batch_size": [2, 6]}}]
+    fast = write_spec(tmp_path, {**small_spec(), "level": "fast", "axes": axes}, "fast.yaml")
+    base = {**small_scenario(), "sim": {"detail": "fast"}}
+    full = write_spec(tmp_path, {**small_spec(), "base": base, "level": "full", "axes": axes}, "full.yaml")
+    run_sweep(fast, tmp_path / "fast", workers=1, progress=False)
+    run_sweep(full, tmp_path / "full", workers=1, progress=False)
+    a, b = (pd.read_parquet(tmp_path / d / "table.parquet") for d in ("fast", "full"))
+    metrics = [c for c in a.columns if c != "point_hash"]
+    assert a[metrics].equals(b[metrics]) and a["fits"].all()
+    assert not a["point_hash"].equals(b["point_hash"])  # the level is part of a point's name
 
 
 # ---- interrupted sweeps -----------------------------------------------------------------------

@@ -25,8 +25,10 @@ from ..profile import Profile
 from ..scenario import Scenario
 from ..schema import DecodeRates, DecodeTime, Document, LinkFigures, ProjectionSummary, SimRunSummary
 
-LevelName = Literal["full", "projection"]
-SUMMARIES = {"full": SimRunSummary, "projection": ProjectionSummary}
+LevelName = Literal["full", "fast", "projection"]
+# full: the scenario's own sim.detail (layer: the SimPy reference); fast: sim.detail fast (sim/fast.py);
+# projection: the analytic projection (sim/projection.py: sampled steps, no re-tier churn)
+SUMMARIES = {"full": SimRunSummary, "fast": SimRunSummary, "projection": ProjectionSummary}
 # figures that need a run that fits: null when it does not (the full simulation leaves them None itself)
 TIMING_FIELDS = frozenset(DecodeTime.model_fields) | frozenset(DecodeRates.model_fields) | frozenset(LinkFigures.model_fields)
 LEFT_OUT = ("resolved_scenario",)  # stored once beside the summary, not inside it
@@ -81,10 +83,13 @@ class Task:
 
 def evaluate_point(task: Task) -> dict[str, Any]:
     """The summary of one point as a JSON-ready dict; a point that does not fit has null timing."""
-    if task.level.name == "full":
+    if task.level.name in ("full", "fast"):
         from ..simulate import simulate
 
-        summary = simulate(task.scenario, task.profile, profile_path=task.profile_path,
+        scenario = task.scenario
+        if task.level.name == "fast":
+            scenario = scenario.model_copy(update={"sim": scenario.sim.model_copy(update={"detail": "fast"})})
+        summary = simulate(scenario, task.profile, profile_path=task.profile_path,
                            with_max_batch=task.level.max_batch).summary.model_dump(mode="json")
     else:
         from ..projection import project

@@ -1,7 +1,9 @@
 """The sweep spec: a base scenario, axes over scenario fields, a level of detail, the metrics kept.
 
     base: ../h200-7b-batch.yaml        # a scenario file (relative to the spec) or an inline mapping
-    level: projection                  # full (the SimPy reference) | projection (the fast level)
+    level: fast                        # full (the scenario's sim.detail; layer: the SimPy reference) |
+                                       # fast (sim.detail fast: numpy steps, within 1% of layer) |
+                                       # projection (analytic: sampled steps, no re-tier churn)
     max_batch: true                    # search each point's max batch (costs time at level full)
     profile: p.yaml                    # optional measured profile (relative to the spec)
     keep: [fits, throughput_tok_per_s] # optional; default every scalar summary metric
@@ -65,7 +67,7 @@ class SweepSpec(_Strict):
     name: str | None = Field(None, min_length=1, max_length=200)
     description: str = Field("", max_length=MAX_TEXT_CHARS)
     base: str | dict[str, Any]
-    level: Literal["full", "projection"]
+    level: Literal["full", "fast", "projection"]
     max_batch: bool = True
     profile: str | None = Field(None, min_length=1, max_length=MAX_TEXT_CHARS)
     keep: list[str] | None = Field(None, min_length=1)
