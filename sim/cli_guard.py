@@ -33,18 +33,26 @@ class GuardedTyper(typer.Typer):
         super().__init__(**kwargs)
         self.prog = prog
         self.debug = False
+        self._interrupt_reported = False
 
         @self.callback()
         def _options(debug: bool = typer.Option(False, "--debug", help="on an internal error, show the traceback")):
             self.debug = debug
 
     def __call__(self, *args, **kwargs):
-        """An interrupt while typer builds the command line (before any command runs): one line too."""
+        """An interrupt while typer builds the command line (before any command runs): one line too.
+        Typer itself turns one during argument parsing into a silent exit 130, so that exit is
+        reported here unless `guard` already said it."""
+        self._interrupt_reported = False
         try:
             return super().__call__(*args, **kwargs)
         except KeyboardInterrupt:
             print(f"{self.prog}: interrupted", file=sys.stderr)
             sys.exit(EXIT_INTERRUPTED)
+        except SystemExit as done:
+            if done.code == EXIT_INTERRUPTED and not self._interrupt_reported:
+                print(f"{self.prog}: interrupted", file=sys.stderr)
+            raise
 
     def command(self, *args, **kwargs):
         register = super().command(*args, **kwargs)
@@ -69,6 +77,7 @@ class GuardedTyper(typer.Typer):
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except KeyboardInterrupt:
             print(f"{self.prog}: interrupted", file=sys.stderr)
+            self._interrupt_reported = True
             raise typer.Exit(EXIT_INTERRUPTED) from None
         except Exception as err:  # noqa: BLE001 - the one place every other error ends
             if self.debug or os.environ.get(DEBUG_ENV):
