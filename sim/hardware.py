@@ -14,7 +14,7 @@ from . import catalog
 from .catalog import EfficiencyDefaults, GpuSpec, LinkSpec
 from .dtypes import FP8_COMPUTE_WEIGHT_DTYPES, WEIGHT_DTYPES
 from .profile import ComputeProfile, CopyCurve, Profile
-from .units import FLOP_PER_MAC
+from .units import FLOP_PER_MAC, GB
 
 T = TypeVar("T")
 SCENARIO = "scenario override"  # the source of an overridden figure; sim/output.py lists them by it
@@ -62,22 +62,54 @@ class LinkModel:
     bidirectional_bytes_per_s: float
     curve: CopyCurve | None = None
     source: str = ""
+    # a shared PCIe switch uplink's share (`behind_switch`): the rate no copy beats; inf: no switch binds
+    cap_bytes_per_s: float = math.inf
 
     def copy_time_s(self, size_bytes: float, both_directions_busy: bool = False) -> float:
         """One copy of `size_bytes`: copies * latency + bytes / bandwidth (DESIGN.md link model).
-        While the other direction is busy the bandwidth term uses the bidirectional share."""
+        While the other direction is busy the bandwidth term uses the bidirectional share. Behind a
+        shared switch: max(that, latency + bytes / cap), the cap scaled by the same bidirectional
+        share while both directions are busy."""
         if size_bytes <= 0:
             return 0.0
         if self.curve is not None and not both_directions_busy:
-            return self.curve.copy_time_s(size_bytes)
-        bw = self.bidirectional_bytes_per_s if both_directions_busy else self.bytes_per_s
-        return self.per_copy_latency_s + size_bytes / bw
+            t = self.curve.copy_time_s(size_bytes)
+        else:
+            bw = self.bidirectional_bytes_per_s if both_directions_busy else self.bytes_per_s
+            t = self.per_copy_latency_s + size_bytes / bw
+        if self.cap_bytes_per_s < math.inf:
+            share = self.bidirectional_bytes_per_s / self.bytes_per_s if both_directions_busy else 1.0
+            t = max(t, self.per_copy_latency_s + size_bytes / (self.cap_bytes_per_s * share))
+        return t
 
     def transfer_time_s(self, total_bytes: float, copies: int, both_directions_busy: bool = False) -> float:
         """`copies` equal copies moving `total_bytes` in all."""
         if total_bytes <= 0 or copies <= 0:
             return 0.0
         return copies * self.copy_time_s(total_bytes / copies, both_directions_busy)
+
+
+def gpus_sharing_uplink(tp: int, gpus_per_switch: int) -> int:
+    """GPUs of one tensor-parallel group that stream through one switch at once: the group moves
+    its KV shards in lockstep (every GPU runs the same step), packed onto as few switches as it
+    fills: min(tp, gpus_per_switch). Data-parallel replicas are not in lockstep: not counted."""
+    return max(1, min(tp, gpus_per_switch))
+
+
+def switch_share_bytes_per_s(link_bytes_per_s: float, uplink_bytes_per_s: float, gpus_sharing: int) -> float:
+    """Per-GPU host-link bandwidth (one direction) while `gpus_sharing` GPUs behind one PCIe switch
+    copy at once: each gets its own link's rate or an equal share of the uplink, whichever is less:
+    min(link, uplink / gpus_sharing)."""
+    return min(link_bytes_per_s, uplink_bytes_per_s / gpus_sharing)
+
+
+def behind_switch(link: LinkModel, uplink_bytes_per_s: float, gpus_sharing: int) -> LinkModel:
+    """`link` with its copies capped at `switch_share_bytes_per_s`; the link itself where the share
+    does not bind (so one GPU per switch with an uplink as fast as its link changes nothing)."""
+    share = switch_share_bytes_per_s(link.bytes_per_s, uplink_bytes_per_s, gpus_sharing)
+    if share >= link.bytes_per_s:
+        return link
+    return replace(link, cap_bytes_per_s=share)
 
 
 @dataclass(frozen=True)
@@ -199,10 +231,33 @@ def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile |
         fabric = catalog.interconnect(gpu.interconnect)
         hw = replace(hw, tp=tp, interconnect_bytes_per_s=fabric.bus_bytes_per_s, interconnect_hop_s=fabric.per_hop_latency_s,
                      sources={**hw.sources, "interconnect": f"catalog {fabric.name}: {fabric.source}"})
+    if getattr(hw_cfg, "pcie_switch", None) is not None:
+        hw = _shared_switch(hw, hw_cfg.pcie_switch, link_spec, tp)
     if not with_host:
         return hw
     cpu, host_sources = resolve_host(hw_cfg.host or gpu.host, profile)
     return replace(hw, host_cpu=cpu, sources={**hw.sources, **host_sources})
+
+
+def _shared_switch(hw: Hardware, cfg, link_spec: LinkSpec, tp: int) -> Hardware:
+    """Both link directions behind a PCIe switch shared by the TP group (`behind_switch`); the
+    catalog default (interconnects.yaml `pcie_switch`) fills what the scenario leaves out: the uplink
+    is one link of the GPU's own kind, at its pinned rate per direction (the measured rate where a
+    profile's is faster), so it never binds for one GPU alone."""
+    default = catalog._read_catalog("interconnects.yaml")["pcie_switch"]
+    per_switch = cfg.gpus_per_switch or default["gpus_per_switch"]
+    n = gpus_sharing_uplink(tp, per_switch)
+    up_h2d = cfg.uplink_bytes_per_s or max(link_spec.pinned_h2d_bytes_per_s, hw.h2d.bytes_per_s)
+    up_d2h = cfg.uplink_bytes_per_s or max(link_spec.pinned_d2h_bytes_per_s, hw.d2h.bytes_per_s)
+    h2d, d2h = behind_switch(hw.h2d, up_h2d, n), behind_switch(hw.d2h, up_d2h, n)
+    share_h2d = switch_share_bytes_per_s(hw.h2d.bytes_per_s, up_h2d, n)
+    share_d2h = switch_share_bytes_per_s(hw.d2h.bytes_per_s, up_d2h, n)
+    text = (f"{per_switch} GPUs per switch ({'scenario' if cfg.gpus_per_switch else 'catalog default, assumed'}), "
+            f"{n} of the TP group's {tp} through one uplink of {up_h2d / GB:g} H2D / {up_d2h / GB:g} D2H GB/s "
+            f"({'scenario' if cfg.uplink_bytes_per_s else f'one {link_spec.name} link, assumed'}): per GPU "
+            f"min(link, uplink / {n}) = {share_h2d / GB:g} / {share_d2h / GB:g} GB/s, "
+            + ("binds" if (h2d is not hw.h2d or d2h is not hw.d2h) else "does not bind"))
+    return replace(hw, h2d=h2d, d2h=d2h, sources={**hw.sources, "pcie_switch": text})
 
 
 @dataclass(frozen=True)

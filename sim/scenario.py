@@ -11,12 +11,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serial
 from .errors import ConfigError
 from .inputs import check_tree, parse_yaml
 from .inputs import read_yaml as _read_yaml
-from .limits import (MAX_BATCH, MAX_BYTES, MAX_LAYER_STEPS, MAX_NAME_CHARS, MAX_OVERHEAD_S,
+from .limits import (MAX_BATCH, MAX_BYTES, MAX_BYTES_PER_S, MAX_LAYER_STEPS, MAX_NAME_CHARS, MAX_OVERHEAD_S,
                      MAX_SEED, MAX_TEXT_CHARS, MAX_TOKEN_SLOTS, MAX_TOKENS, MIN_BYTES_PER_S, MIN_EFFICIENCY)
 from .serving.config import ARRIVAL_KINDS, Arrivals, SchedulerCfg, SloCfg
 
 GROUP_SIZE_MAX = 2**16
 COPY_ENGINES_MAX = 64
+GPUS_PER_SWITCH_MAX = 64
 STAGING_BUFFERS_MAX = 64
 
 
@@ -64,6 +65,14 @@ class EfficiencyCfg(_Strict):
     runtime_reserve_bytes: float | None = Field(None, ge=0.0, le=MAX_BYTES)
 
 
+class PcieSwitchCfg(_Strict):
+    """GPUs behind one PCIe switch share its uplink to the host (`hardware.switch_share_bytes_per_s`);
+    a field left out takes the catalog default (interconnects.yaml `pcie_switch`, assumed figures)."""
+
+    gpus_per_switch: int | None = Field(None, ge=1, le=GPUS_PER_SWITCH_MAX)
+    uplink_bytes_per_s: float | None = Field(None, ge=MIN_BYTES_PER_S, le=MAX_BYTES_PER_S)  # per direction
+
+
 class HardwareCfg(_Strict):
     gpu: str = Field("h200-sxm", max_length=MAX_NAME_CHARS)
     link: str | None = Field(None, max_length=MAX_NAME_CHARS)  # default: the GPU's catalog link
@@ -72,10 +81,20 @@ class HardwareCfg(_Strict):
     profile: str | None = Field(None, min_length=1, max_length=MAX_TEXT_CHARS)  # measured profile YAML from `hwprobe calibrate`
     copy_engines: int | None = Field(None, ge=1, le=COPY_ENGINES_MAX)
     efficiency: EfficiencyCfg = EfficiencyCfg()
+    pcie_switch: PcieSwitchCfg | None = None  # None: every GPU has its host link to itself
+
+    @model_serializer(mode="wrap")
+    def _no_switch_unchanged(self, handler):
+        """Without a switch it dumps (resolved scenario, golden files, sweep hashes) as before the field existed."""
+        data = handler(self)
+        if self.pcie_switch is None:
+            data.pop("pcie_switch", None)
+        return data
 
 
 class LengthDist(_Strict):
-    """A distribution of reasoning lengths, drawn per sequence from the scenario's seed."""
+    """A distribution of lengths (reasoning; for served requests also prompt), drawn per sequence from the
+    scenario's seed."""
 
     dist: Literal["uniform", "normal", "lognormal"]
     min: int | None = Field(None, ge=1, le=MAX_TOKENS)
@@ -96,7 +115,8 @@ class LengthDist(_Strict):
 
 class WorkloadCfg(_Strict):
     batch_size: int = Field(1, ge=1, le=MAX_BATCH)
-    prompt_tokens: int = Field(256, ge=0, le=MAX_TOKENS)
+    # a distribution only for served requests (workload.arrivals), drawn per request (sim/serving/arrivals.py)
+    prompt_tokens: Annotated[int, Field(ge=0, le=MAX_TOKENS)] | LengthDist = 256
     reasoning_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | LengthDist = 2048
     seed: int = Field(0, ge=0, le=MAX_SEED)
     arrivals: Arrivals | None = None  # serving (sim/serving): requests arrive; absent: the closed batch above
@@ -276,11 +296,19 @@ def check_simulable(scenario: Scenario, source: str) -> None:
     from .context import draw_lengths, resolve_model
 
     w = scenario.workload
+    prompt = w.prompt_tokens
+    if isinstance(prompt, LengthDist):
+        if w.arrivals is None:
+            raise ConfigError("a prompt-length distribution applies to a serving run (workload.arrivals); a closed "
+                              "batch has one prompt length: give an integer", source=source, field="workload.prompt_tokens")
+        from .serving.arrivals import draw_prompts
+
+        prompt = int(draw_prompts(w, w.batch_size).max())
     longest = int(draw_lengths(w, w.batch_size).max())
     if longest > MAX_TOKENS:
         raise ConfigError(f"draws a reasoning length of {longest:,} tokens, more than {MAX_TOKENS:,}; give a max",
                           source=source, field="workload.reasoning_tokens")
-    slots = w.batch_size * (w.prompt_tokens + longest)
+    slots = w.batch_size * (prompt + longest)
     if slots > MAX_TOKEN_SLOTS:
         raise ConfigError(f"batch_size x (prompt_tokens + longest reasoning) = {slots:,} tokens, more than the "
                           f"{MAX_TOKEN_SLOTS:,} a run can hold", source=source, field="workload.batch_size")

@@ -4,6 +4,7 @@ memory and forms mixed prefill + decode steps, each costed by `physics.mixed_ste
 One concept per module: `config` (the scenario's arrivals, scheduler and SLO sections), `arrivals`
 (request arrival times and lengths), `tier_counts` (a sequence's tier counts at its length),
 `kv_memory` (the KV budget admission checks against), `scheduler` (the step plan: admit, chunk,
-preempt), `engine` (SimPy: arrivals and the step loop), `metrics` (per-request table, timeline,
-summary), `run` (`simulate_serving`). Kept free of imports here so `sim.scenario` can import `config`.
+preempt), `swap` (swap preemption's bytes and host ledger), `engine` (SimPy: arrivals, the step loop
+and its swaps), `metrics` (per-request table, timeline, summary figures), `summary` (the summary
+document with swap's keys), `run` (`simulate_serving`). Kept free of imports here so `sim.scenario` can import `config`.
 """

@@ -1,9 +1,10 @@
 """The requests of a serving run: when each is sent and its prompt and output lengths.
 
-Lengths come from the workload (`prompt_tokens`; output = `reasoning_tokens`, an integer or a
-distribution drawn with `context.draw_lengths`, the closed batch's own draws) unless a trace gives
-them. Arrival times are drawn from their own stream of the seed, so changing the rate does not
-change the lengths.
+Lengths come from the workload unless a trace gives them: output = `reasoning_tokens`, prompt =
+`prompt_tokens`, each an integer or a distribution drawn with `context.draw_lengths` (the closed
+batch's own rule; outputs are the closed batch's own draws, prompts come from their own stream of
+the seed, so giving the prompt a distribution does not change the outputs). Arrival times are drawn
+from their own stream too, so changing the rate does not change the lengths.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -23,6 +25,7 @@ from ..limits import MAX_REQUESTS, MAX_TOKENS
 from .config import ClosedLoopArrivals, GammaArrivals, PoissonArrivals, TraceArrivals
 
 ARRIVAL_STREAM = 3  # seed stream of arrival times ([seed, 1]: lengths, [seed, 2]: token importance)
+PROMPT_STREAM = 4  # seed stream of prompt lengths
 TRACE_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
 
 
@@ -55,13 +58,24 @@ def interarrival_times(arrivals, seed: int) -> np.ndarray:
     return np.concatenate([[0.0], np.cumsum(gaps)])
 
 
+def draw_prompts(workload, n: int) -> np.ndarray:
+    """Prompt length of each of `n` requests: `prompt_tokens` itself, or its distribution drawn by
+    `draw_lengths`' rule from a seed derived from (workload seed, PROMPT_STREAM) - independent of the
+    output lengths' [seed, 1] stream, the same draws for the same seed."""
+    p = workload.prompt_tokens
+    if isinstance(p, int):
+        return np.full(n, p, dtype=np.int64)
+    seed = int(np.random.SeedSequence([workload.seed, PROMPT_STREAM]).generate_state(1)[0])
+    return draw_lengths(SimpleNamespace(reasoning_tokens=p, seed=seed), n)
+
+
 def build_requests(workload) -> RequestSet:
     """The requests `workload.arrivals` describes (a trace is read from its path)."""
     a = workload.arrivals
     if isinstance(a, TraceArrivals):
         return read_trace(a.path)
     n = a.requests
-    prompts = np.full(n, workload.prompt_tokens, dtype=np.int64)
+    prompts = draw_prompts(workload, n)
     outputs = draw_lengths(workload, n)
     if isinstance(a, ClosedLoopArrivals):
         return RequestSet(np.arange(n), np.full(n, np.nan), prompts, outputs, concurrency=a.concurrency)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
-from ..limits import MAX_BATCH, MAX_RATE_PER_S, MAX_REQUESTS, MAX_SECONDS, MAX_SEED, MAX_TEXT_CHARS, MAX_TOKENS
+from ..limits import (MAX_BATCH, MAX_BYTES, MAX_RATE_PER_S, MAX_REQUESTS, MAX_SECONDS, MAX_SEED, MAX_TEXT_CHARS,
+                      MAX_TOKENS)
 
 MAX_CV = 100.0  # coefficient of variation of gamma inter-arrival times (1: Poisson; vLLM's burstiness = 1 / cv^2)
 MS_PER_S = 1000.0
@@ -68,6 +69,28 @@ class SchedulerCfg(_Strict):
     max_num_seqs: int = Field(DEFAULT_MAX_NUM_SEQS, ge=1, le=MAX_BATCH)
     max_num_batched_tokens: int = Field(DEFAULT_MAX_NUM_BATCHED_TOKENS, ge=1, le=MAX_TOKENS)
     chunked_prefill: bool = True  # off: a prompt is prefilled whole in one step or waits
+    # what a preempted request's K/V becomes (vLLM's preemption_mode): dropped and prefilled again
+    # (recompute), or copied to host memory and back (swap; `sim/serving/swap.py`)
+    preemption: Literal["recompute", "swap"] = "recompute"
+    # host bytes per GPU that swapped K/V may take (vLLM's --swap-space); None: all host memory the
+    # running requests' T1/T2 and other swapped requests leave
+    swap_space_bytes: float | None = Field(None, gt=0.0, le=MAX_BYTES)
+
+    @model_validator(mode="after")
+    def _swap_space(self):
+        if self.swap_space_bytes is not None and self.preemption != "swap":
+            raise ValueError("swap_space_bytes applies to preemption: swap")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _defaults_unchanged(self, handler):
+        """Dumps (resolved scenario, golden files, sweep hashes) as before swap existed while it is off."""
+        data = handler(self)
+        if self.preemption == "recompute":
+            data.pop("preemption", None)
+        if self.swap_space_bytes is None:
+            data.pop("swap_space_bytes", None)
+        return data
 
 
 class SloCfg(_Strict):

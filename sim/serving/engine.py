@@ -5,7 +5,9 @@ its re-tier transfers, over the same SimPy environment), so a serving step is ti
 decode step of the same cost is.
 
 What to schedule comes from pure functions: the step plan (`scheduler.Scheduler.schedule`), its cost
-(`physics.mixed_step_cost`) and its re-tier traffic (`physics.retier_traffic`).
+(`physics.mixed_step_cost`), its re-tier traffic (`physics.retier_traffic`) and its swaps
+(`swap.swap_copies`; the bytes come with the plan). Swaps use the same link directions as the tier
+traffic, so they queue behind (and contend with) re-tier offloads and prefetches.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ..physics import RetierTraffic, StepCost, mixed_step_cost, retier_traffic
 from .arrivals import RequestSet
 from .request import RequestTable
 from .scheduler import Scheduler, StepPlan
+from .swap import swap_copies
 
 
 @dataclass
@@ -52,6 +55,11 @@ class ServingTrace:
     in_system_area_s: float = 0.0  # integral of (arrived, not finished) requests over time
     end_s: float = 0.0
     preemptions: int = 0
+    swap_mode: bool = False  # scheduler.preemption: swap
+    swaps: int = 0  # swap preemption: preemptions that copied K/V to the host
+    swap_fallbacks: int = 0  # ... that found no room there and recomputed instead
+    swap_out_bytes: float = 0.0  # K/V copied device->host by swaps, and back host->device
+    swap_in_bytes: float = 0.0
     h2d_busy_s: float = 0.0  # union of the host link's busy intervals per direction
     d2h_busy_s: float = 0.0
 
@@ -83,6 +91,8 @@ class ServingSim:
         self.env.run()
         self.trace.in_system_area_s, self.trace.end_s = self.area_s, self.env.now
         self.trace.preemptions = self.scheduler.preemptions
+        self.trace.swap_mode = self.scheduler.swap is not None
+        self.trace.swaps, self.trace.swap_fallbacks = self.scheduler.swaps, self.scheduler.swap_fallbacks
         d = self.device
         self.trace.h2d_busy_s = busy_union_s(d.h2d.busy, d.h2d_partials.busy, until=self.env.now)
         self.trace.d2h_busy_s = busy_union_s(d.d2h.busy, d.d2h_queries.busy, until=self.env.now)
@@ -133,21 +143,31 @@ class ServingSim:
                               ctx.t2_bytes_per_token_layer, plan.demoted[0], plan.demoted[1], 0, 0,
                               plan.resident[0], plan.resident[1])
 
+    def swap(self, plan: StepPlan):
+        """The step's swaps, before its forward pass: preempted K/V out (D2H) before its HBM is
+        reused, readmitted K/V in (H2D) before attention reads it."""
+        L = self.ctx.num_layers
+        self.trace.swap_out_bytes += plan.swap_out_bytes
+        self.trace.swap_in_bytes += plan.swap_in_bytes
+        yield from self.device.d2h.transfer(plan.swap_out_bytes, swap_copies(L, plan.swap_out_requests), None, "swap out")
+        yield from self.device.h2d.transfer(plan.swap_in_bytes, swap_copies(L, plan.swap_in_requests), None, "swap in")
+
     def step_loop(self):
         """Form a step, run its forward pass (and its decodes' re-tiers), hand out its tokens."""
         sched, env, fixed_bytes = self.scheduler, self.env, self.scheduler.memory.fixed_bytes
         step = 0
         while self.finished < len(self.specs):
             plan = sched.schedule(env.now)
+            start = env.now
+            yield from self.swap(plan)
             if plan.empty:
                 if plan.preempted:  # all preempted: admission resumes on the next pass
                     continue
-                self.trace.steps.append(StepRow(env.now, 0.0, 0, len(sched.waiting), 0, 0, fixed_bytes, 0.0))
+                self.trace.steps.append(StepRow(env.now, 0.0, 0, len(sched.waiting), 0, 0, fixed_bytes, plan.host_bytes))
                 self.wake = env.event()
                 yield self.wake
                 self.wake = None
                 continue
-            start = env.now
             row = StepRow(start, 0.0, len(sched.running), len(sched.waiting), len(plan.decodes), plan.prefill_tokens,
                           fixed_bytes + plan.hbm_kv_bytes, plan.host_bytes)
             yield from self.device.forward(self.step_cost(plan), None)

@@ -46,7 +46,16 @@ def request_table(trace: ServingTrace) -> pd.DataFrame:
     more = df["output_tokens"] > 1
     df["tpot_s"] = np.where(more, (df["e2e_s"] - df["ttft_s"]) / (df["output_tokens"] - 1).clip(lower=1), np.nan)
     df["queue_s"] = t.admitted_s - t.arrival_s
-    return df.sort_values("id", kind="stable").reset_index(drop=True)[REQUEST_COLUMNS]
+    df["swaps"] = t.swaps
+    return df.sort_values("id", kind="stable").reset_index(drop=True)[request_columns(trace.swap_mode)]
+
+
+def request_columns(swap: bool) -> list[str]:
+    """requests.csv's columns: with swap preemption, `swaps` (of its preemptions) after `preemptions`."""
+    if not swap:
+        return REQUEST_COLUMNS
+    at = REQUEST_COLUMNS.index("preemptions") + 1
+    return [*REQUEST_COLUMNS[:at], "swaps", *REQUEST_COLUMNS[at:]]
 
 
 def timeline_table(trace: ServingTrace) -> pd.DataFrame:

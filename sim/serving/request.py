@@ -4,7 +4,8 @@ metrics, one array each, indexed by the order requests are sent (the scheduler w
 Progress: `computed` of `target` tokens prefilled since the request's (re)admission, `generated`
 output tokens. A prefill ends by sampling a token; each decode step writes the last sampled
 token's K/V and samples the next, so a request of N output tokens takes one prefill and N - 1
-decode steps. Preempted (recompute), it drops its K/V and later prefills prompt + generated again.
+decode steps. Preempted (recompute), it drops its K/V and later prefills prompt + generated again;
+swapped (`swap`), it keeps its progress while its K/V waits on the host, and resumes where it was.
 """
 
 from __future__ import annotations
@@ -31,13 +32,22 @@ class RequestTable:
         self.generated = np.zeros(n, dtype=np.int64)
         self.computed = np.zeros(n, dtype=np.int64)
         self.target = self.prompt.copy()  # tokens the current (re)prefill computes
-        self.preemptions = np.zeros(n, dtype=np.int64)
+        self.preemptions = np.zeros(n, dtype=np.int64)  # recompute and swap
+        self.swaps = np.zeros(n, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.ids)
 
-    def preempt(self, i: int) -> None:
-        """Recompute preemption: K/V dropped; the next admission prefills every known token."""
+    def preempt(self, i: int, swap: bool = False) -> None:
+        """Recompute preemption: K/V dropped; the next admission prefills every known token. Swap:
+        progress kept (its K/V comes back on admission)."""
+        self.preemptions[i] += 1
+        if swap:
+            self.swaps[i] += 1
+        else:
+            self.recompute(i)
+
+    def recompute(self, i: int) -> None:
+        """K/V dropped: the next admission prefills prompt + generated tokens."""
         self.computed[i] = 0
         self.target[i] = self.prompt[i] + self.generated[i]
-        self.preemptions[i] += 1

@@ -1,7 +1,8 @@
 """Continuous batching in vLLM's style (v1 scheduler), as pure bookkeeping: no SimPy, no time cost.
 
 Each step: (1) the running requests' K/V for this step must fit - while it does not, the newest
-running request is preempted (recompute: K/V dropped, back to the front of the queue); (2) every
+running request is preempted and goes back to the front of the queue: recompute drops its K/V,
+swap (`swap.py`) copies it to host memory where that has room (else recompute); (2) every
 running request is scheduled in admission order, a decode taking one token of the step's budget
 (`max_num_batched_tokens`) and an unfinished prefill its next chunk; (3) if nothing was preempted,
 waiting requests are admitted first come, first served while fewer than `max_num_seqs` run, tokens
@@ -11,7 +12,10 @@ stops admission (no overtaking). Without chunked prefill a prompt is scheduled w
 Memory is tier-aware (`kv_memory`, `tier_counts`): a decoding request holds its T0 tokens (+ staging
 for the T1/T2 it attends) in HBM and its T1/T2 in host memory, at its own current length; a
 (re)admitted one reserves what it will hold once prefilled - its prompt in T0, or for a resumed
-one its tier counts at its current length (a tiered cache re-tiers what it recomputes).
+one its tier counts at its current length (a tiered cache re-tiers what it recomputes). A swapped
+request takes its place again in the queue's order: its K/V comes back over the link (the step's
+`swap_in_bytes`) and, if it was decoding, it decodes in this step; host memory counts the swapped
+requests' K/V as held until then.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import numpy as np
 from ..tiers import T0, T1, T2
 from .kv_memory import KvMemory
 from .request import RequestTable
+from .swap import SwapSpace, swap_bytes
 from .tier_counts import TierCounter
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -45,7 +50,11 @@ class StepPlan:
     resident: tuple[int, int] = (0, 0)  # T1, T2 held after the step by the decodes that re-tier
     retiers: int = 0
     hbm_kv_bytes: float = 0.0  # T0 KV + staging held during the step (reservations of prefills included)
-    host_bytes: float = 0.0
+    host_bytes: float = 0.0  # T1/T2 of the running requests + K/V of the swapped ones
+    swap_out_bytes: float = 0.0  # K/V the preempted requests copy to the host before the step (swap)
+    swap_out_requests: int = 0
+    swap_in_bytes: float = 0.0  # K/V the readmitted swapped requests copy back before the step
+    swap_in_requests: int = 0
 
     @property
     def empty(self) -> bool:
@@ -82,6 +91,9 @@ class Scheduler:
         self.running = _EMPTY  # in admission order: the last is the newest
         self.waiting: deque[int] = deque()  # arrived, not running; preempted ones at the front
         self.preemptions = 0
+        self.swap = SwapSpace(cfg.swap_space_bytes or np.inf) if cfg.preemption == "swap" else None
+        self.swaps = 0
+        self.swap_fallbacks = 0  # preemptions recomputed because the swap had no room
 
     def arrive(self, i: int) -> None:
         self.waiting.append(i)
@@ -94,6 +106,9 @@ class Scheduler:
         host = np.maximum(m.host_bytes(att[:, T1], att[:, T2]), m.host_bytes(aft[:, T1], aft[:, T2]))
         return hbm, host
 
+    def _held_host_bytes(self) -> float:
+        return self.swap.held_bytes if self.swap is not None else 0.0
+
     def schedule(self, now: float) -> StepPlan:
         t, m, plan = self.table, self.memory, StepPlan()
         run = self.running
@@ -101,16 +116,13 @@ class Scheduler:
         att, aft = self.counter.step_counts(t.prompt[run], t.generated[run], decoding)
         hbm, host = self._needs(att, aft, decoding)
         # (1) preempt the newest until the rest fits (cumulative sums grow, so what fits is a prefix)
-        keep = int(np.count_nonzero((np.cumsum(hbm) <= m.kv_budget_bytes) & (np.cumsum(host) <= m.host_capacity_bytes)))
+        host_free = m.host_capacity_bytes - self._held_host_bytes()  # swapped K/V holds its host memory
+        keep = int(np.count_nonzero((np.cumsum(hbm) <= m.kv_budget_bytes) & (np.cumsum(host) <= host_free)))
         if keep < len(run):
-            for i in run[keep:][::-1]:  # newest first; each goes to the front, so the oldest ends first in line
-                t.preempt(int(i))
-                self.waiting.appendleft(int(i))
-                plan.preempted.append(int(i))
-            self.preemptions += len(run) - keep
+            self._preempt(run[keep:][::-1], m.host_capacity_bytes - float(host[:keep].sum()), plan)
             run, decoding, att, aft, hbm, host = run[:keep], decoding[:keep], att[:keep], aft[:keep], hbm[:keep], host[:keep]
             self.running = run
-        total_hbm, total_host = float(hbm.sum()), float(host.sum())
+        total_hbm, total_host = float(hbm.sum()), float(host.sum()) + self._held_host_bytes()
         # (2) the running requests in admission order: a decode takes one token, a prefill its next chunk
         budget = self.cfg.max_num_batched_tokens
         want = np.where(decoding, 1, t.target[run] - t.computed[run])
@@ -118,19 +130,30 @@ class Scheduler:
         sched = take > 0
         dec = sched & decoding
         plan.decodes = run[dec]
+        dec_att, dec_aft = att[dec], aft[dec]
         pre = sched & ~decoding
         chunks, chunk_tokens = [run[pre]], [take[pre]]
         tokens = budget - int(take.sum())
         # (3) admission, first come first served
-        admitted = []
+        admitted, resumed = [], []  # resumed: swapped decodes, decoding again this step
         while not plan.preempted and self.waiting and tokens > 0 and len(run) + len(admitted) < self.cfg.max_num_seqs:
             i = self.waiting[0]
             left = int(t.target[i] - t.computed[i])
             if left > tokens and not self.cfg.chunked_prefill:
                 break
-            c = self.counter.held(int(t.prompt[i]), np.array([t.generated[i] + 1]))[0]
-            h, ho = m.hbm_kv_bytes(c[T0], 0), m.host_bytes(c[T1], c[T2])
+            swapped = self.swap is not None and i in self.swap
+            if swapped and left == 0:  # a decode whose K/V comes back: this step's needs
+                a, b = self.counter.step_counts(t.prompt[[i]], t.generated[[i]], np.array([True]))
+                h, ho = (float(x[0]) for x in self._needs(a, b, np.array([True])))
+            else:
+                c = self.counter.held(int(t.prompt[i]), np.array([t.generated[i] + 1]))[0]
+                h, ho = m.hbm_kv_bytes(c[T0], 0), m.host_bytes(c[T1], c[T2])
+            if swapped:  # its swapped K/V leaves the host (T0 to HBM, T1/T2 counted in ho)
+                ho -= self.swap.host_bytes[i]
             if not m.fits(total_hbm + h, total_host + ho):
+                if self.swap and not len(run) and not admitted:  # nothing runs: the swapped K/V must not block it
+                    total_host -= self._drop_swapped()
+                    continue
                 break
             self.waiting.popleft()
             total_hbm += h
@@ -138,17 +161,29 @@ class Scheduler:
             admitted.append(i)
             if np.isnan(t.admitted_s[i]):
                 t.admitted_s[i] = now
+            if swapped:
+                plan.swap_in_bytes += self.swap.take(i)
+                plan.swap_in_requests += 1
+                if left == 0:
+                    resumed.append(i)
+                    tokens -= 1
+                    continue
             chunk = min(left, tokens)
             chunks.append(np.array([i]))
             chunk_tokens.append(np.array([chunk]))
             tokens -= chunk
         if admitted:
             self.running = np.concatenate([run, np.asarray(admitted, dtype=np.int64)])
+        if resumed:
+            r = np.asarray(resumed, dtype=np.int64)
+            a, b = self.counter.step_counts(t.prompt[r], t.generated[r], np.ones(len(r), dtype=bool))
+            plan.decodes = np.concatenate([plan.decodes, r])
+            dec_att, dec_aft = np.concatenate([dec_att, a]), np.concatenate([dec_aft, b])
         plan.chunks, plan.chunk_tokens = np.concatenate(chunks), np.concatenate(chunk_tokens)
         plan.chunk_prefix = t.computed[plan.chunks]
         plan.hbm_kv_bytes, plan.host_bytes = total_hbm, total_host
-        if dec.any():
-            a, b = att[dec], aft[dec]
+        if len(plan.decodes):
+            a, b = dec_att, dec_aft
             plan.attended = a.sum(axis=0)
             due = self.counter.retier_due(t.generated[plan.decodes] - 1)
             if due.any():
@@ -158,6 +193,47 @@ class Scheduler:
                 plan.demoted, plan.resident = (int(moved[0]), int(moved[1])), (int(kept[0]), int(kept[1]))
                 plan.retiers = int(due.sum())
         return plan
+
+    def _preempt(self, victims: np.ndarray, host_free: float, plan: StepPlan) -> None:
+        """Preempt `victims` (newest first; each goes to the front, so the oldest ends first in line).
+        Swap: each whose K/V has room on the host (`host_free`: what the kept requests leave) is
+        swapped, the others recomputed."""
+        t = self.table
+        for i in (int(v) for v in victims):
+            swap = False
+            if self.swap is not None:
+                link, held = self._swap_bytes(i)
+                swap = self.swap.fits(link, held, host_free)
+                if swap:
+                    self.swap.put(i, link, held)
+                    plan.swap_out_bytes += link
+                    plan.swap_out_requests += 1
+                    self.swaps += 1
+                else:
+                    self.swap_fallbacks += 1
+            t.preempt(i, swap=swap)
+            self.waiting.appendleft(i)
+            plan.preempted.append(i)
+        self.preemptions += len(victims)
+
+    def _swap_bytes(self, i: int) -> tuple[float, float]:
+        """(link bytes, host bytes while swapped) of request i: its cache's tier counts (`held`) while
+        decoding; mid-prefill, the tokens computed so far, all in HBM."""
+        t, m = self.table, self.memory
+        if t.computed[i] < t.target[i]:
+            return swap_bytes(int(t.computed[i]), 0, 0, m.kv_bytes_per_token, m.t2_bytes_per_token)
+        c = self.counter.held(int(t.prompt[i]), np.array([t.generated[i]]))[0]
+        return swap_bytes(int(c[T0]), int(c[T1]), int(c[T2]), m.kv_bytes_per_token, m.t2_bytes_per_token)
+
+    def _drop_swapped(self) -> float:
+        """Recompute every swapped request instead (when nothing runs and their host memory keeps the
+        head of the queue out); the host bytes freed."""
+        freed = self.swap.held_bytes
+        for i in list(self.swap.link_bytes):
+            self.swap.take(i)
+            self.table.recompute(i)
+            self.swap_fallbacks += 1
+        return freed
 
     def complete(self, plan: StepPlan, now: float, step: int) -> StepTokens:
         """Apply a finished step: decodes sample a token, chunks advance (a prefill that completes

@@ -17,44 +17,53 @@ from ..tiers import T0, TIERS, TierPolicy
 
 class TierCounter:
     """Counts (rows: sequences; columns T0..T3) by prompt and decode step, vectorised over
-    sequences; one trajectory per distinct prompt, as long as its longest request needs."""
+    sequences; one trajectory per distinct prompt, as long as its longest request needs, all in one
+    array (`_rows`) so that a step's sequences of many prompt lengths are looked up at once. A
+    `prompt` argument is one length for all `steps` or one per step."""
 
     def __init__(self, policy: TierPolicy, prompts: np.ndarray, outputs: np.ndarray):
         self.policy = policy
         self.tiering = policy.tiering
-        self._traj: dict[int, np.ndarray] = {}
         if self.tiering:
-            for p in np.unique(prompts):
-                steps = int(outputs[prompts == p].max())  # decode steps s < output - 1 are run; one spare row
-                self._traj[int(p)] = count_trajectory(int(p), max(steps, 1), policy)
+            self._prompts = np.unique(prompts)  # sorted: a prompt's trajectory is found by searchsorted
+            trajs = [count_trajectory(int(p), max(int(outputs[prompts == p].max()), 1), policy)  # one spare row
+                     for p in self._prompts]
+            self._len = np.array([len(tr) for tr in trajs], dtype=np.int64)
+            self._start = np.concatenate([[0], np.cumsum(self._len)[:-1]])
+            self._rows = np.concatenate(trajs)
 
-    def after(self, prompt: int, steps: np.ndarray) -> np.ndarray:
+    def _trajectory_rows(self, prompt, steps: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(self._prompts, prompt)
+        assert np.all(steps < self._len[k]), "a step past its prompt's trajectory"
+        return self._rows[self._start[k] + steps]
+
+    def after(self, prompt, steps: np.ndarray) -> np.ndarray:
         """Counts after decode step `steps` (its re-tier applied)."""
         if not self.tiering:
             out = np.zeros((len(steps), len(TIERS)), dtype=np.int64)
             out[:, T0] = prompt + steps + 1
             return out
-        return self._traj[prompt][steps]
+        return self._trajectory_rows(prompt, steps)
 
-    def attended(self, prompt: int, steps: np.ndarray) -> np.ndarray:
+    def attended(self, prompt, steps: np.ndarray) -> np.ndarray:
         """Counts during decode step `steps`: after step - 1 (the prompt alone before step 0), plus the new token."""
         if not self.tiering:
             return self.after(prompt, steps)
-        out = self._traj[prompt][np.maximum(steps - 1, 0)].copy()
+        out = self._trajectory_rows(prompt, np.maximum(steps - 1, 0))
         first = steps == 0
         out[first] = 0
-        out[first, T0] = prompt
+        out[first, T0] = np.broadcast_to(prompt, steps.shape)[first]
         out[:, T0] += 1
         return out
 
-    def held(self, prompt: int, generated: np.ndarray) -> np.ndarray:
+    def held(self, prompt, generated: np.ndarray) -> np.ndarray:
         """Counts a sequence holds between steps with `generated` output tokens (>= 1): its cache
         is P + generated - 1 tokens (the last sampled token is written by the next step)."""
         steps = np.asarray(generated) - 2
         out = self.after(prompt, np.maximum(steps, 0)).copy()
         first = steps < 0
         out[first] = 0
-        out[first, T0] = prompt
+        out[first, T0] = np.broadcast_to(prompt, steps.shape)[first]
         return out
 
     def step_counts(self, prompts: np.ndarray, generated: np.ndarray, decoding: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -67,12 +76,10 @@ class TierCounter:
             return out, out
         att = np.empty((len(prompts), len(TIERS)), dtype=np.int64)
         aft = np.empty_like(att)
-        for p in np.unique(prompts):
-            mine = prompts == p
-            dec, pre = mine & decoding, mine & ~decoding
-            steps = generated[dec] - 1
-            att[dec], aft[dec] = self.attended(int(p), steps), self.after(int(p), steps)
-            att[pre] = aft[pre] = self.held(int(p), generated[pre] + 1)
+        dec, pre = decoding, ~decoding
+        steps = generated[dec] - 1
+        att[dec], aft[dec] = self.attended(prompts[dec], steps), self.after(prompts[dec], steps)
+        att[pre] = aft[pre] = self.held(prompts[pre], generated[pre] + 1)
         return att, aft
 
     def retier_due(self, steps: np.ndarray) -> np.ndarray:
