@@ -19,12 +19,14 @@ What it computes, and how it differs from the SimPy levels:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from .capacity import batch_counts
+from .engine import STALL_EPS_S
+from .intervals import busy_union_s
 from .context import RunContext, draw_lengths
 from .batch_tiers import BatchTiers
 from .physics import (KV_SPLIT_COPIES, T2_BLOCKS, attention_flop, attention_s_array, decode_layer_cost,
@@ -33,7 +35,6 @@ from .tier_plan import (ACTIVE, ATT_T0, ATT_T1, ATT_T2, MV_D2H_T1, MV_D2H_T2, MV
                         MOVE_COLUMNS, TierPlan, sequence_rngs)
 from .tiers import T0, T1, T2, T3
 
-STALL_EPS_S = 1e-12  # as the engine: below this a stall is rounding
 
 
 def supports(ctx: RunContext) -> bool:
@@ -48,7 +49,7 @@ def fast_plan(ctx: RunContext) -> TierPlan:
     lengths = draw_lengths(w, w.batch_size)
     c = batch_counts(ctx, w.batch_size)
     steps = len(c.active)
-    retier = np.array([ctx.policy.retier_due(s) for s in range(steps)], dtype=bool)
+    retier = ctx.policy.retier_mask(steps)
     attended = np.column_stack([c.attended[:, T0], c.attended[:, T1], c.attended[:, T2], c.active])
     moves = np.zeros((steps, MOVE_COLUMNS), dtype=np.int64)
     if retier.any():
@@ -64,9 +65,8 @@ def _sampled_moves(ctx: RunContext, lengths: np.ndarray, retier: np.ndarray) -> 
     order = np.argsort(-lengths, kind="stable")
     blocks = np.array_split(order, min(sc.sim.fast_rows, len(lengths)))
     reps = np.array([b[0] for b in blocks])
-    rngs = sequence_rngs(w, len(lengths))
-    tiers = BatchTiers(w.prompt_tokens, lengths[reps], ctx.policy, sc.policy.importance, [rngs[i] for i in reps],
-                       sc.policy.scoring)
+    tiers = BatchTiers(w.prompt_tokens, lengths[reps], ctx.policy, sc.policy.importance,
+                       sequence_rngs(w, len(lengths), reps), sc.policy.scoring)
     block_lengths = [np.sort(lengths[b]) for b in blocks]
     moves = np.zeros((len(retier), MOVE_COLUMNS), dtype=np.int64)
     for step in np.flatnonzero(retier):
@@ -168,12 +168,13 @@ class FastTiming:
     frame: pd.DataFrame
     decode_s: float
     busy: dict[str, float]
-    timeline: list = None
+    timeline: list = field(default_factory=list)  # the fast level records no timeline
 
     def step_frame(self) -> pd.DataFrame:
         return self.frame
 
     def busy_s(self, *directions: str, until: float) -> float:
+        """As `DecodeTiming.busy_s`; `busy` is already clipped at the end of decode."""
         return self.busy["+".join(directions)]
 
 
@@ -239,7 +240,7 @@ def fast_timing(ctx: RunContext, plan: TierPlan) -> FastTiming:
                           "stall_s": np.where(stall > STALL_EPS_S, stall, 0.0), "h2d_bytes": h2d_bytes,
                           "d2h_bytes": d2h_bytes})
     busy = _busy(links, float(np.sum(np.where(staged & ~walked, L * copy_s, 0.0))), decode_s)
-    return FastTiming(frame=frame, decode_s=decode_s, busy=busy, timeline=[])
+    return FastTiming(frame=frame, decode_s=decode_s, busy=busy)
 
 
 def _walk_step(ctx: RunContext, a: StepArrays, s: int, t: float, links: _Links) -> float:
@@ -292,19 +293,7 @@ def _retier(tr, t: float, links: _Links, blocking: bool) -> float:
 def _busy(links: _Links, free_h2d_s: float, decode_s: float) -> dict[str, float]:
     """Busy seconds per direction and of either, clipped at the end of decode. Copies of steps
     away from re-tiers cannot overlap an offload (those steps start after it lands), so they add."""
-    def union(intervals):
-        clipped = sorted((a, min(b, decode_s)) for a, b in intervals if a < decode_s)
-        total, cur_a, cur_b = 0.0, None, None
-        for a, b in clipped:
-            if cur_b is not None and a <= cur_b:
-                cur_b = max(cur_b, b)
-            else:
-                if cur_b is not None:
-                    total += cur_b - cur_a
-                cur_a, cur_b = a, b
-        return total + (cur_b - cur_a if cur_b is not None else 0.0)
-
-    h2d = free_h2d_s + union(links.h2d)
-    d2h = union(links.d2h)
-    return {"h2d": min(h2d, decode_s), "d2h": d2h, "h2d+d2h": min(decode_s, free_h2d_s + union(links.h2d + links.d2h)),
+    h2d = free_h2d_s + busy_union_s(links.h2d, until=decode_s)
+    either = free_h2d_s + busy_union_s(links.h2d, links.d2h, until=decode_s)
+    return {"h2d": min(h2d, decode_s), "d2h": busy_union_s(links.d2h, until=decode_s), "h2d+d2h": min(decode_s, either),
             "host": 0.0}

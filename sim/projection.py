@@ -57,25 +57,37 @@ def step_time(ctx: RunContext, batch: int, t0: int, t1: int, t2: int) -> StepTim
     return StepTime(layers[-1][1] + cost.tail_s, cost.compute_s, L * copy_s)
 
 
-def _step_times(ctx: RunContext, c, idx: np.ndarray) -> list[StepTime]:
+@dataclass(frozen=True)
+class SampledSteps:
+    """`step_time` of the sampled steps, as arrays over them."""
+
+    step_s: np.ndarray
+    compute_s: np.ndarray
+    h2d_busy_s: np.ndarray
+    h2d_bytes: np.ndarray  # host access only (zeros otherwise): see `StepTime.h2d_bytes`
+
+
+def _step_times(ctx: RunContext, c, idx: np.ndarray) -> SampledSteps:
     """`step_time` of the sampled steps; with prefetch access all at once (`fast.step_arrays`, the
     same floats as the scalar physics), host access one step at a time."""
     if ctx.scenario.policy.access != "prefetch" and ctx.policy.tiering:
-        return [step_time(ctx, int(c.active[i]), *(int(x) for x in c.attended[i, [T0, T1, T2]])) for i in idx]
+        times = [step_time(ctx, int(c.active[i]), *(int(x) for x in c.attended[i, [T0, T1, T2]])) for i in idx]
+        return SampledSteps(*(np.array([getattr(t, f) for t in times])
+                              for f in ("step_s", "compute_s", "h2d_busy_s", "h2d_bytes")))
     att = np.column_stack([c.attended[idx, T0], c.attended[idx, T1], c.attended[idx, T2], c.active[idx]])
     a = step_arrays(ctx, att)
     step_s, copy_s = uncontended_step_s(ctx, a)
     h2d_s = np.where(a.prefetch_bytes > 0, ctx.num_layers * copy_s, 0.0)
-    return [StepTime(float(s), float(cs), float(h)) for s, cs, h in zip(step_s, a.compute_s, h2d_s)]
+    return SampledSteps(step_s, a.compute_s, h2d_s, np.zeros(len(idx)))
 
 
-def _h2d_bytes(ctx: RunContext, c, idx: np.ndarray, weights: np.ndarray, times: list[StepTime]) -> float:
+def _h2d_bytes(ctx: RunContext, c, idx: np.ndarray, weights: np.ndarray, times: SampledSteps) -> float:
     """Bytes prefetched over the run: every T1/T2 token of every step, or - where part of them is
     attended on the host - the prefetched part plus the partial outputs."""
     if not ctx.policy.tiering:
         return 0.0
     if ctx.scenario.policy.access != "prefetch":
-        return float(np.sum(weights * np.array([t.h2d_bytes for t in times])))
+        return float(np.sum(weights * times.h2d_bytes))
     return float(np.sum(weights * (c.attended[idx, T1] * ctx.kv_bytes_per_token + c.attended[idx, T2] * ctx.t2_bytes_per_token)))
 
 
@@ -91,9 +103,7 @@ def project(scenario: Scenario, profile: Profile | None = None, *, samples: int 
     idx = np.unique(np.linspace(0, steps - 1, min(samples, steps)).round().astype(int))
     weights = np.diff(np.concatenate([[0], (idx[1:] + idx[:-1]) // 2 + 1, [steps]]))  # steps each sample stands for
     times = _step_times(ctx, c, idx)
-    step_s = np.array([t.step_s for t in times])
-    compute_s = np.array([t.compute_s for t in times])
-    h2d_s = np.array([t.h2d_busy_s for t in times])
+    step_s, compute_s, h2d_s = times.step_s, times.compute_s, times.h2d_busy_s
     # net flow into the host at re-tiers (D2H), asynchronous unless the offload blocks
     d2h_tokens = np.clip(np.diff(np.concatenate([[0], c.tiers_after[:, T1] + c.tiers_after[:, T2]])), 0, None)
     d2h_bytes = float(np.sum(d2h_tokens) * ctx.kv_bytes_per_token)

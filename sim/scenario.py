@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serial
 
 from .errors import ConfigError
 from .inputs import check_tree, parse_yaml
+from .quiet_defaults import QuietDefaults
 from .inputs import read_yaml as _read_yaml
 from .limits import (MAX_BATCH, MAX_BYTES, MAX_BYTES_PER_S, MAX_LAYER_STEPS, MAX_NAME_CHARS, MAX_OVERHEAD_S,
                      MAX_SEED, MAX_TEXT_CHARS, MAX_TOKEN_SLOTS, MAX_TOKENS, MIN_BYTES_PER_S, MIN_EFFICIENCY)
@@ -73,7 +74,7 @@ class PcieSwitchCfg(_Strict):
     uplink_bytes_per_s: float | None = Field(None, ge=MIN_BYTES_PER_S, le=MAX_BYTES_PER_S)  # per direction
 
 
-class HardwareCfg(_Strict):
+class HardwareCfg(_Strict, QuietDefaults):
     gpu: str = Field("h200-sxm", max_length=MAX_NAME_CHARS)
     link: str | None = Field(None, max_length=MAX_NAME_CHARS)  # default: the GPU's catalog link
     host: str | None = None  # host CPU (sim/catalog/hosts.yaml); default: the GPU entry's
@@ -83,13 +84,7 @@ class HardwareCfg(_Strict):
     efficiency: EfficiencyCfg = EfficiencyCfg()
     pcie_switch: PcieSwitchCfg | None = None  # None: every GPU has its host link to itself
 
-    @model_serializer(mode="wrap")
-    def _no_switch_unchanged(self, handler):
-        """Without a switch it dumps (resolved scenario, golden files, sweep hashes) as before the field existed."""
-        data = handler(self)
-        if self.pcie_switch is None:
-            data.pop("pcie_switch", None)
-        return data
+    QUIET_DEFAULTS = {"pcie_switch": None}
 
 
 class LengthDist(_Strict):
@@ -113,7 +108,7 @@ class LengthDist(_Strict):
         return self
 
 
-class WorkloadCfg(_Strict):
+class WorkloadCfg(_Strict, QuietDefaults):
     batch_size: int = Field(1, ge=1, le=MAX_BATCH)
     # a distribution only for served requests (workload.arrivals), drawn per request (sim/serving/arrivals.py)
     prompt_tokens: Annotated[int, Field(ge=0, le=MAX_TOKENS)] | LengthDist = 256
@@ -121,13 +116,7 @@ class WorkloadCfg(_Strict):
     seed: int = Field(0, ge=0, le=MAX_SEED)
     arrivals: Arrivals | None = None  # serving (sim/serving): requests arrive; absent: the closed batch above
 
-    @model_serializer(mode="wrap")
-    def _closed_batch_unchanged(self, handler):
-        """A closed batch dumps (resolved scenario, sweep hashes) as it did before serving existed."""
-        data = handler(self)
-        if self.arrivals is None:
-            data.pop("arrivals", None)
-        return data
+    QUIET_DEFAULTS = {"arrivals": None}
 
 
 class ImportanceCfg(_Strict):

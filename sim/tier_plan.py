@@ -37,9 +37,10 @@ class TierPlan:
         return len(self.attended)
 
 
-def sequence_rngs(workload, n: int) -> list[np.random.Generator]:
-    """One independent seeded stream per sequence (its importance draws)."""
-    return [np.random.default_rng(s) for s in np.random.SeedSequence([workload.seed, 2]).spawn(n)]
+def sequence_rngs(workload, n: int, rows=None) -> list[np.random.Generator]:
+    """One independent seeded stream per sequence (its importance draws); of `rows` only, if given."""
+    seeds = np.random.SeedSequence([workload.seed, 2]).spawn(n)
+    return [np.random.default_rng(seeds[i]) for i in (range(n) if rows is None else rows)]
 
 
 def sequence_tiers(scenario, policy: TierPolicy, lengths: np.ndarray) -> list[SequenceTiers]:
@@ -58,7 +59,7 @@ def plan_tiers(ctx: RunContext) -> TierPlan:
     w = sc.workload
     lengths = draw_lengths(w, w.batch_size)
     steps = int(lengths.max())
-    retier = np.array([ctx.policy.retier_due(s) for s in range(steps)], dtype=bool)
+    retier = ctx.policy.retier_mask(steps)
     batch = BatchTiers(w.prompt_tokens, lengths, ctx.policy, sc.policy.importance, sequence_rngs(w, len(lengths)),
                        sc.policy.scoring)
     active = len(lengths) - np.searchsorted(np.sort(lengths), np.arange(steps), side="right")  # unfinished rows per step

@@ -56,6 +56,10 @@ class TierPolicy:
         """Re-tier after decode step `step` (0-based), as the paper's `(step + 1) % interval == 0`."""
         return self.tiering and (step + 1) % self.retier_interval == 0
 
+    def retier_mask(self, steps: int) -> np.ndarray:
+        """`retier_due` of steps 0..steps-1 as one bool array."""
+        return (np.arange(steps) + 1) % self.retier_interval == 0 if self.tiering else np.zeros(steps, dtype=bool)
+
 
 def protected_mask(n_tokens: int, prompt_tokens: int, policy: TierPolicy) -> np.ndarray:
     """Tokens that never leave T0: the prompt (if protected), the first `sink_tokens` generated

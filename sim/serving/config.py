@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..quiet_defaults import QuietDefaults
 from ..limits import (MAX_BATCH, MAX_BYTES, MAX_RATE_PER_S, MAX_REQUESTS, MAX_SECONDS, MAX_SEED, MAX_TEXT_CHARS,
                       MAX_TOKENS)
 
@@ -62,9 +63,11 @@ Arrivals = Annotated[Union[PoissonArrivals, GammaArrivals, ClosedLoopArrivals, T
 ARRIVAL_KINDS = ("poisson", "gamma", "closed_loop", "trace")  # the tags pydantic puts in an error's location
 
 
-class SchedulerCfg(_Strict):
+class SchedulerCfg(_Strict, QuietDefaults):
     """Continuous batching as vLLM's scheduler does it: each step runs every running decode plus
     prefill chunks up to `max_num_batched_tokens`; FCFS admission while memory allows."""
+
+    QUIET_DEFAULTS = {"preemption": "recompute", "swap_space_bytes": None}  # swap off: dumps as before it existed
 
     max_num_seqs: int = Field(DEFAULT_MAX_NUM_SEQS, ge=1, le=MAX_BATCH)
     max_num_batched_tokens: int = Field(DEFAULT_MAX_NUM_BATCHED_TOKENS, ge=1, le=MAX_TOKENS)
@@ -81,16 +84,6 @@ class SchedulerCfg(_Strict):
         if self.swap_space_bytes is not None and self.preemption != "swap":
             raise ValueError("swap_space_bytes applies to preemption: swap")
         return self
-
-    @model_serializer(mode="wrap")
-    def _defaults_unchanged(self, handler):
-        """Dumps (resolved scenario, golden files, sweep hashes) as before swap existed while it is off."""
-        data = handler(self)
-        if self.preemption == "recompute":
-            data.pop("preemption", None)
-        if self.swap_space_bytes is None:
-            data.pop("swap_space_bytes", None)
-        return data
 
 
 class SloCfg(_Strict):
