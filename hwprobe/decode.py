@@ -23,6 +23,7 @@ import pandas as pd
 from sim.context import build_context, draw_lengths, resolve_model
 from sim.intervals import busy_union_s
 from sim.memory import ACTIVATION_BUFFERS, activation_bytes, staging_bytes
+from sim.pressure import resolve
 from sim.tier_plan import sequence_tiers
 from sim.errors import ConfigError
 from sim.scenario import Scenario
@@ -192,8 +193,9 @@ def measure_run(scenario: Scenario, opts: RunOptions) -> Measurement:
         torch.cuda.empty_cache()
     elif opts.cpu_threads:
         torch.set_num_threads(opts.cpu_threads)
-    policy = TierPolicy.from_config(p)
     lengths = draw_lengths(w, w.batch_size)
+    # hbm_ratio auto: the shares the simulator's memory pressure sets for this batch (datasheet HBM)
+    policy = resolve(build_context(scenario), lengths, TierPolicy.from_config(p))
     peaks = batch_peaks(policy, w.prompt_tokens, lengths) if policy.tiering else TierPeaks(
         w.prompt_tokens + int(lengths.max()), 0, 0)
     full = ModelShapes.from_spec(spec)

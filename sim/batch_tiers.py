@@ -111,11 +111,12 @@ class BatchTiers:
         rows, n = self.unfinished(steps_done), self.prompt_tokens + steps_done
         self._fold_scores(rows, n, steps_done)
         old = self.tier[:rows, :n].copy()
-        protected = protected_mask(n, self.prompt_tokens, self.policy)
-        if self.policy.semantics == "paper_prototype":
-            new = self._paper_prototype(old, protected, rows, n)
+        rule = self.policy.at_retier(steps_done)
+        protected = protected_mask(n, self.prompt_tokens, rule)
+        if rule.semantics == "paper_prototype":
+            new = self._paper_prototype(old, protected, rows, n, rule)
         else:
-            new = self._global(old, protected, rows, n)
+            new = self._global(old, protected, rows, n, rule)
         self.tier[:rows, :n] = new
         codes = (np.arange(rows)[:, None] * TRANSITIONS + old.astype(np.int64) * 4 + new).ravel()
         return np.bincount(codes, minlength=rows * TRANSITIONS).reshape(rows, 4, 4)
@@ -126,9 +127,8 @@ class BatchTiers:
         key = np.where(cand, self.score[:rows, :n], np.inf)
         return np.where(cand, rank_buckets(key, [k1, k2, k3]), old).astype(np.int8)
 
-    def _global(self, old: np.ndarray, protected: np.ndarray, rows: int, n: int) -> np.ndarray:
+    def _global(self, old: np.ndarray, protected: np.ndarray, rows: int, n: int, p: TierPolicy) -> np.ndarray:
         """`tiers.assign_tiers`, global semantics, for every row."""
-        p = self.policy
         unprot = ~protected
         n_unprot = int(unprot.sum())
         cand = unprot & (old != T3)
@@ -141,9 +141,8 @@ class BatchTiers:
         new[:, protected] = np.where(new[:, protected] != T3, T0, T3)
         return new
 
-    def _paper_prototype(self, old: np.ndarray, protected: np.ndarray, rows: int, n: int) -> np.ndarray:
+    def _paper_prototype(self, old: np.ndarray, protected: np.ndarray, rows: int, n: int, p: TierPolicy) -> np.ndarray:
         """`tiers.assign_tiers`, the prototype's semantics (candidates: GPU-resident unprotected)."""
-        p = self.policy
         cand = ~protected & (old == T0)
         count = cand.sum(axis=1)
         evict = (count * p.evict_ratio).astype(np.int64)

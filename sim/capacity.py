@@ -93,9 +93,11 @@ class BatchCounts:
 
 
 def batch_counts(ctx: RunContext, batch: int, policy: TierPolicy | None = None) -> BatchCounts:
-    policy = policy or ctx.policy
+    from .pressure import resolve  # pressure reads memory_trace from here
+
     w = ctx.scenario.workload
     lengths = draw_lengths(w, batch)
+    policy = resolve(ctx, lengths, policy or ctx.policy)  # hbm_ratio auto: its shares under this batch's pressure
     steps = int(lengths.max())
     uniq, mult = np.unique(lengths, return_counts=True)
     if len(uniq) == 1:  # equal lengths: every sequence the same
@@ -150,8 +152,9 @@ def max_batch(ctx: RunContext, limit: int | None = None, policy: TierPolicy | No
 def _affine_max_batch(ctx: RunContext, policy: TierPolicy, limit: int) -> int | None:
     """With equal lengths every sequence has the same trace, so memory is affine in the batch:
     HBM(b) = fixed + b * per-sequence(step), host(b) = b * per-sequence(step). The largest b under
-    both capacities, or None where lengths vary (then only the search knows)."""
-    if not isinstance(ctx.scenario.workload.reasoning_tokens, int):
+    both capacities, or None where lengths vary or the policy is `auto` (its shares depend on the
+    batch): then only the search knows."""
+    if not isinstance(ctx.scenario.workload.reasoning_tokens, int) or policy.auto:
         return None
     one = batch_memory_trace(ctx, 1, policy)
     fixed = ctx.weights_bytes + ctx.hw.runtime_reserve_bytes

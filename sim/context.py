@@ -70,7 +70,7 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
     model = resolve_model(scenario).shard(scenario.parallel.tp)
     m, p = scenario.model, scenario.policy
     policy = TierPolicy.from_config(p)
-    stages = policy.tiering and policy.hbm_ratio < 1.0 - policy.evict_ratio  # some tokens sit in T1/T2
+    stages = policy.tiering and (policy.auto or policy.hbm_ratio < 1.0 - policy.evict_ratio)  # T1/T2 may hold tokens
     hw = resolve_hardware(scenario.hardware, m.weight_dtype, p.pinned, profile,
                           staging=p.prefetch if stages else "none", with_host=p.access != "prefetch",
                           tp=scenario.parallel.tp)

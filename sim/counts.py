@@ -27,6 +27,7 @@ def protected_count(n_tokens: int, prompt_tokens: int, policy: TierPolicy) -> in
 def retier_counts(counts: tuple[int, int, int, int], n_tokens: int, prompt_tokens: int, policy: TierPolicy) -> tuple[int, int, int, int]:
     """(T0, T1, T2, T3) after one re-tier of a sequence of n tokens."""
     t0, t1, t2, t3 = counts
+    policy = policy.at_retier(n_tokens - prompt_tokens)
     p = protected_count(n_tokens, prompt_tokens, policy)
     if policy.semantics == "paper_prototype":
         n = t0 - p

@@ -29,6 +29,7 @@ from .engine import STALL_EPS_S
 from .intervals import busy_union_s
 from .context import RunContext, draw_lengths
 from .batch_tiers import BatchTiers
+from .pressure import resolve
 from .physics import (KV_SPLIT_COPIES, T2_BLOCKS, attention_flop, attention_s_array, decode_layer_cost,
                       retier_traffic, step_tail_s)
 from .tier_plan import (ACTIVE, ATT_T0, ATT_T1, ATT_T2, MV_D2H_T1, MV_D2H_T2, MV_EVICTED, MV_H2D_T1, MV_H2D_T2,
@@ -65,7 +66,8 @@ def _sampled_moves(ctx: RunContext, lengths: np.ndarray, retier: np.ndarray) -> 
     order = np.argsort(-lengths, kind="stable")
     blocks = np.array_split(order, min(sc.sim.fast_rows, len(lengths)))
     reps = np.array([b[0] for b in blocks])
-    tiers = BatchTiers(w.prompt_tokens, lengths[reps], ctx.policy, sc.policy.importance,
+    policy = resolve(ctx, lengths)  # hbm_ratio auto: the whole batch's pressure sets the shares
+    tiers = BatchTiers(w.prompt_tokens, lengths[reps], policy, sc.policy.importance,
                        sequence_rngs(w, len(lengths), reps), sc.policy.scoring)
     block_lengths = [np.sort(lengths[b]) for b in blocks]
     moves = np.zeros((len(retier), MOVE_COLUMNS), dtype=np.int64)

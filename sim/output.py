@@ -105,6 +105,16 @@ def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.1f} %"
 
 
+def _auto_rows(s: SimRunSummary) -> list[tuple[str, str]]:
+    """hbm_ratio auto: how far pressure pushed the T0 share, and from when."""
+    if s.hbm_share_min is None:
+        return []
+    if s.tiering_from_step is None:
+        return [("hbm_ratio auto", "no memory pressure: every token stayed in HBM")]
+    return [("hbm_ratio auto", f"tiered under memory pressure from step {s.tiering_from_step:,}; "
+                               f"T0 share as low as {100 * s.hbm_share_min:.1f} %")]
+
+
 def summary_rows(s: SimRunSummary, measured_on: str | None = None) -> list[tuple[str, str]]:
     """(label, value) rows in reading order. `measured_on`: the device the run's profile measured
     (sim.profile.measured_device), said beside the GPU so CPU figures never pass for the GPU's."""
@@ -133,6 +143,7 @@ def summary_rows(s: SimRunSummary, measured_on: str | None = None) -> list[tuple
         ("link utilisation H2D / D2H", f"{_pct(s.h2d_utilization)} / {_pct(s.d2h_utilization)}"),
         ("transfer share / stall share", f"{_pct(s.transfer_share)} / {_pct(s.stall_share)}"),
         ("offloaded / evicted tokens", f"{s.offloaded_tokens:,} / {s.evicted_tokens:,}"),
+        *_auto_rows(s),
         ("max batch that fits", str(s.max_batch) + (
             f" (full_hbm {s.max_batch_by_policy['full_hbm']}, evict_only {s.max_batch_by_policy['evict_only']})"
             if s.max_batch_by_policy else "")),
@@ -181,7 +192,18 @@ def serving_summary_rows(s) -> list[tuple[str, str]]:
         ("concurrency mean / running mean / max", f"{s.mean_concurrency:,.1f} / {s.mean_running:,.1f} / {s.max_running}"),
         ("queue mean", f"{s.queue_mean_s:,.3f} s"),
         ("preemptions", f"{s.preemptions:,} ({s.preempted_requests:,} requests)"),
+        *_swap_rows(s),
         ("HBM peak / KV budget", f"{_gb(s.hbm_peak_bytes)} of {_gb(s.hbm_capacity_bytes)} / {_gb(s.kv_budget_bytes)}"),
         ("host peak", _gb(s.host_peak_bytes)),
     ]
     return rows
+
+
+def _swap_rows(s) -> list[tuple[str, str]]:
+    """With swap preemption (only then): what the swaps moved, and the preemptions recomputed instead."""
+    if s.preemption != "swap":
+        return []
+    space = "host memory" if s.swap_space_bytes is None else f"swap space {_gb(s.swap_space_bytes)}"
+    return [("swapped out / in", f"{s.swaps:,} / {s.swap_ins:,} requests, {_gb(s.swap_out_bytes)} / "
+                                 f"{_gb(s.swap_in_bytes)} per GPU"),
+            ("recompute fallbacks", f"{s.swap_fallbacks:,} (no room in {space}, or swap given up)")]

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
 from .errors import ConfigError
 from .inputs import check_tree, parse_yaml
@@ -132,7 +132,9 @@ class ImportanceCfg(_Strict):
 class PolicyCfg(_Strict):
     kind: Literal["full_hbm", "evict_only", "tiered"] = "tiered"
     semantics: Literal["global", "paper_prototype"] = "global"
-    hbm_ratio: float = _ratio(0.5)
+    # share of each sequence's unprotected tokens kept in T0; `auto`: as much as HBM holds, chosen at
+    # each re-tier by memory pressure, evict/compressed ratios then shares of what leaves T0 (sim/pressure.py)
+    hbm_ratio: float | Literal["auto"] = 0.5
     evict_ratio: float = _ratio(0.1)
     compressed_ratio: float = _ratio(0.0)
     compressed_dtype: Literal["int8", "fp8", "int4"] = "int8"
@@ -157,8 +159,25 @@ class PolicyCfg(_Strict):
                              f"pipelined per layer), got {self.prefetch!r}")
         return self
 
+    @field_validator("hbm_ratio", mode="before")
+    @classmethod
+    def _hbm_ratio(cls, value):
+        if value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+            raise ValueError(f"expected a number from 0 to 1 or 'auto', got {value!r}")
+        return float(value)
+
     @model_validator(mode="after")
     def _ratios(self):
+        if self.hbm_ratio == "auto":
+            if self.semantics != "global":
+                raise ValueError("hbm_ratio 'auto' runs with semantics 'global' (the prototype's host tokens "
+                                 "never return, so pressure could not fall back)")
+            if self.evict_ratio + self.compressed_ratio > 1.0 + 1e-9:
+                raise ValueError(f"with hbm_ratio 'auto', evict_ratio + compressed_ratio are shares of the tokens "
+                                 f"leaving T0: {self.evict_ratio + self.compressed_ratio:g}, expected at most 1")
+            return self
         total = self.hbm_ratio + self.evict_ratio + self.compressed_ratio
         if total > 1.0 + 1e-9:
             raise ValueError(
@@ -285,6 +304,9 @@ def check_simulable(scenario: Scenario, source: str) -> None:
     from .context import draw_lengths, resolve_model
 
     w = scenario.workload
+    if w.arrivals is not None and scenario.policy.hbm_ratio == "auto":
+        raise ConfigError("'auto' is modelled for closed batches only so far; a serving run (workload.arrivals) "
+                          "needs a fixed ratio", source=source, field="policy.hbm_ratio")
     prompt = w.prompt_tokens
     if isinstance(prompt, LengthDist):
         if w.arrivals is None:

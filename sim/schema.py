@@ -14,6 +14,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from .quiet_defaults import QuietDefaults
+
 # ---- per-step table (steps.csv) --------------------------------------------------------------
 STEP_COLUMNS = ["step", "t_s", "step_s", "compute_s", "stall_s", "h2d_bytes", "d2h_bytes",
                 "tokens_t0", "tokens_t1", "tokens_t2", "tokens_t3", "hbm_bytes", "host_bytes", "batch_active"]
@@ -129,10 +131,20 @@ class _SimSources(Document):
     profile: str | None  # the measured profile's path
 
 
-class SimRunSummary(*fields_in_order(RunName, _SimHardware, PolicyName, RunSize, _SimMemory, TierTotals, DecodeTime,
-                                     _SimPrefill, DecodeRates, LinkFigures, HostAccess, _SimLimits, _SimSources,
-                                     Provenance)):
-    """One simulated run. The timing figures are None when the run does not fit."""
+class _AutoShares(Document):
+    """`policy.hbm_ratio: auto` (sim/pressure.py). Quiet: a fixed-ratio run dumps none of these."""
+
+    hbm_share_min: float | None = None  # the lowest T0 share memory pressure set (1.0: it never tiered)
+    tiering_from_step: int | None = None  # the first step whose re-tier moved tokens out of T0 (None: none did)
+
+
+class SimRunSummary(*fields_in_order(RunName, _SimHardware, PolicyName, RunSize, _SimMemory, TierTotals, _AutoShares,
+                                     DecodeTime, _SimPrefill, DecodeRates, LinkFigures, HostAccess, _SimLimits,
+                                     _SimSources, Provenance), QuietDefaults):
+    """One simulated run. The timing figures are None when the run does not fit; the auto shares are
+    left out of dumps while unset (a fixed-ratio run)."""
+
+    QUIET_DEFAULTS = {name: f.default for name, f in _AutoShares.model_fields.items()}
 
 
 # -- the fast projection's summary: `sim.projection.project`

@@ -61,7 +61,8 @@ class SequenceTiers:
         self._fold_scores()
         n = self.n
         old = self.tier[:n]
-        new = assign_tiers(old, self.score[:n], protected_mask(n, self.prompt_tokens, self.policy), self.policy)
+        rule = self.policy.at_retier(self.steps_done)
+        new = assign_tiers(old, self.score[:n], protected_mask(n, self.prompt_tokens, rule), rule)
         moves = diff_moves(old, new)
         self.tier[:n] = new
         return moves

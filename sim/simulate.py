@@ -17,6 +17,7 @@ from .fast import fast_plan, fast_timing, supports
 from .tier_plan import ACTIVE, ATT_T0, ATT_T1, ATT_T2, MV_D2H_T1, MV_D2H_T2, MV_EVICTED, plan_tiers
 from .tiers import T0, T1, T2, T3, TIERS
 from .physics import prefill_s
+from .pressure import resolve
 from .profile import Profile
 from .scenario import Scenario
 from .schema import LINK_BOTTLENECK_UTILIZATION, STEP_COLUMNS, SimRunSummary, tpot_percentiles_s
@@ -99,12 +100,23 @@ def _run_summary(scenario: Scenario, ctx: RunContext, plan, mem, fit: tuple, tim
         offloaded_tokens=int(moves[:, MV_D2H_T1].sum() + moves[:, MV_D2H_T2].sum()),
         evicted_tokens=int(moves[:, MV_EVICTED].sum()),
         final_tokens_per_tier={f"t{i}": int(plan.tiers_after[-1, i]) for i in TIERS} if plan.steps else {},
+        **_auto_shares(ctx, plan),
         **(_decode_figures(scenario, ctx, timing, steps, generated) if timing is not None else {}),
         max_batch=max_batch(ctx) if with_max_batch else None,
         max_batch_by_policy=baseline_max_batches(ctx) if with_max_batch else None,
         sources=dict(ctx.hw.sources), profile=profile_path,
         versions=_versions(), resolved_scenario=scenario.model_dump(mode="json"),
     )
+
+
+def _auto_shares(ctx: RunContext, plan) -> dict:
+    """hbm_ratio auto: the lowest T0 share pressure set and the first step that tiered (else nothing)."""
+    if not ctx.policy.auto:
+        return {}
+    shares = resolve(ctx, plan.lengths).hbm_schedule
+    out = plan.retier_moves[:, MV_D2H_T1] + plan.retier_moves[:, MV_D2H_T2] + plan.retier_moves[:, MV_EVICTED]
+    first = np.flatnonzero(out)
+    return {"hbm_share_min": min(shares, default=1.0), "tiering_from_step": int(first[0]) if len(first) else None}
 
 
 def _decode_figures(scenario: Scenario, ctx: RunContext, timing, steps: pd.DataFrame, generated: int) -> dict:

@@ -13,6 +13,7 @@ import numpy as np
 
 from .context import RunContext, draw_lengths
 from .batch_tiers import BatchTiers
+from .pressure import resolve
 from .sequence import SequenceTiers
 from .tiers import T0, T1, T2, T3, TIERS, TierPolicy
 
@@ -59,8 +60,9 @@ def plan_tiers(ctx: RunContext) -> TierPlan:
     w = sc.workload
     lengths = draw_lengths(w, w.batch_size)
     steps = int(lengths.max())
-    retier = ctx.policy.retier_mask(steps)
-    batch = BatchTiers(w.prompt_tokens, lengths, ctx.policy, sc.policy.importance, sequence_rngs(w, len(lengths)),
+    policy = resolve(ctx, lengths)  # hbm_ratio auto: the shares this batch's memory pressure sets
+    retier = policy.retier_mask(steps)
+    batch = BatchTiers(w.prompt_tokens, lengths, policy, sc.policy.importance, sequence_rngs(w, len(lengths)),
                        sc.policy.scoring)
     active = len(lengths) - np.searchsorted(np.sort(lengths), np.arange(steps), side="right")  # unfinished rows per step
     attend = np.zeros((steps, ATTENDED_COLUMNS), dtype=np.int64)

@@ -11,7 +11,7 @@ Two semantics (DESIGN.md "Tier policy"):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -34,11 +34,17 @@ class TierPolicy:
     sink_tokens: int = DEFAULT_POLICY.sink_tokens
     recent_window: int = DEFAULT_POLICY.recent_window
     protect_prompt: bool = DEFAULT_POLICY.protect_prompt
+    # hbm_ratio: auto (sim/pressure.py): the T0 share is chosen per re-tier by memory pressure, and
+    # evict_ratio / compressed_ratio are shares of the tokens pressure pushes out of T0
+    auto: bool = False
+    hbm_schedule: tuple[float, ...] | None = None  # auto, resolved for one batch: T0 share at each re-tier
 
     @classmethod
     def from_config(cls, policy) -> "TierPolicy":
-        """From a scenario's PolicyCfg. evict_only keeps every non-evicted candidate in T0."""
-        hbm, comp = policy.hbm_ratio, policy.compressed_ratio
+        """From a scenario's PolicyCfg. evict_only keeps every non-evicted candidate in T0; `auto`
+        starts unresolved (every token in T0 until `pressure.resolve` gives it a schedule)."""
+        auto = policy.hbm_ratio == "auto"
+        hbm, comp = (1.0 if auto else policy.hbm_ratio), policy.compressed_ratio
         if policy.kind == "evict_only":
             hbm, comp = 1.0 - policy.evict_ratio, 0.0
         return cls(
@@ -46,7 +52,24 @@ class TierPolicy:
             evict_ratio=policy.evict_ratio, compressed_ratio=comp,
             retier_interval=policy.retier_interval, sink_tokens=policy.sink_tokens,
             recent_window=policy.recent_window, protect_prompt=policy.protect_prompt,
+            auto=auto and policy.kind == "tiered",
         )
+
+    def at_fraction(self, hbm_fraction: float) -> "TierPolicy":
+        """The fixed-ratio rule an auto policy applies at one re-tier: `hbm_fraction` of the
+        unprotected tokens stay in T0; of the rest, evict_ratio are deleted and compressed_ratio
+        go to T2 (so at 1.0 nothing moves)."""
+        out = 1.0 - hbm_fraction
+        return replace(self, auto=False, hbm_schedule=None, hbm_ratio=hbm_fraction,
+                       evict_ratio=out * self.evict_ratio, compressed_ratio=out * self.compressed_ratio)
+
+    def at_retier(self, steps_done: int) -> "TierPolicy":
+        """The rule of the re-tier after `steps_done` decode steps (itself, unless auto)."""
+        if not self.auto:
+            return self
+        if self.hbm_schedule is None:
+            raise ValueError("hbm_ratio auto: resolve its pressure schedule for a batch first (sim/pressure.py)")
+        return self.at_fraction(self.hbm_schedule[steps_done // self.retier_interval - 1])
 
     @property
     def tiering(self) -> bool:
@@ -87,6 +110,8 @@ def assign_tiers(tier: np.ndarray, score: np.ndarray, protected: np.ndarray, pol
     new = tier.copy()
     if not policy.tiering:
         return new
+    if policy.auto:
+        raise ValueError("assign_tiers takes one re-tier's rule: pass policy.at_retier(steps_done)")
     if policy.semantics == "paper_prototype":
         idx = np.flatnonzero(~protected & (tier == T0))
         n = len(idx)

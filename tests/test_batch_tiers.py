@@ -9,6 +9,7 @@ import pytest
 
 from sim.batch_tiers import BatchTiers, bottom_k_masks, rank_buckets
 from sim.context import build_context
+from sim.pressure import resolve
 from sim.scenario import load_scenario
 from sim.tier_plan import ATT_T0, ATT_T1, ATT_T2, ACTIVE, plan_tiers, sequence_tiers
 from sim.tiers import T0, T1, T2, T3, TierPolicy
@@ -22,7 +23,7 @@ def reference_plan(ctx):
 
     w = ctx.scenario.workload
     lengths = draw_lengths(w, w.batch_size)
-    seqs = sequence_tiers(ctx.scenario, ctx.policy, lengths)
+    seqs = sequence_tiers(ctx.scenario, resolve(ctx, lengths), lengths)  # hbm_ratio auto: this batch's shares
     steps = int(lengths.max())
     attend, after, moves = np.zeros((steps, 4), np.int64), np.zeros((steps, 4), np.int64), np.zeros((steps, 5), np.int64)
     counts = np.zeros((len(lengths), 4), np.int64)

@@ -248,3 +248,22 @@ def test_synthetic_model_sizes_match_its_tensors():
     assert len({t.data_ptr() for t in tensors}) == len(tensors)  # each counted once
     assert sum(t.numel() for t in tensors) == shapes.layers * shapes.layer_params() + shapes.non_layer_params()
     assert model.weight_bytes() == 4 * sum(t.numel() for t in tensors)
+
+
+def test_auto_policy_replays_the_simulators_pressure_schedule(scenario, tmp_path):
+    """hbm_ratio auto: the real cache applies the shares the simulator's memory pressure sets (here a
+    runtime reserve leaves HBM for 60% of the batch's KV, over enough steps for the transit room), token for token."""
+    from sim.simulate import simulate
+    from sim.scenario import load_scenario
+    from tests.test_pressure import reserve_for_kv
+
+    overrides = ["policy.hbm_ratio=auto", "workload.reasoning_tokens=120"]
+    overrides.append(reserve_for_kv(scenario, overrides, 0.6))
+    sets = [x for o in overrides for x in ("--set", o)]
+    hw, hw_steps = run(scenario, tmp_path / "auto", "--scores", "simulator", *sets)
+    sim = simulate(load_scenario(scenario, overrides), None, with_max_batch=False)
+    assert sim.summary.fits and hw["offloaded_tokens"] > 0
+    for key in ("offloaded_tokens", "evicted_tokens", "final_tokens_per_tier", "h2d_bytes", "d2h_bytes"):
+        assert hw[key] == getattr(sim.summary, key), key
+    for col in ("tokens_t0", "tokens_t1", "tokens_t2", "tokens_t3"):
+        assert list(hw_steps[col]) == list(sim.steps[col]), col

@@ -121,7 +121,7 @@ SET_CASES = [
     ("workload.seed=-1", "workload.seed: Input should be greater than or equal to 0"),
     ("workload.reasoning_tokens=0", "workload.reasoning_tokens: Input should be greater than or equal to 1"),
     ("workload.batch_size=true", "workload.batch_size: Input should be a valid integer"),
-    ("policy.hbm_ratio='0.5'", "policy.hbm_ratio: Input should be a valid number"),
+    ("policy.hbm_ratio='0.5'", "policy.hbm_ratio: expected a number from 0 to 1 or 'auto', got '0.5'"),
 ]
 
 

@@ -67,7 +67,8 @@ def _decide(cache, rows):
         if cache.replay is not None:
             new = _replayed(cache, b, old)
         else:
-            new = assign_tiers(old, cache.score[b, :n], protected_mask(n, cache.prompt, pol), pol)
+            rule = pol.at_retier(n - cache.prompt)  # auto: this re-tier's share of T0
+            new = assign_tiers(old, cache.score[b, :n], protected_mask(n, cache.prompt, rule), rule)
         mv = diff_moves(old, new)
         cache.offloaded_tokens += mv.offloaded
         cache.evicted_tokens += mv.evicted
