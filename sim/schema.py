@@ -175,6 +175,12 @@ REQUEST_COLUMNS = ["id", "arrival_s", "first_token_s", "finish_s", "ttft_s", "tp
                    "preemptions", "prompt_tokens", "output_tokens"]
 SERVING_TIMELINE_COLUMNS = ["t_s", "running", "waiting", "hbm_bytes", "host_bytes", "step_s", "decodes",
                             "prefill_tokens"]
+# with swap preemption (and only then) each table gains columns, after the one named: requests.csv a
+# request's swaps (of its preemptions); timeline.csv the requests whose K/V waits on the host
+# (`swapped`, of `waiting`) and the K/V bytes swaps moved each way since the previous row, this one
+# included (so a column sums to the summary's swap_out_bytes / swap_in_bytes)
+SWAP_REQUEST_COLUMNS = {"preemptions": ["swaps"]}
+SWAP_TIMELINE_COLUMNS = {"waiting": ["swapped"], "host_bytes": ["swap_out_bytes", "swap_in_bytes"]}
 P90 = 90
 
 
@@ -258,6 +264,25 @@ class _ServingQueue(Document):
     queue_mean_s: float | None = None  # arrival to first scheduled
     preemptions: int | None = None
     preempted_requests: int | None = None
+
+
+class _ServingSwap(Document):
+    """Swap preemption (`scheduler.preemption: swap`, sim/serving/swap.py). Quiet (`SERVING_QUIET`):
+    a recompute run dumps none of these keys, so its summary.json is what it was before swap existed."""
+
+    preemption: str = "recompute"  # recompute | swap
+    swap_space_bytes: float | None = None  # the swap space for T0 copies (absent: host memory alone bounds it)
+    swaps: int | None = None  # preemptions whose K/V went to the host
+    swap_ins: int | None = None  # ... and came back (the rest were given up: recomputed)
+    swap_fallbacks: int | None = None  # preemptions recomputed because the host had no room, + swaps given up
+    swap_out_bytes: float | None = None  # K/V copied device->host by swaps (per GPU)
+    swap_in_bytes: float | None = None  # and host->device when they resumed
+
+
+SERVING_QUIET = {name: f.default for name, f in _ServingSwap.model_fields.items()}
+
+
+class _ServingConcurrency(Document):
     mean_concurrency: float | None = None  # time-average of requests in the system (arrived, not finished)
     mean_running: float | None = None  # time-average of requests the scheduler runs
     max_running: int | None = None
@@ -269,8 +294,12 @@ class _ServingLink(Document):
 
 
 class ServingSummary(*fields_in_order(RunName, _ServingSetup, _ServingMemory, _ServingVolume, _ServingRates, _Ttft,
-                                      _Tpot, _Itl, _E2e, _ServingQueue, _ServingLink, _SimSources, Provenance)):
-    """One simulated serving run. The timing figures are None when it does not fit."""
+                                      _Tpot, _Itl, _E2e, _ServingQueue, _ServingSwap, _ServingConcurrency,
+                                      _ServingLink, _SimSources, Provenance), QuietDefaults):
+    """One simulated serving run. The timing figures are None when it does not fit; the swap
+    figures are left out of dumps while they hold their defaults (a recompute run)."""
+
+    QUIET_DEFAULTS = SERVING_QUIET
 
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")  # each with _mean_s, _p50_s, _p90_s, _p99_s

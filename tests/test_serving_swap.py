@@ -20,6 +20,10 @@ from sim.serving.scheduler import Scheduler
 from sim.serving.tier_counts import TierCounter
 from sim.tiers import T0, T1, T2
 
+from sim.output import to_json
+from sim.schema import REQUEST_COLUMNS, SERVING_QUIET, SERVING_TIMELINE_COLUMNS, ServingSummary
+from sim.units import GB
+
 from .conftest import SCENARIOS, run_cli
 from .test_serving import load, run, serving, workload
 
@@ -57,8 +61,14 @@ def test_swap_moves_the_victims_kv_over_the_link_and_never_prefills_it_again():
     swap, recompute = run(two_requests("swap")), run(two_requests("recompute"))
     s = swap.summary
     assert (s.preemptions, s.swaps, s.swap_fallbacks) == (1, 1, 0)
-    assert s.swap_out_bytes == s.swap_in_bytes == swapped_bytes
+    assert s.swap_out_bytes == s.swap_in_bytes == swapped_bytes and s.swap_ins == 1
     assert swap.requests["swaps"].tolist() == [0, 1] and swap.requests["preemptions"].tolist() == [0, 1]
+    # the timeline: the bytes on the step that preempts and on the one that resumes, swapped between
+    tl = swap.timeline
+    out_at, in_at = np.flatnonzero(tl["swap_out_bytes"]), np.flatnonzero(tl["swap_in_bytes"])
+    assert len(out_at) == len(in_at) == 1 and out_at[0] < in_at[0]
+    assert tl["swap_out_bytes"][out_at[0]] == tl["swap_in_bytes"][in_at[0]] == swapped_bytes
+    assert tl["swapped"].tolist() == [0] * out_at[0] + [1] * (in_at[0] - out_at[0]) + [0] * (len(tl) - in_at[0])
     # the link carried exactly that, once each way (full_hbm: nothing else crosses it)
     hw = ctx.hw
     assert s.d2h_utilization * s.duration_s == pytest.approx(hw.d2h.transfer_time_s(swapped_bytes, L), rel=1e-9)
@@ -78,21 +88,55 @@ def test_swap_moves_the_victims_kv_over_the_link_and_never_prefills_it_again():
     assert s.host_peak_bytes == pytest.approx(swapped_bytes)
 
 
-def test_swap_summary_keys_and_request_columns_appear_only_with_swap(tmp_path):
-    out = tmp_path / "run"
-    res = run_cli("run", str(EXAMPLE), "--out", str(out), "--set", "workload.arrivals.requests=40",
-                  "--set", "scheduler.preemption=swap")
-    assert res.returncode == 0, res.stderr
-    keys = list(json.loads((out / "summary.json").read_text()))
+PRESSURED = ["workload.arrivals.requests=300", "parallel.tp=2", "workload.arrivals.rate_per_s=4"]  # swaps happen
+SWAP_ROWS = ("swapped out / in", "recompute fallbacks")
+
+
+def test_swap_keys_lines_and_columns_appear_exactly_with_swap(tmp_path):
+    runs = {}
+    for preemption in ("recompute", "swap"):
+        out = tmp_path / preemption
+        sets = [a for o in [*PRESSURED, f"scheduler.preemption={preemption}"] for a in ("--set", o)]
+        res = run_cli("run", str(EXAMPLE), "--out", str(out), *sets)
+        assert res.returncode == 0, res.stderr
+        runs[preemption] = (res.stdout, json.loads((out / "summary.json").read_text()),
+                            *((out / f).read_text().splitlines()[0].split(",") for f in ("requests.csv", "timeline.csv")))
+    # recompute: every other key of the schema, none of swap's; no swap lines, the columns as before
+    stdout, s, req_cols, tl_cols = runs["recompute"]
+    assert s["preemptions"] > 0
+    assert list(s) == [k for k in ServingSummary.model_fields if k not in SERVING_QUIET]
+    assert not any(row in stdout for row in SWAP_ROWS)
+    assert req_cols == REQUEST_COLUMNS and tl_cols == SERVING_TIMELINE_COLUMNS
+    # swap: its keys after preempted_requests (swap_space_bytes only when given), its lines, its columns
+    stdout, s, req_cols, tl_cols = runs["swap"]
+    keys = list(s)
     at = keys.index("preempted_requests")
-    assert keys[at + 1:at + 7] == ["preemption", "swap_space_bytes", "swaps", "swap_fallbacks", "swap_out_bytes",
-                                   "swap_in_bytes"]
-    header = (out / "requests.csv").read_text().splitlines()[0]
-    assert ",preemptions,swaps,prompt_tokens," in header
-    plain = simulate_serving(load_scenario(EXAMPLE, ["workload.arrivals.requests=40"]))
-    assert "swaps" not in plain.requests.columns
-    assert '"preemption"' not in json.dumps(plain.summary.model_dump())
+    assert keys[at + 1:at + 8] == ["preemption", "swaps", "swap_ins", "swap_fallbacks", "swap_out_bytes",
+                                   "swap_in_bytes", "mean_concurrency"]
+    assert s["preemption"] == "swap" and s["swaps"] > 0
+    line = next(ln for ln in stdout.splitlines() if "swapped out / in" in ln)
+    assert f"{s['swaps']:,} / {s['swap_ins']:,} requests" in line and f"{s['swap_out_bytes'] / GB:,.2f} GB" in line
+    assert "recompute fallbacks" in stdout
+    assert req_cols[req_cols.index("preemptions"):][:2] == ["preemptions", "swaps"]
+    assert tl_cols == ["t_s", "running", "waiting", "swapped", "hbm_bytes", "host_bytes", "swap_out_bytes",
+                       "swap_in_bytes", "step_s", "decodes", "prefill_tokens"]
+    limited = simulate_serving(load_scenario(EXAMPLE, ["workload.arrivals.requests=40", "scheduler.preemption=swap",
+                                                       "scheduler.swap_space_bytes=5e9"])).summary
+    assert json.loads(to_json(limited))["swap_space_bytes"] == 5e9
     assert "preemption" not in load_scenario(EXAMPLE).model_dump(mode="json")["scheduler"]
+
+
+@pytest.mark.parametrize("every", [1, 7])
+def test_the_timelines_swap_bytes_add_up_to_the_summarys(every):
+    """Each row carries the swap bytes since the previous row, so a thinned timeline sums the same."""
+    res = simulate_serving(load_scenario(EXAMPLE, [*PRESSURED, "scheduler.preemption=swap", f"sim.record_every={every}"]))
+    s, tl = res.summary, res.timeline
+    assert s.swaps > 0 and s.swap_in_bytes > 0 and tl["swapped"].max() > 0
+    assert tl["swap_out_bytes"].sum() == s.swap_out_bytes and tl["swap_in_bytes"].sum() == s.swap_in_bytes
+    if every > 1:
+        full = simulate_serving(load_scenario(EXAMPLE, [*PRESSURED, "scheduler.preemption=swap"])).timeline
+        assert len(tl) == len(full[::every]) + 1 and tl["swapped"].iloc[:-1].tolist() == full["swapped"][::every].tolist()
+        assert (tl["swap_out_bytes"] > 0).sum() < (full["swap_out_bytes"] > 0).sum()  # intervals merged
 
 
 # ---- swap preemption: tiered, only T0 crosses -------------------------------------------------
@@ -175,7 +219,9 @@ def test_swap_with_no_room_anywhere_is_recompute_exactly():
     for res in (tiny, no_host):
         assert res.summary.swaps == 0 and res.summary.swap_fallbacks == recompute.summary.preemptions
         assert res.requests.drop(columns="swaps").equals(recompute.requests)
-        assert res.timeline.equals(recompute.timeline)
+        swap_cols = ["swapped", "swap_out_bytes", "swap_in_bytes"]
+        assert res.timeline.drop(columns=swap_cols).equals(recompute.timeline)
+        assert not res.timeline[swap_cols].to_numpy().any()
     # room for some: both kinds happen, every request still completes with all its tokens
     some = run({**sc, "scheduler": {"preemption": "swap", "swap_space_bytes": 2 * 600 * 131_072}})
     s = some.summary

@@ -5,6 +5,6 @@ One concept per module: `config` (the scenario's arrivals, scheduler and SLO sec
 (request arrival times and lengths), `tier_counts` (a sequence's tier counts at its length),
 `kv_memory` (the KV budget admission checks against), `scheduler` (the step plan: admit, chunk,
 preempt), `swap` (swap preemption's bytes and host ledger), `engine` (SimPy: arrivals, the step loop
-and its swaps), `metrics` (per-request table, timeline, summary figures), `summary` (the summary
-document with swap's keys), `run` (`simulate_serving`). Kept free of imports here so `sim.scenario` can import `config`.
+and its swaps), `metrics` (per-request table, timeline, summary figures), `run` (`simulate_serving`;
+its summary is `sim/schema.py: ServingSummary`). Kept free of imports here so `sim.scenario` can import `config`.
 """

@@ -39,6 +39,9 @@ class StepRow:
     prefill_tokens: int
     hbm_bytes: float
     host_bytes: float
+    swapped: int = 0  # swap preemption: requests whose K/V waits on the host during the step
+    swap_out_bytes: float = 0.0  # K/V swaps moved since the previous row (a pass that preempts every running
+    swap_in_bytes: float = 0.0  # request writes no row: its swap-outs land in the next one)
 
 
 @dataclass
@@ -57,6 +60,7 @@ class ServingTrace:
     preemptions: int = 0
     swap_mode: bool = False  # scheduler.preemption: swap
     swaps: int = 0  # swap preemption: preemptions that copied K/V to the host
+    swap_ins: int = 0  # ... readmissions that copied it back
     swap_fallbacks: int = 0  # ... that found no room there and recomputed instead
     swap_out_bytes: float = 0.0  # K/V copied device->host by swaps, and back host->device
     swap_in_bytes: float = 0.0
@@ -80,6 +84,7 @@ class ServingSim:
         self.area_s = 0.0
         self.t_changed = 0.0
         self.trace = ServingTrace(self.table, [])
+        self.unrecorded = [0.0, 0.0]  # swap bytes out, in not yet in a timeline row
 
     def run(self) -> ServingTrace:
         if self.specs.concurrency is not None:
@@ -146,11 +151,21 @@ class ServingSim:
     def swap(self, plan: StepPlan):
         """The step's swaps, before its forward pass: preempted K/V out (D2H) before its HBM is
         reused, readmitted K/V in (H2D) before attention reads it."""
-        L = self.ctx.num_layers
-        self.trace.swap_out_bytes += plan.swap_out_bytes
-        self.trace.swap_in_bytes += plan.swap_in_bytes
+        L, tr = self.ctx.num_layers, self.trace
+        tr.swap_out_bytes += plan.swap_out_bytes
+        tr.swap_in_bytes += plan.swap_in_bytes
+        tr.swap_ins += plan.swap_in_requests
+        self.unrecorded[0] += plan.swap_out_bytes
+        self.unrecorded[1] += plan.swap_in_bytes
         yield from self.device.d2h.transfer(plan.swap_out_bytes, swap_copies(L, plan.swap_out_requests), None, "swap out")
         yield from self.device.h2d.transfer(plan.swap_in_bytes, swap_copies(L, plan.swap_in_requests), None, "swap in")
+
+    def record(self, row: StepRow) -> None:
+        """Append a timeline row, with the swaps since the previous one."""
+        if self.scheduler.swap is not None:
+            row.swapped = len(self.scheduler.swap)
+            (row.swap_out_bytes, row.swap_in_bytes), self.unrecorded = self.unrecorded, [0.0, 0.0]
+        self.trace.steps.append(row)
 
     def step_loop(self):
         """Form a step, run its forward pass (and its decodes' re-tiers), hand out its tokens."""
@@ -163,7 +178,7 @@ class ServingSim:
             if plan.empty:
                 if plan.preempted:  # all preempted: admission resumes on the next pass
                     continue
-                self.trace.steps.append(StepRow(env.now, 0.0, 0, len(sched.waiting), 0, 0, fixed_bytes, plan.host_bytes))
+                self.record(StepRow(env.now, 0.0, 0, len(sched.waiting), 0, 0, fixed_bytes, plan.host_bytes))
                 self.wake = env.event()
                 yield self.wake
                 self.wake = None
@@ -174,7 +189,7 @@ class ServingSim:
             if plan.retiers:
                 yield from self.device.retier(self.retier_traffic(plan), None)
             row.step_s = env.now - start
-            self.trace.steps.append(row)
+            self.record(row)
             out = sched.complete(plan, env.now, step)
             if out.regular:
                 self.trace.itl_step_s.append(row.step_s)

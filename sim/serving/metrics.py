@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..schema import LATENCY_STATS, REQUEST_COLUMNS, SERVING_TIMELINE_COLUMNS
+from ..schema import (LATENCY_STATS, REQUEST_COLUMNS, SERVING_TIMELINE_COLUMNS, SWAP_REQUEST_COLUMNS,
+                      SWAP_TIMELINE_COLUMNS)
 from .engine import ServingTrace
 
 
@@ -50,16 +51,48 @@ def request_table(trace: ServingTrace) -> pd.DataFrame:
     return df.sort_values("id", kind="stable").reset_index(drop=True)[request_columns(trace.swap_mode)]
 
 
+def _with(columns: list[str], extra: dict[str, list[str]] | None) -> list[str]:
+    """`columns` with each list of `extra` after the column it is keyed by."""
+    return [c for col in columns for c in (col, *(extra or {}).get(col, ()))]
+
+
 def request_columns(swap: bool) -> list[str]:
-    """requests.csv's columns: with swap preemption, `swaps` (of its preemptions) after `preemptions`."""
-    if not swap:
-        return REQUEST_COLUMNS
-    at = REQUEST_COLUMNS.index("preemptions") + 1
-    return [*REQUEST_COLUMNS[:at], "swaps", *REQUEST_COLUMNS[at:]]
+    """requests.csv's columns: with swap preemption, SWAP_REQUEST_COLUMNS too."""
+    return _with(REQUEST_COLUMNS, SWAP_REQUEST_COLUMNS if swap else None)
+
+
+def timeline_columns(swap: bool) -> list[str]:
+    """timeline.csv's columns: with swap preemption, SWAP_TIMELINE_COLUMNS too."""
+    return _with(SERVING_TIMELINE_COLUMNS, SWAP_TIMELINE_COLUMNS if swap else None)
 
 
 def timeline_table(trace: ServingTrace) -> pd.DataFrame:
-    return pd.DataFrame([row.__dict__ for row in trace.steps], columns=SERVING_TIMELINE_COLUMNS)
+    cols = timeline_columns(trace.swap_mode)
+    return pd.DataFrame({c: [getattr(row, c) for row in trace.steps] for c in cols}, columns=cols)
+
+
+def thin_timeline(timeline: pd.DataFrame, every: int) -> pd.DataFrame:
+    """Every `every`-th row and the last (`sim.record_every`); the swap byte columns of a kept row
+    sum the rows since the previous kept one, so each column still sums to the run's total."""
+    n = len(timeline)
+    if every <= 1 or not n:
+        return timeline
+    rows = np.arange(n)
+    kept = np.flatnonzero((rows % every == 0) | (rows == n - 1))
+    out = timeline.iloc[kept].reset_index(drop=True)
+    interval = np.searchsorted(kept, rows)  # each row's kept row: the first at or after it
+    for col in SWAP_TIMELINE_COLUMNS["host_bytes"]:
+        if col in out:
+            out[col] = np.bincount(interval, weights=timeline[col].to_numpy(dtype=float), minlength=len(kept))
+    return out
+
+
+def swap_figures(trace: ServingTrace) -> dict:
+    """The summary's swap figures (schema `_ServingSwap`) of a run that swaps; an empty dict for recompute."""
+    if not trace.swap_mode:
+        return {}
+    return dict(swaps=trace.swaps, swap_ins=trace.swap_ins, swap_fallbacks=trace.swap_fallbacks,
+                swap_out_bytes=trace.swap_out_bytes, swap_in_bytes=trace.swap_in_bytes)
 
 
 def time_average(t_s: np.ndarray, value: np.ndarray, end_s: float) -> float:

@@ -10,7 +10,7 @@ import pandas as pd
 from ..context import RunContext, build_context
 from ..profile import Profile
 from ..scenario import Scenario
-from ..schema import SERVING_TIMELINE_COLUMNS
+from ..schema import ServingSummary
 from ..simulate import _versions
 from ..tiers import T0, T1, T2
 from ..units import GB
@@ -18,10 +18,10 @@ from .arrivals import RequestSet, build_requests
 from .config import ClosedLoopArrivals, GammaArrivals, PoissonArrivals
 from .engine import ServingSim
 from .kv_memory import KvMemory, kv_memory
-from .metrics import request_columns, request_table, serving_figures, timeline_table
+from .metrics import (request_columns, request_table, serving_figures, swap_figures, thin_timeline, timeline_columns,
+                      timeline_table)
 from .request import RequestTable
 from .scheduler import Scheduler
-from .summary import ServingSummary, swap_figures
 from .tier_counts import TierCounter
 
 
@@ -29,7 +29,7 @@ from .tier_counts import TierCounter
 class ServingResult:
     summary: ServingSummary
     requests: pd.DataFrame  # metrics.request_columns
-    timeline: pd.DataFrame  # SERVING_TIMELINE_COLUMNS
+    timeline: pd.DataFrame  # metrics.timeline_columns
     scenario: Scenario
 
 
@@ -70,7 +70,7 @@ def simulate_serving(scenario: Scenario, profile: Profile | None = None, *, prof
     why = alone_shortfall(memory, counter, reqs)
     swap = sched_cfg.preemption == "swap"
     figures = {}
-    requests, timeline = pd.DataFrame(columns=request_columns(swap)), pd.DataFrame(columns=SERVING_TIMELINE_COLUMNS)
+    requests, timeline = pd.DataFrame(columns=request_columns(swap)), pd.DataFrame(columns=timeline_columns(swap))
     if why is None:
         trace = ServingSim(ctx, reqs, Scheduler(sched_cfg, memory, counter, RequestTable(reqs))).run()
         requests, timeline = request_table(trace), timeline_table(trace)
@@ -78,10 +78,7 @@ def simulate_serving(scenario: Scenario, profile: Profile | None = None, *, prof
         if trace.end_s > 0:
             figures.update(h2d_utilization=trace.h2d_busy_s / trace.end_s, d2h_utilization=trace.d2h_busy_s / trace.end_s)
     summary = _summary(scenario, ctx, reqs, memory, why, figures, profile_path)
-    every = scenario.sim.record_every
-    if every > 1 and len(timeline):  # the CSV keeps every n-th row and the last; the summary used them all
-        keep = (np.arange(len(timeline)) % every == 0) | (np.arange(len(timeline)) == len(timeline) - 1)
-        timeline = timeline[keep].reset_index(drop=True)
+    timeline = thin_timeline(timeline, scenario.sim.record_every)  # the summary used every row
     return ServingResult(summary=summary, requests=requests, timeline=timeline, scenario=scenario)
 
 
@@ -95,7 +92,7 @@ def _summary(scenario: Scenario, ctx: RunContext, reqs: RequestSet, memory: KvMe
         clients=a.concurrency if isinstance(a, ClosedLoopArrivals) else None,
         max_num_seqs=sc.max_num_seqs, max_num_batched_tokens=sc.max_num_batched_tokens,
         chunked_prefill=sc.chunked_prefill,
-        preemption="swap" if sc.preemption == "swap" else None, swap_space_bytes=sc.swap_space_bytes,
+        preemption=sc.preemption, swap_space_bytes=sc.swap_space_bytes,
         fits=why is None, does_not_fit=why,
         hbm_capacity_bytes=memory.hbm_capacity_bytes, host_capacity_bytes=memory.host_capacity_bytes,
         weights_bytes=memory.weights_bytes, activation_bytes=memory.activation_bytes,
