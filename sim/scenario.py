@@ -304,9 +304,6 @@ def check_simulable(scenario: Scenario, source: str) -> None:
     from .context import draw_lengths, resolve_model
 
     w = scenario.workload
-    if w.arrivals is not None and scenario.policy.hbm_ratio == "auto":
-        raise ConfigError("'auto' is modelled for closed batches only so far; a serving run (workload.arrivals) "
-                          "needs a fixed ratio", source=source, field="policy.hbm_ratio")
     prompt = w.prompt_tokens
     if isinstance(prompt, LengthDist):
         if w.arrivals is None:

@@ -182,7 +182,6 @@ def test_bad_ratio_is_one_line(tmp_path, override, expected):
 @pytest.mark.parametrize("overrides,expected", [
     (["policy.semantics=paper_prototype"], "hbm_ratio 'auto' runs with semantics 'global'"),
     (["policy.evict_ratio=0.6", "policy.compressed_ratio=0.5"], "evict_ratio + compressed_ratio are shares"),
-    (["workload.arrivals={kind: poisson, rate_per_s: 1, requests: 4}"], "policy.hbm_ratio: 'auto' is modelled for closed batches only"),
 ])
 def test_auto_refusals(tmp_path, overrides, expected):
     args = ["--set", "policy.hbm_ratio=auto"]

@@ -17,6 +17,7 @@ from sim.serving.kv_memory import kv_memory
 from sim.serving.request import RequestTable
 from sim.serving.run import simulate_serving
 from sim.serving.scheduler import Scheduler
+from sim.serving.row_counts import FixedRows
 from sim.serving.tier_counts import TierCounter
 from sim.tiers import T0, T1, T2
 
@@ -147,13 +148,13 @@ def tiered_scheduler(budget_factor: float, host_bytes: float | None = None, g: i
     ctx = build_context(sc)
     prompts, outputs = np.array([256, 256]), np.array([1000, 1000])
     reqs = RequestSet(np.arange(2), np.zeros(2), prompts, outputs)
-    counter = TierCounter(ctx.policy, prompts, outputs)
+    counter = FixedRows(TierCounter(ctx.policy, prompts, outputs), prompts)
     table = RequestTable(reqs)
     table.generated[:] = g
     table.computed[:] = table.target[:] = prompts  # prefilled: decoding
     mem = kv_memory(ctx, 8192, 256)
     probe = Scheduler(sc.scheduler, mem, counter, table)
-    att, aft = counter.step_counts(prompts[:1], table.generated[:1], np.array([True]))
+    att, aft = counter.step_counts(np.array([0]), table.generated[:1], np.array([True]))
     need = float(probe._needs(att, aft, np.array([True]))[0][0])
     mem = replace(mem, runtime_reserve_bytes=mem.hbm_capacity_bytes - mem.weights_bytes - mem.activation_bytes
                   - budget_factor * need, **({"host_capacity_bytes": host_bytes} if host_bytes else {}))
@@ -165,7 +166,7 @@ def tiered_scheduler(budget_factor: float, host_bytes: float | None = None, g: i
 def test_a_tiered_swap_moves_only_the_t0_tokens():
     sched, ctx = tiered_scheduler(1.5)
     kv, t2 = ctx.kv_bytes_per_token, ctx.t2_bytes_per_token
-    held = sched.counter.held(256, np.array([300]))[0]  # its cache: 256 + 300 - 1 tokens over the tiers
+    held = sched.counter.held(0, 300)  # its cache: 256 + 300 - 1 tokens over the tiers
     assert held[T0] + held[T1] + held[T2] == 256 + 300 - 1 and held[T1] > 0
     plan = sched.schedule(0.0)
     assert plan.preempted == [1] and plan.swap_out_requests == 1
@@ -178,7 +179,7 @@ def test_a_tiered_swap_moves_only_the_t0_tokens():
     plan = sched.schedule(1.0)
     assert plan.swap_in_bytes == held[T0] * kv and plan.swap_in_requests == 1
     assert plan.decodes.tolist() == [1] and not len(plan.chunks)
-    att, _ = sched.counter.step_counts(np.array([256]), np.array([300]), np.array([True]))
+    att, _ = sched.counter.step_counts(np.array([1]), np.array([300]), np.array([True]))
     assert plan.attended.tolist() == att[0].tolist() and len(sched.swap) == 0
 
 
@@ -196,7 +197,7 @@ def test_swapped_kv_that_keeps_the_queue_head_out_is_dropped_when_nothing_runs()
     T1 once prefilled) heads the queue and nothing runs - the swap is given up, request 0 admitted."""
     sched, _ = tiered_scheduler(4.0)
     t = sched.table
-    need_host = sched.memory.host_bytes(*sched.counter.held(256, np.array([301]))[0][[T1, T2]])
+    need_host = sched.memory.host_bytes(*sched.counter.held(0, 301)[[T1, T2]])
     sched.memory = replace(sched.memory, host_capacity_bytes=need_host * 1.5)
     sched.running = np.zeros(0, dtype=np.int64)
     t.recompute(0)

@@ -145,7 +145,7 @@ class ServingSim:
     def retier_traffic(self, plan: StepPlan) -> RetierTraffic:
         ctx = self.ctx
         return retier_traffic(self.device.prefetch, ctx.num_layers, ctx.kv_bytes_per_token_layer,
-                              ctx.t2_bytes_per_token_layer, plan.demoted[0], plan.demoted[1], 0, 0,
+                              ctx.t2_bytes_per_token_layer, plan.demoted[0], plan.demoted[1], plan.promoted[0], plan.promoted[1],
                               plan.resident[0], plan.resident[1])
 
     def swap(self, plan: StepPlan):

@@ -22,6 +22,7 @@ from .metrics import (request_columns, request_table, serving_figures, swap_figu
                       timeline_table)
 from .request import RequestTable
 from .scheduler import Scheduler
+from .row_counts import FixedRows, PressureRows
 from .tier_counts import TierCounter
 
 
@@ -61,13 +62,21 @@ def alone_shortfall(memory: KvMemory, counter: TierCounter, reqs: RequestSet) ->
     return None
 
 
+def _row_counts(ctx: RunContext, memory: KvMemory, reqs: RequestSet) -> FixedRows | PressureRows:
+    if ctx.policy.auto:
+        return PressureRows(ctx.policy, memory, reqs.prompt_tokens)
+    return FixedRows(TierCounter(ctx.policy, reqs.prompt_tokens, reqs.output_tokens), reqs.prompt_tokens)
+
+
 def simulate_serving(scenario: Scenario, profile: Profile | None = None, *, profile_path: str | None = None) -> ServingResult:
     ctx = build_context(scenario, profile, profile_path)
     reqs = build_requests(scenario.workload)
     sched_cfg = scenario.scheduler
     memory = kv_memory(ctx, sched_cfg.max_num_batched_tokens, sched_cfg.max_num_seqs)
-    counter = TierCounter(ctx.policy, reqs.prompt_tokens, reqs.output_tokens)
-    why = alone_shortfall(memory, counter, reqs)
+    counter = _row_counts(ctx, memory, reqs)
+    # a request that could not run alone: under hbm_ratio auto, even at the least T0 pressure can leave
+    least = ctx.policy.at_fraction(0.0) if ctx.policy.auto else ctx.policy
+    why = alone_shortfall(memory, TierCounter(least, reqs.prompt_tokens, reqs.output_tokens), reqs)
     swap = sched_cfg.preemption == "swap"
     figures = {}
     requests, timeline = pd.DataFrame(columns=request_columns(swap)), pd.DataFrame(columns=timeline_columns(swap))

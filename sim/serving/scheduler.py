@@ -9,7 +9,7 @@ waiting requests are admitted first come, first served while fewer than `max_num
 are left and memory holds the newcomer's reservation - the head of the queue that does not fit
 stops admission (no overtaking). Without chunked prefill a prompt is scheduled whole or waits.
 
-Memory is tier-aware (`kv_memory`, `tier_counts`): a decoding request holds its T0 tokens (+ staging
+Memory is tier-aware (`kv_memory`, `row_counts`): a decoding request holds its T0 tokens (+ staging
 for the T1/T2 it attends) in HBM and its T1/T2 in host memory, at its own current length; a
 (re)admitted one reserves what it will hold once prefilled - its prompt in T0, or for a resumed
 one its tier counts at its current length (a tiered cache re-tiers what it recomputes). A swapped
@@ -29,7 +29,7 @@ from ..tiers import T0, T1, T2
 from .kv_memory import KvMemory
 from .request import RequestTable
 from .swap import SwapSpace, swap_bytes
-from .tier_counts import TierCounter
+from .row_counts import FixedRows, PressureRows
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -47,6 +47,7 @@ class StepPlan:
     preempted: list[int] = field(default_factory=list)
     attended: np.ndarray = field(default_factory=lambda: np.zeros(4, dtype=np.int64))  # T0..T3 over decodes
     demoted: tuple[int, int] = (0, 0)  # tokens the decodes' re-tiers move to T1, T2 (net)
+    promoted: tuple[int, int] = (0, 0)  # ... and back to T0 from T1, T2 (net; hbm_ratio auto as pressure falls)
     resident: tuple[int, int] = (0, 0)  # T1, T2 held after the step by the decodes that re-tier
     retiers: int = 0
     hbm_kv_bytes: float = 0.0  # T0 KV + staging held during the step (reservations of prefills included)
@@ -86,7 +87,7 @@ class StepTokens:
 
 
 class Scheduler:
-    def __init__(self, cfg, memory: KvMemory, counter: TierCounter, table: RequestTable):
+    def __init__(self, cfg, memory: KvMemory, counter: FixedRows | PressureRows, table: RequestTable):
         self.cfg, self.memory, self.counter, self.table = cfg, memory, counter, table
         self.running = _EMPTY  # in admission order: the last is the newest
         self.waiting: deque[int] = deque()  # arrived, not running; preempted ones at the front
@@ -113,7 +114,8 @@ class Scheduler:
         t, m, plan = self.table, self.memory, StepPlan()
         run = self.running
         decoding = t.computed[run] >= t.target[run]
-        att, aft = self.counter.step_counts(t.prompt[run], t.generated[run], decoding)
+        self.counter.begin_step(run, t.generated[run], decoding)
+        att, aft = self.counter.step_counts(run, t.generated[run], decoding)
         hbm, host = self._needs(att, aft, decoding)
         # (1) preempt the newest until the rest fits (cumulative sums grow, so what fits is a prefix)
         host_free = m.host_capacity_bytes - self._held_host_bytes()  # swapped K/V holds its host memory
@@ -123,6 +125,7 @@ class Scheduler:
             run, decoding, att, aft, hbm, host = run[:keep], decoding[:keep], att[:keep], aft[:keep], hbm[:keep], host[:keep]
             self.running = run
         total_hbm, total_host = float(hbm.sum()), float(host.sum()) + self._held_host_bytes()
+        admit_hbm = float(self.counter.admission_bytes(att, hbm).sum())  # what admission counts (auto: all in T0)
         # (2) the running requests in admission order: a decode takes one token, a prefill its next chunk
         budget = self.cfg.max_num_batched_tokens
         want = np.where(decoding, 1, t.target[run] - t.computed[run])
@@ -143,14 +146,15 @@ class Scheduler:
                 break
             swapped = self.swap is not None and i in self.swap
             if swapped and left == 0:  # a decode whose K/V comes back: this step's needs
-                a, b = self.counter.step_counts(t.prompt[[i]], t.generated[[i]], np.array([True]))
+                a, b = self.counter.step_counts(np.array([i]), t.generated[[i]], np.array([True]))
                 h, ho = (float(x[0]) for x in self._needs(a, b, np.array([True])))
             else:
-                c = self.counter.held(int(t.prompt[i]), np.array([t.generated[i] + 1]))[0]
-                h, ho = m.hbm_kv_bytes(c[T0], 0), m.host_bytes(c[T1], c[T2])
+                a = self.counter.held(i, int(t.generated[i]) + 1)[None, :]
+                h, ho = m.hbm_kv_bytes(a[0, T0], 0), m.host_bytes(a[0, T1], a[0, T2])
+            h_admit = float(self.counter.admission_bytes(a, np.array([h]))[0])
             if swapped:  # its swapped K/V leaves the host (T0 to HBM, T1/T2 counted in ho)
                 ho -= self.swap.host_bytes[i]
-            if not m.fits(total_hbm + h, total_host + ho):
+            if not m.fits(total_hbm + h, total_host + ho) or admit_hbm + h_admit > m.kv_budget_bytes:
                 if self.swap and not len(run) and not admitted:  # nothing runs: the swapped K/V must not block it
                     total_host -= self._drop_swapped()
                     continue
@@ -158,6 +162,7 @@ class Scheduler:
             self.waiting.popleft()
             total_hbm += h
             total_host += ho
+            admit_hbm += h_admit
             admitted.append(i)
             if np.isnan(t.admitted_s[i]):
                 t.admitted_s[i] = now
@@ -176,7 +181,7 @@ class Scheduler:
             self.running = np.concatenate([run, np.asarray(admitted, dtype=np.int64)])
         if resumed:
             r = np.asarray(resumed, dtype=np.int64)
-            a, b = self.counter.step_counts(t.prompt[r], t.generated[r], np.ones(len(r), dtype=bool))
+            a, b = self.counter.step_counts(r, t.generated[r], np.ones(len(r), dtype=bool))
             plan.decodes = np.concatenate([plan.decodes, r])
             dec_att, dec_aft = np.concatenate([dec_att, a]), np.concatenate([dec_aft, b])
         plan.chunks, plan.chunk_tokens = np.concatenate(chunks), np.concatenate(chunk_tokens)
@@ -185,13 +190,15 @@ class Scheduler:
         if len(plan.decodes):
             a, b = dec_att, dec_aft
             plan.attended = a.sum(axis=0)
-            due = self.counter.retier_due(t.generated[plan.decodes] - 1)
+            steps = t.generated[plan.decodes] - 1
+            due = self.counter.retier_due(steps)
             if due.any():
-                host = [T1, T2]
-                moved = np.maximum(b[due][:, host] - a[due][:, host], 0).sum(axis=0)
-                kept = b[due][:, host].sum(axis=0)
-                plan.demoted, plan.resident = (int(moved[0]), int(moved[1])), (int(kept[0]), int(kept[1]))
+                moved, back = self.counter.retier_moves(a[due], b[due])
+                kept = b[due][:, [T1, T2]].sum(axis=0)
+                plan.demoted, plan.promoted = (int(moved[0]), int(moved[1])), (int(back[0]), int(back[1]))
+                plan.resident = (int(kept[0]), int(kept[1]))
                 plan.retiers = int(due.sum())
+                self.counter.commit(plan.decodes, steps, b)
         return plan
 
     def _preempt(self, victims: np.ndarray, host_free: float, plan: StepPlan) -> None:
@@ -222,7 +229,7 @@ class Scheduler:
         t, m = self.table, self.memory
         if t.computed[i] < t.target[i]:
             return swap_bytes(int(t.computed[i]), 0, 0, m.kv_bytes_per_token, m.t2_bytes_per_token)
-        c = self.counter.held(int(t.prompt[i]), np.array([t.generated[i]]))[0]
+        c = self.counter.held(i, int(t.generated[i]))
         return swap_bytes(int(c[T0]), int(c[T1]), int(c[T2]), m.kv_bytes_per_token, m.t2_bytes_per_token)
 
     def _drop_swapped(self) -> float:
