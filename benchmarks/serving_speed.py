@@ -18,6 +18,7 @@ run it on a quiet machine and read both.
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import subprocess
 import sys
@@ -56,6 +57,7 @@ def serving_case(label: str, overrides: list[str]) -> None:
 def plan_case() -> None:
     """`kvsim plan` as a user runs it (its own process, --workers default: all cores)."""
     kvsim = Path(sys.executable).with_name("kvsim")
+    load_before = os.getloadavg()[0]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     res = subprocess.run([str(kvsim), "plan", str(SCENARIO), *PLAN_ARGS, "--json"], capture_output=True, text=True,
@@ -68,7 +70,8 @@ def plan_case() -> None:
         return
     verdict = "within" if wall_s <= PLAN_TARGET_S else "OVER"
     print(f"kvsim plan {' '.join(PLAN_ARGS)}: {wall_s:.1f} s wall ({cpu_s:.1f} s CPU over its processes; "
-          f"{verdict} the {PLAN_TARGET_S:.0f} s target)")
+          f"{verdict} the {PLAN_TARGET_S:.0f} s target) on {os.cpu_count()} cores, 1-minute load average "
+          f"{load_before:.1f} before and {os.getloadavg()[0]:.1f} after (other processes' load stretches the wall time)")
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 """SimPy timing of a decode run, written as SimPy's own examples are: `DecodeSim` owns the
-resources (the two link directions) and each behaviour is a named generator method - the step loop,
-one forward pass per prefetch mode, the re-tier's transfers.
+resources (the two link directions; with host access the host's thread pool and its DRAM) and each
+behaviour is a named generator method - the step loop, one forward pass per prefetch mode or access
+strategy, the re-tier's transfers.
 
 What to schedule comes from pure functions: the tier plan (`tier_plan.plan_tiers`: which tokens sit
 where at each step), a step's cost (`physics.decode_step_cost`) and a re-tier's traffic
@@ -15,8 +16,9 @@ import pandas as pd
 import simpy
 
 from .context import RunContext
+from .host_dram import HostDram
 from .intervals import busy_union_s
-from .physics import RetierTraffic, StepCost, decode_step_cost, layerwise_pipeline, retier_traffic
+from .physics import RetierTraffic, StepCost, decode_step_cost, retier_traffic
 from .tier_plan import ACTIVE, ATT_T0, ATT_T1, ATT_T2, MV_D2H_T1, MV_D2H_T2, MV_H2D_T1, MV_H2D_T2, TierPlan
 from .tiers import T1, T2
 
@@ -59,25 +61,36 @@ class DecodeTiming:
 class Link:
     """One direction of the host link: a SimPy resource that records its busy intervals. With one
     copy engine both directions share the resource; otherwise a copy that starts while the other
-    direction is busy gets the bidirectional share of the bandwidth."""
+    direction is busy gets the bidirectional share of the bandwidth. With host access a bulk copy is
+    also a flow in the host DRAM (`dram`): it reads or writes host memory beside the host attention."""
 
-    def __init__(self, env: simpy.Environment, model, resource: simpy.Resource, name: str):
+    def __init__(self, env: simpy.Environment, model, resource: simpy.Resource, name: str,
+                 dram: HostDram | None = None, bulk: bool = True):
         self.env, self.model, self.res, self.name = env, model, resource, name
         self.busy: list[tuple[float, float]] = []
         self.other: Link | None = None
+        self.dram, self.bulk = dram, bulk  # bulk: not host attention's kilobyte queries and partials
 
     def other_busy(self) -> bool:
-        return self.other is not None and self.other.res is not self.res and self.other.res.count > 0
+        """A bulk copy holds the other direction's engine (host attention's queries and partials,
+        kilobytes, do not make a bulk copy share)."""
+        o = self.other
+        return o is not None and o.res is not self.res and any(getattr(r, "bulk", False) for r in o.res.users)
 
     def transfer(self, nbytes: float, copies: int, timeline: list | None, tag: str, host_s: float = 0.0):
         """`host_s`: host work the copies wait for inside the transfer (the prototype's packing)."""
         if nbytes <= 0 or copies <= 0:
             return
         with self.res.request() as req:
+            req.bulk = self.bulk
             yield req
-            dur = self.model.transfer_time_s(nbytes, copies, self.other_busy()) + host_s
             start = self.env.now
-            yield self.env.timeout(dur)
+            if self.dram is None:
+                yield self.env.timeout(self.model.transfer_time_s(nbytes, copies, self.other_busy()) + host_s)
+            else:  # host access: the copy is a DRAM flow at its link-model rate, slowed where the DRAM is short
+                yield from self.dram.flow(self.model.transfer_time_s(nbytes, copies, self.other_busy()), nbytes, False)
+                if host_s > 0:
+                    yield self.env.timeout(host_s)
             self.busy.append((start, self.env.now))
             if timeline is not None:
                 timeline.append({"kind": self.name, "start_s": start, "end_s": self.env.now, "what": tag})
@@ -93,9 +106,10 @@ def timeline_window(plan: TierPlan) -> range:
 
 
 class DecodeSim:
-    """One decode run of a batch on one GPU and its host link."""
+    """One decode run of a batch on one GPU and its host link. `start_s`: the clock at the start (the
+    fast level walks windows of steps from the middle of a run, `run_window`)."""
 
-    def __init__(self, ctx: RunContext, plan: TierPlan):
+    def __init__(self, ctx: RunContext, plan: TierPlan, start_s: float = 0.0):
         self.ctx, self.plan = ctx, plan
         pol = ctx.scenario.policy
         self.prefetch, self.buffers, self.access = pol.prefetch, pol.staging_buffers, pol.access
@@ -103,17 +117,21 @@ class DecodeSim:
         self.blocking_offload = pol.prefetch == "sync_per_step" or not pol.pinned
         self.layer_detail = ctx.scenario.sim.detail == "layer"
         self.stride = ctx.scenario.sim.step_stride
-        self.env = simpy.Environment()
+        self.env = simpy.Environment(initial_time=start_s)
+        # with host access the host DRAM is shared by the attention stream and every bulk copy
+        self.dram = HostDram(self.env, ctx.hw.host_cpu.shared_bytes_per_s) if ctx.hw.host_cpu is not None else None
         h2d_res = simpy.Resource(self.env, capacity=1)
         d2h_res = h2d_res if ctx.hw.copy_engines < 2 else simpy.Resource(self.env, capacity=1)
-        self.h2d = Link(self.env, ctx.hw.h2d, h2d_res, "h2d")
-        self.d2h = Link(self.env, ctx.hw.d2h, d2h_res, "d2h")
+        self.h2d = Link(self.env, ctx.hw.h2d, h2d_res, "h2d", self.dram)
+        self.d2h = Link(self.env, ctx.hw.d2h, d2h_res, "d2h", self.dram)
         self.h2d.other, self.d2h.other = self.d2h, self.h2d
         # host attention's queries and partial outputs are tiny: with a third copy engine they need not
-        # queue behind bulk copies, and they do not count as the other direction being busy
+        # queue behind bulk copies; they never make a bulk copy take the bidirectional share
         small = ctx.hw.copy_engines >= 3
-        self.d2h_queries = Link(self.env, ctx.hw.d2h, simpy.Resource(self.env, capacity=1) if small else d2h_res, "d2h")
-        self.h2d_partials = Link(self.env, ctx.hw.h2d, simpy.Resource(self.env, capacity=1) if small else h2d_res, "h2d")
+        q_res = simpy.Resource(self.env, capacity=1) if small else d2h_res
+        p_res = simpy.Resource(self.env, capacity=1) if small else h2d_res
+        self.d2h_queries = Link(self.env, ctx.hw.d2h, q_res, "d2h", bulk=False)
+        self.h2d_partials = Link(self.env, ctx.hw.h2d, p_res, "h2d", bulk=False)
         self.d2h_queries.other, self.h2d_partials.other = self.h2d, self.d2h
         self.host = simpy.Resource(self.env, capacity=1)  # the host's attention thread pool: one layer at a time
         self.host_busy: list[tuple[float, float]] = []
@@ -123,10 +141,24 @@ class DecodeSim:
     def run(self) -> DecodeTiming:
         self.env.process(self.decode())
         self.env.run()
+        return self.timing()
+
+    def timing(self) -> DecodeTiming:
+        """What this sim measured so far."""
         decode_s = self.records[-1].t_s if self.records else 0.0
         # an async offload can outlive the last step; utilisation is over the decode span
         return DecodeTiming(self.records, self.h2d.busy + self.h2d_partials.busy, self.d2h.busy + self.d2h_queries.busy,
                             self.timeline, decode_s, self.host_busy)
+
+    def run_window(self, first: int) -> int:
+        """Run `window` from step `first`; returns the step after it."""
+        walk = self.env.process(self.window(first))
+        self.env.run()
+        return walk.value
+
+    def link_in_flight(self) -> bool:
+        """A copy holds or waits for either link direction."""
+        return any(r.count or r.queue for r in (self.h2d.res, self.d2h.res))
 
     # ---- costs (pure functions, evaluated per step) -----------------------------------------
     def step_cost(self, s: int) -> StepCost:
@@ -142,6 +174,16 @@ class DecodeSim:
         return retier_traffic(self.prefetch, ctx.num_layers, ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer,
                               mv[MV_D2H_T1], mv[MV_D2H_T2], mv[MV_H2D_T1], mv[MV_H2D_T2], after[T1], after[T2])
 
+    def forward_bytes(self, cost: StepCost) -> tuple[float, float]:
+        """(H2D, D2H) bytes of a step's forward pass: prefetched T1/T2, host attention's partial
+        outputs back and queries out, every layer."""
+        h2d_bytes = self.ctx.num_layers * cost.prefetch_bytes_per_layer if self.staged else 0.0
+        d2h_bytes = 0.0
+        if cost.host is not None:
+            h2d_bytes += self.ctx.num_layers * cost.host.partial_bytes
+            d2h_bytes = self.ctx.num_layers * cost.host.query_bytes
+        return h2d_bytes, d2h_bytes
+
     # ---- processes ---------------------------------------------------------------------------
     def decode(self):
         """The step loop: each step's forward pass, then its re-tier if one is due."""
@@ -151,50 +193,76 @@ class DecodeSim:
         for s in range(self.plan.steps):
             tl = self.timeline if s in window else None
             n_recorded = len(self.timeline)
-            start = self.env.now
-            cost = self.step_cost(s)
-            h2d_bytes = self.ctx.num_layers * cost.prefetch_bytes_per_layer if self.staged else 0.0
-            host_d2h_bytes = 0.0
-            if cost.host is not None:  # queries out, partial outputs back, every layer
-                h2d_bytes += self.ctx.num_layers * cost.host.partial_bytes
-                host_d2h_bytes = self.ctx.num_layers * cost.host.query_bytes
             if last is not None and s % self.stride and not self.plan.retier_due[s] and tl is None:
                 # stride: repeat the last simulated step's time (and link busy time) instead of simulating it
+                start = self.env.now
                 yield self.env.timeout(last.step_s)
                 if last_h2d_busy_s > 0:
                     self.h2d.busy.append((start, start + last_h2d_busy_s))
-                compute_s = last.compute_s
+                last = self.record(s, start, self.forward_bytes(self.step_cost(s)), last.compute_s)
             else:
                 n_busy = len(self.h2d.busy)
-                yield from self.forward(cost, tl)
+                last = yield from self.step(s, tl)
                 last_h2d_busy_s = sum(b - a for a, b in self.h2d.busy[n_busy:])
-                compute_s = cost.compute_s
-            d2h_bytes = host_d2h_bytes
-            if self.plan.retier_due[s]:
-                traffic = self.retier_traffic(s)
-                yield from self.retier(traffic, tl)
-                h2d_bytes += traffic.h2d_bytes
-                d2h_bytes += traffic.d2h_bytes
-            step_s = self.env.now - start
             for rec in self.timeline[n_recorded:]:
                 rec["step"] = s
-            stall_s = step_s - compute_s
-            last = StepRecord(s, self.env.now, step_s, compute_s, stall_s if stall_s > STALL_EPS_S else 0.0,
-                              h2d_bytes, d2h_bytes)
-            self.records.append(last)
+
+    def window(self, first: int):
+        """The fast level's walk next to a re-tier (host access): from step `first`, the link idle as
+        it starts, step after step at this sim's level - the re-tier, then each step that starts while
+        its offload is in flight - until a step would start with the link idle; returns that step."""
+        s = first
+        while True:
+            yield from self.step(s, None)
+            s += 1
+            if s >= self.plan.steps or not self.link_in_flight():
+                return s
+
+    def step(self, s: int, tl: list | None):
+        """One step: its forward pass, then its re-tier if one is due; returns its record."""
+        start = self.env.now
+        cost = self.step_cost(s)
+        yield from self.forward(cost, tl)
+        traffic = None
+        if self.plan.retier_due[s]:
+            traffic = self.retier_traffic(s)
+            yield from self.retier(traffic, tl)
+        return self.record(s, start, self.forward_bytes(cost), cost.compute_s, traffic)
+
+    def record(self, s: int, start: float, forward_bytes: tuple[float, float], compute_s: float,
+               traffic: RetierTraffic | None = None) -> StepRecord:
+        h2d_bytes, d2h_bytes = forward_bytes
+        if traffic is not None:
+            h2d_bytes += traffic.h2d_bytes
+            d2h_bytes += traffic.d2h_bytes
+        step_s = self.env.now - start
+        stall_s = step_s - compute_s
+        rec = StepRecord(s, self.env.now, step_s, compute_s, stall_s if stall_s > STALL_EPS_S else 0.0, h2d_bytes,
+                         d2h_bytes)
+        self.records.append(rec)
+        return rec
 
     def forward(self, cost: StepCost, tl: list | None):
         """One step's forward pass in the policy's prefetch mode, then its tail."""
         if cost.host is not None:
-            yield from (self.host_layers(cost, tl) if self.layer_detail else self.host_closed_form(cost, tl))
+            yield from (self.host_layers(cost, tl) if self.walk_host_step(cost) else self.host_closed_form(cost, tl))
         elif cost.stages and self.prefetch == "layerwise_async":
-            yield from (self.layerwise_layers(cost, tl) if self.layer_detail else self.layerwise_closed_form(cost, tl))
+            walk = self.layer_detail or (self.dram is not None and self.link_in_flight())  # split prefetching it all
+            yield from (self.layerwise_layers(cost, tl) if walk else self.layerwise_closed_form(cost, tl))
         elif cost.stages and self.prefetch == "sync_per_step":
             yield from self.sync_copies(cost, tl)
             yield from self.compute(cost.num_layers * cost.layer.total_s, tl, "forward")
         else:  # nothing staged (full_hbm, per_interval, or no host tokens yet)
             yield from self.compute(cost.num_layers * cost.layer.total_s, tl, "forward")
         yield from self.compute(cost.tail_s, tl, "lm head + sampling")
+
+    def walk_host_step(self, cost: StepCost) -> bool:
+        """Whether a host-access step runs layer by layer: always at the layer level; at the step
+        level where its closed form (`host_pipeline`: the link and the host DRAM to this step alone)
+        does not hold - a copy (an offload) is in flight as it starts, or one copy engine serialises
+        its queries behind its prefetches. (With host access the step level also walks a step that
+        prefetches all of its T1/T2 while a copy is in flight: `split` choosing no host share.)"""
+        return self.layer_detail or self.link_in_flight() or (cost.stages and self.ctx.hw.copy_engines < 2)
 
     def layerwise_layers(self, cost: StepCost, tl: list | None):
         """Layer by layer: a copier brings each layer's T1/T2 into one of the staging buffers while
@@ -226,6 +294,7 @@ class DecodeSim:
         copy_s = cost.prefetch_copy_s(self.ctx.hw.h2d, self.h2d.other_busy())
         copies, computes = cost.layerwise_pipeline(copy_s, self.buffers)
         with self.h2d.res.request() as req:
+            req.bulk = True
             yield req
             start = self.env.now
             yield self.env.timeout(computes[-1][1])
@@ -262,40 +331,36 @@ class DecodeSim:
                 tl.append({"kind": "compute", "start_s": start, "end_s": env.now, "what": f"layer {layer}"})
 
     def host_attention(self, path, tl: list | None, layer: int):
-        """Queries device->host, attention on the host's thread pool, partial outputs host->device."""
+        """Queries device->host, attention on the host's thread pool (its dispatch, then its K/V stream
+        as a flow in the shared host DRAM), partial outputs host->device."""
         yield from self.d2h_queries.transfer(path.query_bytes, 1, tl, f"queries L{layer}")
         with self.host.request() as req:
             yield req
             start = self.env.now
-            yield self.env.timeout(path.host_s)
+            yield self.env.timeout(path.dispatch_s)
+            yield from self.dram.flow(path.stream_s, path.kv_bytes, True)
             self.host_busy.append((start, self.env.now))
             if tl is not None:
                 tl.append({"kind": "host", "start_s": start, "end_s": self.env.now, "what": f"host attention L{layer}"})
         yield from self.h2d_partials.transfer(path.partial_bytes, 1, tl, f"partials L{layer}")
 
     def host_closed_form(self, cost: StepCost, tl: list | None):
-        """Step level: the pipeline of `StepCost.closed_form_s`, the H2D direction held for the
-        forward pass when a part is prefetched."""
-        hw, L = self.ctx.hw, cost.num_layers
-        copy_s = cost.prefetch_copy_s(hw.h2d, self.h2d.other_busy()) if cost.stages else 0.0
-        wait_s = cost.host_wait_s(hw)
-        copies, layers = layerwise_pipeline([cost.layer.pre_attention_s] * L, [cost.layer.post_attention_s + wait_s] * L,
-                                            [copy_s] * L, self.buffers)
+        """Step level: `host_pipeline`'s closed form of the step (the link and the host DRAM to itself),
+        the H2D direction held for the forward pass."""
+        hw = self.ctx.hw
+        times = cost.host_times(hw, cost.prefetch_copy_s(hw.h2d) if cost.stages else 0.0, self.buffers)
         with self.h2d.res.request() as req:
+            req.bulk = True
             yield req
             start = self.env.now
-            yield self.env.timeout(layers[-1][1])
-        self.h2d.busy.extend((start + a, start + b) for a, b in (c for c in copies if c is not None))
-        to_host_s = hw.d2h.transfer_time_s(cost.host.query_bytes, 1)
-        back_s = hw.h2d.transfer_time_s(cost.host.partial_bytes, 1)
-        for a, _ in layers:  # each layer's host path starts once its queries exist
-            t = start + a + cost.layer.pre_attention_s
-            self.d2h_queries.busy.append((t, t + to_host_s))
-            self.host_busy.append((t + to_host_s, t + to_host_s + cost.host.host_s))
-            self.h2d_partials.busy.append((t + to_host_s + cost.host.host_s, t + to_host_s + cost.host.host_s + back_s))
+            yield self.env.timeout(times.finish_s)
+        for busy, intervals in ((self.h2d.busy, [c for c in times.copies if c is not None]),
+                                (self.d2h_queries.busy, times.queries), (self.host_busy, times.host),
+                                (self.h2d_partials.busy, times.partials)):
+            busy.extend((start + a, start + b) for a, b in intervals)
         if tl is not None:
             tl.extend({"kind": "compute", "start_s": start + a, "end_s": start + b, "what": f"layer {i}"}
-                      for i, (a, b) in enumerate(layers))
+                      for i, (a, b) in enumerate(times.layers))
 
     def sync_copies(self, cost: StepCost, tl: list | None):
         """The prototype: every layer's T1 copied (per-layer pageable copies, packed on the host

@@ -14,7 +14,9 @@ What it computes, and how it differs from the SimPy levels:
   and the promotions share the link (bidirectional share, or one copy engine queueing), a prefetch
   copy that starts while an offload is in flight gets the bidirectional share or queues behind it,
   and a copy that starts after it lands gets the full rate.
-- Host access (`host_attention`, `split`): not vectorised; those runs are timed at the step level.
+- Host access (`host_attention`, `split`): sim/fast_host.py - the split's options and the closed
+  form of `host_pipeline` as arrays, the steps next to re-tiers walked by the engine itself; with one
+  copy engine such runs are timed at the step level.
 """
 
 from __future__ import annotations
@@ -39,8 +41,13 @@ from .tiers import T0, T1, T2, T3
 
 
 def supports(ctx: RunContext) -> bool:
-    """Whether the fast level times this run itself (host access is timed at the step level)."""
-    return ctx.scenario.policy.access == "prefetch" or not ctx.policy.tiering
+    """Whether the fast level times this run itself: host access with one copy engine (queries
+    queueing behind prefetches on it) is timed at the step level."""
+    return ctx.scenario.policy.access == "prefetch" or not ctx.policy.tiering or ctx.hw.copy_engines >= 2
+
+
+def host_access(ctx: RunContext) -> bool:
+    return ctx.scenario.policy.access != "prefetch" and ctx.policy.tiering
 
 
 # ---- tier plan ------------------------------------------------------------------------------------
@@ -206,6 +213,10 @@ class _Links:
 
 def fast_timing(ctx: RunContext, plan: TierPlan) -> FastTiming:
     """Time `plan` at the fast level (module doc)."""
+    if host_access(ctx):
+        from .fast_host import fast_host_timing  # it builds on this module
+
+        return fast_host_timing(ctx, plan)
     pol, L = ctx.scenario.policy, ctx.num_layers
     a = step_arrays(ctx, plan.attended)
     free_s, copy_s = uncontended_step_s(ctx, a)

@@ -117,30 +117,46 @@ class HostCpu:
     """The host socket that attends T1/T2 where they live (policy.access host_attention / split)."""
 
     name: str
-    dram_bytes_per_s: float  # achieved streaming bandwidth of one socket
+    dram_bytes_per_s: float  # K/V bytes per second the attention kernel streams, with the DRAM to itself
     flop_per_s: float  # achieved FP32 FLOP/s of the attention kernel on its vector units
     dispatch_s: float  # waking the thread pool and joining it, once per layer
+    # the socket's DRAM bandwidth (bytes read + written per second), shared by the attention stream and
+    # the link's DMA in flight (`host_pipeline.dram_speeds`); None: the attention's own rate
+    memory_bytes_per_s: float | None = None
+
+    def stream_s(self, kv_bytes: float, flop: float) -> float:
+        """max(KV bytes / DRAM bandwidth, FLOP / FLOP/s): the roofline of a batched GEMV over the
+        host-resident K/V, with the DRAM to itself."""
+        return max(kv_bytes / self.dram_bytes_per_s, flop / self.flop_per_s)
 
     def attention_s(self, kv_bytes: float, flop: float) -> float:
-        """max(KV bytes / DRAM bandwidth, FLOP / FLOP/s) + dispatch: the roofline of a batched
-        GEMV over the host-resident K/V, plus the thread pool's fixed cost."""
+        """`stream_s` + dispatch: the roofline plus the thread pool's fixed cost (0 with nothing to attend)."""
         if kv_bytes <= 0:
             return 0.0
-        return max(kv_bytes / self.dram_bytes_per_s, flop / self.flop_per_s) + self.dispatch_s
+        return self.stream_s(kv_bytes, flop) + self.dispatch_s
+
+    @property
+    def shared_bytes_per_s(self) -> float:
+        """The DRAM bandwidth the attention stream and DMA share: the socket's, never below what the
+        stream alone reaches (so a stream with the DRAM to itself keeps its own rate)."""
+        return max(self.memory_bytes_per_s or 0.0, self.dram_bytes_per_s)
 
 
 def resolve_host(name: str, profile: Profile | None = None) -> tuple[HostCpu, dict[str, str]]:
     """A catalog host CPU with the default attention-kernel figures, and their sources; a profile's
     host section (`hwprobe calibrate`) replaces what it measured: the host attention kernel's achieved
-    K/V streaming rate as the DRAM bandwidth and the fit's intercept as the dispatch cost. The
-    FLOP/s stays the catalog's (not measured)."""
+    K/V streaming rate as the stream's DRAM rate, the fit's intercept as the dispatch cost, and the
+    large host copy's rate as the socket's shared DRAM bandwidth. The FLOP/s stays the catalog's
+    (not measured)."""
     spec, d = catalog.host(name), catalog.host_defaults()
     cpu = HostCpu(spec.name, spec.achieved_memory_bytes_per_s, spec.fp32_flop_per_s * d.host_attention_flop_efficiency,
-                  d.host_attention_dispatch_s)
+                  d.host_attention_dispatch_s, spec.achieved_memory_bytes_per_s)
+    achieved = (f"catalog {spec.name}: {spec.theoretical_memory_bytes_per_s / 1e9:g} GB/s theoretical "
+                f"x {spec.achieved_memory_fraction:g} (assumed)")
     sources = {
-        "host_dram_bytes_per_s": f"catalog {spec.name}: {spec.theoretical_memory_bytes_per_s / 1e9:g} GB/s theoretical "
-                                 f"x {spec.achieved_memory_fraction:g} (assumed)",
+        "host_dram_bytes_per_s": achieved,
         "host_flop_per_s": f"catalog {spec.name}: FP32 peak x {d.host_attention_flop_efficiency:g} (assumed)",
+        "host_memory_bytes_per_s": f"{achieved}; shared by host attention and the link's DMA",
     }
     host = profile.host if profile is not None else None
     if host is None:
@@ -153,6 +169,10 @@ def resolve_host(name: str, profile: Profile | None = None) -> tuple[HostCpu, di
     if host.attention_dispatch_s is not None:
         cpu = replace(cpu, name=host.cpu_name, dispatch_s=host.attention_dispatch_s)
         sources["host_dispatch_s"] = f"{label}: intercept"
+    if host.dram_bytes_per_s is not None:
+        cpu = replace(cpu, name=host.cpu_name, memory_bytes_per_s=host.dram_bytes_per_s)
+        sources["host_memory_bytes_per_s"] = (f"profile: {host.cpu_name} ({profile.created_utc[:10]}), large host copy "
+                                              "(bytes read + written); shared by host attention and the link's DMA")
     return cpu, sources
 
 

@@ -1,6 +1,7 @@
 """Pure cost functions of decode: per-layer roofline, LM head, prefill, one decode step composed
 (`decode_step_cost`), a continuous-batching step of decodes and prefill chunks (`mixed_step_cost`),
-a re-tier's link traffic (`retier_traffic`), the layerwise prefetch pipeline.
+a re-tier's link traffic (`retier_traffic`), the layerwise prefetch pipeline; host access's path
+(`host_path`) and its step closed form with the host DRAM shared (sim/host_pipeline.py).
 
 No SimPy here: the engine only schedules what these compute. Formulas are in the docstrings.
 """
@@ -8,10 +9,12 @@ No SimPy here: the engine only schedules what these compute. Formulas are in the
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import numpy as np
 
 from .hardware import Hardware
+from .host_pipeline import HostLayer, HostStepTimes, host_pipeline
 from .model_spec import ModelSpec
 from .units import ATTN_MATMULS, FLOP_PER_MAC
 
@@ -66,7 +69,20 @@ class LayerCost:
 
 def gemm_flop(model: ModelSpec, batch: int) -> float:
     """Projection + MLP FLOP of one layer for one decode step: 2 * active linear params * B."""
-    return FLOP_PER_MAC * model.active_linear_params_layer() * batch
+    return FLOP_PER_MAC * _active_linear_params(model) * batch
+
+
+# Per-model figures every step's cost needs, computed once per model (a ModelSpec is frozen, so it
+# keys a cache); the serving engine costs tens of thousands of steps per run.
+@lru_cache(maxsize=64)
+def _active_linear_params(model: ModelSpec) -> int:
+    return model.active_linear_params_layer()
+
+
+@lru_cache(maxsize=4096, typed=True)  # typed: an int and a numpy int of `rows` are cached apart, as computed
+def _layer_weights_read(model: ModelSpec, weight_dtype: str, group_size: int, rows: int) -> tuple[float, float]:
+    """(weight bytes, linear params) one layer reads over `rows` tokens (MoE: the experts they touch)."""
+    return model.layer_weight_bytes_read(weight_dtype, rows, group_size), model.layer_linear_params_read(rows)
 
 
 def attention_flop(model: ModelSpec, attended_tokens: int) -> float:
@@ -87,12 +103,12 @@ def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
     grows with rows: a weight-only kernel turns compute-bound at a smaller batch on a GPU whose
     CUDA cores are slow against its memory (Marlin's speedup fades past batch 16-32 for this reason).
     A profile that timed the dtype's kernel across rows replaces the model: weight bytes / measured rate."""
-    flop = gemm_flop(model, rows)
-    w_bytes = model.layer_weight_bytes_read(weight_dtype, rows, group_size)
+    w_bytes, params_read = _layer_weights_read(model, weight_dtype, group_size, rows)
     measured_s = hw.measured_weight_kernel_s(w_bytes, rows)
     if measured_s is not None:  # a profile timed this dtype's kernel across rows
         return measured_s
-    dequant_s = model.layer_linear_params_read(rows) * hw.dequant_ops_per_weight / hw.dequant_op_per_s
+    flop = gemm_flop(model, rows)
+    dequant_s = params_read * hw.dequant_ops_per_weight / hw.dequant_op_per_s
     return max(w_bytes / hw.weight_hbm_bytes_per_s, dequant_s + flop / hw.gemm_flop_per_s(rows))
 
 
@@ -130,9 +146,10 @@ def decode_layer_cost(
     return LayerCost(gemm_s, attn_s, hw.layer_overhead_s, allreduce_s=allreduce_s, qkv_share=qkv_share(model), host_s=hw.host_layer_s)
 
 
+@lru_cache(maxsize=64)
 def qkv_share(model: ModelSpec) -> float:
     """Share of a layer's linear work in the q/k/v projection: h * (q_dim + 2 kv_dim) / linear params."""
-    return model.hidden_size * (model.q_dim + 2 * model.kv_dim) / model.active_linear_params_layer()
+    return model.hidden_size * (model.q_dim + 2 * model.kv_dim) / _active_linear_params(model)
 
 
 def lm_head_s(model: ModelSpec, hw: Hardware, batch: int) -> float:
@@ -197,25 +214,30 @@ def layerwise_pipeline(pre_s: list[float], rest_s: list[float], copy_s: list[flo
     buffer is free; a buffer frees when its layer's attention takes the tokens (they move into the
     attention workspace). A layer without staged tokens (copy_s = 0) needs no buffer.
     Returns ([(copy start, end) or None per layer], [(layer start, end) per layer]).
+    The three lists have one entry per layer. (Every step of a serving run calls this: the maxima are
+    comparisons rather than `max` calls, the same floats in about half the time.)
     """
-    n = len(pre_s)
-    copies: list = [None] * n
-    layers: list = [(0.0, 0.0)] * n
-    taken = [0.0] * n  # when each layer's attention took its staged tokens
-    link_free = 0.0
-    users: list[int] = []  # layers holding a buffer, in order
-    for layer in range(n):
-        ready = 0.0
-        if copy_s[layer] > 0:
+    copies: list = []
+    layers: list = []
+    held: list[float] = []  # when each layer holding a buffer took its staged tokens, in order
+    link_free = end = 0.0
+    for pre, rest, copy in zip(pre_s, rest_s, copy_s):
+        begin, taken = end, end + pre  # taken: max(begin + pre, the copy's end)
+        if copy > 0:
             start = link_free
-            if len(users) >= buffers:
-                start = max(start, taken[users[-buffers]])
-            copies[layer] = (start, start + copy_s[layer])
-            link_free = ready = start + copy_s[layer]
-            users.append(layer)
-        begin = layers[layer - 1][1] if layer else 0.0
-        taken[layer] = max(begin + pre_s[layer], ready)
-        layers[layer] = (begin, taken[layer] + rest_s[layer])
+            if len(held) >= buffers and held[-buffers] > start:  # wait for a staging buffer
+                start = held[-buffers]
+            link_free = start + copy
+            copies.append((start, link_free))
+            if link_free > taken:
+                taken = link_free
+            held.append(taken)
+        else:
+            copies.append(None)
+            if 0.0 > taken:
+                taken = 0.0
+        end = taken + rest
+        layers.append((begin, end))
     return copies, layers
 
 
@@ -235,15 +257,24 @@ SPLIT_STEPS = 16  # `split` tries fractions 0, 1/16, ..., 1 of the host-resident
 class HostPath:
     """One layer's exact attention over host-resident K/V, on the host: the queries go device->host,
     the host attends its tokens, partial outputs + log-sum-exp come back and the GPU merges them
-    with its own by their LSEs (the same exact merge as staged tokens)."""
+    with its own by their LSEs (the same exact merge as staged tokens). The host's time is its
+    thread pool's dispatch, then a stream of `kv_bytes` from host DRAM that takes `stream_s` with the
+    DRAM to itself and longer while DMA shares it (`host_pipeline`)."""
 
     query_bytes: float  # B * H * d * 2
     partial_bytes: float  # B * H * (d + 1) * 4
-    host_s: float  # `HostCpu.attention_s` over the tokens attended on the host
+    stream_s: float  # `HostCpu.stream_s` over the tokens attended on the host
+    dispatch_s: float  # the thread pool's fixed cost (no DRAM traffic)
+    kv_bytes: float  # what the stream reads
     tokens: float  # host-resident tokens attended there, over the batch
 
+    @property
+    def host_s(self) -> float:
+        """`HostCpu.attention_s`: the stream with the DRAM to itself + dispatch."""
+        return self.stream_s + self.dispatch_s if self.kv_bytes > 0 else 0.0
+
     def time_s(self, hw: Hardware) -> float:
-        """Query copy + host attention + partial-output copy, each at its own latency."""
+        """Query copy + host attention + partial-output copy, each at its own latency, nothing contending."""
         return hw.d2h.transfer_time_s(self.query_bytes, 1) + self.host_s + hw.h2d.transfer_time_s(self.partial_bytes, 1)
 
 
@@ -253,9 +284,11 @@ def host_path(model: ModelSpec, hw: Hardware, batch: int, t1: float, t2: float, 
     they live; 4 * n * H * d FLOP as on the GPU (T2 dequantised on the fly, its reads are compressed)."""
     kv_bytes = t1 * kv_bytes_per_token_layer + t2 * t2_bytes_per_token_layer
     flop = attention_flop(model, t1 + t2)
+    cpu = hw.host_cpu
     return HostPath(query_bytes=batch * model.num_heads * model.head_dim * QUERY_BYTES_PER_ELEMENT,
                     partial_bytes=batch * model.num_heads * (model.head_dim + 1) * PARTIAL_BYTES_PER_ELEMENT,
-                    host_s=hw.host_cpu.attention_s(kv_bytes, flop), tokens=t1 + t2)
+                    stream_s=cpu.stream_s(kv_bytes, flop) if kv_bytes > 0 else 0.0,
+                    dispatch_s=cpu.dispatch_s if kv_bytes > 0 else 0.0, kv_bytes=kv_bytes, tokens=t1 + t2)
 
 
 @dataclass(frozen=True)
@@ -278,21 +311,34 @@ class StepCost:
         """Device time with no stall: L * layer + tail."""
         return self.num_layers * self.layer.total_s + self.tail_s
 
-    def host_wait_s(self, hw: Hardware) -> float:
-        """How long a layer's attention waits for the host path beyond its own T0 attention."""
-        if self.host is None:
-            return 0.0
-        return max(0.0, self.host.time_s(hw) - self.layer.attention_s)
+    def host_layer(self, hw: Hardware, copy_s: float) -> HostLayer:
+        """One layer of this step as `host_pipeline` takes it, each prefetch copy taking `copy_s`.
+        The queries take the bidirectional share while a prefetch copy is in flight (two copy engines
+        or more; with one they queue instead)."""
+        h, layer = self.host, self.layer
+        query_s = hw.d2h.transfer_time_s(h.query_bytes, 1)
+        shared_s = hw.d2h.transfer_time_s(h.query_bytes, 1, True) if hw.copy_engines >= 2 else query_s
+        return HostLayer(pre_s=layer.pre_attention_s, attention_s=layer.attention_s,
+                         after_s=layer.post_attention_s - layer.attention_s, copy_s=copy_s,
+                         copy_bytes=self.prefetch_bytes_per_layer, query_s=query_s, query_shared_s=shared_s,
+                         dispatch_s=h.dispatch_s, stream_s=h.stream_s, stream_bytes=h.kv_bytes,
+                         partials_s=hw.h2d.transfer_time_s(h.partial_bytes, 1))
+
+    def host_times(self, hw: Hardware, copy_s: float, buffers: int) -> HostStepTimes:
+        """`host_pipeline` of this step's layers: the host DRAM shared by the host attention stream
+        and the step's own prefetch copies; the partial outputs queue behind the prefetches where they
+        share the H2D copy engine (fewer than three engines)."""
+        return host_pipeline(self.host_layer(hw, copy_s), self.num_layers, buffers, hw.host_cpu.shared_bytes_per_s,
+                             hw.copy_engines < 3)
 
     def closed_form_s(self, hw: Hardware, copy_s: float, buffers: int) -> float:
-        """The step without link contention: the layerwise pipeline (prefetched part) with each
-        layer's attention waiting for its host path, then the tail."""
-        wait_s = self.host_wait_s(hw)
-        if copy_s <= 0 and wait_s <= 0:
+        """The step with the link to itself: the layerwise pipeline (prefetched part), each layer's
+        attention waiting for its host path (`host_times`), then the tail."""
+        if self.host is not None:
+            return self.host_times(hw, copy_s, buffers).finish_s + self.tail_s
+        if copy_s <= 0:
             return self.compute_s
-        L = self.num_layers
-        _, layers = layerwise_pipeline([self.layer.pre_attention_s] * L, [self.layer.post_attention_s + wait_s] * L,
-                                       [copy_s] * L, buffers)
+        _, layers = self.layerwise_pipeline(copy_s, buffers)
         return layers[-1][1] + self.tail_s
 
     @property
@@ -315,17 +361,20 @@ class StepCost:
 def decode_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, prefetch: str,
                      batch: int, t0: int, t1: int, t2: int, kv_bytes_per_token_layer: float,
                      t2_bytes_per_token_layer: float, staged: bool = True, access: str = "prefetch",
-                     buffers: int = 2) -> StepCost:
+                     buffers: int = 2, host_fraction: float | None = None) -> StepCost:
     """One decode step for tier counts summed over the batch: each layer attends T0 + T1 + T2
     (`decode_layer_cost`), the tail is `step_tail_s`, and - when `staged` (a tiered policy that
     stages its host tiers every step) - each layer's T1/T2 crosses the link:
     bytes = T1 * KV bytes/token/layer + T2 * compressed bytes/token/layer,
-    copies = `prefetch_copies_per_layer`; the prototype (sync_per_step) packs its T1 on the host first."""
+    copies = `prefetch_copies_per_layer`; the prototype (sync_per_step) packs its T1 on the host first.
+    Host access: `split` tries fractions 1, 15/16, ..., 0 of the host-resident tokens on the host and
+    keeps the first fastest by `StepCost.closed_form_s`; `host_fraction` gives the fraction instead
+    (one already chosen, e.g. by the fast level's arrays)."""
     if staged and access != "prefetch" and t1 + t2 > 0:
         args = (model, hw, weight_dtype, group_size, prefetch, batch, t0, t1, t2, kv_bytes_per_token_layer,
                 t2_bytes_per_token_layer)
-        if access == "host_attention":
-            return _host_split_cost(*args, fraction_on_host=1.0)
+        if access == "host_attention" or host_fraction is not None:
+            return _host_split_cost(*args, fraction_on_host=1.0 if host_fraction is None else host_fraction)
         options = [_host_split_cost(*args, fraction_on_host=1.0 - i / SPLIT_STEPS) for i in range(SPLIT_STEPS + 1)]
         return min(options, key=lambda c: c.closed_form_s(hw, c.prefetch_copy_s(hw.h2d), buffers))
     layer = decode_layer_cost(model, hw, weight_dtype, group_size, batch, t0 + t1 + t2, kv_bytes_per_token_layer,

@@ -74,6 +74,9 @@ class TierCounter:
             out = np.zeros((len(prompts), len(TIERS)), dtype=np.int64)
             out[:, T0] = prompts + generated
             return out, out
+        if decoding.all():  # no prefills (most steps): look the decodes up directly, no masks or copies
+            steps = generated - 1
+            return self.attended(prompts, steps), self.after(prompts, steps)
         att = np.empty((len(prompts), len(TIERS)), dtype=np.int64)
         aft = np.empty_like(att)
         dec, pre = decoding, ~decoding

@@ -1,6 +1,8 @@
 """Which access strategy wins: for a model, GPU and reasoning length, the throughput of prefetch,
 host_attention and split - each tiered policy at its own max batch - against full_hbm at its max
-batch, and what binds each (the host link, the host CPU, or neither). From the fast projection."""
+batch, and what binds each (the host link, the host CPU, or neither). From the fast projection,
+whose step closed form shares the host DRAM between the host attention and split's own prefetch
+copies (`host_pipeline`); the table says how much that slows the host's attention at the last step."""
 
 from __future__ import annotations
 
@@ -24,8 +26,10 @@ def _scenario(model: str, weight_dtype: str, gpu: str, length: int, prompt: int,
     }, "access study")
 
 
-def host_share_at_end(sc) -> float:
-    """Share of the last decode step the host CPU spends attending (its steady state at full length)."""
+def host_at_end(sc) -> tuple[float, float]:
+    """At the last decode step (the steady state at full length): the share of the step the host CPU
+    spends attending, and how much longer its attention takes than with the DRAM to itself (1: no
+    DMA beside it; >1: its own prefetch copies share the host DRAM, `host_pipeline`)."""
     ctx = build_context(sc)
     c = batch_counts(ctx, sc.workload.batch_size)
     t0, t1, t2 = (int(x) for x in c.attended[-1, :3])
@@ -34,7 +38,16 @@ def host_share_at_end(sc) -> float:
     m, p = sc.model, sc.policy
     cost = decode_step_cost(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, p.prefetch, batch, t0, t1, t2,
                             ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer, True, p.access, p.staging_buffers)
-    return 0.0 if cost.host is None else ctx.num_layers * cost.host.host_s / st.step_s
+    if cost.host is None:
+        return 0.0, 1.0
+    times = cost.host_times(ctx.hw, cost.prefetch_copy_s(ctx.hw.h2d) if cost.stages else 0.0, p.staging_buffers)
+    busy_s = sum(b - a for a, b in times.host)
+    return busy_s / st.step_s, busy_s / (ctx.num_layers * cost.host.host_s)
+
+
+def host_share_at_end(sc) -> float:
+    """Share of the last decode step the host CPU spends attending (`host_at_end`)."""
+    return host_at_end(sc)[0]
 
 
 def binding_resource(h2d_utilization: float, host_share: float) -> str:
@@ -65,12 +78,13 @@ def access_table(model: str, weight_dtype: str, gpus: tuple[str, ...], length: i
                 continue
             sc = _scenario(model, weight_dtype, gpu, length, prompt, pol, batch=b)
             p = project(sc, with_max_batch=False)
-            host_share = host_share_at_end(sc)
+            host_share, dram_slowdown = host_at_end(sc)
             binds = binding_resource(p.h2d_utilization, host_share)
             rows.append({"gpu": gpu, "access": access, "max_batch": b, "full_hbm_max_batch": full_b,
                          "throughput_tok_per_s": p.throughput_tok_per_s,
                          "vs_full_hbm": p.throughput_tok_per_s / full_tput if full_tput else None,
-                         "h2d_utilization": p.h2d_utilization, "host_share_last_step": host_share, "binds": binds})
+                         "h2d_utilization": p.h2d_utilization, "host_share_last_step": host_share,
+                         "host_dram_slowdown_last_step": dram_slowdown, "binds": binds})
     return pd.DataFrame(rows)
 
 
