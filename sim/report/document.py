@@ -60,7 +60,8 @@ def _access_section(table: pd.DataFrame) -> str:
         "How attention reaches the tokens in host memory decides what tiering costs. prefetch streams every T1/T2 token "
         "over the host link at every step; host_attention sends each layer's queries to the host, whose CPU attends the "
         "tokens where they live and returns a few kilobytes of partial outputs for the exact log-sum-exp merge; split "
-        "prefetches the share that balances the two. Each bar: throughput of a 25%-HBM tiered cache at its own max "
+        "prefetches the share that minimises the step - but its copies read the same host DRAM the attention streams "
+        "from, so where the socket's DRAM binds it gains nothing over host_attention. Each bar: throughput of a 25%-HBM tiered cache at its own max "
         "batch over full_hbm at its max batch (fast projection, datasheet figures, default host CPU of each GPU's "
         "systems); the label names what binds. Nothing here is free: where the host CPU binds, a weaker socket (two "
         "DDR5 channels) or more concurrent sequences slow every step.")
