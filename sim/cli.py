@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import catalog
-from .cli_guard import GuardedTyper
+from .cli_guard import EXIT_INTERRUPTED, GuardedTyper
 from .errors import EXIT_BAD_INPUT, ConfigError
 from .units import GB, TB, TFLOP
 
@@ -154,6 +154,23 @@ def gpus(as_json: bool = typer.Option(False, "--json")) -> None:
     console.print(lt)
 
 
+EXECUTOR_HELP = "local (processes on this machine) or ray"
+ADDRESS_HELP = "Ray cluster to join: auto, HOST:PORT or ray://HOST:PORT (default: start a local Ray instance)"
+WORKERS_HELP = "local processes, or CPUs of a local Ray instance (default: all cores)"
+CACHE_HELP = "result store: a rerun computes only what it does not hold, an interrupted run resumes (default: none)"
+
+
+def _interrupted(err, cache: Path) -> None:
+    """Ctrl-C with a result store: what finished is kept (sim.sweep.tasks.Interrupted). One line, exit 130."""
+    print(f"kvsim: {err} ({cache})", file=sys.stderr)
+    _said_interrupted()
+
+
+def _said_interrupted() -> None:
+    app._interrupt_reported = True  # the command said it: no second "interrupted" line from the guard
+    raise typer.Exit(EXIT_INTERRUPTED)
+
+
 @app.command()
 def report(
     scenarios: Optional[List[Path]] = typer.Argument(None, help="scenario YAMLs for per-run views; none: the 7B-70B projection and the paper checked"),
@@ -162,16 +179,25 @@ def report(
     plan_dir: Optional[Path] = typer.Option(None, "--plan", help="folder written by kvsim plan --out: the \"Serving plan\" section"),
     out: Path = typer.Option(Path("reports/report.html"), "--out", help="the HTML file to write (self-contained, opens offline)"),
     set_: List[str] = typer.Option([], "--set", help="override applied to every scenario, e.g. sim.detail=layer (repeatable)"),
+    executor: str = typer.Option("local", "--executor", help=f"where the projection runs: {EXECUTOR_HELP}"),
+    address: Optional[str] = typer.Option(None, "--address", help=ADDRESS_HELP),
+    workers: Optional[int] = typer.Option(None, "--workers", help=WORKERS_HELP),
+    cache: Optional[Path] = typer.Option(None, "--cache", help=f"the projection's {CACHE_HELP}"),
 ) -> None:
     """One interactive HTML report: the projection (default) or per-run views, validation and a serving plan."""
     from .report.command import build_report
+    from .sweep.options import Execution
+    from .sweep.tasks import Interrupted
     from .units import MB
 
     try:
         written = build_report(list(scenarios or []), list(profile), validation, out, overrides=set_,
-                               command="kvsim report " + " ".join(sys.argv[2:]), plan_path=plan_dir)
+                               command="kvsim report " + " ".join(sys.argv[2:]), plan_path=plan_dir,
+                               execution=Execution(executor, address, workers, cache))
     except ConfigError as err:
         _fail(err)
+    except Interrupted as err:
+        _interrupted(err, cache)
     print(f"wrote {written} ({written.stat().st_size / MB:.1f} MB)", file=sys.stderr)
 
 
@@ -179,9 +205,9 @@ def report(
 def sweep(
     spec: Path = typer.Argument(..., help="sweep spec YAML (scenarios/sweeps/)"),
     out: Optional[Path] = typer.Option(None, "--out", help="sweep directory (default runs/sweep-<spec name>); a rerun into it resumes"),
-    executor: str = typer.Option("local", "--executor", help="local (processes on this machine) or ray"),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (default: start a local Ray instance)"),
-    workers: Optional[int] = typer.Option(None, "--workers", help="local processes, or CPUs of a local Ray instance (default: all cores)"),
+    executor: str = typer.Option("local", "--executor", help=EXECUTOR_HELP),
+    address: Optional[str] = typer.Option(None, "--address", help=ADDRESS_HELP),
+    workers: Optional[int] = typer.Option(None, "--workers", help=WORKERS_HELP),
     batch: Optional[int] = typer.Option(None, "--batch", help="points per task (default: 32 on Ray, chosen by level locally)"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar with ETA on stderr"),
 ) -> None:
@@ -193,6 +219,8 @@ def sweep(
                              progress=progress)
     except ConfigError as err:
         _fail(err)
+    if code == EXIT_INTERRUPTED:  # it said so, with what it kept
+        _said_interrupted()
     if code:
         raise typer.Exit(code)
 
@@ -209,7 +237,10 @@ def plan(
     price: List[str] = typer.Option([], "--price", help="override a $/GPU-hour, GPU=DOLLARS (repeatable)"),
     requests: int = typer.Option(400, "--requests", help="requests per simulation (seeded)"),
     max_factor: float = typer.Option(4.0, "--max-factor", help="the max-rate search stops at this multiple of --rate"),
-    workers: Optional[int] = typer.Option(None, "--workers", help="processes (default: all cores)"),
+    executor: str = typer.Option("local", "--executor", help=f"where the candidates run: {EXECUTOR_HELP}"),
+    address: Optional[str] = typer.Option(None, "--address", help=ADDRESS_HELP),
+    workers: Optional[int] = typer.Option(None, "--workers", help=WORKERS_HELP),
+    cache: Optional[Path] = typer.Option(None, "--cache", help=f"searched candidates' {CACHE_HELP}; prices are not part of it"),
     set_: List[str] = typer.Option([], "--set", help="override applied to the scenario first (repeatable)"),
     as_json: bool = typer.Option(False, "--json", help="print the rows as JSON on stdout"),
     out: Optional[Path] = typer.Option(None, "--out", help="folder to write plan.csv, probes.csv (every simulation) and "
@@ -226,11 +257,12 @@ def plan(
     from .plan import PlanSpec, parse_counts, parse_gpus, parse_policies, parse_prices, search
     from .plan_files import plan_dir_files
     from .scenario import load_scenario
+    from .sweep.options import Execution
+    from .sweep.tasks import Interrupted
 
     if out is not None:
         check_out_path(out, folder=True)
-    if workers is not None and workers < 1:
-        raise ConfigError(f"expected at least 1, got {workers}", field="--workers")
+    execution = Execution(executor, address, workers, cache).check()
     sc = load_scenario(scenario, set_)
     slo = sc.slo
     spec = PlanSpec(rate=rate,
@@ -239,8 +271,13 @@ def plan(
                     requests=requests, max_factor=max_factor)
     names, ns, pols, prices = parse_gpus(gpus_), parse_counts(counts), parse_policies(policies), parse_prices(price)
     t0 = time.monotonic()
-    result = search(sc, spec, names, ns, pols, prices, workers=workers, replicas=replicas)
+    try:
+        result = search(sc, spec, names, ns, pols, prices, replicas=replicas, execution=execution)
+    except Interrupted as err:
+        _interrupted(err, cache)
     rows, wall = result.rows, time.monotonic() - t0
+    if cache is not None:
+        print(f"kvsim: plan: {result.computed} candidates searched, {result.stored} read from {cache}", file=sys.stderr)
     if out is not None:  # the three files replaced together
         write_dir_atomic(out, plan_dir_files(rows, result.probes, _plan_doc(scenario, sc, spec, names, ns, pols, replicas, price)))
     if as_json:

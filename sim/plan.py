@@ -12,16 +12,17 @@ SLO; a passing one's highest sustainable rate is found by bisection on the rate 
 rate until one fails, then geometric bisection until the bracket is within `tolerance`; capped at
 `max_factor` x the rate). Cost is N x an assumed
 $/GPU-hour (sim/catalog/prices.yaml, `--price` overrides); passing rows rank by $/hour, then by max
-rate.
+rate. Each candidate's search is one task of the sweep machinery (`CandidateTask`, sim.sweep.tasks):
+local processes or Ray, and with a result store (--cache) a rerun simulates only candidates it has
+not stored (prices are applied afterwards, so a new --price reuses every one).
 """
 
 from __future__ import annotations
 
 import math
-import os
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from importlib import resources
+from typing import Any, ClassVar
 
 import yaml
 
@@ -30,6 +31,9 @@ from .errors import ConfigError
 from .plan_files import MISS_FIT, MISS_TPOT, MISS_TTFT, candidate_key
 from .scenario import Scenario, scenario_from_dict
 from .schema import LINK_BOTTLENECK_UTILIZATION
+from .sweep.options import Execution
+from .sweep.store import file_digests, result_key
+from .sweep.tasks import run_tasks
 from .units import GB
 
 DEFAULT_COUNTS = (1, 2, 4, 8)
@@ -237,17 +241,27 @@ def slo_misses(summary, spec: PlanSpec) -> list[str]:
     return [text for _, text in _misses(summary, spec)]
 
 
+def offered_goodput(summary, rate: float) -> float | None:
+    """Requests meeting every SLO target per second of the arrival window: the offered `rate` times
+    the share of the run's requests that met them (n requests arrive over n / rate seconds), so it
+    equals the rate when every request passes. Not the summary's goodput_req_per_s (vLLM's: per
+    second of the whole run, the drain after the last arrival included, so it reads low)."""
+    if summary.goodput_req_per_s is None or not summary.duration_s or not summary.requests:
+        return None
+    good = round(summary.goodput_req_per_s * summary.duration_s)  # that goodput's own count
+    return rate * good / summary.requests
+
+
 def probe_row(cand: Candidate, probe: int, step: str, rate: float, summary, spec: PlanSpec) -> dict:
     """One simulation of the search as a probes.csv row (sim.plan_files.PROBE_COLUMNS)."""
     ms = lambda v: None if v is None else v * 1e3  # noqa: E731
     misses = _misses(summary, spec)
-    goodput = summary.goodput_req_per_s
     return dict(candidate=candidate_key(cand.gpu, cand.count, cand.tp_size, cand.policy), gpu=cand.gpu, gpus=cand.count,
                 tp=cand.tp_size, dp=cand.replicas, policy=cand.policy, probe=probe, step=step, offered_rate_per_s=rate,
                 passed=not misses, slo_missed=";".join(k for k, _ in misses),
                 **{f"{m}_{p}_ms": ms(getattr(summary, f"{m}_{p}_s")) for m in ("ttft", "tpot") for p in ("p50", "p90", "p99")},
                 e2e_p99_ms=ms(summary.e2e_p99_s),
-                goodput_req_per_s=None if goodput is None else goodput * cand.replicas,
+                goodput_req_per_s=offered_goodput(summary, rate),  # each replica's share, of the whole rate
                 reason="; ".join(t for _, t in misses) or None)
 
 
@@ -331,27 +345,50 @@ def _search(base: Scenario, cand: Candidate, spec: PlanSpec, run) -> dict:
     return row
 
 
-def _evaluate_star(args):
-    return evaluate(*args)
+@dataclass(frozen=True)
+class CandidateTask:
+    """One candidate's search as a task (sim.sweep.tasks), keyed by the base scenario (its name aside),
+    the files it names, the candidate and the spec: not by prices, applied after."""
+
+    kind: ClassVar[str] = "plan candidate"
+    base: Scenario
+    cand: Candidate
+    spec: PlanSpec
+
+    def inputs(self) -> dict[str, Any]:
+        base = {k: v for k, v in self.base.model_dump(mode="json").items() if k != "name"}
+        return {"base": base, "files": file_digests(self.base), "candidate": asdict(self.cand), "spec": asdict(self.spec)}
+
+    @property
+    def key(self) -> str:
+        return result_key(self.kind, self.inputs())
+
+    def run(self) -> dict:
+        return evaluate(self.base, self.cand, self.spec)
 
 
 @dataclass
 class PlanResult:
     rows: list[dict]  # PLAN_COLUMNS, ranked
     probes: list[dict]  # sim.plan_files.PROBE_COLUMNS: every simulation, candidate by candidate
+    computed: int = 0  # candidates searched by this run
+    stored: int = 0  # candidates found in the result store
 
 
 def plan(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], policies: list[str],
-         prices: dict[str, tuple[float, str]], workers: int | None = None, replicas: bool = False) -> list[dict]:
+         prices: dict[str, tuple[float, str]], workers: int | None = None, replicas: bool = False,
+         execution: Execution | None = None) -> list[dict]:
     """Every candidate's row (PLAN_COLUMNS), ranked: search(...).rows."""
-    return search(base, spec, gpus, counts, policies, prices, workers=workers, replicas=replicas).rows
+    return search(base, spec, gpus, counts, policies, prices, workers=workers, replicas=replicas, execution=execution).rows
 
 
 def search(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], policies: list[str],
-           prices: dict[str, tuple[float, str]], workers: int | None = None, replicas: bool = False) -> PlanResult:
+           prices: dict[str, tuple[float, str]], workers: int | None = None, replicas: bool = False,
+           execution: Execution | None = None) -> PlanResult:
     """Every candidate's row (PLAN_COLUMNS), ranked (`replicas`: also the most-replicas split of
     each count, which roughly doubles the search): passing by $/hour then max rate (rank 1, 2, ...),
-    then failing, then pruned (rank None); and the probes behind them."""
+    then failing, then pruned (rank None); and the probes behind them. The candidates run as
+    `execution` says (default: local processes, `workers` of them, no store)."""
     check_spec(spec)
     for g in gpus:
         if g not in prices:
@@ -366,13 +403,10 @@ def search(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], p
                                      tpot_p99_ms=None, max_rate_per_s=None, max_rate_capped=None, next_rate_per_s=None,
                                      binding=None, reason=splits))
                 else:
-                    todo += [(base, Candidate(g, n, p, tp), spec) for tp in (splits if replicas else [n])]
-    workers = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
-    if workers == 1:
-        rows += [evaluate(*t) for t in todo]
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            rows += list(pool.map(_evaluate_star, todo))
+                    todo += [CandidateTask(base, Candidate(g, n, p, tp), spec) for tp in (splits if replicas else [n])]
+    execution = execution or Execution(workers=workers)
+    done = run_tasks(todo, execution.runner(), store=execution.store())
+    rows += [dict(r) for r in done.results]
     probes = [p for r in rows for p in r.pop("probes", [])]
     for r in rows:
         usd, source = prices[r["gpu"]]
@@ -383,7 +417,7 @@ def search(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], p
     for r in rows:
         rank += r["status"] == "pass"
         r["rank"] = rank if r["status"] == "pass" else None
-    return PlanResult([{c: r[c] for c in PLAN_COLUMNS} for r in rows], probes)
+    return PlanResult([{c: r[c] for c in PLAN_COLUMNS} for r in rows], probes, done.computed, done.stored_before)
 
 
 def plan_csv(rows: list[dict]) -> str:

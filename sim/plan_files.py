@@ -19,7 +19,9 @@ PLAN_FILES = (PLAN_CSV, PROBES_CSV, PLAN_JSON)
 
 # One row per simulation, in the order the search ran them for each candidate. `offered_rate_per_s`
 # and `goodput_req_per_s` are the whole configuration's (each of `dp` replicas serves rate / dp);
-# latencies are one replica's. `step`: rate (the rate asked), double or bisect. `slo_missed`: empty
+# latencies are one replica's. `goodput_req_per_s`: requests meeting every SLO target per second of
+# the arrival window = offered rate x the share that met them (sim.plan.offered_goodput), not
+# counting the drain after the last arrival. `step`: rate (the rate asked), double or bisect. `slo_missed`: empty
 # when the probe passed, else the keys in MISS_KEYS it missed, joined by ';'.
 PROBE_COLUMNS = ["candidate", "gpu", "gpus", "tp", "dp", "policy", "probe", "step", "offered_rate_per_s", "passed",
                  "slo_missed", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms",

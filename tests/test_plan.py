@@ -1,5 +1,5 @@
 """`kvsim plan` (issue #14 item 3): pruning, SLO rows that re-simulate as they say, the max rate's
-bracket, cost ranking, --price, bad options."""
+bracket, cost ranking, --price, bad options; the result store (--cache) and the probes' goodput."""
 
 from __future__ import annotations
 
@@ -112,6 +112,9 @@ def test_cli_table(scenario_path):
     (["--rate", "4", "--ttft-p99-ms", "500", "--policies", "tiered:2"], "--policies"),
     (["--rate", "4", "--ttft-p99-ms", "500", "--price", "h100-sxm"], "--price"),
     (["--rate", "4", "--ttft-p99-ms", "500", "--requests", "0"], "--requests"),
+    (["--rate", "4", "--ttft-p99-ms", "500", "--executor", "threads"], "--executor"),
+    (["--rate", "4", "--ttft-p99-ms", "500", "--address", "auto"], "--address"),
+    (["--rate", "4", "--ttft-p99-ms", "500", "--workers", "0"], "--workers"),
 ])
 def test_bad_option_is_one_line_exit_2(scenario_path, args, field):
     res = run_cli("plan", str(scenario_path), *args)
@@ -143,3 +146,64 @@ def test_replicas_split_the_rate_and_multiply_the_max_rate(rows, scenario_path):
     two = P._run(base, P.Candidate("h100-sxm", 2, "full_hbm", tp=1), SPEC.rate, SPEC)
     assert two.ttft_p99_s == one.ttft_p99_s and two.tpot_p99_s == one.tpot_p99_s  # the same replica at rate / 2
     assert P.feasible_splits(base, "rtx-5080", 2) == [2]  # one 5080 cannot hold it: no replicas of TP 1
+
+
+# ---- the sweep machinery: result store, goodput over the arrival window -----------------------
+
+SMALL_SPEC = P.PlanSpec(rate=4.0, ttft_s=0.5, tpot_s=0.02, requests=40)
+
+
+def test_cache_reuses_stored_candidates_and_their_probes(scenario_path, tmp_path):
+    from dataclasses import replace
+
+    from sim.sweep.options import Execution
+
+    base = load_scenario(scenario_path)
+    args = (base, SMALL_SPEC, ["h100-sxm"], [1, 2], ["full_hbm", "tiered:0.5"])
+    fresh = P.search(*args, P.load_prices(), workers=1)
+    cache = tmp_path / "cache"
+    first = P.search(*args, P.load_prices(), execution=Execution(workers=2, cache=cache))
+    assert (first.computed, first.stored) == (4, 0)
+    assert first.rows == fresh.rows and first.probes == fresh.probes and len(fresh.probes) > 4
+    cheap = P.search(*args, P.parse_prices(["h100-sxm=0.5"]), execution=Execution(workers=1, cache=cache))
+    assert (cheap.computed, cheap.stored) == (0, 4)  # prices are applied after the search
+    assert cheap.probes == fresh.probes and {r["usd_per_hour"] for r in cheap.rows} == {0.5, 1.0}
+    victim = sorted(cache.glob("*/*.json"))[0]
+    victim.unlink()
+    again = P.search(*args, P.load_prices(), execution=Execution(workers=1, cache=cache))
+    assert (again.computed, again.stored) == (1, 3) and again.rows == fresh.rows and again.probes == fresh.probes
+    other = P.search(base, replace(SMALL_SPEC, tpot_s=0.03), *args[2:], P.load_prices(),
+                     execution=Execution(workers=1, cache=cache))
+    assert (other.computed, other.stored) == (4, 0)  # another SLO is another search
+
+
+def test_cli_cache_says_what_it_searched(scenario_path, tmp_path):
+    args = ["plan", str(scenario_path), "--rate", "4", "--ttft-p99-ms", "500", "--gpus", "h100-sxm", "--counts", "1",
+            "--policies", "full_hbm", "--requests", "30", "--json", "--cache", str(tmp_path / "c")]
+    first = run_cli(*args)
+    assert first.returncode == 0 and "plan: 1 candidates searched, 0 read from" in first.stderr, first.stderr
+    again = run_cli(*args)
+    assert again.returncode == 0 and "plan: 0 candidates searched, 1 read from" in again.stderr, again.stderr
+    assert json.loads(again.stdout) == json.loads(first.stdout)
+
+
+def test_probe_goodput_is_over_the_arrival_window(scenario_path):
+    """Every request meets the SLO: the probe's goodput is the offered rate, for one GPU and for two
+    replicas; the summary's own goodput (vLLM's) is per second of the whole run, drain included."""
+    from sim.serving.run import simulate_serving
+
+    base = load_scenario(scenario_path)
+    for cand in (P.Candidate("h100-sxm", 1, "full_hbm"), P.Candidate("h100-sxm", 2, "full_hbm", tp=1)):
+        probe = P.evaluate(base, cand, SMALL_SPEC)["probes"][0]
+        assert probe["passed"] and probe["goodput_req_per_s"] == pytest.approx(SMALL_SPEC.rate, rel=1e-12)
+    run = simulate_serving(P.candidate_scenario(base, cand, SMALL_SPEC.rate / 2, SMALL_SPEC))
+    drain_s = run.summary.duration_s - run.requests["arrival_s"].max()
+    assert drain_s > 0.1 and run.summary.goodput_req_per_s == pytest.approx(40 / run.summary.duration_s)
+
+
+def test_probe_goodput_counts_the_requests_that_met_the_slo():
+    from types import SimpleNamespace
+
+    s = SimpleNamespace(goodput_req_per_s=30 / 12.5, duration_s=12.5, requests=40)  # 30 of 40 met it
+    assert P.offered_goodput(s, 4.0) == pytest.approx(3.0, rel=1e-12)
+    assert P.offered_goodput(SimpleNamespace(goodput_req_per_s=None, duration_s=None, requests=40), 4.0) is None

@@ -99,6 +99,7 @@ def test_bad_spec_writes_nothing(tmp_path):
 
 def test_hash_follows_scenario_profile_version_and_level(tmp_path, monkeypatch):
     import sim.sweep.points as pts
+    import sim.sweep.store as store
     from sim.scenario import scenario_from_dict
 
     sc = scenario_from_dict(small_scenario(), "x")
@@ -110,7 +111,7 @@ def test_hash_follows_scenario_profile_version_and_level(tmp_path, monkeypatch):
               pts.point_key(sc, None, {"model.hf_config": "cd" * 32}, level),
               pts.point_key(sc, None, {}, pts.Level("projection", True)),
               pts.point_key(sc, None, {}, pts.Level("full", False))]
-    monkeypatch.setattr(pts, "__version__", "9.9.9")
+    monkeypatch.setattr(store, "__version__", "9.9.9")
     others.append(pts.point_key(sc, None, {}, level))
     assert len({key, *others}) == 1 + len(others)
 
@@ -265,3 +266,31 @@ def test_ray_executor_writes_the_local_table(tmp_path, local_ray):
     pd.testing.assert_frame_equal(ray_df, local_df)
     for p in (tmp_path / "local" / "points").glob("*/*.json"):
         assert (tmp_path / "ray" / p.relative_to(tmp_path / "local")).read_bytes() == p.read_bytes()
+
+
+def test_ray_runs_the_report_grid_as_locally(tmp_path, local_ray):
+    from dataclasses import replace
+
+    from sim.studies.projection_grid import run_grid
+    from sim.sweep.options import Execution
+    from tests.test_report_cache import GRID
+
+    grid = replace(GRID, lengths=(2048,))  # 4 cells: one Ray task of 4
+    local = run_grid(grid, workers=2)
+    ray = run_grid(grid, execution=Execution("ray", cache=tmp_path / "cache"))
+    assert (ray.computed, ray.stored) == (4, 0) and local_ray.is_initialized()
+    pd.testing.assert_frame_equal(ray.points, local.points)
+    assert ray.points.to_csv() == local.points.to_csv() and ray.limits.to_csv() == local.limits.to_csv()
+
+
+def test_ray_runs_the_plan_as_locally(local_ray):
+    from sim import plan as P
+    from sim.scenario import scenario_from_dict
+    from sim.sweep.options import Execution
+    from tests.test_plan import SCENARIO, SMALL_SPEC
+
+    base = scenario_from_dict(SCENARIO, "plan")
+    args = (base, SMALL_SPEC, ["h100-sxm"], [1], ["full_hbm", "tiered:0.5"], P.load_prices())
+    local = P.search(*args, workers=1)
+    ray = P.search(*args, execution=Execution("ray"))
+    assert ray.rows == local.rows and ray.probes == local.probes and ray.computed == 2

@@ -17,7 +17,8 @@ from ..errors import ConfigError
 from ..profile import Profile, load_profile
 from ..scenario import Scenario, load_scenario
 from .document import ReportData, render
-from ..studies.projection_grid import DEFAULT_GRID, GridSpec, check_spec, gpu_columns, run_grid, tasks_for
+from ..studies.projection_grid import DEFAULT_GRID, GridSpec, cells_for, check_spec, gpu_columns, run_grid
+from ..sweep.options import Execution
 from ..studies.access_strategies import access_study
 from ..studies.paper_check import check_paper
 from .plan_input import load_plan
@@ -66,20 +67,24 @@ def profile_warnings(inputs: Inputs) -> list[str]:
     return sorted(set(lines))
 
 
-def compute(inputs: Inputs, validation_source: str, *, grid_spec: GridSpec = DEFAULT_GRID, workers: int | None = None,
-            progress: ReportProgress | None = None) -> ReportData:
-    """Projection and the paper check when no scenario is given; per-run views otherwise."""
+def compute(inputs: Inputs, validation_source: str, *, grid_spec: GridSpec = DEFAULT_GRID,
+            execution: Execution = Execution(), progress: ReportProgress | None = None) -> ReportData:
+    """Projection and the paper check when no scenario is given; per-run views otherwise. The
+    projection runs as `execution` says (local processes or Ray; with --cache, resumable)."""
     progress = progress or ReportProgress(enabled=False)
     data = ReportData(validation=inputs.validation, validation_source=validation_source, plan=inputs.plan)
     if not inputs.scenarios:
         check_spec(grid_spec)
-        n_tasks = len(tasks_for(grid_spec, gpu_columns(grid_spec, inputs.profiles)))
-        data.grid = run_grid(grid_spec, inputs.profiles, workers=workers,
-                             on_task_done=progress.step("projection (model x weights x GPU x length)", n_tasks))
-        data.access = access_study()
-        advance = progress.step("the paper, checked", PAPER_STEPS)
-        data.paper = check_paper(grid_spec.models)
-        advance()
+        n_cells = len(cells_for(grid_spec, gpu_columns(grid_spec, inputs.profiles)))
+
+        def studies() -> None:  # in this process while the workers compute the projection
+            data.access = access_study()
+            advance = progress.step("the paper, checked", PAPER_STEPS)
+            data.paper = check_paper(grid_spec.models)
+            advance()
+
+        data.grid = run_grid(grid_spec, inputs.profiles, execution=execution, meanwhile=studies,
+                             on_task_done=progress.step("projection (model x weights x GPU x length)", n_cells))
     else:
         advance = progress.step("simulating scenarios", len(inputs.scenarios))
         for sc, prof, prof_path in inputs.scenarios:
@@ -90,17 +95,23 @@ def compute(inputs: Inputs, validation_source: str, *, grid_spec: GridSpec = DEF
 
 def build_report(scenario_paths: list[Path], profile_paths: list[Path], validation_path: Path | None, out: Path, *,
                  overrides: list[str] | None = None, command: str = "kvsim report", grid_spec: GridSpec = DEFAULT_GRID,
-                 workers: int | None = None, show_progress: bool = True, plan_path: Path | None = None) -> Path:
+                 workers: int | None = None, show_progress: bool = True, plan_path: Path | None = None,
+                 execution: Execution | None = None) -> Path:
     """Check the inputs, compute, write `out`; `overrides` (`--set key=value`) apply to every scenario;
-    `plan_path`: a `kvsim plan --out` folder for the "Serving plan" section."""
+    `plan_path`: a `kvsim plan --out` folder for the "Serving plan" section; `execution`: where the
+    projection runs (default: local processes, `workers` of them, no store)."""
     if overrides and not scenario_paths:
         raise ConfigError("--set applies to scenarios; the projection takes none")
+    execution = (execution or Execution(workers=workers)).check()
+    if scenario_paths and (execution.cache is not None or execution.executor != "local"):
+        raise ConfigError("applies to the projection; runs of scenarios take none",
+                          field="--cache" if execution.cache is not None else "--executor")
     inputs = load_inputs(scenario_paths, profile_paths, validation_path, out, overrides, plan_path)
     for line in profile_warnings(inputs):
         print(f"kvsim: warning: {line}", file=sys.stderr)
     progress = ReportProgress(enabled=show_progress)
     with progress.running():
-        data = compute(inputs, str(validation_path or ""), grid_spec=grid_spec, workers=workers, progress=progress)
+        data = compute(inputs, str(validation_path or ""), grid_spec=grid_spec, execution=execution, progress=progress)
         advance = progress.step("writing HTML", 1)
         text = render(data, command)
         files = {}
@@ -111,6 +122,9 @@ def build_report(scenario_paths: list[Path], profile_paths: list[Path], validati
         files[out] = text
         write_files_atomic(files)  # all renamed together: an interrupt leaves all of them or none
         advance()
+    if data.grid is not None and execution.cache is not None:
+        print(f"kvsim: projection: {data.grid.computed} cells computed, {data.grid.stored} read from {execution.cache}",
+              file=sys.stderr)
     return out
 
 

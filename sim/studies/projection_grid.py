@@ -2,16 +2,15 @@
 
 Every point comes from `sim.projection.project` (fast, analytic); the max batch is computed once
 per (model, dtype, GPU, length, policy) with `sim.capacity.max_batch`, because that search is the
-expensive part. Work is split into one task per (model, dtype, GPU, length) and spread over worker
-processes; results are reassembled in task order, so the output does not depend on scheduling.
+expensive part. Work is split into one task (`Cell`) per (model, dtype, GPU, length), run by the
+sweep machinery (`sim.sweep.tasks`): local processes or Ray, and with a result store, resumable;
+results are reassembled in grid order, so the output does not depend on scheduling.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, ClassVar
 
 import pandas as pd
 
@@ -23,6 +22,9 @@ from ..profile import Profile
 from ..projection import project
 from ..schema import LINK_BOTTLENECK_UTILIZATION
 from ..scenario import Scenario, scenario_from_dict
+from ..sweep.options import Execution
+from ..sweep.store import digest, result_key
+from ..sweep.tasks import run_tasks
 from ..units import PERCENT
 
 DEFAULT_PROMPT_TOKENS = 512  # a typical reasoning prompt; protected (never leaves HBM)
@@ -127,7 +129,12 @@ def grid_scenario(model: str, weight_dtype: str, gpu: str, length: int, batch: i
 
 
 @dataclass(frozen=True)
-class Task:
+class Cell:
+    """One (model, dtype, GPU, length) of the grid as a task (`sim.sweep.tasks`): every policy's
+    points and limits, keyed in a store by the batch-1 scenario of each policy, the batches, the
+    measured profile's contents and the labels the rows carry."""
+
+    kind: ClassVar[str] = "projection cell"
     model_label: str
     model: str
     weight_dtype: str
@@ -136,6 +143,24 @@ class Task:
     batches: tuple[int, ...]
     policies: tuple[PolicyVariant, ...]
     prompt_tokens: int
+
+    def scenario(self, batch: int, policy: PolicyVariant) -> Scenario:
+        return grid_scenario(self.model, self.weight_dtype, self.gpu.base_gpu, self.length, batch, policy, self.prompt_tokens)
+
+    def inputs(self) -> dict[str, Any]:
+        prof = self.gpu.profile
+        return {"labels": {"model": self.model_label, "gpu": self.gpu.key}, "batches": list(self.batches),
+                "policies": [asdict(p) for p in self.policies],
+                "scenarios": [self.scenario(1, p).model_dump(mode="json") for p in self.policies],
+                "profile_sha256": digest(prof.model_dump(mode="json")) if prof else None}
+
+    @property
+    def key(self) -> str:
+        return result_key(self.kind, self.inputs())
+
+    def run(self) -> dict[str, list[dict]]:
+        points, limits = cell_rows(self)
+        return {"points": points, "limits": limits}
 
 
 # the fields of sim.schema.ProjectionSummary a point keeps
@@ -153,7 +178,7 @@ def _memory_only(sc: Scenario, profile: Profile | None) -> dict:
     return out
 
 
-def _link_bound_batch(task: Task, policy: PolicyVariant, util: dict[int, float], limit: int) -> int | None:
+def _link_bound_batch(cell: Cell, policy: PolicyVariant, util: dict[int, float], limit: int) -> int | None:
     """Smallest batch <= `limit` whose H2D utilisation reaches the bottleneck threshold: the first
     swept batch that does, refined by bisection against the previous swept batch."""
     hits = [b for b in sorted(util) if b <= limit and util[b] >= LINK_BOTTLENECK_UTILIZATION]
@@ -164,36 +189,34 @@ def _link_bound_batch(task: Task, policy: PolicyVariant, util: dict[int, float],
     lo = lower[-1] if lower else 0
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        sc = grid_scenario(task.model, task.weight_dtype, task.gpu.base_gpu, task.length, mid, policy, task.prompt_tokens)
-        if project(sc, task.gpu.profile, with_max_batch=False).h2d_utilization >= LINK_BOTTLENECK_UTILIZATION:
+        if project(cell.scenario(mid, policy), cell.gpu.profile, with_max_batch=False).h2d_utilization >= LINK_BOTTLENECK_UTILIZATION:
             hi = mid
         else:
             lo = mid
     return hi
 
 
-def run_task(task: Task) -> tuple[list[dict], list[dict]]:
+def cell_rows(cell: Cell) -> tuple[list[dict], list[dict]]:
     """All points and limits of one (model, dtype, GPU, length) cell."""
     points, limits = [], []
-    base = {"model": task.model_label, "weights": task.weight_dtype, "gpu": task.gpu.key, "length": length_label(task.length)}
-    for pol in task.policies:
-        sc1 = grid_scenario(task.model, task.weight_dtype, task.gpu.base_gpu, task.length, 1, pol, task.prompt_tokens)
-        ctx = build_context(sc1, task.gpu.profile)
+    base = {"model": cell.model_label, "weights": cell.weight_dtype, "gpu": cell.gpu.key, "length": length_label(cell.length)}
+    for pol in cell.policies:
+        ctx = build_context(cell.scenario(1, pol), cell.gpu.profile)
         mb = max_batch(ctx)
-        batches = sorted(set(task.batches) | ({mb} if 1 <= mb < max(task.batches) else set()))
+        batches = sorted(set(cell.batches) | ({mb} if 1 <= mb < max(cell.batches) else set()))
         util: dict[int, float] = {}
         for b in batches:
-            sc = grid_scenario(task.model, task.weight_dtype, task.gpu.base_gpu, task.length, b, pol, task.prompt_tokens)
+            sc = cell.scenario(b, pol)
             if b <= mb:
-                r = project(sc, task.gpu.profile, with_max_batch=False)
+                r = project(sc, cell.gpu.profile, with_max_batch=False)
                 figures = {k: getattr(r, k) for k in POINT_KEYS}
                 if r.fits:
                     util[b] = r.h2d_utilization
             else:
-                figures = _memory_only(sc, task.gpu.profile)
-            points.append({**base, "policy": pol.key, "batch": b, "wall_point": b == mb and b not in task.batches,
+                figures = _memory_only(sc, cell.gpu.profile)
+            points.append({**base, "policy": pol.key, "batch": b, "wall_point": b == mb and b not in cell.batches,
                            **figures})
-        link_b = _link_bound_batch(task, pol, util, mb) if pol.tiered else None
+        link_b = _link_bound_batch(cell, pol, util, mb) if pol.tiered else None
         limits.append({**base, "policy": pol.key, "max_batch": mb, "max_batch_limit": ctx.scenario.sim.max_batch_limit,
                        "link_bound_batch": link_b, "hbm_capacity_bytes": ctx.hw.memory_bytes})
     return points, limits
@@ -205,10 +228,12 @@ class GridResult:
     gpus: list[GpuColumn]
     points: pd.DataFrame  # one row per (model, weights, gpu, length, policy, batch)
     limits: pd.DataFrame  # one row per (model, weights, gpu, length, policy)
+    computed: int = 0  # cells computed by this run
+    stored: int = 0  # cells found in the result store
 
 
-def tasks_for(spec: GridSpec, gpus: list[GpuColumn]) -> list[Task]:
-    return [Task(label, name, wd, g, n, spec.batches, spec.policies, spec.prompt_tokens)
+def cells_for(spec: GridSpec, gpus: list[GpuColumn]) -> list[Cell]:
+    return [Cell(label, name, wd, g, n, spec.batches, spec.policies, spec.prompt_tokens)
             for label, name in spec.models for wd in spec.weight_dtypes for g in gpus for n in spec.lengths]
 
 
@@ -222,31 +247,32 @@ def check_spec(spec: GridSpec) -> None:
         raise ConfigError("report grid: batches must be positive integers")
 
 
-def _mp_context():
-    """fork where the platform has it (fast, no re-import of __main__); spawn elsewhere. The caller
-    keeps no threads running while the pool starts (the progress bar refreshes on demand)."""
-    return mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+RAY_BATCH = 4  # cells per Ray task (a cell takes 10-200 ms)
 
 
-def run_grid(spec: GridSpec, profiles: list[Profile] | None = None, *, workers: int | None = None,
-             on_task_done: Callable[[], None] | None = None) -> GridResult:
-    """Sweep the grid. `workers` > 1 uses that many processes (default: one per CPU core)."""
+def run_grid(spec: GridSpec, profiles: list[Profile] | None = None, *, execution: Execution | None = None,
+             workers: int | None = None, on_task_done: Callable[[], None] | None = None,
+             meanwhile: Callable[[], None] | None = None) -> GridResult:
+    """Sweep the grid with `execution` (default: local processes, one per CPU core, or `workers`;
+    no store); `meanwhile()`: other work for this process while the workers compute
+    (sim.sweep.tasks.run_tasks). Longest cells (longest sequences) go first, so no worker is left
+    with a long one at the end."""
     check_spec(spec)
+    execution = execution or Execution(workers=workers)
     gpus = gpu_columns(spec, profiles or [])
-    tasks = tasks_for(spec, gpus)
-    workers = min(workers or os.cpu_count() or 1, len(tasks))
-    results = []
-    if workers <= 1:
-        for t in tasks:
-            results.append(run_task(t))
-            if on_task_done:
-                on_task_done()
-    else:
-        with _mp_context().Pool(workers) as pool:
-            for res in pool.imap(run_task, tasks, chunksize=1):  # imap keeps task order
-                results.append(res)
-                if on_task_done:
-                    on_task_done()
-    points = pd.DataFrame([p for pts, _ in results for p in pts])
-    limits = pd.DataFrame([lim for _, lims in results for lim in lims])
-    return GridResult(spec=spec, gpus=gpus, points=points, limits=limits)
+    cells = cells_for(spec, gpus)
+    order = sorted(range(len(cells)), key=lambda i: -cells[i].length)  # stable: grid order within a length
+
+    def advance(n: int) -> None:
+        for _ in range(n if on_task_done else 0):
+            on_task_done()
+
+    done = run_tasks([cells[i] for i in order], execution.runner(), store=execution.store(),
+                     batch=RAY_BATCH if execution.executor == "ray" else 1, advance=advance, meanwhile=meanwhile)
+    results: list[Any] = [None] * len(cells)
+    for i, res in zip(order, done.results):
+        results[i] = res
+    points = pd.DataFrame([p for res in results for p in res["points"]])
+    limits = pd.DataFrame([lim for res in results for lim in res["limits"]])
+    return GridResult(spec=spec, gpus=gpus, points=points, limits=limits, computed=done.computed,
+                      stored=done.stored_before)

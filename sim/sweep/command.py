@@ -13,23 +13,14 @@ EXIT_INTERRUPTED = 130  # as a shell reports a process ended by SIGINT
 def sweep_command(spec: Path, out: Path | None, *, executor: str, address: str | None, workers: int | None,
                   batch: int | None, progress: bool) -> int:
     """Exit code: 0 done, 130 interrupted (finished points kept). Bad input raises ConfigError."""
+    from .options import Execution, check_folder
     from .run import SweepInterrupted, run_sweep
 
-    if executor not in ("local", "ray"):
-        raise ConfigError(f"expected local or ray, got {executor!r}", field="--executor")
-    if address is not None and executor != "ray":
-        raise ConfigError("only with --executor ray", field="--address")
-    for name, value in (("--workers", workers), ("--batch", batch)):
-        if value is not None and value < 1:
-            raise ConfigError(f"expected at least 1, got {value}", field=name)
-    if executor == "ray":
-        try:
-            import ray  # noqa: F401
-        except ImportError:
-            raise ConfigError("Ray is not installed: pip install -e '.[sweep]'", field="--executor") from None
+    Execution(executor, address, workers).check()
+    if batch is not None and batch < 1:
+        raise ConfigError(f"expected at least 1, got {batch}", field="--batch")
     out_dir = out or Path("runs") / f"sweep-{spec.stem}"
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConfigError(f"{out_dir} exists and is not a folder", field="--out")
+    check_folder(out_dir, "--out")
     try:
         res = run_sweep(spec, out_dir, executor=executor, workers=workers, address=address, batch=batch,
                         progress=progress and sys.stderr.isatty())

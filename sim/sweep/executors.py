@@ -1,5 +1,6 @@
-"""Where a sweep's points run. An executor takes batches of tasks and yields each batch's results as
-it finishes, in any order; the driver stores them. Nothing is shared but the tasks and results.
+"""Where tasks run (`sim.sweep.tasks`). An executor takes batches of tasks and yields
+(batch number, the batch's results in its order) as each batch finishes, in any order; the driver
+stores them. Nothing is shared but the tasks and results.
 
 - `LocalExecutor`: processes on this machine (fork where available), or this process for one worker.
 - `RayExecutor`: Ray tasks, one per batch, on a local Ray instance or an existing cluster.
@@ -16,14 +17,16 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
-from . import points
-from .points import Task
+from ..errors import ConfigError
+from . import tasks
+from .heap import keep_freed_memory
 
-Results = list[tuple[str, dict]]
+Results = tuple[int, list]
 
 
-def _evaluate_batch(tasks: list[Task]) -> Results:
-    return points.evaluate_batch(tasks)  # looked up at call time
+def _run_batch(batch: list) -> list:
+    keep_freed_memory()  # in a Ray worker; local workers inherit it from the driver
+    return tasks.run_batch(batch)  # looked up at call time
 
 
 # ---- local processes --------------------------------------------------------------------------
@@ -42,26 +45,27 @@ def _worker_init(parent: int) -> None:
 
 
 class LocalExecutor:
-    def __init__(self, workers: int):
-        self.workers = max(1, workers)
+    def __init__(self, workers: int | None = None):
+        self.workers = max(1, workers or os.cpu_count() or 1)
 
-    def start(self, batches: list[list[Task]]) -> Iterator[Results]:
-        """Workers start here, before the caller's progress display starts its thread."""
+    def start(self, batches: list[list]) -> Iterator[Results]:
+        """Workers start here, before the caller's progress display refreshes."""
+        keep_freed_memory()
         if self.workers == 1 or len(batches) <= 1:
-            return (_evaluate_batch(b) for b in batches)
+            return ((i, _run_batch(b)) for i, b in enumerate(batches))
         methods = multiprocessing.get_all_start_methods()
         ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
         pool = ProcessPoolExecutor(min(self.workers, len(batches)), mp_context=ctx, initializer=_worker_init,
                                    initargs=(os.getpid(),))
-        futures = [pool.submit(_evaluate_batch, b) for b in batches]
+        futures = {pool.submit(_run_batch, b): i for i, b in enumerate(batches)}
         return self._collect(pool, futures)
 
     @staticmethod
-    def _collect(pool: ProcessPoolExecutor, futures) -> Iterator[Results]:
+    def _collect(pool: ProcessPoolExecutor, futures: dict) -> Iterator[Results]:
         finished = False
         try:
             for future in as_completed(futures):
-                yield future.result()
+                yield futures[future], future.result()
             finished = True
         finally:
             if not finished:  # interrupted or failed: what is running now would be thrown away
@@ -84,26 +88,31 @@ class RayExecutor:
         self.address = address
         self.workers = workers
 
-    def start(self, batches: list[list[Task]]) -> Iterator[Results]:
+    def start(self, batches: list[list]) -> Iterator[Results]:
         import ray
 
         started = False
         if not ray.is_initialized():
             options = {"address": self.address} if self.address else {"num_cpus": self.workers}
-            ray.init(**options, include_dashboard=False, logging_level=logging.WARNING)
+            try:
+                ray.init(**options, include_dashboard=False, logging_level=logging.WARNING)
+            except (ConnectionError, RuntimeError, ValueError) as err:
+                text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise ConfigError(f"cannot start or join Ray ({text})",
+                                  field="--address" if self.address else "--executor") from None
             started = True
-        remote = ray.remote(num_cpus=1)(_evaluate_batch)
-        refs = [remote.remote(b) for b in batches]
+        remote = ray.remote(num_cpus=1)(_run_batch)
+        refs = {remote.remote(b): i for i, b in enumerate(batches)}
         return self._collect(ray, refs, started)
 
     @staticmethod
-    def _collect(ray, refs, started: bool) -> Iterator[Results]:
+    def _collect(ray, refs: dict, started: bool) -> Iterator[Results]:
         pending = list(refs)
         try:
             while pending:
                 done, pending = ray.wait(pending, num_returns=1)
                 for ref in done:
-                    yield ray.get(ref)
+                    yield refs[ref], ray.get(ref)
         finally:
             for ref in pending:
                 ray.cancel(ref, force=True)

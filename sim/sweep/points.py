@@ -1,30 +1,22 @@
-"""One sweep point: its hash, its evaluation and its stored result.
+"""One sweep point: its inputs and key, and its evaluation (full simulation, fast level or projection).
 
 A point's result is a pure function of (resolved scenario, profile contents, files the scenario names,
-simulator version, level of detail), so the sha256 of their canonical JSON names it: a rerun finds
-it, and executors on other machines need no shared state. Each result is one small JSON file,
-`points/<key[:2]>/<key>.json`, written atomically by the process that drives the sweep.
+simulator version, level of detail): `sim.sweep.store` names it by their hash and keeps it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
 import types
 import typing
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import ValidationError
-
-from .. import __version__
-from ..atomic import write_text_atomic
 from ..profile import Profile
 from ..scenario import Scenario
-from ..schema import DecodeRates, DecodeTime, Document, LinkFigures, ProjectionSummary, SimRunSummary
+from ..schema import DecodeRates, DecodeTime, LinkFigures, ProjectionSummary, SimRunSummary
+from .store import result_key
 
+KIND = "sweep point"
 LevelName = Literal["full", "fast", "projection"]
 # full: the scenario's own sim.detail (layer: the SimPy reference); fast: sim.detail fast (sim/fast.py);
 # projection: the analytic projection (sim/projection.py: sampled steps, no re-tier churn)
@@ -60,28 +52,39 @@ def metric_names(level: LevelName) -> list[str]:
     return [name for name, info in fields.items() if _scalar(info.annotation) and name not in LEFT_OUT]
 
 
-def canonical_json(data: Any) -> str:
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+def point_inputs(scenario: Scenario, profile_sha256: str | None, files: dict[str, str], level: Level) -> dict[str, Any]:
+    """What determines a point's result (with the simulator version): its hash's input and its stored record."""
+    return {"scenario": scenario.model_dump(mode="json"), "profile_sha256": profile_sha256, "files": files,
+            "level": level.key()}
 
 
 def point_key(scenario: Scenario, profile_sha256: str | None, files: dict[str, str], level: Level) -> str:
-    payload = {"scenario": scenario.model_dump(mode="json"), "profile_sha256": profile_sha256, "files": files,
-               "simulator": __version__, "level": level.key()}
-    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+    return result_key(KIND, point_inputs(scenario, profile_sha256, files, level))
 
 
 # ---- evaluation (runs in worker processes and Ray tasks) --------------------------------------
 
 @dataclass(frozen=True)
-class Task:
+class PointTask:
+    """A sweep point as a task (`sim.sweep.tasks`)."""
+
+    kind: ClassVar[str] = KIND
     key: str
     scenario: Scenario
     profile: Profile | None
     profile_path: str | None
+    profile_sha256: str | None
+    files: dict[str, str]
     level: Level
 
+    def inputs(self) -> dict[str, Any]:
+        return point_inputs(self.scenario, self.profile_sha256, self.files, self.level)
 
-def evaluate_point(task: Task) -> dict[str, Any]:
+    def run(self) -> dict[str, Any]:
+        return evaluate_point(self)  # looked up at call time
+
+
+def evaluate_point(task: PointTask) -> dict[str, Any]:
     """The summary of one point as a JSON-ready dict; a point that does not fit has null timing."""
     if task.level.name in ("full", "fast"):
         from ..simulate import simulate
@@ -100,53 +103,3 @@ def evaluate_point(task: Task) -> dict[str, Any]:
     for k in LEFT_OUT:
         summary.pop(k, None)
     return summary
-
-
-def evaluate_batch(tasks: list[Task]) -> list[tuple[str, dict[str, Any]]]:
-    """A batch of points in one call: what a worker process or a Ray task runs."""
-    return [(t.key, evaluate_point(t)) for t in tasks]
-
-
-# ---- the stored result ------------------------------------------------------------------------
-
-class StoredPoint(Document):
-    """`points/<key[:2]>/<key>.json`: one point's result and what determined it."""
-
-    key: str
-    simulator: str
-    level: dict[str, Any]
-    profile_sha256: str | None
-    scenario: dict[str, Any]  # resolved
-    summary: dict[str, Any]
-
-
-def point_path(out_dir: Path, key: str) -> Path:
-    return out_dir / "points" / key[:2] / f"{key}.json"
-
-
-def _finite(v: Any) -> Any:
-    """NaN and infinities as None (JSON has neither), in nested dicts and lists."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_finite(x) for x in v]
-    return v
-
-
-def write_point(out_dir: Path, task: Task, profile_sha256: str | None, summary: dict[str, Any]) -> None:
-    doc = StoredPoint(key=task.key, simulator=__version__, level=task.level.key(), profile_sha256=profile_sha256,
-                      scenario=task.scenario.model_dump(mode="json"), summary=_finite(summary))
-    text = json.dumps(doc.model_dump(), separators=(",", ":"), allow_nan=False)
-    write_text_atomic(point_path(out_dir, task.key), text + "\n")
-
-
-def read_point(out_dir: Path, key: str) -> dict[str, Any] | None:
-    """A stored point's summary, or None where it is missing or unreadable (then it is computed again)."""
-    path = point_path(out_dir, key)
-    try:
-        doc = StoredPoint.model_validate_json(path.read_bytes())
-    except (OSError, ValidationError, ValueError):
-        return None
-    return doc.summary if doc.key == key else None

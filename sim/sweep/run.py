@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .executors import LocalExecutor, RayExecutor
-from .points import Task, read_point, write_point
+from .options import Execution
+from .points import PointTask
 from .spec import Point, load_spec
+from .store import ResultStore
 from .table import build_table, write_table
+from .tasks import Interrupted, run_tasks
 
 RAY_BATCH = 32  # points per Ray task: keeps the per-task overhead (~ms) small against the work
 LOCAL_BATCH_MAX = 64
@@ -28,12 +30,11 @@ class SweepOutcome:
     parquet: Path
 
 
-class SweepInterrupted(Exception):
+class SweepInterrupted(Interrupted):
     """Ctrl-C: what had finished is stored; the same command resumes."""
 
     def __init__(self, stored: int, total: int):
-        self.stored, self.total = stored, total
-        super().__init__(f"interrupted: {stored} of {total} points stored; run the same command to resume")
+        super().__init__(stored, total, "points")
 
 
 def _batch_size(executor: str, level: str, tasks: int, workers: int) -> int:
@@ -44,19 +45,21 @@ def _batch_size(executor: str, level: str, tasks: int, workers: int) -> int:
     return max(1, min(LOCAL_BATCH_MAX, tasks // (workers * 16)))
 
 
-def _task(point: Point, level) -> Task:
+def _task(point: Point, level) -> PointTask:
     prof = point.profile
-    return Task(point.key, point.scenario, prof.profile if prof else None, prof.path if prof else None, level)
+    return PointTask(point.key, point.scenario, prof.profile if prof else None, prof.path if prof else None,
+                prof.sha256 if prof else None, point.files, level)
 
 
 def _progress(enabled: bool):
+    """Refreshed as points arrive, never from a thread of its own: workers fork after it starts."""
     from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn,
                                TimeElapsedColumn, TimeRemainingColumn)
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
                     TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                    console=Console(stderr=True), disable=not enabled)
+                    console=Console(stderr=True), auto_refresh=False, disable=not enabled)
 
 
 def run_sweep(spec_path: str | Path, out_dir: str | Path, *, executor: Literal["local", "ray"] = "local",
@@ -69,37 +72,27 @@ def run_sweep(spec_path: str | Path, out_dir: str | Path, *, executor: Literal["
     unique: dict[str, Point] = {}
     for p in plan.points:
         unique.setdefault(p.key, p)
-    summaries: dict[str, dict] = {}
-    missing: list[Task] = []
-    for key, p in unique.items():
-        stored = read_point(out, key)
-        if stored is None:
-            missing.append(_task(p, plan.level))
-        else:
-            summaries[key] = stored
-    stored_before = len(summaries)
-    out.mkdir(parents=True, exist_ok=True)
-
+    tasks = [_task(p, plan.level) for p in unique.values()]
     n_workers = workers or os.cpu_count() or 1
-    size = batch or _batch_size(executor, plan.level.name, len(missing), n_workers)
-    batches = [missing[i:i + size] for i in range(0, len(missing), size)]
-    by_key = {t.key: (t, unique[t.key].profile) for t in missing}
-    if batches:
-        runner = RayExecutor(address, workers) if executor == "ray" else LocalExecutor(n_workers)
-        results = runner.start(batches)
+    size = batch or (lambda missing: _batch_size(executor, plan.level.name, missing, n_workers))
+    out.mkdir(parents=True, exist_ok=True)
+    with _progress(progress) as bar:
+        task = bar.add_task(f"sweep {plan.name}", total=len(unique))
+
+        def advance(n: int) -> None:
+            bar.advance(task, n)
+            bar.refresh()
+
+        def found(n: int) -> None:  # not a speed sample: the ETA counts computed points alone
+            bar.reset(task, total=len(unique), completed=n)
+            bar.refresh()
+
         try:
-            with _progress(progress) as bar:
-                task = bar.add_task(f"sweep {plan.name}", total=len(unique), completed=stored_before)
-                for batch_results in results:
-                    for key, summary in batch_results:
-                        t, prof = by_key[key]
-                        write_point(out, t, prof.sha256 if prof else None, summary)
-                        summaries[key] = summary
-                    bar.advance(task, len(batch_results))
-        except KeyboardInterrupt:
-            raise SweepInterrupted(len(summaries), len(unique)) from None
-        finally:
-            results.close()  # stops the workers where the sweep ends early
+            done = run_tasks(tasks, Execution(executor, address, workers).runner(),
+                             store=ResultStore(out / "points", "--out"), batch=size, advance=advance, found=found)
+        except Interrupted as err:
+            raise SweepInterrupted(err.stored, err.total) from None
+    summaries = {t.key: s for t, s in zip(tasks, done.results)}
     csv, parquet = write_table(build_table(plan, summaries), out)
-    return SweepOutcome(len(plan.points), len(unique), len(unique) - stored_before, stored_before,
+    return SweepOutcome(len(plan.points), len(unique), done.computed, done.stored_before,
                         time.perf_counter() - t0, csv, parquet)

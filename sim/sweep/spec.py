@@ -39,6 +39,7 @@ from ..limits import MAX_TEXT_CHARS
 from ..profile import Profile, load_profile
 from ..scenario import Scenario, scenario_from_dict, validation_error_line
 from .points import Level, metric_names, point_key
+from .store import file_digests
 
 MAX_POINTS = 2**20  # points in one sweep (~1M): far above a study, far below exhausting memory
 MAX_RANGE_VALUES = 2**20  # values one range may produce
@@ -87,6 +88,7 @@ class Point:
     overrides: dict[str, Any]  # swept path -> value, as the spec gives it
     scenario: Scenario  # resolved: base + overrides, validated
     profile: ProfileRef | None
+    files: dict[str, str]  # sha256 of files the scenario names (store.file_digests)
     key: str  # sha256 hex of what determines the result (points.point_key)
 
 
@@ -135,8 +137,9 @@ def plan_sweep(spec: SweepSpec, root: Path, source: str) -> SweepPlan:
             raise ConfigError(f"point {index}: serving scenarios (requests arriving) are not swept yet; "
                               "sweep closed batches", source=source, field="workload.arrivals")
         profile = spec_profile or _scenario_profile(scenario, root, source, profiles)
-        key = point_key(scenario, profile.sha256 if profile else None, _file_digests(scenario, digests), level)
-        points.append(Point(index, overrides, scenario, profile, key))
+        files = file_digests(scenario, digests)
+        key = point_key(scenario, profile.sha256 if profile else None, files, level)
+        points.append(Point(index, overrides, scenario, profile, files, key))
     name = spec.name or Path(source).stem
     return SweepPlan(source, name, level, columns, metrics, points)
 
@@ -323,14 +326,3 @@ def _scenario_profile(scenario: Scenario, root: Path, source: str, cache: dict) 
     if path not in cache:
         cache[path] = _profile_ref(path, root, source, "hardware.profile")
     return cache[path]
-
-
-def _file_digests(scenario: Scenario, cache: dict[str, str]) -> dict[str, str]:
-    """sha256 of files a scenario names by path (a Hugging Face config.json): their contents, not
-    their paths, determine the result. Validation has read them already."""
-    hf = scenario.model.hf_config
-    if hf is None:
-        return {}
-    if hf not in cache:
-        cache[hf] = hashlib.sha256(Path(hf).read_bytes()).hexdigest()
-    return {"model.hf_config": cache[hf]}
