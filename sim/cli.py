@@ -233,7 +233,10 @@ def plan(
     tpot_p99_ms: Optional[float] = typer.Option(None, "--tpot-p99-ms", help="p99 time-per-output-token target (default: the scenario's slo.tpot_ms)"),
     gpus_: Optional[str] = typer.Option(None, "--gpus", help="GPU kinds, comma-separated (default: every catalog GPU)"),
     counts: Optional[str] = typer.Option(None, "--counts", help="GPU counts, each run as tensor parallelism tp = N (default 1,2,4,8)"),
-    policies: Optional[str] = typer.Option(None, "--policies", help="full_hbm, evict_only, tiered, tiered:RATIO (default: full_hbm,evict_only,tiered:0.25,tiered:0.5,tiered:0.75)"),
+    policies: Optional[str] = typer.Option(None, "--policies", help="full_hbm, evict_only, tiered, tiered:RATIO, tiered:auto, a tiered one "
+                                           "also as tiered:X/ACCESS (default: full_hbm,evict_only,tiered:0.25,tiered:0.5,tiered:auto; tiered: 0.25,0.5,0.75,auto)"),
+    access: Optional[str] = typer.Option(None, "--access", help="access strategies every tiered policy is tried with: prefetch, "
+                                         "host_attention, split, comma-separated (default: prefetch)"),
     price: List[str] = typer.Option([], "--price", help="override a $/GPU-hour, GPU=DOLLARS (repeatable)"),
     requests: int = typer.Option(400, "--requests", help="requests per simulation (seeded)"),
     max_factor: float = typer.Option(4.0, "--max-factor", help="the max-rate search stops at this multiple of --rate"),
@@ -269,7 +272,7 @@ def plan(
                     ttft_s=ttft_p99_ms / 1e3 if ttft_p99_ms is not None else (slo.ttft_s if slo else None),
                     tpot_s=tpot_p99_ms / 1e3 if tpot_p99_ms is not None else (slo.tpot_s if slo else None),
                     requests=requests, max_factor=max_factor)
-    names, ns, pols, prices = parse_gpus(gpus_), parse_counts(counts), parse_policies(policies), parse_prices(price)
+    names, ns, pols, prices = parse_gpus(gpus_), parse_counts(counts), parse_policies(policies, access), parse_prices(price)
     t0 = time.monotonic()
     try:
         result = search(sc, spec, names, ns, pols, prices, replicas=replicas, execution=execution)

@@ -3,7 +3,8 @@
 Candidates are GPU kind x GPU count N x split (tensor parallelism tp = N, and - where a smaller
 tensor-parallel group holds the model - the most replicas: the smallest feasible tp, N/tp data-parallel
 replicas behind a load balancer that spreads requests evenly, each simulated at rate/replicas) x KV policy (full_hbm, evict_only, tiered at
-hbm_ratio 0.25/0.5/0.75 with the scenario's other policy fields). Before anything is simulated a
+hbm_ratio 0.25/0.5 and auto - tiering only under memory pressure - with the scenario's other policy fields;
+with --access, each tiered one also with host_attention or split access). Before anything is simulated a
 candidate is pruned when the model cannot be sharded over N GPUs (`ModelSpec.tp_problem`) or one
 GPU's weight shard plus the runtime reserve exceeds its memory. Each survivor is simulated
 (`sim.serving.run.simulate_serving`, step detail) with Poisson arrivals at the rate asked, the
@@ -38,7 +39,9 @@ from .units import GB
 
 DEFAULT_COUNTS = (1, 2, 4, 8)
 TIERED_RATIOS = (0.25, 0.5, 0.75)
-DEFAULT_POLICIES = ("full_hbm", "evict_only", *(f"tiered:{r:g}" for r in TIERED_RATIOS))
+# by default tiered at 25% and 50% HBM and auto; 75% sits between 50% and full_hbm (`--policies tiered` adds it)
+DEFAULT_POLICIES = ("full_hbm", "evict_only", "tiered:0.25", "tiered:0.5", "tiered:auto")
+ACCESS = ("prefetch", "host_attention", "split")  # a tiered policy's /ACCESS suffix (prefetch: none)
 MAX_COUNT = 64
 MAX_REQUESTS_PLAN = 100_000
 NEAR_FULL = 0.95  # a peak within 5% of capacity counts as that resource binding
@@ -108,27 +111,46 @@ def parse_counts(text: str | None) -> list[int]:
     return sorted(out)
 
 
-def parse_policies(text: str | None) -> list[str]:
-    """full_hbm, evict_only, tiered (the three default hbm_ratios) or tiered:RATIO (0 < RATIO <= 1)."""
-    if text is None:
-        return list(DEFAULT_POLICIES)
+def parse_policies(text: str | None, access: str | None = None) -> list[str]:
+    """full_hbm, evict_only, tiered (the three default hbm_ratios and auto), tiered:RATIO (0 < RATIO <= 1) or
+    tiered:auto (sim/pressure.py), a tiered one optionally as tiered:X/ACCESS (host_attention, split).
+    `access` (--access, a list of ACCESS) gives every tiered policy without a suffix each strategy listed."""
+    accesses = [None]
+    if access is not None:
+        accesses = []
+        for a in parse_list(access, "--access"):
+            if a not in ACCESS:
+                raise ConfigError(f"expected {', '.join(ACCESS)}, got {a!r}", field="--access")
+            accesses.append(None if a == "prefetch" else a)
     out: list[str] = []
-    for item in parse_list(text, "--policies"):
+    for item in parse_list(text, "--policies") if text is not None else DEFAULT_POLICIES:
+        item, _, suffix = item.partition("/")
         if item in ("full_hbm", "evict_only"):
+            if suffix:
+                raise ConfigError(f"an access strategy applies to tiered policies, got {item}/{suffix}", field="--policies")
+            out += [item] if item not in out else []
+            continue
+        if item == "tiered":
+            names = [f"tiered:{r:g}" for r in TIERED_RATIOS] + ["tiered:auto"]
+        elif item == "tiered:auto":
             names = [item]
-        elif item == "tiered":
-            names = [f"tiered:{r:g}" for r in TIERED_RATIOS]
         elif item.startswith("tiered:"):
             try:
                 r = float(item.split(":", 1)[1])
             except ValueError:
                 r = math.nan
             if not 0.0 < r <= 1.0:
-                raise ConfigError(f"expected tiered:RATIO with 0 < RATIO <= 1, got {item!r}", field="--policies")
+                raise ConfigError(f"expected tiered:RATIO with 0 < RATIO <= 1 or tiered:auto, got {item!r}",
+                                  field="--policies")
             names = [f"tiered:{r:g}"]
         else:
-            raise ConfigError(f"expected full_hbm, evict_only, tiered or tiered:RATIO, got {item!r}", field="--policies")
-        out += [n for n in names if n not in out]
+            raise ConfigError(f"expected full_hbm, evict_only, tiered, tiered:RATIO or tiered:auto, got {item!r}",
+                              field="--policies")
+        if suffix and suffix not in ACCESS:
+            raise ConfigError(f"expected {item}/ACCESS with ACCESS one of {', '.join(ACCESS)}, got {suffix!r}",
+                              field="--policies")
+        for a in ([None if suffix == "prefetch" else suffix] if suffix else accesses):
+            out += [n + (f"/{a}" if a else "") for n in names if n + (f"/{a}" if a else "") not in out]
     return out
 
 
@@ -182,10 +204,14 @@ def candidate_scenario(base: Scenario, cand: Candidate, rate: float, spec: PlanS
             hw.pop(key, None)
     hw["gpu"] = cand.gpu
     policy = dict(data.get("policy") or {})
-    if cand.policy.startswith("tiered:"):
-        policy.update(kind="tiered", hbm_ratio=float(cand.policy.split(":", 1)[1]))
+    name, _, access = cand.policy.partition("/")
+    if name.startswith("tiered:"):
+        ratio = name.split(":", 1)[1]
+        policy.update(kind="tiered", hbm_ratio=ratio if ratio == "auto" else float(ratio))
+        if access:  # host access pipelines its prefetched part per layer
+            policy.update(access=access, prefetch="layerwise_async")
     else:
-        policy["kind"] = cand.policy
+        policy["kind"] = name
     work = dict(data["workload"])
     old = base.workload.arrivals
     seed = getattr(old, "seed", None)
@@ -194,7 +220,7 @@ def candidate_scenario(base: Scenario, cand: Candidate, rate: float, spec: PlanS
     slo = {k: v * 1000.0 for k, v in (("ttft_ms", spec.ttft_s), ("tpot_ms", spec.tpot_s)) if v is not None}
     data.update(hardware=hw, policy=policy, workload=work, parallel={"tp": cand.tp_size},
                 sim={**(data.get("sim") or {}), "detail": "step"}, slo=slo)
-    data["name"] = f"plan-{cand.gpu}-x{cand.count}-tp{cand.tp_size}-{cand.policy.replace(':', '-')}"
+    data["name"] = f"plan-{cand.gpu}-x{cand.count}-tp{cand.tp_size}-{cand.policy.replace(':', '-').replace('/', '-')}"
     return scenario_from_dict(data, "plan")
 
 

@@ -110,6 +110,10 @@ def test_cli_table(scenario_path):
     (["--rate", "4", "--ttft-p99-ms", "500", "--gpus", "tpu-v9"], "--gpus"),
     (["--rate", "4", "--ttft-p99-ms", "500", "--counts", "1,x"], "--counts"),
     (["--rate", "4", "--ttft-p99-ms", "500", "--policies", "tiered:2"], "--policies"),
+    (["--rate", "4", "--ttft-p99-ms", "500", "--policies", "tiered:automatic"], "--policies"),
+    (["--rate", "4", "--ttft-p99-ms", "500", "--policies", "full_hbm/split"], "--policies"),
+    (["--rate", "4", "--ttft-p99-ms", "500", "--policies", "tiered:0.5/cpu"], "--policies"),
+    (["--rate", "4", "--ttft-p99-ms", "500", "--access", "prefetch,gpu"], "--access"),
     (["--rate", "4", "--ttft-p99-ms", "500", "--price", "h100-sxm"], "--price"),
     (["--rate", "4", "--ttft-p99-ms", "500", "--requests", "0"], "--requests"),
     (["--rate", "4", "--ttft-p99-ms", "500", "--executor", "threads"], "--executor"),
@@ -121,6 +125,23 @@ def test_bad_option_is_one_line_exit_2(scenario_path, args, field):
     assert res.returncode == 2, (res.stdout, res.stderr)
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and field in lines[0] and "Traceback" not in res.stderr
+
+
+def test_policies_cover_auto_and_access_strategies():
+    assert P.parse_policies(None) == ["full_hbm", "evict_only", "tiered:0.25", "tiered:0.5", "tiered:auto"]
+    assert P.parse_policies("tiered") == ["tiered:0.25", "tiered:0.5", "tiered:0.75", "tiered:auto"]
+    assert P.parse_policies("full_hbm,tiered:0.5,tiered:auto", "prefetch,host_attention") == [
+        "full_hbm", "tiered:0.5", "tiered:0.5/host_attention", "tiered:auto", "tiered:auto/host_attention"]
+    assert P.parse_policies("tiered:auto/split,evict_only", "host_attention") == ["tiered:auto/split", "evict_only"]
+    assert P.parse_policies("tiered:0.5/prefetch") == ["tiered:0.5"]
+
+
+def test_candidate_scenarios_carry_auto_and_the_access_strategy(scenario_path):
+    base = load_scenario(scenario_path)
+    sc = P.candidate_scenario(base, P.Candidate("h100-sxm", 1, "tiered:auto/host_attention"), 2.0, SPEC)
+    assert sc.policy.kind == "tiered" and sc.policy.hbm_ratio == "auto" and sc.policy.access == "host_attention"
+    sc = P.candidate_scenario(base, P.Candidate("h100-sxm", 1, "tiered:0.25"), 2.0, SPEC)
+    assert sc.policy.hbm_ratio == 0.25 and sc.policy.access == "prefetch"
 
 
 def test_a_link_bound_run_names_the_host_link():

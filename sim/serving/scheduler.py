@@ -119,7 +119,10 @@ class Scheduler:
         hbm, host = self._needs(att, aft, decoding)
         # (1) preempt the newest until the rest fits (cumulative sums grow, so what fits is a prefix)
         host_free = m.host_capacity_bytes - self._held_host_bytes()  # swapped K/V holds its host memory
-        keep = int(np.count_nonzero((np.cumsum(hbm) <= m.kv_budget_bytes) & (np.cumsum(host) <= host_free)))
+        keep = len(run)
+        cum_hbm, cum_host = np.cumsum(hbm), np.cumsum(host)
+        if keep and (cum_hbm[-1] > m.kv_budget_bytes or cum_host[-1] > host_free):  # all fit unless the last does not
+            keep = int(np.count_nonzero((cum_hbm <= m.kv_budget_bytes) & (cum_host <= host_free)))
         if keep < len(run):
             self._preempt(run[keep:][::-1], m.host_capacity_bytes - float(host[:keep].sum()), plan)
             run, decoding, att, aft, hbm, host = run[:keep], decoding[:keep], att[:keep], aft[:keep], hbm[:keep], host[:keep]
@@ -128,8 +131,11 @@ class Scheduler:
         admit_hbm = float(self.counter.admission_bytes(att, hbm).sum())  # what admission counts (auto: all in T0)
         # (2) the running requests in admission order: a decode takes one token, a prefill its next chunk
         budget = self.cfg.max_num_batched_tokens
-        want = np.where(decoding, 1, t.target[run] - t.computed[run])
-        take = np.minimum(want, np.maximum(budget - (np.cumsum(want) - want), 0))
+        if decoding.all() and len(run) <= budget:  # every running request decodes one token, within the budget
+            want = take = np.ones(len(run), dtype=np.int64)
+        else:
+            want = np.where(decoding, 1, t.target[run] - t.computed[run])
+            take = np.minimum(want, np.maximum(budget - (np.cumsum(want) - want), 0))
         sched = take > 0
         dec = sched & decoding
         plan.decodes = run[dec]
