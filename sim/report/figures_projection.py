@@ -36,6 +36,21 @@ class Lookup:
         key = tuple(sel[d] for d in DIMS_ALL)
         return self.points[key], self.limits[key]
 
+    def policy_points(self, sel: dict, policy: str, fitting: bool = True) -> pd.DataFrame:
+        """One policy's points of a cell by batch (only those that fit, unless `fitting` is False);
+        kept, since several figures draw the same line for every selection."""
+        key = (*(sel[d] for d in DIMS_ALL), policy)
+        if "_by_policy" not in self.__dict__:  # one split of the whole grid, each line in batch order
+            ordered = self.grid.points.sort_values("batch", kind="stable")
+            self._by_policy = {k: df for k, df in ordered.groupby([*DIMS_ALL, "policy"], sort=False)}
+            self._fitting = {}
+        if not fitting:
+            return self._by_policy[key]
+        if key not in self._fitting:
+            line = self._by_policy[key]
+            self._fitting[key] = line[line.fits]
+        return self._fitting[key]
+
     def max_batch_text(self, lim: pd.Series) -> str:
         mb = int(lim["max_batch"])
         if mb == 0:
@@ -83,10 +98,10 @@ def throughput_figure(grid: GridResult, lk: Lookup) -> SelectableFigure:
     top = max(grid.spec.batches)
 
     def view(sel):
-        pts, lim = lk.cell(sel)
+        lim = lk.cell(sel)[1]
         traces, shapes, notes = [], [], []
         for i, pol in enumerate(grid.spec.policies):
-            p = pts[(pts.policy == pol.key) & pts.fits].sort_values("batch")
+            p = lk.policy_points(sel, pol.key)
             row = lim.loc[pol.key]
             traces.append(_batch_trace(p, p.throughput_tok_per_s, f"{pol.label} - {lk.max_batch_text(row)}", pol.key,
                                        "batch %{x}<br>%{y:,.0f} tok/s"))
@@ -138,12 +153,12 @@ def hbm_saved_figure(grid: GridResult, lk: Lookup) -> SelectableFigure:
     first_gpu = grid.gpus[0].key
 
     def view(sel):
-        pts, _ = lk.cell({**sel, "gpu": first_gpu})
+        cell = {**sel, "gpu": first_gpu}  # HBM saved does not depend on the GPU
         traces = []
         for pol in grid.spec.policies:
             if pol.key == "full_hbm":
                 continue
-            p = pts[pts.policy == pol.key].sort_values("batch")
+            p = lk.policy_points(cell, pol.key, fitting=False)
             p = p[~p.wall_point]
             traces.append(_batch_trace(p, p.hbm_saved_bytes / GB, pol.label, pol.key, "batch %{x}<br>%{y:.2f} GB saved"))
         return traces, {"title.text": f"HBM saved vs full_hbm - {lk.where(sel, gpu=False)}"}
@@ -160,12 +175,12 @@ def link_figure(grid: GridResult, lk: Lookup) -> SelectableFigure:
     top = max(grid.spec.batches)
 
     def view(sel):
-        pts, lim = lk.cell(sel)
+        lim = lk.cell(sel)[1]
         traces = []
         shapes = [{"type": "line", "x0": 0, "x1": 1, "xref": "paper", "y0": LINK_BOTTLENECK_UTILIZATION * PERCENT,
                    "y1": LINK_BOTTLENECK_UTILIZATION * PERCENT, "yref": "y", "line": {"color": "#888", "dash": "dot"}}]
         for pol in tiered:
-            p = pts[(pts.policy == pol.key) & pts.fits].sort_values("batch")
+            p = lk.policy_points(sel, pol.key)
             lb = lim.loc[pol.key]["link_bound_batch"]
             if pd.isna(lb):
                 note = "link not the bottleneck before OOM"
@@ -189,10 +204,9 @@ def transfer_share_figure(grid: GridResult, lk: Lookup) -> SelectableFigure:
     tiered = [p for p in grid.spec.policies if p.tiered]
 
     def view(sel):
-        pts, _ = lk.cell(sel)
         traces = []
         for pol in tiered:
-            p = pts[(pts.policy == pol.key) & pts.fits].sort_values("batch")
+            p = lk.policy_points(sel, pol.key)
             traces.append(_batch_trace(p, p.transfer_share * PERCENT, f"{pol.label} - transfer", pol.key,
                                        "batch %{x}<br>transfer in flight %{y:.1f}% of time", legendgroup=pol.key))
             stall = _batch_trace(p, p.stall_share * PERCENT, f"{pol.label} - stall (exposed)", pol.key,
