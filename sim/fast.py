@@ -34,7 +34,7 @@ from .batch_tiers import BatchTiers
 from .pressure import resolve
 from .physics import (KV_SPLIT_COPIES, T2_BLOCKS, attention_flop, attention_s_array, decode_layer_cost,
                       retier_traffic, step_tail_s)
-from .tier_plan import (ACTIVE, ATT_T0, ATT_T1, ATT_T2, MV_D2H_T1, MV_D2H_T2, MV_EVICTED, MV_H2D_T1, MV_H2D_T2,
+from .tier_plan import (ACTIVE, ATT_T0, ATT_T1, ATT_T2, MV_D2H_T1, MV_D2H_T2, MV_H2D_T1, MV_H2D_T2,
                         MOVE_COLUMNS, TierPlan, sequence_rngs)
 from .tiers import T0, T1, T2, T3
 

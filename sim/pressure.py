@@ -68,18 +68,18 @@ def hbm_schedule(ctx, lengths: np.ndarray, policy: TierPolicy) -> tuple[float, .
             transit = np.where(window == s + interval, active * TRANSIT_INTERVALS * interval * ctx.kv_bytes_per_token, 0.0)
 
             def peak_bytes(keep: int) -> float:
-                c = retier_counts(before, n_tokens, prompt, policy.at_fraction(_share(keep, unprotected)))
+                c = retier_counts(before, n_tokens, prompt, policy.at_fraction(share_keeping(keep, unprotected)))
                 trace = memory_trace(ctx, active * (c[T0] + grown), active * c[T1], active * c[T2], active)
                 return float((trace.hbm_bytes + transit).max())
 
-            f = _share(_largest_keep(peak_bytes, unprotected, ctx.hw.memory_bytes), unprotected)
+            f = share_keeping(_largest_keep(peak_bytes, unprotected, ctx.hw.memory_bytes), unprotected)
         schedule.append(f)
         counts = retier_counts(before, n_tokens, prompt, policy.at_fraction(f))
         last = s
     return tuple(schedule)
 
 
-def _share(keep: int, unprotected: int) -> float:
+def share_keeping(keep: int, unprotected: int) -> float:
     """A T0 share whose `int(unprotected * share)` is exactly `keep` (k / n can land a hair under k
     after the multiplication; the middle of the interval cannot)."""
     return 1.0 if keep >= unprotected else (keep + 0.5) / unprotected

@@ -8,7 +8,7 @@ import pytest
 from sim import capacity
 from sim.context import build_context, draw_lengths
 from sim.counts import protected_count
-from sim.pressure import TRANSIT_INTERVALS, _largest_keep, _share, resolve
+from sim.pressure import TRANSIT_INTERVALS, _largest_keep, resolve, share_keeping
 from sim.scenario import load_scenario
 from sim.simulate import simulate
 from sim.tier_plan import MV_D2H_T1, MV_D2H_T2, MV_H2D_T1, MV_H2D_T2, plan_tiers
@@ -38,7 +38,7 @@ def reserve_for_kv(path, overrides: list[str], kv_share: float) -> str:
 def test_share_gives_exactly_the_kept_count():
     for n in (1, 3, 49, 1000, 12345):
         for k in range(0, n + 1, max(1, n // 97)):
-            assert int(n * _share(k, n)) == k
+            assert int(n * share_keeping(k, n)) == k
     assert int(49 * (1 / 49)) == 0  # why the middle of the interval: k / n can land under k
 
 
@@ -82,7 +82,7 @@ def test_pressure_fills_hbm_and_never_more():
     unprot = n - protected_count(n, sc.workload.prompt_tokens, pol)
     keep = int(unprot * sched[first])
     raised = list(sched)
-    raised[first] = _share(keep + 1, unprot)
+    raised[first] = share_keeping(keep + 1, unprot)
     bumped = capacity.memory_trace  # the same HBM sum, over the raised schedule's counts
     from dataclasses import replace
 

@@ -9,7 +9,7 @@ import pytest
 from sim.context import build_context
 from sim.serving.kv_memory import KvMemory, kv_memory
 from sim.serving.row_counts import PressureRows
-from sim.tiers import T0, T1, T2, T3, TierPolicy
+from sim.tiers import T1, TierPolicy
 
 from .test_serving import load, run, serving, workload
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..counts import protected_count, retier_counts
-from ..pressure import _share
+from ..pressure import share_keeping
 from ..tiers import T0, T1, T2, TIERS, TierPolicy
 from .kv_memory import KvMemory
 from .tier_counts import TierCounter
@@ -69,7 +69,6 @@ class PressureRows:
         self.base[:, T0] = self.prompts
         self.base_step = np.full(len(prompts), -1, dtype=np.int64)  # that re-tier's decode step (-1: none yet)
         self.share = 1.0  # of the requests that re-tier in the current step
-        self.lowest_share = 1.0
 
     def attended(self, rows: np.ndarray, steps: np.ndarray) -> np.ndarray:
         """Counts during decode step `steps`: the last re-tier's plus the tokens written since, this one's included."""
@@ -114,7 +113,6 @@ class PressureRows:
         if unprot:
             fixed = now[~due, T0].sum() + prot.sum()
             self.share = float(np.clip((budget - fixed) / unprot, 0.0, 1.0))
-            self.lowest_share = min(self.lowest_share, self.share)
 
     def step_counts(self, rows, generated, decoding):
         """(during the step, after it): a decode at step generated - 1, re-tiered at the step's share
@@ -127,7 +125,7 @@ class PressureRows:
             n, prot = self._unprotected(rows[due], steps[due])
             for k, i in enumerate(np.flatnonzero(due)):
                 unprot = int(n[k] - prot[k])
-                rule = self.policy.at_fraction(_share(int(unprot * self.share), unprot) if unprot else 1.0)
+                rule = self.policy.at_fraction(share_keeping(int(unprot * self.share), unprot) if unprot else 1.0)
                 aft[i] = retier_counts(tuple(int(x) for x in att[i]), int(n[k]), int(self.prompts[rows[i]]), rule)
         return att, aft
 
