@@ -36,7 +36,7 @@ from .physics import (KV_SPLIT_COPIES, T2_BLOCKS, attention_flop, attention_s_ar
                       retier_traffic, step_tail_s)
 from .tier_plan import (ACTIVE, ATT_T0, ATT_T1, ATT_T2, MV_D2H_T1, MV_D2H_T2, MV_H2D_T1, MV_H2D_T2,
                         MOVE_COLUMNS, TierPlan, sequence_rngs)
-from .tiers import T0, T1, T2, T3
+from .tiers import T0, T1, T2, T3, TierPolicy
 
 
 
@@ -55,25 +55,25 @@ def fast_plan(ctx: RunContext) -> TierPlan:
     """Exact tier counts; re-tier moves from `sim.fast_rows` representative sequences (module doc)."""
     w = ctx.scenario.workload
     lengths = draw_lengths(w, w.batch_size)
-    c = batch_counts(ctx, w.batch_size)
+    policy = resolve(ctx, lengths)  # hbm_ratio auto: the whole batch's pressure sets the shares
+    c = batch_counts(ctx, w.batch_size, policy)
     steps = len(c.active)
-    retier = ctx.policy.retier_mask(steps)
+    retier = policy.retier_mask(steps)
     attended = np.column_stack([c.attended[:, T0], c.attended[:, T1], c.attended[:, T2], c.active])
     moves = np.zeros((steps, MOVE_COLUMNS), dtype=np.int64)
     if retier.any():
-        moves = _sampled_moves(ctx, lengths, retier)
+        moves = _sampled_moves(ctx, policy, lengths, retier)
     return TierPlan(lengths=lengths, attended=attended, tiers_after=c.tiers_after, retier_moves=moves,
-                    retier_due=retier)
+                    retier_due=retier, policy=policy)
 
 
-def _sampled_moves(ctx: RunContext, lengths: np.ndarray, retier: np.ndarray) -> np.ndarray:
+def _sampled_moves(ctx: RunContext, policy: TierPolicy, lengths: np.ndarray, retier: np.ndarray) -> np.ndarray:
     """Re-tier moves summed over the batch, from one representative per block of sequences in
     length order (the longest of its block, so it decodes while any of its block does)."""
     sc, w = ctx.scenario, ctx.scenario.workload
     order = np.argsort(-lengths, kind="stable")
     blocks = np.array_split(order, min(sc.sim.fast_rows, len(lengths)))
     reps = np.array([b[0] for b in blocks])
-    policy = resolve(ctx, lengths)  # hbm_ratio auto: the whole batch's pressure sets the shares
     tiers = BatchTiers(w.prompt_tokens, lengths[reps], policy, sc.policy.importance,
                        sequence_rngs(w, len(lengths), reps), sc.policy.scoring)
     block_lengths = [np.sort(lengths[b]) for b in blocks]

@@ -17,7 +17,6 @@ from .fast import fast_plan, fast_timing, supports
 from .tier_plan import ACTIVE, ATT_T0, ATT_T1, ATT_T2, MV_D2H_T1, MV_D2H_T2, MV_EVICTED, plan_tiers
 from .tiers import T0, T1, T2, T3, TIERS
 from .physics import prefill_s
-from .pressure import resolve
 from .profile import Profile
 from .scenario import Scenario
 from .schema import LINK_BOTTLENECK_UTILIZATION, STEP_COLUMNS, SimRunSummary, tpot_percentiles_s
@@ -113,7 +112,7 @@ def _auto_shares(ctx: RunContext, plan) -> dict:
     """hbm_ratio auto: the lowest T0 share pressure set and the first step that tiered (else nothing)."""
     if not ctx.policy.auto:
         return {}
-    shares = resolve(ctx, plan.lengths).hbm_schedule
+    shares = plan.policy.hbm_schedule
     out = plan.retier_moves[:, MV_D2H_T1] + plan.retier_moves[:, MV_D2H_T2] + plan.retier_moves[:, MV_EVICTED]
     first = np.flatnonzero(out)
     return {"hbm_share_min": min(shares, default=1.0), "tiering_from_step": int(first[0]) if len(first) else None}

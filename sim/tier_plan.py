@@ -32,6 +32,7 @@ class TierPlan:
     tiers_after: np.ndarray  # (steps, 4) tokens in T0..T3 (columns `tiers.T0`..`T3`) summed over active sequences after the step
     retier_moves: np.ndarray  # (steps, 5) see MV_*
     retier_due: np.ndarray  # (steps,) bool: a re-tier follows the step
+    policy: TierPolicy | None = None  # the rule applied (hbm_ratio auto: with this batch's schedule)
 
     @property
     def steps(self) -> int:
@@ -86,4 +87,5 @@ def plan_tiers(ctx: RunContext) -> TierPlan:
             moves[end] = (total[T0, T1], total[T0, T2], total[T1, T0], total[T2, T0], total[:T3, T3].sum())
             after[end] = counts[:rows].sum(axis=0)
         begin = end + 1
-    return TierPlan(lengths=lengths, attended=attend, tiers_after=after, retier_moves=moves, retier_due=retier)
+    return TierPlan(lengths=lengths, attended=attend, tiers_after=after, retier_moves=moves, retier_due=retier,
+                    policy=policy)

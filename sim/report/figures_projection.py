@@ -28,6 +28,9 @@ class Lookup:
     def __post_init__(self):
         keys = list(DIMS_ALL)
         self.points = {k: df for k, df in self.grid.points.groupby(keys, sort=False)}
+        ordered = self.grid.points.sort_values("batch", kind="stable")  # each policy's line in batch order
+        self.lines = {k: df for k, df in ordered.groupby([*keys, "policy"], sort=False)}
+        self._fitting: dict[tuple, pd.DataFrame] = {}
         self.limits = {k: df.set_index("policy") for k, df in self.grid.limits.groupby(keys, sort=False)}
         self.gpu_label = {g.key: g.label for g in self.grid.gpus}
         self.policy_label = {p.key: p.label for p in self.grid.spec.policies}
@@ -40,15 +43,10 @@ class Lookup:
         """One policy's points of a cell by batch (only those that fit, unless `fitting` is False);
         kept, since several figures draw the same line for every selection."""
         key = (*(sel[d] for d in DIMS_ALL), policy)
-        if "_by_policy" not in self.__dict__:  # one split of the whole grid, each line in batch order
-            ordered = self.grid.points.sort_values("batch", kind="stable")
-            self._by_policy = {k: df for k, df in ordered.groupby([*DIMS_ALL, "policy"], sort=False)}
-            self._fitting = {}
         if not fitting:
-            return self._by_policy[key]
+            return self.lines[key]
         if key not in self._fitting:
-            line = self._by_policy[key]
-            self._fitting[key] = line[line.fits]
+            self._fitting[key] = self.lines[key][self.lines[key].fits]
         return self._fitting[key]
 
     def max_batch_text(self, lim: pd.Series) -> str:
