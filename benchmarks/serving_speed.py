@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from sim.scenario import load_scenario
+from sim.inputs.scenario import load_scenario
 from sim.serving.run import simulate_serving
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,11 +13,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from sim.context import build_context
-from sim.simulate import simulate
-from sim.tier_plan import plan_tiers
-from sim.projection import project
-from sim.scenario import load_scenario
+from sim.decode.context import build_context
+from sim.decode.projection import project
+from sim.decode.simulate import simulate
+from sim.inputs.scenario import load_scenario
+from sim.tiering.tier_plan import plan_tiers
 
 SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "h200-70b-int4.yaml"
 OVERRIDES = ["workload.batch_size=32", "workload.reasoning_tokens=4096"]

@@ -13,9 +13,9 @@ from typing import Any
 
 import typer
 
-from sim.atomic import write_text_atomic
-from sim.errors import EXIT_BAD_INPUT, ConfigError
-from sim.profile import profile_to_yaml
+from sim.inputs.errors import EXIT_BAD_INPUT, ConfigError
+from sim.inputs.profile import profile_to_yaml
+from sim.outputs.atomic import write_text_atomic
 
 PREFIX = "hwprobe calibrate: "
 DEVICES = ("cuda", "cpu")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from sim.cli_guard import GuardedTyper
+from sim.cli.guard import GuardedTyper
 
 app = GuardedTyper("hwprobe", add_completion=False, no_args_is_help=True,
                    help="hwprobe: measure a machine, run the real tiered KV cache, validate the simulator against it.")

@@ -20,16 +20,18 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from sim.context import build_context, draw_lengths, resolve_model
-from sim.intervals import busy_union_s
-from sim.memory import ACTIVATION_BUFFERS, activation_bytes, staging_bytes
-from sim.pressure import resolve
-from sim.tier_plan import sequence_tiers
-from sim.errors import ConfigError
-from sim.scenario import Scenario
-from sim.schema import P50, STEP_COLUMNS, MeasuredSummary, tpot_percentiles_s
-from sim.tiers import T0, T1, T2, T3, TIERS, TierPolicy
-from sim.units import GB, KV_TENSORS, MS
+from sim.decode.context import build_context
+from sim.device.intervals import busy_union_s
+from sim.device.memory import ACTIVATION_BUFFERS, activation_bytes, staging_bytes
+from sim.inputs.catalog import resolve_model
+from sim.inputs.errors import ConfigError
+from sim.inputs.lengths import draw_lengths
+from sim.inputs.scenario import Scenario
+from sim.model.units import GB, KV_TENSORS, MS
+from sim.outputs.schema import P50, STEP_COLUMNS, MeasuredSummary, tpot_percentiles_s
+from sim.tiering.pressure import resolve
+from sim.tiering.tier_plan import sequence_tiers
+from sim.tiering.tiers import T0, T1, T2, T3, TIERS, TierPolicy
 
 from .cache import CacheGeometry, CacheOptions, Runtime, TieredKVCache
 from .cache.host_attention import simulator_split_rule
@@ -39,7 +41,7 @@ from .model.qlinear import QUANTISED_WEIGHTS, int4_supported
 from .model.synthetic import GATE_UP
 
 MEMORY_HEADROOM = 0.85  # share of free device memory a run may plan to use (allocator slack, workspace)
-# Widest-activation buffers the real decode holds beyond the simulator's model (sim/memory.py
+# Widest-activation buffers the real decode holds beyond the simulator's model (sim/device/memory.py
 # ACTIVATION_BUFFERS: residual + scratch): the qkv and gate/up outputs are alive too. A margin on the
 # simulator's formula, not a second one: planning layers with too small a figure risks running out.
 EXTRA_ACTIVATION_BUFFERS = 2
@@ -126,7 +128,7 @@ def estimate_device_bytes(shapes: ModelShapes, layers: int, batch: int, peaks: T
                           access: str = "prefetch") -> float:
     """Weights + T0 + staging + activations for `layers` layers, to pick a subset that fits.
     layer_weight_bytes: one layer's weights (default: its parameters at `itemsize`).
-    Staging and activations are the simulator's formulas (sim/memory.py) at the run's itemsize, plus
+    Staging and activations are the simulator's formulas (sim/device/memory.py) at the run's itemsize, plus
     the attention workspace (one more staged layer) and EXTRA_ACTIVATION_BUFFERS; T2 counts at full
     precision, an upper bound. host_attention stages nothing."""
     row = KV_TENSORS * shapes.kv_dim * itemsize  # one token, one layer
@@ -176,7 +178,7 @@ def _warm_up(rt, model, batch: int, dtype) -> None:
 def measure_run(scenario: Scenario, opts: RunOptions) -> Measurement:
     import torch
 
-    spec = resolve_model(scenario)
+    spec = resolve_model(scenario.model)
     check_supported(scenario, spec)
     if opts.prefill not in PREFILL_MODES:
         raise ConfigError(f"--prefill: expected one of {', '.join(PREFILL_MODES)}, got {opts.prefill!r}")

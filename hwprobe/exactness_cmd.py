@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import typer
 
-from sim.errors import EXIT_BAD_INPUT
-from sim.tiers import T2, TierPolicy
+from sim.inputs.errors import EXIT_BAD_INPUT
+from sim.tiering.tiers import T2, TierPolicy
 
 from .cache import CacheGeometry, CacheOptions, Runtime, TieredKVCache
 from .model import ModelShapes, SyntheticTransformer

@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from sim.units import GB
+from sim.model.units import GB
 
 
 def collect(nvml: Any = None) -> dict:

@@ -12,7 +12,7 @@ import json
 
 import pandas as pd
 
-from sim.schema import RATIO_COLUMNS, THROUGHPUT, RatioRow, relative_error
+from sim.outputs.schema import RATIO_COLUMNS, THROUGHPUT, RatioRow, relative_error
 
 
 def workload_key(scenario) -> str:

@@ -11,8 +11,8 @@ from typing import List, Optional
 
 import typer
 
-from sim.errors import EXIT_BAD_INPUT, ConfigError
-from sim.schema import MeasuredSummary
+from sim.inputs.errors import EXIT_BAD_INPUT, ConfigError
+from sim.outputs.schema import MeasuredSummary
 
 DEVICES = ("cuda", "cpu")
 
@@ -49,7 +49,7 @@ def resolve_device(device: str | None) -> str:
 def check_run_options(*, layers: int | None = None, threads: int | None = None, attention: str = "merged",
                       prefill: str = "random", dtype: str | None = None, scores: str = "attention") -> None:
     """Every option of `hwprobe run` / `validate` checked before any work: a ConfigError naming it."""
-    from sim.limits import MAX_LAYERS
+    from sim.inputs.limits import MAX_LAYERS
 
     from .decode import PREFILL_MODES, RUN_DTYPES, SCORE_SOURCES
 
@@ -83,7 +83,7 @@ def print_summary(s: MeasuredSummary) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from sim.units import GB, MS
+    from sim.model.units import GB, MS
 
     t = Table(show_header=False, box=None)
     rows = [
@@ -131,8 +131,8 @@ def register(app: typer.Typer) -> None:
                                                       "choice per step)"),
     ) -> None:
         """Run the real tiered KV cache in a decode loop and measure it."""
-        from sim.output import check_out_path, default_run_path, to_json, write_run_dir
-        from sim.scenario import load_scenario
+        from sim.inputs.scenario import load_scenario
+        from sim.outputs.run_folder import check_out_path, default_run_path, to_json, write_run_dir
 
         from .decode import RunOptions, check_access_options, measure_run
 

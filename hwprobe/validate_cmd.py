@@ -22,9 +22,18 @@ import numpy as np
 import pandas as pd
 import typer
 
-from sim.errors import ConfigError
-from sim.schema import (DEVICE_MEMORY_PEAK, ROW_COLUMNS, STAT_COLUMNS, THROUGHPUT, VALIDATION_CHECKS,
-                        VALIDATION_METRICS, ErrorStat, ValidationRow, relative_error)
+from sim.inputs.errors import ConfigError
+from sim.outputs.schema import (
+    DEVICE_MEMORY_PEAK,
+    ROW_COLUMNS,
+    STAT_COLUMNS,
+    THROUGHPUT,
+    VALIDATION_CHECKS,
+    VALIDATION_METRICS,
+    ErrorStat,
+    ValidationRow,
+    relative_error,
+)
 
 from .ratios import ratio_rows
 
@@ -91,10 +100,10 @@ def validate(scenarios: list, predict: Callable[[object], dict], measure: Callab
 
 
 def simulator_predictor(profile_path: str | None):
-    """Scenario -> sim.simulate.simulate(scenario, profile).summary as a dict, the scenario's own
+    """Scenario -> sim.decode.simulate.simulate(scenario, profile).summary as a dict, the scenario's own
     profile if none given."""
-    from sim.simulate import simulate
-    from sim.profile import load_profile
+    from sim.decode.simulate import simulate
+    from sim.inputs.profile import load_profile
 
     cache: dict = {}
 
@@ -111,7 +120,7 @@ def simulator_predictor(profile_path: str | None):
 def hwprobe_measurer(opts, runs_dir: Path | None = None):
     """Scenario -> measured summary; with `runs_dir`, each run's directory (summary.json,
     steps.csv, resolved scenario) is kept under runs_dir/<scenario name>."""
-    from sim.output import safe_name, write_run_dir
+    from sim.outputs.run_folder import safe_name, write_run_dir
 
     from .decode import measure_run
 
@@ -127,8 +136,8 @@ def hwprobe_measurer(opts, runs_dir: Path | None = None):
 def recorded_measurer(measured_dir: Path):
     """Scenario -> the summary a past `hwprobe run` kept under measured_dir/<name> (validate's
     --runs-dir): the model can be re-checked against a GPU's measurements without the GPU."""
-    from sim.inputs import read_json
-    from sim.output import safe_name
+    from sim.inputs.reader import read_json
+    from sim.outputs.run_folder import safe_name
 
     def read(sc) -> dict:
         path = measured_dir / safe_name(sc.name) / "summary.json"
@@ -189,9 +198,9 @@ def _load_inputs(paths: list[Path], overrides: list[str], device: str | None, me
     """(device, loaded scenarios): the device is None when nothing is measured (--measured). Every
     option, input file (scenarios, profiles) and output path is checked here, before any work; bad
     input exits 2 with one line."""
-    from sim.output import check_out_path
-    from sim.profile import load_profile
-    from sim.scenario import load_scenario
+    from sim.inputs.profile import load_profile
+    from sim.inputs.scenario import load_scenario
+    from sim.outputs.run_folder import check_out_path
 
     from .run_cmd import DeviceUnavailable, check_run_options, fail, resolve_device
 
@@ -253,7 +262,7 @@ class _ProgressWriter:
         self.clock = time.monotonic()
 
     def __call__(self, so_far: pd.DataFrame) -> None:
-        from sim.atomic import write_text_atomic
+        from sim.outputs.atomic import write_text_atomic
 
         write_text_atomic(self.out_path, so_far.to_csv(index=False))
         write_text_atomic(_ratios_path(self.out_path), ratio_rows(self.loaded, so_far).to_csv(index=False))
@@ -287,7 +296,7 @@ class _Failures:
 
 
 def _write_tables(out_path: Path, rows: pd.DataFrame, stats: pd.DataFrame, ratios: pd.DataFrame) -> None:
-    from sim.atomic import write_text_atomic
+    from sim.outputs.atomic import write_text_atomic
 
     write_text_atomic(out_path, rows.to_csv(index=False))
     write_text_atomic(_ratios_path(out_path), ratios.to_csv(index=False))
@@ -336,7 +345,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Predict each scenario with the simulator, measure it with hwprobe run (or read an earlier
         measurement, --measured), compare."""
-        from sim.output import default_run_path
+        from sim.outputs.run_folder import default_run_path
 
         from .decode import RunOptions
 

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = REPO / "scenarios"
 
 
-CLI_APPS = {"kvsim": "sim.cli", "hwprobe": "hwprobe.cli"}
+CLI_APPS = {"kvsim": "sim.cli.main", "hwprobe": "hwprobe.cli"}
 
 
 def run_cli(*args: str, cwd: Path | None = None, tool: str = "kvsim",

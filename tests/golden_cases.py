@@ -45,7 +45,7 @@ def _shipped(path: Path) -> Case:
 
 CASES: tuple[Case, ...] = (
     *(_shipped(p) for p in sorted(SCENARIOS.glob("*.yaml"))),
-    # the paper check (sim/report/paper_check.py: PROTOTYPE_RUNS and link_only_cost)
+    # the paper check (sim/studies/paper_check.py: PROTOTYPE_RUNS and link_only_cost)
     Case("paper-full-hbm", PAPER, ("policy.kind=full_hbm",)),
     Case("paper-ours", PAPER, ("policy.semantics=global", "policy.prefetch=layerwise_async", "policy.pinned=true")),
     Case("paper-full-hbm-free-pack", PAPER, ("policy.kind=full_hbm", FREE_PACK)),
@@ -66,7 +66,7 @@ CASES: tuple[Case, ...] = (
 
 
 def _normalised_json(summary) -> str:
-    from sim.output import to_json
+    from sim.outputs.run_folder import to_json
 
     text = to_json(summary.model_dump(exclude=set(MACHINE_KEYS)))
     return text.replace(str(REPO), "<repo>") + "\n"
@@ -74,9 +74,9 @@ def _normalised_json(summary) -> str:
 
 def outputs(case: Case) -> dict[str, str]:
     """File name -> text of the golden files of one case."""
-    from sim.projection import project
-    from sim.scenario import load_scenario
-    from sim.simulate import simulate
+    from sim.decode.projection import project
+    from sim.decode.simulate import simulate
+    from sim.inputs.scenario import load_scenario
 
     sc = load_scenario(SCENARIOS / case.scenario, list(case.overrides))
     if case.serving:

@@ -1,5 +1,5 @@
-"""The batched tier evolution (`sim.batch_tiers`, used by `plan_tiers`) against the per-sequence one
-(`sim.sequence.SequenceTiers`, which hwprobe replays): the same tiers, token for token, for both
+"""The batched tier evolution (`sim.tiering.batch_tiers`, used by `plan_tiers`) against the per-sequence one
+(`sim.tiering.sequence.SequenceTiers`, which hwprobe replays): the same tiers, token for token, for both
 semantics, both scorings, drift, unequal lengths, and ties at the cuts."""
 
 from __future__ import annotations
@@ -7,19 +7,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.batch_tiers import BatchTiers, bottom_k_masks, rank_buckets
-from sim.context import build_context
-from sim.pressure import resolve
-from sim.scenario import load_scenario
-from sim.tier_plan import ATT_T0, ATT_T1, ATT_T2, ACTIVE, plan_tiers, sequence_tiers
-from sim.tiers import T0, T1, T2, T3, TierPolicy
+from sim.decode.context import build_context
+from sim.inputs.scenario import load_scenario
+from sim.tiering.batch_tiers import BatchTiers, bottom_k_masks, rank_buckets
+from sim.tiering.pressure import resolve
+from sim.tiering.tier_plan import ACTIVE, ATT_T0, ATT_T1, ATT_T2, plan_tiers, sequence_tiers
+from sim.tiering.tiers import T0, T1, T2, T3, TierPolicy
 
 from .conftest import SCENARIOS
 
 
 def reference_plan(ctx):
     """The plan built one sequence at a time with SequenceTiers (the pre-batching algorithm)."""
-    from sim.context import draw_lengths
+    from sim.inputs.lengths import draw_lengths
 
     w = ctx.scenario.workload
     lengths = draw_lengths(w, w.batch_size)
@@ -105,7 +105,7 @@ def test_rank_buckets_match_a_stable_sort():
 def test_rows_are_kept_longest_first_and_finish_as_a_prefix():
     policy = TierPolicy(kind="tiered", hbm_ratio=0.5, evict_ratio=0.1, retier_interval=4)
     rngs = [np.random.default_rng(i) for i in range(3)]
-    from sim.scenario import ImportanceCfg
+    from sim.inputs.scenario import ImportanceCfg
 
     b = BatchTiers(8, np.array([5, 12, 9]), policy, ImportanceCfg(), rngs)
     assert b.lengths.tolist() == [12, 9, 5] and b.unfinished(6) == 2 and b.unfinished(10) == 1

@@ -12,8 +12,8 @@ from hwprobe.calibrate import checks, summary, weight_kernels
 from hwprobe.calibrate.attention import fit_kv_stream, point_kv_bytes
 from hwprobe.calibrate.backend import CpuBackend
 from hwprobe.calibrate.plan import make_plan
-from sim import catalog
-from sim.profile import AttentionPoint, GemmPoint
+from sim.inputs import catalog
+from sim.inputs.profile import AttentionPoint, GemmPoint
 
 from .test_hwprobe_calibrate import _profile
 

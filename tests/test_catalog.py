@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from sim import catalog
-from sim.dtypes import KV_DTYPES, WEIGHT_DTYPES
-from sim.errors import ConfigError
+from sim.inputs import catalog
+from sim.inputs.errors import ConfigError
+from sim.model.dtypes import KV_DTYPES, WEIGHT_DTYPES
 
 from .conftest import run_cli
 

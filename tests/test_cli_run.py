@@ -52,7 +52,7 @@ def test_not_fitting_is_exit_zero(tmp_path):
 
 
 def test_profile_replaces_datasheet_link(tmp_path):
-    from sim.profile import CopyCurve, CopyPoint, LinkProfile, Profile, profile_to_yaml
+    from sim.inputs.profile import CopyCurve, CopyPoint, LinkProfile, Profile, profile_to_yaml
 
     pts = [CopyPoint(size_bytes=s, time_s=2e-6 + s / 10e9, bytes_per_s=s / (2e-6 + s / 10e9)) for s in (4096, 2**20, 2**26)]
     curves = [CopyCurve(direction=d, memory="pinned", points=pts, fit_per_copy_latency_s=2e-6, fit_bytes_per_s=10e9)
@@ -124,7 +124,7 @@ def test_bad_profile_file(tmp_path):
 def test_atomic_write_leaves_a_normally_readable_file(tmp_path):
     import os
 
-    from sim.atomic import write_text_atomic
+    from sim.outputs.atomic import write_text_atomic
 
     old = os.umask(0o022)
     try:

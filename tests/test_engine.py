@@ -9,12 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.capacity import batch_memory_trace, fits, max_batch
-from sim.context import build_context
-from sim.simulate import simulate
-from sim.output import to_json
-from sim.projection import project
-from sim.scenario import load_scenario, scenario_from_dict
+from sim.decode.capacity import batch_memory_trace, fits, max_batch
+from sim.decode.context import build_context
+from sim.decode.projection import project
+from sim.decode.simulate import simulate
+from sim.inputs.scenario import load_scenario, scenario_from_dict
+from sim.outputs.run_folder import to_json
 
 from .conftest import SCENARIOS
 
@@ -81,7 +81,7 @@ def test_a_retiers_demoted_tokens_are_held_on_the_device_until_they_land(small_s
     sc = scen(small_scenario_dict, "policy.compressed_ratio=0.2", "policy.protect_prompt=false")
     r = simulate(sc)
     ctx = build_context(sc, None)
-    from sim.tier_plan import MV_D2H_T1, MV_D2H_T2, plan_tiers
+    from sim.tiering.tier_plan import MV_D2H_T1, MV_D2H_T2, plan_tiers
 
     moves = plan_tiers(ctx).retier_moves
     transit = moves[:, MV_D2H_T1] * ctx.kv_bytes_per_token + moves[:, MV_D2H_T2] * ctx.t2_bytes_per_token

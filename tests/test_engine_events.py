@@ -13,11 +13,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from sim.context import build_context
-from sim.engine import DecodeSim
-from sim.hardware import LinkModel
-from sim.scenario import load_scenario
-from sim.tier_plan import MOVE_COLUMNS, MV_D2H_T1, TierPlan
+from sim.decode.context import build_context
+from sim.decode.engine import DecodeSim
+from sim.device.hardware import LinkModel
+from sim.inputs.scenario import load_scenario
+from sim.tiering.tier_plan import MOVE_COLUMNS, MV_D2H_T1, TierPlan
 
 from .conftest import SCENARIOS
 

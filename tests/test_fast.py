@@ -1,22 +1,23 @@
-"""The fast level of detail (`sim.detail: fast`, sim/fast.py) against the SimPy layer level, the
+"""The fast level of detail (`sim.detail: fast`, sim/decode/fast.py) against the SimPy layer level, the
 reference: every shipped closed-batch scenario and a seeded sample of sweep points agree within 1% on
 throughput, TPOT p50/p99 and peak HBM; step costs equal `physics.decode_step_cost`; the plan's
 counts are the token-level plan's; steps next to re-tiers contend as the layer level's do. Host
-access (sim/fast_host.py) follows the layer level step for step where the plan is exact."""
+access (sim/decode/fast_host.py) follows the layer level step for step where the plan is exact."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from sim.context import build_context
-from sim.fast import fast_plan, step_arrays
-from sim.fast_host import host_step_arrays
-from sim.inputs import read_yaml
-from sim.physics import attention_s, attention_s_array, decode_step_cost
-from sim.scenario import load_scenario
-from sim.simulate import simulate
-from sim.tier_plan import ACTIVE, ATT_T0, ATT_T1, ATT_T2, plan_tiers
+from sim.decode.context import build_context
+from sim.decode.fast import fast_plan
+from sim.decode.fast_arrays import step_arrays
+from sim.decode.fast_host import host_step_arrays
+from sim.decode.simulate import simulate
+from sim.device.physics import attention_s, attention_s_array, decode_step_cost
+from sim.inputs.reader import read_yaml
+from sim.inputs.scenario import load_scenario
+from sim.tiering.tier_plan import ACTIVE, ATT_T0, ATT_T1, ATT_T2, plan_tiers
 
 from .conftest import SCENARIOS
 
@@ -175,7 +176,7 @@ def test_host_access_steps_follow_the_layer_level_step_for_step(case):
 def test_host_access_cases_reach_the_contended_branches():
     """The cases above do what their names say: split attends part on the host while it prefetches
     the rest, and the DRAM slows the stream (and, beside a desktop socket, the copies)."""
-    from sim.fast_host import host_pipeline_arrays, pair_speeds
+    from sim.decode.fast_host import host_pipeline_arrays, pair_speeds
 
     for case in ("70b-split-server", "7b-split-desktop", "7b-split-two-engines"):
         name, overrides = HOST_CASES[case]
@@ -235,8 +236,8 @@ def test_host_access_with_one_copy_engine_is_timed_at_step_level():
 def test_host_pipeline_arrays_equal_the_scalar_closed_form():
     """Random layers (copies slowed or not, partials behind copies or not, buffers 1-3): the arrays
     give `host_pipeline`'s finish and busy time exactly."""
-    from sim.fast_host import host_pipeline_arrays
-    from sim.host_pipeline import HostLayer, host_pipeline
+    from sim.decode.fast_host import host_pipeline_arrays
+    from sim.device.host_pipeline import HostLayer, host_pipeline
 
     rng = np.random.default_rng(7)
     n = 400
@@ -259,8 +260,8 @@ def test_host_pipeline_arrays_equal_the_scalar_closed_form():
 
 
 def test_transfer_times_array_equals_the_link_model():
-    from sim.fast_host import transfer_times_s
-    from sim.hardware import behind_switch
+    from sim.decode.fast_host import transfer_times_s
+    from sim.device.hardware import behind_switch
 
     ctx = build_context(load_scenario(SCENARIOS / "h200-7b-batch.yaml"))
     nbytes = np.array([0.0, 1e3, 3.3e6, 5e8, 7e9])

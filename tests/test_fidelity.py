@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from sim import catalog
-from sim.catalog import EfficiencyDefaults
-from sim.hardware import resolve_hardware
-from sim.physics import attention_s, weight_kernel_s
-from sim.scenario import HardwareCfg
+from sim.device.hardware import resolve_hardware
+from sim.device.physics import attention_s, weight_kernel_s
+from sim.inputs import catalog
+from sim.inputs.catalog import EfficiencyDefaults
+from sim.inputs.scenario import HardwareCfg
 
 MiB = 2**20
 SEVEN_B = "deepseek-r1-distill-qwen-7b"
@@ -149,7 +149,7 @@ def test_attention_grows_into_its_bandwidth_with_context():
 
 # ---- a calibrated profile covers the four -------------------------------------------------------
 def test_profile_measurements_replace_the_four_models():
-    from sim.profile import ComputeProfile, Profile
+    from sim.inputs.profile import ComputeProfile, Profile
 
     prof = Profile(device="cuda", device_name="NVIDIA H200", machine="t", created_utc="2026-12-01T00:00:00Z",
                    device_memory_bytes=150e9, device_memory_free_bytes=146e9,

@@ -21,11 +21,22 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.errors import ConfigError
+from sim.inputs.errors import ConfigError
 
 from .conftest import run_cli
-from .promise import (HOSTILE_VALUES, assert_error_line, assert_refused, dump_yaml, field_name, files_under,
-                      leaf_paths, tiny_hf_config, tiny_profile, tiny_scenario, with_value)
+from .promise import (
+    HOSTILE_VALUES,
+    assert_error_line,
+    assert_refused,
+    dump_yaml,
+    field_name,
+    files_under,
+    leaf_paths,
+    tiny_hf_config,
+    tiny_profile,
+    tiny_scenario,
+    with_value,
+)
 
 CI_EXAMPLES = 20
 MAX_SECONDS_PER_CASE = 20.0  # a case that takes longer is a hang for this test's purpose
@@ -76,8 +87,8 @@ def _top(path: tuple) -> str:
 def _check_scenario_load(path: Path, top: str | None = None):
     """load_scenario: a ConfigError naming the file (and the top-level key `top`), or a scenario
     that simulates without an exception."""
-    from sim.scenario import load_scenario
-    from sim.simulate import simulate
+    from sim.decode.simulate import simulate
+    from sim.inputs.scenario import load_scenario
 
     try:
         sc = timed(load_scenario, path)
@@ -129,14 +140,14 @@ def test_fuzz_hf_config_every_field(change, as_tree):
         cfg.write_text(json.dumps(doc, allow_nan=True))
         p = d / "s.yaml"
         p.write_text(dump_yaml(tiny_scenario(cfg)))
-        from sim.scenario import load_scenario
+        from sim.inputs.scenario import load_scenario
 
         try:
             sc = timed(load_scenario, p)
         except ConfigError as err:
             assert_error_line(err, str(p), "model.hf_config", str(cfg))
             return
-        from sim.simulate import simulate
+        from sim.decode.simulate import simulate
 
         timed(simulate, sc)
 
@@ -144,7 +155,7 @@ def test_fuzz_hf_config_every_field(change, as_tree):
 @budget(20)
 @given(raw_bytes)
 def test_fuzz_hf_config_bytes(data: bytes):
-    from sim.catalog import model_from_hf_config
+    from sim.inputs.catalog import model_from_hf_config
 
     with workdir() as d:
         cfg = d / "config.json"
@@ -154,9 +165,9 @@ def test_fuzz_hf_config_bytes(data: bytes):
 
 
 def _check_profile_load(path: Path, top: str | None = None):
-    from sim.profile import load_profile
-    from sim.scenario import scenario_from_dict
-    from sim.simulate import simulate
+    from sim.decode.simulate import simulate
+    from sim.inputs.profile import load_profile
+    from sim.inputs.scenario import scenario_from_dict
 
     try:
         prof = timed(load_profile, path)
@@ -218,7 +229,7 @@ def test_fuzz_validation_csv(data: bytes):
                           hostile.map(lambda v: yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("..."))),
                 min_size=1, max_size=3))
 def test_fuzz_set_overrides(sets):
-    from sim.scenario import scenario_from_dict
+    from sim.inputs.scenario import scenario_from_dict
 
     overrides = [f"{k}={v.strip()}" for k, v in sets]
     try:

@@ -98,7 +98,7 @@ def metrics() -> list[str]:
 
 
 def test_default_grid_is_the_gpu_grid_and_valid_and_a_spent_deadline_runs_nothing(tmp_path):
-    from sim.scenario import load_scenario
+    from sim.inputs.scenario import load_scenario
 
     proc, seconds, out = run_script(tmp_path, DEADLINE="1")
     log = (out / "log.txt").read_text()

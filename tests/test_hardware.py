@@ -1,8 +1,8 @@
 """resolve_hardware: scenario override beats profile beats datasheet, and each says so in `sources`."""
 
-from sim.hardware import Sourced, resolve_hardware
-from sim.profile import ComputeProfile, LinkProfile, Profile, StepOverhead
-from sim.scenario import HardwareCfg
+from sim.device.hardware import Sourced, resolve_hardware
+from sim.inputs.profile import ComputeProfile, LinkProfile, Profile, StepOverhead
+from sim.inputs.scenario import HardwareCfg
 
 LABEL = "profile: test (cpu, 2026-11-30)"
 

@@ -7,14 +7,14 @@ import dataclasses
 
 import pytest
 
-from sim import catalog
-from sim.context import build_context
-from sim.engine import DecodeSim
-from sim.errors import ConfigError
-from sim.hardware import HostCpu, resolve_host
-from sim.physics import SPLIT_STEPS, decode_step_cost, host_path
-from sim.scenario import load_scenario
-from sim.simulate import simulate
+from sim.decode.context import build_context
+from sim.decode.engine import DecodeSim
+from sim.decode.simulate import simulate
+from sim.device.hardware import HostCpu, resolve_host
+from sim.device.physics import SPLIT_STEPS, decode_step_cost, host_path
+from sim.inputs import catalog
+from sim.inputs.errors import ConfigError
+from sim.inputs.scenario import load_scenario
 
 from .conftest import SCENARIOS
 from .test_engine_events import two_step_plan
@@ -39,7 +39,7 @@ def test_host_roofline_by_hand():
 
 def _host_profile(points, **host):
     from hwprobe.calibrate.host_attention import host_figures
-    from sim.profile import HostAttentionPoint, HostProfile, Profile
+    from sim.inputs.profile import HostAttentionPoint, HostProfile, Profile
 
     bytes_per_s, dispatch_s = host_figures([HostAttentionPoint(batch=1, tokens=n, kv_bytes=b, time_s=t)
                                             for n, b, t in points])
@@ -69,7 +69,7 @@ def test_profile_host_section_replaces_the_catalog_dram_rate_and_dispatch():
 
 
 def test_cpu_tiny_profile_drives_the_host_path(cpu_tiny_profile):
-    from sim.profile import load_profile
+    from sim.inputs.profile import load_profile
 
     result, out = cpu_tiny_profile  # `hwprobe calibrate --device cpu --tiny`, run once per session
     assert result.returncode == 0, result.stdout + result.stderr

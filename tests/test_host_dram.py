@@ -9,9 +9,9 @@ import dataclasses
 import pytest
 import simpy
 
-from sim.hardware import HostCpu
-from sim.host_dram import HostDram
-from sim.host_pipeline import HostLayer, dram_shares_bytes_per_s, dram_speeds, host_pipeline
+from sim.device.hardware import HostCpu
+from sim.device.host_dram import HostDram
+from sim.device.host_pipeline import HostLayer, dram_shares_bytes_per_s, dram_speeds, host_pipeline
 
 from .test_engine_events import MOVED, context, run, two_step_plan
 
@@ -171,7 +171,7 @@ def test_without_dma_beside_it_the_host_path_is_unchanged():
 def test_pair_speeds_array_equals_the_rule():
     import numpy as np
 
-    from sim.fast_host import pair_speeds
+    from sim.decode.fast_host import pair_speeds
 
     rng = np.random.default_rng(3)
     h = np.concatenate([rng.uniform(0, 5, 300), [0.0, 2.0, 1.0, 1.75]])

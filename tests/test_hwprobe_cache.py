@@ -1,4 +1,4 @@
-"""The real tiered KV cache on the CPU: exactness per tier, agreement with sim/tiers.py, token
+"""The real tiered KV cache on the CPU: exactness per tier, agreement with sim/tiering/tiers.py, token
 conservation, compounding eviction, and the staging ring's buffer reuse."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from hwprobe.cache import CacheGeometry, CacheOptions, Runtime, TieredKVCache  #
 from hwprobe.cache.peaks import batch_peaks  # noqa: E402
 from hwprobe.cache.quant import dequantize_int8, max_error_bound, quantize_int8  # noqa: E402
 from hwprobe.cache.slots import FREE, SlotTable  # noqa: E402
-from sim.scenario import ImportanceCfg  # noqa: E402
-from sim.sequence import SequenceTiers  # noqa: E402
-from sim.tiers import T0, T1, T2, T3, TierPolicy  # noqa: E402
+from sim.inputs.scenario import ImportanceCfg  # noqa: E402
+from sim.tiering.sequence import SequenceTiers  # noqa: E402
+from sim.tiering.tiers import T0, T1, T2, T3, TierPolicy  # noqa: E402
 
 PROMPT = 6
 GROUP = 4
@@ -155,7 +155,7 @@ def test_tier_counts_equal_the_simulator(semantics):
 
 
 def test_physical_stores_hold_exactly_the_assigned_tokens():
-    """Each tier's slot table holds the positions sim/tiers.py assigned to that tier, and T0/T1
+    """Each tier's slot table holds the positions sim/tiering/tiers.py assigned to that tier, and T0/T1
     slots hold those tokens' K/V bit for bit (unless the token passed through lossy T2)."""
     full, cache = make(FULL), make(MIXED)
     problems = []
@@ -377,9 +377,9 @@ def make_on(rt, policy, layers=2, batch=2, **opts):
 @pytest.mark.parametrize("prefetch", ["layerwise_async", "sync_per_step", "per_interval"])
 def test_copy_counts_are_the_simulators(prefetch, policy):
     """Every copy call hwprobe issues, per step and per re-tier, is one the simulator counts
-    (sim/physics.py): prefetch per layer, re-tier moves gathered per destination tier (the
+    (sim/device/physics.py): prefetch per layer, re-tier moves gathered per destination tier (the
     prototype: per layer, K and V apart), per_interval's resident refresh per layer."""
-    from sim.physics import prefetch_copies_per_layer, retier_copies
+    from sim.device.physics import prefetch_copies_per_layer, retier_copies
 
     L = 3
     cache = make(policy, layers=L, prefetch=prefetch)

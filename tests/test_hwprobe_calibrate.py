@@ -11,11 +11,20 @@ from hwprobe.calibrate import checks
 from hwprobe.calibrate.fit import fit_latency_bandwidth
 from hwprobe.calibrate.plan import powers_of_two
 from hwprobe.cli import app
-from sim import catalog
-from sim.atomic import write_text_atomic
-from sim.profile import (AttentionPoint, ComputeProfile, CopyCurve, CopyPoint, GemmPoint, LinkProfile, Profile,
-                         load_profile, profile_to_yaml)
-from sim.units import GB, TFLOP, GiB, KiB, MiB
+from sim.inputs import catalog
+from sim.inputs.profile import (
+    AttentionPoint,
+    ComputeProfile,
+    CopyCurve,
+    CopyPoint,
+    GemmPoint,
+    LinkProfile,
+    Profile,
+    load_profile,
+    profile_to_yaml,
+)
+from sim.model.units import GB, TFLOP, GiB, KiB, MiB
+from sim.outputs.atomic import write_text_atomic
 
 torch = pytest.importorskip("torch")
 runner = CliRunner()
@@ -364,7 +373,7 @@ def _assert_fidelity_figures(profile):
         assert [m for m, _ in curve] == [1, 8] and all(rate > 0 for _, rate in curve), dtype
         points = {p.m: p for p in c.gemm_points if p.dtype == dtype and (p.n, p.k) == (512, 3584)}
         assert [(m, points[m].weight_bytes_per_s) for m in (1, 8)] == curve  # the raw points are kept
-    int8_bytes = 512 * 3584 + 512 * 3584 / 128 * 2  # sim/dtypes.py: 1 byte + a 2-byte scale per 128
+    int8_bytes = 512 * 3584 + 512 * 3584 / 128 * 2  # sim/model/dtypes.py: 1 byte + a 2-byte scale per 128
     assert all(p.weight_bytes_per_s == pytest.approx(int8_bytes / p.time_s) for p in c.gemm_points if p.dtype == "int8")
     assert "cuBLAS" in c.weight_kernels["bf16"] if gpu else "cpu" in c.weight_kernels["bf16"]
     assert (INT8_CUDA_WARNING in w) == (gpu and "int8" in curves)
@@ -496,11 +505,10 @@ class PretendGpu(CpuBackend):
 
 
 def test_runner_gpu_path_records_nvml_state_and_checks_bounds():
-    from tests.test_hwprobe_info import H200 as NVML_H200
-    from tests.test_hwprobe_info import fake_nvml
-
     from hwprobe.calibrate.plan import make_plan
     from hwprobe.calibrate.runner import calibrate
+    from tests.test_hwprobe_info import H200 as NVML_H200
+    from tests.test_hwprobe_info import fake_nvml
 
     # A Gen3 x1 link that trained down to Gen2 under load, and a power cap: every warning path.
     nvml = fake_nvml(gpus=(dict(NVML_H200, gen=(2, 3), width=(1, 1)),), throttle_bits=0x4)

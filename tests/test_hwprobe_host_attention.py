@@ -16,10 +16,10 @@ torch = pytest.importorskip("torch")
 
 from hwprobe.cache import CacheGeometry, CacheOptions, Runtime, TieredKVCache  # noqa: E402
 from hwprobe.cache.attention import merge_partials, partial_softmax_attention, union_softmax_attention  # noqa: E402
-from sim.physics import PARTIAL_BYTES_PER_ELEMENT, SPLIT_STEPS  # noqa: E402
+from sim.device.physics import PARTIAL_BYTES_PER_ELEMENT, SPLIT_STEPS  # noqa: E402
 
 from .conftest import SCENARIOS, run_cli  # noqa: E402
-from .test_hwprobe_cache import D, FULL, G, GROUP, HKV, MIXED, PROMPT, T1_ONLY, WITH_T2, make  # noqa: E402
+from .test_hwprobe_cache import FULL, GROUP, HKV, MIXED, PROMPT, T1_ONLY, WITH_T2, D, G, make  # noqa: E402
 from .test_hwprobe_cache import drive as drive_with_kv  # noqa: E402
 
 TOL_ULPS = 16  # as the merged-softmax tests: split sums reorder, allow this many ulps of the magnitude
@@ -196,8 +196,8 @@ def test_bad_options_are_refused():
 
 def test_simulator_split_rule_picks_a_grid_fraction():
     from hwprobe.cache.host_attention import simulator_split_rule
-    from sim.context import build_context
-    from sim.scenario import load_scenario
+    from sim.decode.context import build_context
+    from sim.inputs.scenario import load_scenario
 
     rule = simulator_split_rule(build_context(load_scenario(SCENARIOS / "h200-7b-batch.yaml",
                                                             ["policy.access=split"])))
@@ -222,8 +222,8 @@ def hwprobe_run(tmp_path, name, *extra):
 def test_run_host_attention_reports_and_moves_what_the_simulator_counts(tmp_path):
     """Replaying the simulator's decisions, both sides move the same bytes: queries out and
     partials back each layer, plus the same re-tier traffic."""
-    from sim.scenario import load_scenario
-    from sim.simulate import simulate
+    from sim.decode.simulate import simulate
+    from sim.inputs.scenario import load_scenario
 
     summary, steps = hwprobe_run(tmp_path, "host", "--set", "policy.access=host_attention", "--scores", "simulator")
     assert summary["access"] == "host_attention" and 0 < summary["host_attention_share"] < 1

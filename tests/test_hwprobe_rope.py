@@ -7,10 +7,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sim.tiers import TierPolicy  # noqa: E402
-
 from hwprobe.cache import CacheGeometry, CacheOptions, Runtime, TieredKVCache  # noqa: E402
 from hwprobe.model.synthetic import ModelShapes, Rope, SyntheticTransformer  # noqa: E402
+from sim.tiering.tiers import TierPolicy  # noqa: E402
 
 HEAD_DIM = 16
 SHAPES = ModelShapes(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=HEAD_DIM, intermediate=128, vocab=97)

@@ -98,9 +98,9 @@ def test_sync_per_step_copies_every_layer_every_step(scenario, tmp_path):
 def _layer_staging_bytes(scenario_path) -> int:
     """One layer's T1 + T2 staging for the batch at the planned peaks (bf16 rows, int8 + fp16 scales)."""
     from hwprobe.cache.peaks import batch_peaks
-    from sim.context import draw_lengths
-    from sim.scenario import load_scenario
-    from sim.tiers import TierPolicy
+    from sim.inputs.lengths import draw_lengths
+    from sim.inputs.scenario import load_scenario
+    from sim.tiering.tiers import TierPolicy
 
     sc = load_scenario(scenario_path)
     peaks = batch_peaks(TierPolicy.from_config(sc.policy), PROMPT, draw_lengths(sc.workload, BATCH))
@@ -154,8 +154,8 @@ def test_variable_reasoning_lengths(scenario, tmp_path):
     ["policy.prefetch=per_interval", "policy.scoring=recent"],
 ], ids=["layerwise", "prototype", "per-interval-recent"])
 def test_replayed_decisions_move_exactly_what_the_simulator_plans(scenario, tmp_path, overrides):
-    from sim.simulate import simulate
-    from sim.scenario import load_scenario
+    from sim.decode.simulate import simulate
+    from sim.inputs.scenario import load_scenario
 
     sets = [x for o in overrides for x in ("--set", o)]
     hw, hw_steps = run(scenario, tmp_path / "replay", "--scores", "simulator", *sets)
@@ -173,8 +173,8 @@ def test_replay_with_unequal_lengths_copies_the_padded_block(scenario, tmp_path)
     """T1/T2 are stored [slot, row] per layer and prefetched as one block of high-water slots for
     every row, so rows with fewer staged tokens (or finished ones) are copied as padding: the
     cache's H2D exceeds the simulator's live-token figure, while every tier decision agrees."""
-    from sim.simulate import simulate
-    from sim.scenario import load_scenario
+    from sim.decode.simulate import simulate
+    from sim.inputs.scenario import load_scenario
 
     overrides = ["workload.reasoning_tokens={dist: uniform, min: 10, max: 24}", "workload.batch_size=3"]
     hw, hw_steps = run(scenario, tmp_path / "var", "--scores", "simulator", *[x for o in overrides for x in ("--set", o)])
@@ -239,8 +239,8 @@ def test_run_on_cuda(scenario, tmp_path, prefetch, pinned):
 
 
 def test_synthetic_model_sizes_match_its_tensors():
-    from sim import catalog
     from hwprobe.model.synthetic import ModelShapes, SyntheticTransformer
+    from sim.inputs import catalog
 
     shapes = ModelShapes.from_spec(catalog.model_from_hf_config(REPO / "scenarios" / "models" / "tiny-qwen2.json"))
     model = SyntheticTransformer(shapes, "cpu", torch.float32, seed=0)
@@ -253,8 +253,8 @@ def test_synthetic_model_sizes_match_its_tensors():
 def test_auto_policy_replays_the_simulators_pressure_schedule(scenario, tmp_path):
     """hbm_ratio auto: the real cache applies the shares the simulator's memory pressure sets (here a
     runtime reserve leaves HBM for 60% of the batch's KV, over enough steps for the transit room), token for token."""
-    from sim.simulate import simulate
-    from sim.scenario import load_scenario
+    from sim.decode.simulate import simulate
+    from sim.inputs.scenario import load_scenario
     from tests.test_pressure import reserve_for_kv
 
     overrides = ["policy.hbm_ratio=auto", "workload.reasoning_tokens=120"]

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from hwprobe.validate_cmd import ALL_METRICS, CHECKS, COMPARED, METRICS, validate
-from sim.scenario import scenario_from_dict
-from sim.schema import relative_error
+from sim.inputs.scenario import scenario_from_dict
+from sim.outputs.schema import relative_error
 from tests.conftest import write_hf_scenario
 
 torch = pytest.importorskip("torch")
@@ -121,8 +121,8 @@ def variant(scenario_file, tmp_path, name: str, **policy) -> str:
 
 
 def test_validate_end_to_end_on_cpu(scenario_file, tmp_path):
-    from sim.simulate import simulate
-    from sim.scenario import load_scenario
+    from sim.decode.simulate import simulate
+    from sim.inputs.scenario import load_scenario
 
     out = tmp_path / "validate.csv"
     res = validate_on_cpu("--out", str(out), "--json", "--runs-dir", str(tmp_path / "runs"), str(scenario_file))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.errors import ConfigError
+from sim.inputs.errors import ConfigError
 
 from .conftest import SCENARIOS, run_cli
 from .promise import assert_refused, dump_yaml, files_under, tiny_hf_config, tiny_profile, tiny_scenario, with_value
@@ -69,7 +69,7 @@ def test_decoding_errors_are_input_errors(tmp_path, reader, kind):
 def test_yaml_duplicate_key_is_refused_and_exponents_are_numbers(tmp_path):
     (tmp_path / "s.yaml").write_text(dump_yaml(tiny_scenario()) + "name: again\n")
     assert_refused(run_cli("run", "s.yaml", cwd=tmp_path), "s.yaml", "duplicate key 'name'")
-    from sim.inputs import parse_yaml
+    from sim.inputs.reader import parse_yaml
 
     assert parse_yaml("a: 64e9\nb: 6.4e10\nc: '64e9'", "x") == {"a": 64e9, "b": 6.4e10, "c": "64e9"}
 
@@ -185,12 +185,12 @@ def test_a_million_layers_is_refused_with_the_limit(tmp_path):
 # ---- output paths ------------------------------------------------------------------------------
 
 def _no_simulation(monkeypatch):
-    import sim.simulate
+    import sim.decode.simulate
 
     def refuse(*a, **k):
         raise AssertionError("simulated before the output path was checked")
 
-    monkeypatch.setattr(sim.simulate, "simulate", refuse)
+    monkeypatch.setattr(sim.decode.simulate, "simulate", refuse)
 
 
 @pytest.mark.parametrize("out,expected", [("afile", "exists and is not a folder"), ("afile/below", "is a file; cannot write")])
@@ -242,7 +242,7 @@ def test_run_folder_is_written_whole(tmp_path, monkeypatch, fail_at, existing):
     """An interrupt at any write leaves the complete folder or none (an existing folder: its old files)."""
     import os as os_module
 
-    from sim import atomic
+    from sim.outputs import atomic
 
     out = tmp_path / "run"
     if existing:
@@ -343,12 +343,12 @@ def test_kvsim_report_warns_of_a_cpu_profile_applied_to_a_gpu_run(tmp_path):
 # ---- the last-resort handler -------------------------------------------------------------------
 
 def test_an_internal_error_is_one_line_pointing_to_debug(tmp_path, monkeypatch):
-    import sim.simulate
+    import sim.decode.simulate
 
     def broken(*a, **k):
         raise RuntimeError("a bug\nwith a second line")
 
-    monkeypatch.setattr(sim.simulate, "simulate", broken)
+    monkeypatch.setattr(sim.decode.simulate, "simulate", broken)
     _write(tmp_path)
     res = run_cli("run", "s.yaml", cwd=tmp_path)
     assert res.returncode == 1 and "Traceback" not in res.stderr
@@ -366,10 +366,10 @@ def test_an_error_line_stays_one_line_whatever_the_input_holds(tmp_path):
 
 
 def test_loaders_raise_only_config_errors_for_a_missing_file(tmp_path):
-    from sim.catalog import model_from_hf_config
-    from sim.profile import load_profile
+    from sim.inputs.catalog import model_from_hf_config
+    from sim.inputs.profile import load_profile
+    from sim.inputs.scenario import load_scenario
     from sim.report.validation_table import load_validation
-    from sim.scenario import load_scenario
 
     for load in (load_scenario, load_profile, model_from_hf_config, load_validation):
         with pytest.raises(ConfigError, match="file not found"):
@@ -377,7 +377,7 @@ def test_loaders_raise_only_config_errors_for_a_missing_file(tmp_path):
 
 
 def test_real_scenarios_still_load():
-    from sim.scenario import load_scenario
+    from sim.inputs.scenario import load_scenario
 
     for path in sorted(SCENARIOS.glob("*.yaml")):
         load_scenario(path)

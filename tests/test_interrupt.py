@@ -33,7 +33,7 @@ sys.argv = [sys.argv[1]] + sys.argv[3:]
 app()
 """
 PRELOAD = {
-    "sim.cli": "sim.simulate,sim.output,sim.profile,sim.scenario,sim.report.command",
+    "sim.cli.main": "sim.decode.simulate,sim.outputs.run_folder,sim.inputs.profile,sim.inputs.scenario,sim.report.command",
     "hwprobe.cli": "torch,hwprobe.calibrate.runner,hwprobe.calibrate.backend,hwprobe.calibrate.plan,hwprobe.calibrate.summary",
 }
 
@@ -54,8 +54,8 @@ def test_sigint_at_random_moments_leaves_complete_output_or_none(tmp_path):
     jobs = []  # (CLI module, arguments, when to interrupt after ready (s), kind, output path)
     # moments up to about each command's own run time (a later one finds it done: the complete output)
     for i in range(2):
-        jobs.append(("sim.cli", ["run", "s.yaml", "--out", f"run{i}"], rng.uniform(0.0, 0.8), "run", tmp_path / f"run{i}"))
-    jobs.append(("sim.cli", ["report", "s.yaml", "--out", "report.html"], rng.uniform(0.0, 1.2), "report",
+        jobs.append(("sim.cli.main", ["run", "s.yaml", "--out", f"run{i}"], rng.uniform(0.0, 0.8), "run", tmp_path / f"run{i}"))
+    jobs.append(("sim.cli.main", ["report", "s.yaml", "--out", "report.html"], rng.uniform(0.0, 1.2), "report",
                  tmp_path / "report.html"))
     if importlib.util.find_spec("torch") is not None:
         jobs.append(("hwprobe.cli", ["calibrate", "--device", "cpu", "--tiny", "--out", "cal.yaml"],
@@ -88,7 +88,7 @@ def test_sigint_at_random_moments_leaves_complete_output_or_none(tmp_path):
         elif kind == "report":
             assert out.read_text().rstrip().endswith("</html>"), context
         else:
-            from sim.profile import load_profile
+            from sim.inputs.profile import load_profile
 
             load_profile(out)
     leftovers = [f for f in files_under(tmp_path) if f.endswith(".tmp") or "/." in f or f.startswith(".")]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sim.intervals import busy_union_s, uncovered_intervals, union_intervals
+from sim.device.intervals import busy_union_s, uncovered_intervals, union_intervals
 
 
 def test_union_merges_overlapping_and_touching_intervals():

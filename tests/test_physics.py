@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import pytest
 
-from sim import catalog
-from sim.hardware import LinkModel, interp_log2, resolve_hardware
-from sim.memory import activation_bytes, staging_bytes
-from sim.physics import (attention_flop, decode_layer_cost, gemm_flop, host_pack_s, layerwise_pipeline_s, lm_head_s,
-                         roofline_s, step_tail_s)
-from sim.profile import CopyCurve, CopyPoint
-from sim.scenario import HardwareCfg
+from sim.device.hardware import LinkModel, interp_log2, resolve_hardware
+from sim.device.memory import activation_bytes, staging_bytes
+from sim.device.physics import (
+    attention_flop,
+    decode_layer_cost,
+    gemm_flop,
+    host_pack_s,
+    layerwise_pipeline_s,
+    lm_head_s,
+    roofline_s,
+    step_tail_s,
+)
+from sim.inputs import catalog
+from sim.inputs.profile import CopyCurve, CopyPoint
+from sim.inputs.scenario import HardwareCfg
 
 
 def hw(**over):
@@ -114,7 +122,7 @@ def test_staging_and_activation_bytes():
 
 
 def test_copy_counts_follow_the_host_layout():
-    from sim.physics import prefetch_copies_per_layer, retier_copies
+    from sim.device.physics import prefetch_copies_per_layer, retier_copies
 
     assert prefetch_copies_per_layer("layerwise_async", True, False) == 1  # one token-major block per layer
     assert prefetch_copies_per_layer("layerwise_async", True, True) == 3  # + int8 payload and scales
@@ -125,8 +133,8 @@ def test_copy_counts_follow_the_host_layout():
 
 
 def test_sync_per_step_step_time_hand_arithmetic():
-    from sim.simulate import simulate
-    from sim.scenario import load_scenario
+    from sim.decode.simulate import simulate
+    from sim.inputs.scenario import load_scenario
 
     from .conftest import SCENARIOS
 
@@ -158,7 +166,7 @@ def test_an_asynchronous_device_takes_the_longer_of_device_work_and_host_enqueue
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_measured_tiny_layer_time_is_host_time_on_cuda_and_device_time_on_the_cpu(device):
-    from sim.profile import ComputeProfile, LinkProfile, Profile
+    from sim.inputs.profile import ComputeProfile, LinkProfile, Profile
 
     prof = Profile(device=device, device_name="test", machine="t", created_utc="2026-11-30T00:00:00Z",
                    link=LinkProfile(curves=[]), compute=ComputeProfile(layer_overhead_s=1.5e-4))
@@ -171,7 +179,7 @@ def test_measured_tiny_layer_time_is_host_time_on_cuda_and_device_time_on_the_cp
 
 
 def _profile_with_loops(device: str):
-    from sim.profile import ComputeProfile, LinkProfile, Profile, StepOverhead
+    from sim.inputs.profile import ComputeProfile, LinkProfile, Profile, StepOverhead
 
     loops = {"none": StepOverhead(layer_s=1e-4, step_s=5e-4), "layerwise_async": StepOverhead(layer_s=2e-4, step_s=6e-4)}
     return Profile(device=device, device_name="test", machine="t", created_utc="2026-11-30T00:00:00Z",
@@ -204,8 +212,8 @@ def test_step_tail_is_the_longer_of_device_and_host():
                                                       ("tiered", "sync_per_step", "sync_per_step"),
                                                       ("tiered", "layerwise_async", "layerwise_async")])
 def test_a_scenario_picks_the_loop_costs_of_its_staging(kind, prefetch, staging):
-    from sim.context import build_context
-    from sim.scenario import scenario_from_dict
+    from sim.decode.context import build_context
+    from sim.inputs.scenario import scenario_from_dict
 
     sc = scenario_from_dict({"name": "s", "model": {"name": "deepseek-r1-distill-qwen-7b"},
                              "policy": {"kind": kind, "prefetch": prefetch, "pinned": prefetch != "sync_per_step"}}, "t")
@@ -215,7 +223,7 @@ def test_a_scenario_picks_the_loop_costs_of_its_staging(kind, prefetch, staging)
 
 
 def test_a_measured_host_packing_rate_replaces_the_assumed_one():
-    from sim.profile import ComputeProfile, LinkProfile, Profile
+    from sim.inputs.profile import ComputeProfile, LinkProfile, Profile
 
     assert hw().host_pack_bytes_per_s == 8e9 and "assumed" in hw().sources["host_pack_bytes_per_s"]
     prof = Profile(device="cuda", device_name="test", machine="t", created_utc="2026-11-30T00:00:00Z",

@@ -9,8 +9,8 @@ import json
 import pytest
 import yaml
 
-from sim import plan as P
-from sim.scenario import load_scenario
+from sim.inputs.scenario import load_scenario
+from sim.plan import search as P
 
 from .conftest import SCENARIOS, run_cli
 
@@ -147,8 +147,8 @@ def test_candidate_scenarios_carry_auto_and_the_access_strategy(scenario_path):
 def test_a_link_bound_run_names_the_host_link():
     from types import SimpleNamespace
 
-    from sim.plan import binding
-    from sim.scenario import load_scenario
+    from sim.inputs.scenario import load_scenario
+    from sim.plan.search import binding
 
     sc = load_scenario(SCENARIOS / "serving-h100-70b-tp4.yaml")
     s = SimpleNamespace(fits=True, preemptions=0, hbm_peak_bytes=1.0, hbm_capacity_bytes=100.0, host_peak_bytes=0.0,
@@ -177,7 +177,7 @@ SMALL_SPEC = P.PlanSpec(rate=4.0, ttft_s=0.5, tpot_s=0.02, requests=40)
 def test_cache_reuses_stored_candidates_and_their_probes(scenario_path, tmp_path):
     from dataclasses import replace
 
-    from sim.sweep.options import Execution
+    from sim.runner.options import Execution
 
     base = load_scenario(scenario_path)
     args = (base, SMALL_SPEC, ["h100-sxm"], [1, 2], ["full_hbm", "tiered:0.5"])

@@ -1,18 +1,20 @@
-"""`policy.hbm_ratio: auto` (sim/pressure.py): tiering only under memory pressure."""
+"""`policy.hbm_ratio: auto` (sim/tiering/pressure.py): tiering only under memory pressure."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from sim import capacity
-from sim.context import build_context, draw_lengths
-from sim.counts import protected_count
-from sim.pressure import TRANSIT_INTERVALS, _largest_keep, resolve, share_keeping
-from sim.scenario import load_scenario
-from sim.simulate import simulate
-from sim.tier_plan import MV_D2H_T1, MV_D2H_T2, MV_H2D_T1, MV_H2D_T2, plan_tiers
-from sim.tiers import T0, T1, T2, T3, TierPolicy
+from sim.decode import capacity
+from sim.decode.context import build_context
+from sim.decode.simulate import simulate
+from sim.inputs.lengths import draw_lengths
+from sim.inputs.scenario import load_scenario
+from sim.tiering.counts import protected_count
+from sim.tiering.memory_trace import memory_trace
+from sim.tiering.pressure import TRANSIT_INTERVALS, _largest_keep, resolve, share_keeping
+from sim.tiering.tier_plan import MV_D2H_T1, MV_D2H_T2, MV_H2D_T1, MV_H2D_T2, plan_tiers
+from sim.tiering.tiers import T0, T1, T2, T3, TierPolicy
 
 from .conftest import SCENARIOS, run_cli
 from .promise import assert_refused
@@ -83,7 +85,7 @@ def test_pressure_fills_hbm_and_never_more():
     keep = int(unprot * sched[first])
     raised = list(sched)
     raised[first] = share_keeping(keep + 1, unprot)
-    bumped = capacity.memory_trace  # the same HBM sum, over the raised schedule's counts
+    bumped = memory_trace  # the same HBM sum, over the raised schedule's counts
     from dataclasses import replace
 
     c = capacity.batch_counts(ctx, 96, replace(pol, hbm_schedule=tuple(raised)))
@@ -146,7 +148,7 @@ def test_token_level_plan_fits_where_counts_do(path, over, kv_share):
     plan = plan_tiers(ctx)
     np.testing.assert_array_equal(plan.tiers_after, counts.tiers_after)
     att = plan.attended
-    mem = capacity.memory_trace(ctx, att[:, 0], att[:, 1], att[:, 2], att[:, 3], plan.tiers_after,
+    mem = memory_trace(ctx, att[:, 0], att[:, 1], att[:, 2], att[:, 3], plan.tiers_after,
                                 plan.retier_moves[:, [MV_D2H_T1, MV_D2H_T2]])
     assert capacity.fits(mem, ctx)[0], (mem.hbm_peak_bytes - ctx.hw.memory_bytes) / 1e9
 

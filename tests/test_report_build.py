@@ -14,7 +14,7 @@ import pytest
 import yaml
 from plotly.offline import get_plotlyjs
 
-from sim.errors import ConfigError
+from sim.inputs.errors import ConfigError
 from sim.report.command import build_report
 from sim.studies.projection_grid import DEFAULT_GRID
 
@@ -132,8 +132,8 @@ def test_set_overrides_every_scenario(tmp_path, small_scenario_dict):
 
 
 def test_projection_tables_written_beside_the_html(projection_html):
-    from sim.capacity import max_batch
-    from sim.context import build_context
+    from sim.decode.capacity import max_batch
+    from sim.decode.context import build_context
     from sim.report.command import grid_csv_paths
     from sim.studies.projection_grid import DEFAULT_POLICIES, grid_scenario
 

@@ -14,8 +14,8 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
+from sim.runner.options import Execution
 from sim.studies.projection_grid import DEFAULT_GRID, run_grid
-from sim.sweep.options import Execution
 
 from .conftest import REPO, SCENARIOS, run_cli
 from .test_sweep import _alive, _children
@@ -63,7 +63,7 @@ import sys, time
 from dataclasses import replace
 from pathlib import Path
 from sim.studies import projection_grid as G
-from sim.sweep.options import Execution
+from sim.runner.options import Execution
 from tests.test_report_cache import GRID
 
 rows = G.cell_rows
@@ -159,7 +159,7 @@ def slow(cell):
     return rows(cell)
 G.cell_rows = slow
 command.build_report.__kwdefaults__["grid_spec"] = GRID
-from sim.cli import app
+from sim.cli.main import app
 sys.argv = ["kvsim", "report", *sys.argv[1:]]
 app()
 """

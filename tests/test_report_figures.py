@@ -12,17 +12,17 @@ import pandas as pd
 import pytest
 import yaml
 
-from sim.capacity import max_batch
-from sim.context import build_context
-from sim.simulate import simulate
+from sim.decode.capacity import max_batch
+from sim.decode.context import build_context
+from sim.decode.simulate import simulate
+from sim.inputs.scenario import scenario_from_dict
+from sim.model.units import MS
+from sim.outputs.schema import LINK_BOTTLENECK_UTILIZATION
 from sim.report.figures_projection import Lookup, dimensions, projection_figures
 from sim.report.figures_run import occupancy_figure, stall_intervals, thin, timeline_figure, timeline_rows
 from sim.report.figures_validation import validation_figure
-from sim.studies.projection_grid import DEFAULT_GRID, grid_scenario, run_grid
 from sim.report.selectable import compact
-from sim.schema import LINK_BOTTLENECK_UTILIZATION
-from sim.scenario import scenario_from_dict
-from sim.units import MS
+from sim.studies.projection_grid import DEFAULT_GRID, grid_scenario, run_grid
 
 SMALL = replace(DEFAULT_GRID, models=(("7B", "deepseek-r1-distill-qwen-7b"),), weight_dtypes=("bf16", "int4"),
                 gpus=("rtx-4090", "h100-sxm"), batches=(1, 2, 4, 8, 16, 32, 64), lengths=(2048, 8192),
@@ -185,7 +185,7 @@ MEASURED_PROFILE = {
 
 
 def test_measured_profile_is_an_extra_gpu_column(tmp_path):
-    from sim.profile import load_profile
+    from sim.inputs.profile import load_profile
     from sim.studies.projection_grid import profile_base_gpu
 
     path = tmp_path / "p.yaml"

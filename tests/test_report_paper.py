@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from sim import catalog
-from sim.studies import paper_claims as paper
+from sim.inputs import catalog
+from sim.model.units import GB, MB
 from sim.report.figures_paper import paper_figures
+from sim.studies import paper_claims as paper
 from sim.studies.paper_check import check_paper, paper_rule_kv_bytes_per_token
-from sim.units import GB, MB
 
 MODELS = (("7B", "deepseek-r1-distill-qwen-7b"), ("70B", "deepseek-r1-distill-llama-70b"))
 

@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from sim import plan as P
-from sim.plan_files import MISS_KEYS, PLAN_FILES, PROBE_COLUMNS, candidate_key
+from sim.plan import search as P
+from sim.plan.files import MISS_KEYS, PLAN_FILES, PROBE_COLUMNS, candidate_key, plan_csv
 from sim.report.command import build_report
 from sim.report.document import PLAN_EXAMPLE
 from sim.report.figures_serving import LATENCY_PANELS, latency_figure, max_rate_figure, table_rows
@@ -61,7 +61,7 @@ def _probes_of(probes: pd.DataFrame, row) -> pd.DataFrame:
 def test_plan_writes_three_files_and_plan_csv_is_unchanged(searched, files):
     out, rows = searched
     assert sorted(p.name for p in out.iterdir()) == sorted(PLAN_FILES)  # no temporary file left
-    assert (out / "plan.csv").read_text() == P.plan_csv(rows)  # the same table as before this section existed
+    assert (out / "plan.csv").read_text() == plan_csv(rows)  # the same table as before this section existed
     plan, probes, doc = files
     assert list(probes.columns) == PROBE_COLUMNS
     assert doc["rate_per_s"] == RATE_PER_S and doc["ttft_p99_ms"] == TTFT_MS and doc["tpot_p99_ms"] == TPOT_MS

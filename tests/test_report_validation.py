@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from sim.errors import ConfigError
+from sim.inputs.errors import ConfigError
 from sim.report.summary_text import validation_sentences
 from sim.report.validation_table import load_validation
 

@@ -1,4 +1,4 @@
-"""The output documents (sim/schema.py): frozen, no undeclared keys, fields in the documented
+"""The output documents (sim/outputs/schema.py): frozen, no undeclared keys, fields in the documented
 order, and the validation table's names taken from them."""
 
 from __future__ import annotations
@@ -7,8 +7,19 @@ import numpy as np
 import pydantic
 import pytest
 
-from sim.schema import (ROW_COLUMNS, STAT_COLUMNS, VALIDATION_CHECKS, VALIDATION_METRICS, DecodeRates, Document,
-                        MeasuredSummary, ProjectionSummary, RunName, SimRunSummary, fields_in_order)
+from sim.outputs.schema import (
+    ROW_COLUMNS,
+    STAT_COLUMNS,
+    VALIDATION_CHECKS,
+    VALIDATION_METRICS,
+    DecodeRates,
+    Document,
+    MeasuredSummary,
+    ProjectionSummary,
+    RunName,
+    SimRunSummary,
+    fields_in_order,
+)
 
 PROJECTION = dict(fits=True, hbm_peak_bytes=2e9, host_peak_bytes=0.0, hbm_shortfall_bytes=0.0, hbm_capacity_bytes=8e9,
                   hbm_saved_bytes=0.0, max_batch=None, decode_s=1.0, throughput_tok_per_s=100.0, tpot_p50_s=0.01,

@@ -9,14 +9,24 @@ import json
 import numpy as np
 import pytest
 
-from sim.context import build_context
-from sim.physics import (ALLREDUCES_PER_LAYER, attention_flop, attention_s, decode_step_cost, lm_head_s,
-                         mixed_step_cost, prefill_s, roofline_s, step_tail_s, weight_kernel_s)
-from sim.scenario import scenario_from_dict
+from sim.decode.context import build_context
+from sim.decode.simulate import simulate
+from sim.device.physics import (
+    ALLREDUCES_PER_LAYER,
+    attention_flop,
+    attention_s,
+    decode_step_cost,
+    lm_head_s,
+    mixed_step_cost,
+    prefill_s,
+    roofline_s,
+    step_tail_s,
+    weight_kernel_s,
+)
+from sim.inputs.scenario import scenario_from_dict
 from sim.serving.metrics import weighted_percentile
 from sim.serving.run import simulate_serving
 from sim.serving.scheduler import StepPlan
-from sim.simulate import simulate
 
 from .conftest import SCENARIOS, run_cli
 
@@ -254,7 +264,7 @@ def test_closed_loop_keeps_concurrency_clients():
 
 
 def test_gamma_arrivals_have_the_rate_and_cv():
-    from sim.serving.arrivals import build_requests
+    from sim.inputs.requests import build_requests
 
     w = load(serving(workload=workload(arrivals={"kind": "gamma", "rate_per_s": 4.0, "cv": 3.0,
                                                  "requests": 20_000}))).workload
@@ -270,7 +280,7 @@ def test_a_trace_gives_arrivals_and_lengths(tmp_path):
     import yaml
 
     path.write_text(yaml.safe_dump(serving(workload=workload(arrivals={"kind": "trace", "path": "trace.csv"}))))
-    from sim.scenario import load_scenario
+    from sim.inputs.scenario import load_scenario
 
     res = simulate_serving(load_scenario(path))
     req = res.requests
@@ -358,7 +368,7 @@ def test_serving_sections_need_arrivals_and_a_closed_batch_command_refuses_a_ser
 
 def test_tiered_serving_reports_link_utilisation():
     """The serving summary carries each link direction's busy share, so the planner can name the link."""
-    from sim.scenario import load_scenario
+    from sim.inputs.scenario import load_scenario
     from sim.serving.run import simulate_serving
 
     over = ["workload.arrivals.requests=40", "policy.kind=tiered", "policy.hbm_ratio=0.25", "parallel.tp=2",

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.context import build_context
+from sim.decode.context import build_context
 from sim.serving.kv_memory import KvMemory, kv_memory
 from sim.serving.row_counts import PressureRows
-from sim.tiers import T1, TierPolicy
+from sim.tiering.tiers import T1, TierPolicy
 
 from .test_serving import load, run, serving, workload
 

@@ -9,21 +9,20 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from sim.context import build_context
-from sim.hardware import LinkModel, behind_switch, gpus_sharing_uplink, switch_share_bytes_per_s
-from sim.scenario import load_scenario, scenario_from_dict
-from sim.serving.arrivals import RequestSet, build_requests, draw_prompts
+from sim.decode.context import build_context
+from sim.device.hardware import LinkModel, behind_switch, gpus_sharing_uplink, switch_share_bytes_per_s
+from sim.inputs.requests import RequestSet, build_requests, draw_prompts
+from sim.inputs.scenario import load_scenario, scenario_from_dict
+from sim.model.units import GB
+from sim.outputs.run_folder import to_json
+from sim.outputs.schema import REQUEST_COLUMNS, SERVING_QUIET, SERVING_TIMELINE_COLUMNS, ServingSummary
 from sim.serving.kv_memory import kv_memory
 from sim.serving.request import RequestTable
+from sim.serving.row_counts import FixedRows
 from sim.serving.run import simulate_serving
 from sim.serving.scheduler import Scheduler
-from sim.serving.row_counts import FixedRows
 from sim.serving.tier_counts import TierCounter
-from sim.tiers import T0, T1, T2
-
-from sim.output import to_json
-from sim.schema import REQUEST_COLUMNS, SERVING_QUIET, SERVING_TIMELINE_COLUMNS, ServingSummary
-from sim.units import GB
+from sim.tiering.tiers import T0, T1, T2
 
 from .conftest import SCENARIOS, run_cli
 from .test_serving import load, run, serving, workload

@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from sim.errors import ConfigError
-from sim.sweep import run_sweep
+from sim.inputs.errors import ConfigError
+from sim.sweep.run import run_sweep
 from sim.sweep.spec import load_spec
 from tests.conftest import REPO, SCENARIOS, run_cli, small_scenario
 
@@ -98,9 +98,9 @@ def test_bad_spec_writes_nothing(tmp_path):
 # ---- the hash ---------------------------------------------------------------------------------
 
 def test_hash_follows_scenario_profile_version_and_level(tmp_path, monkeypatch):
+    import sim.runner.store as store
     import sim.sweep.points as pts
-    import sim.sweep.store as store
-    from sim.scenario import scenario_from_dict
+    from sim.inputs.scenario import scenario_from_dict
 
     sc = scenario_from_dict(small_scenario(), "x")
     level = pts.Level("projection", False)
@@ -271,8 +271,8 @@ def test_ray_executor_writes_the_local_table(tmp_path, local_ray):
 def test_ray_runs_the_report_grid_as_locally(tmp_path, local_ray):
     from dataclasses import replace
 
+    from sim.runner.options import Execution
     from sim.studies.projection_grid import run_grid
-    from sim.sweep.options import Execution
     from tests.test_report_cache import GRID
 
     grid = replace(GRID, lengths=(2048,))  # 4 cells: one Ray task of 4
@@ -284,9 +284,9 @@ def test_ray_runs_the_report_grid_as_locally(tmp_path, local_ray):
 
 
 def test_ray_runs_the_plan_as_locally(local_ray):
-    from sim import plan as P
-    from sim.scenario import scenario_from_dict
-    from sim.sweep.options import Execution
+    from sim.inputs.scenario import scenario_from_dict
+    from sim.plan import search as P
+    from sim.runner.options import Execution
     from tests.test_plan import SCENARIO, SMALL_SPEC
 
     base = scenario_from_dict(SCENARIO, "plan")

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from sim import catalog
-from sim.context import build_context
-from sim.errors import ConfigError
-from sim.physics import decode_layer_cost
-from sim.scenario import load_scenario
-from sim.simulate import simulate
+from sim.decode.context import build_context
+from sim.decode.simulate import simulate
+from sim.device.physics import decode_layer_cost
+from sim.inputs import catalog
+from sim.inputs.errors import ConfigError
+from sim.inputs.scenario import load_scenario
 
 from .conftest import SCENARIOS
 

@@ -6,10 +6,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.counts import count_trajectory, protected_count
-from sim.scenario import ImportanceCfg
-from sim.sequence import SequenceTiers, draw_importance
-from sim.tiers import T0, T1, T2, T3, TierPolicy, assign_tiers, protected_mask, tier_counts
+from sim.inputs.scenario import ImportanceCfg
+from sim.tiering.counts import count_trajectory, protected_count
+from sim.tiering.sequence import SequenceTiers, draw_importance
+from sim.tiering.tiers import T0, T1, T2, T3, TierPolicy, assign_tiers, protected_mask, tier_counts
 
 
 def test_protected_mask_prompt_sinks_recent():

@@ -3,7 +3,7 @@
 Per decode step the decode loop calls `begin_step()`, then for each layer `layer_start(l)` (issues
 the prefetch of the next layer(s)) and `attend(l, q, k, v)` (stores the new token's K/V in T0 and
 attends over T0 plus the staged T1/T2 tokens), then `end_step()` (re-tiers when due). Tier
-decisions are sim/tiers.py's, on scores = attention probability received, averaged over query
+decisions are sim/tiering/tiers.py's, on scores = attention probability received, averaged over query
 heads and layers, accumulated with no decay - or, with `replay`, the simulator's own decisions.
 
 How T1/T2 reach attention follows the prefetch mode (DESIGN.md "Tier policy"): `layerwise_async`
@@ -24,12 +24,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.scenario import DEFAULT_POLICY
-from sim.tiers import T0, T1, T2, T3, TIERS, TierPolicy
-from sim.units import KV_TENSORS
+from sim.inputs.scenario import DEFAULT_POLICY
+from sim.model.units import KV_TENSORS
+from sim.tiering.tiers import T0, T1, T2, T3, TIERS, TierPolicy
 
-from .attention import (NEG_INF, merge_partials, ordered_union, partial_softmax_attention, union_softmax_attention,
-                        unorder_probs)
+from .attention import (
+    NEG_INF,
+    merge_partials,
+    ordered_union,
+    partial_softmax_attention,
+    union_softmax_attention,
+    unorder_probs,
+)
 from .counters import StepCounters
 from .host_attention import HostAttention, HostSpan
 from .offload import OffloadLane
@@ -49,7 +55,7 @@ ACCESS_MODES = ("prefetch", "host_attention", "split")
 
 @dataclass(frozen=True)
 class CacheOptions:
-    """Policy fields default to the scenario schema's (sim/scenario.py DEFAULT_POLICY)."""
+    """Policy fields default to the scenario schema's (sim/inputs/scenario.py DEFAULT_POLICY)."""
 
     # layerwise_async (this project) | sync_per_step (the paper's prototype) | per_interval
     prefetch: str = DEFAULT_POLICY.prefetch
@@ -72,7 +78,7 @@ class CacheOptions:
 class TieredKVCache:
     def __init__(self, rt, geom: CacheGeometry, policy: TierPolicy, options: CacheOptions,
                  prompt_tokens: int, lengths, dtype, replay: list | None = None, split_rule=None):
-        """replay: per row, the simulator's SequenceTiers (sim.tier_plan.sequence_tiers); re-tier
+        """replay: per row, the simulator's SequenceTiers (sim.tiering.tier_plan.sequence_tiers); re-tier
         decisions then follow the simulator's seeded scores instead of this cache's attention.
         split_rule: (active rows, t0, t1, t2 tokens) -> share attended on the host, for access split
         without a fixed `host_fraction` (host_attention.simulator_split_rule)."""

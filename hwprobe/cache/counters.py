@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 class StepCounters:
     h2d_bytes: int = 0
     d2h_bytes: int = 0
-    h2d_copies: int = 0  # copy calls, to compare with sim/physics.py's copy counts
+    h2d_copies: int = 0  # copy calls, to compare with sim/device/physics.py's copy counts
     d2h_copies: int = 0
     stalls: list = field(default_factory=list)  # (mark, mark): compute waiting on link transfers
     h2d_busy: list = field(default_factory=list)  # (mark, mark) on the copy stream

@@ -38,8 +38,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from sim.tiers import T1
-from sim.units import KV_TENSORS
+from sim.model.units import KV_TENSORS
+from sim.tiering.tiers import T1
 
 from .attention import merge_shares, partial_softmax_attention
 from .quant import dequantize_int8
@@ -194,11 +194,11 @@ class HostAttention:
 
 
 def simulator_split_rule(ctx):
-    """`split`'s fraction as the simulator chooses it (sim/physics.py `decode_step_cost`, access
+    """`split`'s fraction as the simulator chooses it (sim/device/physics.py `decode_step_cost`, access
     split): the share of host-resident tokens attended on the host that makes the step fastest on
     the scenario's hardware model, for the step's tier counts. Returns
     rule(active rows, t0, t1, t2 tokens over the batch) -> fraction."""
-    from sim.physics import decode_step_cost
+    from sim.device.physics import decode_step_cost
 
     m, p = ctx.scenario.model, ctx.scenario.policy
 

@@ -1,7 +1,7 @@
 """Device -> host offload of a re-tier's demotions (T0 -> T1/T2) on a stream of its own.
 
 The demoted tokens of all layers are gathered on the device into one block per destination tier
-(T2: quantised there) and copied as sim/physics.py's `retier_copies` counts (coalesced: one copy
+(T2: quantised there) and copied as sim/device/physics.py's `retier_copies` counts (coalesced: one copy
 per block; the prototype: per layer, K and V apart). Like the simulator, the offload blocks the
 next step under `sync_per_step` or pageable memory and is asynchronous otherwise: it overlaps the
 following steps, and until it has landed its tokens are *in transit*:
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.tiers import T1, T2
+from sim.tiering.tiers import T1, T2
 
 from .quant import quantize_int8
 from .runtime import OFFLOAD

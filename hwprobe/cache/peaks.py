@@ -1,6 +1,6 @@
 """Tier peaks: the most tokens any row holds in each tier at any moment of the run.
 
-Tier sizes follow from the ratios alone (sim/counts.py mirrors sim/tiers.py exactly), so the peaks
+Tier sizes follow from the ratios alone (sim/tiering/counts.py mirrors sim/tiering/tiers.py exactly), so the peaks
 are exact before a single token is scored, and every store is allocated once at its final size: no
 reallocation (and no allocator noise in the measured memory peak) during the decode loop.
 """
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.counts import count_trajectory
-from sim.tiers import T0, T1, T2, TierPolicy
+from sim.tiering.counts import count_trajectory
+from sim.tiering.tiers import T0, T1, T2, TierPolicy
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class TierPeaks:
 
 
 def row_peaks(policy: TierPolicy, prompt_tokens: int, reasoning_tokens: int) -> TierPeaks:
-    """Peaks of one sequence, from the simulator's own tier counts (`sim.counts.count_trajectory`,
+    """Peaks of one sequence, from the simulator's own tier counts (`sim.tiering.counts.count_trajectory`,
     counts after each step's re-tier). T0 peaks just before a re-tier: the previous step's T0 plus
     the step's new token."""
     after = count_trajectory(prompt_tokens, reasoning_tokens, policy)

@@ -4,12 +4,12 @@ Before each step's forward pass the host synchronises, copies every layer's T1 t
 with K and V as two separate copies (the prototype keeps them as separate tensors) and the T2 tokens
 as payload and scales (two copies), from pageable memory unless pinned, and synchronises again: no
 copy overlaps compute. The copies are dropped after the step. Per layer that is
-sim/physics.py's `prefetch_copies_per_layer("sync_per_step", ...)`.
+sim/device/physics.py's `prefetch_copies_per_layer("sync_per_step", ...)`.
 """
 
 from __future__ import annotations
 
-from sim.units import KV_TENSORS
+from sim.model.units import KV_TENSORS
 
 
 class PrototypeCopies:

@@ -1,9 +1,9 @@
 """`per_interval`: T1/T2 brought to the device once per re-tier interval and kept there.
 
 Right after each re-tier every layer's T1 and T2 prefix is copied host -> device (per layer one T1
-copy and T2 payload + scales, sim/physics.py's `prefetch_copies_per_layer("per_interval", ...)`)
+copy and T2 payload + scales, sim/device/physics.py's `prefetch_copies_per_layer("per_interval", ...)`)
 and the next step waits for it, as the simulator's re-tier waits for its promotions. No copy runs
-per step. The device then holds every layer's T1/T2 (sim/memory.py `staging_bytes("per_interval")`):
+per step. The device then holds every layer's T1/T2 (sim/device/memory.py `staging_bytes("per_interval")`):
 this is why the mode saves no HBM.
 """
 

@@ -1,8 +1,8 @@
-"""Re-tier: fold the accumulated attention into per-token scores, let sim/tiers.py decide every
+"""Re-tier: fold the accumulated attention into per-token scores, let sim/tiering/tiers.py decide every
 token's new tier (the simulator's rule), then move the bytes. With `replay` (scores: simulator) the
 decisions are the simulator's own seeded ones instead, so both move exactly the same tokens.
 
-Moves, batched over rows and all layers at once (copy counts as sim/physics.py's `retier_copies`):
+Moves, batched over rows and all layers at once (copy counts as sim/device/physics.py's `retier_copies`):
 - T0 -> T1 / T2 (demotion): offload.py - gathered on the device (T2: quantised there), device -> host
   on the offload stream; asynchronous unless the policy blocks (sync_per_step, pageable memory).
 - T1 / T2 -> T0 (promotion): gathered on the host, host -> device on the copy stream (T2: dequantised
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.tiers import T0, T1, T2, assign_tiers, diff_moves, protected_mask
+from sim.tiering.tiers import T0, T1, T2, assign_tiers, diff_moves, protected_mask
 
 from .offload import Demotion
 from .quant import dequantize_int8, quantize_int8
@@ -47,7 +47,7 @@ def fold_scores(cache) -> None:
 
 
 def _replayed(cache, b: int, old: np.ndarray) -> np.ndarray:
-    """Row b's new tiers from the simulator's seeded state for the same sequence (sim/tier_plan.py),
+    """Row b's new tiers from the simulator's seeded state for the same sequence (sim/tiering/tier_plan.py),
     which must have reached the same tiers: both start from the same prompt and take the same steps."""
     seq = cache.replay[b]
     seq.advance(cache.step + 1 - seq.steps_done)

@@ -5,7 +5,7 @@ released it (an event recorded after the last read), then records `ready`; the c
 waits on `ready` before reading. Both waits are GPU-side, so the host never blocks and layer l+1's
 copy runs while layer l computes. Releases are recorded, never `record_stream`ed (FACTS.md).
 With one buffer the next copy can only start after the current layer has read it. Per layer the
-copies are sim/physics.py's `prefetch_copies_per_layer("layerwise_async", ...)`: one T1 prefix, T2
+copies are sim/device/physics.py's `prefetch_copies_per_layer("layerwise_async", ...)`: one T1 prefix, T2
 payload and scales.
 """
 

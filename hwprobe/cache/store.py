@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.dtypes import SCALE_BYTES
-from sim.units import KV_TENSORS
+from sim.model.dtypes import SCALE_BYTES
+from sim.model.units import KV_TENSORS
 
 from .peaks import TierPeaks
 

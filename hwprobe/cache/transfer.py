@@ -1,4 +1,4 @@
-"""How many copies a block transfer takes, as sim/physics.py counts them.
+"""How many copies a block transfer takes, as sim/device/physics.py counts them.
 
 A re-tier moves blocks [K tokens, L layers, X values] (X = one token's row in one layer, or its T2
 scales). Coalesced (`layerwise_async`, `per_interval`), a block is one copy (`retier_copies`: one
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 
-from sim.units import KV_TENSORS
+from sim.model.units import KV_TENSORS
 
 
 def layer_major(block, kv_split: bool):

@@ -15,9 +15,9 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from sim.model_spec import ModelSpec
-from sim.profile import AttentionPoint
-from sim.units import KV_TENSORS
+from sim.inputs.profile import AttentionPoint
+from sim.model.spec import ModelSpec
+from sim.model.units import KV_TENSORS
 
 from .fit import fit_latency_bandwidth
 from .operands import DTYPE_BYTES, budget_bytes, random, rotation_count
@@ -116,7 +116,7 @@ FIT_MAX_MEDIAN_RESIDUAL = 0.25  # median |t - fit| / t: a line that misses most 
 
 @dataclass(frozen=True)
 class AttentionFit:
-    """time = latency_s + K/V bytes / bytes_per_s over the decode attention points (sim/physics.py
+    """time = latency_s + K/V bytes / bytes_per_s over the decode attention points (sim/device/physics.py
     attention_s is this line); `unsound` says why it should not replace the best point's rate."""
 
     latency_s: float

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from sim.units import MS, KiB, MiB
+from sim.model.units import MS, KiB, MiB
 
 from .env import cpu_model, cuda_unavailable_reason, host_memory_available_bytes, import_torch
 from .timing import PairWindow, Window

@@ -11,10 +11,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sim import catalog
-from sim.catalog import GpuSpec
-from sim.errors import ConfigError
-from sim.profile import Profile
+from sim.inputs import catalog
+from sim.inputs.catalog import GpuSpec
+from sim.inputs.errors import ConfigError
+from sim.inputs.profile import Profile
 
 from . import fmt
 from .env import THROTTLING_BITS, throttle_reason_names

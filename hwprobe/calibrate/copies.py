@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
-from sim.profile import CopyCurve, CopyPoint
+from sim.inputs.profile import CopyCurve, CopyPoint
 
 from . import fmt
 from .fit import fit_latency_bandwidth

@@ -13,7 +13,7 @@ import socket
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from sim.units import KiB
+from sim.model.units import KiB
 
 MHZ_TO_HZ = 1e6
 MILLIWATTS_PER_WATT = 1e3

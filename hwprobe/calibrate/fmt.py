@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from sim.units import GB, TFLOP, GiB, KiB, MiB
+from sim.model.units import GB, TFLOP, GiB, KiB, MiB
 
 GFLOP = 1e9
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-from sim.model_spec import ModelSpec
-from sim.profile import GemmPoint
-from sim.units import FLOP_PER_MAC
+from sim.inputs.profile import GemmPoint
+from sim.model.spec import ModelSpec
+from sim.model.units import FLOP_PER_MAC
 
 from .operands import DTYPE_BYTES, budget_bytes, random, rotation_count
 from .timing import MIN_WINDOW_S, WindowTiming, time_window
@@ -44,7 +44,7 @@ def _point(m: int, n: int, k: int, dtype: str, timing: WindowTiming) -> GemmPoin
 
 def sim_bytes_point(m: int, n: int, k: int, dtype: str, weight_bytes: float, timing: WindowTiming) -> GemmPoint:
     """A point of a quantised weight kernel (activations in bf16): its weight rate counted in the
-    simulator's bytes for `dtype` (`weight_bytes`, sim/dtypes.py), so the simulator's predicted time for
+    simulator's bytes for `dtype` (`weight_bytes`, sim/model/dtypes.py), so the simulator's predicted time for
     the shape is the measured one."""
     p = _point(m, n, k, "bf16", timing)
     return p.model_copy(update={"dtype": dtype, "weight_bytes_per_s": weight_bytes / timing.median_s})
@@ -84,8 +84,8 @@ def measure_decode_int4(backend: Any, shapes: list[tuple[int, int]], rows: list[
     """The synthetic model's int4 projections (hwprobe/model/qlinear.py: torch's tinygemm kernels)
     at M <= max_rows (None: every row; the weight-kernel sweep goes past INT4_MAX_ROWS on one shape).
     Weight bytes are counted as the simulator counts int4 (4 bits + one 2-byte scale per group,
-    sim/dtypes.py), so its predicted time for the shape is the measured one."""
-    from sim.dtypes import WEIGHT_DTYPES
+    sim/model/dtypes.py), so its predicted time for the shape is the measured one."""
+    from sim.model.dtypes import WEIGHT_DTYPES
 
     from ..model.qlinear import Linear, int4_supported
 

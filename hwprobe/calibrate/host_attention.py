@@ -18,7 +18,7 @@ import time
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from sim.profile import HostAttentionPoint, HostProfile
+from sim.inputs.profile import HostAttentionPoint, HostProfile
 
 from .fit import fit_latency_bandwidth
 from .timing import MIN_WINDOW_S, time_window
@@ -35,7 +35,7 @@ def _attention_call(batch: int, kv_heads: int, head_dim: int, tokens: int) -> tu
     from hwprobe.cache.host_attention import HostAttention, HostSpan
     from hwprobe.cache.runtime import Runtime
     from hwprobe.cache.store import CacheGeometry
-    from sim.tiers import T1
+    from sim.tiering.tiers import T1
 
     geom = CacheGeometry(1, batch, kv_heads, head_dim)
     g = torch.Generator().manual_seed(0)

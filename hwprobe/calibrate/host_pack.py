@@ -3,7 +3,7 @@
 The paper's prototype concatenates its CPU-resident tokens before each step's copies, and hwprobe's
 emulation of it packs the K and V halves of its [tokens, batch, 2 * Hkv * d] rows before copying them
 apart: a host memcpy in ~1 KiB pieces. The simulator costs it as bytes / this rate
-(sim/physics.py `host_pack_s`). Timed on the wall clock: it is host work on every backend.
+(sim/device/physics.py `host_pack_s`). Timed on the wall clock: it is host work on every backend.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ METHOD = ("median time of one decode step of one synthetic-model layer (hwprobe/
 
 def measure_layer_overhead(backend: Any, *, samples: int, min_window_s: float = MIN_WINDOW_S) -> dict:
     """{"layer_overhead_s", how it was measured, spread}: one layer call per timed call."""
-    from sim.tiers import TierPolicy
+    from sim.tiering.tiers import TierPolicy
 
     from ..cache import CacheGeometry, CacheOptions, Runtime, TieredKVCache
     from ..model import ModelShapes, SyntheticTransformer

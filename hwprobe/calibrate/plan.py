@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from sim import catalog
-from sim.units import GiB, KiB, MiB
+from sim.inputs import catalog
+from sim.model.units import GiB, KiB, MiB
 
 from .attention import Shape, attention_shapes
 from .gemm import decode_shapes

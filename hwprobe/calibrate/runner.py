@@ -18,11 +18,30 @@ from datetime import datetime, timezone
 from importlib import metadata
 from typing import Any, Callable
 
-from sim.profile import ComputeProfile, CopyCurve, HostProfile, LinkProfile, Profile, StepOverhead
+from sim.inputs.profile import ComputeProfile, CopyCurve, HostProfile, LinkProfile, Profile, StepOverhead
 
-from . import (attention, checks, copies, device_copy, fmt, gemm, host_attention, host_pack, layer_overhead,
-               step_overhead, weight_kernels)
-from .env import GpuMonitor, NvmlUnavailable, driver_versions, host_info, nvml_session, throttle_reason_names, torch_info
+from . import (
+    attention,
+    checks,
+    copies,
+    device_copy,
+    fmt,
+    gemm,
+    host_attention,
+    host_pack,
+    layer_overhead,
+    step_overhead,
+    weight_kernels,
+)
+from .env import (
+    GpuMonitor,
+    NvmlUnavailable,
+    driver_versions,
+    host_info,
+    nvml_session,
+    throttle_reason_names,
+    torch_info,
+)
 from .plan import LOAD_WINDOW_S, QUANTISED_KERNELS, Plan, max_copy_bytes
 
 OnStep = Callable[[str], None]
@@ -140,7 +159,7 @@ def _measure_compute(backend: Any, plan: Plan, monitor: GpuMonitor | None, out: 
 
 def _measure_host(backend: Any, plan: Plan, out: Measurements, on_step: OnStep) -> None:
     """The host CPU attending host-resident K/V with the cache's own routine, on a 7B-shaped layer."""
-    from sim import catalog
+    from sim.inputs import catalog
 
     from .plan import QUICK_MODEL
 
@@ -347,7 +366,7 @@ def calibrate(backend: Any, plan: Plan, *, quick: bool, nvml: Any = None, on_ste
             "host_dram_bytes_per_s": "bytes read + bytes written per second, torch copy_ of a large float32 host buffer",
             "host_attention": "one layer's host-resident T1 K/V (bf16 as stored) attended by the cache's host routine "
                               "on its worker thread; fit time = dispatch + K/V bytes / bandwidth as attention_fit",
-            "weight_kernel_bytes_per_s": "weight bytes as the simulator counts them (sim/dtypes.py, groups of "
+            "weight_kernel_bytes_per_s": "weight bytes as the simulator counts them (sim/model/dtypes.py, groups of "
                                          "group_size) / median kernel time; activations bf16 (fp8: e4m3, not timed)",
         }
         gpu, peak = bounds = _bounds(backend, monitor)

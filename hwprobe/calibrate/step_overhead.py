@@ -32,7 +32,7 @@ class _Loop:
     """One tiny model and cache, warmed past the first re-tier; `step()` runs one decode step."""
 
     def __init__(self, rt, mode: str, layers: int, retier_interval: int):
-        from sim.tiers import TierPolicy
+        from sim.tiering.tiers import TierPolicy
 
         from ..cache import CacheGeometry, CacheOptions, TieredKVCache
         from ..model import ModelShapes, SyntheticTransformer

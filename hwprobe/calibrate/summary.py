@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from sim.profile import Profile
-from sim.units import US
+from sim.inputs.profile import Profile
+from sim.model.units import US
 
 from . import fmt
 

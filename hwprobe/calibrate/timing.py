@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from sim.units import MS
+from sim.model.units import MS
 
 MIN_WINDOW_S = 2 * MS  # one timing window spans at least this long
 MAX_REPS = 100_000  # calls in one window, so a mis-timed trial cannot run away

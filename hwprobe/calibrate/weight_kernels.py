@@ -1,8 +1,8 @@
 """Each weight dtype's decode kernel timed across rows on one layer-shaped weight matrix.
 
-Where a profile has a dtype's curve, sim/physics.py `weight_kernel_s` costs a layer's projections as
+Where a profile has a dtype's curve, sim/device/physics.py `weight_kernel_s` costs a layer's projections as
 weight bytes / rate(rows), dequantisation and MMA included. So the rate here is weight bytes / kernel
-time with the bytes counted as the simulator counts them (sim/dtypes.py: payload + one 2-byte scale per
+time with the bytes counted as the simulator counts them (sim/model/dtypes.py: payload + one 2-byte scale per
 group of WEIGHT_GROUP), and the simulator's time for the measured shape is the measured time.
 
 - bf16: F.linear (cuBLAS on a GPU), from the bf16 decode sweep (gemm.measure_decode), which times the shape;
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from sim.profile import GemmPoint
+from sim.inputs.profile import GemmPoint
 
 from .gemm import sim_bytes_point
 from .operands import budget_bytes, random, rotation_count
@@ -147,7 +147,7 @@ def measure(backend: Any, dtype: str, shape: tuple[int, int], rows: list[int], *
             ) -> tuple[list[GemmPoint], list[str], list[str]]:
     """`dtype`'s kernel (int8 or fp8) on W [N, K] = `shape` at each M in `rows`, with random weights
     rotated past the last-level cache. Returns (points, skipped, warnings)."""
-    from sim.dtypes import WEIGHT_DTYPES
+    from sim.model.dtypes import WEIGHT_DTYPES
 
     torch = backend.torch
     kernel = KERNELS[dtype]

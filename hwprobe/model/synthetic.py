@@ -15,7 +15,7 @@ import weakref
 from dataclasses import dataclass
 from functools import cached_property
 
-from sim.model_spec import ModelSpec
+from sim.model.spec import ModelSpec
 
 from .qlinear import Linear
 

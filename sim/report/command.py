@@ -10,17 +10,18 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..atomic import write_files_atomic
-from ..output import check_out_path
-from ..simulate import simulate
-from ..errors import ConfigError
-from ..profile import Profile, load_profile
-from ..scenario import Scenario, load_scenario
+from sim.decode.simulate import simulate
+from sim.inputs.errors import ConfigError
+from sim.inputs.profile import Profile, load_profile
+from sim.inputs.scenario import Scenario, load_scenario
+from sim.outputs.atomic import write_files_atomic
+from sim.outputs.run_folder import check_out_path
+from sim.runner.options import Execution
+from sim.studies.access_strategies import access_study
+from sim.studies.paper_check import check_paper
+from sim.studies.projection_grid import DEFAULT_GRID, GridSpec, cells_for, check_spec, gpu_columns, run_grid
+
 from .document import ReportData, render
-from ..studies.projection_grid import DEFAULT_GRID, GridSpec, cells_for, check_spec, gpu_columns, run_grid
-from ..sweep.options import Execution
-from ..studies.access_strategies import access_study
-from ..studies.paper_check import check_paper
 from .plan_input import load_plan
 from .progress import ReportProgress
 from .validation_table import load_validation
@@ -55,9 +56,9 @@ def load_inputs(scenario_paths: list[Path], profile_paths: list[Path], validatio
 
 
 def profile_warnings(inputs: Inputs) -> list[str]:
-    """A line for each run whose profile did not measure the run's GPU (sim.profile.device_mismatch)."""
-    from .. import catalog
-    from ..profile import device_mismatch
+    """A line for each run whose profile did not measure the run's GPU (sim.inputs.profile.device_mismatch)."""
+    from sim.inputs import catalog
+    from sim.inputs.profile import device_mismatch
 
     lines = []
     for sc, prof, prof_path in inputs.scenarios:

@@ -7,9 +7,12 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from .. import __version__
-from ..output import summary_rows
-from ..simulate import SimResult
+from sim import __version__
+from sim.decode.simulate import SimResult
+from sim.outputs.run_folder import summary_rows
+from sim.studies.paper_check import PaperCheck
+from sim.studies.projection_grid import GridResult
+
 from . import html as h
 from .figures_access import access_figure
 from .figures_paper import paper_figures
@@ -18,8 +21,6 @@ from .figures_run import run_figures, timeline_note
 from .figures_serving import TABLE_HEADERS, latency_figure, max_rate_figure, plan_sentences, slo_text, table_rows
 from .figures_validation import validation_figure
 from .plan_input import PlanFiles
-from ..studies.projection_grid import GridResult
-from ..studies.paper_check import PaperCheck
 from .summary_text import access_sentences, paper_sentences, projection_sentences, run_sentence, validation_sentences
 
 TITLE = "kvtier report: tiered KV caches for reasoning LLMs"
@@ -42,7 +43,7 @@ PLAN_EXAMPLE = ("kvsim plan scenarios/serving-h100-70b-tp4.yaml --rate 10 --ttft
 
 def _projection_section(grid: GridResult) -> str:
     spec = grid.spec
-    intro = (f"Every point is the simulator's fast projection (sim.projection) of a decode of {spec.prompt_tokens} prompt tokens "
+    intro = (f"Every point is the simulator's fast projection (sim.decode.projection) of a decode of {spec.prompt_tokens} prompt tokens "
              f"plus the selected reasoning length per sequence, all sequences of the batch the same length; max batch is the "
              f"largest batch whose peak HBM fits. GPUs use datasheet figures times default efficiencies unless marked measured. "
              f"Pick the model, weights, GPU and length above the figures; every figure follows.")

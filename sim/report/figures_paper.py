@@ -7,9 +7,10 @@ import textwrap
 
 import plotly.graph_objects as go
 
-from ..units import GB
-from ..studies import paper_claims as paper
-from ..studies.paper_check import PaperCheck
+from sim.model.units import GB
+from sim.studies import paper_claims as paper
+from sim.studies.paper_check import PaperCheck
+
 from .style import BASE_LAYOUT
 
 PAPER_COLOR = "#999999"

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from ..schema import LINK_BOTTLENECK_UTILIZATION
-from ..units import GB
-from ..studies.projection_grid import GridResult, length_label
+from sim.model.units import GB
+from sim.outputs.schema import LINK_BOTTLENECK_UTILIZATION
+from sim.studies.projection_grid import GridResult, length_label
+
 from .selectable import Dimension, SelectableFigure, build_selectable
 from .style import BASE_LAYOUT, PERCENT, policy_color
 

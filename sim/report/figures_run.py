@@ -7,9 +7,10 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..intervals import uncovered_intervals
-from ..simulate import SimResult
-from ..units import GB, MS
+from sim.decode.simulate import SimResult
+from sim.device.intervals import uncovered_intervals
+from sim.model.units import GB, MS
+
 from .style import ACTIVITY_COLORS, BASE_LAYOUT, TIER_COLORS
 
 MAX_POINTS_PER_SERIES = 1500  # per-step series are thinned to about this many points (every k-th step)

@@ -14,8 +14,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from sim.plan.files import candidate_key
+
 from .plan_input import PlanFiles
-from ..plan_files import candidate_key
 from .style import BASE_LAYOUT, policy_color
 
 LATENCY_PANELS = (("ttft_p99_ms", "p99 TTFT"), ("tpot_p99_ms", "p99 TPOT"))

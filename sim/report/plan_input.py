@@ -1,4 +1,4 @@
-"""Reading a `kvsim plan --out DIR` folder back for the report (sim/plan_files.py says what is in
+"""Reading a `kvsim plan --out DIR` folder back for the report (sim/plan/files.py says what is in
 it). Bad input fails with one line naming the folder or file, the field and what was expected."""
 
 from __future__ import annotations
@@ -9,12 +9,22 @@ from pathlib import Path
 import pandas as pd
 from pydantic import ValidationError
 
-from ..errors import ConfigError
-from ..inputs import read_json
-from ..plan import PLAN_COLUMNS
-from ..plan_files import (MISS_KEYS, PLAN_CSV, PLAN_FILES, PLAN_JSON, PROBE_COLUMNS, PROBE_STEPS, PROBES_CSV, PlanDoc,
-                          candidate_key)
-from ..scenario import validation_error_line
+from sim.inputs.errors import ConfigError
+from sim.inputs.reader import read_json
+from sim.inputs.scenario import validation_error_line
+from sim.plan.files import (
+    MISS_KEYS,
+    PLAN_COLUMNS,
+    PLAN_CSV,
+    PLAN_FILES,
+    PLAN_JSON,
+    PROBE_COLUMNS,
+    PROBE_STEPS,
+    PROBES_CSV,
+    PlanDoc,
+    candidate_key,
+)
+
 from .validation_table import _numbers, _read_csv
 
 EXPECTED = f"the folder `kvsim plan --out DIR` writes ({', '.join(PLAN_FILES)})"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..units import PERCENT  # noqa: F401 - re-exported for the figures
+from sim.model.units import PERCENT  # noqa: F401 - re-exported for the figures
+
 FIGURE_HEIGHT_PX = 460
 FALLBACK_COLOR = "#7f7f7f"
 

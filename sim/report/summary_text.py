@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .. import catalog
-from ..schema import LINK_BOTTLENECK_UTILIZATION, SimRunSummary
-from ..units import GB
-from ..studies.projection_grid import GridResult, length_label
-from ..studies import paper_claims as paper
-from ..studies.paper_check import PaperCheck
+from sim.inputs import catalog
+from sim.model.units import GB
+from sim.outputs.schema import LINK_BOTTLENECK_UTILIZATION, SimRunSummary
+from sim.studies import paper_claims as paper
+from sim.studies.paper_check import PaperCheck
+from sim.studies.projection_grid import GridResult, length_label
+
 from .validation_table import BANDS
 
 REFERENCE_TIERED = "tiered_25"  # the policy the headline numbers quote (the one saving most HBM)

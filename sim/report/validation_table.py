@@ -10,11 +10,20 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..errors import ConfigError
-from ..inputs import read_text
-from ..schema import (D2H_BYTES, DEVICE_MEMORY_PEAK, H2D_BYTES, HOST_PEAK, THROUGHPUT, TPOT_P50, TRANSFER_SHARE,
-                      relative_error)
-from ..units import GB, MS
+from sim.inputs.errors import ConfigError
+from sim.inputs.reader import read_text
+from sim.model.units import GB, MS
+from sim.outputs.schema import (
+    D2H_BYTES,
+    DEVICE_MEMORY_PEAK,
+    H2D_BYTES,
+    HOST_PEAK,
+    THROUGHPUT,
+    TPOT_P50,
+    TRANSFER_SHARE,
+    relative_error,
+)
+
 from .style import PERCENT
 
 REQUIRED_COLUMNS = ("scenario", "metric", "predicted", "measured")
@@ -41,7 +50,7 @@ def metric_display(metric: str) -> tuple[str, float, str]:
 
 
 def _relative_error(predicted: float, measured: float) -> float:
-    """sim.schema.relative_error for a float column: NaN where undefined."""
+    """sim.outputs.schema.relative_error for a float column: NaN where undefined."""
     err = relative_error(predicted, measured)
     return math.nan if err is None else err
 
@@ -58,7 +67,7 @@ def _numbers(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
-    """Every cell as text, the file size-capped and UTF-8 (sim/inputs.py); a parse failure a
+    """Every cell as text, the file size-capped and UTF-8 (sim/inputs/reader.py); a parse failure a
     ConfigError naming the file. pandas' EmptyDataError is left to the caller."""
     text = read_text(path)
     try:

@@ -1,4 +1,4 @@
-"""SimPy timing of a serving run, in the shape of `sim.engine.DecodeSim`: `ServingSim` owns the
+"""SimPy timing of a serving run, in the shape of `sim.decode.engine.DecodeSim`: `ServingSim` owns the
 queue and the scheduler; its processes are the arrivals (open loop), the clients (closed loop) and
 the step loop. The GPU and its host link are a `DecodeSim` (its forward pass per prefetch mode and
 its re-tier transfers, over the same SimPy environment), so a serving step is timed exactly as a
@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..context import RunContext
-from ..engine import DecodeSim
-from ..intervals import busy_union_s
-from ..physics import RetierTraffic, StepCost, mixed_step_cost, retier_traffic
+from sim.decode.context import RunContext
+from sim.decode.engine import DecodeSim
+from sim.device.intervals import busy_union_s
+from sim.device.physics import RetierTraffic, StepCost, mixed_step_cost, retier_traffic
+from sim.inputs.requests import RequestSet
 
-from .arrivals import RequestSet
 from .request import RequestTable
 from .scheduler import Scheduler, StepPlan
 from .swap import swap_copies

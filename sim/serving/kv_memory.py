@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..context import RunContext
-from ..memory import LOGIT_BYTES, activation_bytes, staging_bytes
+from sim.decode.context import RunContext
+from sim.device.memory import LOGIT_BYTES, activation_bytes, staging_bytes
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class KvMemory:
 
 def kv_memory(ctx: RunContext, max_num_batched_tokens: int, max_num_seqs: int) -> KvMemory:
     """activations = activation_bytes(max_num_batched_tokens rows) less the logits of the rows that
-    never sample; staging per token as `capacity.memory_trace` stages (none for full_hbm, evict_only
+    never sample; staging per token as `tiering.memory_trace` stages (none for full_hbm, evict_only
     and host_attention; T2 staged dequantised, so at full KV bytes)."""
     p = ctx.scenario.policy
     rows = max_num_batched_tokens

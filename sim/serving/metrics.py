@@ -6,8 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..schema import (LATENCY_STATS, REQUEST_COLUMNS, SERVING_TIMELINE_COLUMNS, SWAP_REQUEST_COLUMNS,
-                      SWAP_TIMELINE_COLUMNS)
+from sim.outputs.schema import (
+    LATENCY_STATS,
+    REQUEST_COLUMNS,
+    SERVING_TIMELINE_COLUMNS,
+    SWAP_REQUEST_COLUMNS,
+    SWAP_TIMELINE_COLUMNS,
+)
+
 from .engine import ServingTrace
 
 

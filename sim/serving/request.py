@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .arrivals import RequestSet
+from sim.inputs.requests import RequestSet
 
 NOT_YET = -2  # last_token_step of a request with no token yet
 

@@ -1,6 +1,6 @@
 """The scheduler's questions about tier counts, by request rows (indices into the `RequestTable`):
 `FixedRows` answers them for fixed ratios from `tier_counts.TierCounter`'s lookups by prompt and step;
-`PressureRows` for `policy.hbm_ratio: auto` (sim/pressure.py for a closed batch).
+`PressureRows` for `policy.hbm_ratio: auto` (sim/tiering/pressure.py for a closed batch).
 
 Under `auto` every token stays in T0 while the KV budget holds it; a request that re-tiers in a step
 takes the T0 share the step's memory pressure sets, and takes tokens back into T0 when pressure has
@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..counts import protected_count, retier_counts
-from ..pressure import share_keeping
-from ..tiers import T0, T1, T2, TIERS, TierPolicy
+from sim.tiering.counts import protected_count, retier_counts
+from sim.tiering.pressure import share_keeping
+from sim.tiering.tiers import T0, T1, T2, TIERS, TierPolicy
+
 from .kv_memory import KvMemory
 from .tier_counts import TierCounter
 

@@ -7,22 +7,30 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..context import RunContext, build_context
-from ..profile import Profile
-from ..scenario import Scenario
-from ..schema import ServingSummary
-from ..simulate import _versions
-from ..tiers import T0, T1, T2
-from ..units import GB
-from .arrivals import RequestSet, build_requests
-from .config import ClosedLoopArrivals, GammaArrivals, PoissonArrivals
+from sim.decode.context import RunContext, build_context
+from sim.decode.simulate import _versions
+from sim.inputs.profile import Profile
+from sim.inputs.requests import RequestSet, build_requests
+from sim.inputs.scenario import Scenario
+from sim.inputs.serving_config import ClosedLoopArrivals, GammaArrivals, PoissonArrivals
+from sim.model.units import GB
+from sim.outputs.schema import ServingSummary
+from sim.tiering.tiers import T0, T1, T2
+
 from .engine import ServingSim
 from .kv_memory import KvMemory, kv_memory
-from .metrics import (request_columns, request_table, serving_figures, swap_figures, thin_timeline, timeline_columns,
-                      timeline_table)
+from .metrics import (
+    request_columns,
+    request_table,
+    serving_figures,
+    swap_figures,
+    thin_timeline,
+    timeline_columns,
+    timeline_table,
+)
 from .request import RequestTable
-from .scheduler import Scheduler
 from .row_counts import FixedRows, PressureRows
+from .scheduler import Scheduler
 from .tier_counts import TierCounter
 
 

@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..tiers import T0, T1, T2
+from sim.tiering.tiers import T0, T1, T2
+
 from .kv_memory import KvMemory
 from .request import RequestTable
-from .swap import SwapSpace, swap_bytes
 from .row_counts import FixedRows, PressureRows
+from .swap import SwapSpace, swap_bytes
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..counts import count_trajectory
-from ..tiers import T0, TIERS, TierPolicy
+from sim.tiering.counts import count_trajectory
+from sim.tiering.tiers import T0, TIERS, TierPolicy
 
 
 class TierCounter:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..capacity import batch_counts, max_batch
-from ..context import build_context
-from ..physics import decode_step_cost
-from ..projection import project, step_time
-from ..scenario import scenario_from_dict
-from ..schema import LINK_BOTTLENECK_UTILIZATION
+from sim.decode.capacity import batch_counts, max_batch
+from sim.decode.context import build_context
+from sim.decode.projection import project, step_time
+from sim.device.physics import decode_step_cost
+from sim.inputs.scenario import scenario_from_dict
+from sim.outputs.schema import LINK_BOTTLENECK_UTILIZATION
 
 ACCESS_STRATEGIES = ("prefetch", "host_attention", "split")
 HOST_SATURATED_SHARE = 0.9  # the host CPU attends this share of a step: it sets the pace

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import catalog
-from ..simulate import simulate
-from ..model_spec import ModelSpec
-from ..projection import project
-from ..scenario import load_scenario, scenario_from_dict
-from ..units import GB, MB
+from sim.decode.projection import project
+from sim.decode.simulate import simulate
+from sim.inputs import catalog
+from sim.inputs.scenario import load_scenario, scenario_from_dict
+from sim.model.spec import ModelSpec
+from sim.model.units import GB, MB
+
 from . import paper_claims as paper
 from .projection_grid import DEFAULT_GRID, EVICT_RATIO
 

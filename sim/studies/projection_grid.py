@@ -1,9 +1,9 @@
 """The projection sweep: models x weight dtypes x GPUs x reasoning lengths x policies x batches.
 
-Every point comes from `sim.projection.project` (fast, analytic); the max batch is computed once
-per (model, dtype, GPU, length, policy) with `sim.capacity.max_batch`, because that search is the
+Every point comes from `sim.decode.projection.project` (fast, analytic); the max batch is computed once
+per (model, dtype, GPU, length, policy) with `sim.decode.capacity.max_batch`, because that search is the
 expensive part. Work is split into one task (`Cell`) per (model, dtype, GPU, length), run by the
-sweep machinery (`sim.sweep.tasks`): local processes or Ray, and with a result store, resumable;
+sweep machinery (`sim.runner.tasks`): local processes or Ray, and with a result store, resumable;
 results are reassembled in grid order, so the output does not depend on scheduling.
 """
 
@@ -14,18 +14,18 @@ from typing import Any, Callable, ClassVar
 
 import pandas as pd
 
-from .. import catalog
-from ..capacity import batch_memory_trace, full_hbm_peak_bytes, max_batch
-from ..context import build_context
-from ..errors import ConfigError
-from ..profile import Profile
-from ..projection import project
-from ..schema import LINK_BOTTLENECK_UTILIZATION
-from ..scenario import Scenario, scenario_from_dict
-from ..sweep.options import Execution
-from ..sweep.store import digest, result_key
-from ..sweep.tasks import run_tasks
-from ..units import PERCENT
+from sim.decode.capacity import batch_memory_trace, full_hbm_peak_bytes, max_batch
+from sim.decode.context import build_context
+from sim.decode.projection import project
+from sim.inputs import catalog
+from sim.inputs.errors import ConfigError
+from sim.inputs.profile import Profile
+from sim.inputs.scenario import Scenario, scenario_from_dict
+from sim.model.units import PERCENT
+from sim.outputs.schema import LINK_BOTTLENECK_UTILIZATION
+from sim.runner.options import Execution
+from sim.runner.store import digest, result_key
+from sim.runner.tasks import run_tasks
 
 DEFAULT_PROMPT_TOKENS = 512  # a typical reasoning prompt; protected (never leaves HBM)
 EVICT_RATIO = 0.1  # the paper's evicted share, used by evict_only and the tiered rows
@@ -130,7 +130,7 @@ def grid_scenario(model: str, weight_dtype: str, gpu: str, length: int, batch: i
 
 @dataclass(frozen=True)
 class Cell:
-    """One (model, dtype, GPU, length) of the grid as a task (`sim.sweep.tasks`): every policy's
+    """One (model, dtype, GPU, length) of the grid as a task (`sim.runner.tasks`): every policy's
     points and limits, keyed in a store by the batch-1 scenario of each policy, the batches, the
     measured profile's contents and the labels the rows carry."""
 
@@ -163,7 +163,7 @@ class Cell:
         return {"points": points, "limits": limits}
 
 
-# the fields of sim.schema.ProjectionSummary a point keeps
+# the fields of sim.outputs.schema.ProjectionSummary a point keeps
 POINT_KEYS = ("fits", "throughput_tok_per_s", "hbm_peak_bytes", "hbm_saved_bytes", "hbm_capacity_bytes",
               "h2d_utilization", "transfer_share", "stall_share")
 
@@ -255,7 +255,7 @@ def run_grid(spec: GridSpec, profiles: list[Profile] | None = None, *, execution
              meanwhile: Callable[[], None] | None = None) -> GridResult:
     """Sweep the grid with `execution` (default: local processes, one per CPU core, or `workers`;
     no store); `meanwhile()`: other work for this process while the workers compute
-    (sim.sweep.tasks.run_tasks). Longest cells (longest sequences) go first, so no worker is left
+    (sim.runner.tasks.run_tasks). Longest cells (longest sequences) go first, so no worker is left
     with a long one at the end."""
     check_spec(spec)
     execution = execution or Execution(workers=workers)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..errors import ConfigError
+from sim.inputs.errors import ConfigError
 
 EXIT_INTERRUPTED = 130  # as a shell reports a process ended by SIGINT
 
@@ -13,7 +13,8 @@ EXIT_INTERRUPTED = 130  # as a shell reports a process ended by SIGINT
 def sweep_command(spec: Path, out: Path | None, *, executor: str, address: str | None, workers: int | None,
                   batch: int | None, progress: bool) -> int:
     """Exit code: 0 done, 130 interrupted (finished points kept). Bad input raises ConfigError."""
-    from .options import Execution, check_folder
+    from sim.runner.options import Execution, check_folder
+
     from .run import SweepInterrupted, run_sweep
 
     Execution(executor, address, workers).check()

@@ -1,7 +1,7 @@
 """One sweep point: its inputs and key, and its evaluation (full simulation, fast level or projection).
 
 A point's result is a pure function of (resolved scenario, profile contents, files the scenario names,
-simulator version, level of detail): `sim.sweep.store` names it by their hash and keeps it.
+simulator version, level of detail): `sim.runner.store` names it by their hash and keeps it.
 """
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from ..profile import Profile
-from ..scenario import Scenario
-from ..schema import DecodeRates, DecodeTime, LinkFigures, ProjectionSummary, SimRunSummary
-from .store import result_key
+from sim.inputs.profile import Profile
+from sim.inputs.scenario import Scenario
+from sim.outputs.schema import DecodeRates, DecodeTime, LinkFigures, ProjectionSummary, SimRunSummary
+from sim.runner.store import result_key
 
 KIND = "sweep point"
 LevelName = Literal["full", "fast", "projection"]
-# full: the scenario's own sim.detail (layer: the SimPy reference); fast: sim.detail fast (sim/fast.py);
-# projection: the analytic projection (sim/projection.py: sampled steps, no re-tier churn)
+# full: the scenario's own sim.detail (layer: the SimPy reference); fast: sim.detail fast (sim/decode/fast.py);
+# projection: the analytic projection (sim/decode/projection.py: sampled steps, no re-tier churn)
 SUMMARIES = {"full": SimRunSummary, "fast": SimRunSummary, "projection": ProjectionSummary}
 # figures that need a run that fits: null when it does not (the full simulation leaves them None itself)
 TIMING_FIELDS = frozenset(DecodeTime.model_fields) | frozenset(DecodeRates.model_fields) | frozenset(LinkFigures.model_fields)
@@ -33,7 +33,7 @@ class Level:
 
     def key(self) -> dict[str, Any]:
         """What of the level changes a result (it goes into the point's hash)."""
-        from ..projection import DEFAULT_SAMPLES
+        from sim.decode.projection import DEFAULT_SAMPLES
 
         extra = {"samples": DEFAULT_SAMPLES} if self.name == "projection" else {}
         return {"level": self.name, "max_batch": self.max_batch, **extra}
@@ -66,7 +66,7 @@ def point_key(scenario: Scenario, profile_sha256: str | None, files: dict[str, s
 
 @dataclass(frozen=True)
 class PointTask:
-    """A sweep point as a task (`sim.sweep.tasks`)."""
+    """A sweep point as a task (`sim.runner.tasks`)."""
 
     kind: ClassVar[str] = KIND
     key: str
@@ -87,7 +87,7 @@ class PointTask:
 def evaluate_point(task: PointTask) -> dict[str, Any]:
     """The summary of one point as a JSON-ready dict; a point that does not fit has null timing."""
     if task.level.name in ("full", "fast"):
-        from ..simulate import simulate
+        from sim.decode.simulate import simulate
 
         scenario = task.scenario
         if task.level.name == "fast":
@@ -95,7 +95,7 @@ def evaluate_point(task: PointTask) -> dict[str, Any]:
         summary = simulate(scenario, task.profile, profile_path=task.profile_path,
                            with_max_batch=task.level.max_batch).summary.model_dump(mode="json")
     else:
-        from ..projection import project
+        from sim.decode.projection import project
 
         summary = project(task.scenario, task.profile, with_max_batch=task.level.max_batch).model_dump(mode="json")
         if not summary["fits"]:

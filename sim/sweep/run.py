@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .options import Execution
+from sim.runner.options import Execution
+from sim.runner.store import ResultStore
+from sim.runner.tasks import Interrupted, run_tasks
+
 from .points import PointTask
 from .spec import Point, load_spec
-from .store import ResultStore
 from .table import build_table, write_table
-from .tasks import Interrupted, run_tasks
 
 RAY_BATCH = 32  # points per Ray task: keeps the per-task overhead (~ms) small against the work
 LOCAL_BATCH_MAX = 64
@@ -54,8 +55,15 @@ def _task(point: Point, level) -> PointTask:
 def _progress(enabled: bool):
     """Refreshed as points arrive, never from a thread of its own: workers fork after it starts."""
     from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
                     TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),

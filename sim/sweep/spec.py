@@ -33,13 +33,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..errors import ConfigError
-from ..inputs import read_yaml
-from ..limits import MAX_TEXT_CHARS
-from ..profile import Profile, load_profile
-from ..scenario import Scenario, scenario_from_dict, validation_error_line
+from sim.inputs.errors import ConfigError
+from sim.inputs.limits import MAX_TEXT_CHARS
+from sim.inputs.profile import Profile, load_profile
+from sim.inputs.reader import read_yaml
+from sim.inputs.scenario import Scenario, scenario_from_dict, validation_error_line
+from sim.runner.store import file_digests
+
 from .points import Level, metric_names, point_key
-from .store import file_digests
 
 MAX_POINTS = 2**20  # points in one sweep (~1M): far above a study, far below exhausting memory
 MAX_RANGE_VALUES = 2**20  # values one range may produce

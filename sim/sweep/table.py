@@ -15,7 +15,8 @@ from typing import Any
 
 import pandas as pd
 
-from ..atomic import _umask, write_text_atomic
+from sim.outputs.atomic import _umask, write_text_atomic
+
 from .spec import SweepPlan
 
 HASH_COLUMN = "point_hash"

@@ -1,0 +1,337 @@
+"""`kvsim`: simulate tiered KV caches, list catalog models and GPUs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from sim.inputs import catalog
+from sim.inputs.errors import EXIT_BAD_INPUT, ConfigError
+from sim.model.units import GB, TB, TFLOP
+
+from .guard import EXIT_INTERRUPTED, GuardedTyper
+
+app = GuardedTyper("kvsim", add_completion=False, no_args_is_help=True, help=__doc__)
+console = Console(width=shutil.get_terminal_size((150, 40)).columns)
+
+
+def _fail(err: ConfigError) -> None:
+    print(f"kvsim: {err.line()}", file=sys.stderr)
+    raise typer.Exit(EXIT_BAD_INPUT)
+
+
+@app.command()
+def run(
+    scenario: Path = typer.Argument(..., help="scenario YAML"),
+    profile: Optional[Path] = typer.Option(None, "--profile", help="measured profile YAML (hwprobe calibrate)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="run directory (default runs/<name>-<UTC time>)"),
+    set_: List[str] = typer.Option([], "--set", help="override, e.g. policy.hbm_ratio=0.3 (repeatable)"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary JSON on stdout"),
+) -> None:
+    """Simulate one scenario; write the resolved scenario, summary.json and steps.csv (with
+    workload.arrivals: a serving run, requests.csv and timeline.csv)."""
+    from sim.decode.simulate import simulate
+    from sim.inputs.profile import device_mismatch, load_profile, measured_device
+    from sim.inputs.scenario import load_scenario
+    from sim.outputs.run_folder import (
+        check_out_path,
+        default_run_path,
+        serving_summary_rows,
+        summary_rows,
+        to_json,
+        write_run_dir,
+    )
+
+    try:  # every input and the output path checked before anything is simulated or written
+        if out is not None:
+            check_out_path(out, folder=True)
+        sc = load_scenario(scenario, set_)
+        prof_path = str(profile) if profile else sc.hardware.profile
+        prof = load_profile(prof_path) if prof_path else None
+        out_dir = out or default_run_path(sc.name)
+        check_out_path(out_dir, folder=True)
+    except ConfigError as err:
+        _fail(err)
+    mismatch = device_mismatch(prof, catalog.gpu(sc.hardware.gpu)) if prof is not None else None
+    if mismatch:
+        print(f"kvsim: warning: {prof_path}: {mismatch}", file=sys.stderr)
+    serving = sc.workload.arrivals is not None
+    try:
+        if serving:
+            from sim.serving.run import simulate_serving
+
+            result = simulate_serving(sc, prof, profile_path=prof_path)
+            files = {"requests.csv": result.requests, "timeline.csv": result.timeline}
+            write_run_dir(out_dir, sc, result.summary, tables=files)
+        else:
+            result = simulate(sc, prof, profile_path=prof_path)
+            files = {"steps.csv": result.steps}
+            write_run_dir(out_dir, sc, result.summary, result.steps)
+    except ConfigError as err:
+        _fail(err)
+    except OSError as exc:
+        _fail(ConfigError(f"cannot write {out_dir}: {exc.strerror or exc}", field="--out"))
+    if as_json:
+        print(to_json(result.summary))
+        return
+    table = Table(show_header=False, box=None)
+    rows = (serving_summary_rows(result.summary) if serving
+            else summary_rows(result.summary, measured_on=measured_device(prof) if prof else None))
+    for label, value in rows:
+        table.add_row(f"[bold]{label}[/bold]", value)
+    console.print(table)
+    console.print(f"[dim]wrote {out_dir}/ (scenario.resolved.yaml, summary.json, {', '.join(files)})[/dim]")
+
+
+def _model_rows(kv_dtype: str) -> list[dict]:
+    rows = []
+    for m in catalog.models().values():
+        rows.append({
+            "name": m.name, "layers": m.num_layers, "heads": m.num_heads, "kv_heads": m.num_kv_heads,
+            "head_dim": m.head_dim, "params": m.params,
+            "kv_bytes_per_token": m.kv_bytes_per_token("bf16"),
+            f"kv_bytes_per_token_{kv_dtype}": m.kv_bytes_per_token(kv_dtype),
+            "weight_bytes": m.weight_bytes("bf16"),
+            "weight_bytes_by_dtype": {d: m.weight_bytes(d) for d in ("bf16", "fp8", "int8", "int4")},
+            "source": m.source,
+        })
+    return rows
+
+
+@app.command()
+def models(
+    as_json: bool = typer.Option(False, "--json"),
+    kv_dtype: str = typer.Option("bf16", "--kv-dtype", help="also show KV bytes/token in this dtype"),
+) -> None:
+    """Catalog models with derived figures (KV bytes/token, parameters, weight bytes per dtype)."""
+    if kv_dtype not in ("bf16", "fp16", "fp8", "int8"):
+        _fail(ConfigError(f"--kv-dtype: expected one of bf16, fp16, fp8, int8, got {kv_dtype!r}"))
+    rows = _model_rows(kv_dtype)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    t = Table(title="models (weights: linear layers quantised, embeddings/LM head/norms bf16)")
+    for col in ("model", "L", "H", "Hkv", "d", "params", "KV B/token (bf16)", "bf16", "fp8", "int8", "int4"):
+        t.add_column(col, justify="right" if col != "model" else "left")
+    for r in rows:
+        w = r["weight_bytes_by_dtype"]
+        t.add_row(r["name"], str(r["layers"]), str(r["heads"]), str(r["kv_heads"]), str(r["head_dim"]),
+                  f"{r['params'] / 1e9:.2f} B", f"{r['kv_bytes_per_token']:,.0f}",
+                  *(f"{w[d] / GB:.1f} GB" for d in ("bf16", "fp8", "int8", "int4")))
+    console.print(t)
+
+
+@app.command()
+def gpus(as_json: bool = typer.Option(False, "--json")) -> None:
+    """Catalog GPUs and host links (datasheet figures)."""
+    rows = []
+    for g in catalog.gpus().values():
+        ln = catalog.link(g.link)
+        rows.append({**g.model_dump(), "link_theoretical_bytes_per_s": ln.theoretical_bytes_per_s,
+                     "link_pinned_h2d_bytes_per_s": ln.pinned_h2d_bytes_per_s,
+                     "link_pinned_d2h_bytes_per_s": ln.pinned_d2h_bytes_per_s})
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    t = Table(title="GPUs (datasheet, dense; memory as the device reports it)")
+    for col in ("gpu", "memory", "HBM BW", "BF16", "FP8", "link", "pinned H2D/D2H", "copy engines"):
+        t.add_column(col, justify="left" if col in ("gpu", "link") else "right")
+    for r in rows:
+        mib = f" ({r['memory_total_mib']:,} MiB)" if r["memory_total_mib"] else ""
+        t.add_row(r["name"], f"{r['memory_bytes'] / GB:.1f} GB{mib}", f"{r['hbm_bytes_per_s'] / TB:.2f} TB/s",
+                  f"{r['bf16_flop_per_s'] / TFLOP:.0f} TFLOP/s",
+                  "-" if not r["fp8_flop_per_s"] else f"{r['fp8_flop_per_s'] / TFLOP:.0f} TFLOP/s",
+                  r["link"], f"{r['link_pinned_h2d_bytes_per_s'] / GB:.1f}/{r['link_pinned_d2h_bytes_per_s'] / GB:.1f} GB/s",
+                  str(r["copy_engines"]))
+    console.print(t)
+    lt = Table(title="host links (per direction)")
+    for col in ("link", "theoretical", "pinned H2D/D2H", "pageable H2D/D2H", "both busy, each", "per copy"):
+        lt.add_column(col, justify="left" if col == "link" else "right")
+    for ln in catalog.links().values():
+        lt.add_row(ln.name, f"{ln.theoretical_bytes_per_s / GB:.1f} GB/s",
+                   f"{ln.pinned_h2d_bytes_per_s / GB:.1f}/{ln.pinned_d2h_bytes_per_s / GB:.1f} GB/s",
+                   f"{ln.pageable_h2d_bytes_per_s / GB:.1f}/{ln.pageable_d2h_bytes_per_s / GB:.1f} GB/s",
+                   f"{ln.bidirectional_bytes_per_s / GB:.1f} GB/s", f"{ln.per_copy_latency_s * 1e6:.1f} us")
+    console.print(lt)
+
+
+EXECUTOR_HELP = "local (processes on this machine) or ray"
+ADDRESS_HELP = "Ray cluster to join: auto, HOST:PORT or ray://HOST:PORT (default: start a local Ray instance)"
+WORKERS_HELP = "local processes, or CPUs of a local Ray instance (default: all cores)"
+CACHE_HELP = "result store: a rerun computes only what it does not hold, an interrupted run resumes (default: none)"
+
+
+def _interrupted(err, cache: Path) -> None:
+    """Ctrl-C with a result store: what finished is kept (sim.runner.tasks.Interrupted). One line, exit 130."""
+    print(f"kvsim: {err} ({cache})", file=sys.stderr)
+    _said_interrupted()
+
+
+def _said_interrupted() -> None:
+    app._interrupt_reported = True  # the command said it: no second "interrupted" line from the guard
+    raise typer.Exit(EXIT_INTERRUPTED)
+
+
+@app.command()
+def report(
+    scenarios: Optional[List[Path]] = typer.Argument(None, help="scenario YAMLs for per-run views; none: the 7B-70B projection and the paper checked"),
+    profile: List[Path] = typer.Option([], "--profile", help="measured profile (hwprobe calibrate): an extra GPU column; one profile also applies to the runs (repeatable)"),
+    validation: Optional[Path] = typer.Option(None, "--validation", help="CSV written by hwprobe validate: predicted against measured"),
+    plan_dir: Optional[Path] = typer.Option(None, "--plan", help="folder written by kvsim plan --out: the \"Serving plan\" section"),
+    out: Path = typer.Option(Path("reports/report.html"), "--out", help="the HTML file to write (self-contained, opens offline)"),
+    set_: List[str] = typer.Option([], "--set", help="override applied to every scenario, e.g. sim.detail=layer (repeatable)"),
+    executor: str = typer.Option("local", "--executor", help=f"where the projection runs: {EXECUTOR_HELP}"),
+    address: Optional[str] = typer.Option(None, "--address", help=ADDRESS_HELP),
+    workers: Optional[int] = typer.Option(None, "--workers", help=WORKERS_HELP),
+    cache: Optional[Path] = typer.Option(None, "--cache", help=f"the projection's {CACHE_HELP}"),
+) -> None:
+    """One interactive HTML report: the projection (default) or per-run views, validation and a serving plan."""
+    from sim.model.units import MB
+    from sim.report.command import build_report
+    from sim.runner.options import Execution
+    from sim.runner.tasks import Interrupted
+
+    try:
+        written = build_report(list(scenarios or []), list(profile), validation, out, overrides=set_,
+                               command="kvsim report " + " ".join(sys.argv[2:]), plan_path=plan_dir,
+                               execution=Execution(executor, address, workers, cache))
+    except ConfigError as err:
+        _fail(err)
+    except Interrupted as err:
+        _interrupted(err, cache)
+    print(f"wrote {written} ({written.stat().st_size / MB:.1f} MB)", file=sys.stderr)
+
+
+@app.command()
+def sweep(
+    spec: Path = typer.Argument(..., help="sweep spec YAML (scenarios/sweeps/)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="sweep directory (default runs/sweep-<spec name>); a rerun into it resumes"),
+    executor: str = typer.Option("local", "--executor", help=EXECUTOR_HELP),
+    address: Optional[str] = typer.Option(None, "--address", help=ADDRESS_HELP),
+    workers: Optional[int] = typer.Option(None, "--workers", help=WORKERS_HELP),
+    batch: Optional[int] = typer.Option(None, "--batch", help="points per task (default: 32 on Ray, chosen by level locally)"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar with ETA on stderr"),
+) -> None:
+    """Evaluate a grid of scenarios; write DIR/table.csv and DIR/table.parquet, one row per point."""
+    from sim.sweep.command import sweep_command
+
+    try:
+        code = sweep_command(spec, out, executor=executor, address=address, workers=workers, batch=batch,
+                             progress=progress)
+    except ConfigError as err:
+        _fail(err)
+    if code == EXIT_INTERRUPTED:  # it said so, with what it kept
+        _said_interrupted()
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command()
+def plan(
+    scenario: Path = typer.Argument(..., help="scenario YAML: the model, prompt and output lengths, scheduler, policy fields"),
+    rate: float = typer.Option(..., "--rate", help="offered load, requests per second (Poisson arrivals)"),
+    ttft_p99_ms: Optional[float] = typer.Option(None, "--ttft-p99-ms", help="p99 time-to-first-token target (default: the scenario's slo.ttft_ms)"),
+    tpot_p99_ms: Optional[float] = typer.Option(None, "--tpot-p99-ms", help="p99 time-per-output-token target (default: the scenario's slo.tpot_ms)"),
+    gpus_: Optional[str] = typer.Option(None, "--gpus", help="GPU kinds, comma-separated (default: every catalog GPU)"),
+    counts: Optional[str] = typer.Option(None, "--counts", help="GPU counts, each run as tensor parallelism tp = N (default 1,2,4,8)"),
+    policies: Optional[str] = typer.Option(None, "--policies", help="full_hbm, evict_only, tiered, tiered:RATIO, tiered:auto, a tiered one "
+                                           "also as tiered:X/ACCESS (default: full_hbm,evict_only,tiered:0.25,tiered:0.5,tiered:auto; tiered: 0.25,0.5,0.75,auto)"),
+    access: Optional[str] = typer.Option(None, "--access", help="access strategies every tiered policy is tried with: prefetch, "
+                                         "host_attention, split, comma-separated (default: prefetch)"),
+    price: List[str] = typer.Option([], "--price", help="override a $/GPU-hour, GPU=DOLLARS (repeatable)"),
+    requests: int = typer.Option(400, "--requests", help="requests per simulation (seeded)"),
+    max_factor: float = typer.Option(4.0, "--max-factor", help="the max-rate search stops at this multiple of --rate"),
+    executor: str = typer.Option("local", "--executor", help=f"where the candidates run: {EXECUTOR_HELP}"),
+    address: Optional[str] = typer.Option(None, "--address", help=ADDRESS_HELP),
+    workers: Optional[int] = typer.Option(None, "--workers", help=WORKERS_HELP),
+    cache: Optional[Path] = typer.Option(None, "--cache", help=f"searched candidates' {CACHE_HELP}; prices are not part of it"),
+    set_: List[str] = typer.Option([], "--set", help="override applied to the scenario first (repeatable)"),
+    as_json: bool = typer.Option(False, "--json", help="print the rows as JSON on stdout"),
+    out: Optional[Path] = typer.Option(None, "--out", help="folder to write plan.csv, probes.csv (every simulation) and "
+                                       "plan.json (the search asked) into; `kvsim report --plan DIR` draws them"),
+    replicas: bool = typer.Option(False, "--replicas", help="also try data-parallel replicas of the smallest "
+                                  "tensor-parallel group that holds the model (about doubles the search)"),
+) -> None:
+    """Cheapest GPU kind x count (TP x replicas) x KV policy meeting a p99 TTFT/TPOT SLO at --rate, with each
+    one's max sustainable rate; ranked by $/hour (assumed prices, sim/catalog/prices.yaml)."""
+    import time
+
+    from sim.inputs.scenario import load_scenario
+    from sim.outputs.atomic import write_dir_atomic
+    from sim.outputs.run_folder import check_out_path
+    from sim.plan.files import plan_dir_files
+    from sim.plan.search import PlanSpec, parse_counts, parse_gpus, parse_policies, parse_prices, search
+    from sim.runner.options import Execution
+    from sim.runner.tasks import Interrupted
+
+    if out is not None:
+        check_out_path(out, folder=True)
+    execution = Execution(executor, address, workers, cache).check()
+    sc = load_scenario(scenario, set_)
+    slo = sc.slo
+    spec = PlanSpec(rate=rate,
+                    ttft_s=ttft_p99_ms / 1e3 if ttft_p99_ms is not None else (slo.ttft_s if slo else None),
+                    tpot_s=tpot_p99_ms / 1e3 if tpot_p99_ms is not None else (slo.tpot_s if slo else None),
+                    requests=requests, max_factor=max_factor)
+    names, ns, pols, prices = parse_gpus(gpus_), parse_counts(counts), parse_policies(policies, access), parse_prices(price)
+    t0 = time.monotonic()
+    try:
+        result = search(sc, spec, names, ns, pols, prices, replicas=replicas, execution=execution)
+    except Interrupted as err:
+        _interrupted(err, cache)
+    rows, wall = result.rows, time.monotonic() - t0
+    if cache is not None:
+        print(f"kvsim: plan: {result.computed} candidates searched, {result.stored} read from {cache}", file=sys.stderr)
+    if out is not None:  # the three files replaced together
+        write_dir_atomic(out, plan_dir_files(rows, result.probes, _plan_doc(scenario, sc, spec, names, ns, pols, replicas, price)))
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    slo_text = " and ".join(t for t in (f"p99 TTFT <= {spec.ttft_s * 1e3:g} ms" if spec.ttft_s else "",
+                                        f"p99 TPOT <= {spec.tpot_s * 1e3:g} ms" if spec.tpot_s else "") if t)
+    t = Table(title=f"{sc.model.name or 'model'}: {rate:g} req/s, {slo_text} ({requests} requests a run; N GPUs as TP x replicas)")
+    for col in ("#", "gpu", "N", "TP x DP", "policy", "$/h", "TTFT p99", "TPOT p99", "max rate", "binding", "why not"):
+        t.add_column(col, justify="left" if col in ("gpu", "policy", "binding", "why not") else "right")
+    ms = lambda v: "-" if v is None else f"{v:,.0f} ms"  # noqa: E731
+    for r in rows:
+        mx = "-" if r["max_rate_per_s"] is None else (f">={r['max_rate_per_s']:.3g}/s" if r["max_rate_capped"] else f"{r['max_rate_per_s']:.3g}/s")
+        style = None if r["status"] == "pass" else "dim"
+        t.add_row(str(r["rank"] or ""), r["gpu"], str(r["gpus"]), f"{r['tp']} x {r['dp']}", r["policy"], f"{r['usd_per_hour']:.2f}",
+                  ms(r["ttft_p99_ms"]), ms(r["tpot_p99_ms"]), mx, r["binding"] or "", r["reason"] or "", style=style)
+    console.print(t)
+    console.print(f"[dim]{sum(r['status'] == 'pass' for r in rows)} of {len(rows)} configurations meet the SLO; "
+                  f"prices are assumptions (sim/catalog/prices.yaml, --price GPU=$/h); "
+                  f"{'replicas share the rate evenly' if replicas else 'N GPUs as one TP group (--replicas also tries DP)'}; "
+                  f"{wall:.0f} s[/dim]")
+    if out is not None:
+        console.print(f"[dim]wrote {out}/ (plan.csv, probes.csv: {len(result.probes)} simulations, plan.json); "
+                      f"kvsim report --plan {out} draws them[/dim]")
+
+
+def _plan_doc(path: Path, sc, spec, gpus: list[str], counts: list[int], policies: list[str], replicas: bool,
+              price_overrides: list[str]):
+    """plan.json: what `kvsim plan` was asked (sim.plan.files.PlanDoc)."""
+    from sim import __version__
+    from sim.plan.files import PlanDoc
+
+    ms = lambda s: None if s is None else s * 1e3  # noqa: E731
+    return PlanDoc(scenario=sc.name, scenario_path=str(path), model=sc.model.name or str(sc.model.hf_config), rate_per_s=spec.rate,
+                   ttft_p99_ms=ms(spec.ttft_s), tpot_p99_ms=ms(spec.tpot_s), requests=spec.requests,
+                   max_factor=spec.max_factor, tolerance=spec.tolerance, gpus=gpus, counts=counts, policies=policies,
+                   replicas=replicas, prices_source="sim/catalog/prices.yaml (assumed on-demand list prices, not quotes)",
+                   price_overrides=list(price_overrides), kvtier_version=__version__)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

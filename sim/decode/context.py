@@ -1,0 +1,59 @@
+"""Everything one run needs, resolved once from a scenario (+ optional profile)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.device.hardware import Hardware, resolve_hardware
+from sim.inputs import catalog
+from sim.inputs.profile import Profile
+from sim.inputs.scenario import Scenario
+from sim.model.dtypes import COMPRESSED_DTYPES
+from sim.model.spec import ModelSpec
+from sim.model.units import KV_TENSORS
+from sim.tiering.tiers import TierPolicy
+
+
+@dataclass(frozen=True)
+class RunContext:
+    scenario: Scenario
+    model: ModelSpec
+    hw: Hardware
+    policy: TierPolicy
+    kv_bytes_per_token_layer: float
+    t2_bytes_per_token_layer: float
+    weights_bytes: float
+    profile_path: str | None = None
+
+    @property
+    def num_layers(self) -> int:
+        return self.model.num_layers
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        return self.kv_bytes_per_token_layer * self.num_layers
+
+    @property
+    def t2_bytes_per_token(self) -> float:
+        return self.t2_bytes_per_token_layer * self.num_layers
+
+
+def build_context(scenario: Scenario, profile: Profile | None = None, profile_path: str | None = None) -> RunContext:
+    """Everything is per GPU: with tensor parallelism `model` is one GPU's shard, so weights, KV
+    bytes per token, FLOP and memory are one GPU's, and the batch is the whole group's."""
+    model = catalog.resolve_model(scenario.model).shard(scenario.parallel.tp)
+    m, p = scenario.model, scenario.policy
+    policy = TierPolicy.from_config(p)
+    stages = policy.tiering and (policy.auto or policy.hbm_ratio < 1.0 - policy.evict_ratio)  # T1/T2 may hold tokens
+    hw = resolve_hardware(scenario.hardware, m.weight_dtype, p.pinned, profile,
+                          staging=p.prefetch if stages else "none", with_host=p.access != "prefetch",
+                          tp=scenario.parallel.tp)
+    comp = COMPRESSED_DTYPES[p.compressed_dtype]
+    t2_layer = KV_TENSORS * model.num_kv_heads * comp.bytes_for(model.head_dim, min(p.compressed_group_size, model.head_dim))
+    return RunContext(
+        scenario=scenario, model=model, hw=hw, policy=policy,
+        kv_bytes_per_token_layer=model.kv_bytes_per_token_layer(m.kv_dtype),
+        t2_bytes_per_token_layer=t2_layer,
+        weights_bytes=model.weight_bytes(m.weight_dtype, m.weight_group_size),
+        profile_path=profile_path,
+    )

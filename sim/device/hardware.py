@@ -1,0 +1,522 @@
+"""Effective hardware figures for one scenario: datasheet x default efficiency, or measured.
+
+Every figure carries the source it came from, so a summary can say which numbers were measured
+(profile) and which are datasheet defaults.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Generic, TypeVar
+
+from sim.inputs import catalog
+from sim.inputs.catalog import EfficiencyDefaults, GpuSpec, LinkSpec
+from sim.inputs.profile import ComputeProfile, CopyCurve, Profile
+from sim.model.dtypes import FP8_COMPUTE_WEIGHT_DTYPES, WEIGHT_DTYPES
+from sim.model.units import FLOP_PER_MAC, GB
+
+T = TypeVar("T")
+SCENARIO = "scenario override"  # the source of an overridden figure; sim/outputs/run_folder.py lists them by it
+
+
+def interp_log2(points: list[tuple[float, float]], x: float) -> float:
+    """Piecewise-linear interpolation of y against log2(x), clamped at both ends."""
+    pts = sorted(points)
+    if x <= pts[0][0]:
+        return pts[0][1]
+    if x >= pts[-1][0]:
+        return pts[-1][1]
+    lx = math.log2(x)
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x0 <= x <= x1:
+            f = (lx - math.log2(x0)) / (math.log2(x1) - math.log2(x0))
+            return y0 + f * (y1 - y0)
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class Sourced(Generic[T]):
+    """A figure and where it came from. `pinned`: set by the scenario, so no measurement replaces it
+    (precedence: scenario override, then profile, then datasheet x default efficiency)."""
+
+    value: T
+    source: str
+    pinned: bool = False
+
+    def override(self, value: T | None, source: str = SCENARIO) -> Sourced[T]:
+        """The scenario's value, where it gives one (None keeps this figure)."""
+        return self if value is None else Sourced(value, source, pinned=True)
+
+    def measure(self, value: T | None, source: str) -> Sourced[T]:
+        """A profile's measurement, unless nothing was measured (None) or the scenario pinned this figure."""
+        return self if value is None or self.pinned else Sourced(value, source)
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    """One direction's copy time: measured curve if profiled, else latency + bytes / bandwidth."""
+
+    per_copy_latency_s: float
+    bytes_per_s: float
+    bidirectional_bytes_per_s: float
+    curve: CopyCurve | None = None
+    source: str = ""
+    # a shared PCIe switch uplink's share (`behind_switch`): the rate no copy beats; inf: no switch binds
+    cap_bytes_per_s: float = math.inf
+
+    def copy_time_s(self, size_bytes: float, both_directions_busy: bool = False) -> float:
+        """One copy of `size_bytes`: copies * latency + bytes / bandwidth (DESIGN.md link model).
+        While the other direction is busy the bandwidth term uses the bidirectional share. Behind a
+        shared switch: max(that, latency + bytes / cap), the cap scaled by the same bidirectional
+        share while both directions are busy."""
+        if size_bytes <= 0:
+            return 0.0
+        if self.curve is not None and not both_directions_busy:
+            t = self.curve.copy_time_s(size_bytes)
+        else:
+            bw = self.bidirectional_bytes_per_s if both_directions_busy else self.bytes_per_s
+            t = self.per_copy_latency_s + size_bytes / bw
+        if self.cap_bytes_per_s < math.inf:
+            share = self.bidirectional_bytes_per_s / self.bytes_per_s if both_directions_busy else 1.0
+            t = max(t, self.per_copy_latency_s + size_bytes / (self.cap_bytes_per_s * share))
+        return t
+
+    def transfer_time_s(self, total_bytes: float, copies: int, both_directions_busy: bool = False) -> float:
+        """`copies` equal copies moving `total_bytes` in all."""
+        if total_bytes <= 0 or copies <= 0:
+            return 0.0
+        return copies * self.copy_time_s(total_bytes / copies, both_directions_busy)
+
+
+def gpus_sharing_uplink(tp: int, gpus_per_switch: int) -> int:
+    """GPUs of one tensor-parallel group that stream through one switch at once: the group moves
+    its KV shards in lockstep (every GPU runs the same step), packed onto as few switches as it
+    fills: min(tp, gpus_per_switch). Data-parallel replicas are not in lockstep: not counted."""
+    return max(1, min(tp, gpus_per_switch))
+
+
+def switch_share_bytes_per_s(link_bytes_per_s: float, uplink_bytes_per_s: float, gpus_sharing: int) -> float:
+    """Per-GPU host-link bandwidth (one direction) while `gpus_sharing` GPUs behind one PCIe switch
+    copy at once: each gets its own link's rate or an equal share of the uplink, whichever is less:
+    min(link, uplink / gpus_sharing)."""
+    return min(link_bytes_per_s, uplink_bytes_per_s / gpus_sharing)
+
+
+def behind_switch(link: LinkModel, uplink_bytes_per_s: float, gpus_sharing: int) -> LinkModel:
+    """`link` with its copies capped at `switch_share_bytes_per_s`; the link itself where the share
+    does not bind (so one GPU per switch with an uplink as fast as its link changes nothing)."""
+    share = switch_share_bytes_per_s(link.bytes_per_s, uplink_bytes_per_s, gpus_sharing)
+    if share >= link.bytes_per_s:
+        return link
+    return replace(link, cap_bytes_per_s=share)
+
+
+@dataclass(frozen=True)
+class HostCpu:
+    """The host socket that attends T1/T2 where they live (policy.access host_attention / split)."""
+
+    name: str
+    dram_bytes_per_s: float  # K/V bytes per second the attention kernel streams, with the DRAM to itself
+    flop_per_s: float  # achieved FP32 FLOP/s of the attention kernel on its vector units
+    dispatch_s: float  # waking the thread pool and joining it, once per layer
+    # the socket's DRAM bandwidth (bytes read + written per second), shared by the attention stream and
+    # the link's DMA in flight (`host_pipeline.dram_speeds`); None: the attention's own rate
+    memory_bytes_per_s: float | None = None
+
+    def stream_s(self, kv_bytes: float, flop: float) -> float:
+        """max(KV bytes / DRAM bandwidth, FLOP / FLOP/s): the roofline of a batched GEMV over the
+        host-resident K/V, with the DRAM to itself."""
+        return max(kv_bytes / self.dram_bytes_per_s, flop / self.flop_per_s)
+
+    def attention_s(self, kv_bytes: float, flop: float) -> float:
+        """`stream_s` + dispatch: the roofline plus the thread pool's fixed cost (0 with nothing to attend)."""
+        if kv_bytes <= 0:
+            return 0.0
+        return self.stream_s(kv_bytes, flop) + self.dispatch_s
+
+    @property
+    def shared_bytes_per_s(self) -> float:
+        """The DRAM bandwidth the attention stream and DMA share: the socket's, never below what the
+        stream alone reaches (so a stream with the DRAM to itself keeps its own rate)."""
+        return max(self.memory_bytes_per_s or 0.0, self.dram_bytes_per_s)
+
+
+def resolve_host(name: str, profile: Profile | None = None) -> tuple[HostCpu, dict[str, str]]:
+    """A catalog host CPU with the default attention-kernel figures, and their sources; a profile's
+    host section (`hwprobe calibrate`) replaces what it measured: the host attention kernel's achieved
+    K/V streaming rate as the stream's DRAM rate, the fit's intercept as the dispatch cost, and the
+    large host copy's rate as the socket's shared DRAM bandwidth. The FLOP/s stays the catalog's
+    (not measured)."""
+    spec, d = catalog.host(name), catalog.host_defaults()
+    cpu = HostCpu(spec.name, spec.achieved_memory_bytes_per_s, spec.fp32_flop_per_s * d.host_attention_flop_efficiency,
+                  d.host_attention_dispatch_s, spec.achieved_memory_bytes_per_s)
+    achieved = (f"catalog {spec.name}: {spec.theoretical_memory_bytes_per_s / 1e9:g} GB/s theoretical "
+                f"x {spec.achieved_memory_fraction:g} (assumed)")
+    sources = {
+        "host_dram_bytes_per_s": achieved,
+        "host_flop_per_s": f"catalog {spec.name}: FP32 peak x {d.host_attention_flop_efficiency:g} (assumed)",
+        "host_memory_bytes_per_s": f"{achieved}; shared by host attention and the link's DMA",
+    }
+    host = profile.host if profile is not None else None
+    if host is None:
+        return cpu, sources
+    label = (f"profile: {host.cpu_name} ({host.threads} threads, {profile.created_utc[:10]}), host attention "
+             f"fit over {len(host.attention_points)} points")
+    if host.attention_bytes_per_s is not None:
+        cpu = replace(cpu, name=host.cpu_name, dram_bytes_per_s=host.attention_bytes_per_s)
+        sources["host_dram_bytes_per_s"] = f"{label}: K/V bytes / time"
+    if host.attention_dispatch_s is not None:
+        cpu = replace(cpu, name=host.cpu_name, dispatch_s=host.attention_dispatch_s)
+        sources["host_dispatch_s"] = f"{label}: intercept"
+    if host.dram_bytes_per_s is not None:
+        cpu = replace(cpu, name=host.cpu_name, memory_bytes_per_s=host.dram_bytes_per_s)
+        sources["host_memory_bytes_per_s"] = (f"profile: {host.cpu_name} ({profile.created_utc[:10]}), large host copy "
+                                              "(bytes read + written); shared by host attention and the link's DMA")
+    return cpu, sources
+
+
+@dataclass(frozen=True)
+class Hardware:
+    gpu: GpuSpec
+    link_spec: LinkSpec
+    memory_bytes: float
+    host_memory_bytes: float
+    weight_hbm_bytes_per_s: float
+    attention_hbm_bytes_per_s: float
+    peak_flop_per_s: float
+    gemm_flop_efficiency_by_rows: list[tuple[float, float]]  # (rows, fraction of peak)
+    gemm_flop_per_s_by_rows: list[tuple[float, float]] | None  # measured (rows, FLOP/s) if profiled
+    attention_flop_per_s: float
+    layer_overhead_s: float  # device-side fixed cost per layer (launch gaps): adds to its work
+    step_overhead_s: float
+    runtime_reserve_bytes: float
+    copy_engines: int
+    h2d: LinkModel
+    d2h: LinkModel
+    sources: dict[str, str] = field(default_factory=dict)
+    host_layer_s: float = 0.0  # host time to enqueue a layer; a layer takes max(device work, this)
+    host_step_s: float = 0.0  # the same for the rest of a step (embedding, LM head, sampling, bookkeeping)
+    host_pack_bytes_per_s: float = float("inf")  # packing strided K/V on the host before a copy
+    weight_kernel: str = "bf16 GEMM"  # how the layer's weights are multiplied (dtype path), for people
+    dequant_ops_per_weight: float = 0.0  # CUDA-core lane operations per weight (weight-only kernels)
+    dequant_op_per_s: float = float("inf")  # CUDA-core lane operations per second (FP32 rate / 2)
+    attention_latency_s: float = 0.0  # floor of one decode-attention call (its time = this + bytes / rate)
+    # measured (rows, weight bytes / kernel time) of this weight dtype's kernel: replaces the model
+    weight_kernel_bytes_per_s_by_rows: list[tuple[float, float]] | None = None
+    host_cpu: HostCpu | None = None  # attends T1/T2 on the host (policy.access host_attention / split)
+    tp: int = 1  # GPUs in the tensor-parallel group
+    interconnect_bytes_per_s: float = float("inf")  # NCCL all-reduce busbw between them
+    interconnect_hop_s: float = 0.0
+
+    def allreduce_s(self, nbytes: float) -> float:
+        """Ring all-reduce of `nbytes` over the TP group: 2(N-1)/N x bytes / busbw + 2(N-1) x per-hop
+        latency (DESIGN.md); 0 on one GPU."""
+        n = self.tp
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        return 2 * (n - 1) / n * nbytes / self.interconnect_bytes_per_s + 2 * (n - 1) * self.interconnect_hop_s
+
+    def measured_weight_kernel_s(self, weight_bytes: float, rows: int) -> float | None:
+        """Weight bytes / the measured kernel rate at `rows`, or None where not profiled."""
+        if not self.weight_kernel_bytes_per_s_by_rows:
+            return None
+        return weight_bytes / interp_log2(self.weight_kernel_bytes_per_s_by_rows, rows)
+
+    def gemm_flop_per_s(self, rows: int) -> float:
+        """Achieved GEMM FLOP/s with `rows` tokens (= batch in decode)."""
+        if self.gemm_flop_per_s_by_rows:
+            return interp_log2(self.gemm_flop_per_s_by_rows, rows)
+        return self.peak_flop_per_s * interp_log2(self.gemm_flop_efficiency_by_rows, rows)
+
+
+
+
+def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile | None = None,
+                     staging: str = "none", with_host: bool = False, tp: int = 1) -> Hardware:
+    """Datasheet figures x default efficiencies, scenario overrides, then profile measurements.
+    `staging`: how T1/T2 reach attention ("none", or the prefetch mode), which picks the measured
+    fixed costs of the decode loop. `with_host`: also the host CPU that attends T1/T2 (an access
+    strategy other than prefetch)."""
+    gpu = catalog.gpu(hw_cfg.gpu)
+    link_spec = catalog.link(hw_cfg.link or gpu.link)
+    eff = catalog.efficiency_defaults()
+    figs = _datasheet_figures(gpu, hw_cfg, weight_dtype, eff)
+    if profile is not None:
+        figs = _measured_figures(figs, profile, gpu, hw_cfg, weight_dtype, eff, staging)
+    h2d = _link_model(link_spec, "h2d", pinned, profile)
+    d2h = _link_model(link_spec, "d2h", pinned, profile)
+    hw = _assemble(gpu, link_spec, figs, h2d, d2h)
+    if tp > 1:
+        fabric = catalog.interconnect(gpu.interconnect)
+        hw = replace(hw, tp=tp, interconnect_bytes_per_s=fabric.bus_bytes_per_s, interconnect_hop_s=fabric.per_hop_latency_s,
+                     sources={**hw.sources, "interconnect": f"catalog {fabric.name}: {fabric.source}"})
+    if getattr(hw_cfg, "pcie_switch", None) is not None:
+        hw = _shared_switch(hw, hw_cfg.pcie_switch, link_spec, tp)
+    if not with_host:
+        return hw
+    cpu, host_sources = resolve_host(hw_cfg.host or gpu.host, profile)
+    return replace(hw, host_cpu=cpu, sources={**hw.sources, **host_sources})
+
+
+def _shared_switch(hw: Hardware, cfg, link_spec: LinkSpec, tp: int) -> Hardware:
+    """Both link directions behind a PCIe switch shared by the TP group (`behind_switch`); the
+    catalog default (interconnects.yaml `pcie_switch`) fills what the scenario leaves out: the uplink
+    is one link of the GPU's own kind, at its pinned rate per direction (the measured rate where a
+    profile's is faster), so it never binds for one GPU alone."""
+    default = catalog._read_catalog("interconnects.yaml")["pcie_switch"]
+    per_switch = cfg.gpus_per_switch or default["gpus_per_switch"]
+    n = gpus_sharing_uplink(tp, per_switch)
+    up_h2d = cfg.uplink_bytes_per_s or max(link_spec.pinned_h2d_bytes_per_s, hw.h2d.bytes_per_s)
+    up_d2h = cfg.uplink_bytes_per_s or max(link_spec.pinned_d2h_bytes_per_s, hw.d2h.bytes_per_s)
+    h2d, d2h = behind_switch(hw.h2d, up_h2d, n), behind_switch(hw.d2h, up_d2h, n)
+    share_h2d = switch_share_bytes_per_s(hw.h2d.bytes_per_s, up_h2d, n)
+    share_d2h = switch_share_bytes_per_s(hw.d2h.bytes_per_s, up_d2h, n)
+    text = (f"{per_switch} GPUs per switch ({'scenario' if cfg.gpus_per_switch else 'catalog default, assumed'}), "
+            f"{n} of the TP group's {tp} through one uplink of {up_h2d / GB:g} H2D / {up_d2h / GB:g} D2H GB/s "
+            f"({'scenario' if cfg.uplink_bytes_per_s else f'one {link_spec.name} link, assumed'}): per GPU "
+            f"min(link, uplink / {n}) = {share_h2d / GB:g} / {share_d2h / GB:g} GB/s, "
+            + ("binds" if (h2d is not hw.h2d or d2h is not hw.d2h) else "does not bind"))
+    return replace(hw, h2d=h2d, d2h=d2h, sources={**hw.sources, "pcie_switch": text})
+
+
+@dataclass(frozen=True)
+class _Gemm:
+    """GEMM speed: peak x fraction of peak by rows, or the measured FLOP/s by rows where profiled."""
+
+    peak_flop_per_s: float
+    efficiency_by_rows: list[tuple[float, float]]
+    measured_by_rows: list[tuple[float, float]] | None = None
+
+
+@dataclass(frozen=True)
+class _Figures:
+    """One scenario's figures while they are resolved. The Sourced fields, in this order, are the
+    keys of `Hardware.sources` (summary.json keeps that order)."""
+
+    weight_hbm_efficiency: Sourced[float]
+    weight_hbm_bytes_per_s: Sourced[float]
+    attention_hbm_efficiency: Sourced[float]
+    attention_hbm_bytes_per_s: Sourced[float]
+    gemm_flop_per_s: Sourced[_Gemm]
+    attention_flop_efficiency: Sourced[float]
+    attention_latency_s: Sourced[float]
+    dequant_ops_per_weight: Sourced[float]
+    weight_kernel: Sourced[str]
+    weight_kernel_by_rows: Sourced[list | None]
+    layer_overhead_s: Sourced[float]
+    host_layer_s: Sourced[float]
+    host_step_s: Sourced[float]
+    step_overhead_s: Sourced[float]
+    host_pack_bytes_per_s: Sourced[float]
+    runtime_reserve_bytes: Sourced[float]
+    memory_bytes: Sourced[float]
+    host_memory_bytes: Sourced[float]
+    attention_flop_per_s: float  # sourced by attention_flop_efficiency
+    copy_engines: int
+    fp8: bool  # FP8 weights on a GPU with an FP8 peak: GEMMs run at that peak
+
+    def sources(self) -> dict[str, str]:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: v.source for name, v in values.items() if isinstance(v, Sourced)}
+
+
+def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyDefaults) -> _Figures:
+    """Datasheet x default efficiency, or the scenario's override of each."""
+    ov = hw_cfg.efficiency
+    w_eff = Sourced(eff.weight_hbm_efficiency[weight_dtype], "default efficiency").override(ov.weight_hbm_efficiency)
+    a_eff = Sourced(eff.attention_hbm_efficiency, "default efficiency").override(ov.attention_hbm_efficiency)
+    f_eff = Sourced(eff.attention_flop_efficiency, "default efficiency").override(ov.attention_flop_efficiency)
+    fp8 = bool(weight_dtype in FP8_COMPUTE_WEIGHT_DTYPES and gpu.fp8_flop_per_s)
+    peak, peak_name = (gpu.fp8_flop_per_s, "fp8") if fp8 else (gpu.bf16_flop_per_s, "bf16")
+    gemm = Sourced(_Gemm(peak, eff.gemm_flop_efficiency_by_rows),
+                   f"datasheet {gpu.name} {peak_name} peak x default efficiency by rows")
+    if ov.gemm_flop_efficiency is not None:  # one fraction at every row count
+        gemm = Sourced(_Gemm(peak, [(1.0, ov.gemm_flop_efficiency)]),
+                       f"datasheet {gpu.name} {peak_name} peak x {SCENARIO}", pinned=True)
+    host_memory = Sourced(eff.default_host_memory_bytes, "default")
+    if gpu.host_memory_bytes:
+        host_memory = Sourced(gpu.host_memory_bytes, "datasheet")
+    hidden = "default: 0 (launches hidden, e.g. CUDA graphs)"
+    kernel, dequant = _weight_kernel(gpu, weight_dtype, fp8, eff)
+    return _Figures(
+        weight_hbm_efficiency=w_eff,
+        weight_hbm_bytes_per_s=_hbm_rate(gpu, w_eff),
+        attention_hbm_efficiency=a_eff,
+        attention_hbm_bytes_per_s=_hbm_rate(gpu, a_eff),
+        gemm_flop_per_s=gemm,
+        attention_flop_efficiency=f_eff,
+        attention_latency_s=Sourced(eff.attention_latency_s, "default (assumed)").override(ov.attention_latency_s),
+        dequant_ops_per_weight=dequant.override(ov.dequant_ops_per_weight),
+        weight_kernel=kernel,
+        weight_kernel_by_rows=Sourced(None, "modelled: weight streaming vs dequantisation + MMA"),
+        layer_overhead_s=Sourced(eff.layer_overhead_s, "default").override(ov.layer_overhead_s),
+        host_layer_s=Sourced(0.0, hidden).override(ov.host_layer_s),
+        host_step_s=Sourced(0.0, hidden).override(ov.host_step_s),
+        step_overhead_s=Sourced(eff.step_overhead_s, "default").override(ov.step_overhead_s),
+        host_pack_bytes_per_s=Sourced(eff.host_pack_bytes_per_s, "default (assumed)")
+        .override(ov.host_pack_bytes_per_s),
+        runtime_reserve_bytes=Sourced(eff.runtime_reserve_bytes, "default").override(ov.runtime_reserve_bytes),
+        memory_bytes=Sourced(gpu.memory_bytes, f"catalog {gpu.name}: {gpu.memory_source}"),
+        host_memory_bytes=host_memory.override(hw_cfg.host_memory_bytes, "scenario"),
+        attention_flop_per_s=gpu.bf16_flop_per_s * f_eff.value,
+        copy_engines=hw_cfg.copy_engines or gpu.copy_engines,
+        fp8=fp8,
+    )
+
+
+def _weight_kernel(gpu: GpuSpec, weight_dtype: str, fp8: bool, eff: EfficiencyDefaults) -> tuple[Sourced[str], Sourced[float]]:
+    """How a layer's weights are multiplied, and the CUDA-core work per weight that takes: bf16 and
+    fp16 weights feed the tensor cores as they are; fp8 runs as a W8A8 GEMM at the fp8 peak where the
+    GPU has fp8 tensor cores; int8, int4 (and fp8 without fp8 tensor cores) run weight-only kernels
+    that dequantise every weight to bf16 on the CUDA cores before the MMA."""
+    dequant_src = "default (derived: instruction count of the published conversion, efficiency.yaml)"
+    def path(text: str) -> Sourced[str]:  # the summary's sources name the path a run assumed
+        return Sourced(text, text)
+
+    if fp8:
+        return (path(f"fp8 W8A8 GEMM at the {gpu.name} fp8 tensor-core peak"),
+                Sourced(0.0, "fp8 tensor cores: no dequantisation"))
+    if weight_dtype not in eff.dequant_ops_per_weight:
+        return path(f"{weight_dtype} GEMM on the tensor cores"), Sourced(0.0, "no dequantisation")
+    why = f"; {gpu.name} has no fp8 tensor cores (datasheet)" if weight_dtype == "fp8" else ""
+    kernel = f"{weight_dtype} weight-only (W{WEIGHT_DTYPES[weight_dtype].bits}A16): dequantised on CUDA cores, bf16 MMA{why}"
+    return path(kernel), Sourced(eff.dequant_ops_per_weight[weight_dtype], dequant_src)
+
+
+def _hbm_rate(gpu: GpuSpec, efficiency: Sourced[float]) -> Sourced[float]:
+    """Datasheet HBM bandwidth x `efficiency`; pinned with it, so that a scenario's efficiency
+    keeps its rate against a measured one."""
+    source = f"datasheet {gpu.name} x {efficiency.value:g} ({efficiency.source})"
+    return Sourced(gpu.hbm_bytes_per_s * efficiency.value, source, efficiency.pinned)
+
+
+def _measured_figures(figs: _Figures, profile: Profile, gpu: GpuSpec, hw_cfg, weight_dtype: str,
+                      eff: EfficiencyDefaults, staging: str) -> _Figures:
+    """The profile's measurements on top of the datasheet; a scenario's override still wins."""
+    label = f"profile: {profile.device_name} ({profile.device}, {profile.created_utc[:10]})"
+    c = profile.compute
+    figs = replace(
+        figs,
+        memory_bytes=figs.memory_bytes.measure(profile.device_memory_bytes, label),
+        host_memory_bytes=figs.host_memory_bytes.measure(profile.host_memory_bytes, label),
+        copy_engines=hw_cfg.copy_engines or profile.copy_engines or figs.copy_engines,
+        weight_hbm_bytes_per_s=_measured_weight_rate(figs.weight_hbm_bytes_per_s, c.weight_hbm_bytes_per_s,
+                                                     weight_dtype, eff, label),
+        attention_hbm_bytes_per_s=figs.attention_hbm_bytes_per_s.measure(c.attention_hbm_bytes_per_s, label),
+        attention_latency_s=figs.attention_latency_s.measure(c.attention_latency_s, f"{label}, fit over context"),
+        host_pack_bytes_per_s=figs.host_pack_bytes_per_s.measure(
+            profile.link.host_pack_bytes_per_s if profile.link is not None else None, label),
+        runtime_reserve_bytes=_measured_reserve(figs.runtime_reserve_bytes, profile, label),
+    )
+    curve = c.weight_kernel_bytes_per_s_by_rows.get(weight_dtype)
+    if curve and not figs.weight_hbm_bytes_per_s.pinned:  # a scenario's weight efficiency keeps the model
+        kernel = c.weight_kernels.get(weight_dtype, f"{weight_dtype} kernel")
+        figs = replace(figs, weight_kernel_by_rows=Sourced([(float(r), b) for r, b in curve],
+                                                           f"{label}, {kernel} measured by rows"))
+    figs = _measured_flops(figs, c, gpu, label)
+    return _measured_loop_costs(figs, profile, staging, label)
+
+
+def _measured_reserve(reserve: Sourced[float], profile: Profile, label: str) -> Sourced[float]:
+    """Memory already in use on the device when calibration started (its CUDA context, other
+    processes) raises the reserve to at least that; the default covers a bare context."""
+    if profile.device_memory_bytes is None or profile.device_memory_free_bytes is None:
+        return reserve
+    in_use = profile.device_memory_bytes - profile.device_memory_free_bytes
+    if in_use <= reserve.value:
+        return reserve
+    return reserve.measure(in_use, f"{label}, in use on the device at calibration")
+
+
+def _measured_weight_rate(rate: Sourced[float], measured: dict[str, float], weight_dtype: str,
+                          eff: EfficiencyDefaults, label: str) -> Sourced[float]:
+    """The measured weight-streaming rate of this dtype, else the measured bf16 rate scaled by the
+    default dtype ratio (dequantising kernels are slower)."""
+    if rate.pinned:  # the scenario's efficiency wins over any measurement
+        return rate
+    if measured.get(weight_dtype) is not None:
+        return Sourced(measured[weight_dtype], label)
+    if "bf16" in measured:
+        ratio = eff.weight_hbm_efficiency[weight_dtype] / eff.weight_hbm_efficiency["bf16"]
+        return Sourced(measured["bf16"] * ratio, f"{label}, bf16 x default {weight_dtype}/bf16 ratio {ratio:.3g}")
+    return rate
+
+
+def _measured_flops(figs: _Figures, c: ComputeProfile, gpu: GpuSpec, label: str) -> _Figures:
+    """A measured peak replaces the datasheet's (GEMM and attention keep their fractions of it);
+    bf16 GEMM FLOP/s measured by rows replaces peak x fraction."""
+    gemm, attention_flop = figs.gemm_flop_per_s, figs.attention_flop_per_s
+    peak = c.peak_flop_per_s.get("fp8" if figs.fp8 else "bf16")
+    if peak:
+        fraction = SCENARIO if gemm.pinned else "default efficiency by rows"
+        gemm = Sourced(replace(gemm.value, peak_flop_per_s=peak), f"{label}, peak x {fraction}", gemm.pinned)
+        attention_flop = peak * (attention_flop / gpu.bf16_flop_per_s)
+    if c.gemm_flop_per_s_by_rows and not figs.fp8:
+        by_rows = [(float(m), f) for m, f in c.gemm_flop_per_s_by_rows]
+        gemm = gemm.measure(replace(gemm.value, measured_by_rows=by_rows), f"{label}, measured by rows")
+    return replace(figs, gemm_flop_per_s=gemm, attention_flop_per_s=attention_flop)
+
+
+def _measured_loop_costs(figs: _Figures, profile: Profile, staging: str, label: str) -> _Figures:
+    """Fixed costs of the decode loop, timed at tiny dimensions. On an asynchronous device (cuda)
+    that time is the host's enqueue, which composes with device work by max; on a synchronous one
+    the host's time is the device's, and adds up."""
+    c = profile.compute
+    cuda = profile.device == "cuda"
+    loop = c.step_overheads.get(staging)
+    if loop is not None:
+        how = f"{label}, tiny decode steps, staging {staging}"
+        if cuda:
+            return replace(figs, host_layer_s=figs.host_layer_s.measure(loop.layer_s, how + " (host-bound)"),
+                           host_step_s=figs.host_step_s.measure(loop.step_s, how + " (host-bound)"))
+        return replace(figs, layer_overhead_s=figs.layer_overhead_s.measure(loop.layer_s, how),
+                       step_overhead_s=figs.step_overhead_s.measure(loop.step_s, how))
+    if c.layer_overhead_s is None:
+        return figs
+    # no loop timed with this staging: fall back to one tiny layer's time
+    if cuda:  # host-bound: the host's time per layer, unless the scenario set it
+        return replace(figs, host_layer_s=figs.host_layer_s.measure(c.layer_overhead_s,
+                                                                    f"{label}, tiny-layer time (host-bound)"))
+    return replace(figs, layer_overhead_s=figs.layer_overhead_s.measure(c.layer_overhead_s, label))
+
+
+def _link_model(spec: LinkSpec, direction: str, pinned: bool, profile: Profile | None) -> LinkModel:
+    """One direction of the host link: the profile's measured curve for this kind of host memory,
+    else the datasheet's latency and bandwidth."""
+    memory = "pinned" if pinned else "pageable"
+    bw = getattr(spec, f"{memory}_{direction}_bytes_per_s")
+    latency = spec.per_copy_latency_s if pinned else spec.pageable_per_copy_latency_s
+    bidir = min(bw, spec.bidirectional_bytes_per_s)
+    source = f"datasheet: {spec.name} ({memory})"
+    curve = None
+    if profile is not None and profile.link is not None:
+        curve = profile.link.curve(direction, memory)
+        if curve is not None:
+            bw, latency = curve.fit_bytes_per_s, curve.fit_per_copy_latency_s
+            measured_bidir = getattr(profile.link, f"bidirectional_{direction}_bytes_per_s")
+            # not measured: the measured rate x the datasheet's bidirectional/pinned ratio
+            pinned_bw = getattr(spec, f"pinned_{direction}_bytes_per_s")
+            bidir = min(bw, measured_bidir) if measured_bidir else bw * spec.bidirectional_bytes_per_s / pinned_bw
+            source = f"profile: {profile.device_name} ({memory} curve)"
+    return LinkModel(latency, bw, bidir, curve, source)
+
+
+def _assemble(gpu: GpuSpec, link_spec: LinkSpec, figs: _Figures, h2d: LinkModel, d2h: LinkModel) -> Hardware:
+    gemm = figs.gemm_flop_per_s.value
+    return Hardware(
+        gpu=gpu, link_spec=link_spec,
+        memory_bytes=figs.memory_bytes.value, host_memory_bytes=figs.host_memory_bytes.value,
+        weight_hbm_bytes_per_s=figs.weight_hbm_bytes_per_s.value,
+        attention_hbm_bytes_per_s=figs.attention_hbm_bytes_per_s.value,
+        peak_flop_per_s=gemm.peak_flop_per_s, gemm_flop_efficiency_by_rows=gemm.efficiency_by_rows,
+        gemm_flop_per_s_by_rows=gemm.measured_by_rows, attention_flop_per_s=figs.attention_flop_per_s,
+        layer_overhead_s=figs.layer_overhead_s.value, step_overhead_s=figs.step_overhead_s.value,
+        runtime_reserve_bytes=figs.runtime_reserve_bytes.value, copy_engines=figs.copy_engines, h2d=h2d, d2h=d2h,
+        sources={**figs.sources(), "h2d": h2d.source, "d2h": d2h.source},
+        host_layer_s=figs.host_layer_s.value, host_step_s=figs.host_step_s.value,
+        host_pack_bytes_per_s=figs.host_pack_bytes_per_s.value,
+        weight_kernel=figs.weight_kernel.value, dequant_ops_per_weight=figs.dequant_ops_per_weight.value,
+        weight_kernel_bytes_per_s_by_rows=figs.weight_kernel_by_rows.value,
+        dequant_op_per_s=gpu.fp32_flop_per_s / FLOP_PER_MAC, attention_latency_s=figs.attention_latency_s.value,
+    )

@@ -1,0 +1,474 @@
+"""Pure cost functions of decode: per-layer roofline, LM head, prefill, one decode step composed
+(`decode_step_cost`), a continuous-batching step of decodes and prefill chunks (`mixed_step_cost`),
+a re-tier's link traffic (`retier_traffic`), the layerwise prefetch pipeline; host access's path
+(`host_path`) and its step closed form with the host DRAM shared (sim/device/host_pipeline.py).
+
+No SimPy here: the engine only schedules what these compute. Formulas are in the docstrings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+import numpy as np
+
+from sim.model.spec import ModelSpec
+from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
+
+from .hardware import Hardware
+from .host_pipeline import HostLayer, HostStepTimes, host_pipeline
+
+ALLREDUCES_PER_LAYER = 2  # tensor parallelism: after the attention output and after the MLP down projection
+ACTIVATION_BYTES = 2  # bf16 activations all-reduced
+
+
+def roofline_s(flop: float, bytes_moved: float, flop_per_s: float, bytes_per_s: float) -> float:
+    """time = max(FLOP / achieved FLOP/s, bytes / achieved bytes/s)."""
+    return max(flop / flop_per_s, bytes_moved / bytes_per_s)
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One layer on the device timeline. Device work = GEMMs + attention + per-layer kernel
+    overhead (launch gaps on the device: additive). `host_s` is the host's time to enqueue the
+    layer; the device runs asynchronously to it (eager CUDA), so the layer takes whichever is
+    longer: max(device work, host_s). host_s = 0 where launches are hidden (CUDA graphs) or the
+    host time is already inside `overhead_s` (a synchronous device, e.g. the CPU)."""
+
+    gemm_s: float
+    attention_s: float
+    overhead_s: float
+    qkv_share: float = 0.0  # share of gemm_s spent in the q/k/v projection (before attention)
+    host_s: float = 0.0
+    allreduce_s: float = 0.0  # tensor parallelism: the layer's two all-reduces (after attention and MLP)
+
+    @property
+    def device_s(self) -> float:
+        return self.gemm_s + self.attention_s + self.overhead_s + self.allreduce_s
+
+    @property
+    def total_s(self) -> float:
+        return max(self.device_s, self.host_s)
+
+    @property
+    def host_bound(self) -> bool:
+        return self.host_s > self.device_s
+
+    @property
+    def pre_attention_s(self) -> float:
+        """Norm + QKV projection: what runs before attention needs the staged tokens (stretched
+        in proportion when the host sets the pace)."""
+        stretch = self.total_s / self.device_s if self.device_s > 0 else 1.0
+        return self.gemm_s * self.qkv_share * stretch
+
+    @property
+    def post_attention_s(self) -> float:
+        return self.total_s - self.pre_attention_s
+
+
+def gemm_flop(model: ModelSpec, batch: int) -> float:
+    """Projection + MLP FLOP of one layer for one decode step: 2 * active linear params * B."""
+    return FLOP_PER_MAC * _active_linear_params(model) * batch
+
+
+# Per-model figures every step's cost needs, computed once per model (a ModelSpec is frozen, so it
+# keys a cache); the serving engine costs tens of thousands of steps per run.
+@lru_cache(maxsize=64)
+def _active_linear_params(model: ModelSpec) -> int:
+    return model.active_linear_params_layer()
+
+
+@lru_cache(maxsize=4096, typed=True)  # typed: an int and a numpy int of `rows` are cached apart, as computed
+def _layer_weights_read(model: ModelSpec, weight_dtype: str, group_size: int, rows: int) -> tuple[float, float]:
+    """(weight bytes, linear params) one layer reads over `rows` tokens (MoE: the experts they touch)."""
+    return model.layer_weight_bytes_read(weight_dtype, rows, group_size), model.layer_linear_params_read(rows)
+
+
+def attention_flop(model: ModelSpec, attended_tokens: int) -> float:
+    """Decode attention FLOP of one layer: sum_b 4 * n_b * H * d (QK^T and PV, 2 FLOP per MAC)."""
+    return ATTN_MATMULS * FLOP_PER_MAC * attended_tokens * model.num_heads * model.head_dim
+
+
+def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, rows: int) -> float:
+    """Projections + MLP of one layer over `rows` tokens. The kernel streams its weights from HBM
+    while its compute pipeline dequantises each weight on the CUDA cores (weight-only int8/int4, or
+    fp8 without fp8 tensor cores) and runs the tensor-core MMA; the slower of the two sets the time:
+
+    time = max(weight bytes / weight streaming rate,
+               weights x dequant ops per weight / CUDA-core op rate + 2 * P * rows / GEMM FLOP/s(rows))
+
+    With no dequantisation (bf16, fp16, fp8 on fp8 tensor cores) this is the roofline
+    max(FLOP / FLOP/s, bytes / bytes/s). The dequantisation is paid once per weight per call, the MMA
+    grows with rows: a weight-only kernel turns compute-bound at a smaller batch on a GPU whose
+    CUDA cores are slow against its memory (Marlin's speedup fades past batch 16-32 for this reason).
+    A profile that timed the dtype's kernel across rows replaces the model: weight bytes / measured rate."""
+    w_bytes, params_read = _layer_weights_read(model, weight_dtype, group_size, rows)
+    measured_s = hw.measured_weight_kernel_s(w_bytes, rows)
+    if measured_s is not None:  # a profile timed this dtype's kernel across rows
+        return measured_s
+    flop = gemm_flop(model, rows)
+    dequant_s = params_read * hw.dequant_ops_per_weight / hw.dequant_op_per_s
+    return max(w_bytes / hw.weight_hbm_bytes_per_s, dequant_s + flop / hw.gemm_flop_per_s(rows))
+
+
+def attention_s(flop: float, kv_bytes: float, hw: Hardware) -> float:
+    """One decode-attention call: latency + KV bytes / achieved bandwidth, or its FLOP if they bind:
+    max(FLOP / attention FLOP/s, latency + bytes / attention bytes/s). The latency is the floor a
+    short context cannot hide; a long one streams at the split-KV kernel's fraction of HBM bandwidth,
+    so the achieved fraction grows with tokens per sequence and batch."""
+    return max(flop / hw.attention_flop_per_s, hw.attention_latency_s + kv_bytes / hw.attention_hbm_bytes_per_s)
+
+
+def attention_s_array(flop: np.ndarray, kv_bytes: np.ndarray, hw: Hardware) -> np.ndarray:
+    """`attention_s` over arrays (the fast level's steps); a test holds the two equal."""
+    return np.maximum(flop / hw.attention_flop_per_s, hw.attention_latency_s + kv_bytes / hw.attention_hbm_bytes_per_s)
+
+
+def decode_layer_cost(
+    model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, batch: int,
+    attended_tokens: int, kv_bytes_per_token_layer: float,
+    t2_staged_tokens: int = 0, t2_bytes_per_token_layer: float = 0.0,
+) -> LayerCost:
+    """One layer of one decode step for a batch.
+
+    gemm_s = `weight_kernel_s` (weights streamed vs dequantised + multiplied)
+    attention_s = `attention_s` of 4 * sum_b n_b * H * d FLOP and
+                  attended KV bytes + T2 dequant read+write + new K/V write
+    `attended_tokens` = sum over the batch of T0 + staged T1/T2 tokens.
+    """
+    gemm_s = weight_kernel_s(model, hw, weight_dtype, group_size, batch)
+    a_flop = attention_flop(model, attended_tokens)
+    dequant_bytes = t2_staged_tokens * (t2_bytes_per_token_layer + kv_bytes_per_token_layer)
+    kv_bytes = (attended_tokens + batch) * kv_bytes_per_token_layer + dequant_bytes
+    attn_s = attention_s(a_flop, kv_bytes, hw)
+    allreduce_s = ALLREDUCES_PER_LAYER * hw.allreduce_s(batch * model.hidden_size * ACTIVATION_BYTES)
+    return LayerCost(gemm_s, attn_s, hw.layer_overhead_s, allreduce_s=allreduce_s, qkv_share=qkv_share(model), host_s=hw.host_layer_s)
+
+
+@lru_cache(maxsize=64)
+def qkv_share(model: ModelSpec) -> float:
+    """Share of a layer's linear work in the q/k/v projection: h * (q_dim + 2 kv_dim) / linear params."""
+    return model.hidden_size * (model.q_dim + 2 * model.kv_dim) / _active_linear_params(model)
+
+
+def lm_head_s(model: ModelSpec, hw: Hardware, batch: int) -> float:
+    """LM head per step: max(2 * V * h * B / gemm FLOP/s, V * h * 2 B / weight bandwidth)."""
+    flop = FLOP_PER_MAC * model.vocab_size * model.hidden_size * batch
+    return roofline_s(flop, model.lm_head_bytes(), hw.gemm_flop_per_s(batch), hw.weight_hbm_bytes_per_s)
+
+
+def step_tail_s(model: ModelSpec, hw: Hardware, batch: int) -> float:
+    """What a step costs beside its layers: max(LM head + step overhead on the device, the host's
+    time for the rest of the step) - the same composition as a layer's."""
+    return max(lm_head_s(model, hw, batch) + hw.step_overhead_s, hw.host_step_s)
+
+
+def prefill_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, batch: int, prompt_tokens: int) -> float:
+    """Prefill of B prompts of P tokens: GEMMs over B*P rows plus causal attention
+    (sum over positions of 4 * i * H * d = 2 * P^2 * H * d per sequence per layer)."""
+    if prompt_tokens <= 0:
+        return 0.0
+    rows = batch * prompt_tokens
+    causal_flop = batch * ATTN_MATMULS * FLOP_PER_MAC * model.num_heads * model.head_dim * prompt_tokens * (prompt_tokens + 1) / 2
+    per_layer = (
+        weight_kernel_s(model, hw, weight_dtype, group_size, rows)
+        + ALLREDUCES_PER_LAYER * hw.allreduce_s(rows * model.hidden_size * ACTIVATION_BYTES)
+        + causal_flop / hw.attention_flop_per_s
+        + hw.layer_overhead_s
+    )
+    return model.num_layers * per_layer + lm_head_s(model, hw, batch)
+
+
+KV_SPLIT_COPIES = 2  # the paper's prototype copies K and V as separate tensors
+T2_BLOCKS = 2  # a compressed block travels as int8 payload + its scales
+
+
+def host_pack_s(hw: Hardware, t1_bytes: float) -> float:
+    """The prototype packs every layer's strided K and V halves of its T1 tokens into contiguous
+    blocks on the host before copying them: t1_bytes / host packing rate (T2 blocks are contiguous)."""
+    return t1_bytes / hw.host_pack_bytes_per_s
+
+
+def prefetch_copies_per_layer(prefetch: str, has_t1: bool, has_t2: bool) -> int:
+    """Copies one layer's prefetch takes. The batch's T1 (or T2) tokens of one layer are one
+    contiguous token-major host block (hwprobe's layout), so one copy for T1 and two for T2
+    (payload and scales); `sync_per_step` (the prototype) copies K and V separately."""
+    per_tier = KV_SPLIT_COPIES if prefetch == "sync_per_step" else 1
+    return per_tier * int(has_t1) + T2_BLOCKS * int(has_t2)
+
+
+def retier_copies(prefetch: str, num_layers: int, has_t1: bool, has_t2: bool) -> int:
+    """Copies one re-tier's moves in one direction take: the moved tokens of all layers are
+    gathered into one block per destination tier; the prototype copies per layer, K and V apart."""
+    if prefetch == "sync_per_step":
+        return num_layers * prefetch_copies_per_layer(prefetch, has_t1, has_t2)
+    return int(has_t1) + T2_BLOCKS * int(has_t2)
+
+
+def layerwise_pipeline(pre_s: list[float], rest_s: list[float], copy_s: list[float], buffers: int) -> tuple[list, list]:
+    """Closed form of the layerwise prefetch pipeline for one step, all copies issued at t=0.
+
+    Layer l runs `pre_s` (norm + QKV projection), then its attention waits for copy l, then
+    `rest_s` (attention, output projection, MLP). Copy l starts when copy l-1 is done and a staging
+    buffer is free; a buffer frees when its layer's attention takes the tokens (they move into the
+    attention workspace). A layer without staged tokens (copy_s = 0) needs no buffer.
+    Returns ([(copy start, end) or None per layer], [(layer start, end) per layer]).
+    The three lists have one entry per layer. (Every step of a serving run calls this: the maxima are
+    comparisons rather than `max` calls, the same floats in about half the time.)
+    """
+    copies: list = []
+    layers: list = []
+    held: list[float] = []  # when each layer holding a buffer took its staged tokens, in order
+    link_free = end = 0.0
+    for pre, rest, copy in zip(pre_s, rest_s, copy_s):
+        begin, taken = end, end + pre  # taken: max(begin + pre, the copy's end)
+        if copy > 0:
+            start = link_free
+            if len(held) >= buffers and held[-buffers] > start:  # wait for a staging buffer
+                start = held[-buffers]
+            link_free = start + copy
+            copies.append((start, link_free))
+            if link_free > taken:
+                taken = link_free
+            held.append(taken)
+        else:
+            copies.append(None)
+            if 0.0 > taken:
+                taken = 0.0
+        end = taken + rest
+        layers.append((begin, end))
+    return copies, layers
+
+
+def layerwise_pipeline_s(pre_s: list[float], rest_s: list[float], copy_s: list[float], buffers: int) -> tuple[float, float]:
+    """(finish time, stall = finish - sum of compute) of `layerwise_pipeline`."""
+    _, layers = layerwise_pipeline(pre_s, rest_s, copy_s, buffers)
+    finish = layers[-1][1] if layers else 0.0
+    return finish, finish - sum(pre_s) - sum(rest_s)
+
+
+QUERY_BYTES_PER_ELEMENT = 2  # the bf16 query of each head goes to the host
+PARTIAL_BYTES_PER_ELEMENT = 4  # fp32 partial output (d per head) and its log-sum-exp come back
+SPLIT_STEPS = 16  # `split` tries fractions 0, 1/16, ..., 1 of the host-resident tokens prefetched
+
+
+@dataclass(frozen=True)
+class HostPath:
+    """One layer's exact attention over host-resident K/V, on the host: the queries go device->host,
+    the host attends its tokens, partial outputs + log-sum-exp come back and the GPU merges them
+    with its own by their LSEs (the same exact merge as staged tokens). The host's time is its
+    thread pool's dispatch, then a stream of `kv_bytes` from host DRAM that takes `stream_s` with the
+    DRAM to itself and longer while DMA shares it (`host_pipeline`)."""
+
+    query_bytes: float  # B * H * d * 2
+    partial_bytes: float  # B * H * (d + 1) * 4
+    stream_s: float  # `HostCpu.stream_s` over the tokens attended on the host
+    dispatch_s: float  # the thread pool's fixed cost (no DRAM traffic)
+    kv_bytes: float  # what the stream reads
+    tokens: float  # host-resident tokens attended there, over the batch
+
+    @property
+    def host_s(self) -> float:
+        """`HostCpu.attention_s`: the stream with the DRAM to itself + dispatch."""
+        return self.stream_s + self.dispatch_s if self.kv_bytes > 0 else 0.0
+
+    def time_s(self, hw: Hardware) -> float:
+        """Query copy + host attention + partial-output copy, each at its own latency, nothing contending."""
+        return hw.d2h.transfer_time_s(self.query_bytes, 1) + self.host_s + hw.h2d.transfer_time_s(self.partial_bytes, 1)
+
+
+def host_path(model: ModelSpec, hw: Hardware, batch: int, t1: float, t2: float, kv_bytes_per_token_layer: float,
+              t2_bytes_per_token_layer: float) -> HostPath:
+    """Host attention over t1 full and t2 compressed tokens of one layer: reads their bytes where
+    they live; 4 * n * H * d FLOP as on the GPU (T2 dequantised on the fly, its reads are compressed)."""
+    kv_bytes = t1 * kv_bytes_per_token_layer + t2 * t2_bytes_per_token_layer
+    flop = attention_flop(model, t1 + t2)
+    cpu = hw.host_cpu
+    return HostPath(query_bytes=batch * model.num_heads * model.head_dim * QUERY_BYTES_PER_ELEMENT,
+                    partial_bytes=batch * model.num_heads * (model.head_dim + 1) * PARTIAL_BYTES_PER_ELEMENT,
+                    stream_s=cpu.stream_s(kv_bytes, flop) if kv_bytes > 0 else 0.0,
+                    dispatch_s=cpu.dispatch_s if kv_bytes > 0 else 0.0, kv_bytes=kv_bytes, tokens=t1 + t2)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """One decode step of a batch, composed once for every engine (SimPy layer level, closed-form
+    step level, fast projection): `num_layers` identical layers, then the tail (LM head, sampling).
+    Staged T1/T2 tokens cross the link once per layer (`prefetch_*`, zero when none are staged)."""
+
+    layer: LayerCost
+    num_layers: int
+    tail_s: float
+    prefetch_bytes_per_layer: float
+    prefetch_copies_per_layer: int
+    pack_s_per_layer: float = 0.0  # host work each prototype copy waits for (sync_per_step)
+    host: HostPath | None = None  # the part of T1/T2 attended on the host (access host_attention / split)
+    host_fraction: float = 0.0  # share of the host-resident tokens attended there (1: host_attention)
+
+    @property
+    def compute_s(self) -> float:
+        """Device time with no stall: L * layer + tail."""
+        return self.num_layers * self.layer.total_s + self.tail_s
+
+    def host_layer(self, hw: Hardware, copy_s: float) -> HostLayer:
+        """One layer of this step as `host_pipeline` takes it, each prefetch copy taking `copy_s`.
+        The queries take the bidirectional share while a prefetch copy is in flight (two copy engines
+        or more; with one they queue instead)."""
+        h, layer = self.host, self.layer
+        query_s = hw.d2h.transfer_time_s(h.query_bytes, 1)
+        shared_s = hw.d2h.transfer_time_s(h.query_bytes, 1, True) if hw.copy_engines >= 2 else query_s
+        return HostLayer(pre_s=layer.pre_attention_s, attention_s=layer.attention_s,
+                         after_s=layer.post_attention_s - layer.attention_s, copy_s=copy_s,
+                         copy_bytes=self.prefetch_bytes_per_layer, query_s=query_s, query_shared_s=shared_s,
+                         dispatch_s=h.dispatch_s, stream_s=h.stream_s, stream_bytes=h.kv_bytes,
+                         partials_s=hw.h2d.transfer_time_s(h.partial_bytes, 1))
+
+    def host_times(self, hw: Hardware, copy_s: float, buffers: int) -> HostStepTimes:
+        """`host_pipeline` of this step's layers: the host DRAM shared by the host attention stream
+        and the step's own prefetch copies; the partial outputs queue behind the prefetches where they
+        share the H2D copy engine (fewer than three engines)."""
+        return host_pipeline(self.host_layer(hw, copy_s), self.num_layers, buffers, hw.host_cpu.shared_bytes_per_s,
+                             hw.copy_engines < 3)
+
+    def closed_form_s(self, hw: Hardware, copy_s: float, buffers: int) -> float:
+        """The step with the link to itself: the layerwise pipeline (prefetched part), each layer's
+        attention waiting for its host path (`host_times`), then the tail."""
+        if self.host is not None:
+            return self.host_times(hw, copy_s, buffers).finish_s + self.tail_s
+        if copy_s <= 0:
+            return self.compute_s
+        _, layers = self.layerwise_pipeline(copy_s, buffers)
+        return layers[-1][1] + self.tail_s
+
+    @property
+    def stages(self) -> bool:
+        return self.prefetch_bytes_per_layer > 0
+
+    def prefetch_copy_s(self, link, both_directions_busy: bool = False) -> float:
+        """One layer's prefetch on `link` (a LinkModel): copies + bytes / bandwidth, plus the host
+        packing the prototype's copies wait for."""
+        return link.transfer_time_s(self.prefetch_bytes_per_layer, self.prefetch_copies_per_layer,
+                                    both_directions_busy) + self.pack_s_per_layer
+
+    def layerwise_pipeline(self, copy_s: float, buffers: int) -> tuple[list, list]:
+        """`layerwise_pipeline` of this step's layers with every layer's copy taking `copy_s`."""
+        L = self.num_layers
+        return layerwise_pipeline([self.layer.pre_attention_s] * L, [self.layer.post_attention_s] * L, [copy_s] * L,
+                                  buffers)
+
+
+def decode_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, prefetch: str,
+                     batch: int, t0: int, t1: int, t2: int, kv_bytes_per_token_layer: float,
+                     t2_bytes_per_token_layer: float, staged: bool = True, access: str = "prefetch",
+                     buffers: int = 2, host_fraction: float | None = None) -> StepCost:
+    """One decode step for tier counts summed over the batch: each layer attends T0 + T1 + T2
+    (`decode_layer_cost`), the tail is `step_tail_s`, and - when `staged` (a tiered policy that
+    stages its host tiers every step) - each layer's T1/T2 crosses the link:
+    bytes = T1 * KV bytes/token/layer + T2 * compressed bytes/token/layer,
+    copies = `prefetch_copies_per_layer`; the prototype (sync_per_step) packs its T1 on the host first.
+    Host access: `split` tries fractions 1, 15/16, ..., 0 of the host-resident tokens on the host and
+    keeps the first fastest by `StepCost.closed_form_s`; `host_fraction` gives the fraction instead
+    (one already chosen, e.g. by the fast level's arrays)."""
+    if staged and access != "prefetch" and t1 + t2 > 0:
+        args = (model, hw, weight_dtype, group_size, prefetch, batch, t0, t1, t2, kv_bytes_per_token_layer,
+                t2_bytes_per_token_layer)
+        if access == "host_attention" or host_fraction is not None:
+            return _host_split_cost(*args, fraction_on_host=1.0 if host_fraction is None else host_fraction)
+        options = [_host_split_cost(*args, fraction_on_host=1.0 - i / SPLIT_STEPS) for i in range(SPLIT_STEPS + 1)]
+        return min(options, key=lambda c: c.closed_form_s(hw, c.prefetch_copy_s(hw.h2d), buffers))
+    layer = decode_layer_cost(model, hw, weight_dtype, group_size, batch, t0 + t1 + t2, kv_bytes_per_token_layer,
+                              t2, t2_bytes_per_token_layer)
+    tail_s = step_tail_s(model, hw, batch)
+    nbytes = float(t1 * kv_bytes_per_token_layer + t2 * t2_bytes_per_token_layer) if staged else 0.0
+    copies = prefetch_copies_per_layer(prefetch, t1 > 0, t2 > 0) if staged else 0
+    pack_s = host_pack_s(hw, t1 * kv_bytes_per_token_layer) if staged and prefetch == "sync_per_step" else 0.0
+    return StepCost(layer, model.num_layers, tail_s, nbytes, copies, pack_s)
+
+
+def prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_tokens: float,
+                        kv_bytes_per_token_layer: float) -> float:
+    """Causal attention of one layer over a step's prefill chunks (one variable-length kernel): a
+    chunk token at position i (1-based) attends i tokens, so
+    FLOP = 4 * H * d * sum over chunk tokens of i  (a whole prompt of P: 2 * P (P + 1) * H * d, as `prefill_s`),
+    bytes = (prefix + chunk tokens) x KV bytes/token/layer (the prefix read, the chunk written),
+    time = max(FLOP / attention FLOP/s, bytes / attention bytes/s): compute-bound for all but short
+    chunks behind a long prefix."""
+    if position_sum <= 0:
+        return 0.0
+    flop = attention_flop(model, position_sum)
+    return roofline_s(flop, kv_tokens * kv_bytes_per_token_layer, hw.attention_flop_per_s, hw.attention_hbm_bytes_per_s)
+
+
+def mixed_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, prefetch: str,
+                    decodes: int, t0: int, t1: int, t2: int, kv_bytes_per_token_layer: float,
+                    t2_bytes_per_token_layer: float, prefill_tokens: int = 0, prefill_position_sum: float = 0,
+                    prefill_kv_tokens: float = 0, prefill_seqs: int = 0, staged: bool = True,
+                    access: str = "prefetch", buffers: int = 2) -> StepCost:
+    """One continuous-batching step: `decodes` decoding sequences (tier counts t0/t1/t2 summed over
+    them, each at its own context) plus prefill chunks of `prefill_tokens` tokens from `prefill_seqs`
+    sequences. Per layer:
+      GEMMs over rows = decodes + prefill tokens (`weight_kernel_s(rows)`)
+      + decode attention as `decode_step_cost` (T0 + staged T1/T2, or host access as the policy says)
+      + `prefill_attention_s` (causal over each chunk's prefix)
+      + layer overhead + 2 all-reduces of rows x h x 2 B;
+    tail = `step_tail_s` over the rows that sample (logits only at each sequence's last token):
+    decodes + prefill_seqs. The decodes' T1/T2 cross the link as in `decode_step_cost` (prefill
+    chunks attend T0 only). With no prefill this is `decode_step_cost` exactly."""
+    if decodes:
+        base = decode_step_cost(model, hw, weight_dtype, group_size, prefetch, decodes, t0, t1, t2,
+                                kv_bytes_per_token_layer, t2_bytes_per_token_layer, staged, access, buffers)
+    else:
+        base = StepCost(LayerCost(0.0, 0.0, hw.layer_overhead_s, qkv_share=qkv_share(model), host_s=hw.host_layer_s),
+                        model.num_layers, 0.0, 0.0, 0)
+    if prefill_tokens <= 0:
+        return base
+    rows = decodes + prefill_tokens
+    layer = replace(base.layer, gemm_s=weight_kernel_s(model, hw, weight_dtype, group_size, rows),
+                    attention_s=base.layer.attention_s + prefill_attention_s(model, hw, prefill_position_sum,
+                                                                             prefill_kv_tokens, kv_bytes_per_token_layer),
+                    allreduce_s=ALLREDUCES_PER_LAYER * hw.allreduce_s(rows * model.hidden_size * ACTIVATION_BYTES))
+    return replace(base, layer=layer, tail_s=step_tail_s(model, hw, decodes + prefill_seqs))
+
+
+def _host_split_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, prefetch: str, batch: int,
+                     t0: int, t1: int, t2: int, kv_bytes_per_token_layer: float, t2_bytes_per_token_layer: float,
+                     fraction_on_host: float) -> StepCost:
+    """A step whose host-resident tokens are attended `fraction_on_host` on the host and the rest
+    prefetched (T1 and T2 in the same proportion): the GPU attends T0 + the prefetched part, the
+    host the rest, and each layer waits for the later of the two."""
+    g1, g2 = (1.0 - fraction_on_host) * t1, (1.0 - fraction_on_host) * t2  # prefetched to the GPU
+    layer = decode_layer_cost(model, hw, weight_dtype, group_size, batch, t0 + g1 + g2, kv_bytes_per_token_layer,
+                              g2, t2_bytes_per_token_layer)
+    path = host_path(model, hw, batch, t1 - g1, t2 - g2, kv_bytes_per_token_layer, t2_bytes_per_token_layer)
+    nbytes = float(g1 * kv_bytes_per_token_layer + g2 * t2_bytes_per_token_layer)
+    copies = prefetch_copies_per_layer(prefetch, g1 > 0, g2 > 0)
+    return StepCost(layer, model.num_layers, step_tail_s(model, hw, batch), nbytes, copies,
+                    host=path if path.tokens > 0 else None, host_fraction=fraction_on_host)
+
+
+@dataclass(frozen=True)
+class RetierTraffic:
+    """Link traffic of one re-tier (all layers): demotions go device->host, promotions host->device."""
+
+    h2d_bytes: float
+    h2d_copies: int
+    d2h_bytes: float
+    d2h_copies: int
+
+
+def retier_traffic(prefetch: str, num_layers: int, kv_bytes_per_token_layer: float, t2_bytes_per_token_layer: float,
+                   to_t1: int, to_t2: int, from_t1: int, from_t2: int,
+                   resident_t1: int = 0, resident_t2: int = 0) -> RetierTraffic:
+    """d2h = L * (tokens to T1 * KV bytes + tokens to T2 * compressed bytes), h2d likewise for the
+    promoted ones; copies from `retier_copies`. `per_interval` also brings every host-resident
+    token (`resident_*`, counts after the re-tier) back once and keeps it on the GPU."""
+    L = num_layers
+    d2h_bytes = L * (to_t1 * kv_bytes_per_token_layer + to_t2 * t2_bytes_per_token_layer)
+    h2d_bytes = L * (from_t1 * kv_bytes_per_token_layer + from_t2 * t2_bytes_per_token_layer)
+    d2h_copies = retier_copies(prefetch, L, to_t1 > 0, to_t2 > 0)
+    h2d_copies = retier_copies(prefetch, L, from_t1 > 0, from_t2 > 0)
+    if prefetch == "per_interval":
+        h2d_bytes += L * (resident_t1 * kv_bytes_per_token_layer + resident_t2 * t2_bytes_per_token_layer)
+        h2d_copies += L * prefetch_copies_per_layer(prefetch, resident_t1 > 0, resident_t2 > 0)
+    return RetierTraffic(float(h2d_bytes), h2d_copies, float(d2h_bytes), d2h_copies)

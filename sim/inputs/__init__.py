@@ -1,0 +1,3 @@
+"""What a run is asked: reading files under size and depth limits, the scenario schema and its checks,
+length draws and served requests, Hugging Face `config.json`, measured profiles and the datasheet
+catalogs (`sim/catalog/*.yaml`), and the one error type for bad input. Imports only `sim.model`."""

@@ -1,0 +1,253 @@
+"""Built-in catalogs (models, GPUs, host links, default efficiencies) and Hugging Face configs."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from sim.model.spec import ModelSpec
+from sim.model.units import MiB
+
+from .errors import ConfigError
+from .hf_config import model_from_hf_config as from_hf
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GpuSpec(_Frozen):
+    name: str
+    aliases: list[str] = []
+    source: str
+    memory_bytes: float  # what the device reports (memory_total_mib converted at load), else the datasheet's
+    memory_source: str
+    memory_total_mib: int | None = None  # NVML / nvidia-smi memory.total, as the catalog states it
+    hbm_bytes_per_s: float
+    bf16_flop_per_s: float
+    fp32_flop_per_s: float  # CUDA cores (non-tensor): the dequantisation work of weight-only kernels
+    fp8_flop_per_s: float | None = None
+    int8_op_per_s: float | None = None
+    link: str
+    host: str = "epyc-9654"  # the host CPU of this part's typical system
+    interconnect: str = "nvlink4"  # GPU-to-GPU fabric for tensor parallelism
+    copy_engines: int = 2
+    host_memory_bytes: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _device_memory(cls, data):
+        """memory_total_mib (binary, as the device reports it) -> memory_bytes, converted once here."""
+        if isinstance(data, dict) and data.get("memory_total_mib") is not None:
+            if data.get("memory_bytes") is not None:
+                raise ValueError("give memory_total_mib or memory_bytes, not both")
+            data = {**data, "memory_bytes": float(data["memory_total_mib"] * MiB)}
+        return data
+
+
+class HostSpec(_Frozen):
+    """One host CPU socket: what host-side attention reads its T1/T2 with."""
+
+    name: str
+    aliases: list[str] = []
+    source: str
+    cores: int
+    memory_channels: int
+    memory_mt_per_s: int
+    theoretical_memory_bytes_per_s: float
+    achieved_memory_fraction: float
+    fp32_flop_per_s: float
+
+    @property
+    def achieved_memory_bytes_per_s(self) -> float:
+        return self.theoretical_memory_bytes_per_s * self.achieved_memory_fraction
+
+
+class HostDefaults(_Frozen):
+    host_attention_flop_efficiency: float
+    host_attention_dispatch_s: float
+
+
+class InterconnectSpec(_Frozen):
+    name: str
+    source: str
+    bus_bytes_per_s: float  # NCCL all_reduce busbw, ring, large messages
+    per_hop_latency_s: float
+
+
+class LinkSpec(_Frozen):
+    name: str
+    source: str
+    theoretical_bytes_per_s: float
+    pinned_h2d_bytes_per_s: float
+    pinned_d2h_bytes_per_s: float
+    pageable_h2d_bytes_per_s: float
+    pageable_d2h_bytes_per_s: float
+    bidirectional_bytes_per_s: float
+    per_copy_latency_s: float
+    pageable_per_copy_latency_s: float
+
+
+SOURCE_KINDS = ("measured", "derived", "assumed")
+
+
+class EfficiencyDefaults(_Frozen):
+    source: str
+    weight_hbm_efficiency: dict[str, float]
+    dequant_ops_per_weight: dict[str, float]  # CUDA-core lane operations per weight of a weight-only kernel
+    attention_hbm_efficiency: float
+    attention_latency_s: float
+    gemm_flop_efficiency_by_rows: list[tuple[float, float]]
+    attention_flop_efficiency: float
+    layer_overhead_s: float
+    step_overhead_s: float
+    host_pack_bytes_per_s: float
+    runtime_reserve_bytes: float
+    default_host_memory_bytes: float
+    sources: dict[str, str]  # figure -> how it was obtained ("measured: ...", "derived: ...", "assumed: ...")
+
+    @model_validator(mode="after")
+    def _every_figure_sourced(self):
+        figures = [name for name in type(self).model_fields if name not in ("source", "sources")]
+        missing = [name for name in figures if name not in self.sources]
+        if missing:
+            raise ValueError(f"no entry in sources for {', '.join(missing)}")
+        bad = [name for name, text in self.sources.items() if not text.startswith(SOURCE_KINDS)]
+        if bad:
+            raise ValueError(f"sources of {', '.join(bad)} must start with one of {', '.join(SOURCE_KINDS)}")
+        return self
+
+
+class _ModelEntry(_Frozen):
+    name: str
+    aliases: list[str] = []
+    source: str
+    num_hidden_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int | None = None
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+
+    def spec(self) -> ModelSpec:
+        return ModelSpec(
+            name=self.name,
+            num_layers=self.num_hidden_layers,
+            hidden_size=self.hidden_size,
+            num_heads=self.num_attention_heads,
+            num_kv_heads=self.num_key_value_heads,
+            intermediate_size=self.intermediate_size,
+            vocab_size=self.vocab_size,
+            tie_embeddings=self.tie_word_embeddings,
+            explicit_head_dim=self.head_dim,
+            qkv_bias=self.qkv_bias,
+            qk_norm=self.qk_norm,
+            source=self.source,
+        )
+
+
+def _read_catalog(filename: str) -> dict:
+    text = resources.files("sim").joinpath("catalog", filename).read_text()
+    return yaml.safe_load(text)
+
+
+def _key(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
+@lru_cache(maxsize=None)
+def models() -> dict[str, ModelSpec]:
+    return {e["name"]: _ModelEntry(**e).spec() for e in _read_catalog("models.yaml")["models"]}
+
+
+@lru_cache(maxsize=None)
+def _model_aliases() -> dict[str, str]:
+    table = {}
+    for e in _read_catalog("models.yaml")["models"]:
+        for n in [e["name"], *e.get("aliases", [])]:
+            table[_key(n)] = e["name"]
+    return table
+
+
+@lru_cache(maxsize=None)
+def gpus() -> dict[str, GpuSpec]:
+    return {e["name"]: GpuSpec(**e) for e in _read_catalog("gpus.yaml")["gpus"]}
+
+
+@lru_cache(maxsize=None)
+def links() -> dict[str, LinkSpec]:
+    return {e["name"]: LinkSpec(**e) for e in _read_catalog("links.yaml")["links"]}
+
+
+@lru_cache(maxsize=None)
+def efficiency_defaults() -> EfficiencyDefaults:
+    return EfficiencyDefaults(**_read_catalog("efficiency.yaml"))
+
+
+def model(name: str) -> ModelSpec:
+    canonical = _model_aliases().get(_key(name))
+    if canonical is None:
+        raise ConfigError(f"unknown model {name!r}; expected one of: {', '.join(models())}")
+    return models()[canonical]
+
+
+def gpu(name: str) -> GpuSpec:
+    for spec in gpus().values():
+        if _key(name) in {_key(spec.name), *map(_key, spec.aliases)}:
+            return spec
+    raise ConfigError(f"unknown GPU {name!r}; expected one of: {', '.join(gpus())}")
+
+
+@lru_cache(maxsize=None)
+def hosts() -> dict[str, HostSpec]:
+    return {e["name"]: HostSpec(**e) for e in _read_catalog("hosts.yaml")["hosts"]}
+
+
+@lru_cache(maxsize=None)
+def host_defaults() -> HostDefaults:
+    data = _read_catalog("hosts.yaml")
+    return HostDefaults(**{k: v for k, v in data.items() if k != "hosts"})
+
+
+def host(name: str) -> HostSpec:
+    for spec in hosts().values():
+        if _key(name) in {_key(spec.name), *map(_key, spec.aliases)}:
+            return spec
+    raise ConfigError(f"unknown host CPU {name!r}; expected one of: {', '.join(hosts())}")
+
+
+@lru_cache(maxsize=None)
+def interconnects() -> dict[str, InterconnectSpec]:
+    return {e["name"]: InterconnectSpec(**e) for e in _read_catalog("interconnects.yaml")["interconnects"]}
+
+
+def interconnect(name: str) -> InterconnectSpec:
+    spec = interconnects().get(_key(name))
+    if spec is None:
+        raise ConfigError(f"unknown interconnect {name!r}; expected one of: {', '.join(interconnects())}")
+    return spec
+
+
+def link(name: str) -> LinkSpec:
+    spec = links().get(_key(name))
+    if spec is None:
+        raise ConfigError(f"unknown link {name!r}; expected one of: {', '.join(links())}")
+    return spec
+
+
+def model_from_hf_config(path: str | Path) -> ModelSpec:
+    """A ModelSpec from a Hugging Face config.json on disk, validated strictly (sim/inputs/hf_config.py)."""
+    return from_hf(path)
+
+
+def resolve_model(model_cfg) -> ModelSpec:
+    """The whole model a scenario's `model` section names: a catalog entry or a Hugging Face config."""
+    return model(model_cfg.name) if model_cfg.name else model_from_hf_config(model_cfg.hf_config)

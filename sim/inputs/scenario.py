@@ -1,0 +1,362 @@
+"""Scenario schema (pydantic, frozen, extra keys forbidden) and loading with `--set` overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_serializer, model_validator
+
+from . import catalog
+from .errors import ConfigError
+from .lengths import LengthDist, draw_lengths
+from .limits import (
+    MAX_BATCH,
+    MAX_BYTES,
+    MAX_BYTES_PER_S,
+    MAX_LAYER_STEPS,
+    MAX_NAME_CHARS,
+    MAX_OVERHEAD_S,
+    MAX_SEED,
+    MAX_TEXT_CHARS,
+    MAX_TOKEN_SLOTS,
+    MAX_TOKENS,
+    MIN_BYTES_PER_S,
+    MIN_EFFICIENCY,
+)
+from .quiet_defaults import QuietDefaults
+from .reader import check_tree, parse_yaml
+from .reader import read_yaml as _read_yaml
+from .requests import draw_prompts
+from .serving_checks import check_serving
+from .serving_config import ARRIVAL_KINDS, Arrivals, SchedulerCfg, SloCfg
+from .strict import Strict
+
+GROUP_SIZE_MAX = 2**16
+COPY_ENGINES_MAX = 64
+GPUS_PER_SWITCH_MAX = 64
+STAGING_BUFFERS_MAX = 64
+
+
+def _ratio(default: float):
+    return Field(default, ge=0.0, le=1.0)
+
+WeightDType = Literal["bf16", "fp16", "fp8", "int8", "int4"]
+KvDType = Literal["bf16", "fp16", "fp8", "int8"]
+
+
+class ModelCfg(Strict):
+    name: str | None = Field(None, max_length=MAX_NAME_CHARS)
+    hf_config: str | None = Field(None, min_length=1, max_length=MAX_TEXT_CHARS)
+    weight_dtype: WeightDType = "bf16"
+    kv_dtype: KvDType = "bf16"
+    weight_group_size: int = Field(128, ge=1, le=GROUP_SIZE_MAX)
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if (self.name is None) == (self.hf_config is None):
+            raise ValueError("give exactly one of 'name' (catalog) or 'hf_config' (path to config.json)")
+        return self
+
+
+class EfficiencyCfg(Strict):
+    """Overrides of the default achieved fractions (see sim/catalog/efficiency.yaml)."""
+
+    weight_hbm_efficiency: float | None = Field(None, ge=MIN_EFFICIENCY, le=1.0)
+    attention_hbm_efficiency: float | None = Field(None, ge=MIN_EFFICIENCY, le=1.0)
+    gemm_flop_efficiency: float | None = Field(None, ge=MIN_EFFICIENCY, le=1.0)
+    attention_flop_efficiency: float | None = Field(None, ge=MIN_EFFICIENCY, le=1.0)
+    attention_latency_s: float | None = Field(None, ge=0.0, le=MAX_OVERHEAD_S)  # floor of one decode-attention call
+    dequant_ops_per_weight: float | None = Field(None, ge=0.0, le=1000.0)  # CUDA-core operations per weight, weight-only kernels
+    layer_overhead_s: float | None = Field(None, ge=0.0, le=MAX_OVERHEAD_S)
+    host_layer_s: float | None = Field(None, ge=0.0, le=MAX_OVERHEAD_S)  # host time to enqueue a layer (eager); max with device time
+    host_step_s: float | None = Field(None, ge=0.0, le=MAX_OVERHEAD_S)  # host time per step outside the layers; max with LM head + step overhead
+    step_overhead_s: float | None = Field(None, ge=0.0, le=MAX_OVERHEAD_S)
+    host_pack_bytes_per_s: float | None = Field(None, ge=MIN_BYTES_PER_S)  # host packing before the prototype's copies (1e30: free)
+    runtime_reserve_bytes: float | None = Field(None, ge=0.0, le=MAX_BYTES)
+
+
+class PcieSwitchCfg(Strict):
+    """GPUs behind one PCIe switch share its uplink to the host (`hardware.switch_share_bytes_per_s`);
+    a field left out takes the catalog default (interconnects.yaml `pcie_switch`, assumed figures)."""
+
+    gpus_per_switch: int | None = Field(None, ge=1, le=GPUS_PER_SWITCH_MAX)
+    uplink_bytes_per_s: float | None = Field(None, ge=MIN_BYTES_PER_S, le=MAX_BYTES_PER_S)  # per direction
+
+
+class HardwareCfg(Strict, QuietDefaults):
+    gpu: str = Field("h200-sxm", max_length=MAX_NAME_CHARS)
+    link: str | None = Field(None, max_length=MAX_NAME_CHARS)  # default: the GPU's catalog link
+    host: str | None = None  # host CPU (sim/catalog/hosts.yaml); default: the GPU entry's
+    host_memory_bytes: float | None = Field(None, gt=0, le=MAX_BYTES)
+    profile: str | None = Field(None, min_length=1, max_length=MAX_TEXT_CHARS)  # measured profile YAML from `hwprobe calibrate`
+    copy_engines: int | None = Field(None, ge=1, le=COPY_ENGINES_MAX)
+    efficiency: EfficiencyCfg = EfficiencyCfg()
+    pcie_switch: PcieSwitchCfg | None = None  # None: every GPU has its host link to itself
+
+    QUIET_DEFAULTS = {"pcie_switch": None}
+
+
+class WorkloadCfg(Strict, QuietDefaults):
+    batch_size: int = Field(1, ge=1, le=MAX_BATCH)
+    # a distribution only for served requests (workload.arrivals), drawn per request (sim/inputs/requests.py)
+    prompt_tokens: Annotated[int, Field(ge=0, le=MAX_TOKENS)] | LengthDist = 256
+    reasoning_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | LengthDist = 2048
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    arrivals: Arrivals | None = None  # serving (sim/serving): requests arrive; absent: the closed batch above
+
+    QUIET_DEFAULTS = {"arrivals": None}
+
+
+class ImportanceCfg(Strict):
+    """Seeded long-tailed per-token importance (the simulator has no real attention)."""
+
+    # importance = Gamma(gamma_shape) ** gamma_power. Defaults fitted by grid search to the paper's
+    # measured shape: top 20% of tokens hold ~56.5% of attention mass, bottom 50% ~8% (under ~10%).
+    gamma_shape: float = Field(0.1, gt=0.0, le=100.0)
+    gamma_power: float = Field(0.25, gt=0.0, le=10.0)
+    drift: float = Field(0.0, ge=0.0, le=1.0)  # share of a token's importance redrawn at each re-tier
+
+
+class PolicyCfg(Strict):
+    kind: Literal["full_hbm", "evict_only", "tiered"] = "tiered"
+    semantics: Literal["global", "paper_prototype"] = "global"
+    # share of each sequence's unprotected tokens kept in T0; `auto`: as much as HBM holds, chosen at
+    # each re-tier by memory pressure, evict/compressed ratios then shares of what leaves T0 (sim/tiering/pressure.py)
+    hbm_ratio: float | Literal["auto"] = 0.5
+    evict_ratio: float = _ratio(0.1)
+    compressed_ratio: float = _ratio(0.0)
+    compressed_dtype: Literal["int8", "fp8", "int4"] = "int8"
+    compressed_group_size: int = Field(64, ge=1, le=GROUP_SIZE_MAX)
+    retier_interval: int = Field(64, ge=1, le=MAX_TOKENS)
+    sink_tokens: int = Field(4, ge=0, le=MAX_TOKENS)
+    recent_window: int = Field(128, ge=0, le=MAX_TOKENS)
+    protect_prompt: bool = True
+    scoring: Literal["cumulative", "recent"] = "cumulative"
+    prefetch: Literal["layerwise_async", "sync_per_step", "per_interval"] = "layerwise_async"
+    # how attention reaches T1/T2: prefetch them to the GPU (`prefetch` mode above), attend them on the
+    # host where they live (`host_attention`), or per layer a chosen fraction each way (`split`)
+    access: Literal["prefetch", "host_attention", "split"] = "prefetch"
+    staging_buffers: int = Field(2, ge=1, le=STAGING_BUFFERS_MAX)
+    pinned: bool = True
+    importance: ImportanceCfg = ImportanceCfg()
+
+    @model_validator(mode="after")
+    def _access(self):
+        if self.access != "prefetch" and self.prefetch != "layerwise_async":
+            raise ValueError(f"access {self.access!r} runs with prefetch 'layerwise_async' (its prefetched part is "
+                             f"pipelined per layer), got {self.prefetch!r}")
+        return self
+
+    @field_validator("hbm_ratio", mode="before")
+    @classmethod
+    def _hbm_ratio(cls, value):
+        if value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+            raise ValueError(f"expected a number from 0 to 1 or 'auto', got {value!r}")
+        return float(value)
+
+    @model_validator(mode="after")
+    def _ratios(self):
+        if self.hbm_ratio == "auto":
+            if self.semantics != "global":
+                raise ValueError("hbm_ratio 'auto' runs with semantics 'global' (the prototype's host tokens "
+                                 "never return, so pressure could not fall back)")
+            if self.evict_ratio + self.compressed_ratio > 1.0 + 1e-9:
+                raise ValueError(f"with hbm_ratio 'auto', evict_ratio + compressed_ratio are shares of the tokens "
+                                 f"leaving T0: {self.evict_ratio + self.compressed_ratio:g}, expected at most 1")
+            return self
+        total = self.hbm_ratio + self.evict_ratio + self.compressed_ratio
+        if total > 1.0 + 1e-9:
+            raise ValueError(
+                f"hbm_ratio + evict_ratio + compressed_ratio = {total:g}, expected at most 1"
+            )
+        return self
+
+
+# The one definition of every policy default: sim/tiering/tiers.py's TierPolicy and hwprobe's CacheOptions
+# take theirs from it, so a scenario, the simulator and the real cache cannot disagree.
+DEFAULT_POLICY = PolicyCfg()
+
+
+class SimCfg(Strict):
+    # layer: SimPy events per layer (the reference); step: closed-form pipeline per step in SimPy;
+    # fast: numpy over all steps, re-tier churn from `fast_rows` sequences (sim/decode/fast.py)
+    detail: Literal["layer", "step", "fast"] = "layer"
+    fast_rows: int = Field(4, ge=1, le=MAX_BATCH)  # fast level: sequences whose token-level churn stands for the batch
+    step_stride: int = Field(1, ge=1, le=MAX_TOKENS)  # simulate every k-th decode step, weight it by k
+    record_every: int = Field(1, ge=1, le=MAX_TOKENS)  # per-step CSV keeps every n-th simulated step
+    max_batch_limit: int = Field(4096, ge=1, le=MAX_BATCH)  # upper end of the max-batch search
+
+
+class ParallelCfg(Strict):
+    """Tensor parallelism: weights, query heads and KV heads sharded over `tp` GPUs (KV heads
+    replicated where the model has fewer than `tp`, as vLLM does), two all-reduces per layer."""
+
+    tp: int = Field(1, ge=1, le=64)
+
+
+class Scenario(Strict):
+    name: str = Field("scenario", min_length=1, max_length=MAX_NAME_CHARS)
+    description: str = Field("", max_length=MAX_TEXT_CHARS)
+    model: ModelCfg
+    hardware: HardwareCfg = HardwareCfg()
+    workload: WorkloadCfg = WorkloadCfg()
+    policy: PolicyCfg = PolicyCfg()
+    parallel: ParallelCfg = ParallelCfg()
+    sim: SimCfg = SimCfg()
+    scheduler: SchedulerCfg = SchedulerCfg()  # continuous batching, for workload.arrivals
+    slo: SloCfg | None = None  # goodput targets, for workload.arrivals
+
+    @model_serializer(mode="wrap")
+    def _closed_batch_unchanged(self, handler):
+        """A closed batch dumps (resolved scenario, sweep hashes) as it did before serving existed."""
+        data = handler(self)
+        if self.workload.arrivals is None:
+            data.pop("scheduler", None)
+            data.pop("slo", None)
+        return data
+
+
+# ---- loading ------------------------------------------------------------------------------
+
+_UNION_TAGS = ("int", "constrained-int", "LengthDist", *ARRIVAL_KINDS)  # pydantic's names of a union's branches in `loc`
+
+
+def _field_path(loc: tuple) -> str:
+    parts = [str(p) for p in loc if not (isinstance(p, str) and (p.startswith("function-") or p in _UNION_TAGS))]
+    return ".".join(parts) or "(top level)"
+
+
+def validation_error_line(err: ValidationError, source: str) -> ConfigError:
+    errors = err.errors()
+    # For `int | LengthDist` fields, report the error of the branch the input's kind selects: the
+    # mapping branch for a mapping, the integer branch for anything else.
+    specific = [e for e in errors if e["type"] != "model_type"
+                and not (e["loc"] and e["loc"][-1] in ("int", "constrained-int") and isinstance(e["input"], dict))]
+    first = (specific or errors)[0]
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    if first["type"] == "union_tag_not_found":  # a tagged union (workload.arrivals) without its tag
+        msg = f"missing key {first['ctx']['discriminator']}"
+    return ConfigError(msg, source=source, field=_field_path(first["loc"]))
+
+
+def apply_overrides(data: dict, overrides: list[str], source: str) -> dict:
+    """`a.b.c=value` (value parsed as YAML) set into a nested dict copy."""
+    import copy
+
+    out = copy.deepcopy(data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set expects key.path=value, got {item!r}", source=source)
+        try:
+            value = parse_yaml(raw, "--set", check=False) if raw != "" else ""  # checked with the whole tree
+        except ConfigError:  # not YAML: the text itself (refused by the schema unless a string is expected)
+            value = raw
+        node = out
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            child = node.get(p)
+            if child is None:
+                child = node[p] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"cannot set {key!r}: {p!r} is not a mapping", source=source)
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def scenario_from_dict(data: Any, source: str, overrides: list[str] | None = None) -> Scenario:
+    if not isinstance(data, dict):
+        raise ConfigError("expected a mapping at the top level", source=source)
+    data = apply_overrides(data, overrides or [], source)
+    check_tree(data, source)
+    try:
+        scenario = Scenario.model_validate(data, strict=True)
+    except ValidationError as err:
+        raise validation_error_line(err, source) from None
+    check_catalog_names(scenario, source)
+    check_simulable(scenario, source)
+    check_serving(scenario, source)
+    return scenario
+
+
+def check_simulable(scenario: Scenario, source: str) -> None:
+    """Sizes no run could hold are refused at load, naming the limit: the longest drawn reasoning
+    length, the per-token state of the batch and (detail 'layer') the SimPy events per layer."""
+    w = scenario.workload
+    prompt = w.prompt_tokens
+    if isinstance(prompt, LengthDist):
+        if w.arrivals is None:
+            raise ConfigError("a prompt-length distribution applies to a serving run (workload.arrivals); a closed "
+                              "batch has one prompt length: give an integer", source=source, field="workload.prompt_tokens")
+        prompt = int(draw_prompts(w, w.batch_size).max())
+    longest = int(draw_lengths(w, w.batch_size).max())
+    if longest > MAX_TOKENS:
+        raise ConfigError(f"draws a reasoning length of {longest:,} tokens, more than {MAX_TOKENS:,}; give a max",
+                          source=source, field="workload.reasoning_tokens")
+    slots = w.batch_size * (prompt + longest)
+    if slots > MAX_TOKEN_SLOTS:
+        raise ConfigError(f"batch_size x (prompt_tokens + longest reasoning) = {slots:,} tokens, more than the "
+                          f"{MAX_TOKEN_SLOTS:,} a run can hold", source=source, field="workload.batch_size")
+    if scenario.sim.detail == "layer":
+        layers = catalog.resolve_model(scenario.model).num_layers
+        events = -(-longest // scenario.sim.step_stride) * layers
+        if events > MAX_LAYER_STEPS:
+            raise ConfigError(f"{events:,} simulated layer-steps (steps / step_stride x {layers} layers), more than "
+                              f"{MAX_LAYER_STEPS:,}; use sim.detail: step or a larger sim.step_stride",
+                              source=source, field="sim.detail")
+
+
+def check_catalog_names(scenario: Scenario, source: str) -> None:
+    """Unknown model, GPU or link names fail at load, naming the file and the field."""
+    checks = [("model.name", scenario.model.name, catalog.model), ("hardware.gpu", scenario.hardware.gpu, catalog.gpu),
+              ("hardware.link", scenario.hardware.link, catalog.link), ("hardware.host", scenario.hardware.host, catalog.host)]
+    if scenario.model.hf_config is not None:
+        try:
+            catalog.model_from_hf_config(scenario.model.hf_config)
+        except ConfigError as err:
+            where = ": ".join(p for p in (err.source, err.field) if p)
+            raise ConfigError(f"{where}: {err.message}", source=source, field="model.hf_config") from None
+    for field, value, lookup in checks:
+        if value is None:
+            continue
+        try:
+            lookup(value)
+        except ConfigError as err:
+            raise ConfigError(err.message, source=source, field=field) from None
+    if scenario.parallel.tp > 1:
+        spec = catalog.resolve_model(scenario.model)
+        problem = spec.tp_problem(scenario.parallel.tp)
+        if problem:
+            raise ConfigError(problem, source=source, field="parallel.tp")
+
+
+def read_yaml(path: str | Path) -> Any:
+    """A YAML document, size-capped and checked (see sim/inputs/reader.py); any failure a ConfigError."""
+    return _read_yaml(path)
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    """Load and validate; a relative `model.hf_config` or trace `workload.arrivals.path` is taken
+    relative to the scenario file."""
+    data = read_yaml(path)
+    if isinstance(data, dict) and isinstance(data.get("model"), dict):
+        hf = data["model"].get("hf_config")
+        if isinstance(hf, str) and not Path(hf).is_absolute() and (Path(path).parent / hf).exists():
+            data = {**data, "model": {**data["model"], "hf_config": str(Path(path).parent / hf)}}
+    arrivals = data.get("workload", {}).get("arrivals") if isinstance(data, dict) and isinstance(data.get("workload"), dict) else None
+    if isinstance(arrivals, dict) and isinstance(arrivals.get("path"), str):
+        trace = arrivals["path"]
+        if not Path(trace).is_absolute() and (Path(path).parent / trace).exists():
+            data = {**data, "workload": {**data["workload"], "arrivals": {**arrivals, "path": str(Path(path).parent / trace)}}}
+    return scenario_from_dict(data, str(path), overrides)
+
+
+def scenario_to_yaml(scenario: Scenario) -> str:
+    return yaml.safe_dump(scenario.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,42 @@
+"""Load-time checks of a serving scenario that the schema alone cannot make: the trace file reads,
+every request has a prompt (a trace's own, or drawn no longer than a run can hold), and without
+chunked prefill every request's longest prefill fits one step's token budget (vLLM requires
+max_num_batched_tokens >= max_model_len then)."""
+
+from __future__ import annotations
+
+from .errors import ConfigError
+from .limits import MAX_TOKENS
+from .requests import build_requests
+from .serving_config import TraceArrivals
+
+
+def check_serving(scenario, source: str) -> None:
+    w = scenario.workload
+    if w.arrivals is None:
+        for section in ("scheduler", "slo"):
+            if section in scenario.model_fields_set:
+                raise ConfigError("applies to a serving run: give workload.arrivals too", source=source, field=section)
+        return
+    fixed = isinstance(w.prompt_tokens, int)
+    if isinstance(w.arrivals, TraceArrivals) and not fixed:
+        raise ConfigError("the trace gives each request's prompt length: drop the distribution", source=source,
+                          field="workload.prompt_tokens")
+    if not isinstance(w.arrivals, TraceArrivals) and fixed and w.prompt_tokens < 1:
+        raise ConfigError("a served request needs a prompt: expected at least 1", source=source,
+                          field="workload.prompt_tokens")
+    try:
+        reqs = build_requests(w)
+    except ConfigError as err:
+        where = ": ".join(p for p in (err.source, err.field) if p)
+        raise ConfigError(f"{where}: {err.message}", source=source, field="workload.arrivals.path") from None
+    if not fixed and int(reqs.prompt_tokens.max()) > MAX_TOKENS:
+        raise ConfigError(f"draws a prompt of {int(reqs.prompt_tokens.max()):,} tokens, more than {MAX_TOKENS:,}; "
+                          f"give a max", source=source, field="workload.prompt_tokens")
+    sc = scenario.scheduler
+    if not sc.chunked_prefill:
+        longest = int((reqs.prompt_tokens + reqs.output_tokens - 1).max())  # a preempted request re-prefills all but its last token
+        if longest > sc.max_num_batched_tokens:
+            raise ConfigError(f"without chunked prefill a step must hold a request's whole prefill: the longest "
+                              f"request needs {longest:,} tokens, more than {sc.max_num_batched_tokens:,}",
+                              source=source, field="scheduler.max_num_batched_tokens")

@@ -1,0 +1,2 @@
+"""What a run writes: the summary schemas, the run folder (summary.json, steps.csv, printed rows) and
+atomic writes with signals held. Imports `sim.model`, `sim.inputs`, `sim.device`."""

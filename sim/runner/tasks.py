@@ -1,0 +1,106 @@
+"""Tasks and the driver that runs them: what a sweep, the report's projection and `kvsim plan` share.
+
+A task is any picklable object with
+    kind     a class attribute naming its results in a store (part of their hash),
+    key      the sha256 of (kind, inputs(), simulator version): `store.result_key`,
+    inputs() what determines its result, as JSON-ready data,
+    run()    its result, as JSON-ready data (dicts, lists, numbers, strings, None).
+Its class is the evaluator: sweep points (`sim.sweep.points.PointTask`), projection cells
+(`sim.studies.projection_grid.Cell`), plan candidates (`sim.plan.search.CandidateTask`). Executors run
+batches of them anywhere; `run_tasks` looks each one up in a store first, hands the rest to an
+executor and stores each result as it arrives, so a run killed half-way loses nothing finished.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from sim.outputs.atomic import signals_held
+
+from .store import ResultStore
+
+
+class Task(Protocol):
+    kind: ClassVar[str]
+
+    @property
+    def key(self) -> str: ...
+
+    def inputs(self) -> dict[str, Any]: ...
+
+    def run(self) -> Any: ...
+
+
+def run_batch(tasks: Sequence[Task]) -> list[Any]:
+    """A batch of tasks in one call: what a worker process or a Ray task runs."""
+    return [t.run() for t in tasks]
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a run with a store: what had finished is stored; the same command resumes."""
+
+    def __init__(self, stored: int, total: int, noun: str = "results"):
+        self.stored, self.total = stored, total
+        super().__init__(f"interrupted: {stored} of {total} {noun} stored; run the same command to resume")
+
+
+@dataclass(frozen=True)
+class Computed:
+    results: list[Any]  # one per task, in task order
+    computed: int
+    stored_before: int  # found in the store
+
+
+def run_tasks(tasks: Sequence[Task], executor, *, store: ResultStore | None = None,
+              batch: int | Callable[[int], int] = 1, advance: Callable[[int], None] | None = None,
+              found: Callable[[int], None] | None = None, meanwhile: Callable[[], None] | None = None) -> Computed:
+    """Every task's result: read from `store` where it holds one, the rest computed by `executor`
+    in batches of `batch` tasks (or batch(number missing)), handed out in task order, and stored as
+    they arrive, in any order. `advance(n)`: n more tasks are computed; `found(n)`: n were read from
+    the store (called once, before any is computed; default: advance). `meanwhile()`: other work
+    for this process, done once the executor has the tasks (its workers started). Without a store
+    nothing is hashed or written, and Ctrl-C raises KeyboardInterrupt; with one, Interrupted."""
+    keys = [t.key for t in tasks] if store is not None else []
+    results, todo = _stored(tasks, keys, store)
+    stored_before = len(tasks) - len(todo)
+    found = found or advance
+    if found and stored_before:
+        found(stored_before)
+    size = max(1, batch(len(todo)) if callable(batch) else batch)
+    batches = [todo[j:j + size] for j in range(0, len(todo), size)]
+    stream = executor.start([[tasks[i] for i in b] for b in batches]) if batches else iter([])
+    done = stored_before
+    try:
+        if meanwhile is not None:
+            meanwhile()
+        for b, batch_results in stream:
+            for i, result in zip(batches[b], batch_results):
+                task = tasks[i]
+                with signals_held():  # a stored result is counted (the interrupt's message says so)
+                    results[i] = store.write(keys[i], task.kind, task.inputs(), result) if store is not None else result
+                    done += 1
+            if advance:
+                advance(len(batch_results))
+    except KeyboardInterrupt:
+        if store is None:
+            raise
+        raise Interrupted(done, len(tasks)) from None
+    finally:
+        if batches:
+            stream.close()  # stops the workers where the run ends early
+    return Computed(results, len(todo), stored_before)
+
+
+def _stored(tasks: Sequence[Task], keys: list[str], store: ResultStore | None) -> tuple[list[Any], list[int]]:
+    """(results found in the store, None elsewhere; the indices of the tasks still to compute)."""
+    results: list[Any] = [None] * len(tasks)
+    todo = []
+    for i, task in enumerate(tasks):
+        stored, result = store.read(keys[i], task.kind) if store is not None else (False, None)
+        if stored:
+            results[i] = result
+        else:
+            todo.append(i)
+    return results, todo

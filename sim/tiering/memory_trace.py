@@ -1,0 +1,57 @@
+"""A run's memory over its steps from tier counts: the one HBM and host sum that decides whether a
+run fits (`decode.capacity`) and how far pressure pushes tokens out of T0 (`pressure`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.device.memory import activation_bytes, staging_bytes
+
+from .tiers import T1, T2
+
+
+@dataclass(frozen=True)
+class MemoryTrace:
+    """Per-step HBM and host bytes (arrays over steps) and their components at the HBM peak."""
+
+    hbm_bytes: np.ndarray
+    host_bytes: np.ndarray
+    kv_t0_bytes: np.ndarray
+    staging_bytes: np.ndarray
+    transit_bytes: np.ndarray  # a re-tier's demoted K/V gathered on the device, held until it lands
+
+    @property
+    def hbm_peak_bytes(self) -> float:
+        return float(self.hbm_bytes.max()) if len(self.hbm_bytes) else 0.0
+
+    @property
+    def host_peak_bytes(self) -> float:
+        return float(self.host_bytes.max()) if len(self.host_bytes) else 0.0
+
+
+def memory_trace(ctx, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray, active: np.ndarray,
+                 after: np.ndarray | None = None, demoted: np.ndarray | None = None) -> MemoryTrace:
+    """HBM(step) = weights + T0 KV + staging for this step's T1/T2 + activations + reserve, + at a
+    re-tier its demoted tokens (`demoted`, (steps, 2): to T1, to T2), gathered on the device while
+    their T0 slots are still held, until the offload lands;
+    host(step) = T1 x full KV bytes + T2 x compressed bytes, the larger of during the forward and
+    after the step's re-tier (`after`, (steps, 4) counts: its demotions land on the host and stay).
+    Inputs: tokens summed over the batch; `ctx` is the run's `decode.context.RunContext`."""
+    p = ctx.scenario.policy
+    staged_layer = t1 * ctx.kv_bytes_per_token_layer + t2 * ctx.kv_bytes_per_token_layer  # T2 dequantised into staging
+    stage = staging_bytes(p.prefetch, p.staging_buffers, ctx.num_layers, 1.0) * staged_layer
+    if not ctx.policy.tiering or p.access == "host_attention":  # nothing staged on the GPU
+        stage = np.zeros_like(staged_layer, dtype=float)
+    kv_t0 = t0 * ctx.kv_bytes_per_token
+    act = np.asarray(active, dtype=float) * activation_bytes(ctx.model, 1)  # linear in batch
+    transit = np.zeros_like(kv_t0, dtype=float)
+    if demoted is not None:
+        to_t1, to_t2 = demoted.T
+        transit = to_t1 * ctx.kv_bytes_per_token + to_t2 * ctx.t2_bytes_per_token
+    hbm = ctx.weights_bytes + kv_t0 + stage + act + transit + ctx.hw.runtime_reserve_bytes
+    host = t1 * ctx.kv_bytes_per_token + t2 * ctx.t2_bytes_per_token
+    if after is not None:
+        host = np.maximum(host, after[:, T1] * ctx.kv_bytes_per_token + after[:, T2] * ctx.t2_bytes_per_token)
+    return MemoryTrace(hbm_bytes=hbm, host_bytes=host, kv_t0_bytes=kv_t0, staging_bytes=stage, transit_bytes=transit)
