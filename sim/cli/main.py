@@ -267,7 +267,7 @@ def plan(
     from sim.outputs.atomic import write_dir_atomic
     from sim.outputs.run_folder import check_out_path
     from sim.plan.files import plan_dir_files
-    from sim.plan.search import PlanSpec, parse_counts, parse_gpus, parse_policies, parse_prices, search
+    from sim.plan.search import parse_counts, parse_gpus, parse_policies, parse_prices, search
     from sim.runner.options import Execution
     from sim.runner.tasks import Interrupted
 
@@ -275,11 +275,7 @@ def plan(
         check_out_path(out, folder=True)
     execution = Execution(executor, address, workers, cache).check()
     sc = load_scenario(scenario, set_)
-    slo = sc.slo
-    spec = PlanSpec(rate=rate,
-                    ttft_s=ttft_p99_ms / 1e3 if ttft_p99_ms is not None else (slo.ttft_s if slo else None),
-                    tpot_s=tpot_p99_ms / 1e3 if tpot_p99_ms is not None else (slo.tpot_s if slo else None),
-                    requests=requests, max_factor=max_factor)
+    spec = _plan_spec(sc.slo, rate, ttft_p99_ms, tpot_p99_ms, requests, max_factor)
     names, ns, pols, prices = parse_gpus(gpus_), parse_counts(counts), parse_policies(policies, access), parse_prices(price)
     t0 = time.monotonic()
     try:
@@ -294,22 +290,38 @@ def plan(
     if as_json:
         print(json.dumps(rows, indent=2))
         return
+    _print_plan(result, sc, spec, replicas, wall, out)
+
+
+def _plan_spec(slo, rate: float, ttft_p99_ms: float | None, tpot_p99_ms: float | None, requests: int,
+               max_factor: float):
+    """What the search asks: the rate, and each SLO target from its option or else the scenario's."""
+    from sim.plan.search import PlanSpec
+
+    return PlanSpec(rate=rate,
+                    ttft_s=ttft_p99_ms / 1e3 if ttft_p99_ms is not None else (slo.ttft_s if slo else None),
+                    tpot_s=tpot_p99_ms / 1e3 if tpot_p99_ms is not None else (slo.tpot_s if slo else None),
+                    requests=requests, max_factor=max_factor)
+
+
+def _print_plan(result, sc, spec, replicas: bool, wall_s: float, out: Path | None) -> None:
+    """The plan's ranked table on the terminal, and what it assumed and wrote."""
     slo_text = " and ".join(t for t in (f"p99 TTFT <= {spec.ttft_s * 1e3:g} ms" if spec.ttft_s else "",
                                         f"p99 TPOT <= {spec.tpot_s * 1e3:g} ms" if spec.tpot_s else "") if t)
-    t = Table(title=f"{sc.model.name or 'model'}: {rate:g} req/s, {slo_text} ({requests} requests a run; N GPUs as TP x replicas)")
+    t = Table(title=f"{sc.model.name or 'model'}: {spec.rate:g} req/s, {slo_text} ({spec.requests} requests a run; N GPUs as TP x replicas)")
     for col in ("#", "gpu", "N", "TP x DP", "policy", "$/h", "TTFT p99", "TPOT p99", "max rate", "binding", "why not"):
         t.add_column(col, justify="left" if col in ("gpu", "policy", "binding", "why not") else "right")
     ms = lambda v: "-" if v is None else f"{v:,.0f} ms"  # noqa: E731
-    for r in rows:
+    for r in result.rows:
         mx = "-" if r["max_rate_per_s"] is None else (f">={r['max_rate_per_s']:.3g}/s" if r["max_rate_capped"] else f"{r['max_rate_per_s']:.3g}/s")
         style = None if r["status"] == "pass" else "dim"
         t.add_row(str(r["rank"] or ""), r["gpu"], str(r["gpus"]), f"{r['tp']} x {r['dp']}", r["policy"], f"{r['usd_per_hour']:.2f}",
                   ms(r["ttft_p99_ms"]), ms(r["tpot_p99_ms"]), mx, r["binding"] or "", r["reason"] or "", style=style)
     console.print(t)
-    console.print(f"[dim]{sum(r['status'] == 'pass' for r in rows)} of {len(rows)} configurations meet the SLO; "
+    console.print(f"[dim]{sum(r['status'] == 'pass' for r in result.rows)} of {len(result.rows)} configurations meet the SLO; "
                   f"prices are assumptions (sim/catalog/prices.yaml, --price GPU=$/h); "
                   f"{'replicas share the rate evenly' if replicas else 'N GPUs as one TP group (--replicas also tries DP)'}; "
-                  f"{wall:.0f} s[/dim]")
+                  f"{wall_s:.0f} s[/dim]")
     if out is not None:
         console.print(f"[dim]wrote {out}/ (plan.csv, probes.csv: {len(result.probes)} simulations, plan.json); "
                       f"kvsim report --plan {out} draws them[/dim]")

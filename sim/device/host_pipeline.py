@@ -136,18 +136,7 @@ def host_pipeline(x: HostLayer, num_layers: int, buffers: int, capacity_bytes_pe
         hs = q_end + x.dispatch_s
         ahead = link_free - hs  # the chain's alone-seconds left when the stream starts
         if x.stream_s > 0 and ahead > 0:
-            both = min(x.stream_s / s_host, ahead / s_copy)  # seconds both flows run
-            he = hs + both + (x.stream_s - s_host * both)
-
-            def moved(e: float) -> float:  # a moment of the chain after hs, from its full-speed projection
-                a = e - hs
-                return hs + a / s_copy if a <= s_copy * both else hs + both + (a - s_copy * both)
-
-            for k in range(layer + 1, issued):  # copies that start or end after hs move with the chain
-                if starts[k] > hs:
-                    starts[k] = moved(starts[k])
-                if ends[k] > hs:
-                    ends[k] = moved(ends[k])
+            he = _share_dram(hs, ahead, x.stream_s, s_host, s_copy, starts, ends, range(layer + 1, issued))
             link_free = ends[issued - 1]
         else:
             he = hs + x.stream_s
@@ -163,3 +152,22 @@ def host_pipeline(x: HostLayer, num_layers: int, buffers: int, capacity_bytes_pe
     if staged:
         t.copies = [(starts[k], ends[k]) for k in range(L)]
     return t
+
+
+def _share_dram(hs: float, ahead: float, stream_s: float, s_host: float, s_copy: float, starts: list, ends: list,
+                chain: range) -> float:
+    """The host stream starting at `hs` beside a chain of copies with `ahead` alone-seconds left: both
+    run at their shared speeds until the first is done. Moves the chain's copies (`chain`, indices
+    into `starts`/`ends`) that start or end after hs in place; returns when the stream ends."""
+    both = min(stream_s / s_host, ahead / s_copy)  # seconds both flows run
+
+    def moved(e: float) -> float:  # a moment of the chain after hs, from its full-speed projection
+        a = e - hs
+        return hs + a / s_copy if a <= s_copy * both else hs + both + (a - s_copy * both)
+
+    for k in chain:
+        if starts[k] > hs:
+            starts[k] = moved(starts[k])
+        if ends[k] > hs:
+            ends[k] = moved(ends[k])
+    return hs + both + (stream_s - s_host * both)

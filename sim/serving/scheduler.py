@@ -87,6 +87,32 @@ class StepTokens:
     gaps: np.ndarray
 
 
+@dataclass
+class _Draft:
+    """A step being formed: the running requests (admission order) with their tier counts and memory
+    needs, the step's memory totals, and what it has handed out so far."""
+
+    run: np.ndarray
+    decoding: np.ndarray
+    att: np.ndarray  # tier counts during the step
+    aft: np.ndarray  # ... and after its re-tier
+    hbm: np.ndarray  # HBM KV bytes per request
+    host: np.ndarray  # host bytes per request
+    total_hbm: float = 0.0
+    total_host: float = 0.0
+    admit_hbm: float = 0.0  # what admission counts (auto: all in T0)
+    tokens: int = 0  # the step's token budget left
+    chunks: list = field(default_factory=list)
+    chunk_tokens: list = field(default_factory=list)
+    dec_att: np.ndarray = field(default_factory=lambda: _EMPTY)
+    dec_aft: np.ndarray = field(default_factory=lambda: _EMPTY)
+
+    def keep(self, n: int) -> None:
+        """Only the first n running requests stay (the rest were preempted)."""
+        self.run, self.decoding, self.att, self.aft = self.run[:n], self.decoding[:n], self.att[:n], self.aft[:n]
+        self.hbm, self.host = self.hbm[:n], self.host[:n]
+
+
 class Scheduler:
     def __init__(self, cfg, memory: KvMemory, counter: FixedRows | PressureRows, table: RequestTable):
         self.cfg, self.memory, self.counter, self.table = cfg, memory, counter, table
@@ -112,25 +138,47 @@ class Scheduler:
         return self.swap.held_bytes if self.swap is not None else 0.0
 
     def schedule(self, now: float) -> StepPlan:
-        t, m, plan = self.table, self.memory, StepPlan()
+        """The next step, in vLLM's order: (1) preempt the newest running requests until the rest
+        fit, (2) schedule the running ones (decodes, chunked prefills), (3) admit waiting requests
+        unless something was preempted, then the decodes' tier counts and re-tiers."""
+        plan = StepPlan()
+        step = self._running_needs()
+        self._preempt_until_fits(step, plan)
+        self._schedule_running(step, plan)
+        if not plan.preempted:
+            self._admit_waiting(step, plan, now)
+        self._close(step, plan)
+        return plan
+
+    def _running_needs(self) -> _Draft:
+        t = self.table
         run = self.running
         decoding = t.computed[run] >= t.target[run]
         self.counter.begin_step(run, t.generated[run], decoding)
         att, aft = self.counter.step_counts(run, t.generated[run], decoding)
         hbm, host = self._needs(att, aft, decoding)
-        # (1) preempt the newest until the rest fits (cumulative sums grow, so what fits is a prefix)
+        return _Draft(run, decoding, att, aft, hbm, host)
+
+    def _preempt_until_fits(self, d: _Draft, plan: StepPlan) -> None:
+        """(1) Preempt the newest until the rest fits (cumulative sums grow, so what fits is a prefix);
+        then the step's memory totals and what admission counts (auto: all in T0)."""
+        m = self.memory
         host_free = m.host_capacity_bytes - self._held_host_bytes()  # swapped K/V holds its host memory
-        keep = len(run)
-        cum_hbm, cum_host = np.cumsum(hbm), np.cumsum(host)
+        keep = len(d.run)
+        cum_hbm, cum_host = np.cumsum(d.hbm), np.cumsum(d.host)
         if keep and (cum_hbm[-1] > m.kv_budget_bytes or cum_host[-1] > host_free):  # all fit unless the last does not
             keep = int(np.count_nonzero((cum_hbm <= m.kv_budget_bytes) & (cum_host <= host_free)))
-        if keep < len(run):
-            self._preempt(run[keep:][::-1], m.host_capacity_bytes - float(host[:keep].sum()), plan)
-            run, decoding, att, aft, hbm, host = run[:keep], decoding[:keep], att[:keep], aft[:keep], hbm[:keep], host[:keep]
-            self.running = run
-        total_hbm, total_host = float(hbm.sum()), float(host.sum()) + self._held_host_bytes()
-        admit_hbm = float(self.counter.admission_bytes(att, hbm).sum())  # what admission counts (auto: all in T0)
-        # (2) the running requests in admission order: a decode takes one token, a prefill its next chunk
+        if keep < len(d.run):
+            self._preempt(d.run[keep:][::-1], m.host_capacity_bytes - float(d.host[:keep].sum()), plan)
+            d.keep(keep)
+            self.running = d.run
+        d.total_hbm, d.total_host = float(d.hbm.sum()), float(d.host.sum()) + self._held_host_bytes()
+        d.admit_hbm = float(self.counter.admission_bytes(d.att, d.hbm).sum())
+
+    def _schedule_running(self, d: _Draft, plan: StepPlan) -> None:
+        """(2) The running requests in admission order: a decode takes one token of the budget, an
+        unfinished prefill its next chunk."""
+        t, run, decoding = self.table, d.run, d.decoding
         budget = self.cfg.max_num_batched_tokens
         if decoding.all() and len(run) <= budget:  # every running request decodes one token, within the budget
             want = take = np.ones(len(run), dtype=np.int64)
@@ -140,36 +188,34 @@ class Scheduler:
         sched = take > 0
         dec = sched & decoding
         plan.decodes = run[dec]
-        dec_att, dec_aft = att[dec], aft[dec]
+        d.dec_att, d.dec_aft = d.att[dec], d.aft[dec]
         pre = sched & ~decoding
-        chunks, chunk_tokens = [run[pre]], [take[pre]]
-        tokens = budget - int(take.sum())
-        # (3) admission, first come first served
+        d.chunks, d.chunk_tokens = [run[pre]], [take[pre]]
+        d.tokens = budget - int(take.sum())
+
+    def _admit_waiting(self, d: _Draft, plan: StepPlan, now: float) -> None:
+        """(3) Admission, first come first served: while sequences and tokens are left and memory holds
+        the head of the queue; the head that does not fit stops it (no overtaking)."""
+        t, m = self.table, self.memory
         admitted, resumed = [], []  # resumed: swapped decodes, decoding again this step
-        while not plan.preempted and self.waiting and tokens > 0 and len(run) + len(admitted) < self.cfg.max_num_seqs:
+        while self.waiting and d.tokens > 0 and len(d.run) + len(admitted) < self.cfg.max_num_seqs:
             i = self.waiting[0]
             left = int(t.target[i] - t.computed[i])
-            if left > tokens and not self.cfg.chunked_prefill:
+            if left > d.tokens and not self.cfg.chunked_prefill:
                 break
             swapped = self.swap is not None and i in self.swap
-            if swapped and left == 0:  # a decode whose K/V comes back: this step's needs
-                a, b = self.counter.step_counts(np.array([i]), t.generated[[i]], np.array([True]))
-                h, ho = (float(x[0]) for x in self._needs(a, b, np.array([True])))
-            else:
-                a = self.counter.held(i, int(t.generated[i]) + 1)[None, :]
-                h, ho = m.hbm_kv_bytes(a[0, T0], 0), m.host_bytes(a[0, T1], a[0, T2])
-            h_admit = float(self.counter.admission_bytes(a, np.array([h]))[0])
+            h, ho, h_admit = self._admission_needs(i, swapped and left == 0)
             if swapped:  # its swapped K/V leaves the host (T0 to HBM, T1/T2 counted in ho)
                 ho -= self.swap.host_bytes[i]
-            if not m.fits(total_hbm + h, total_host + ho) or admit_hbm + h_admit > m.kv_budget_bytes:
-                if self.swap and not len(run) and not admitted:  # nothing runs: the swapped K/V must not block it
-                    total_host -= self._drop_swapped()
+            if not m.fits(d.total_hbm + h, d.total_host + ho) or d.admit_hbm + h_admit > m.kv_budget_bytes:
+                if self.swap and not len(d.run) and not admitted:  # nothing runs: the swapped K/V must not block it
+                    d.total_host -= self._drop_swapped()
                     continue
                 break
             self.waiting.popleft()
-            total_hbm += h
-            total_host += ho
-            admit_hbm += h_admit
+            d.total_hbm += h
+            d.total_host += ho
+            d.admit_hbm += h_admit
             admitted.append(i)
             if np.isnan(t.admitted_s[i]):
                 t.admitted_s[i] = now
@@ -178,35 +224,51 @@ class Scheduler:
                 plan.swap_in_requests += 1
                 if left == 0:
                     resumed.append(i)
-                    tokens -= 1
+                    d.tokens -= 1
                     continue
-            chunk = min(left, tokens)
-            chunks.append(np.array([i]))
-            chunk_tokens.append(np.array([chunk]))
-            tokens -= chunk
+            chunk = min(left, d.tokens)
+            d.chunks.append(np.array([i]))
+            d.chunk_tokens.append(np.array([chunk]))
+            d.tokens -= chunk
         if admitted:
-            self.running = np.concatenate([run, np.asarray(admitted, dtype=np.int64)])
+            self.running = np.concatenate([d.run, np.asarray(admitted, dtype=np.int64)])
         if resumed:
             r = np.asarray(resumed, dtype=np.int64)
             a, b = self.counter.step_counts(r, t.generated[r], np.ones(len(r), dtype=bool))
             plan.decodes = np.concatenate([plan.decodes, r])
-            dec_att, dec_aft = np.concatenate([dec_att, a]), np.concatenate([dec_aft, b])
-        plan.chunks, plan.chunk_tokens = np.concatenate(chunks), np.concatenate(chunk_tokens)
+            d.dec_att, d.dec_aft = np.concatenate([d.dec_att, a]), np.concatenate([d.dec_aft, b])
+
+    def _admission_needs(self, i: int, resumes_decoding: bool) -> tuple[float, float, float]:
+        """(HBM bytes, host bytes, HBM bytes admission counts) waiting request i needs: a swapped
+        decode this step's needs; any other what it will hold once prefilled."""
+        t, m = self.table, self.memory
+        if resumes_decoding:  # a decode whose K/V comes back: this step's needs
+            a, b = self.counter.step_counts(np.array([i]), t.generated[[i]], np.array([True]))
+            h, ho = (float(x[0]) for x in self._needs(a, b, np.array([True])))
+        else:
+            a = self.counter.held(i, int(t.generated[i]) + 1)[None, :]
+            h, ho = m.hbm_kv_bytes(a[0, T0], 0), m.host_bytes(a[0, T1], a[0, T2])
+        return h, ho, float(self.counter.admission_bytes(a, np.array([h]))[0])
+
+    def _close(self, d: _Draft, plan: StepPlan) -> None:
+        """The plan's chunks and memory, and its decodes' tier counts and re-tiers (committed)."""
+        t = self.table
+        plan.chunks, plan.chunk_tokens = np.concatenate(d.chunks), np.concatenate(d.chunk_tokens)
         plan.chunk_prefix = t.computed[plan.chunks]
-        plan.hbm_kv_bytes, plan.host_bytes = total_hbm, total_host
-        if len(plan.decodes):
-            a, b = dec_att, dec_aft
-            plan.attended = a.sum(axis=0)
-            steps = t.generated[plan.decodes] - 1
-            due = self.counter.retier_due(steps)
-            if due.any():
-                moved, back = self.counter.retier_moves(a[due], b[due])
-                kept = b[due][:, [T1, T2]].sum(axis=0)
-                plan.demoted, plan.promoted = (int(moved[0]), int(moved[1])), (int(back[0]), int(back[1]))
-                plan.resident = (int(kept[0]), int(kept[1]))
-                plan.retiers = int(due.sum())
-                self.counter.commit(plan.decodes, steps, b)
-        return plan
+        plan.hbm_kv_bytes, plan.host_bytes = d.total_hbm, d.total_host
+        if not len(plan.decodes):
+            return
+        a, b = d.dec_att, d.dec_aft
+        plan.attended = a.sum(axis=0)
+        steps = t.generated[plan.decodes] - 1
+        due = self.counter.retier_due(steps)
+        if due.any():
+            moved, back = self.counter.retier_moves(a[due], b[due])
+            kept = b[due][:, [T1, T2]].sum(axis=0)
+            plan.demoted, plan.promoted = (int(moved[0]), int(moved[1])), (int(back[0]), int(back[1]))
+            plan.resident = (int(kept[0]), int(kept[1]))
+            plan.retiers = int(due.sum())
+            self.counter.commit(plan.decodes, steps, b)
 
     def _preempt(self, victims: np.ndarray, host_free: float, plan: StepPlan) -> None:
         """Preempt `victims` (newest first; each goes to the front, so the oldest ends first in line).
