@@ -11,7 +11,7 @@ fi
 if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   .venv/bin/pip install --quiet --disable-pip-version-check "torch==2.13.0"
 fi
-.venv/bin/pip install --quiet --disable-pip-version-check -e ".[hwprobe,test,sweep]"
+.venv/bin/pip install --quiet --disable-pip-version-check -e ".[hwprobe,test,sweep,measured]"
 # Headless chromium for the report's browser test (tests/test_report_browser.py). Installed only as
 # root with apt-get, quietly; never fatal: elsewhere a warning, and the test skips (fails under CI).
 if ! command -v chromium >/dev/null 2>&1; then

@@ -17,6 +17,7 @@ from sim.inputs.errors import EXIT_BAD_INPUT, ConfigError
 from sim.model.units import GB, TB, TFLOP
 
 from .guard import EXIT_INTERRUPTED, GuardedTyper
+from .ops import ops
 
 app = GuardedTyper("kvsim", add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console(width=shutil.get_terminal_size((150, 40)).columns)
@@ -291,6 +292,9 @@ def plan(
         print(json.dumps(rows, indent=2))
         return
     _print_plan(result, sc, spec, replicas, wall, out)
+
+
+app.command()(ops)
 
 
 def _plan_spec(slo, rate: float, ttft_p99_ms: float | None, tpot_p99_ms: float | None, requests: int,

@@ -107,9 +107,14 @@ def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
     measured_s = hw.measured_weight_kernel_s(w_bytes, rows)
     if measured_s is not None:  # a profile timed this dtype's kernel across rows
         return measured_s
-    flop = gemm_flop(model, rows)
-    dequant_s = params_read * hw.dequant_ops_per_weight / hw.dequant_op_per_s
-    return max(w_bytes / hw.weight_hbm_bytes_per_s, dequant_s + flop / hw.gemm_flop_per_s(rows))
+    return weight_gemm_s(hw, w_bytes, params_read, gemm_flop(model, rows), rows)
+
+
+def weight_gemm_s(hw: Hardware, weight_bytes: float, params: float, flop: float, rows: int) -> float:
+    """The datasheet weight kernel (`weight_kernel_s`) of any weight matrix or set of them:
+    max(weight bytes / streaming rate, params x dequant ops / CUDA-core rate + FLOP / GEMM FLOP/s(rows))."""
+    dequant_s = params * hw.dequant_ops_per_weight / hw.dequant_op_per_s
+    return max(weight_bytes / hw.weight_hbm_bytes_per_s, dequant_s + flop / hw.gemm_flop_per_s(rows))
 
 
 def attention_s(flop: float, kv_bytes: float, hw: Hardware) -> float:

@@ -1,0 +1,109 @@
+"""`kvsim ops`: one operator's predicted time from flags, or a CSV of operators in and a CSV of
+predicted times out - by kvtier's datasheet model, by the measured kernel tables, or both - so
+anyone can hold kvtier against a measured table without importing its internals."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from sim.inputs.errors import ConfigError
+
+KERNELS_HELP = "datasheet, measured or both (measured: AIConfigurator's tables, where they cover the GPU)"
+
+
+def ops(
+    op: Optional[str] = typer.Argument(None, help="gemm, attention or allreduce (or give --csv)"),
+    gpu: str = typer.Option("h200-sxm", "--gpu", help="catalog GPU (kvsim gpus)"),
+    m: Optional[int] = typer.Option(None, "--m", help="gemm: rows (tokens)"),
+    n: Optional[int] = typer.Option(None, "--n", help="gemm: output features per GPU"),
+    k: Optional[int] = typer.Option(None, "--k", help="gemm: input features (the reduction)"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="gemm: weight dtype bf16, fp16, fp8, int8, int4"),
+    batch: Optional[int] = typer.Option(None, "--batch", help="attention: sequences"),
+    kv_tokens: Optional[int] = typer.Option(None, "--kv-tokens", help="attention: cached tokens each attends"),
+    heads: Optional[int] = typer.Option(None, "--heads", help="attention: query heads per GPU"),
+    kv_heads: Optional[int] = typer.Option(None, "--kv-heads", help="attention: KV heads per GPU"),
+    head_dim: Optional[int] = typer.Option(None, "--head-dim", help="attention: head dimension"),
+    kv_dtype: Optional[str] = typer.Option(None, "--kv-dtype", help="attention: KV dtype bf16, fp16, fp8, int8"),
+    nbytes: Optional[float] = typer.Option(None, "--bytes", help="allreduce: message bytes"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="allreduce: GPUs in the group"),
+    impl: Optional[str] = typer.Option(None, "--impl", help="allreduce: custom or nccl"),
+    csv_in: Optional[Path] = typer.Option(None, "--csv", help="operators, one per row (columns as the flags: op, gpu, m, n, k, ...)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="with --csv: write the predictions here (default stdout)"),
+    kernels: str = typer.Option("both", "--kernels", help=KERNELS_HELP),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Predicted time of one operator call (a GEMM, one layer's decode attention, an all-reduce)."""
+    from sim.device.kernels import KERNELS, predict
+    from sim.inputs.op_queries import op_query, read_op_csv
+    from sim.outputs.run_folder import check_out_path
+
+    chosen = KERNELS if kernels == "both" else (kernels,)
+    if any(kind not in KERNELS for kind in chosen):
+        raise ConfigError(f"expected one of datasheet, measured, both; got {kernels!r}", field="--kernels")
+    if csv_in is None:
+        if op is None:
+            raise ConfigError("give an operator (gemm, attention, allreduce) or --csv FILE", field="OP")
+        values = {"op": op, "gpu": gpu, "m": m, "n": n, "k": k, "dtype": dtype, "batch": batch, "kv_tokens": kv_tokens,
+                  "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "kv_dtype": kv_dtype, "bytes": nbytes,
+                  "gpus": gpus, "impl": impl}
+        q = op_query(values, "kvsim ops")
+        _print_one(q, predict(q, chosen), chosen, as_json)
+        return
+    if op is not None:
+        raise ConfigError("give an operator or --csv, not both", field="--csv")
+    if out is not None:
+        check_out_path(out, folder=False)
+    queries, rows = read_op_csv(csv_in)
+    table = [{**row, **predict(q, chosen)} for q, row in zip(queries, rows)]
+    if as_json:
+        print(json.dumps(table, indent=2))
+    text = _csv_text(table)
+    if out is None:
+        if not as_json:
+            sys.stdout.write(text)
+        return
+    from sim.outputs.atomic import write_text_atomic
+
+    write_text_atomic(out, text)
+    print(f"kvsim: ops: {len(table)} operators predicted, wrote {out}", file=sys.stderr)
+
+
+def _print_one(q, result: dict, chosen: tuple[str, ...], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({**q.model_dump(), **result}, indent=2))
+        return
+    print(f"{q.op} on {q.gpu}: {_shape(q)}")
+    for kind in chosen:
+        s = result[f"{kind}_s"]
+        figure = "-" if s is None else f"{s * 1e6:,.2f} us"
+        said = "; ".join(t for t in (result[f"{kind}_source"], result[f"{kind}_note"]) if t)
+        print(f"  {kind:<9} {figure:>14}  {said}")
+
+
+def _shape(q) -> str:
+    if q.op == "gemm":
+        return f"m {q.m} x n {q.n} x k {q.k}, {q.dtype} weights"
+    if q.op == "attention":
+        return f"batch {q.batch} x {q.kv_tokens} cached tokens, {q.heads} heads / {q.kv_heads} KV heads x {q.head_dim}, KV {q.kv_dtype}"
+    return f"{q.bytes:,.0f} bytes over {q.gpus} GPUs ({q.impl})"
+
+
+def _csv_text(table: list[dict]) -> str:
+    buf = io.StringIO()
+    columns = list(dict.fromkeys(c for row in table for c in row))
+    w = csv.DictWriter(buf, fieldnames=[_inert(c) for c in columns], lineterminator="\n")
+    w.writeheader()
+    w.writerows({_inert(c): _inert(v) for c, v in row.items()} for row in table)
+    return buf.getvalue()
+
+
+def _inert(value):
+    """A passed-through text cell that a spreadsheet would run as a formula, quoted (OWASP's advice)."""
+    return "'" + value if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r") else value

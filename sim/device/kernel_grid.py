@@ -1,0 +1,75 @@
+"""Interpolation of measured kernel times: each table becomes a grid of log(measured / roofline) over
+log coordinates (sizes, batch, tokens, heads), so between measured points the roofline carries the
+physics and the grid only its smooth correction (a latency floor, a kernel's efficiency).
+
+- Inside the grid: multilinear in the log coordinates (log-log in size).
+- Outside it: the nearest edge's ratio is held and the roofline scales it - the datasheet model
+  scaled to the table's edge, per dimension.
+- Cells the table did not measure (a ragged or staircase table) take the ratio of the nearest
+  measured cell in grid-index space before any query, so a query never blends with a hole.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RatioGrid:
+    axes: tuple[np.ndarray, ...]  # log coordinates of each dimension, increasing
+    log_ratio: np.ndarray  # shape = lengths of the axes, no NaN
+
+    @classmethod
+    def from_points(cls, coords: np.ndarray, ratio: np.ndarray) -> RatioGrid:
+        """`coords` (points, dims) > 0 and `ratio` (points,) > 0: measured / roofline at each point."""
+        logs = np.log(np.asarray(coords, dtype=float))
+        axes = tuple(np.unique(logs[:, d]) for d in range(logs.shape[1]))
+        index = tuple(np.searchsorted(ax, logs[:, d]) for d, ax in enumerate(axes))
+        grid = np.full(tuple(len(ax) for ax in axes), np.nan)
+        grid[index] = np.log(np.asarray(ratio, dtype=float))
+        return cls(axes, _fill_nearest(grid))
+
+    def __call__(self, coords: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ratio, inside) at each row of `coords` (points, dims): the interpolated measured /
+        roofline ratio, and whether the point lies within the grid in every dimension."""
+        logs = np.log(np.atleast_2d(np.asarray(coords, dtype=float)))
+        lo_idx, frac, inside = [], [], np.ones(len(logs), dtype=bool)
+        for d, ax in enumerate(self.axes):
+            x = logs[:, d]
+            inside &= (x >= ax[0] - 1e-12) & (x <= ax[-1] + 1e-12)
+            x = np.clip(x, ax[0], ax[-1])
+            if len(ax) == 1:
+                lo_idx.append(np.zeros(len(x), dtype=int))
+                frac.append(np.zeros(len(x)))
+                continue
+            i = np.clip(np.searchsorted(ax, x, side="right") - 1, 0, len(ax) - 2)
+            lo_idx.append(i)
+            frac.append((x - ax[i]) / (ax[i + 1] - ax[i]))
+        out = np.zeros(len(logs))
+        for corner in itertools.product((0, 1), repeat=len(self.axes)):
+            w = np.ones(len(logs))
+            idx = []
+            for d, c in enumerate(corner):
+                w = w * (frac[d] if c else 1.0 - frac[d])
+                idx.append(np.minimum(lo_idx[d] + c, len(self.axes[d]) - 1))
+            out += w * self.log_ratio[tuple(idx)]
+        return np.exp(out), inside
+
+
+def _fill_nearest(grid: np.ndarray) -> np.ndarray:
+    """Every NaN cell takes the value of the nearest measured cell (Euclidean in index space; ties:
+    the first in C order)."""
+    missing = np.isnan(grid)
+    if not missing.any():
+        return grid
+    known = np.argwhere(~missing)
+    if not len(known):
+        raise ValueError("a measured table with no points")
+    out = grid.copy()
+    for cell in np.argwhere(missing):
+        nearest = known[np.argmin(((known - cell) ** 2).sum(axis=1))]
+        out[tuple(cell)] = grid[tuple(nearest)]
+    return out

@@ -1,0 +1,144 @@
+"""The operator-cost seam: what a step's cost asks of the device, one operator at a time - a GEMM
+(m rows x n outputs x k inputs, a weight dtype), one layer's decode attention (batch, cached tokens
+per sequence, heads, KV heads, head dim, KV dtype) and an all-reduce (bytes over N GPUs, an
+implementation) - answered two ways:
+
+- `datasheet`: kvtier's own model, the formulas the step cost uses (`physics.weight_gemm_s`,
+  `physics.attention_s`, `Hardware.allreduce_s`) on the catalog GPU at its default efficiencies;
+- `measured`: AIConfigurator's kernel tables (`measured_kernels`), where they cover the GPU.
+
+`kvsim ops` and benchmarks/operator_accuracy.py ask through here. The step cost itself still uses
+the datasheet model (issue #20: the measured path is not yet wired into `decode_step_cost`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from sim.inputs import catalog
+from sim.inputs.errors import ConfigError
+from sim.inputs.kernel_tables import load_tables
+from sim.inputs.scenario import HardwareCfg
+from sim.model.dtypes import KV_DTYPES, WEIGHT_DTYPES
+from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
+
+from .hardware import Hardware, resolve_hardware
+from .measured_kernels import MeasuredKernels
+from .physics import attention_s, weight_gemm_s
+
+KERNELS = ("datasheet", "measured")
+OPERATORS = ("gemm", "attention", "allreduce")
+DEFAULT_GROUP_SIZE = 128
+
+
+@dataclass(frozen=True)
+class Gemm:
+    m: int
+    n: int
+    k: int
+    dtype: str = "bf16"
+
+
+@dataclass(frozen=True)
+class DecodeAttention:
+    batch: int
+    kv_tokens: int  # cached tokens each sequence attends, its new one included
+    heads: int  # query heads per GPU
+    kv_heads: int  # per GPU
+    head_dim: int
+    kv_dtype: str = "bf16"
+
+
+@dataclass(frozen=True)
+class AllReduce:
+    nbytes: float
+    gpus: int
+    impl: str = "custom"  # custom (the engine's one-shot / two-shot kernel) or nccl
+
+
+Operator = Gemm | DecodeAttention | AllReduce
+
+
+@dataclass(frozen=True)
+class OpCost:
+    seconds: float | None  # None: no table covers the GPU
+    source: str  # the formula, or the table (system, framework, version)
+    inside: bool = True  # measured: the query lay inside the table in every dimension
+    note: str = ""
+
+
+@lru_cache(maxsize=64)
+def datasheet_hardware(gpu: str, weight_dtype: str = "bf16", tp: int = 1) -> Hardware:
+    """The catalog GPU as a run resolves it with no scenario overrides and no profile."""
+    return resolve_hardware(HardwareCfg(gpu=gpu), weight_dtype, pinned=True, tp=tp)
+
+
+def datasheet_cost(gpu: str, op: Operator) -> OpCost:
+    """kvtier's datasheet model of one operator."""
+    if isinstance(op, Gemm):
+        hw = datasheet_hardware(gpu, op.dtype)
+        params = op.n * op.k
+        w_bytes = WEIGHT_DTYPES[op.dtype].bytes_for(params, DEFAULT_GROUP_SIZE)
+        seconds = weight_gemm_s(hw, w_bytes, params, FLOP_PER_MAC * op.m * params, op.m)
+        return OpCost(seconds, f"datasheet: physics.weight_gemm_s ({hw.weight_kernel})")
+    if isinstance(op, DecodeAttention):
+        hw = datasheet_hardware(gpu)
+        kv_layer = 2 * op.kv_heads * op.head_dim * KV_DTYPES[op.kv_dtype].bytes_per_element
+        flop = ATTN_MATMULS * FLOP_PER_MAC * op.batch * op.kv_tokens * op.heads * op.head_dim
+        kv_bytes = (op.batch * op.kv_tokens + op.batch) * kv_layer  # reads every cached token, writes the new one
+        return OpCost(attention_s(flop, kv_bytes, hw), "datasheet: physics.attention_s")
+    hw = datasheet_hardware(gpu, tp=op.gpus)
+    return OpCost(hw.allreduce_s(op.nbytes), "datasheet: Hardware.allreduce_s (ring: catalog interconnect busbw + per-hop latency)")
+
+
+@lru_cache(maxsize=16)
+def measured_kernels(gpu: str) -> MeasuredKernels:
+    """The measured tables of a catalog GPU (a ConfigError where none cover it or the extra is missing)."""
+    spec = catalog.gpu(gpu)
+    return MeasuredKernels(load_tables(spec.name), spec, catalog.interconnect(spec.interconnect).bus_bytes_per_s)
+
+
+def measured_cost(gpu: str, op: Operator) -> OpCost:
+    mk = measured_kernels(gpu)
+    if isinstance(op, Gemm):
+        if op.dtype not in mk.gemm_dtypes():
+            d = datasheet_cost(gpu, op)
+            return OpCost(d.seconds, d.source, False, f"no measured {op.dtype} GEMM table: the datasheet model")
+        r = mk.gemm_s(op.m, op.n, op.k, op.dtype)
+    elif isinstance(op, DecodeAttention):
+        r = mk.decode_attention_s(op.batch, op.kv_tokens, op.heads, op.kv_heads, op.head_dim, op.kv_dtype)
+    else:
+        r = mk.allreduce_s(op.nbytes, op.gpus, op.impl)
+    note = r.note or ("" if bool(r.inside[0]) else "outside the table: its edge's ratio held")
+    return OpCost(float(r.seconds[0]), r.source, bool(r.inside[0]), note)
+
+
+def cost(gpu: str, op: Operator, kernels: str) -> OpCost:
+    return measured_cost(gpu, op) if kernels == "measured" else datasheet_cost(gpu, op)
+
+
+def operator_of(q) -> Operator:
+    """The operator an `inputs.op_queries.OpQuery` asks for."""
+    if q.op == "gemm":
+        return Gemm(q.m, q.n, q.k, q.dtype)
+    if q.op == "attention":
+        return DecodeAttention(q.batch, q.kv_tokens, q.heads, q.kv_heads, q.head_dim, q.kv_dtype)
+    return AllReduce(q.bytes, q.gpus, q.impl)
+
+
+def predict(q, kernels: tuple[str, ...]) -> dict:
+    """{`<kernels>_s`, `<kernels>_source`, ...} of one query for each asked kernel model; measured
+    fields say so where no table covers the GPU (a ConfigError only when measured is all that was asked)."""
+    op, out = operator_of(q), {}
+    for kind in kernels:
+        try:
+            c = cost(q.gpu, op, kind)
+        except ConfigError as err:
+            if len(kernels) == 1:
+                raise ConfigError(err.message, field="--kernels") from None
+            c = OpCost(None, "", False, err.message)
+        out.update({f"{kind}_s": c.seconds, f"{kind}_source": c.source, f"{kind}_note": c.note})
+        if kind == "measured":
+            out["measured_inside"] = c.inside
+    return out

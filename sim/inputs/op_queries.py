@@ -1,0 +1,118 @@
+"""What `kvsim ops` is asked: one operator from flags, or a CSV of them (one per row; empty cells
+unset; columns it does not know are passed through to the output). Every problem is one line naming
+the file, the row and the field."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from . import catalog
+from .errors import ConfigError
+from .reader import read_text
+from .scenario import KvDType, WeightDType, validation_error_line
+from .strict import Strict
+
+MAX_OP_ROWS = 100_000
+MAX_DIM = 2**24
+MAX_OP_BYTES = 2**40
+OP_FIELDS = {
+    "gemm": ("m", "n", "k"),
+    "attention": ("batch", "kv_tokens", "heads", "kv_heads", "head_dim"),
+    "allreduce": ("bytes", "gpus"),
+}
+INTEGER_COLUMNS = {"m", "n", "k", "batch", "kv_tokens", "heads", "kv_heads", "head_dim", "gpus"}
+COLUMNS = ("op", "gpu", "m", "n", "k", "dtype", "batch", "kv_tokens", "heads", "kv_heads", "head_dim", "kv_dtype",
+           "bytes", "gpus", "impl")
+
+
+class OpQuery(Strict):
+    op: Literal["gemm", "attention", "allreduce"]
+    gpu: str = Field("h200-sxm", max_length=64)
+    m: int | None = Field(None, ge=1, le=MAX_DIM)  # GEMM rows (tokens)
+    n: int | None = Field(None, ge=1, le=MAX_DIM)  # output features per GPU
+    k: int | None = Field(None, ge=1, le=MAX_DIM)  # input features (the reduction)
+    dtype: WeightDType = "bf16"
+    batch: int | None = Field(None, ge=1, le=MAX_DIM)
+    kv_tokens: int | None = Field(None, ge=1, le=MAX_DIM)  # cached tokens each sequence attends
+    heads: int | None = Field(None, ge=1, le=1024)  # per GPU
+    kv_heads: int | None = Field(None, ge=1, le=1024)
+    head_dim: int | None = Field(None, ge=1, le=4096)
+    kv_dtype: KvDType = "bf16"
+    bytes: float | None = Field(None, gt=0, le=MAX_OP_BYTES)
+    gpus: int | None = Field(None, ge=1, le=1024)
+    impl: Literal["custom", "nccl"] = "custom"
+
+    @model_validator(mode="after")
+    def _complete(self):
+        missing = [f for f in OP_FIELDS[self.op] if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"{self.op} needs {', '.join(OP_FIELDS[self.op])}; missing {', '.join(missing)}")
+        return self
+
+
+def op_query(values: dict, source: str) -> OpQuery:
+    """One query from flag values (None: not given); the GPU checked against the catalog."""
+    needs = OP_FIELDS.get(values.get("op"), ())
+    missing = [f for f in needs if values.get(f) is None]
+    if missing:
+        raise ConfigError(f"{values['op']} needs {', '.join(needs)}; missing {', '.join(missing)}", source=source,
+                          field=missing[0])
+    if values.get("op") == "attention" and values["heads"] % max(values["kv_heads"], 1):
+        raise ConfigError(f"heads ({values['heads']}) must be a multiple of kv_heads", source=source, field="kv_heads")
+    try:
+        q = OpQuery.model_validate({k: v for k, v in values.items() if v is not None})
+    except ValidationError as err:
+        raise validation_error_line(err, source) from None
+    try:
+        catalog.gpu(q.gpu)
+    except ConfigError as err:
+        raise ConfigError(err.message, source=source, field="gpu") from None
+    return q
+
+
+def read_op_csv(path: str | Path) -> tuple[list[OpQuery], list[dict[str, str]]]:
+    """The queries of a CSV and each row as read (its other columns pass through)."""
+    source = str(path)
+    reader = csv.DictReader(io.StringIO(read_text(path)))
+    header = reader.fieldnames or []
+    if len(set(header)) != len(header):
+        dup = sorted({c for c in header if header.count(c) > 1})
+        raise ConfigError(f"header: column {dup[0]!r} appears twice", source=source)
+    if "op" not in header:
+        raise ConfigError(f"header: expected an 'op' column and the operator's fields ({', '.join(COLUMNS)})", source=source)
+    queries, rows = [], []
+    try:
+        for row in reader:
+            line = reader.line_num
+            if len(queries) >= MAX_OP_ROWS:
+                raise ConfigError(f"line {line}: more than {MAX_OP_ROWS:,} operators", source=source)
+            if None in row:
+                raise ConfigError(f"line {line}: more cells than the header has columns", source=source)
+            values = {c: _cell(row[c], c, line, source) for c in COLUMNS if c in row and (row[c] or "").strip()}
+            queries.append(op_query(values, f"{source}: line {line}"))
+            rows.append(dict(row))
+    except csv.Error as exc:
+        raise ConfigError(f"line {reader.line_num}: invalid CSV: {exc}", source=source) from None
+    if not queries:
+        raise ConfigError("no operators (a header and at least one row expected)", source=source)
+    return queries, rows
+
+
+def _cell(raw: str, column: str, line: int, source: str):
+    text = raw.strip()
+    if column in INTEGER_COLUMNS:
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"line {line}: {column}: expected an integer, got {text!r}", source=source) from None
+    if column == "bytes":
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"line {line}: bytes: expected a number, got {text!r}", source=source) from None
+    return text

@@ -1,0 +1,104 @@
+"""Operator-level accuracy on a held-out split of AIConfigurator's measured kernel tables
+(`sim.inputs.kernel_tables.split_tables`): every held-out point predicted by kvtier's datasheet
+model and by the measured tables with the held-out grid lines removed (so the measured figures test
+interpolation across a gap, never a table point itself). Error = predicted / measured - 1.
+
+The domain is what kvtier's step cost asks for: GEMMs of 1-8192 rows with n, k >= 256 (bf16, fp8),
+decode attention at head dim 128 without a sliding window over >= 16 cached tokens, and
+all-reduces up to 64 MiB over 2-8 GPUs (custom and NCCL). Every `STRIDE`-th point of the domain is
+kept, in table order, so a run is seconds, not minutes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from sim.device.kernels import AllReduce, DecodeAttention, Gemm, datasheet_cost
+from sim.device.measured_kernels import MeasuredKernels
+from sim.inputs import catalog
+from sim.inputs.kernel_tables import SYSTEMS, load_tables, split_tables
+
+STRIDE = 7
+MAX_ALLREDUCE_BYTES = 64 * 2**20
+
+
+def held_out_points(gpu: str) -> tuple[pd.DataFrame, MeasuredKernels]:
+    """(one row per held-out point: op, shape, measured_s, datasheet_s, tables_s), and the measured
+    kernels built from the tune split alone."""
+    spec = catalog.gpu(gpu)
+    tune, held = split_tables(load_tables(gpu))
+    mk = MeasuredKernels(tune, spec, catalog.interconnect(spec.interconnect).bus_bytes_per_s)
+    frames = [_gemms(gpu, held.gemm, mk), _attention(gpu, held.decode_attention, mk)]
+    frames += [_allreduce(gpu, impl, t, mk) for impl, t in held.allreduce.items()]
+    out = pd.concat([f for f in frames if len(f)], ignore_index=True)
+    out["datasheet_err"] = out["datasheet_s"] / out["measured_s"] - 1
+    out["tables_err"] = out["tables_s"] / out["measured_s"] - 1
+    out.insert(0, "gpu", gpu)
+    return out, mk
+
+
+def _gemms(gpu: str, g: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
+    g = g[(g["m"] <= 8192) & (g["n"] >= 256) & (g["k"] >= 256)].iloc[::STRIDE]
+    rows = []
+    for dtype, t in g.groupby("dtype"):
+        tables = mk.gemm_s(t["m"], t["n"], t["k"], dtype).seconds
+        for (m, n, k, meas), tab in zip(t[["m", "n", "k", "latency_s"]].itertuples(index=False), tables):
+            ds = datasheet_cost(gpu, Gemm(int(m), int(n), int(k), dtype)).seconds
+            rows.append({"op": f"gemm {dtype}", "shape": f"m{m} n{n} k{k}", "measured_s": meas, "datasheet_s": ds,
+                         "tables_s": tab})
+    return pd.DataFrame(rows)
+
+
+def _attention(gpu: str, a: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
+    a = a[(a["head_dim"] == 128) & (a["window"] == 0) & (a["kv_tokens"] >= 15)].iloc[::STRIDE]
+    rows = []
+    for r in a.itertuples(index=False):
+        kv_heads = r.kv_heads or r.heads
+        tab = mk.decode_attention_s(r.batch, r.kv_tokens, int(r.heads), int(kv_heads), int(r.head_dim), r.kv_dtype)
+        ds = datasheet_cost(gpu, DecodeAttention(int(r.batch), int(r.kv_tokens), int(r.heads), int(kv_heads),
+                                                 int(r.head_dim), r.kv_dtype)).seconds
+        rows.append({"op": f"decode attention kv {r.kv_dtype}", "measured_s": r.latency_s, "datasheet_s": ds,
+                     "tables_s": float(tab.seconds[0]),
+                     "shape": f"b{r.batch} n{r.kv_tokens} H{r.heads}/{kv_heads}"})
+    return pd.DataFrame(rows)
+
+
+def _allreduce(gpu: str, impl: str, t: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
+    t = t[t["bytes"] <= MAX_ALLREDUCE_BYTES]
+    rows = []
+    for r in t.itertuples(index=False):
+        tab = mk.allreduce_s(r.bytes, int(r.gpus), impl).seconds[0]
+        ds = datasheet_cost(gpu, AllReduce(float(r.bytes), int(r.gpus), impl)).seconds
+        rows.append({"op": f"all-reduce {impl}", "shape": f"{int(r.bytes)} B x{r.gpus}", "measured_s": r.latency_s,
+                     "datasheet_s": ds, "tables_s": float(tab)})
+    return pd.DataFrame(rows)
+
+
+def summary(points: pd.DataFrame) -> pd.DataFrame:
+    """Per GPU and operator: points, then median / worst |error| and the mean signed error, for the
+    datasheet model and for the measured tables (negative: predicted too fast)."""
+    def stats(e: pd.Series) -> dict:
+        a = e.abs()
+        return {"median": float(a.median()), "worst": float(a.max()), "mean": float(e.mean())}
+
+    rows = []
+    for (gpu, op), p in points.groupby(["gpu", "op"], sort=False):
+        d, m = stats(p["datasheet_err"]), stats(p["tables_err"])
+        rows.append({"gpu": gpu, "op": op, "points": len(p),
+                     **{f"datasheet_{k}": v for k, v in d.items()}, **{f"tables_{k}": v for k, v in m.items()}})
+    return pd.DataFrame(rows)
+
+
+def covered_gpus() -> list[str]:
+    return list(SYSTEMS)
+
+
+def family_summary(points: pd.DataFrame) -> pd.DataFrame:
+    """Per operator family (gemm, decode attention, all-reduce) over every GPU."""
+    fam = points["op"].str.extract(r"^(gemm|decode attention|all-reduce)")[0]
+    return summary(points.assign(gpu="all", op=fam.to_numpy()))
+
+
+def quantile(errors: pd.Series, q: float) -> float:
+    return float(np.quantile(errors.abs(), q))
