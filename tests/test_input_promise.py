@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -167,14 +166,21 @@ SIZE_CASES = [
 
 
 @pytest.mark.parametrize("override,expected", SIZE_CASES)
-def test_sizes_no_run_could_hold_are_refused_at_load(tmp_path, override, expected):
+def test_sizes_no_run_could_hold_are_refused_at_load(tmp_path, monkeypatch, override, expected):
+    import sim.decode.simulate
+    import sim.serving.run
+
+    def refuse(*a, **k):
+        raise AssertionError("simulated before the sizes were checked")
+
+    monkeypatch.setattr(sim.decode.simulate, "simulate", refuse)  # the command imports it when it runs
+    monkeypatch.setattr(sim.serving.run, "simulate_serving", refuse)
     sc = tiny_scenario()
     sc["workload"]["reasoning_tokens"] = 4_000_000 if "step_stride" in override or "65536" in override else 16
     sc["model"]["hf_config"] = str(tmp_path / "config.json")
     _write(tmp_path, scenario=sc, config={**tiny_hf_config(), "num_hidden_layers": 1024})
-    t0 = time.monotonic()
     assert_refused(run_cli("run", "s.yaml", "--set", override, "--out", "o", cwd=tmp_path), "s.yaml", expected)
-    assert time.monotonic() - t0 < 5 and not (tmp_path / "o").exists()
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_million_layers_is_refused_with_the_limit(tmp_path):
@@ -292,11 +298,10 @@ def test_hwprobe_validate_checks_the_profile_before_measuring(tmp_path, monkeypa
     monkeypatch.setattr(hwprobe.decode, "measure_run", refuse)
     _write(tmp_path)
     (tmp_path / "p.yaml").write_bytes(b"\xff\xfe")
-    t0 = time.monotonic()
     res = run_cli("validate", "s.yaml", "--device", "cpu", "--profile", "p.yaml", "--out", "v.csv", cwd=tmp_path,
                   tool="hwprobe")
-    assert_refused(res, "p.yaml", "not UTF-8")
-    assert time.monotonic() - t0 < 10 and files_under(tmp_path) == {"s.yaml", "p.yaml"}
+    assert_refused(res, "p.yaml", "not UTF-8")  # and `refuse` above never ran
+    assert files_under(tmp_path) == {"s.yaml", "p.yaml"}
 
 
 @pytest.mark.parametrize("args,expected", [

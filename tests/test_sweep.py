@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from sim.inputs.errors import ConfigError
+from sim.runner.tasks import TEST_PAUSE
 from sim.sweep.run import run_sweep
 from sim.sweep.spec import load_spec
 from tests.conftest import REPO, SCENARIOS, run_cli, small_scenario
@@ -175,20 +176,31 @@ def test_fast_level_is_the_full_level_at_detail_fast(tmp_path):
 
 # ---- interrupted sweeps -----------------------------------------------------------------------
 
-SLOW_SWEEP = """
-import sys, time
+SWEEP = """
+import sys
 from pathlib import Path
-from sim.sweep import points
 from sim.sweep.command import sweep_command
 
-evaluate = points.evaluate_point
-def slow(task):
-    time.sleep(0.15)
-    return evaluate(task)
-points.evaluate_point = slow  # the forked workers inherit it
 sys.exit(sweep_command(Path(sys.argv[1]), Path(sys.argv[2]), executor="local", address=None, workers=2, batch=1,
                        progress=False))
 """
+HANG_S = 120  # the waits below guard against a hang only: no signal races the run's own speed
+
+
+def start_paused(args: list[str], marker: Path, after: int) -> subprocess.Popen:
+    """`python ARGS` started with the task driver's test hook (sim.runner.tasks.TEST_PAUSE): returns
+    once the run has stored `after` results and waits for a signal there (the marker file written),
+    so a signal sent now lands mid-run with exactly `after` results stored, on any machine."""
+    env = {**os.environ, TEST_PAUSE: f"{after}:{marker}"}
+    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + HANG_S
+    while not marker.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the run never paused after {after} results (exit {proc.returncode}): {proc.communicate()}")
+        time.sleep(0.02)
+    return proc
 
 
 def _children(pid: int) -> list[int]:
@@ -204,6 +216,14 @@ def _alive(pid: int) -> bool:
     return "State:\tZ" not in state
 
 
+def wait_gone(pids: list[int]) -> None:
+    """The driver's workers stop once it is gone (interrupted: it stops them; killed: they notice)."""
+    deadline = time.monotonic() + HANG_S
+    while any(_alive(w) for w in pids):
+        assert time.monotonic() < deadline, [w for w in pids if _alive(w)]
+        time.sleep(0.05)
+
+
 def _stored(out: Path) -> dict[Path, tuple[int, int]]:
     return {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (out / "points").glob("*/*.json")}
 
@@ -212,28 +232,20 @@ def _stored(out: Path) -> dict[Path, tuple[int, int]]:
 def test_killed_sweep_loses_nothing_and_resumes(tmp_path, sig):
     spec = write_spec(tmp_path, {**small_spec(), "axes": small_spec()["axes"] + [{"grid": {"workload.seed": [1, 2]}}]})
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_SWEEP, str(spec), str(out)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    while not out.exists() or len(_stored(out)) < 3:
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.02)
+    proc = start_paused(["-c", SWEEP, str(spec), str(out)], tmp_path / "paused", after=3)
     workers = _children(proc.pid)
     proc.send_signal(sig)
-    _, stderr = proc.communicate(timeout=30)
+    _, stderr = proc.communicate(timeout=HANG_S)
     if sig == signal.SIGINT:
-        assert proc.returncode == 130 and "interrupted:" in stderr and "Traceback" not in stderr, stderr
+        assert proc.returncode == 130 and "interrupted: 3 of 16 " in stderr and "Traceback" not in stderr, stderr
     else:
         assert proc.returncode == -signal.SIGKILL
-    deadline = time.monotonic() + 10
-    while any(_alive(w) for w in workers):  # the workers notice their driver is gone and stop
-        assert time.monotonic() < deadline, [w for w in workers if _alive(w)]
-        time.sleep(0.05)
+    wait_gone(workers)
     before = _stored(out)
-    assert 3 <= len(before) < 16
+    assert len(before) == 3  # what was stored when the signal came, and nothing after it
 
     resumed = run_sweep(spec, out, workers=1, progress=False)
-    assert (resumed.stored_before, resumed.computed) == (len(before), 16 - len(before))
+    assert (resumed.stored_before, resumed.computed) == (3, 13)
     after = _stored(out)
     assert {p: after[p] for p in before} == before  # finished points were not computed again
     fresh = tmp_path / "fresh"
@@ -242,6 +254,17 @@ def test_killed_sweep_loses_nothing_and_resumes(tmp_path, sig):
     fresh_csv, fresh_df = read_table(fresh)
     assert csv == fresh_csv
     pd.testing.assert_frame_equal(df, fresh_df)
+
+
+def test_the_pause_hook_is_inert_unless_set(monkeypatch):
+    from sim.runner import tasks
+
+    monkeypatch.delenv(TEST_PAUSE, raising=False)
+    assert tasks._test_pause() == (None, None)
+    monkeypatch.setenv(TEST_PAUSE, "")
+    assert tasks._test_pause() == (None, None)
+    monkeypatch.setenv(TEST_PAUSE, "3:/tmp/a:b")
+    assert tasks._test_pause() == (3, "/tmp/a:b")
 
 
 # ---- Ray --------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ class _Loop:
 
         torch = rt.torch
         dtype = getattr(torch, DTYPE)
+        self.mode = mode
         shapes = ModelShapes(layers=layers, hidden=HIDDEN, heads=1, kv_heads=1, head_dim=HEAD_DIM,
                              intermediate=INTERMEDIATE, vocab=VOCAB)
         self.model = SyntheticTransformer(shapes, rt.device, dtype, SEED)
@@ -69,31 +70,42 @@ class _Loop:
         c.take_counters()
 
 
-def _step_timing(rt, loop: _Loop, samples: int, min_window_s: float):
+def _step_timing(rt, clock, loop: _Loop, samples: int, min_window_s: float):
     def window(reps: int) -> float:
         rt.synchronize()
-        start = rt.mark()
+        start = clock.mark()
         for _ in range(reps):
             loop.step()
-        end = rt.mark()
+        end = clock.mark()
         rt.synchronize()
-        return rt.elapsed_s(start, end)
+        return clock.elapsed_s(start, end)
 
     return time_window(window, samples=samples, min_window_s=min_window_s)
 
 
+def fit_depths(n1: int, t1: float, n2: int, t2: float) -> tuple[float, float]:
+    """(per layer, per step) from step times t1, t2 at n1 < n2 layers: the line through both points,
+    each part clipped at zero (noise can make the deeper model time faster, or the slope overshoot)."""
+    layer_s = max(0.0, (t2 - t1) / (n2 - n1))
+    return layer_s, max(0.0, t1 - n1 * layer_s)
+
+
 def measure_step_overheads(backend: Any, *, samples: int, min_window_s: float = MIN_WINDOW_S,
-                           retier_interval: int = RETIER_INTERVAL) -> dict:
-    """{"by_prefetch": {mode: {"layer_s", "step_s", "step_s_at_depths", "rel_spread"}}, method, ...}."""
+                           retier_interval: int = RETIER_INTERVAL, clock: Any = None) -> dict:
+    """{"by_prefetch": {mode: {"layer_s", "step_s", "step_s_at_depths", "rel_spread"}}, method, ...}.
+
+    `clock` marks the timed windows: `mark()` and `elapsed_s(a, b)`, by default the runtime's own
+    (see the module's docstring). Tests pass a fake one, so the fit meets timings with a known answer."""
     from ..cache import Runtime
 
     rt = Runtime(backend.tensor_device)
+    clock = rt if clock is None else clock
     out = {}
     for mode in MODES:
-        timings = [_step_timing(rt, _Loop(rt, mode, n, retier_interval), samples, min_window_s) for n in DEPTHS]
+        timings = [_step_timing(rt, clock, _Loop(rt, mode, n, retier_interval), samples, min_window_s) for n in DEPTHS]
         (n1, t1), (n2, t2) = [(n, t.median_s) for n, t in zip(DEPTHS, timings)]
-        layer_s = max(0.0, (t2 - t1) / (n2 - n1))
-        out[mode] = {"layer_s": layer_s, "step_s": max(0.0, t1 - n1 * layer_s), "step_s_at_depths": [t1, t2],
+        layer_s, step_s = fit_depths(n1, t1, n2, t2)
+        out[mode] = {"layer_s": layer_s, "step_s": step_s, "step_s_at_depths": [t1, t2],
                      "rel_spread": max(t.rel_spread for t in timings)}
     return {"by_prefetch": out, "method": METHOD, "depths": list(DEPTHS), "batch": BATCH, "dtype": DTYPE,
             "shapes": {"hidden": HIDDEN, "head_dim": HEAD_DIM, "intermediate": INTERMEDIATE, "vocab": VOCAB,

@@ -13,11 +13,13 @@ executor and stores each result as it arrives, so a run killed half-way loses no
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from sim.outputs.atomic import signals_held
+from sim.outputs.atomic import signals_held, write_text_atomic
 
 from .store import ResultStore
 
@@ -61,7 +63,9 @@ def run_tasks(tasks: Sequence[Task], executor, *, store: ResultStore | None = No
     they arrive, in any order. `advance(n)`: n more tasks are computed; `found(n)`: n were read from
     the store (called once, before any is computed; default: advance). `meanwhile()`: other work
     for this process, done once the executor has the tasks (its workers started). Without a store
-    nothing is hashed or written, and Ctrl-C raises KeyboardInterrupt; with one, Interrupted."""
+    nothing is hashed or written, and Ctrl-C raises KeyboardInterrupt; with one, Interrupted.
+    Tests can stop it part-way at a known point: `TEST_PAUSE` (`_test_pause`)."""
+    pause_after, pause_marker = _test_pause()
     keys = [t.key for t in tasks] if store is not None else []
     results, todo = _stored(tasks, keys, store)
     stored_before = len(tasks) - len(todo)
@@ -81,6 +85,8 @@ def run_tasks(tasks: Sequence[Task], executor, *, store: ResultStore | None = No
                 with signals_held():  # a stored result is counted (the interrupt's message says so)
                     results[i] = store.write(keys[i], task.kind, task.inputs(), result) if store is not None else result
                     done += 1
+                if done - stored_before == pause_after:
+                    _pause_for_test(done, pause_marker)
             if advance:
                 advance(len(batch_results))
     except KeyboardInterrupt:
@@ -91,6 +97,31 @@ def run_tasks(tasks: Sequence[Task], executor, *, store: ResultStore | None = No
         if batches:
             stream.close()  # stops the workers where the run ends early
     return Computed(results, len(todo), stored_before)
+
+
+TEST_PAUSE = "KVTIER_TEST_PAUSE_AFTER_TASKS"
+TEST_PAUSE_LIMIT_S = 600  # an orphaned pause (its test gone) carries on after this long
+
+
+def _test_pause() -> tuple[int | None, str | None]:
+    """Test hook, inert unless KVTIER_TEST_PAUSE_AFTER_TASKS=N[:MARKER] is set (N >= 1): once the N-th
+    result computed by a `run_tasks` call is stored, the driver writes the file MARKER (holding the
+    number of results stored) and waits there for a signal (at most TEST_PAUSE_LIMIT_S, then carries
+    on), so a test can interrupt or kill a run at a known point, with exactly N results stored and
+    the rest not, however fast or loaded the machine is. Returns (N, MARKER or None); (None, None)
+    when unset."""
+    value = os.environ.get(TEST_PAUSE)
+    if not value:
+        return None, None
+    count, _, marker = value.partition(":")
+    return int(count), marker or None
+
+
+def _pause_for_test(stored: int, marker: str | None) -> None:
+    """The test hook's wait (`_test_pause`): outside `signals_held`, so SIGINT ends it as Ctrl-C."""
+    if marker:
+        write_text_atomic(marker, f"{stored}\n")
+    time.sleep(TEST_PAUSE_LIMIT_S)
 
 
 def _stored(tasks: Sequence[Task], keys: list[str], store: ResultStore | None) -> tuple[list[Any], list[int]]:
