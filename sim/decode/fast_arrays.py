@@ -10,14 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from sim.device.physics import (
-    KV_SPLIT_COPIES,
-    T2_BLOCKS,
-    attention_flop,
-    attention_s_array,
-    decode_layer_cost,
-    step_tail_s,
-)
+from sim.device.physics import KV_SPLIT_COPIES, T2_BLOCKS, decode_attention_s, decode_layer_cost, step_tail_s
 from sim.tiering.tier_plan import ACTIVE, ATT_T0, ATT_T1, ATT_T2
 
 from .context import RunContext
@@ -55,7 +48,7 @@ def step_arrays(ctx: RunContext, att: np.ndarray) -> StepArrays:
     kvl, t2b = ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer
     attended = t0 + t1 + t2
     kv_bytes = (attended + batch) * kvl + t2 * (t2b + kvl)
-    attn = attention_s_array(attention_flop(model, attended), kv_bytes, hw)
+    attn = decode_attention_s(model, hw, batch, attended, kv_bytes, kvl)
     device = gemm + attn + overhead + allreduce
     total = np.maximum(device, host)
     stretch = np.where(device > 0, total / np.where(device > 0, device, 1.0), 1.0)

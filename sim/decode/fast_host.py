@@ -29,7 +29,7 @@ from sim.device.physics import (
     SPLIT_STEPS,
     T2_BLOCKS,
     attention_flop,
-    attention_s_array,
+    decode_attention_s,
     decode_layer_cost,
     decode_step_cost,
     step_tail_s,
@@ -181,7 +181,7 @@ def host_step_arrays(ctx: RunContext, att: np.ndarray) -> HostStepArrays:
     # `_host_split_cost`: the GPU attends T0 + the prefetched part, the host the rest
     g1, g2 = (1.0 - f) * t1, (1.0 - f) * t2
     attended = t0 + g1 + g2
-    attn = attention_s_array(attention_flop(model, attended), (attended + batch) * kvl + g2 * (t2b + kvl), hw)
+    attn = decode_attention_s(model, hw, batch, attended, (attended + batch) * kvl + g2 * (t2b + kvl), kvl)
     device = gemm + attn + overhead + allreduce
     total = np.maximum(device, hw.host_layer_s)
     pre = gemm * qkv * np.where(device > 0, total / np.where(device > 0, device, 1.0), 1.0)

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, replace
+from functools import lru_cache
 from typing import Generic, TypeVar
 
 from sim.inputs import catalog
 from sim.inputs.catalog import EfficiencyDefaults, GpuSpec, LinkSpec
+from sim.inputs.kernel_tables import PACKAGE, load_tables, system_for, tables_available
 from sim.inputs.profile import ComputeProfile, CopyCurve, Profile
 from sim.model.dtypes import FP8_COMPUTE_WEIGHT_DTYPES, WEIGHT_DTYPES
 from sim.model.units import FLOP_PER_MAC, GB
+
+from .measured_kernels import MeasuredKernels
 
 T = TypeVar("T")
 SCENARIO = "scenario override"  # the source of an overridden figure; sim/outputs/run_folder.py lists them by it
@@ -208,13 +212,16 @@ class Hardware:
     tp: int = 1  # GPUs in the tensor-parallel group
     interconnect_bytes_per_s: float = float("inf")  # NCCL all-reduce busbw between them
     interconnect_hop_s: float = 0.0
+    kernels: MeasuredKernels | None = field(default=None, compare=False)  # hardware.kernels: measured
 
     def allreduce_s(self, nbytes: float) -> float:
         """Ring all-reduce of `nbytes` over the TP group: 2(N-1)/N x bytes / busbw + 2(N-1) x per-hop
-        latency (DESIGN.md); 0 on one GPU."""
+        latency; with measured kernels the engine's custom all-reduce from the tables; 0 on one GPU."""
         n = self.tp
         if n <= 1 or nbytes <= 0:
             return 0.0
+        if self.kernels is not None:
+            return _measured_allreduce_s(self.kernels, float(nbytes), n)
         return 2 * (n - 1) / n * nbytes / self.interconnect_bytes_per_s + 2 * (n - 1) * self.interconnect_hop_s
 
     def measured_weight_kernel_s(self, weight_bytes: float, rows: int) -> float | None:
@@ -253,10 +260,30 @@ def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile |
                      sources={**hw.sources, "interconnect": f"catalog {fabric.name}: {fabric.source}"})
     if getattr(hw_cfg, "pcie_switch", None) is not None:
         hw = _shared_switch(hw, hw_cfg.pcie_switch, link_spec, tp)
+    kernels = getattr(hw_cfg, "kernels", "datasheet")
+    if kernels == "measured" or (kernels == "auto" and system_for(gpu.name) is not None and tables_available()):
+        hw = with_measured_kernels(hw)
     if not with_host:
         return hw
     cpu, host_sources = resolve_host(hw_cfg.host or gpu.host, profile)
     return replace(hw, host_cpu=cpu, sources={**hw.sources, **host_sources})
+
+
+def with_measured_kernels(hw: Hardware) -> Hardware:
+    """`hw` with AIConfigurator's measured tables for its GPU's GEMMs, decode attention and
+    all-reduce (`physics` asks them where they apply; everything else stays datasheet)."""
+    tables = load_tables(hw.gpu.name)
+    fabric = catalog.interconnect(hw.gpu.interconnect)
+    kernels = MeasuredKernels(tables, hw.gpu, fabric.bus_bytes_per_s)
+    what = (f"measured: {PACKAGE} {tables.package_version} {tables.system} ({tables.device}) "
+            f"{tables.framework} {tables.framework_version}: dense GEMMs (bf16, fp8), decode attention, custom "
+            f"all-reduce; datasheet: prefill attention, MoE and weight-only GEMMs, per-layer overheads")
+    return replace(hw, kernels=kernels, sources={**hw.sources, "kernels": what})
+
+
+@lru_cache(maxsize=4096)
+def _measured_allreduce_s(kernels: MeasuredKernels, nbytes: float, gpus: int) -> float:
+    return float(kernels.allreduce_s(nbytes, gpus, "custom").seconds[0])
 
 
 def _shared_switch(hw: Hardware, cfg, link_spec: LinkSpec, tp: int) -> Hardware:

@@ -107,7 +107,16 @@ def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
     measured_s = hw.measured_weight_kernel_s(w_bytes, rows)
     if measured_s is not None:  # a profile timed this dtype's kernel across rows
         return measured_s
+    if hw.kernels is not None and not model.is_moe and weight_dtype in hw.kernels.gemm_dtypes():
+        return _measured_gemms_s(hw.kernels, tuple(model.layer_gemm_shapes()), weight_dtype, int(rows))
     return weight_gemm_s(hw, w_bytes, params_read, gemm_flop(model, rows), rows)
+
+
+@lru_cache(maxsize=8192)
+def _measured_gemms_s(kernels, shapes: tuple[tuple[int, int], ...], weight_dtype: str, rows: int) -> float:
+    """The layer's fused GEMMs (`ModelSpec.layer_gemm_shapes`) from the measured tables, summed."""
+    n, k = np.array(shapes).T
+    return float(kernels.gemm_s(np.full(len(n), rows), n, k, weight_dtype).seconds.sum())
 
 
 def weight_gemm_s(hw: Hardware, weight_bytes: float, params: float, flop: float, rows: int) -> float:
@@ -130,6 +139,25 @@ def attention_s_array(flop: np.ndarray, kv_bytes: np.ndarray, hw: Hardware) -> n
     return np.maximum(flop / hw.attention_flop_per_s, hw.attention_latency_s + kv_bytes / hw.attention_hbm_bytes_per_s)
 
 
+def decode_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer: float):
+    """One layer's decode attention of `batch` sequences attending `attended_tokens` in all, reading
+    and writing `kv_bytes` (scalars, or arrays over steps). Datasheet: `attention_s`. Measured
+    kernels: the table's call at the batch's mean context per sequence, plus what the table's kernel
+    does not move (T2's dequantisation traffic) at the datasheet attention rate."""
+    if hw.kernels is None or np.all(np.asarray(batch) <= 0):
+        if np.ndim(kv_bytes):
+            return attention_s_array(attention_flop(model, attended_tokens), kv_bytes, hw)
+        return attention_s(attention_flop(model, attended_tokens), kv_bytes, hw)
+    b = np.maximum(np.asarray(batch, dtype=float), 1.0)
+    per_seq = np.maximum(np.asarray(attended_tokens, dtype=float) / b, 1.0)
+    element = kv_bytes_per_token_layer / (2 * model.num_kv_heads * model.head_dim)
+    kv_dtype = "fp8" if element < 1.5 else "bf16"  # int8 KV stands in as fp8: one byte + scales
+    t = hw.kernels.decode_attention_s(b, per_seq, model.num_heads, model.num_kv_heads, model.head_dim, kv_dtype).seconds
+    extra = np.maximum(np.asarray(kv_bytes, dtype=float) - (np.asarray(attended_tokens) + b) * kv_bytes_per_token_layer, 0.0)
+    out = t + extra / hw.attention_hbm_bytes_per_s
+    return out if np.ndim(kv_bytes) else float(out[0])
+
+
 def decode_layer_cost(
     model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, batch: int,
     attended_tokens: int, kv_bytes_per_token_layer: float,
@@ -143,10 +171,9 @@ def decode_layer_cost(
     `attended_tokens` = sum over the batch of T0 + staged T1/T2 tokens.
     """
     gemm_s = weight_kernel_s(model, hw, weight_dtype, group_size, batch)
-    a_flop = attention_flop(model, attended_tokens)
     dequant_bytes = t2_staged_tokens * (t2_bytes_per_token_layer + kv_bytes_per_token_layer)
     kv_bytes = (attended_tokens + batch) * kv_bytes_per_token_layer + dequant_bytes
-    attn_s = attention_s(a_flop, kv_bytes, hw)
+    attn_s = decode_attention_s(model, hw, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer)
     allreduce_s = ALLREDUCES_PER_LAYER * hw.allreduce_s(batch * model.hidden_size * ACTIVATION_BYTES)
     return LayerCost(gemm_s, attn_s, hw.layer_overhead_s, allreduce_s=allreduce_s, qkv_share=qkv_share(model), host_s=hw.host_layer_s)
 
@@ -159,6 +186,8 @@ def qkv_share(model: ModelSpec) -> float:
 
 def lm_head_s(model: ModelSpec, hw: Hardware, batch: int) -> float:
     """LM head per step: max(2 * V * h * B / gemm FLOP/s, V * h * 2 B / weight bandwidth)."""
+    if hw.kernels is not None:
+        return _measured_gemms_s(hw.kernels, ((model.vocab_size, model.hidden_size),), "bf16", int(batch))
     flop = FLOP_PER_MAC * model.vocab_size * model.hidden_size * batch
     return roofline_s(flop, model.lm_head_bytes(), hw.gemm_flop_per_s(batch), hw.weight_hbm_bytes_per_s)
 

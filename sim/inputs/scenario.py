@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_serializer, model_validator
 
-from . import catalog
+from . import catalog, kernel_tables
 from .errors import ConfigError
 from .lengths import LengthDist, draw_lengths
 from .limits import (
@@ -94,8 +94,11 @@ class HardwareCfg(Strict, QuietDefaults):
     copy_engines: int | None = Field(None, ge=1, le=COPY_ENGINES_MAX)
     efficiency: EfficiencyCfg = EfficiencyCfg()
     pcie_switch: PcieSwitchCfg | None = None  # None: every GPU has its host link to itself
+    # operator costs: kvtier's datasheet model, AIConfigurator's measured kernel tables (.[measured]; an
+    # error where none cover the GPU), or auto: measured where they do, datasheet elsewhere
+    kernels: Literal["datasheet", "measured", "auto"] = "datasheet"
 
-    QUIET_DEFAULTS = {"pcie_switch": None}
+    QUIET_DEFAULTS = {"pcie_switch": None, "kernels": "datasheet"}
 
 
 class WorkloadCfg(Strict, QuietDefaults):
@@ -330,11 +333,22 @@ def check_catalog_names(scenario: Scenario, source: str) -> None:
             lookup(value)
         except ConfigError as err:
             raise ConfigError(err.message, source=source, field=field) from None
+    if scenario.hardware.kernels == "measured":
+        check_measured_kernels(scenario.hardware.gpu, source)
     if scenario.parallel.tp > 1:
         spec = catalog.resolve_model(scenario.model)
         problem = spec.tp_problem(scenario.parallel.tp)
         if problem:
             raise ConfigError(problem, source=source, field="parallel.tp")
+
+
+def check_measured_kernels(gpu: str, source: str) -> None:
+    """Measured kernels need tables of this GPU and the package that ships them."""
+    if kernel_tables.system_for(catalog.gpu(gpu).name) is None or not kernel_tables.tables_available():
+        try:
+            kernel_tables.load_tables(catalog.gpu(gpu).name)
+        except ConfigError as err:
+            raise ConfigError(err.message, source=source, field="hardware.kernels") from None
 
 
 def read_yaml(path: str | Path) -> Any:

@@ -150,6 +150,12 @@ class ModelSpec:
         h = self.hidden_size
         return [(h, inter), (h, inter), (inter, h)] if inter else []
 
+    def layer_gemm_shapes(self) -> list[tuple[int, int]]:
+        """(n outputs, k inputs) of a dense layer's GEMMs as engines fuse them (vLLM's
+        QKVParallelLinear and MergedColumnParallelLinear): qkv, o, gate_up, down. Per GPU once sharded."""
+        h, inter = self.hidden_size, self.intermediate_size
+        return [(self.q_dim + 2 * self.kv_dim, h), (h, self.q_dim), (2 * inter, h), (h, inter)]
+
     def layer_weight_bytes(self, weight_dtype: str, group_size: int = 128) -> float:
         """All weights of one layer: quantised linear matrices + bf16 biases, norms, router."""
         hp = HIGH_PRECISION_BITS / 8

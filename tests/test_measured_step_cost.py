@@ -1,0 +1,91 @@
+"""`hardware.kernels`: the step cost from AIConfigurator's measured tables (dense GEMMs, decode
+attention, custom all-reduce) instead of the datasheet model; datasheet stays the default and leaves
+every output as it was (the goldens)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sim.decode.context import build_context
+from sim.decode.simulate import simulate
+from sim.device.kernels import measured_kernels
+from sim.device.physics import decode_layer_cost, lm_head_s
+from sim.inputs.kernel_tables import tables_available
+from sim.inputs.scenario import load_scenario
+
+from .conftest import SCENARIOS, run_cli
+from .promise import assert_refused
+
+pytestmark = pytest.mark.skipif(not tables_available(), reason="aiconfigurator-core (the .[measured] extra) not installed")
+FULL = ["policy.kind=full_hbm", "workload.reasoning_tokens=512", "workload.batch_size=32"]
+
+
+def _ctx(*overrides):
+    return build_context(load_scenario(SCENARIOS / "h200-7b-batch.yaml", [*FULL, *overrides]))
+
+
+def test_a_layers_gemms_are_the_tables_fused_shapes_summed():
+    ctx = _ctx("hardware.kernels=measured")
+    m = ctx.model
+    mk = measured_kernels("h200-sxm")
+    shapes = m.layer_gemm_shapes()
+    assert shapes[0] == (m.q_dim + 2 * m.kv_dim, m.hidden_size) and shapes[3] == (m.hidden_size, m.intermediate_size)
+    by_hand = sum(float(mk.gemm_s(32, n, k, "bf16").seconds[0]) for n, k in shapes)
+    cost = decode_layer_cost(m, ctx.hw, "bf16", 128, 32, 32 * 1024, ctx.kv_bytes_per_token_layer)
+    assert cost.gemm_s == pytest.approx(by_hand, rel=1e-12)
+    att = float(mk.decode_attention_s(32, 1024, m.num_heads, m.num_kv_heads, m.head_dim, "bf16").seconds[0])
+    assert cost.attention_s == pytest.approx(att, rel=1e-12)  # no T2: nothing beyond the table's kernel
+    assert lm_head_s(m, ctx.hw, 32) == pytest.approx(float(mk.gemm_s(32, m.vocab_size, m.hidden_size).seconds[0]))
+
+
+def test_measured_kernels_are_slower_than_the_datasheet_and_say_so():
+    data = simulate(load_scenario(SCENARIOS / "h200-7b-batch.yaml", FULL), with_max_batch=False).summary
+    meas = simulate(load_scenario(SCENARIOS / "h200-7b-batch.yaml", [*FULL, "hardware.kernels=measured"]),
+                    with_max_batch=False).summary
+    assert meas.tpot_p50_s > data.tpot_p50_s  # the floors the datasheet model lacks (issue #20)
+    assert "kernels" not in data.sources
+    assert "aiconfigurator-core" in meas.sources["kernels"] and "h200_sxm" in meas.sources["kernels"]
+    assert meas.hbm_peak_bytes == data.hbm_peak_bytes  # kernels change time, not memory
+
+
+@pytest.mark.parametrize("policy", [["policy.kind=full_hbm"], ["policy.kind=tiered", "policy.hbm_ratio=0.5"]])
+def test_fast_level_agrees_with_the_layer_level_under_measured_kernels(policy):
+    base = ["workload.reasoning_tokens=256", "workload.batch_size=16", "hardware.kernels=measured", *policy]
+    runs = {d: simulate(load_scenario(SCENARIOS / "h200-7b-batch.yaml", [*base, f"sim.detail={d}"]),
+                        with_max_batch=False).summary for d in ("layer", "fast")}
+    assert runs["fast"].throughput_tok_per_s == pytest.approx(runs["layer"].throughput_tok_per_s, rel=0.01)
+
+
+def test_tensor_parallel_all_reduce_comes_from_the_custom_all_reduce_table():
+    ctx = build_context(load_scenario(SCENARIOS / "serving-h100-70b-tp4.yaml", ["hardware.kernels=measured"]))
+    nbytes = 8 * ctx.model.hidden_size * 2
+    want = float(measured_kernels("h100-sxm").allreduce_s(nbytes, 4, "custom").seconds[0])
+    assert ctx.hw.allreduce_s(nbytes) == pytest.approx(want, rel=1e-12)
+    assert ctx.hw.allreduce_s(nbytes) != build_context(load_scenario(SCENARIOS / "serving-h100-70b-tp4.yaml")).hw.allreduce_s(nbytes)
+
+
+def test_auto_is_measured_where_tables_cover_the_gpu_and_datasheet_elsewhere():
+    covered = _ctx("hardware.kernels=auto")
+    assert covered.hw.kernels is not None
+    rtx = _ctx("hardware.kernels=auto", "hardware.gpu=rtx-4090")
+    assert rtx.hw.kernels is None and "kernels" not in rtx.hw.sources
+
+
+def test_measured_kernels_on_an_uncovered_gpu_are_refused_at_load(tmp_path):
+    path = SCENARIOS / "h200-7b-batch.yaml"
+    res = run_cli("run", str(path), "--set", "hardware.gpu=rtx-4090", "--set", "hardware.kernels=measured",
+                  "--out", str(tmp_path / "run"))
+    assert_refused(res, str(path), "hardware.kernels", "no measured kernel tables for 'rtx-4090'")
+    assert not (tmp_path / "run").exists()
+
+
+def test_datasheet_attention_path_is_unchanged_by_the_seam():
+    ctx = _ctx()
+    m = ctx.model
+    cost = decode_layer_cost(m, ctx.hw, "bf16", 128, 32, 32 * 1024, ctx.kv_bytes_per_token_layer)
+    flop = 4 * 32 * 1024 * m.num_heads * m.head_dim
+    kv = (32 * 1024 + 32) * ctx.kv_bytes_per_token_layer
+    hw = ctx.hw
+    assert cost.attention_s == max(flop / hw.attention_flop_per_s, hw.attention_latency_s + kv / hw.attention_hbm_bytes_per_s)
+    assert np.isfinite(cost.gemm_s)
