@@ -1,6 +1,7 @@
 """resolve_hardware: scenario override beats profile beats datasheet, and each says so in `sources`."""
 
 from sim.device.hardware import Sourced, resolve_hardware
+from sim.inputs import catalog
 from sim.inputs.profile import ComputeProfile, LinkProfile, Profile, StepOverhead
 from sim.inputs.scenario import HardwareCfg
 
@@ -31,8 +32,10 @@ def test_override_beats_profile_beats_datasheet():
     over = resolve_hardware(HardwareCfg(gpu="h200-sxm", efficiency={"attention_hbm_efficiency": 0.5, "step_overhead_s": 1e-3}),
                             "bf16", pinned=True, profile=prof)
 
-    assert base.attention_hbm_bytes_per_s == base.gpu.hbm_bytes_per_s * 0.8
-    assert base.sources["attention_hbm_bytes_per_s"] == "datasheet h200-sxm x 0.8 (default efficiency)"
+    fitted = catalog.fitted_kernels()["h200-sxm"].attention
+    assert base.attention_hbm_bytes_per_s == base.gpu.hbm_bytes_per_s * fitted.hbm_efficiency
+    assert base.sources["attention_hbm_bytes_per_s"] == (f"datasheet h200-sxm x {fitted.hbm_efficiency:g} "
+                                                         f"({fitted.says('decode attention')})")
     assert measured.attention_hbm_bytes_per_s == 3e12
     assert measured.sources["attention_hbm_bytes_per_s"] == LABEL
     assert over.attention_hbm_bytes_per_s == over.gpu.hbm_bytes_per_s * 0.5
@@ -53,7 +56,7 @@ def test_sources_keep_their_order():
     h = resolve_hardware(HardwareCfg(gpu="h200-sxm"), "bf16", pinned=True, profile=_profile())
     assert list(h.sources) == [
         "weight_hbm_efficiency", "weight_hbm_bytes_per_s", "attention_hbm_efficiency", "attention_hbm_bytes_per_s",
-        "gemm_flop_per_s", "attention_flop_efficiency", "attention_latency_s", "dequant_ops_per_weight",
+        "gemm_flop_per_s", "gemm_floor_s", "attention_flop_efficiency", "attention_latency_s", "dequant_ops_per_weight",
         "weight_kernel", "weight_kernel_by_rows", "layer_overhead_s", "host_layer_s", "host_step_s",
         "step_overhead_s", "host_pack_bytes_per_s", "runtime_reserve_bytes", "memory_bytes", "host_memory_bytes",
         "h2d", "d2h",

@@ -50,22 +50,46 @@ def test_grid_fills_an_unmeasured_cell_from_its_nearest_measured_one():
 
 
 # ---- the datasheet model by hand ------------------------------------------------------------------
-def test_datasheet_gemm_is_the_weight_streaming_time_at_one_row():
-    gpu = catalog.gpu("h200-sxm")
+def test_datasheet_gemm_is_floor_plus_weight_streaming_at_one_row():
+    """Fitted constants where the tables cover the GPU, the catalog's defaults elsewhere."""
+    fit = catalog.fitted_kernels()["h200-sxm"].gemm["bf16"]
     c = datasheet_cost("h200-sxm", Gemm(1, 4096, 4096, "bf16"))
-    eff = catalog.efficiency_defaults().weight_hbm_efficiency["bf16"]
-    assert c.seconds == pytest.approx(4096 * 4096 * 2 / (gpu.hbm_bytes_per_s * eff))
+    weights = 4096 * 4096 * 2
+    assert c.seconds == pytest.approx(fit.floor_s + weights / (catalog.gpu("h200-sxm").hbm_bytes_per_s * fit.weight_hbm_efficiency))
+    eff = catalog.efficiency_defaults()
+    rtx = datasheet_cost("rtx-4090", Gemm(1, 4096, 4096, "bf16"))
+    assert "rtx-4090" not in catalog.fitted_kernels()
+    assert rtx.seconds == pytest.approx(eff.gemm_floor_s + weights / (catalog.gpu("rtx-4090").hbm_bytes_per_s
+                                                                        * eff.weight_hbm_efficiency["bf16"]))
 
 
 def test_datasheet_attention_and_allreduce_by_hand():
-    gpu, eff = catalog.gpu("h100-sxm"), catalog.efficiency_defaults()
+    gpu, fit = catalog.gpu("h100-sxm"), catalog.fitted_kernels()["h100-sxm"]
     c = datasheet_cost("h100-sxm", DecodeAttention(32, 4096, 32, 8, 128, "bf16"))
     kv_bytes = (32 * 4096 + 32) * 2 * 8 * 128 * 2
-    assert c.seconds == pytest.approx(eff.attention_latency_s + kv_bytes / (gpu.hbm_bytes_per_s * eff.attention_hbm_efficiency))
-    fabric = catalog.interconnect(gpu.interconnect)
-    ar = datasheet_cost("h100-sxm", AllReduce(1e6, 4))
-    assert ar.seconds == pytest.approx(2 * 3 / 4 * 1e6 / fabric.bus_bytes_per_s + 2 * 3 * fabric.per_hop_latency_s)
+    a = fit.attention
+    assert c.seconds == pytest.approx(a.floor_s + kv_bytes / (gpu.hbm_bytes_per_s * a.hbm_efficiency))
+    ar = fit.allreduce["custom"]
+    got = datasheet_cost("h100-sxm", AllReduce(1e6, 4)).seconds
+    assert got == pytest.approx(ar.floor_s + 3 * ar.floor_per_gpu_s + 2 * 3 / 4 * 1e6 / ar.bus_bytes_per_s)
+    fabric = catalog.interconnect(catalog.gpu("rtx-4090").interconnect)  # no tables: the catalog's ring
+    rtx = datasheet_cost("rtx-4090", AllReduce(1e6, 4)).seconds
+    assert rtx == pytest.approx(2 * 3 / 4 * 1e6 / fabric.bus_bytes_per_s + 2 * 3 * fabric.per_hop_latency_s)
     assert datasheet_cost("h100-sxm", AllReduce(1e6, 1)).seconds == 0.0
+
+
+def test_fitted_constants_are_what_the_fit_script_writes():
+    """sim/catalog/fitted_kernels.yaml is generated: the committed file is the fit of today's tables."""
+    if not tables_available():
+        pytest.skip("aiconfigurator-core (the .[measured] extra) not installed")
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    res = subprocess.run([sys.executable, str(REPO / "scripts" / "fit_datasheet.py"), "--check"], capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
 
 
 # ---- the measured tables --------------------------------------------------------------------------

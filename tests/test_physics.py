@@ -40,11 +40,14 @@ def test_decode_layer_cost_hand_arithmetic():
     assert gemm_flop(m, B) == 2 * params * B
     weight_bytes = 2 * (params + 3584 + 2 * 512 + 2 * 3584)  # + q/k/v bias and two norms, bf16
     assert m.layer_weight_bytes("bf16") == weight_bytes
-    gemm_s = max(2 * params * B / h.gemm_flop_per_s(B), weight_bytes / (4.8e12 * 0.80))
-    assert c.gemm_s == pytest.approx(gemm_s)
+    fit = catalog.fitted_kernels()["h200-sxm"]  # the constants fitted on measured tables
+    g, a = fit.gemm["bf16"], fit.attention
+    gemm_s = 4 * g.floor_s + max(2 * params * B / h.gemm_flop_per_s(B), weight_bytes / (4.8e12 * g.weight_hbm_efficiency))
+    assert c.gemm_s == pytest.approx(gemm_s)  # four GEMM calls (qkv, o, gate_up, down), each with its floor
     assert attention_flop(m, n) == 4 * n * 28 * 128
     attn_bytes = (n + B) * kv_layer  # read every attended token, write the new ones
-    assert c.attention_s == pytest.approx(max(4 * n * 28 * 128 / (989e12 * 0.40), 5e-6 + attn_bytes / (4.8e12 * 0.80)))
+    assert c.attention_s == pytest.approx(max(4 * n * 28 * 128 / (989e12 * 0.40),
+                                              a.floor_s + attn_bytes / (4.8e12 * a.hbm_efficiency)))
     assert c.total_s == pytest.approx(c.gemm_s + c.attention_s + 2e-5)
     qkv = 3584 * (3584 + 2 * 512)
     assert c.pre_attention_s == pytest.approx(c.gemm_s * qkv / params)
@@ -53,7 +56,8 @@ def test_decode_layer_cost_hand_arithmetic():
 
 def test_lm_head_reads_vocab_matrix():
     m = catalog.model("llama-3.1-8b")
-    assert lm_head_s(m, hw(), 1) == pytest.approx(128256 * 4096 * 2 / (4.8e12 * 0.80))
+    g = catalog.fitted_kernels()["h200-sxm"].gemm["bf16"]
+    assert lm_head_s(m, hw(), 1) == pytest.approx(g.floor_s + 128256 * 4096 * 2 / (4.8e12 * g.weight_hbm_efficiency))
 
 
 def test_gemm_efficiency_interpolates_on_log_rows():

@@ -206,23 +206,27 @@ class Hardware:
     dequant_ops_per_weight: float = 0.0  # CUDA-core lane operations per weight (weight-only kernels)
     dequant_op_per_s: float = float("inf")  # CUDA-core lane operations per second (FP32 rate / 2)
     attention_latency_s: float = 0.0  # floor of one decode-attention call (its time = this + bytes / rate)
+    gemm_floor_s: float = 0.0  # floor of one GEMM call, added to its roofline time
     # measured (rows, weight bytes / kernel time) of this weight dtype's kernel: replaces the model
     weight_kernel_bytes_per_s_by_rows: list[tuple[float, float]] | None = None
     host_cpu: HostCpu | None = None  # attends T1/T2 on the host (policy.access host_attention / split)
     tp: int = 1  # GPUs in the tensor-parallel group
     interconnect_bytes_per_s: float = float("inf")  # NCCL all-reduce busbw between them
     interconnect_hop_s: float = 0.0
+    allreduce_floor_s: float = 0.0  # per all-reduce call, beside the per-hop latency
     kernels: MeasuredKernels | None = field(default=None, compare=False)  # hardware.kernels: measured
 
     def allreduce_s(self, nbytes: float) -> float:
-        """Ring all-reduce of `nbytes` over the TP group: 2(N-1)/N x bytes / busbw + 2(N-1) x per-hop
-        latency; with measured kernels the engine's custom all-reduce from the tables; 0 on one GPU."""
+        """All-reduce of `nbytes` over the TP group: floor + 2(N-1) x per-hop latency + ring bytes
+        2(N-1)/N x bytes / busbw (the floor and hop fitted on the engine's custom all-reduce where
+        measured tables cover the GPU); with measured kernels the table itself; 0 on one GPU."""
         n = self.tp
         if n <= 1 or nbytes <= 0:
             return 0.0
         if self.kernels is not None:
             return _measured_allreduce_s(self.kernels, float(nbytes), n)
-        return 2 * (n - 1) / n * nbytes / self.interconnect_bytes_per_s + 2 * (n - 1) * self.interconnect_hop_s
+        return (self.allreduce_floor_s + 2 * (n - 1) / n * nbytes / self.interconnect_bytes_per_s
+                + 2 * (n - 1) * self.interconnect_hop_s)
 
     def measured_weight_kernel_s(self, weight_bytes: float, rows: int) -> float | None:
         """Weight bytes / the measured kernel rate at `rows`, or None where not profiled."""
@@ -255,9 +259,7 @@ def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile |
     d2h = _link_model(link_spec, "d2h", pinned, profile)
     hw = _assemble(gpu, link_spec, figs, h2d, d2h)
     if tp > 1:
-        fabric = catalog.interconnect(gpu.interconnect)
-        hw = replace(hw, tp=tp, interconnect_bytes_per_s=fabric.bus_bytes_per_s, interconnect_hop_s=fabric.per_hop_latency_s,
-                     sources={**hw.sources, "interconnect": f"catalog {fabric.name}: {fabric.source}"})
+        hw = _with_interconnect(hw, gpu, tp)
     if getattr(hw_cfg, "pcie_switch", None) is not None:
         hw = _shared_switch(hw, hw_cfg.pcie_switch, link_spec, tp)
     kernels = getattr(hw_cfg, "kernels", "datasheet")
@@ -267,6 +269,20 @@ def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile |
         return hw
     cpu, host_sources = resolve_host(hw_cfg.host or gpu.host, profile)
     return replace(hw, host_cpu=cpu, sources={**hw.sources, **host_sources})
+
+
+def _with_interconnect(hw: Hardware, gpu: GpuSpec, tp: int) -> Hardware:
+    """The TP group's all-reduce: the engine's custom all-reduce fitted on measured tables where they
+    cover the GPU, else the catalog fabric's NCCL ring figures."""
+    fit = catalog.fitted_kernels().get(gpu.name)
+    ar = fit.allreduce.get("custom") if fit else None
+    if ar is None:
+        fabric = catalog.interconnect(gpu.interconnect)
+        return replace(hw, tp=tp, interconnect_bytes_per_s=fabric.bus_bytes_per_s, interconnect_hop_s=fabric.per_hop_latency_s,
+                       sources={**hw.sources, "interconnect": f"catalog {fabric.name}: {fabric.source}"})
+    return replace(hw, tp=tp, interconnect_bytes_per_s=ar.bus_bytes_per_s, interconnect_hop_s=ar.floor_per_gpu_s / 2,
+                   allreduce_floor_s=ar.floor_s,
+                   sources={**hw.sources, "interconnect": ar.says("custom all-reduces (vLLM)")})
 
 
 def with_measured_kernels(hw: Hardware) -> Hardware:
@@ -326,6 +342,7 @@ class _Figures:
     attention_hbm_efficiency: Sourced[float]
     attention_hbm_bytes_per_s: Sourced[float]
     gemm_flop_per_s: Sourced[_Gemm]
+    gemm_floor_s: Sourced[float]
     attention_flop_efficiency: Sourced[float]
     attention_latency_s: Sourced[float]
     dequant_ops_per_weight: Sourced[float]
@@ -349,18 +366,31 @@ class _Figures:
 
 
 def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyDefaults) -> _Figures:
-    """Datasheet x default efficiency, or the scenario's override of each."""
+    """Datasheet x efficiency - fitted on measured kernel tables where they cover the GPU
+    (`catalog.fitted_kernels`), the default elsewhere - or the scenario's override of each."""
     ov = hw_cfg.efficiency
-    w_eff = Sourced(eff.weight_hbm_efficiency[weight_dtype], "default efficiency").override(ov.weight_hbm_efficiency)
-    a_eff = Sourced(eff.attention_hbm_efficiency, "default efficiency").override(ov.attention_hbm_efficiency)
-    f_eff = Sourced(eff.attention_flop_efficiency, "default efficiency").override(ov.attention_flop_efficiency)
     fp8 = bool(weight_dtype in FP8_COMPUTE_WEIGHT_DTYPES and gpu.fp8_flop_per_s)
     peak, peak_name = (gpu.fp8_flop_per_s, "fp8") if fp8 else (gpu.bf16_flop_per_s, "bf16")
+    fit = catalog.fitted_kernels().get(gpu.name)
+    g = fit.gemm.get(peak_name) if fit else None  # weight-only int8/int4 run a bf16 MMA: the bf16 fit
+    a = fit.attention if fit else None
+    w_eff = (Sourced(g.weight_hbm_efficiency, g.says(f"{peak_name} GEMMs")) if g else
+             Sourced(eff.weight_hbm_efficiency[weight_dtype], "default efficiency")).override(ov.weight_hbm_efficiency)
+    a_eff = (Sourced(a.hbm_efficiency, a.says("decode attention")) if a else
+             Sourced(eff.attention_hbm_efficiency, "default efficiency")).override(ov.attention_hbm_efficiency)
+    f_eff = Sourced(eff.attention_flop_efficiency, "default efficiency").override(ov.attention_flop_efficiency)
     gemm = Sourced(_Gemm(peak, eff.gemm_flop_efficiency_by_rows),
                    f"datasheet {gpu.name} {peak_name} peak x default efficiency by rows")
+    if g:  # the default curve's shape, scaled to this GPU's fitted plateau
+        top = max(e for _, e in eff.gemm_flop_efficiency_by_rows)
+        gemm = Sourced(_Gemm(peak, [(r, e * g.flop_efficiency / top) for r, e in eff.gemm_flop_efficiency_by_rows]),
+                       f"datasheet {gpu.name} {peak_name} peak x the default curve by rows, its plateau "
+                       + g.says(f"{peak_name} GEMMs"))
     if ov.gemm_flop_efficiency is not None:  # one fraction at every row count
         gemm = Sourced(_Gemm(peak, [(1.0, ov.gemm_flop_efficiency)]),
                        f"datasheet {gpu.name} {peak_name} peak x {SCENARIO}", pinned=True)
+    floor = Sourced(g.floor_s, g.says(f"{peak_name} GEMMs")) if g else Sourced(eff.gemm_floor_s, "default (derived)")
+    latency = Sourced(a.floor_s, a.says("decode attention")) if a else Sourced(eff.attention_latency_s, "default (derived)")
     host_memory = Sourced(eff.default_host_memory_bytes, "default")
     if gpu.host_memory_bytes:
         host_memory = Sourced(gpu.host_memory_bytes, "datasheet")
@@ -372,8 +402,9 @@ def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyD
         attention_hbm_efficiency=a_eff,
         attention_hbm_bytes_per_s=_hbm_rate(gpu, a_eff),
         gemm_flop_per_s=gemm,
+        gemm_floor_s=floor.override(ov.gemm_floor_s),
         attention_flop_efficiency=f_eff,
-        attention_latency_s=Sourced(eff.attention_latency_s, "default (assumed)").override(ov.attention_latency_s),
+        attention_latency_s=latency.override(ov.attention_latency_s),
         dequant_ops_per_weight=dequant.override(ov.dequant_ops_per_weight),
         weight_kernel=kernel,
         weight_kernel_by_rows=Sourced(None, "modelled: weight streaming vs dequantisation + MMA"),
@@ -546,4 +577,5 @@ def _assemble(gpu: GpuSpec, link_spec: LinkSpec, figs: _Figures, h2d: LinkModel,
         weight_kernel=figs.weight_kernel.value, dequant_ops_per_weight=figs.dequant_ops_per_weight.value,
         weight_kernel_bytes_per_s_by_rows=figs.weight_kernel_by_rows.value,
         dequant_op_per_s=gpu.fp32_flop_per_s / FLOP_PER_MAC, attention_latency_s=figs.attention_latency_s.value,
+        gemm_floor_s=figs.gemm_floor_s.value,
     )

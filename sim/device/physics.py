@@ -20,6 +20,7 @@ from .hardware import Hardware
 from .host_pipeline import HostLayer, HostStepTimes, host_pipeline
 
 ALLREDUCES_PER_LAYER = 2  # tensor parallelism: after the attention output and after the MLP down projection
+GEMM_CALLS_PER_LAYER = 4  # qkv, o, gate_up, down as engines fuse them (an MoE layer's experts: counted as these)
 ACTIVATION_BYTES = 2  # bf16 activations all-reduced
 
 
@@ -109,7 +110,7 @@ def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
         return measured_s
     if hw.kernels is not None and not model.is_moe and weight_dtype in hw.kernels.gemm_dtypes():
         return _measured_gemms_s(hw.kernels, tuple(model.layer_gemm_shapes()), weight_dtype, int(rows))
-    return weight_gemm_s(hw, w_bytes, params_read, gemm_flop(model, rows), rows)
+    return weight_gemm_s(hw, w_bytes, params_read, gemm_flop(model, rows), rows, GEMM_CALLS_PER_LAYER)
 
 
 @lru_cache(maxsize=8192)
@@ -119,11 +120,12 @@ def _measured_gemms_s(kernels, shapes: tuple[tuple[int, int], ...], weight_dtype
     return float(kernels.gemm_s(np.full(len(n), rows), n, k, weight_dtype).seconds.sum())
 
 
-def weight_gemm_s(hw: Hardware, weight_bytes: float, params: float, flop: float, rows: int) -> float:
-    """The datasheet weight kernel (`weight_kernel_s`) of any weight matrix or set of them:
-    max(weight bytes / streaming rate, params x dequant ops / CUDA-core rate + FLOP / GEMM FLOP/s(rows))."""
+def weight_gemm_s(hw: Hardware, weight_bytes: float, params: float, flop: float, rows: int, calls: int = 1) -> float:
+    """The datasheet weight kernel (`weight_kernel_s`) of any weight matrix or set of them, in `calls`
+    kernel calls: calls x GEMM floor + max(weight bytes / streaming rate, params x dequant ops /
+    CUDA-core rate + FLOP / GEMM FLOP/s(rows))."""
     dequant_s = params * hw.dequant_ops_per_weight / hw.dequant_op_per_s
-    return max(weight_bytes / hw.weight_hbm_bytes_per_s, dequant_s + flop / hw.gemm_flop_per_s(rows))
+    return calls * hw.gemm_floor_s + max(weight_bytes / hw.weight_hbm_bytes_per_s, dequant_s + flop / hw.gemm_flop_per_s(rows))
 
 
 def attention_s(flop: float, kv_bytes: float, hw: Hardware) -> float:
@@ -185,11 +187,11 @@ def qkv_share(model: ModelSpec) -> float:
 
 
 def lm_head_s(model: ModelSpec, hw: Hardware, batch: int) -> float:
-    """LM head per step: max(2 * V * h * B / gemm FLOP/s, V * h * 2 B / weight bandwidth)."""
+    """LM head per step: GEMM floor + max(2 * V * h * B / gemm FLOP/s, V * h * 2 B / weight bandwidth)."""
     if hw.kernels is not None:
         return _measured_gemms_s(hw.kernels, ((model.vocab_size, model.hidden_size),), "bf16", int(batch))
     flop = FLOP_PER_MAC * model.vocab_size * model.hidden_size * batch
-    return roofline_s(flop, model.lm_head_bytes(), hw.gemm_flop_per_s(batch), hw.weight_hbm_bytes_per_s)
+    return hw.gemm_floor_s + roofline_s(flop, model.lm_head_bytes(), hw.gemm_flop_per_s(batch), hw.weight_hbm_bytes_per_s)
 
 
 def step_tail_s(model: ModelSpec, hw: Hardware, batch: int) -> float:

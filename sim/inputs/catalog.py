@@ -101,6 +101,7 @@ class EfficiencyDefaults(_Frozen):
     dequant_ops_per_weight: dict[str, float]  # CUDA-core lane operations per weight of a weight-only kernel
     attention_hbm_efficiency: float
     attention_latency_s: float
+    gemm_floor_s: float  # one GEMM call's floor
     gemm_flop_efficiency_by_rows: list[tuple[float, float]]
     attention_flop_efficiency: float
     layer_overhead_s: float
@@ -120,6 +121,50 @@ class EfficiencyDefaults(_Frozen):
         if bad:
             raise ValueError(f"sources of {', '.join(bad)} must start with one of {', '.join(SOURCE_KINDS)}")
         return self
+
+
+class FitErrors(_Frozen):
+    median: float
+    worst: float
+    mean: float
+    points: int
+
+
+class _Fitted(_Frozen):
+    tune: FitErrors
+    held_out: FitErrors
+
+    def says(self, what: str) -> str:
+        """The figure's source line: what it was fitted on and how well it predicts held-out points."""
+        h = self.held_out
+        return (f"fitted on measured {what} (fitted_kernels.yaml): held-out |error| median {h.median:.1%}, "
+                f"worst {h.worst:.0%}")
+
+
+class FittedGemm(_Fitted):
+    floor_s: float
+    weight_hbm_efficiency: float
+    flop_efficiency: float  # plateau of the default curve by rows
+
+
+class FittedAttention(_Fitted):
+    floor_s: float
+    hbm_efficiency: float
+
+
+class FittedAllReduce(_Fitted):
+    floor_s: float
+    floor_per_gpu_s: float
+    bus_bytes_per_s: float
+
+
+class FittedKernels(_Frozen):
+    """One GPU's datasheet-model constants fitted on measured kernel tables (fitted_kernels.yaml)."""
+
+    source: str
+    gemm: dict[str, FittedGemm]  # by the dtype of the GEMM: bf16, fp8
+    attention: FittedAttention
+    allreduce: dict[str, FittedAllReduce]  # custom, nccl
 
 
 class _ModelEntry(_Frozen):
@@ -185,6 +230,13 @@ def gpus() -> dict[str, GpuSpec]:
 @lru_cache(maxsize=None)
 def links() -> dict[str, LinkSpec]:
     return {e["name"]: LinkSpec(**e) for e in _read_catalog("links.yaml")["links"]}
+
+
+@lru_cache(maxsize=None)
+def fitted_kernels() -> dict[str, FittedKernels]:
+    """{catalog GPU: its fitted kernel constants}; GPUs the measured tables do not cover are absent."""
+    data = _read_catalog("fitted_kernels.yaml")
+    return {gpu: FittedKernels(source=data["source"], **entry) for gpu, entry in data["gpus"].items()}
 
 
 @lru_cache(maxsize=None)

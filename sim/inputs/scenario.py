@@ -68,6 +68,7 @@ class EfficiencyCfg(Strict):
     gemm_flop_efficiency: float | None = Field(None, ge=MIN_EFFICIENCY, le=1.0)
     attention_flop_efficiency: float | None = Field(None, ge=MIN_EFFICIENCY, le=1.0)
     attention_latency_s: float | None = Field(None, ge=0.0, le=MAX_OVERHEAD_S)  # floor of one decode-attention call
+    gemm_floor_s: float | None = Field(None, ge=0.0, le=MAX_OVERHEAD_S)  # floor of one GEMM call
     dequant_ops_per_weight: float | None = Field(None, ge=0.0, le=1000.0)  # CUDA-core operations per weight, weight-only kernels
     layer_overhead_s: float | None = Field(None, ge=0.0, le=MAX_OVERHEAD_S)
     host_layer_s: float | None = Field(None, ge=0.0, le=MAX_OVERHEAD_S)  # host time to enqueue a layer (eager); max with device time

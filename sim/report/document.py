@@ -45,7 +45,8 @@ def _projection_section(grid: GridResult) -> str:
     spec = grid.spec
     intro = (f"Every point is the simulator's fast projection (sim.decode.projection) of a decode of {spec.prompt_tokens} prompt tokens "
              f"plus the selected reasoning length per sequence, all sequences of the batch the same length; max batch is the "
-             f"largest batch whose peak HBM fits. GPUs use datasheet figures times default efficiencies unless marked measured. "
+             f"largest batch whose peak HBM fits. GPUs use datasheet figures times efficiencies fitted on measured kernel "
+             f"tables where those cover the GPU (H100, H200, A100, L40S, B200; defaults elsewhere) unless marked measured. "
              f"Pick the model, weights, GPU and length above the figures; every figure follows.")
     for g in grid.gpus:
         if g.profile is not None:
