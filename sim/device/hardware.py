@@ -13,12 +13,12 @@ from typing import Generic, TypeVar
 
 from sim.inputs import catalog
 from sim.inputs.catalog import EfficiencyDefaults, GpuSpec, LinkSpec
-from sim.inputs.kernel_tables import PACKAGE, load_tables, system_for, tables_available
+from sim.inputs.kernel_tables import PACKAGE, system_for, tables_available
 from sim.inputs.profile import ComputeProfile, CopyCurve, Profile
 from sim.model.dtypes import FP8_COMPUTE_WEIGHT_DTYPES, WEIGHT_DTYPES
 from sim.model.units import FLOP_PER_MAC, GB
 
-from .measured_kernels import MeasuredKernels
+from .measured_kernels import MeasuredKernels, measured_kernels_for
 
 T = TypeVar("T")
 SCENARIO = "scenario override"  # the source of an overridden figure; sim/outputs/run_folder.py lists them by it
@@ -288,9 +288,8 @@ def _with_interconnect(hw: Hardware, gpu: GpuSpec, tp: int) -> Hardware:
 def with_measured_kernels(hw: Hardware) -> Hardware:
     """`hw` with AIConfigurator's measured tables for its GPU's GEMMs, decode attention and
     all-reduce (`physics` asks them where they apply; everything else stays datasheet)."""
-    tables = load_tables(hw.gpu.name)
-    fabric = catalog.interconnect(hw.gpu.interconnect)
-    kernels = MeasuredKernels(tables, hw.gpu, fabric.bus_bytes_per_s)
+    kernels = measured_kernels_for(hw.gpu.name)
+    tables = kernels.tables
     what = (f"measured: {PACKAGE} {tables.package_version} {tables.system} ({tables.device}) "
             f"{tables.framework} {tables.framework_version}: dense GEMMs (bf16, fp8), decode attention, custom "
             f"all-reduce; datasheet: prefill attention, MoE and weight-only GEMMs, per-layer overheads")

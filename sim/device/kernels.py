@@ -16,15 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from sim.inputs import catalog
 from sim.inputs.errors import ConfigError
-from sim.inputs.kernel_tables import load_tables
 from sim.inputs.scenario import HardwareCfg
 from sim.model.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
 from .hardware import Hardware, resolve_hardware
-from .measured_kernels import MeasuredKernels
+from .measured_kernels import MeasuredKernels, measured_kernels_for
 from .physics import attention_s, weight_gemm_s
 
 KERNELS = ("datasheet", "measured")
@@ -92,11 +90,9 @@ def datasheet_cost(gpu: str, op: Operator) -> OpCost:
     return OpCost(hw.allreduce_s(op.nbytes), "datasheet: Hardware.allreduce_s (ring: catalog interconnect busbw + per-hop latency)")
 
 
-@lru_cache(maxsize=16)
 def measured_kernels(gpu: str) -> MeasuredKernels:
     """The measured tables of a catalog GPU (a ConfigError where none cover it or the extra is missing)."""
-    spec = catalog.gpu(gpu)
-    return MeasuredKernels(load_tables(spec.name), spec, catalog.interconnect(spec.interconnect).bus_bytes_per_s)
+    return measured_kernels_for(gpu)
 
 
 def measured_cost(gpu: str, op: Operator) -> OpCost:

@@ -9,12 +9,13 @@ it fell inside the table and which slice it used.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 
+from sim.inputs import catalog
 from sim.inputs.catalog import GpuSpec
-from sim.inputs.kernel_tables import GEMM_DTYPES, KernelTables
+from sim.inputs.kernel_tables import GEMM_DTYPES, KernelTables, load_tables
 from sim.model.dtypes import KV_DTYPES as KV_FORMATS
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
@@ -155,6 +156,14 @@ class MeasuredKernels:
         table = "nccl all_reduce" if impl == "nccl" else "custom_allreduce"
         return Lookup(allreduce_roofline_s(nbytes, gpus, self.bus_bytes_per_s) * ratio, inside & (note == ""),
                       self.tables.source(table), note)
+
+
+@lru_cache(maxsize=16)
+def measured_kernels_for(gpu: str) -> MeasuredKernels:
+    """The measured kernels of a catalog GPU, built once per process (its grids are built on first use
+    and kept); a ConfigError where no table covers the GPU or the `.[measured]` extra is missing."""
+    spec = catalog.gpu(gpu)
+    return MeasuredKernels(load_tables(spec.name), spec, catalog.interconnect(spec.interconnect).bus_bytes_per_s)
 
 
 def _gemm_bytes(dtype: str) -> float:
