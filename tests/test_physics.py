@@ -22,7 +22,9 @@ from sim.inputs.scenario import HardwareCfg
 
 
 def hw(**over):
-    return resolve_hardware(HardwareCfg(gpu="h200-sxm", **over), "bf16", pinned=True)
+    """The H200 under the datasheet model (these tests check its formulas; hardware.kernels: auto would
+    take the measured tables)."""
+    return resolve_hardware(HardwareCfg(gpu="h200-sxm", kernels="datasheet", **over), "bf16", pinned=True)
 
 
 def test_roofline_takes_the_slower_side():

@@ -89,6 +89,7 @@ def test_a_prompt_alone_costs_prefill_plus_the_step_overhead():
 def test_mixed_step_by_hand():
     """8 decodes at 3000 tokens of context each + a 1000-token chunk after a 3000-token prefix, TP 2."""
     sc = serving(model={"name": "llama-3.1-70b"}, parallel={"tp": 2})
+    sc["hardware"] = {**sc.get("hardware", {}), "kernels": "datasheet"}  # the datasheet formulas, by hand
     ctx = build_context(load(sc))
     model, hw, wd, gs = cost_args(ctx)
     kv = ctx.kv_bytes_per_token_layer

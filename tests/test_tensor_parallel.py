@@ -38,7 +38,7 @@ def test_kv_heads_replicate_past_their_count():
 
 
 def test_allreduce_by_hand_and_in_the_layer():
-    sc = load_scenario(SCENARIOS / "h200-70b-int4.yaml", ["parallel.tp=4", "hardware.gpu=h100-sxm"])
+    sc = load_scenario(SCENARIOS / "h200-70b-int4.yaml", ["parallel.tp=4", "hardware.gpu=h100-sxm", "hardware.kernels=datasheet"])
     ctx = build_context(sc)
     hw = ctx.hw
     nbytes = 8 * 8192 * 2  # batch 8 x hidden x bf16

@@ -263,7 +263,8 @@ def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile |
     if getattr(hw_cfg, "pcie_switch", None) is not None:
         hw = _shared_switch(hw, hw_cfg.pcie_switch, link_spec, tp)
     kernels = getattr(hw_cfg, "kernels", "datasheet")
-    if kernels == "measured" or (kernels == "auto" and system_for(gpu.name) is not None and tables_available()):
+    covered = system_for(gpu.name) is not None and tables_available()
+    if kernels == "measured" or (kernels == "auto" and covered and profile is None):  # a profile: your own GPU, measured
         hw = with_measured_kernels(hw)
     if not with_host:
         return hw

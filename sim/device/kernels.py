@@ -69,7 +69,7 @@ class OpCost:
 @lru_cache(maxsize=64)
 def datasheet_hardware(gpu: str, weight_dtype: str = "bf16", tp: int = 1) -> Hardware:
     """The catalog GPU as a run resolves it with no scenario overrides and no profile."""
-    return resolve_hardware(HardwareCfg(gpu=gpu), weight_dtype, pinned=True, tp=tp)
+    return resolve_hardware(HardwareCfg(gpu=gpu, kernels="datasheet"), weight_dtype, pinned=True, tp=tp)
 
 
 def datasheet_cost(gpu: str, op: Operator) -> OpCost:

@@ -95,11 +95,12 @@ class HardwareCfg(Strict, QuietDefaults):
     copy_engines: int | None = Field(None, ge=1, le=COPY_ENGINES_MAX)
     efficiency: EfficiencyCfg = EfficiencyCfg()
     pcie_switch: PcieSwitchCfg | None = None  # None: every GPU has its host link to itself
-    # operator costs: kvtier's datasheet model, AIConfigurator's measured kernel tables (.[measured]; an
-    # error where none cover the GPU), or auto: measured where they do, datasheet elsewhere
-    kernels: Literal["datasheet", "measured", "auto"] = "datasheet"
+    # operator costs: auto (the default) - AIConfigurator's measured kernel tables (.[measured]) where they
+    # cover the GPU and no profile is given, kvtier's datasheet model elsewhere; measured (an error where
+    # no table covers the GPU); datasheet (the model, fitted constants where the tables cover the GPU)
+    kernels: Literal["datasheet", "measured", "auto"] = "auto"
 
-    QUIET_DEFAULTS = {"pcie_switch": None, "kernels": "datasheet"}
+    QUIET_DEFAULTS = {"pcie_switch": None, "kernels": "auto"}
 
 
 class WorkloadCfg(Strict, QuietDefaults):
