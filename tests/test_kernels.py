@@ -150,6 +150,41 @@ def test_measured_path_predicts_held_out_kernels_within_goal(gpu):
         assert p["tables_err"].abs().median() < p["datasheet_err"].abs().median(), family
 
 
+def _own_profile():
+    from sim.inputs.profile import AttentionPoint, ComputeProfile, GemmPoint, Profile
+
+    g = GemmPoint(m=8, n=512, k=3584, dtype="bf16", time_s=2e-5, flop_per_s=1e12, weight_bytes_per_s=1e11)
+    a = AttentionPoint(batch=2, context_tokens=1024, num_heads=28, num_kv_heads=4, head_dim=128, dtype="bf16",
+                       time_s=3e-5, kv_bytes_per_s=1e11, backend="test")
+    return Profile(device="cuda", device_name="NVIDIA H200", machine="t", created_utc="2026-12-01T00:00:00Z",
+                   compute=ComputeProfile(gemm_points=[g], attention_points=[a]))
+
+
+def test_a_profiles_own_kernels_are_a_measured_source_of_the_same_schema():
+    """hwprobe calibrate's timed GEMMs and attention read as kernel tables (`tables_from_profile`):
+    at its points the measured answer is the profile's time; what it did not time says so."""
+    from sim.device.kernels import profile_kernels
+
+    mk = profile_kernels(_own_profile(), "h200-sxm")
+    gemm = measured_cost("h200-sxm", Gemm(8, 512, 3584, "bf16"), mk)
+    assert gemm.seconds == pytest.approx(2e-5, rel=1e-12) and "hwprobe profile of cuda NVIDIA H200" in gemm.source
+    att = measured_cost("h200-sxm", DecodeAttention(2, 1024, 28, 4, 128, "bf16"), mk)
+    assert att.seconds == pytest.approx(3e-5, rel=1e-12)
+    ar = measured_cost("h200-sxm", AllReduce(1e6, 4), mk)
+    assert ar.seconds == datasheet_cost("h200-sxm", AllReduce(1e6, 4)).seconds and "no measured all-reduce" in ar.note
+
+
+def test_ops_with_a_cpu_profile_says_it_is_not_the_gpu(tmp_path):
+    from sim.inputs.profile import profile_to_yaml
+
+    cpu = _own_profile().model_copy(update={"device": "cpu", "device_name": "AMD EPYC"})
+    path = tmp_path / "p.yaml"
+    path.write_text(profile_to_yaml(cpu))
+    res = run_cli("ops", "gemm", "--m", "8", "--n", "512", "--k", "3584", "--profile", str(path), "--kernels", "measured")
+    assert res.returncode == 0, res.stderr
+    assert "not a GPU" in res.stderr and "hwprobe profile of cpu AMD EPYC" in res.stdout
+
+
 # ---- kvsim ops ------------------------------------------------------------------------------------
 def test_ops_prints_the_datasheet_figure_and_json():
     res = run_cli("ops", "gemm", "--m", "1", "--n", "4096", "--k", "4096", "--kernels", "datasheet", "--json")

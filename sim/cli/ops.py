@@ -5,6 +5,7 @@ anyone can hold kvtier against a measured table without importing its internals.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import sys
@@ -37,16 +38,24 @@ def ops(
     csv_in: Optional[Path] = typer.Option(None, "--csv", help="operators, one per row (columns as the flags: op, gpu, m, n, k, ...)"),
     out: Optional[Path] = typer.Option(None, "--out", help="with --csv: write the predictions here (default stdout)"),
     kernels: str = typer.Option("both", "--kernels", help=KERNELS_HELP),
+    profile: Optional[Path] = typer.Option(None, "--profile", help="measured: the kernels a hwprobe calibrate profile timed "
+                                           "on your own device, instead of AIConfigurator's tables"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
     """Predicted time of one operator call (a GEMM, one layer's decode attention, an all-reduce)."""
-    from sim.device.kernels import KERNELS, predict
-    from sim.inputs.op_queries import op_query, read_op_csv
-    from sim.outputs.run_folder import check_out_path
+    from sim.device.kernels import KERNELS, predict, profile_kernels
+    from sim.inputs import catalog
+    from sim.inputs.op_queries import op_query
+    from sim.inputs.profile import device_mismatch, load_profile
 
     chosen = KERNELS if kernels == "both" else (kernels,)
     if any(kind not in KERNELS for kind in chosen):
         raise ConfigError(f"expected one of datasheet, measured, both; got {kernels!r}", field="--kernels")
+    prof = load_profile(profile) if profile is not None else None
+    tables = functools.lru_cache(lambda gpu: profile_kernels(prof, gpu))  # built once per GPU, not per row
+    own = (lambda q: tables(q.gpu)) if prof is not None else (lambda q: None)
+    if prof is not None and (mismatch := device_mismatch(prof, catalog.gpu(gpu))):
+        print(f"kvsim: ops: note: {mismatch}", file=sys.stderr)  # never a GPU number from a CPU
     if csv_in is None:
         if op is None:
             raise ConfigError("give an operator (gemm, attention, allreduce) or --csv FILE", field="OP")
@@ -54,14 +63,23 @@ def ops(
                   "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "kv_dtype": kv_dtype, "bytes": nbytes,
                   "gpus": gpus, "impl": impl}
         q = op_query(values, "kvsim ops")
-        _print_one(q, predict(q, chosen), chosen, as_json)
+        _print_one(q, predict(q, chosen, own(q)), chosen, as_json)
         return
     if op is not None:
         raise ConfigError("give an operator or --csv, not both", field="--csv")
+    _ops_csv(csv_in, out, lambda q: predict(q, chosen, own(q)), as_json)
+
+
+def _ops_csv(csv_in: Path, out: Path | None, predicted, as_json: bool) -> None:
+    """The CSV path: every row's prediction beside its columns, on stdout or written atomically."""
+    from sim.inputs.op_queries import read_op_csv
+    from sim.outputs.atomic import write_text_atomic
+    from sim.outputs.run_folder import check_out_path
+
     if out is not None:
         check_out_path(out, folder=False)
     queries, rows = read_op_csv(csv_in)
-    table = [{**row, **predict(q, chosen)} for q, row in zip(queries, rows)]
+    table = [{**row, **predicted(q)} for q, row in zip(queries, rows)]
     if as_json:
         print(json.dumps(table, indent=2))
     text = _csv_text(table)
@@ -69,8 +87,6 @@ def ops(
         if not as_json:
             sys.stdout.write(text)
         return
-    from sim.outputs.atomic import write_text_atomic
-
     write_text_atomic(out, text)
     print(f"kvsim: ops: {len(table)} operators predicted, wrote {out}", file=sys.stderr)
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from sim.inputs import catalog
 from sim.inputs.errors import ConfigError
+from sim.inputs.kernel_tables import tables_from_profile
 from sim.inputs.scenario import HardwareCfg
 from sim.model.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
@@ -95,23 +97,30 @@ def measured_kernels(gpu: str) -> MeasuredKernels:
     return measured_kernels_for(gpu)
 
 
-def measured_cost(gpu: str, op: Operator) -> OpCost:
-    mk = measured_kernels(gpu)
+def measured_cost(gpu: str, op: Operator, mk: MeasuredKernels | None = None) -> OpCost:
+    """The measured tables' answer: AIConfigurator's for `gpu`, or `mk` (a profile's own tables)."""
+    mk = mk or measured_kernels(gpu)
     if isinstance(op, Gemm):
-        if op.dtype not in mk.gemm_dtypes():
+        if op.dtype not in mk.gemm_dtypes() or not len(mk.tables.gemm):
             d = datasheet_cost(gpu, op)
             return OpCost(d.seconds, d.source, False, f"no measured {op.dtype} GEMM table: the datasheet model")
         r = mk.gemm_s(op.m, op.n, op.k, op.dtype)
     elif isinstance(op, DecodeAttention):
+        if not len(mk.tables.decode_attention):
+            d = datasheet_cost(gpu, op)
+            return OpCost(d.seconds, d.source, False, "no measured attention points: the datasheet model")
         r = mk.decode_attention_s(op.batch, op.kv_tokens, op.heads, op.kv_heads, op.head_dim, op.kv_dtype)
+    elif not mk.allreduce_impls() and op.gpus > 1:
+        d = datasheet_cost(gpu, op)
+        return OpCost(d.seconds, d.source, False, "no measured all-reduce table: the datasheet model")
     else:
         r = mk.allreduce_s(op.nbytes, op.gpus, op.impl)
     note = r.note or ("" if bool(r.inside[0]) else "outside the table: its edge's ratio held")
     return OpCost(float(r.seconds[0]), r.source, bool(r.inside[0]), note)
 
 
-def cost(gpu: str, op: Operator, kernels: str) -> OpCost:
-    return measured_cost(gpu, op) if kernels == "measured" else datasheet_cost(gpu, op)
+def cost(gpu: str, op: Operator, kernels: str, mk: MeasuredKernels | None = None) -> OpCost:
+    return measured_cost(gpu, op, mk) if kernels == "measured" else datasheet_cost(gpu, op)
 
 
 def operator_of(q) -> Operator:
@@ -123,13 +132,19 @@ def operator_of(q) -> Operator:
     return AllReduce(q.bytes, q.gpus, q.impl)
 
 
-def predict(q, kernels: tuple[str, ...]) -> dict:
+def profile_kernels(profile, gpu: str) -> MeasuredKernels:
+    """A `hwprobe calibrate` profile's own timed kernels as measured tables, on `gpu`'s roofline."""
+    spec = catalog.gpu(gpu)
+    return MeasuredKernels(tables_from_profile(profile), spec, catalog.interconnect(spec.interconnect).bus_bytes_per_s)
+
+
+def predict(q, kernels: tuple[str, ...], mk: MeasuredKernels | None = None) -> dict:
     """{`<kernels>_s`, `<kernels>_source`, ...} of one query for each asked kernel model; measured
     fields say so where no table covers the GPU (a ConfigError only when measured is all that was asked)."""
     op, out = operator_of(q), {}
     for kind in kernels:
         try:
-            c = cost(q.gpu, op, kind)
+            c = cost(q.gpu, op, kind, mk)
         except ConfigError as err:
             if len(kernels) == 1:
                 raise ConfigError(err.message, field="--kernels") from None

@@ -41,6 +41,7 @@ SYSTEMS = {"h100-sxm": "h100_sxm", "h200-sxm": "h200_sxm", "a100-80gb-sxm": "a10
 GEMM_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}  # weight dtype -> measured GEMM dtype
 KV_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
 ALLREDUCE_IMPLS = ("custom", "nccl")
+PROFILE_SOURCE = "hwprobe"  # KernelTables.framework of tables read from a `hwprobe calibrate` profile
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,8 @@ class KernelTables:
 
     def source(self, table: str) -> str:
         """Where a figure came from, for `sources` and `kvsim ops`."""
+        if self.framework == PROFILE_SOURCE:
+            return f"measured: hwprobe profile of {self.device} ({self.framework_version}) {table}"
         ver = self.nccl_version if table == "nccl all_reduce" else f"{self.framework} {self.framework_version}"
         return f"measured: {PACKAGE} {self.package_version} {self.system} ({self.device}) {ver} {table}"
 
@@ -101,6 +104,24 @@ def _load(system: str) -> KernelTables:
     return KernelTables(system=system, device=str(gemm["device"].iloc[0]), framework=FRAMEWORK, framework_version=ver,
                         package_version=version(PACKAGE), gemm=_gemm(gemm), decode_attention=_decode_attention(attn),
                         allreduce={k: v for k, v in allreduce.items() if v is not None}, nccl_version=nccl_version or None)
+
+
+def tables_from_profile(profile) -> KernelTables:
+    """The kernels a `hwprobe calibrate` profile timed on the user's own device, as tables of the
+    same schema: its decode GEMM points (m tokens, n outputs, k reduction; bf16 and fp8) and decode
+    attention points (batch sequences of context_tokens each). It times no all-reduce."""
+    by_dtype = {v: k for k, v in GEMM_DTYPES.items() if k != "fp16"} | {"bf16": "bf16", "fp8": "fp8"}
+    gemm = pd.DataFrame([{"dtype": by_dtype[g.dtype], "m": g.m, "n": g.n, "k": g.k, "latency_s": g.time_s}
+                         for g in profile.compute.gemm_points if g.dtype in by_dtype],
+                        columns=["dtype", "m", "n", "k", "latency_s"])
+    attn = pd.DataFrame([{"kv_dtype": a.dtype if a.dtype in KV_DTYPES else "bf16",
+                          "kv_heads": 0 if a.num_kv_heads == a.num_heads else a.num_kv_heads, "head_dim": a.head_dim,
+                          "window": 0, "heads": a.num_heads, "batch": a.batch, "kv_tokens": a.context_tokens,
+                          "latency_s": a.time_s} for a in profile.compute.attention_points],
+                        columns=["kv_dtype", "kv_heads", "head_dim", "window", "heads", "batch", "kv_tokens", "latency_s"])
+    return KernelTables(system="profile", device=f"{profile.device} {profile.device_name}", framework=PROFILE_SOURCE,
+                        framework_version=profile.created_utc, package_version="", gemm=gemm.drop_duplicates(
+                            ["dtype", "m", "n", "k"], keep="first"), decode_attention=attn)
 
 
 def _package_root() -> Path:
