@@ -11,8 +11,10 @@ from sim.inputs.errors import ConfigError
 from sim.model.dtypes import KV_DTYPES, WEIGHT_DTYPES
 
 from .conftest import run_cli
+from .test_layer_kinds import KV_BY_HAND, NEW_MODEL_PARAMS
 
-# FACTS.md model table: KV bytes per token, bf16, all layers.
+# FACTS.md model table: KV bytes per token, bf16, all layers; then the models with layer kinds and
+# experts (issue #22), by hand from their config.json in tests/test_layer_kinds.py (tiered layers only).
 KV_BYTES_BF16 = {
     "deepseek-r1-distill-qwen-7b": 57_344,
     "deepseek-r1-distill-qwen-14b": 196_608,
@@ -22,6 +24,7 @@ KV_BYTES_BF16 = {
     "llama-3.1-70b": 327_680,
     "qwen3-8b": 147_456,
     "qwen3-32b": 262_144,
+    **KV_BY_HAND,
 }
 
 
@@ -45,6 +48,7 @@ PARAMS = {
     "llama-3.1-70b": 70_553_706_496,
     "qwen3-8b": hand_params(36, 4096, 32, 8, 128, 12288, 151936, False, True),
     "qwen3-32b": hand_params(64, 5120, 64, 8, 128, 25600, 151936, False, True),
+    **NEW_MODEL_PARAMS,
 }
 
 

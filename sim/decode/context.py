@@ -10,7 +10,6 @@ from sim.inputs.profile import Profile
 from sim.inputs.scenario import Scenario
 from sim.model.dtypes import COMPRESSED_DTYPES
 from sim.model.spec import ModelSpec
-from sim.model.units import KV_TENSORS
 from sim.tiering.tiers import TierPolicy
 
 
@@ -37,6 +36,30 @@ class RunContext:
     def t2_bytes_per_token(self) -> float:
         return self.t2_bytes_per_token_layer * self.num_layers
 
+    # ---- layers by kind (sim/model/layers.py) ----------------------------------------------
+    # Per-token figures above are the tiered layers' (full, MLA) over all L layers, the mean layer the
+    # engines carry; a dense GQA model's are its layer's. Window and linear layers hold bounded
+    # per-sequence bytes that stay in HBM.
+    @property
+    def tiered_layers(self) -> int:
+        """Layers whose KV tiers per token (all of a dense GQA model's)."""
+        return self.model.tiered_layers
+
+    @property
+    def staged_bytes_per_token_layer(self) -> float:
+        """One token's KV in one tiered layer: what a staging buffer holds per staged token (a dense
+        GQA model: `kv_bytes_per_token_layer` itself)."""
+        if not self.model.layer_kinds:
+            return self.kv_bytes_per_token_layer
+        return self.kv_bytes_per_token / self.tiered_layers if self.tiered_layers else 0.0
+
+    def bounded_bytes(self, tokens, sequences):
+        """HBM of the window and linear layers for `sequences` sequences holding `tokens` in all
+        (`ModelSpec.bounded_bytes`, this run's KV dtype); 0 for a model without them."""
+        if not self.model.has_bounded_layers:
+            return 0.0
+        return self.model.bounded_bytes(tokens, sequences, self.scenario.model.kv_dtype)
+
 
 def build_context(scenario: Scenario, profile: Profile | None = None, profile_path: str | None = None) -> RunContext:
     """Everything is per GPU: with tensor parallelism `model` is one GPU's shard, so weights, KV
@@ -48,8 +71,7 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
     hw = resolve_hardware(scenario.hardware, m.weight_dtype, p.pinned, profile,
                           staging=p.prefetch if stages else "none", with_host=p.access != "prefetch",
                           tp=scenario.parallel.tp)
-    comp = COMPRESSED_DTYPES[p.compressed_dtype]
-    t2_layer = KV_TENSORS * model.num_kv_heads * comp.bytes_for(model.head_dim, min(p.compressed_group_size, model.head_dim))
+    t2_layer = model.compressed_bytes_per_token_layer(COMPRESSED_DTYPES[p.compressed_dtype], p.compressed_group_size)
     return RunContext(
         scenario=scenario, model=model, hw=hw, policy=policy,
         kv_bytes_per_token_layer=model.kv_bytes_per_token_layer(m.kv_dtype),

@@ -3,6 +3,10 @@
 a re-tier's link traffic (`retier_traffic`), the layerwise prefetch pipeline; host access's path
 (`host_path`) and its step closed form with the host DRAM shared (sim/device/host_pipeline.py).
 
+Layers by kind (full, MLA, sliding window, linear state; sim/model/layers.py): decode attention is
+the mean of each kind's call over the L layers (`kinds_attention_s`), prefill likewise
+(`kinds_prefill_flop`); a dense GQA model takes exactly the formulas it always did.
+
 No SimPy here: the engine only schedules what these compute. Formulas are in the docstrings.
 """
 
@@ -13,6 +17,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from sim.model.dtypes import KV_DTYPES
+from sim.model.layers import FULL, LINEAR, MLA, TIERED_KINDS, WINDOW
 from sim.model.spec import ModelSpec
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
@@ -87,8 +93,70 @@ def _layer_weights_read(model: ModelSpec, weight_dtype: str, group_size: int, ro
 
 
 def attention_flop(model: ModelSpec, attended_tokens: int) -> float:
-    """Decode attention FLOP of one layer: sum_b 4 * n_b * H * d (QK^T and PV, 2 FLOP per MAC)."""
+    """Decode attention FLOP of one layer: sum_b 4 * n_b * H * d (QK^T and PV, 2 FLOP per MAC).
+    With layer kinds: what the tiered layers (full, MLA) spend on these tokens, over all L layers / L
+    (the mean layer; `kind_attention_flop_per_token`)."""
+    if model.layer_kinds:
+        per_token = sum(n * kind_attention_flop_per_token(model, k) for k, n in model.kind_counts.items()
+                        if k in TIERED_KINDS)
+        return per_token * attended_tokens / model.num_layers
     return ATTN_MATMULS * FLOP_PER_MAC * attended_tokens * model.num_heads * model.head_dim
+
+
+def kind_attention_flop_per_token(model: ModelSpec, kind: str) -> float:
+    """FLOP one attended token costs one layer of `kind` in decode. Full and window: 4 * H * d (QK^T
+    and PV). MLA, absorbed as engines decode it: 2 * H * (kv_lora_rank + qk_rope_head_dim) for QK^T
+    over the latent + 2 * H * kv_lora_rank for PV. Linear: per sequence, not per token
+    (`LinearShape.state_flop_per_token`), so 0 here."""
+    if kind == MLA:
+        a = model.mla
+        return FLOP_PER_MAC * model.num_heads * (a.latent_dim + a.kv_lora_rank)
+    if kind == LINEAR:
+        return 0.0
+    return ATTN_MATMULS * FLOP_PER_MAC * model.num_heads * model.head_dim
+
+
+@lru_cache(maxsize=256)
+def kv_dtype_of(model: ModelSpec, kv_bytes_per_token_layer: float) -> str:
+    """The KV dtype whose `ModelSpec.kv_bytes_per_token_layer` the engines passed (they pass the run's);
+    bf16 where none gives those bytes (a model with no tiered layer, whose per-token bytes are 0)."""
+    for name in KV_DTYPES:
+        if model.kv_bytes_per_token_layer(name) == kv_bytes_per_token_layer:
+            return name
+    return "bf16"
+
+
+def kinds_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer: float):
+    """Decode attention of a model with layer kinds, as the mean of its L layers' calls (scalars, or
+    arrays over steps):
+      tiered (full, MLA; n_t layers): `kv_bytes` is the mean layer's, so one tiered layer reads
+        kv_bytes x L / n_t, at `kind_attention_flop_per_token` x attended tokens;
+      window (n_w): min(attended, B x W) tokens read and B written at its bytes/token/layer (exact when
+        every sequence is at least W long), FLOP as full attention over those tokens;
+      linear (n_l): each sequence's state read and written, 2 x B x state bytes, B x state FLOP;
+    time = sum_kind n_kind x call_kind / L. Full and window layers are GQA calls (`gqa_attention_s`:
+    the measured table where the run has one); MLA and linear layers are the datasheet `attention_s`
+    (kvtier has no measured MLA or linear-attention kernels yet)."""
+    L = model.num_layers
+    arrays = bool(np.ndim(kv_bytes) or np.ndim(attended_tokens) or np.ndim(batch))
+    call = attention_s_array if arrays else attention_s
+    kv_dtype = kv_dtype_of(model, kv_bytes_per_token_layer)
+    total = 0.0
+    for kind, n in model.kind_counts.items():
+        if kind == LINEAR:
+            flop = np.asarray(batch, dtype=float) * model.linear.state_flop_per_token
+            t = call(flop if arrays else float(flop), 2 * batch * model.linear.state_bytes, hw)
+        elif kind == MLA:
+            flop = kind_attention_flop_per_token(model, MLA) * np.asarray(attended_tokens, dtype=float)
+            t = call(flop if arrays else float(flop), kv_bytes * L / model.tiered_layers, hw)
+        else:
+            tokens = attended_tokens if kind == FULL else np.minimum(attended_tokens, batch * model.sliding_window)
+            per_token = model.kind_kv_bytes_per_token_layer(kind, kv_dtype)
+            nbytes = kv_bytes * L / model.tiered_layers if kind == FULL else (tokens + batch) * per_token
+            flop = kind_attention_flop_per_token(model, kind) * np.asarray(tokens, dtype=float)
+            t = gqa_attention_s(model, hw, batch, tokens, nbytes, per_token, flop if arrays else float(flop))
+        total = total + n * t
+    return total / L
 
 
 def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, rows: int) -> float:
@@ -108,7 +176,7 @@ def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
     measured_s = hw.measured_weight_kernel_s(w_bytes, rows)
     if measured_s is not None:  # a profile timed this dtype's kernel across rows
         return measured_s
-    if hw.kernels is not None and not model.is_moe and weight_dtype in hw.kernels.gemm_dtypes():
+    if hw.kernels is not None and model.gqa_gemms and weight_dtype in hw.kernels.gemm_dtypes():
         return _measured_gemms_s(hw.kernels, tuple(model.layer_gemm_shapes()), weight_dtype, int(rows))
     return weight_gemm_s(hw, w_bytes, params_read, gemm_flop(model, rows), rows, GEMM_CALLS_PER_LAYER)
 
@@ -145,11 +213,22 @@ def decode_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, k
     """One layer's decode attention of `batch` sequences attending `attended_tokens` in all, reading
     and writing `kv_bytes` (scalars, or arrays over steps). Datasheet: `attention_s`. Measured
     kernels: the table's call at the batch's mean context per sequence, plus what the table's kernel
-    does not move (T2's dequantisation traffic) at the datasheet attention rate."""
+    does not move (T2's dequantisation traffic) at the datasheet attention rate. A model with layer
+    kinds: `kinds_attention_s`."""
+    if model.layer_kinds:
+        return kinds_attention_s(model, hw, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer)
+    return gqa_attention_s(model, hw, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer,
+                           attention_flop(model, attended_tokens))
+
+
+def gqa_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer: float,
+                    flop):
+    """One GQA layer's decode attention (`decode_attention_s` of a dense model; a full or window layer
+    of a model with kinds), its FLOP given: the measured table where the run has one, else `attention_s`."""
     if hw.kernels is None or np.all(np.asarray(batch) <= 0):
         if np.ndim(kv_bytes):
-            return attention_s_array(attention_flop(model, attended_tokens), kv_bytes, hw)
-        return attention_s(attention_flop(model, attended_tokens), kv_bytes, hw)
+            return attention_s_array(flop, kv_bytes, hw)
+        return attention_s(flop, kv_bytes, hw)
     b = np.maximum(np.asarray(batch, dtype=float), 1.0)
     per_seq = np.maximum(np.asarray(attended_tokens, dtype=float) / b, 1.0)
     element = kv_bytes_per_token_layer / (2 * model.num_kv_heads * model.head_dim)
@@ -182,8 +261,9 @@ def decode_layer_cost(
 
 @lru_cache(maxsize=64)
 def qkv_share(model: ModelSpec) -> float:
-    """Share of a layer's linear work in the q/k/v projection: h * (q_dim + 2 kv_dim) / linear params."""
-    return model.hidden_size * (model.q_dim + 2 * model.kv_dim) / _active_linear_params(model)
+    """Share of a layer's linear work in the q/k/v projection: h * (q_dim + 2 kv_dim) / linear params
+    (layer kinds: `ModelSpec.qkv_params_layer`, the mean layer's)."""
+    return model.qkv_params_layer() / _active_linear_params(model)
 
 
 def lm_head_s(model: ModelSpec, hw: Hardware, batch: int) -> float:
@@ -206,7 +286,10 @@ def prefill_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int
     if prompt_tokens <= 0:
         return 0.0
     rows = batch * prompt_tokens
-    causal_flop = batch * ATTN_MATMULS * FLOP_PER_MAC * model.num_heads * model.head_dim * prompt_tokens * (prompt_tokens + 1) / 2
+    if model.layer_kinds:
+        causal_flop = kinds_prefill_flop(model, batch, prompt_tokens)
+    else:
+        causal_flop = batch * ATTN_MATMULS * FLOP_PER_MAC * model.num_heads * model.head_dim * prompt_tokens * (prompt_tokens + 1) / 2
     per_layer = (
         weight_kernel_s(model, hw, weight_dtype, group_size, rows)
         + ALLREDUCES_PER_LAYER * hw.allreduce_s(rows * model.hidden_size * ACTIVATION_BYTES)
@@ -214,6 +297,21 @@ def prefill_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int
         + hw.layer_overhead_s
     )
     return model.num_layers * per_layer + lm_head_s(model, hw, batch)
+
+
+def kinds_prefill_flop(model: ModelSpec, batch: int, prompt_tokens: int) -> float:
+    """Causal attention FLOP of B prompts of P tokens in the mean layer of a model with kinds: tiered
+    layers sum_{i<=P} i tokens attended (P (P + 1) / 2), window layers sum_{i<=P} min(i, W), linear
+    layers P state updates; each at its kind's FLOP, summed over the layers / L."""
+    P, W = prompt_tokens, model.sliding_window
+    flop = 0.0
+    for kind, n in model.kind_counts.items():
+        if kind == LINEAR:
+            flop += n * P * model.linear.state_flop_per_token
+            continue
+        pairs = P * (P + 1) / 2 if kind != WINDOW else (min(P, W) * (min(P, W) + 1) / 2 + max(P - W, 0) * W)
+        flop += n * kind_attention_flop_per_token(model, kind) * pairs
+    return batch * flop / model.num_layers
 
 
 KV_SPLIT_COPIES = 2  # the paper's prototype copies K and V as separate tensors
@@ -429,11 +527,25 @@ def prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_
     FLOP = 4 * H * d * sum over chunk tokens of i  (a whole prompt of P: 2 * P (P + 1) * H * d, as `prefill_s`),
     bytes = (prefix + chunk tokens) x KV bytes/token/layer (the prefix read, the chunk written),
     time = max(FLOP / attention FLOP/s, bytes / attention bytes/s): compute-bound for all but short
-    chunks behind a long prefix."""
+    chunks behind a long prefix. With layer kinds: the tiered layers as above (`attention_flop`, the
+    mean layer's), window layers at most min(position sum, kv tokens x W) tokens attended and linear
+    layers at most kv tokens state updates - upper bounds, the chunk's own token count not being
+    known here."""
     if position_sum <= 0:
         return 0.0
     flop = attention_flop(model, position_sum)
+    if model.layer_kinds:
+        flop += _bounded_prefill_flop(model, position_sum, kv_tokens)
     return roofline_s(flop, kv_tokens * kv_bytes_per_token_layer, hw.attention_flop_per_s, hw.attention_hbm_bytes_per_s)
+
+
+def _bounded_prefill_flop(model: ModelSpec, position_sum: float, kv_tokens: float) -> float:
+    """The mean layer's window and linear prefill FLOP of `prefill_attention_s` (upper bounds)."""
+    counts = model.kind_counts
+    flop = counts.get(WINDOW, 0) * kind_attention_flop_per_token(model, WINDOW) * min(position_sum, kv_tokens * model.sliding_window)
+    if counts.get(LINEAR):
+        flop += counts[LINEAR] * kv_tokens * model.linear.state_flop_per_token
+    return flop / model.num_layers
 
 
 def mixed_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, prefetch: str,

@@ -13,6 +13,7 @@ from sim.model.spec import ModelSpec
 from sim.model.units import MiB
 
 from .errors import ConfigError
+from .hf_config import config_from_mapping, spec_from_config
 from .hf_config import model_from_hf_config as from_hf
 
 
@@ -199,6 +200,24 @@ class _ModelEntry(_Frozen):
         )
 
 
+class _ConfigModelEntry(_Frozen):
+    """A catalog model given by its config.json fields (`config:`, the file's own names and values),
+    read by the same code as a config.json on disk: layers by kind, experts, MLA."""
+
+    name: str
+    aliases: list[str] = []
+    source: str
+    config: dict
+
+    def spec(self) -> ModelSpec:
+        cfg = config_from_mapping(self.config, source=f"sim/catalog/models.yaml: {self.name}")
+        return spec_from_config(cfg, self.name, self.source)
+
+
+def _entry(e: dict) -> ModelSpec:
+    return (_ConfigModelEntry(**e) if "config" in e else _ModelEntry(**e)).spec()
+
+
 def _read_catalog(filename: str) -> dict:
     text = resources.files("sim").joinpath("catalog", filename).read_text()
     return yaml.safe_load(text)
@@ -210,7 +229,7 @@ def _key(name: str) -> str:
 
 @lru_cache(maxsize=None)
 def models() -> dict[str, ModelSpec]:
-    return {e["name"]: _ModelEntry(**e).spec() for e in _read_catalog("models.yaml")["models"]}
+    return {e["name"]: _entry(e) for e in _read_catalog("models.yaml")["models"]}
 
 
 @lru_cache(maxsize=None)

@@ -2,7 +2,18 @@
 
 Other keys of a config.json are ignored. Every failure is a ConfigError naming the file and the
 field: a missing field, a boolean or string where a count is expected, a zero or negative count,
-heads that KV heads do not divide, a size beyond sim/inputs/limits.py.
+heads that KV heads do not divide, a size beyond sim/inputs/limits.py, a layer kind kvtier does not
+model, a layer kind without the fields that shape it.
+
+Layers by kind (`sim/model/layers.py`): `layer_types` names each layer's attention
+(`full_attention`, `sliding_attention` with `sliding_window`, `linear_attention` with the
+`linear_*` fields; or Qwen3-Next's `full_attention_interval`); `kv_lora_rank` makes the attention
+layers MLA (with `qk_rope_head_dim`, `qk_nope_head_dim`, `v_head_dim`, optional `q_lora_rank`).
+Mixture of experts: `num_experts` / `num_local_experts` / `n_routed_experts`, `num_experts_per_tok`
+(or gpt-oss's `experts_per_token`), `moe_intermediate_size` (else `intermediate_size`), shared
+experts as `shared_expert_intermediate_size` or `n_shared_experts` x `moe_intermediate_size`, and
+the layers whose MLP stays dense: DeepSeek's `first_k_dense_replace` and `moe_layer_freq`, Qwen's
+`decoder_sparse_step` and `mlp_only_layers`.
 """
 
 from __future__ import annotations
@@ -11,6 +22,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from sim.model.layers import FULL, LINEAR, MLA, WINDOW, LinearShape, MlaShape
 from sim.model.spec import ModelSpec
 
 from .errors import ConfigError
@@ -22,6 +34,7 @@ from .limits import (
     MAX_INTERMEDIATE,
     MAX_LAYERS,
     MAX_TEXT_CHARS,
+    MAX_TOKENS,
     MAX_VOCAB,
 )
 from .reader import read_json
@@ -48,30 +61,134 @@ class HfConfig(BaseModel):
     num_experts_per_tok: int | None = Field(None, ge=1, le=MAX_EXPERTS)
     moe_intermediate_size: int | None = Field(None, ge=1, le=MAX_INTERMEDIATE)
     shared_expert_intermediate_size: int | None = Field(None, ge=0, le=MAX_INTERMEDIATE)
+    experts_per_token: int | None = Field(None, ge=1, le=MAX_EXPERTS)  # gpt-oss's spelling of num_experts_per_tok
+    n_shared_experts: int | None = Field(None, ge=0, le=MAX_EXPERTS)  # DeepSeek: shared experts of moe_intermediate_size
+    first_k_dense_replace: int | None = Field(None, ge=0, le=MAX_LAYERS)  # DeepSeek: the first k layers' MLP is dense
+    moe_layer_freq: int | None = Field(None, ge=1, le=MAX_LAYERS)  # DeepSeek: every n-th layer past them is MoE
+    decoder_sparse_step: int | None = Field(None, ge=1, le=MAX_LAYERS)  # Qwen MoE: every n-th layer is MoE
+    mlp_only_layers: list[int] | None = Field(None, max_length=MAX_LAYERS)  # Qwen MoE: these layers' MLP is dense
+    # layers by kind
+    layer_types: list[str] | None = Field(None, max_length=MAX_LAYERS)
+    sliding_window: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    use_sliding_window: bool | None = None
+    full_attention_interval: int | None = Field(None, ge=1, le=MAX_LAYERS)  # Qwen3-Next: every n-th layer is full
+    kv_lora_rank: int | None = Field(None, ge=1, le=MAX_HEAD_DIM)
+    q_lora_rank: int | None = Field(None, ge=1, le=MAX_HEAD_DIM)
+    qk_rope_head_dim: int | None = Field(None, ge=1, le=MAX_HEAD_DIM)
+    qk_nope_head_dim: int | None = Field(None, ge=1, le=MAX_HEAD_DIM)
+    v_head_dim: int | None = Field(None, ge=1, le=MAX_HEAD_DIM)
+    linear_num_key_heads: int | None = Field(None, ge=1, le=MAX_HEADS)
+    linear_num_value_heads: int | None = Field(None, ge=1, le=MAX_HEADS)
+    linear_key_head_dim: int | None = Field(None, ge=1, le=MAX_HEAD_DIM)
+    linear_value_head_dim: int | None = Field(None, ge=1, le=MAX_HEAD_DIM)
+    linear_conv_kernel_dim: int | None = Field(None, ge=1, le=MAX_HEAD_DIM)
 
     @property
     def experts(self) -> int:
         return self.num_experts or self.num_local_experts or self.n_routed_experts or 0
 
+    @property
+    def top_k(self) -> int | None:
+        return self.num_experts_per_tok or self.experts_per_token
+
 
 def _check_shapes(cfg: HfConfig, source: str) -> None:
     """What the fields must satisfy together."""
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    if cfg.kv_lora_rank is not None:  # MLA: the latent is one KV head shared by all query heads
+        kv = None
     if kv is not None and (kv > heads or heads % kv):
         raise ConfigError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}",
                           source=source, field="num_key_value_heads")
-    if cfg.head_dim is None and cfg.hidden_size % heads:
+    if cfg.head_dim is None and cfg.kv_lora_rank is None and cfg.hidden_size % heads:
         raise ConfigError(f"hidden_size {cfg.hidden_size} is not a multiple of num_attention_heads {heads} "
                           f"and no head_dim is given", source=source, field="hidden_size")
     if not cfg.experts:
         if cfg.intermediate_size is None:
             raise ConfigError("Field required (a dense model)", source=source, field="intermediate_size")
         return
-    if cfg.num_experts_per_tok is None or cfg.num_experts_per_tok > cfg.experts:
+    if cfg.top_k is None or cfg.top_k > cfg.experts:
         raise ConfigError(f"expected 1 to {cfg.experts} (the experts of a mixture-of-experts model)",
                           source=source, field="num_experts_per_tok")
     if cfg.moe_intermediate_size is None and cfg.intermediate_size is None:
         raise ConfigError("Field required (a mixture-of-experts model)", source=source, field="moe_intermediate_size")
+    if _dense_mlp_layers(cfg) and cfg.intermediate_size is None:
+        raise ConfigError("Field required (the dense MLP of first_k_dense_replace / mlp_only_layers)", source=source,
+                          field="intermediate_size")
+
+
+LAYER_TYPES = {"full_attention": FULL, "sliding_attention": WINDOW, "linear_attention": LINEAR}
+MLA_FIELDS = ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+LINEAR_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
+
+
+def _layer_types(cfg) -> list[str]:
+    """config.json's name of every layer's attention: `layer_types`, else every `full_attention_interval`-th
+    layer full and the rest linear (Qwen3-Next), else all full."""
+    if cfg.layer_types is not None:
+        return list(cfg.layer_types)
+    n = cfg.num_hidden_layers
+    if cfg.full_attention_interval is not None:
+        return ["full_attention" if (i + 1) % cfg.full_attention_interval == 0 else "linear_attention" for i in range(n)]
+    return ["full_attention"] * n
+
+
+def layer_kinds(cfg) -> tuple[str, ...]:
+    """Each layer's kind (sim/model/layers.py); full attention is MLA where the model has kv_lora_rank."""
+    full = MLA if cfg.kv_lora_rank is not None else FULL
+    kinds = tuple(full if (k := LAYER_TYPES[t]) == FULL else k for t in _layer_types(cfg))
+    return () if all(k == FULL for k in kinds) else kinds
+
+
+def _dense_mlp_layers(cfg) -> int:
+    """Layers of a mixture-of-experts model whose MLP is dense: DeepSeek's first_k_dense_replace (and
+    moe_layer_freq), Qwen's decoder_sparse_step and mlp_only_layers."""
+    if not cfg.experts:
+        return 0
+    n, k = cfg.num_hidden_layers, min(cfg.first_k_dense_replace or 0, cfg.num_hidden_layers)
+    freq, step, only = cfg.moe_layer_freq or 1, cfg.decoder_sparse_step or 1, set(cfg.mlp_only_layers or ())
+    moe = [i >= k and i % freq == 0 and (i + 1) % step == 0 and i not in only for i in range(n)]
+    return n - sum(moe)
+
+
+def mla_shape(cfg) -> MlaShape | None:
+    if cfg.kv_lora_rank is None:
+        return None
+    return MlaShape(kv_lora_rank=cfg.kv_lora_rank, qk_rope_head_dim=cfg.qk_rope_head_dim,
+                    qk_nope_head_dim=cfg.qk_nope_head_dim, v_head_dim=cfg.v_head_dim, q_lora_rank=cfg.q_lora_rank or 0)
+
+
+def linear_shape(cfg) -> LinearShape | None:
+    if cfg.linear_num_key_heads is None:
+        return None
+    return LinearShape(cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                       cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim or 4)
+
+
+def check_kinds(cfg, source: str) -> None:
+    """Every layer kind named is one kvtier models and comes with the fields that shape it."""
+    def need(fields, why: str) -> None:
+        for f in fields:
+            if getattr(cfg, f) is None:
+                raise ConfigError(f"Field required ({why})", source=source, field=f)
+
+    types = _layer_types(cfg)
+    if len(types) != cfg.num_hidden_layers:
+        raise ConfigError(f"{len(types)} entries for {cfg.num_hidden_layers} layers (num_hidden_layers)",
+                          source=source, field="layer_types")
+    for i, t in enumerate(types):
+        if t not in LAYER_TYPES:
+            raise ConfigError(f"{t!r} is not a layer kind kvtier models; expected one of {', '.join(LAYER_TYPES)}",
+                              source=source, field=f"layer_types.{i}")
+    if cfg.use_sliding_window and cfg.layer_types is None:
+        raise ConfigError("sliding windows without layer_types are not modelled; give layer_types",
+                          source=source, field="use_sliding_window")
+    if "sliding_attention" in types:
+        need(["sliding_window"], "sliding_attention layers")
+    if "linear_attention" in types:
+        need(LINEAR_FIELDS, "linear_attention layers")
+    if cfg.kv_lora_rank is not None:
+        need(MLA_FIELDS, "MLA: kv_lora_rank is given")
 
 
 def load_hf_config(path: str | Path) -> HfConfig:
@@ -79,37 +196,60 @@ def load_hf_config(path: str | Path) -> HfConfig:
     data = read_json(path)
     if not isinstance(data, dict):
         raise ConfigError("expected a JSON object", source=source)
+    return config_from_mapping(data, source)
+
+
+def config_from_mapping(data: dict, source: str) -> HfConfig:
+    """config.json's fields (a file's, or a catalog entry's `config:`) validated strictly, kinds and shapes checked."""
     try:
         cfg = HfConfig.model_validate(data)
     except ValidationError as err:
         first = err.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or "(top level)"
         raise ConfigError(first["msg"], source=source, field=field) from None
+    check_kinds(cfg, source)
     _check_shapes(cfg, source)
     return cfg
+
+
+def kind_fields(cfg) -> dict:
+    """The ModelSpec fields of layers by kind and experts, from config.json's names (or a catalog entry
+    that uses them): layer_kinds, sliding_window, mla, linear, dense_mlp_layers, experts, shared experts."""
+    n_experts, inter = cfg.experts, cfg.intermediate_size
+    moe_inter = cfg.moe_intermediate_size or (inter if n_experts else 0) or 0
+    shared = cfg.shared_expert_intermediate_size or (cfg.n_shared_experts or 0) * moe_inter
+    dense = _dense_mlp_layers(cfg)
+    mla = mla_shape(cfg)
+    kinds = layer_kinds(cfg)
+    return dict(layer_kinds=kinds, sliding_window=(cfg.sliding_window or 0) if WINDOW in kinds else 0, mla=mla,
+                linear=linear_shape(cfg) if LINEAR in kinds else None, dense_mlp_layers=dense,
+                num_experts=n_experts, experts_per_token=cfg.top_k or 0, moe_intermediate_size=moe_inter,
+                shared_expert_intermediate_size=shared,
+                intermediate_size=(inter or 0) if (not n_experts or dense) else 0,
+                **({"num_kv_heads": 1, "explicit_head_dim": mla.qk_head_dim} if mla else {}))
+
+
+def spec_from_config(cfg: HfConfig, name: str, source: str) -> ModelSpec:
+    """The ModelSpec of a validated config.json: shapes, biases and norms by model_type, kinds, experts."""
+    model_type = cfg.model_type or ""
+    heads = cfg.num_attention_heads
+    fields = {"num_kv_heads": cfg.num_key_value_heads or heads, "explicit_head_dim": cfg.head_dim} | kind_fields(cfg)
+    return ModelSpec(
+        name=name,
+        num_layers=cfg.num_hidden_layers,
+        hidden_size=cfg.hidden_size,
+        num_heads=heads,
+        vocab_size=cfg.vocab_size,
+        tie_embeddings=bool(cfg.tie_word_embeddings),
+        qkv_bias=cfg.attention_bias if cfg.attention_bias is not None else model_type.startswith("qwen2"),
+        qk_norm=model_type.startswith("qwen3"),
+        source=source,
+        **fields,
+    )
 
 
 def model_from_hf_config(path: str | Path) -> ModelSpec:
     """A ModelSpec from a Hugging Face config.json on disk."""
     p = Path(path)
     cfg = load_hf_config(p)
-    model_type = cfg.model_type or ""
-    heads, n_experts, inter = cfg.num_attention_heads, cfg.experts, cfg.intermediate_size
-    return ModelSpec(
-        name=str(cfg.name_or_path or p.parent.name or p.stem),
-        num_layers=cfg.num_hidden_layers,
-        hidden_size=cfg.hidden_size,
-        num_heads=heads,
-        num_kv_heads=cfg.num_key_value_heads or heads,
-        intermediate_size=(inter or 0) if not n_experts else 0,
-        vocab_size=cfg.vocab_size,
-        tie_embeddings=bool(cfg.tie_word_embeddings),
-        explicit_head_dim=cfg.head_dim,
-        qkv_bias=cfg.attention_bias if cfg.attention_bias is not None else model_type.startswith("qwen2"),
-        qk_norm=model_type.startswith("qwen3"),
-        num_experts=n_experts,
-        experts_per_token=cfg.num_experts_per_tok or 0,
-        moe_intermediate_size=(cfg.moe_intermediate_size or (inter if n_experts else 0) or 0),
-        shared_expert_intermediate_size=cfg.shared_expert_intermediate_size or 0,
-        source=f"config.json at {p}",
-    )
+    return spec_from_config(cfg, str(cfg.name_or_path or p.parent.name or p.stem), f"config.json at {p}")

@@ -4,18 +4,33 @@ All counts follow the Hugging Face config.json conventions of Qwen2/Qwen3/Llama/
 decoder-only models: per layer q/k/v/o projections (GQA shapes, optional q/k/v bias, optional q/k
 RMSNorm), a gated MLP (gate, up, down) or a mixture of such experts, two RMSNorms; an embedding,
 a final norm and an LM head (tied or not).
+
+Layers by kind (`sim/model/layers.py`): a model may list one attention kind per layer (full, MLA,
+sliding window, linear) and, if it is a mixture of experts, a number of layers whose MLP stays
+dense (DeepSeek's first_k_dense_replace). A model with neither (`layer_kinds` empty,
+`dense_mlp_layers` 0) is sized by exactly the formulas it always was. The simulator's engines run
+L identical layers, so the per-layer figures of a model with kinds are the mean over its L layers
+(`kv_bytes_per_token_layer`, `layer_weight_bytes`, ...); totals (`kv_bytes_per_token`, `params`,
+`weight_bytes`) are sums over the layers, kind by kind.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
+from types import MappingProxyType
 
-from .dtypes import KV_DTYPES, WEIGHT_DTYPES
+import numpy as np
+
+from .dtypes import KV_DTYPES, WEIGHT_DTYPES, DType
+from .layers import BOUNDED_KINDS, FULL, KINDS, LINEAR, MLA, TIERED_KINDS, WINDOW, LinearShape, MlaShape, kind_counts
 from .units import KV_TENSORS
 
 MLP_MATRICES = 3  # gate, up, down
 NORMS_PER_LAYER = 2  # input and post-attention RMSNorm
 HIGH_PRECISION_BITS = 16  # embeddings, LM head, norms and biases stay in bf16 when weights are quantised
+LINEAR_GATES = 2  # a linear-attention layer's per-value-head gates b and a (in_proj_ba)
 
 
 @dataclass(frozen=True)
@@ -36,11 +51,38 @@ class ModelSpec:
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
     source: str = ""
+    layer_kinds: tuple[str, ...] = ()  # one kind per layer (sim/model/layers.py); () = every layer full attention
+    sliding_window: int = 0  # W of the `window` layers
+    mla: MlaShape | None = None  # the `mla` layers' shape
+    linear: LinearShape | None = None  # the `linear` layers' shape
+    dense_mlp_layers: int = 0  # MoE models: layers whose MLP is dense (intermediate_size), e.g. first_k_dense_replace
+
+    def __post_init__(self):
+        """Layer kinds all `full` are the plain model (normalised to ()); each kind used needs its shape."""
+        if self.layer_kinds and all(k == FULL for k in self.layer_kinds):
+            object.__setattr__(self, "layer_kinds", ())
+        problem = self._kinds_problem()
+        if problem:
+            raise ValueError(f"model {self.name!r}: {problem}")
+
+    def _kinds_problem(self) -> str | None:
+        kinds = self.layer_kinds
+        if kinds and len(kinds) != self.num_layers:
+            return f"{len(kinds)} layer kinds for {self.num_layers} layers"
+        if set(kinds) - set(KINDS):
+            return f"unknown layer kinds {sorted(set(kinds) - set(KINDS))}; expected {', '.join(KINDS)}"
+        needs = {WINDOW: self.sliding_window > 0, MLA: self.mla is not None, LINEAR: self.linear is not None}
+        missing = [k for k, ok in needs.items() if k in kinds and not ok]
+        if missing:
+            return f"{', '.join(missing)} layers without their shape (sliding_window, mla, linear)"
+        if self.dense_mlp_layers and not (self.is_moe and self.dense_mlp_layers <= self.num_layers):
+            return "dense_mlp_layers applies to a mixture-of-experts model, at most its layers"
+        return None
 
     # ---- shapes -------------------------------------------------------------------------
     @property
     def head_dim(self) -> int:
-        """Explicit `head_dim` if config.json has one, else hidden / heads."""
+        """Explicit `head_dim` if config.json has one, else hidden / heads (MLA: qk_nope + qk_rope)."""
         return self.explicit_head_dim or self.hidden_size // self.num_heads
 
     @property
@@ -49,11 +91,53 @@ class ModelSpec:
 
     @property
     def kv_dim(self) -> int:
+        """Width of a token's K (or V) projection; MLA: the latent's (kv_lora_rank + qk_rope_head_dim)."""
+        if self.mla is not None:
+            return self.mla.latent_dim
         return self.num_kv_heads * self.head_dim
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    # ---- layers by kind -----------------------------------------------------------------
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The attention kind of every layer."""
+        return self.layer_kinds or (FULL,) * self.num_layers
+
+    @property
+    def kind_counts(self) -> Mapping[str, int]:
+        """{kind: layers}, e.g. {'full': 18, 'window': 18} for gpt-oss-120b."""
+        return _counts(self.kinds)
+
+    @property
+    def uniform(self) -> bool:
+        """Every layer full attention with one kind of MLP: the model as sized before layer kinds."""
+        return not self.layer_kinds and not self.dense_mlp_layers
+
+    @property
+    def tiered_layers(self) -> int:
+        """Layers whose KV grows per token and tiers per token (full attention, MLA)."""
+        if not self.layer_kinds:
+            return self.num_layers
+        return sum(n for k, n in self.kind_counts.items() if k in TIERED_KINDS)
+
+    @property
+    def has_bounded_layers(self) -> bool:
+        """Any window or linear layer: per-sequence bytes that stay in HBM."""
+        return any(k in BOUNDED_KINDS for k in self.kind_counts)
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is a mixture of experts."""
+        return self.num_layers - self.dense_mlp_layers if self.is_moe else 0
+
+    def describe_kinds(self) -> str:
+        """'18 full + 18 window (128)', '61 mla', '36 linear + 12 full'; MoE models add their dense-MLP layers."""
+        parts = [f"{n} {k}" + (f" ({self.sliding_window})" if k == WINDOW else "") for k, n in self.kind_counts.items()]
+        text = " + ".join(parts)
+        return f"{text}; {self.dense_mlp_layers} dense MLP" if self.dense_mlp_layers else text
 
     # ---- tensor parallelism -------------------------------------------------------------
     def tp_problem(self, tp: int) -> str | None:
@@ -66,12 +150,14 @@ class ModelSpec:
                            ("shared_expert_intermediate_size", self.shared_expert_intermediate_size)):
             if size % tp:
                 return f"{name} {size} is not divisible by tp {tp}"
-        return None
+        return self.linear.tp_problem(tp) if self.linear is not None else None
 
     def shard(self, tp: int) -> "ModelSpec":
         """What one GPU of a `tp`-way tensor-parallel group holds: H/tp query heads, max(1, Hkv/tp)
         KV heads (replicated where tp > Hkv), I/tp of each MLP, V/tp of the embedding and LM head
-        (vocab-parallel); hidden size, layers and norms unchanged. tp = 1 is the model itself."""
+        (vocab-parallel); hidden size, layers and norms unchanged. tp = 1 is the model itself.
+        MLA's latent is one KV head (`num_kv_heads` 1): every GPU holds all of it (replicated, as
+        engines do), with its q_a/kv_a projections; linear layers split their heads tp ways."""
         if tp == 1:
             return self
         from dataclasses import replace
@@ -79,41 +165,157 @@ class ModelSpec:
         return replace(self, num_heads=self.num_heads // tp, num_kv_heads=max(1, self.num_kv_heads // tp),
                        intermediate_size=self.intermediate_size // tp, moe_intermediate_size=self.moe_intermediate_size // tp,
                        shared_expert_intermediate_size=self.shared_expert_intermediate_size // tp,
-                       vocab_size=-(-self.vocab_size // tp), explicit_head_dim=self.head_dim)
+                       vocab_size=-(-self.vocab_size // tp), explicit_head_dim=self.head_dim,
+                       linear=self.linear.shard(tp) if self.linear is not None else None)
 
     # ---- KV -----------------------------------------------------------------------------
-    def kv_bytes_per_token_layer(self, kv_dtype: str = "bf16") -> float:
-        """K and V of one token in one layer: 2 * Hkv * d * bytes (+ one scale per head for int8)."""
+    def kind_kv_bytes_per_token_layer(self, kind: str, kv_dtype: str = "bf16") -> float:
+        """One token in one layer of `kind`: full and window 2 * Hkv * d * bytes (+ one scale per head
+        for int8); MLA one latent of kv_lora_rank + qk_rope_head_dim values (+ one scale); linear 0
+        (its state is per sequence: `state_bytes_per_sequence`)."""
         dt = KV_DTYPES[kv_dtype]
-        per_head = dt.bytes_for(self.head_dim, self.head_dim)
-        return KV_TENSORS * self.num_kv_heads * per_head
+        if kind in (FULL, WINDOW):
+            per_head = dt.bytes_for(self.head_dim, self.head_dim)
+            return KV_TENSORS * self.num_kv_heads * per_head
+        if kind == MLA:
+            return dt.bytes_for(self.mla.latent_dim, self.mla.latent_dim)
+        return 0.0
+
+    def kv_bytes_per_token_layer(self, kv_dtype: str = "bf16") -> float:
+        """K and V of one token in one layer: 2 * Hkv * d * bytes (+ one scale per head for int8).
+        With layer kinds: the tiered kinds' per-token bytes over all layers / L, the mean layer the
+        engines carry (window and linear layers add nothing per token; they are per sequence)."""
+        if not self.layer_kinds:
+            return self.kind_kv_bytes_per_token_layer(FULL, kv_dtype)
+        return self.kv_bytes_per_token(kv_dtype) / self.num_layers
 
     def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> float:
-        """K and V of one token over all layers: 2 * L * Hkv * d * bytes(kv_dtype)."""
-        return self.num_layers * self.kv_bytes_per_token_layer(kv_dtype)
+        """K and V of one token over all layers: 2 * L * Hkv * d * bytes(kv_dtype). With layer kinds:
+        the sum over the layers that grow per token (full, MLA) - what tiers per token."""
+        if not self.layer_kinds:
+            return self.num_layers * self.kv_bytes_per_token_layer(kv_dtype)
+        return sum(n * self.kind_kv_bytes_per_token_layer(k, kv_dtype) for k, n in self.kind_counts.items()
+                   if k in TIERED_KINDS)
+
+    def tiered_kv_bytes_per_token_layer(self, kv_dtype: str = "bf16") -> float:
+        """One token in one tiered layer (what a staging buffer holds per token): `kv_bytes_per_token_layer`
+        without kinds; with them, the tiered bytes per token / tiered layers (0 with none)."""
+        if not self.layer_kinds:
+            return self.kv_bytes_per_token_layer(kv_dtype)
+        return self.kv_bytes_per_token(kv_dtype) / self.tiered_layers if self.tiered_layers else 0.0
+
+    def compressed_bytes_per_token_layer(self, dtype: DType, group_size: int) -> float:
+        """One token's T2 (compressed) copy in one layer, groups within a head vector: 2 * Hkv *
+        bytes_for(d); MLA bytes_for(latent). With layer kinds: the mean over all L layers, as
+        `kv_bytes_per_token_layer`."""
+        if not self.layer_kinds:
+            return KV_TENSORS * self.num_kv_heads * dtype.bytes_for(self.head_dim, min(group_size, self.head_dim))
+        total = 0.0
+        for kind, n in self.kind_counts.items():
+            if kind == FULL:
+                total += n * KV_TENSORS * self.num_kv_heads * dtype.bytes_for(self.head_dim, min(group_size, self.head_dim))
+            elif kind == MLA:
+                total += n * dtype.bytes_for(self.mla.latent_dim, min(group_size, self.mla.latent_dim))
+        return total / self.num_layers
+
+    def state_bytes_per_sequence(self) -> int:
+        """Linear layers' recurrent + conv state of one sequence: linear layers x `LinearShape.state_bytes`."""
+        n = self.kind_counts.get(LINEAR, 0)
+        return n * self.linear.state_bytes if n else 0
+
+    def bounded_bytes(self, tokens, sequences, kv_dtype: str = "bf16"):
+        """HBM the bounded kinds hold for `sequences` sequences of `tokens` tokens in all (scalars or
+        arrays): window layers x bytes/token/layer x min(tokens, sequences x W) + sequences x state
+        bytes. min(sum, B x W) is sum_b min(n_b, W) exactly when every sequence is at least W long
+        (or all are shorter), and an upper bound otherwise."""
+        n_window = self.kind_counts.get(WINDOW, 0)
+        out = np.asarray(sequences, dtype=float) * self.state_bytes_per_sequence()
+        if n_window:
+            held = np.minimum(np.asarray(tokens, dtype=float), np.asarray(sequences, dtype=float) * self.sliding_window)
+            out = out + n_window * self.kind_kv_bytes_per_token_layer(WINDOW, kv_dtype) * held
+        return out if np.ndim(out) else float(out)
+
+    def kv_by_kind(self, kv_dtype: str = "bf16") -> dict[str, dict]:
+        """Per kind: its layers; per-token bytes over those layers (full, MLA, window) and the most one
+        sequence holds in them (window: W tokens' worth; linear: its state)."""
+        rows = {}
+        for kind, n in self.kind_counts.items():
+            per_token = n * self.kind_kv_bytes_per_token_layer(kind, kv_dtype)
+            row = {"layers": n, "bytes_per_token": per_token}
+            if kind == WINDOW:
+                row.update(window_tokens=self.sliding_window, max_bytes_per_sequence=per_token * self.sliding_window)
+            if kind == LINEAR:
+                row.update(bytes_per_token=0.0, max_bytes_per_sequence=float(n * self.linear.state_bytes))
+            rows[kind] = row
+        return rows
 
     # ---- parameters ---------------------------------------------------------------------
-    def attention_linear_params_layer(self) -> int:
-        """q, k, v, o weight matrices: h*(H*d) + 2*h*(Hkv*d) + (H*d)*h."""
+    def _attention_matrices(self, kind: str = FULL) -> list[tuple[int, int]]:
+        """(rows, cols) of one layer's attention weights. Full and window: q, k, v, o. MLA: q (through
+        q_lora_rank when it has one), kv_a (h -> latent, shared by the heads), kv_b (kv_lora_rank ->
+        H x (qk_nope + v)), o. Linear (Gated DeltaNet): in_proj_qkvz (h -> conv channels + Hv x dv),
+        in_proj_ba (h -> 2 Hv gates), out_proj."""
         h = self.hidden_size
+        if kind in (FULL, WINDOW):
+            return [(h, self.q_dim), (h, self.kv_dim), (h, self.kv_dim), (self.q_dim, h)]
+        if kind == MLA:
+            a, heads = self.mla, self.num_heads
+            q = [(h, a.q_lora_rank), (a.q_lora_rank, heads * a.qk_head_dim)] if a.q_lora_rank else [(h, heads * a.qk_head_dim)]
+            return [*q, (h, a.latent_dim), (a.kv_lora_rank, heads * (a.qk_nope_head_dim + a.v_head_dim)),
+                    (heads * a.v_head_dim, h)]
+        lin = self.linear
+        values = lin.value_heads * lin.value_head_dim
+        return [(h, lin.conv_dim + values), (h, LINEAR_GATES * lin.value_heads), (values, h)]
+
+    def _attention_small_params(self, kind: str = FULL) -> int:
+        """Biases and norms of one layer's attention (high precision). Full and window: q/k/v bias,
+        q/k RMSNorm. MLA: the q_a and kv_a RMSNorms. Linear: conv weights, A_log and dt_bias per value
+        head, the output norm."""
+        if kind in (FULL, WINDOW):
+            bias = self.q_dim + 2 * self.kv_dim if self.qkv_bias else 0
+            return bias + (2 * self.head_dim if self.qk_norm else 0)
+        if kind == MLA:
+            return self.mla.q_lora_rank + self.mla.kv_lora_rank
+        lin = self.linear
+        return lin.conv_dim * lin.conv_kernel + 2 * lin.value_heads + lin.value_head_dim
+
+    def _per_kind_mean(self, per_layer) -> float:
+        """Sum over the layers of `per_layer(kind)`, / L."""
+        return sum(n * per_layer(k) for k, n in self.kind_counts.items()) / self.num_layers
+
+    def attention_linear_params_layer(self) -> int:
+        """q, k, v, o weight matrices: h*(H*d) + 2*h*(Hkv*d) + (H*d)*h (layer kinds: the mean layer's)."""
+        h = self.hidden_size
+        if self.layer_kinds:
+            return self._per_kind_mean(lambda k: sum(r * c for r, c in self._attention_matrices(k)))
         return h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
 
     def expert_params(self) -> int:
         return MLP_MATRICES * self.hidden_size * self.moe_intermediate_size
 
-    def mlp_linear_params_layer(self) -> int:
-        """Dense: 3*h*I. MoE: E*3*h*I_moe + 3*h*I_shared + router h*E."""
+    def _moe_mlp_params(self) -> int:
+        """E*3*h*I_moe + 3*h*I_shared + router h*E."""
         h = self.hidden_size
-        if not self.is_moe:
-            return MLP_MATRICES * h * self.intermediate_size
         return (
             self.num_experts * self.expert_params()
             + MLP_MATRICES * h * self.shared_expert_intermediate_size
             + h * self.num_experts
         )
 
+    def mlp_linear_params_layer(self) -> int:
+        """Dense: 3*h*I. MoE: E*3*h*I_moe + 3*h*I_shared + router h*E (dense-MLP layers: the mean layer's)."""
+        h = self.hidden_size
+        if not self.is_moe:
+            return MLP_MATRICES * h * self.intermediate_size
+        if self.dense_mlp_layers:
+            dense = MLP_MATRICES * h * self.intermediate_size
+            return (self.dense_mlp_layers * dense + self.moe_layers * self._moe_mlp_params()) / self.num_layers
+        return self._moe_mlp_params()
+
     def small_params_layer(self) -> int:
         """Biases and norms of one layer (kept in high precision)."""
+        if self.layer_kinds:
+            return self._per_kind_mean(self._attention_small_params) + NORMS_PER_LAYER * self.hidden_size
         bias = self.q_dim + 2 * self.kv_dim if self.qkv_bias else 0
         qk_norm = 2 * self.head_dim if self.qk_norm else 0
         return bias + qk_norm + NORMS_PER_LAYER * self.hidden_size
@@ -127,11 +329,21 @@ class ModelSpec:
     def lm_head_params(self) -> int:
         return 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
 
+    def _layers_params(self) -> int:
+        """Parameters of all layers, kind by kind, as an exact integer."""
+        h = self.hidden_size
+        attention = sum(n * (sum(r * c for r, c in self._attention_matrices(k)) + self._attention_small_params(k))
+                        for k, n in self.kind_counts.items())
+        dense = MLP_MATRICES * h * self.intermediate_size
+        mlp = self.moe_layers * self._moe_mlp_params() + (self.num_layers - self.moe_layers) * dense
+        return attention + mlp + self.num_layers * NORMS_PER_LAYER * h
+
     @property
     def params(self) -> int:
         """Total parameter count: layers + embedding + final norm + LM head."""
+        layers = self.num_layers * self.params_layer() if self.uniform else self._layers_params()
         return (
-            self.num_layers * self.params_layer()
+            layers
             + self.embedding_params()
             + self.hidden_size
             + self.lm_head_params()
@@ -142,22 +354,34 @@ class ModelSpec:
         dt = WEIGHT_DTYPES[weight_dtype]
         return sum(dt.bytes_for(r * c, group_size) for r, c in rows_x_cols)
 
-    def _attention_matrices(self) -> list[tuple[int, int]]:
-        h = self.hidden_size
-        return [(h, self.q_dim), (h, self.kv_dim), (h, self.kv_dim), (self.q_dim, h)]
-
     def _dense_mlp_matrices(self, inter: int) -> list[tuple[int, int]]:
         h = self.hidden_size
         return [(h, inter), (h, inter), (inter, h)] if inter else []
 
     def layer_gemm_shapes(self) -> list[tuple[int, int]]:
         """(n outputs, k inputs) of a dense layer's GEMMs as engines fuse them (vLLM's
-        QKVParallelLinear and MergedColumnParallelLinear): qkv, o, gate_up, down. Per GPU once sharded."""
+        QKVParallelLinear and MergedColumnParallelLinear): qkv, o, gate_up, down. Per GPU once sharded.
+        Dense GQA layers (full or window) only: `gqa_gemms`."""
         h, inter = self.hidden_size, self.intermediate_size
         return [(self.q_dim + 2 * self.kv_dim, h), (h, self.q_dim), (2 * inter, h), (h, inter)]
 
+    @property
+    def gqa_gemms(self) -> bool:
+        """Every layer a dense GQA layer (full or window attention, dense MLP): `layer_gemm_shapes` holds."""
+        return not self.is_moe and all(k in (FULL, WINDOW) for k in self.kind_counts)
+
+    def _moe_mlp_bytes(self, weight_dtype: str, group_size: int) -> float:
+        hp = HIGH_PRECISION_BITS / 8
+        b = self.num_experts * self._linear_bytes(self._dense_mlp_matrices(self.moe_intermediate_size), weight_dtype,
+                                                  group_size)
+        b += self._linear_bytes(self._dense_mlp_matrices(self.shared_expert_intermediate_size), weight_dtype, group_size)
+        return b + self.hidden_size * self.num_experts * hp
+
     def layer_weight_bytes(self, weight_dtype: str, group_size: int = 128) -> float:
-        """All weights of one layer: quantised linear matrices + bf16 biases, norms, router."""
+        """All weights of one layer: quantised linear matrices + bf16 biases, norms, router (layer
+        kinds or dense-MLP layers: the mean layer's, `_layers_weight_bytes` / L)."""
+        if not self.uniform:
+            return self._layers_weight_bytes(weight_dtype, group_size) / self.num_layers
         hp = HIGH_PRECISION_BITS / 8
         b = self._linear_bytes(self._attention_matrices(), weight_dtype, group_size)
         if self.is_moe:
@@ -170,6 +394,18 @@ class ModelSpec:
             b += self._linear_bytes(self._dense_mlp_matrices(self.intermediate_size), weight_dtype, group_size)
         return b + self.small_params_layer() * hp
 
+    def _layers_weight_bytes(self, weight_dtype: str, group_size: int) -> float:
+        """All layers' weights, kind by kind: attention matrices and small parameters per kind, MoE
+        and dense MLPs by their counts, two norms a layer."""
+        hp = HIGH_PRECISION_BITS / 8
+        b = sum(n * (self._linear_bytes(self._attention_matrices(k), weight_dtype, group_size)
+                     + self._attention_small_params(k) * hp) for k, n in self.kind_counts.items())
+        if self.moe_layers:
+            b += self.moe_layers * self._moe_mlp_bytes(weight_dtype, group_size)
+        dense = self.num_layers - self.moe_layers
+        b += dense * self._linear_bytes(self._dense_mlp_matrices(self.intermediate_size), weight_dtype, group_size)
+        return b + self.num_layers * NORMS_PER_LAYER * self.hidden_size * hp
+
     def non_layer_weight_bytes(self) -> float:
         """Embedding, final norm and LM head, kept in bf16."""
         hp = HIGH_PRECISION_BITS / 8
@@ -180,24 +416,29 @@ class ModelSpec:
         return self.vocab_size * self.hidden_size * HIGH_PRECISION_BITS / 8
 
     def weight_bytes(self, weight_dtype: str = "bf16", group_size: int = 128) -> float:
+        if not self.uniform:
+            return self._layers_weight_bytes(weight_dtype, group_size) + self.non_layer_weight_bytes()
         return self.num_layers * self.layer_weight_bytes(weight_dtype, group_size) + self.non_layer_weight_bytes()
 
     # ---- decode work per layer ----------------------------------------------------------
     def expected_experts_touched(self, batch: int) -> float:
-        """Distinct experts a batch reads per layer, tokens routed uniformly: E * (1 - (1 - k/E)^B)."""
+        """Distinct experts a batch reads per MoE layer, tokens routed uniformly: E * (1 - (1 - k/E)^B)."""
         if not self.is_moe:
             return 0.0
         e, k = self.num_experts, self.experts_per_token
         return e * (1.0 - (1.0 - k / e) ** batch)
 
     def layer_weight_bytes_read(self, weight_dtype: str, batch: int, group_size: int = 128) -> float:
-        """Weight bytes one decode step reads in one layer (MoE: only the experts touched)."""
+        """Weight bytes one decode step reads in one layer (MoE: only the experts touched; with
+        dense-MLP layers, the mean layer's: MoE layers / L of the untouched experts skipped)."""
         full = self.layer_weight_bytes(weight_dtype, group_size)
         if not self.is_moe:
             return full
         dt = WEIGHT_DTYPES[weight_dtype]
         one_expert = dt.bytes_for(self.expert_params(), group_size)
         untouched = self.num_experts - self.expected_experts_touched(batch)
+        if self.dense_mlp_layers:
+            return full - self.moe_layers * untouched * one_expert / self.num_layers
         return full - untouched * one_expert
 
     def layer_linear_params_read(self, batch: int) -> float:
@@ -206,16 +447,47 @@ class ModelSpec:
         full = self.attention_linear_params_layer() + self.mlp_linear_params_layer()
         if not self.is_moe:
             return full
-        return full - (self.num_experts - self.expected_experts_touched(batch)) * self.expert_params()
+        skipped = (self.num_experts - self.expected_experts_touched(batch)) * self.expert_params()
+        if self.dense_mlp_layers:
+            return full - self.moe_layers * skipped / self.num_layers
+        return full - skipped
 
     def active_linear_params_layer(self) -> int:
-        """Linear parameters one token multiplies through in one layer (MoE: k experts + shared)."""
+        """Linear parameters one token multiplies through in one layer (MoE: k experts + shared;
+        dense-MLP layers and layer kinds: the mean layer's)."""
         if not self.is_moe:
             return self.attention_linear_params_layer() + self.mlp_linear_params_layer()
         h = self.hidden_size
+        moe = (self.experts_per_token * self.expert_params() + MLP_MATRICES * h * self.shared_expert_intermediate_size
+               + h * self.num_experts)
+        if self.dense_mlp_layers:
+            dense = MLP_MATRICES * h * self.intermediate_size
+            return self.attention_linear_params_layer() + (self.moe_layers * moe + self.dense_mlp_layers * dense) / self.num_layers
         return (
             self.attention_linear_params_layer()
             + self.experts_per_token * self.expert_params()
             + MLP_MATRICES * h * self.shared_expert_intermediate_size
             + h * self.num_experts
         )
+
+    def qkv_params_layer(self) -> int:
+        """Linear parameters of what runs before attention needs the cache: h * (q_dim + 2 kv_dim) for
+        GQA; MLA its q path, kv_a and the W_UK half of kv_b (absorbed into the query); linear layers
+        in_proj_qkvz and in_proj_ba. Layer kinds: the mean layer's."""
+        if not self.layer_kinds:
+            return self.hidden_size * (self.q_dim + 2 * self.kv_dim)
+
+        def pre(kind: str) -> int:
+            if kind == MLA:
+                a = self.mla
+                return (sum(r * c for r, c in self._attention_matrices(MLA)[:-2])
+                        + a.kv_lora_rank * self.num_heads * a.qk_nope_head_dim)
+            return sum(r * c for r, c in self._attention_matrices(kind)[:-1])
+
+        return self._per_kind_mean(pre)
+
+
+@lru_cache(maxsize=256)
+def _counts(kinds: tuple[str, ...]) -> Mapping[str, int]:
+    """`kind_counts`, once per distinct kinds (read-only: shared by every model that has them)."""
+    return MappingProxyType(kind_counts(kinds))

@@ -21,6 +21,7 @@ class MemoryTrace:
     kv_t0_bytes: np.ndarray
     staging_bytes: np.ndarray
     transit_bytes: np.ndarray  # a re-tier's demoted K/V gathered on the device, held until it lands
+    bounded_bytes: np.ndarray | float = 0.0  # window and linear layers' per-sequence bytes (kept in HBM)
 
     @property
     def hbm_peak_bytes(self) -> float:
@@ -38,10 +39,15 @@ def memory_trace(ctx, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray, active: np
     their T0 slots are still held, until the offload lands;
     host(step) = T1 x full KV bytes + T2 x compressed bytes, the larger of during the forward and
     after the step's re-tier (`after`, (steps, 4) counts: its demotions land on the host and stay).
-    Inputs: tokens summed over the batch; `ctx` is the run's `decode.context.RunContext`."""
+    Inputs: tokens summed over the batch; `ctx` is the run's `decode.context.RunContext`.
+    Layer kinds: the KV above is the tiered layers' (full, MLA), a staging buffer holds one tiered
+    layer, and the window and linear layers add their bounded bytes (`RunContext.bounded_bytes` of
+    the tokens each sequence holds, T3 counted: a window covers the latest tokens whatever the policy
+    evicted) - they never leave HBM."""
     p = ctx.scenario.policy
-    staged_layer = t1 * ctx.kv_bytes_per_token_layer + t2 * ctx.kv_bytes_per_token_layer  # T2 dequantised into staging
-    stage = staging_bytes(p.prefetch, p.staging_buffers, ctx.num_layers, 1.0) * staged_layer
+    kvl = ctx.staged_bytes_per_token_layer
+    staged_layer = t1 * kvl + t2 * kvl  # T2 dequantised into staging
+    stage = staging_bytes(p.prefetch, p.staging_buffers, ctx.tiered_layers, 1.0) * staged_layer
     if not ctx.policy.tiering or p.access == "host_attention":  # nothing staged on the GPU
         stage = np.zeros_like(staged_layer, dtype=float)
     kv_t0 = t0 * ctx.kv_bytes_per_token
@@ -51,7 +57,13 @@ def memory_trace(ctx, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray, active: np
         to_t1, to_t2 = demoted.T
         transit = to_t1 * ctx.kv_bytes_per_token + to_t2 * ctx.t2_bytes_per_token
     hbm = ctx.weights_bytes + kv_t0 + stage + act + transit + ctx.hw.runtime_reserve_bytes
+    bounded = 0.0
+    if ctx.model.has_bounded_layers:
+        held = t0 + t1 + t2 if after is None else np.maximum(t0 + t1 + t2, after.sum(axis=1))
+        bounded = ctx.bounded_bytes(held, active)
+        hbm = hbm + bounded
     host = t1 * ctx.kv_bytes_per_token + t2 * ctx.t2_bytes_per_token
     if after is not None:
         host = np.maximum(host, after[:, T1] * ctx.kv_bytes_per_token + after[:, T2] * ctx.t2_bytes_per_token)
-    return MemoryTrace(hbm_bytes=hbm, host_bytes=host, kv_t0_bytes=kv_t0, staging_bytes=stage, transit_bytes=transit)
+    return MemoryTrace(hbm_bytes=hbm, host_bytes=host, kv_t0_bytes=kv_t0, staging_bytes=stage, transit_bytes=transit,
+                       bounded_bytes=bounded)

@@ -1,0 +1,106 @@
+"""Layer kinds: what one layer's attention stores per token or per sequence, and the shapes that say it.
+
+A model is a list of layers, each of one kind (read from config.json's `layer_types`, MLA fields,
+linear-attention fields; `sim/inputs/hf_config.py`):
+
+| kind     | what it stores                                               | grows with the sequence? |
+| -------- | ------------------------------------------------------------ | ------------------------ |
+| `full`   | K and V of every token: 2 x Hkv x d values (MHA / GQA)       | yes: tiers per token     |
+| `mla`    | one latent of kv_lora_rank + qk_rope_head_dim values a token, shared by every query head (DeepSeek multi-head latent attention) | yes: tiers per token |
+| `window` | K and V of the last W tokens only (sliding window)           | no: min(tokens, W), stays in HBM |
+| `linear` | a fixed recurrent state (linear attention, Gated DeltaNet)  | no: fixed bytes, stays in HBM |
+
+Only the kinds in `TIERED_KINDS` hold per-token KV that the tier policy moves between T0..T3; the
+bounded kinds (`BOUNDED_KINDS`) are per-sequence and stay in HBM. Pure shapes and counts here; the
+sizes per model are `ModelSpec`'s (`sim/model/spec.py`), the costs `sim/device/physics.py`'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FULL = "full"
+MLA = "mla"
+WINDOW = "window"
+LINEAR = "linear"
+KINDS = (FULL, MLA, WINDOW, LINEAR)
+TIERED_KINDS = (FULL, MLA)  # per-token KV: tiered per token as the policy says
+BOUNDED_KINDS = (WINDOW, LINEAR)  # per-sequence, bounded: kept in HBM
+
+STATE_BYTES_PER_ELEMENT = 2  # a linear layer's recurrent and conv state, kept in 16-bit (the model dtype)
+# FLOP per element of a linear layer's recurrent state per decoded token (Gated DeltaNet): the gate's
+# decay S <- a S (1), retrieval S^T k (2), the delta rule's rank-1 update S += b k (v - S^T k)^T (2),
+# the output S^T q (2).
+LINEAR_STATE_FLOP_PER_ELEMENT = 7
+
+
+@dataclass(frozen=True)
+class MlaShape:
+    """Multi-head latent attention (DeepSeek-V2/V3, config.json names). Decode runs absorbed, as
+    engines do: each query head attends the latent itself, QK over kv_lora_rank + qk_rope_head_dim
+    values and PV over kv_lora_rank, so a token's cache is one latent whatever the head count."""
+
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int = 0  # 0: queries projected straight from the hidden state (no q LoRA)
+
+    @property
+    def latent_dim(self) -> int:
+        """Values a token stores per layer: kv_lora_rank + qk_rope_head_dim."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def qk_head_dim(self) -> int:
+        """One query head's width before absorption: qk_nope_head_dim + qk_rope_head_dim."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
+class LinearShape:
+    """Linear attention with a recurrent state (Gated DeltaNet, Qwen3-Next's `linear_*` fields): per
+    value head a key_head_dim x value_head_dim state, plus the short causal conv's last kernel - 1 inputs."""
+
+    key_heads: int
+    value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int = 4
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the causal conv: q and k (key heads) and v (value heads)."""
+        return 2 * self.key_heads * self.key_head_dim + self.value_heads * self.value_head_dim
+
+    @property
+    def state_elements(self) -> int:
+        """One sequence's state in one layer: Hv x dk x dv recurrent + (kernel - 1) x conv channels."""
+        return (self.value_heads * self.key_head_dim * self.value_head_dim
+                + (self.conv_kernel - 1) * self.conv_dim)
+
+    @property
+    def state_bytes(self) -> int:
+        """state_elements x 2 B (16-bit state; an engine keeping it in fp32 doubles it)."""
+        return self.state_elements * STATE_BYTES_PER_ELEMENT
+
+    @property
+    def state_flop_per_token(self) -> int:
+        """FLOP one decoded token costs one layer: 7 x Hv x dk x dv (`LINEAR_STATE_FLOP_PER_ELEMENT`)."""
+        return LINEAR_STATE_FLOP_PER_ELEMENT * self.value_heads * self.key_head_dim * self.value_head_dim
+
+    def tp_problem(self, tp: int) -> str | None:
+        for name, heads in (("linear_num_key_heads", self.key_heads), ("linear_num_value_heads", self.value_heads)):
+            if heads % tp:
+                return f"{name} {heads} is not divisible by tp {tp}"
+        return None
+
+    def shard(self, tp: int) -> LinearShape:
+        """One GPU of a tp group: key and value heads split tp ways (as vLLM shards them)."""
+        return LinearShape(self.key_heads // tp, self.value_heads // tp, self.key_head_dim, self.value_head_dim,
+                           self.conv_kernel)
+
+
+def kind_counts(kinds: tuple[str, ...]) -> dict[str, int]:
+    """{kind: layers of that kind}, in `KINDS` order, kinds with no layer left out."""
+    return {k: n for k in KINDS if (n := kinds.count(k))}
