@@ -131,7 +131,8 @@ FULL_HOST = dict(host_attention_batch=8, host_attention_tokens=(256, 1024, 4096,
 
 
 def make_plan(device: str, quick: bool = False, tiny: bool = False) -> Plan:
-    models = list(catalog.models().values())
+    # the decode shapes of dense GQA models (the synthetic decoder's kind); MoE and MLA shapes are not swept
+    models = [m for m in catalog.models().values() if m.uniform and not m.is_moe]
     m7 = catalog.model(QUICK_MODEL)
     h, inter = m7.hidden_size, m7.intermediate_size
     m7_attention = (m7.num_heads, m7.num_kv_heads, m7.head_dim)

@@ -292,8 +292,9 @@ def with_measured_kernels(hw: Hardware) -> Hardware:
     kernels = measured_kernels_for(hw.gpu.name)
     tables = kernels.tables
     what = (f"measured: {PACKAGE} {tables.package_version} {tables.system} ({tables.device}) "
-            f"{tables.framework} {tables.framework_version}: dense GEMMs (bf16, fp8), decode attention, custom "
-            f"all-reduce; datasheet: prefill attention, MoE and weight-only GEMMs, per-layer overheads")
+            f"{tables.framework} {tables.framework_version}: dense GEMMs (bf16, fp8), GQA decode attention, custom "
+            f"all-reduce; datasheet: prefill attention, MLA and linear-attention layers, MoE and weight-only GEMMs, "
+            f"per-layer overheads")
     return replace(hw, kernels=kernels, sources={**hw.sources, "kernels": what})
 
 
