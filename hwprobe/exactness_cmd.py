@@ -11,7 +11,6 @@ greedy decoding under heavy eviction diverges from the full cache.
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import asdict, dataclass
 
@@ -276,6 +275,8 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(EXIT_BAD_INPUT)
         result = run_exactness(device)
         if as_json:
-            print(json.dumps(result, indent=2))
+            from sim.outputs.run_folder import to_json
+
+            print(to_json(result))
         else:
             _print_table(result)

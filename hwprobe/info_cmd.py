@@ -6,7 +6,6 @@ without torch it says torch is not installed. Always exits 0 - it reports, it do
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import typer
@@ -90,7 +89,9 @@ def register(app: typer.Typer) -> None:
         """Show GPUs (through NVML), torch and CUDA versions, and the host."""
         report = collect()
         if as_json:
-            typer.echo(json.dumps(report, indent=2, sort_keys=True))
+            from sim.outputs.run_folder import to_json
+
+            typer.echo(to_json(report, sort_keys=True))
         else:
             for line in render(report):
                 typer.echo(line)

@@ -12,6 +12,7 @@ real cache re-tier on its own attention instead; traffic then differs by the chu
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import sys
 import time
@@ -141,7 +142,7 @@ def recorded_measurer(measured_dir: Path):
 
     def read(sc) -> dict:
         path = measured_dir / safe_name(sc.name) / "summary.json"
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise ConfigError(f"no measured run {path}", field="--measured")
         try:
             summary = read_json(path)
@@ -263,9 +264,10 @@ class _ProgressWriter:
 
     def __call__(self, so_far: pd.DataFrame) -> None:
         from sim.outputs.atomic import write_text_atomic
+        from sim.outputs.csv_text import csv_text
 
-        write_text_atomic(self.out_path, so_far.to_csv(index=False))
-        write_text_atomic(_ratios_path(self.out_path), ratio_rows(self.loaded, so_far).to_csv(index=False))
+        write_text_atomic(self.out_path, csv_text(so_far))
+        write_text_atomic(_ratios_path(self.out_path), csv_text(ratio_rows(self.loaded, so_far)))
         done = so_far["scenario"].nunique()
         last = so_far.iloc[-len(COMPARED):].set_index("metric")
         now = time.monotonic()
@@ -297,17 +299,18 @@ class _Failures:
 
 def _write_tables(out_path: Path, rows: pd.DataFrame, stats: pd.DataFrame, ratios: pd.DataFrame) -> None:
     from sim.outputs.atomic import write_text_atomic
+    from sim.outputs.csv_text import csv_text
 
-    write_text_atomic(out_path, rows.to_csv(index=False))
-    write_text_atomic(_ratios_path(out_path), ratios.to_csv(index=False))
-    write_text_atomic(_errors_path(out_path), stats.to_csv(index=False))
+    write_text_atomic(out_path, csv_text(rows))
+    write_text_atomic(_ratios_path(out_path), csv_text(ratios))
+    write_text_atomic(_errors_path(out_path), csv_text(stats))
 
 
 def _print_json(rows: pd.DataFrame, stats: pd.DataFrame, ratios: pd.DataFrame) -> None:
-    import json
+    from sim.outputs.run_folder import to_json
 
-    print(json.dumps({"rows": rows.to_dict(orient="records"), "errors": stats.to_dict(orient="records"),
-                      "ratios": ratios.to_dict(orient="records")}, indent=2, default=float))
+    print(to_json({"rows": rows.to_dict(orient="records"), "errors": stats.to_dict(orient="records"),
+                   "ratios": ratios.to_dict(orient="records")}))
 
 
 def _print_outcome(rows: pd.DataFrame, stats: pd.DataFrame, ratios: pd.DataFrame, out_path: Path, *,

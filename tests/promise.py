@@ -7,10 +7,14 @@ time, and the hostile values they put there.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
 import os
+import shutil
+import tempfile
+import threading
 from pathlib import Path
 
 import yaml
@@ -124,3 +128,57 @@ HOSTILE_VALUES = [0, -1, -7, 1, 3, 10**9, -(10**9), 2**63, 10**30, 0.0, -0.5, 0.
 
 def dump_yaml(tree) -> str:
     return yaml.safe_dump(tree, sort_keys=False, allow_unicode=True)
+
+
+def tiny_serving_scenario(hf_config: str | Path = TINY_CONFIG) -> dict:
+    """A serving scenario that simulates in milliseconds: the tiny model, 12 Poisson arrivals of
+    16-token prompts and 4-16-token outputs, step detail."""
+    return {
+        "name": "tiny-serving",
+        "model": {"hf_config": str(hf_config), "weight_dtype": "bf16", "kv_dtype": "bf16"},
+        "hardware": {"gpu": "h100-sxm"},
+        "workload": {"prompt_tokens": 16, "reasoning_tokens": {"dist": "uniform", "min": 4, "max": 16}, "seed": 1,
+                     "arrivals": {"kind": "poisson", "rate_per_s": 50.0, "requests": 12}},
+        "scheduler": {"max_num_seqs": 8, "max_num_batched_tokens": 256},
+        "slo": {"ttft_ms": 100, "tpot_ms": 10},
+        "policy": {"kind": "full_hbm"},
+        "sim": {"detail": "step"},
+    }
+
+
+@contextlib.contextmanager
+def fifo(path: Path, payload: bytes = b"payload from a FIFO\n"):
+    """A FIFO at `path` (os.mkfifo) that cannot hang the test using it; yields an Event set once
+    anything opened it for reading. The code under test must refuse it by its type before opening
+    it; if it opened it instead, a thread holding the write end hands it `payload` and end of file,
+    so the test fails on what the code said (and on the Event) rather than blocking. On exit the
+    thread, still waiting for a reader, is released by opening the read end here, through a hard
+    link kept outside the test's folder (the code may have replaced `path` meanwhile)."""
+    os.mkfifo(path)
+    keep = Path(tempfile.mkdtemp(prefix="kvtier-fifo-")) / "fifo"
+    try:
+        os.link(path, keep)
+    except OSError:  # another file system: `path` itself releases it
+        keep = path
+    opened = threading.Event()
+
+    def feed() -> None:
+        fd = os.open(keep, os.O_WRONLY)  # returns once a reader has opened the FIFO
+        opened.set()
+        try:
+            os.write(fd, payload)
+        except BrokenPipeError:
+            pass
+        finally:
+            os.close(fd)
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    try:
+        yield opened
+    finally:
+        reader = os.open(keep, os.O_RDONLY | os.O_NONBLOCK)  # a reader: the writer's open returns
+        writer.join()
+        os.close(reader)
+        if keep != path:
+            shutil.rmtree(keep.parent, ignore_errors=True)

@@ -32,7 +32,7 @@ BAD_BYTES = {
     "not-utf8": (b"name: \xff\xfe\n", "not UTF-8"),
     "deep-yaml": (("a: " + "[" * 1200 + "]" * 1200 + "\n").encode(), "nested"),
     "deep-json": (("[" * 5000 + "]" * 5000).encode(), "nested"),
-    "endless": (None, "larger than 1 MiB"),  # /dev/zero
+    "endless": (None, "not a regular file (a character device)"),  # /dev/zero: refused before it is opened
 }
 
 
@@ -48,7 +48,7 @@ def test_decoding_errors_are_input_errors(tmp_path, reader, kind):
     if reader == "validation":
         (tmp_path / "s.yaml").write_text(dump_yaml(tiny_scenario()))
         args = ["report", "s.yaml", "--validation", str(bad), "--out", "r.html"]
-        expected = {"not-utf8": "not UTF-8", "endless": "not a file"}[kind]
+        expected = {"not-utf8": "not UTF-8", "endless": "not a regular file (a character device)"}[kind]
     elif reader == "hf_config":
         expected = "invalid JSON" if kind == "deep-yaml" else expected
         (tmp_path / "s.yaml").write_text(dump_yaml(tiny_scenario(bad)))

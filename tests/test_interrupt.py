@@ -1,6 +1,7 @@
 """SIGINT at random moments during `kvsim run`, `kvsim report` and `hwprobe calibrate --device cpu`
-leaves either the complete output or none (no half-written run folder, no temporary files), and
-the interrupted command says so in one line, without a traceback."""
+(and SIGTERM, which the command lines take as the same interrupt, during `kvsim run`) leaves either
+the complete output or none (no half-written run folder, no temporary files), and the interrupted
+command says so in one line, without a traceback."""
 
 from __future__ import annotations
 
@@ -52,12 +53,12 @@ PRELOAD = {
 }
 
 
-def _interrupt_after_ready(proc: subprocess.Popen, delay_s: float) -> None:
+def _interrupt_after_ready(proc: subprocess.Popen, delay_s: float, sig: int) -> None:
     if proc.stdout.readline().strip() != "ready":
         return
     time.sleep(delay_s)
     if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
     proc.stdout.read()
 
 
@@ -65,31 +66,37 @@ def test_sigint_at_random_moments_leaves_complete_output_or_none(tmp_path):
     seed = random.randrange(2**32)
     rng = random.Random(seed)
     (tmp_path / "s.yaml").write_text(dump_yaml(tiny_scenario()))
-    jobs = []  # (CLI module, arguments, when to interrupt after ready (s), kind, output path)
+    jobs = []  # (CLI module, arguments, when to interrupt after ready (s), kind, output path, signal)
     # moments up to about each command's own run time (a later one finds it done: the complete output)
     for i in range(2):
-        jobs.append(("sim.cli.main", ["run", "s.yaml", "--out", f"run{i}"], rng.uniform(0.0, 0.8), "run", tmp_path / f"run{i}"))
+        jobs.append(("sim.cli.main", ["run", "s.yaml", "--out", f"run{i}"], rng.uniform(0.0, 0.8), "run", tmp_path / f"run{i}",
+                     signal.SIGINT))
+    jobs.append(("sim.cli.main", ["run", "s.yaml", "--out", "run-term"], rng.uniform(0.0, 0.8), "run",
+                 tmp_path / "run-term", signal.SIGTERM))
     jobs.append(("sim.cli.main", ["report", "s.yaml", "--out", "report.html"], rng.uniform(0.0, 1.2), "report",
-                 tmp_path / "report.html"))
+                 tmp_path / "report.html", signal.SIGINT))
     if importlib.util.find_spec("torch") is not None:
         jobs.append(("hwprobe.cli", ["calibrate", "--device", "cpu", "--tiny", "--out", "cal.yaml"],
-                     rng.uniform(0.0, 4.0), "profile", tmp_path / "cal.yaml"))
+                     rng.uniform(0.0, 4.0), "profile", tmp_path / "cal.yaml", signal.SIGINT))
     running = []
-    for module, args, delay_s, kind, out in jobs:
+    for module, args, delay_s, kind, out, sig in jobs:
         proc = subprocess.Popen([sys.executable, "-c", DRIVER, module, PRELOAD[module], *args], cwd=tmp_path,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, "COLUMNS": "200"})
-        thread = threading.Thread(target=_interrupt_after_ready, args=(proc, delay_s), daemon=True)
+        thread = threading.Thread(target=_interrupt_after_ready, args=(proc, delay_s, sig), daemon=True)
         thread.start()
-        running.append((proc, thread, delay_s, kind, out))
-    for proc, thread, delay_s, kind, out in running:
+        running.append((proc, thread, delay_s, kind, out, sig))
+    for proc, thread, delay_s, kind, out, sig in running:
         thread.join(timeout=HANG_S)
         proc.wait(timeout=HANG_S)
         stderr = proc.stderr.read()
-        context = f"seed {seed}: {kind} interrupted {delay_s:.2f} s after ready, exit {proc.returncode}: {stderr[-500:]}"
+        context = (f"seed {seed}: {kind} sent {signal.Signals(sig).name} {delay_s:.2f} s after ready, exit "
+                   f"{proc.returncode}: {stderr[-500:]}")
         assert "Traceback" not in stderr, context
-        # -SIGINT: the signal came as the interpreter was shutting down, after the command had ended
-        assert proc.returncode in (0, 130, -signal.SIGINT), context
+        # -SIGINT: the signal came as the interpreter was shutting down, after the command had ended;
+        # -SIGTERM: it came outside the command's run (before it began or after it ended), where
+        # SIGTERM keeps its default action
+        assert proc.returncode in (0, 130, -sig), context
         if proc.returncode == 130:
             assert stderr.rstrip().endswith(": interrupted"), context
         elif proc.returncode == 0:

@@ -3,13 +3,21 @@
 Bad input (ConfigError) is one line `<tool>: <file>: <field>: <what>` and exit 2; an interrupt is one
 line and exit 130; anything else is a bug, said in one line that points to `--debug` (or
 KVTIER_DEBUG=1), which shows the traceback instead; exit 1.
+
+SIGTERM (what containers, schedulers and Ray send to stop a process) is an interrupt exactly as
+SIGINT (Ctrl-C) is: while a command runs, it raises KeyboardInterrupt in the main thread, so the
+same paths keep finished work, hold off half-written files (`sim.outputs.atomic.signals_held`
+blocks both), end worker processes and say one line.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 
 import click
 import typer
@@ -24,6 +32,24 @@ DEBUG_ENV = "KVTIER_DEBUG"
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+
+
+def _terminate_as_interrupt(signum, frame):
+    signal.default_int_handler(signum, frame)  # raises KeyboardInterrupt, as SIGINT does
+
+
+@contextmanager
+def sigterm_as_interrupt():
+    """While the block runs (in the main thread), SIGTERM raises KeyboardInterrupt; then the
+    handler before it is back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class GuardedTyper(typer.Typer):
@@ -45,7 +71,8 @@ class GuardedTyper(typer.Typer):
         reported here unless `guard` already said it."""
         self._interrupt_reported = False
         try:
-            return super().__call__(*args, **kwargs)
+            with sigterm_as_interrupt():
+                return super().__call__(*args, **kwargs)
         except KeyboardInterrupt:
             print(f"{self.prog}: interrupted", file=sys.stderr)
             sys.exit(EXIT_INTERRUPTED)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from rich.table import Table
 from sim.inputs import catalog
 from sim.inputs.errors import EXIT_BAD_INPUT, ConfigError
 from sim.model.units import GB, TB, TFLOP
+from sim.outputs.run_folder import to_json
 
 from .guard import EXIT_INTERRUPTED, GuardedTyper
 from .ops import ops
@@ -23,37 +23,29 @@ app = GuardedTyper("kvsim", add_completion=False, no_args_is_help=True, help=__d
 console = Console(width=shutil.get_terminal_size((150, 40)).columns)
 
 
+ALLOW_LARGE_HELP = ("run work past its estimated-cost limit (sim/inputs/limits.py) instead of refusing it; "
+                    "the estimate is said as a warning first")
+
+
 def _fail(err: ConfigError) -> None:
     print(f"kvsim: {err.line()}", file=sys.stderr)
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
-@app.command()
-def run(
-    scenario: Path = typer.Argument(..., help="scenario YAML"),
-    profile: Optional[Path] = typer.Option(None, "--profile", help="measured profile YAML (hwprobe calibrate)"),
-    out: Optional[Path] = typer.Option(None, "--out", help="run directory (default runs/<name>-<UTC time>)"),
-    set_: List[str] = typer.Option([], "--set", help="override, e.g. policy.hbm_ratio=0.3 (repeatable)"),
-    as_json: bool = typer.Option(False, "--json", help="print the summary JSON on stdout"),
-) -> None:
-    """Simulate one scenario; write the resolved scenario, summary.json and steps.csv (with
-    workload.arrivals: a serving run, requests.csv and timeline.csv)."""
-    from sim.decode.simulate import simulate
-    from sim.inputs.profile import device_mismatch, load_profile, measured_device
+def _run_inputs(scenario: Path, profile: Path | None, out: Path | None, set_: list[str], allow_large: bool):
+    """`kvsim run`'s inputs, its cost and its output path, all checked before anything is
+    simulated or written: (scenario, profile path, profile, run folder)."""
+    from sim.inputs.cost import check_serving_cost
+    from sim.inputs.profile import device_mismatch, load_profile
     from sim.inputs.scenario import load_scenario
-    from sim.outputs.run_folder import (
-        check_out_path,
-        default_run_path,
-        serving_summary_rows,
-        summary_rows,
-        to_json,
-        write_run_dir,
-    )
+    from sim.outputs.run_folder import check_out_path, default_run_path
 
-    try:  # every input and the output path checked before anything is simulated or written
+    try:
         if out is not None:
             check_out_path(out, folder=True)
         sc = load_scenario(scenario, set_)
+        if sc.workload.arrivals is not None:  # a serving run's steps and tokens estimated first
+            check_serving_cost(sc, allow=allow_large, source=str(scenario))
         prof_path = str(profile) if profile else sc.hardware.profile
         prof = load_profile(prof_path) if prof_path else None
         out_dir = out or default_run_path(sc.name)
@@ -63,6 +55,25 @@ def run(
     mismatch = device_mismatch(prof, catalog.gpu(sc.hardware.gpu)) if prof is not None else None
     if mismatch:
         print(f"kvsim: warning: {prof_path}: {mismatch}", file=sys.stderr)
+    return sc, prof_path, prof, out_dir
+
+
+@app.command()
+def run(
+    scenario: Path = typer.Argument(..., help="scenario YAML"),
+    profile: Optional[Path] = typer.Option(None, "--profile", help="measured profile YAML (hwprobe calibrate)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="run directory (default runs/<name>-<UTC time>)"),
+    set_: List[str] = typer.Option([], "--set", help="override, e.g. policy.hbm_ratio=0.3 (repeatable)"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary JSON on stdout"),
+    allow_large: bool = typer.Option(False, "--allow-large", help=ALLOW_LARGE_HELP),
+) -> None:
+    """Simulate one scenario; write the resolved scenario, summary.json and steps.csv (with
+    workload.arrivals: a serving run, requests.csv and timeline.csv)."""
+    from sim.decode.simulate import simulate
+    from sim.inputs.profile import measured_device
+    from sim.outputs.run_folder import serving_summary_rows, summary_rows, write_run_dir
+
+    sc, prof_path, prof, out_dir = _run_inputs(scenario, profile, out, set_, allow_large)
     serving = sc.workload.arrivals is not None
     try:
         if serving:
@@ -116,7 +127,7 @@ def models(
         _fail(ConfigError(f"--kv-dtype: expected one of bf16, fp16, fp8, int8, got {kv_dtype!r}"))
     rows = _model_rows(kv_dtype)
     if as_json:
-        print(json.dumps(rows, indent=2))
+        print(to_json(rows))
         return
     t = Table(title="models (weights: linear layers quantised, embeddings/LM head/norms bf16)")
     for col in ("model", "L", "H", "Hkv", "d", "params", "KV B/token (bf16)", "bf16", "fp8", "int8", "int4"):
@@ -139,7 +150,7 @@ def gpus(as_json: bool = typer.Option(False, "--json")) -> None:
                      "link_pinned_h2d_bytes_per_s": ln.pinned_h2d_bytes_per_s,
                      "link_pinned_d2h_bytes_per_s": ln.pinned_d2h_bytes_per_s})
     if as_json:
-        print(json.dumps(rows, indent=2))
+        print(to_json(rows))
         return
     t = Table(title="GPUs (datasheet, dense; memory as the device reports it)")
     for col in ("gpu", "memory", "HBM BW", "BF16", "FP8", "link", "pinned H2D/D2H", "copy engines"):
@@ -219,13 +230,14 @@ def sweep(
     workers: Optional[int] = typer.Option(None, "--workers", help=WORKERS_HELP),
     batch: Optional[int] = typer.Option(None, "--batch", help="points per task (default: 32 on Ray, chosen by level locally)"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar with ETA on stderr"),
+    allow_large: bool = typer.Option(False, "--allow-large", help=ALLOW_LARGE_HELP),
 ) -> None:
     """Evaluate a grid of scenarios; write DIR/table.csv and DIR/table.parquet, one row per point."""
     from sim.sweep.command import sweep_command
 
     try:
         code = sweep_command(spec, out, executor=executor, address=address, workers=workers, batch=batch,
-                             progress=progress)
+                             progress=progress, allow_large=allow_large)
     except ConfigError as err:
         _fail(err)
     if code == EXIT_INTERRUPTED:  # it said so, with what it kept
@@ -259,6 +271,7 @@ def plan(
                                        "plan.json (the search asked) into; `kvsim report --plan DIR` draws them"),
     replicas: bool = typer.Option(False, "--replicas", help="also try data-parallel replicas of the smallest "
                                   "tensor-parallel group that holds the model (about doubles the search)"),
+    allow_large: bool = typer.Option(False, "--allow-large", help=ALLOW_LARGE_HELP),
 ) -> None:
     """Cheapest GPU kind x count (TP x replicas) x KV policy meeting a p99 TTFT/TPOT SLO at --rate, with each
     one's max sustainable rate; ranked by $/hour (assumed prices, sim/catalog/prices.yaml)."""
@@ -280,21 +293,31 @@ def plan(
     names, ns, pols, prices = parse_gpus(gpus_), parse_counts(counts), parse_policies(policies, access), parse_prices(price)
     t0 = time.monotonic()
     try:
-        result = search(sc, spec, names, ns, pols, prices, replicas=replicas, execution=execution)
+        result = search(sc, spec, names, ns, pols, prices, replicas=replicas, execution=execution,
+                        allow_large=allow_large)
     except Interrupted as err:
         _interrupted(err, cache)
     rows, wall = result.rows, time.monotonic() - t0
-    if cache is not None:
-        print(f"kvsim: plan: {result.computed} candidates searched, {result.stored} read from {cache}", file=sys.stderr)
+    _said_about_store(result, cache)
     if out is not None:  # the three files replaced together
         write_dir_atomic(out, plan_dir_files(rows, result.probes, _plan_doc(scenario, sc, spec, names, ns, pols, replicas, price)))
     if as_json:
-        print(json.dumps(rows, indent=2))
+        print(to_json(rows))
         return
     _print_plan(result, sc, spec, replicas, wall, out)
 
 
 app.command()(ops)
+
+
+def _said_about_store(result, cache: Path | None) -> None:
+    """With --cache: what the plan searched and read, and any damaged entries it searched again."""
+    from sim.runner.tasks import damaged_line
+
+    if result.damaged:
+        print(f"kvsim: {damaged_line(result.damaged)} in {cache}", file=sys.stderr)
+    if cache is not None:
+        print(f"kvsim: plan: {result.computed} candidates searched, {result.stored} read from {cache}", file=sys.stderr)
 
 
 def _plan_spec(slo, rate: float, ttft_p99_ms: float | None, tpot_p99_ms: float | None, requests: int,

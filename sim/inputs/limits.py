@@ -36,3 +36,17 @@ MAX_TEXT_CHARS = 10_000  # descriptions, paths
 
 MAX_REQUESTS = 2**20  # requests of one serving run (workload.arrivals)
 MAX_RATE_PER_S = 1e6  # an arrival rate, requests per second
+# A served request's arrival (a trace's arrival_s, the last of a drawn process): beyond it a step time
+# (microseconds and up) would vanish beside the clock (float64 resolves ~2 ns at 1e7 s, 16 ks at 1e20 s)
+MAX_ARRIVAL_S = 1e7  # about 116 days
+MAX_USD_PER_GPU_HOUR = 10_000.0  # a price (kvsim plan --price, sim/catalog/prices.yaml)
+MAX_RATE_FACTOR = 1000.0  # kvsim plan --max-factor
+
+MAX_STORE_ENTRY_BYTES = 8 * 2**20  # one result-store entry (sim/runner/store.py); larger is damaged
+
+# Cost estimated before work starts (sim/inputs/cost.py): more is refused unless the command is given
+# --allow-large, which warns with the estimate instead. Each is minutes of work on one core.
+MAX_SERVING_STEPS = 2**20  # steps one serving simulation takes at least (~100 us each)
+MAX_SERVING_TOKENS = 2**27  # prompt + output tokens of one serving simulation's requests
+MAX_PLAN_STEPS = 2**24  # steps the simulations of a kvsim plan search take at least, together (each candidate once)
+MAX_SWEEP_POINTS = 100_000  # points of one sweep (each validated before any runs, ~20 kB and ~0.1 ms each)

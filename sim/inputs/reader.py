@@ -1,12 +1,18 @@
-"""Reading the files the tools take, one way for all of them: a size cap, strict UTF-8, YAML without
-duplicate keys, JSON, and a check of the parsed tree (depth, size, finite numbers). Every failure is a
-ConfigError naming the file (and the field where there is one); nothing else escapes."""
+"""Reading the files the tools take, one way for all of them (scenarios, traces, profiles, specs,
+config.json files, CSVs read back, result-store entries): regular files only (a FIFO or a device is
+refused before it is opened, so nothing blocks), a size cap checked before reading, strict UTF-8,
+YAML without duplicate keys, JSON, and a check of the parsed tree (depth, size, finite numbers).
+Every failure is a ConfigError naming the file (and the field where there is one); nothing else
+escapes."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +24,38 @@ from .limits import MAX_DOCUMENT_BYTES, MAX_INPUT_BYTES, MAX_INPUT_DEPTH, MAX_IN
 MiB = 2**20
 
 
-def read_text(path: str | Path, cap: int = MAX_INPUT_BYTES) -> str:
-    """The file's text: at most `cap` bytes (an endless stream such as /dev/zero is refused after
-    reading `cap`), UTF-8 (a leading byte-order mark dropped)."""
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _not_regular(mode: int) -> str | None:
+    """Why a file of this mode is not read (reading a FIFO, a device or a socket may block forever
+    or never end), or None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "not a plain file")
+    return f"cannot read file: not a regular file ({kind})"
+
+
+def read_bytes(path: str | Path, cap: int = MAX_INPUT_BYTES) -> bytes:
+    """The file's bytes, the one way every input is read: a regular file only (a symlink is
+    followed; a FIFO, device, socket or folder is refused by os.stat before anything is opened,
+    and the opened file is checked again, so none can block), at most `cap` bytes (refused by its
+    size before reading, and by what a read returns if it grew)."""
     p = Path(path)
     source = str(p)
     try:
-        with open(p, "rb") as fh:
+        why = _not_regular(os.stat(p).st_mode)
+        if why:
+            raise ConfigError(why, source=source)
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            why = _not_regular(st.st_mode)  # replaced between the stat and the open
+            if why:
+                raise ConfigError(why, source=source)
+            if st.st_size > cap:
+                raise ConfigError(f"larger than {cap / MiB:g} MiB, the most an input file may be", source=source)
             raw = fh.read(cap + 1)
     except FileNotFoundError:
         raise ConfigError("file not found", source=source) from None
@@ -32,10 +63,31 @@ def read_text(path: str | Path, cap: int = MAX_INPUT_BYTES) -> str:
         raise ConfigError(f"cannot read file: {getattr(exc, 'strerror', None) or exc}", source=source) from None
     if len(raw) > cap:
         raise ConfigError(f"larger than {cap / MiB:g} MiB, the most an input file may be", source=source)
+    return raw
+
+
+def read_text(path: str | Path, cap: int = MAX_INPUT_BYTES) -> str:
+    """The file's text (read_bytes: a regular file, at most `cap` bytes), UTF-8 (a leading
+    byte-order mark dropped)."""
+    raw = read_bytes(path, cap)
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})", source=source) from None
+        raise ConfigError(f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})", source=str(path)) from None
+
+
+def file_sha256(path: str | Path, cap: int = MAX_DOCUMENT_BYTES) -> str:
+    """sha256 hex of a file's bytes, read as every input is (read_bytes)."""
+    return hashlib.sha256(read_bytes(path, cap)).hexdigest()
+
+
+def check_csv_header(names: list[str] | None, source: str) -> None:
+    """A CSV's header names each column once (a reader would keep one of the two silently)."""
+    seen: set[str] = set()
+    for name in names or []:
+        if name in seen:
+            raise ConfigError(f"header: column {name!r} given twice; expected each column once", source=source)
+        seen.add(name)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

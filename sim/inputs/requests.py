@@ -20,8 +20,8 @@ import numpy as np
 
 from .errors import ConfigError
 from .lengths import draw_lengths
-from .limits import MAX_REQUESTS, MAX_TOKENS
-from .reader import read_text
+from .limits import MAX_ARRIVAL_S, MAX_REQUESTS, MAX_TOKENS
+from .reader import check_csv_header, read_text
 from .serving_config import ClosedLoopArrivals, GammaArrivals, PoissonArrivals, TraceArrivals
 
 ARRIVAL_STREAM = 3  # seed stream of arrival times ([seed, 1]: lengths, [seed, 2]: token importance)
@@ -94,6 +94,9 @@ def _cell(row: dict, column: str, line: int, integer: bool) -> float:
         raise ConfigError(f"line {line}: {column}: expected 1 to {MAX_TOKENS:,}, got {value}")
     if not integer and not (math.isfinite(value) and value >= 0):
         raise ConfigError(f"line {line}: {column}: expected a finite number >= 0, got {raw!r}")
+    if not integer and value > MAX_ARRIVAL_S:
+        raise ConfigError(f"line {line}: {column}: expected at most {MAX_ARRIVAL_S:g} s (about "
+                          f"{MAX_ARRIVAL_S / 86400:.0f} days, the horizon a run may span), got {raw!r}")
     return value
 
 
@@ -104,6 +107,7 @@ def read_trace(path: str | Path) -> RequestSet:
     text = read_text(path)
     reader = csv.DictReader(io.StringIO(text))
     try:
+        check_csv_header(reader.fieldnames, str(path))
         missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
             raise ConfigError(f"header: expected the columns {', '.join(TRACE_COLUMNS)}; missing {', '.join(missing)}")

@@ -1,12 +1,15 @@
 """Load-time checks of a serving scenario that the schema alone cannot make: the trace file reads,
 every request has a prompt (a trace's own, or drawn no longer than a run can hold), and without
 chunked prefill every request's longest prefill fits one step's token budget (vLLM requires
-max_num_batched_tokens >= max_model_len then)."""
+max_num_batched_tokens >= max_model_len then). The last request arrives within the horizon a run may
+span (`limits.MAX_ARRIVAL_S`)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from .errors import ConfigError
-from .limits import MAX_TOKENS
+from .limits import MAX_ARRIVAL_S, MAX_TOKENS
 from .requests import build_requests
 from .serving_config import TraceArrivals
 
@@ -30,6 +33,11 @@ def check_serving(scenario, source: str) -> None:
     except ConfigError as err:
         where = ": ".join(p for p in (err.source, err.field) if p)
         raise ConfigError(f"{where}: {err.message}", source=source, field="workload.arrivals.path") from None
+    last = float(np.nanmax(reqs.arrival_s)) if not np.isnan(reqs.arrival_s).all() else 0.0
+    if last > MAX_ARRIVAL_S:  # a trace's rows are checked as they are read; this is a drawn process
+        raise ConfigError(f"the last of {len(reqs):,} requests arrives at {last:.3g} s, beyond the {MAX_ARRIVAL_S:g} s "
+                          f"(about {MAX_ARRIVAL_S / 86400:.0f} days) a run may span; expected a higher rate_per_s "
+                          f"or fewer requests", source=source, field="workload.arrivals.rate_per_s")
     if not fixed and int(reqs.prompt_tokens.max()) > MAX_TOKENS:
         raise ConfigError(f"draws a prompt of {int(reqs.prompt_tokens.max()):,} tokens, more than {MAX_TOKENS:,}; "
                           f"give a max", source=source, field="workload.prompt_tokens")

@@ -16,25 +16,29 @@ from sim.inputs.errors import ConfigError
 from sim.model.units import GB, MS
 
 from .atomic import write_dir_atomic
+from .csv_text import csv_text
 from .schema import SimRunSummary
 
 
-def to_json(document: BaseModel | dict) -> str:
-    """A summary (a schema model, or a dict such as one read back from summary.json) as indented
-    JSON: keys in declaration order, NaN and infinities as null."""
-    def clean(v):
-        if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
-            return None
-        if isinstance(v, dict):
-            return {k: clean(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return [clean(x) for x in v]
-        if hasattr(v, "item"):  # numpy scalars
-            return v.item()
-        return v
+def finite_data(v):
+    """JSON-ready data with NaN and infinities as None (JSON has neither), numpy scalars as Python's."""
+    if isinstance(v, dict):
+        return {k: finite_data(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [finite_data(x) for x in v]
+    if hasattr(v, "item") and not isinstance(v, (str, bytes)):  # numpy scalars
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
 
+
+def to_json(document: BaseModel | dict | list, *, sort_keys: bool = False) -> str:
+    """A summary (a schema model, or data such as a dict read back from summary.json, or a list of
+    rows) as indented JSON: keys in declaration order, NaN and infinities as null. Every JSON the
+    tools print or write goes through here, so none holds `NaN` or `Infinity` (not JSON)."""
     data = document.model_dump() if isinstance(document, BaseModel) else document
-    return json.dumps(clean(data), indent=2, sort_keys=False)
+    return json.dumps(finite_data(data), indent=2, sort_keys=sort_keys, allow_nan=False)
 
 
 RUNS_DIR = Path("runs")
@@ -93,7 +97,7 @@ def write_run_dir(out_dir: str | Path, scenario, summary: BaseModel, steps=None,
     csvs = tables if tables is not None else {"steps.csv": steps}
     return write_dir_atomic(out_dir, {
         "scenario.resolved.yaml": scenario_to_yaml(scenario),
-        **{name: table.to_csv(index=False) for name, table in csvs.items()},
+        **{name: csv_text(table) for name, table in csvs.items()},
         "summary.json": to_json(summary) + "\n",
     })
 
@@ -136,7 +140,9 @@ def summary_rows(s: SimRunSummary, measured_on: str | None = None) -> list[tuple
     tput = s.throughput_tok_per_s
     rows += [
         ("decode throughput", "-" if tput is None else f"{tput:,.1f} tok/s"),
-        ("TPOT p50 / p99", "-" if s.tpot_p50_s is None else f"{s.tpot_p50_s / MS:.3f} / {s.tpot_p99_s / MS:.3f} ms"),
+        ("TPOT p50 / p99", "-" if s.tpot_p50_s is None and s.tpot_p99_s is None else
+         f"{_f(None if s.tpot_p50_s is None else s.tpot_p50_s / MS, '.3f')} / "
+         f"{_f(None if s.tpot_p99_s is None else s.tpot_p99_s / MS, '.3f')} ms"),
         ("HBM peak", _gb(s.hbm_peak_bytes) + f" of {_gb(s.hbm_capacity_bytes)}"),
         ("HBM saved vs full_hbm", _gb(s.hbm_saved_bytes)),
         ("host peak", _gb(s.host_peak_bytes)),
@@ -165,34 +171,49 @@ def _ms(x) -> str:
     return "-" if x is None else f"{x / MS:,.1f} ms"
 
 
+def _f(x, spec: str, unit: str = "") -> str:
+    """`x` formatted by `spec` (and followed by `unit`), or "-" where the run left it None (a
+    closed-loop run has no offered rate, a run of one-token requests no TPOT)."""
+    return "-" if x is None else f"{x:{spec}}{unit}"
+
+
+def _load(s) -> str:
+    """How requests arrived, each kind with the figure it has."""
+    if s.arrivals in ("poisson", "gamma"):
+        return f"{'Poisson' if s.arrivals == 'poisson' else 'gamma'} at {_f(s.offered_rate_per_s, 'g', ' req/s')}"
+    if s.arrivals == "closed_loop":
+        return f"closed loop, {_f(s.clients, ',')} clients"
+    return str(s.arrivals)
+
+
 def serving_summary_rows(s) -> list[tuple[str, str]]:
-    """(label, value) rows of a ServingSummary, in reading order."""
+    """(label, value) rows of a ServingSummary, in reading order; a figure the run left None is "-"."""
     where = s.gpu if s.tp == 1 else f"{s.tp} x {s.gpu} (tensor parallel; memory figures per GPU)"
-    load = {"poisson": f"Poisson at {s.offered_rate_per_s:g} req/s", "gamma": f"gamma at {s.offered_rate_per_s:g} req/s",
-            "closed_loop": f"closed loop, {s.clients} clients", "trace": "trace"}[s.arrivals]
-    rows = [("scenario", f"{s.scenario}: {s.model} on {where}, {s.policy}, {s.requests:,} requests, {load}"),
-            ("scheduler", f"max_num_seqs {s.max_num_seqs}, max_num_batched_tokens {s.max_num_batched_tokens:,}, "
+    rows = [("scenario", f"{s.scenario}: {s.model} on {where}, {s.policy}, {_f(s.requests, ',')} requests, {_load(s)}"),
+            ("scheduler", f"max_num_seqs {s.max_num_seqs}, max_num_batched_tokens {_f(s.max_num_batched_tokens, ',')}, "
                           f"chunked prefill {'on' if s.chunked_prefill else 'off'}")]
     if not s.fits:
         rows.append(("fits", f"NO - does not fit: {s.does_not_fit}"))
         return rows
     rows += [
         ("fits", "yes"),
-        ("duration", f"{s.duration_s:,.1f} s ({s.steps:,} steps)"),
-        ("request / output throughput", f"{s.request_throughput_per_s:,.2f} req/s / {s.output_throughput_tok_per_s:,.0f} tok/s"),
+        ("duration", f"{_f(s.duration_s, ',.1f', ' s')} ({_f(s.steps, ',')} steps)"),
+        ("request / output throughput", f"{_f(s.request_throughput_per_s, ',.2f', ' req/s')} / "
+                                        f"{_f(s.output_throughput_tok_per_s, ',.0f', ' tok/s')}"),
         ("TTFT mean / p50 / p99", f"{_ms(s.ttft_mean_s)} / {_ms(s.ttft_p50_s)} / {_ms(s.ttft_p99_s)}"),
         ("TPOT mean / p50 / p99", f"{_ms(s.tpot_mean_s)} / {_ms(s.tpot_p50_s)} / {_ms(s.tpot_p99_s)}"),
         ("ITL p50 / p99", f"{_ms(s.itl_p50_s)} / {_ms(s.itl_p99_s)}"),
-        ("E2E mean / p99", f"{s.e2e_mean_s:,.2f} / {s.e2e_p99_s:,.2f} s"),
+        ("E2E mean / p99", f"{_f(s.e2e_mean_s, ',.2f')} / {_f(s.e2e_p99_s, ',.2f', ' s')}"),
     ]
     if s.goodput_req_per_s is not None:
         targets = ", ".join(t for t in (f"TTFT <= {_ms(s.slo_ttft_s)}" if s.slo_ttft_s else "",
                                         f"TPOT <= {_ms(s.slo_tpot_s)}" if s.slo_tpot_s else "") if t)
         rows.append(("goodput", f"{s.goodput_req_per_s:,.2f} req/s ({targets})"))
     rows += [
-        ("concurrency mean / running mean / max", f"{s.mean_concurrency:,.1f} / {s.mean_running:,.1f} / {s.max_running}"),
-        ("queue mean", f"{s.queue_mean_s:,.3f} s"),
-        ("preemptions", f"{s.preemptions:,} ({s.preempted_requests:,} requests)"),
+        ("concurrency mean / running mean / max", f"{_f(s.mean_concurrency, ',.1f')} / {_f(s.mean_running, ',.1f')} / "
+                                                  f"{_f(s.max_running, '')}"),
+        ("queue mean", _f(s.queue_mean_s, ',.3f', ' s')),
+        ("preemptions", f"{_f(s.preemptions, ',')} ({_f(s.preempted_requests, ',')} requests)"),
         *_swap_rows(s),
         ("HBM peak / KV budget", f"{_gb(s.hbm_peak_bytes)} of {_gb(s.hbm_capacity_bytes)} / {_gb(s.kv_budget_bytes)}"),
         ("host peak", _gb(s.host_peak_bytes)),
@@ -205,6 +226,6 @@ def _swap_rows(s) -> list[tuple[str, str]]:
     if s.preemption != "swap":
         return []
     space = "host memory" if s.swap_space_bytes is None else f"swap space {_gb(s.swap_space_bytes)}"
-    return [("swapped out / in", f"{s.swaps:,} / {s.swap_ins:,} requests, {_gb(s.swap_out_bytes)} / "
+    return [("swapped out / in", f"{_f(s.swaps, ',')} / {_f(s.swap_ins, ',')} requests, {_gb(s.swap_out_bytes)} / "
                                  f"{_gb(s.swap_in_bytes)} per GPU"),
-            ("recompute fallbacks", f"{s.swap_fallbacks:,} (no room in {space}, or swap given up)")]
+            ("recompute fallbacks", f"{_f(s.swap_fallbacks, ',')} (no room in {space}, or swap given up)")]

@@ -8,10 +8,10 @@ plan.csv, titles and SLO lines from plan.json.
 
 from __future__ import annotations
 
-import json
-
 from pydantic import Field
 
+from sim.outputs.csv_text import csv_text
+from sim.outputs.run_folder import to_json
 from sim.outputs.schema import Document
 
 PLAN_CSV, PROBES_CSV, PLAN_JSON = "plan.csv", "probes.csv", "plan.json"
@@ -62,7 +62,7 @@ class PlanDoc(Document):
 
 
 def plan_json(doc: PlanDoc) -> str:
-    return json.dumps(doc.model_dump(), indent=2) + "\n"
+    return to_json(doc) + "\n"
 
 
 def plan_csv(rows: list[dict]) -> str:
@@ -70,13 +70,13 @@ def plan_csv(rows: list[dict]) -> str:
 
     df = pd.DataFrame(rows, columns=PLAN_COLUMNS)
     df["rank"] = df["rank"].astype("Int64")
-    return df.to_csv(index=False)
+    return csv_text(df)
 
 
 def probes_csv(probes: list[dict]) -> str:
     import pandas as pd
 
-    return pd.DataFrame(probes, columns=PROBE_COLUMNS).to_csv(index=False)
+    return csv_text(pd.DataFrame(probes, columns=PROBE_COLUMNS))
 
 
 def plan_dir_files(rows: list[dict], probes: list[dict], doc: PlanDoc) -> dict[str, str]:

@@ -28,12 +28,23 @@ from typing import Any, ClassVar
 import yaml
 
 from sim.inputs import catalog
+from sim.inputs.cost import over_budget, serving_steps
 from sim.inputs.errors import ConfigError
+from sim.inputs.limits import (
+    MAX_ARRIVAL_S,
+    MAX_PLAN_STEPS,
+    MAX_RATE_FACTOR,
+    MAX_RATE_PER_S,
+    MAX_SECONDS,
+    MAX_USD_PER_GPU_HOUR,
+)
+from sim.inputs.requests import build_requests
 from sim.inputs.scenario import Scenario, scenario_from_dict
+from sim.inputs.serving_config import PoissonArrivals
 from sim.model.units import GB
 from sim.outputs.schema import LINK_BOTTLENECK_UTILIZATION
 from sim.runner.options import Execution
-from sim.runner.store import file_digests, result_key
+from sim.runner.store import NUMBER, OPTIONAL_NUMBER, OPTIONAL_TEXT, file_digests, has_fields, result_key
 from sim.runner.tasks import run_tasks
 
 from .files import MISS_FIT, MISS_TPOT, MISS_TTFT, PLAN_COLUMNS, candidate_key
@@ -171,6 +182,8 @@ def parse_prices(items: list[str]) -> dict[str, tuple[float, str]]:
             usd = math.nan
         if not sep or not name.strip() or not math.isfinite(usd) or usd < 0:
             raise ConfigError(f"expected GPU=DOLLARS_PER_HOUR, e.g. h100-sxm=2.5, got {item!r}", field="--price")
+        if usd > MAX_USD_PER_GPU_HOUR:
+            raise ConfigError(f"expected at most {MAX_USD_PER_GPU_HOUR:,.0f} $ per GPU-hour, got {item!r}", field="--price")
         try:
             g = catalog.gpu(name).name
         except ConfigError as err:
@@ -180,15 +193,27 @@ def parse_prices(items: list[str]) -> dict[str, tuple[float, str]]:
 
 
 def check_spec(spec: PlanSpec) -> None:
-    for field, value in (("--rate", spec.rate), ("--ttft-p99-ms", spec.ttft_s), ("--tpot-p99-ms", spec.tpot_s)):
+    """Every figure of the search within a range that means something; each refusal one line."""
+    ms = lambda s: None if s is None else s * 1e3  # noqa: E731
+    for field, value in (("--rate", spec.rate), ("--ttft-p99-ms", ms(spec.ttft_s)), ("--tpot-p99-ms", ms(spec.tpot_s))):
         if value is not None and (not math.isfinite(value) or value <= 0):
             raise ConfigError(f"expected a positive number, got {value:g}", field=field)
+    for field, value in (("--ttft-p99-ms", ms(spec.ttft_s)), ("--tpot-p99-ms", ms(spec.tpot_s))):
+        if value is not None and value > MAX_SECONDS * 1e3:
+            raise ConfigError(f"expected at most {MAX_SECONDS * 1e3:,.0f} ms (an hour), got {value:g}", field=field)
     if spec.ttft_s is None and spec.tpot_s is None:
         raise ConfigError("give --ttft-p99-ms, --tpot-p99-ms or both (or a scenario with slo:)", field="--ttft-p99-ms")
     if not 1 <= spec.requests <= MAX_REQUESTS_PLAN:
         raise ConfigError(f"expected 1 to {MAX_REQUESTS_PLAN:,} requests, got {spec.requests}", field="--requests")
-    if not (math.isfinite(spec.max_factor) and spec.max_factor >= 1.0):
-        raise ConfigError(f"expected at least 1, got {spec.max_factor:g}", field="--max-factor")
+    if not (math.isfinite(spec.max_factor) and 1.0 <= spec.max_factor <= MAX_RATE_FACTOR):
+        raise ConfigError(f"expected 1 to {MAX_RATE_FACTOR:g}, got {spec.max_factor:g}", field="--max-factor")
+    if spec.rate * spec.max_factor > MAX_RATE_PER_S:
+        raise ConfigError(f"expected at most {MAX_RATE_PER_S:g} req/s, --max-factor times it included (the search "
+                          f"probes up to {spec.rate * spec.max_factor:g}), got {spec.rate:g}", field="--rate")
+    if spec.requests / spec.rate > MAX_ARRIVAL_S / 2:  # the last of the requests arrives about then
+        raise ConfigError(f"expected at least {2 * spec.requests / MAX_ARRIVAL_S:.3g} req/s: {spec.requests:,} requests "
+                          f"at {spec.rate:g} req/s would arrive over {spec.requests / spec.rate:.3g} s, beyond the "
+                          f"horizon a run may span ({MAX_ARRIVAL_S:g} s)", field="--rate")
 
 
 # ---- candidates --------------------------------------------------------------------------------
@@ -372,6 +397,17 @@ def _search(base: Scenario, cand: Candidate, spec: PlanSpec, run) -> dict:
     return row
 
 
+# what evaluate returns, as a stored result must hold it (CandidateTask.accepts)
+CANDIDATE_RESULT = {"gpu": str, "gpus": int, "tp": int, "dp": int, "policy": str, "status": str,
+                    "ttft_p99_ms": OPTIONAL_NUMBER, "tpot_p99_ms": OPTIONAL_NUMBER, "max_rate_per_s": OPTIONAL_NUMBER,
+                    "max_rate_capped": (bool, type(None)), "next_rate_per_s": OPTIONAL_NUMBER,
+                    "binding": OPTIONAL_TEXT, "reason": OPTIONAL_TEXT, "probes": list}
+PROBE_RESULT = {"candidate": str, "gpu": str, "gpus": int, "tp": int, "dp": int, "policy": str, "probe": int, "step": str,
+                "offered_rate_per_s": NUMBER, "passed": bool, "slo_missed": str,
+                **{f"{m}_{p}_ms": OPTIONAL_NUMBER for m in ("ttft", "tpot") for p in ("p50", "p90", "p99")},
+                "e2e_p99_ms": OPTIONAL_NUMBER, "goodput_req_per_s": OPTIONAL_NUMBER, "reason": OPTIONAL_TEXT}
+
+
 @dataclass(frozen=True)
 class CandidateTask:
     """One candidate's search as a task (sim.runner.tasks), keyed by the base scenario (its name aside),
@@ -393,6 +429,16 @@ class CandidateTask:
     def run(self) -> dict:
         return evaluate(self.base, self.cand, self.spec)
 
+    def accepts(self, result: Any) -> bool:
+        """A stored result is this candidate's search: evaluate's row and probes, of this candidate."""
+        if not has_fields(result, CANDIDATE_RESULT) or result["status"] not in ("pass", "fail"):
+            return False
+        mine = (self.cand.gpu, self.cand.count, self.cand.tp_size, self.cand.replicas, self.cand.policy)
+        if (result["gpu"], result["gpus"], result["tp"], result["dp"], result["policy"]) != mine:
+            return False
+        name = candidate_key(self.cand.gpu, self.cand.count, self.cand.tp_size, self.cand.policy)
+        return all(has_fields(p, PROBE_RESULT) and p["candidate"] == name for p in result["probes"])
+
 
 @dataclass
 class PlanResult:
@@ -400,6 +446,30 @@ class PlanResult:
     probes: list[dict]  # sim.plan.files.PROBE_COLUMNS: every simulation, candidate by candidate
     computed: int = 0  # candidates searched by this run
     stored: int = 0  # candidates found in the result store
+    damaged: int = 0  # entries the store held but could not verify: searched again
+
+
+def probes_at_most(spec: PlanSpec) -> int:
+    """Simulations one candidate's search may take: the rate, the doublings to the cap, the bisections."""
+    doublings = math.ceil(math.log2(spec.max_factor) - 1e-12) if spec.max_factor > 1.0 else 0
+    bisections = max(0, math.ceil(math.log2(math.log(2.0) / math.log1p(spec.tolerance)) - 1e-12))
+    return 1 + doublings + bisections
+
+
+def check_plan_cost(base: Scenario, tasks: list[CandidateTask], spec: PlanSpec, *, allow: bool) -> None:
+    """The search's simulations together within MAX_PLAN_STEPS (or allowed): each candidate is
+    simulated once at least, each run at least `sim.inputs.cost.serving_steps` steps."""
+    if not tasks:
+        return
+    seed = getattr(base.workload.arrivals, "seed", None)  # the lengths every candidate_scenario draws
+    arrivals = PoissonArrivals(kind="poisson", rate_per_s=spec.rate, requests=spec.requests, seed=seed)
+    requests = build_requests(base.workload.model_copy(update={"arrivals": arrivals}))
+    per_run = serving_steps(requests, base.scheduler.max_num_seqs, base.scheduler.max_num_batched_tokens)
+    least = len(tasks) * per_run
+    if least > MAX_PLAN_STEPS:
+        over_budget(f"{len(tasks):,} candidates x at least {per_run:,} simulated steps each (up to {probes_at_most(spec)} "
+                    f"simulations a candidate) = at least {least:,} steps, more than the {MAX_PLAN_STEPS:,} a plan may "
+                    f"take", allow=allow, field="--requests")
 
 
 def plan(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], policies: list[str],
@@ -411,11 +481,12 @@ def plan(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], pol
 
 def search(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], policies: list[str],
            prices: dict[str, tuple[float, str]], workers: int | None = None, replicas: bool = False,
-           execution: Execution | None = None) -> PlanResult:
+           execution: Execution | None = None, allow_large: bool = False) -> PlanResult:
     """Every candidate's row (PLAN_COLUMNS), ranked (`replicas`: also the most-replicas split of
     each count, which roughly doubles the search): passing by $/hour then max rate (rank 1, 2, ...),
     then failing, then pruned (rank None); and the probes behind them. The candidates run as
-    `execution` says (default: local processes, `workers` of them, no store)."""
+    `execution` says (default: local processes, `workers` of them, no store). A search past
+    MAX_PLAN_STEPS is refused before any simulation unless `allow_large` (check_plan_cost)."""
     check_spec(spec)
     for g in gpus:
         if g not in prices:
@@ -431,6 +502,7 @@ def search(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], p
                                      binding=None, reason=splits))
                 else:
                     todo += [CandidateTask(base, Candidate(g, n, p, tp), spec) for tp in (splits if replicas else [n])]
+    check_plan_cost(base, todo, spec, allow=allow_large)
     execution = execution or Execution(workers=workers)
     done = run_tasks(todo, execution.runner(), store=execution.store())
     rows += [dict(r) for r in done.results]
@@ -444,4 +516,5 @@ def search(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], p
     for r in rows:
         rank += r["status"] == "pass"
         r["rank"] = rank if r["status"] == "pass" else None
-    return PlanResult([{c: r[c] for c in PLAN_COLUMNS} for r in rows], probes, done.computed, done.stored_before)
+    return PlanResult([{c: r[c] for c in PLAN_COLUMNS} for r in rows], probes, done.computed, done.stored_before,
+                      done.damaged)

@@ -15,8 +15,10 @@ from sim.inputs.errors import ConfigError
 from sim.inputs.profile import Profile, load_profile
 from sim.inputs.scenario import Scenario, load_scenario
 from sim.outputs.atomic import write_files_atomic
+from sim.outputs.csv_text import csv_text
 from sim.outputs.run_folder import check_out_path
 from sim.runner.options import Execution
+from sim.runner.tasks import damaged_line
 from sim.studies.access_strategies import access_study
 from sim.studies.paper_check import check_paper
 from sim.studies.projection_grid import DEFAULT_GRID, GridSpec, cells_for, check_spec, gpu_columns, run_grid
@@ -118,11 +120,13 @@ def build_report(scenario_paths: list[Path], profile_paths: list[Path], validati
         files = {}
         if data.grid is not None:  # the numbers behind the projection, for spreadsheets and scripts
             points, limits = grid_csv_paths(out)
-            files[points] = data.grid.points.to_csv(index=False)
-            files[limits] = data.grid.limits.to_csv(index=False)
+            files[points] = csv_text(data.grid.points)
+            files[limits] = csv_text(data.grid.limits)
         files[out] = text
         write_files_atomic(files)  # all renamed together: an interrupt leaves all of them or none
         advance()
+    if data.grid is not None and data.grid.damaged:
+        print(f"kvsim: {damaged_line(data.grid.damaged)} in {execution.cache}", file=sys.stderr)
     if data.grid is not None and execution.cache is not None:
         print(f"kvsim: projection: {data.grid.computed} cells computed, {data.grid.stored} read from {execution.cache}",
               file=sys.stderr)

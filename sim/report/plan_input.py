@@ -3,6 +3,7 @@ it). Bad input fails with one line naming the folder or file, the field and what
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,8 +49,8 @@ def load_plan(path: str | Path) -> PlanFiles:
     if not folder.is_dir():
         what = "folder not found" if not folder.exists() else "not a folder"
         raise ConfigError(f"{what}; expected {EXPECTED}", source=str(folder), field="--plan")
-    for name in PLAN_FILES:
-        if not (folder / name).is_file():
+    for name in PLAN_FILES:  # present; each then read as every input is (a regular file, size-capped)
+        if not os.path.lexists(folder / name):
             raise ConfigError(f"file not found; expected {EXPECTED}", source=str(folder / name))
     doc = _doc(folder / PLAN_JSON)
     plan = _table(folder / PLAN_CSV, PLAN_COLUMNS, PLAN_NUMBERS)

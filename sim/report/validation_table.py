@@ -6,13 +6,15 @@ from __future__ import annotations
 import csv
 import io
 import math
+import os
 from pathlib import Path
 
 import pandas as pd
 
 from sim.inputs.errors import ConfigError
-from sim.inputs.reader import read_text
+from sim.inputs.reader import check_csv_header, read_text
 from sim.model.units import GB, MS
+from sim.outputs.csv_text import restore
 from sim.outputs.schema import (
     D2H_BYTES,
     DEVICE_MEMORY_PEAK,
@@ -67,11 +69,18 @@ def _numbers(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
-    """Every cell as text, the file size-capped and UTF-8 (sim/inputs/reader.py); a parse failure a
+    """Every cell as text (as written: sim.outputs.csv_text's quoting undone), the file a regular one,
+    size-capped and UTF-8 (sim/inputs/reader.py), each column named once; a parse failure a
     ConfigError naming the file. pandas' EmptyDataError is left to the caller."""
     text = read_text(path)
     try:
-        return pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, na_values=[""])
+        header = next((row for row in csv.reader(io.StringIO(text)) if row), [])  # pandas skips blank lines too
+        check_csv_header([restore(c) for c in header], str(path))
+        frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, na_values=[""])
+        frame.columns = [restore(c) for c in frame.columns]
+        for c in frame.columns:  # text stays text (an all-empty column is not made float)
+            frame[c] = frame[c].map(restore).astype(frame[c].dtype)
+        return frame
     except pd.errors.EmptyDataError:
         raise
     except (pd.errors.ParserError, ValueError, csv.Error, MemoryError) as exc:
@@ -83,8 +92,6 @@ def load_validation(path: str | Path) -> pd.DataFrame:
     """The long table, with rel_error filled in where the file left it empty."""
     source = str(path)
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError("file not found" if not p.exists() else "not a file", source=source)
     try:
         frame = _read_csv(p)
     except pd.errors.EmptyDataError:
@@ -110,7 +117,7 @@ def load_validation(path: str | Path) -> pd.DataFrame:
 def _ratio_rows(path: Path) -> pd.DataFrame:
     """The throughput ratios to full_hbm validate wrote beside the table, as rows of one more
     metric; none when the file is absent or holds none."""
-    if not path.is_file():
+    if not os.path.lexists(path):
         return pd.DataFrame(columns=[*REQUIRED_COLUMNS, "rel_error"])
     source = str(path)
     try:

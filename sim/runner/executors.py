@@ -40,8 +40,10 @@ def _watch_parent(parent: int) -> None:
 
 
 def _worker_init(parent: int) -> None:
-    # Ctrl-C goes to the whole process group; the driver alone handles it and stops the workers.
+    # Ctrl-C (and a SIGTERM sent to the process group) reaches every process; the driver alone
+    # handles it (sim.cli.guard: SIGTERM is an interrupt) and ends the workers with SIGKILL.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
 
 
@@ -73,7 +75,7 @@ class LocalExecutor:
                 for f in futures:
                     f.cancel()
                 for proc in list((getattr(pool, "_processes", None) or {}).values()):
-                    proc.terminate()
+                    proc.kill()  # they ignore SIGINT and SIGTERM (_worker_init)
             pool.shutdown(wait=True, cancel_futures=True)
 
 

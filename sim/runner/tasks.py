@@ -4,7 +4,9 @@ A task is any picklable object with
     kind     a class attribute naming its results in a store (part of their hash),
     key      the sha256 of (kind, inputs(), simulator version): `store.result_key`,
     inputs() what determines its result, as JSON-ready data,
-    run()    its result, as JSON-ready data (dicts, lists, numbers, strings, None).
+    run()    its result, as JSON-ready data (dicts, lists, numbers, strings, None),
+    accepts(result)  whether a stored result has the shape run() gives (a store's entry that does
+             not is damaged and computed again: `store.ResultStore.lookup`).
 Its class is the evaluator: sweep points (`sim.sweep.points.PointTask`), projection cells
 (`sim.studies.projection_grid.Cell`), plan candidates (`sim.plan.search.CandidateTask`). Executors run
 batches of them anywhere; `run_tasks` looks each one up in a store first, hands the rest to an
@@ -21,7 +23,7 @@ from typing import Any, ClassVar, Protocol
 
 from sim.outputs.atomic import signals_held, write_text_atomic
 
-from .store import ResultStore
+from .store import Entry, ResultStore
 
 
 class Task(Protocol):
@@ -33,6 +35,8 @@ class Task(Protocol):
     def inputs(self) -> dict[str, Any]: ...
 
     def run(self) -> Any: ...
+
+    def accepts(self, result: Any) -> bool: ...
 
 
 def run_batch(tasks: Sequence[Task]) -> list[Any]:
@@ -53,6 +57,12 @@ class Computed:
     results: list[Any]  # one per task, in task order
     computed: int
     stored_before: int  # found in the store
+    damaged: int = 0  # entries the store held but could not verify: computed again (store.Entry.DAMAGED)
+
+
+def damaged_line(count: int) -> str:
+    """What a command says on stderr when its store held `count` damaged entries (recomputed)."""
+    return f"recomputed {count} damaged {'entry' if count == 1 else 'entries'}"
 
 
 def run_tasks(tasks: Sequence[Task], executor, *, store: ResultStore | None = None,
@@ -67,7 +77,7 @@ def run_tasks(tasks: Sequence[Task], executor, *, store: ResultStore | None = No
     Tests can stop it part-way at a known point: `TEST_PAUSE` (`_test_pause`)."""
     pause_after, pause_marker = _test_pause()
     keys = [t.key for t in tasks] if store is not None else []
-    results, todo = _stored(tasks, keys, store)
+    results, todo, damaged = _stored(tasks, keys, store)
     stored_before = len(tasks) - len(todo)
     found = found or advance
     if found and stored_before:
@@ -96,7 +106,7 @@ def run_tasks(tasks: Sequence[Task], executor, *, store: ResultStore | None = No
     finally:
         if batches:
             stream.close()  # stops the workers where the run ends early
-    return Computed(results, len(todo), stored_before)
+    return Computed(results, len(todo), stored_before, damaged)
 
 
 TEST_PAUSE = "KVTIER_TEST_PAUSE_AFTER_TASKS"
@@ -124,14 +134,17 @@ def _pause_for_test(stored: int, marker: str | None) -> None:
     time.sleep(TEST_PAUSE_LIMIT_S)
 
 
-def _stored(tasks: Sequence[Task], keys: list[str], store: ResultStore | None) -> tuple[list[Any], list[int]]:
-    """(results found in the store, None elsewhere; the indices of the tasks still to compute)."""
+def _stored(tasks: Sequence[Task], keys: list[str], store: ResultStore | None) -> tuple[list[Any], list[int], int]:
+    """(results found in the store, None elsewhere; the indices of the tasks still to compute; how
+    many of those the store held damaged)."""
     results: list[Any] = [None] * len(tasks)
     todo = []
+    damaged = 0
     for i, task in enumerate(tasks):
-        stored, result = store.read(keys[i], task.kind) if store is not None else (False, None)
-        if stored:
+        entry, result = store.lookup(keys[i], task.kind, task.accepts) if store is not None else (Entry.MISSING, None)
+        if entry is Entry.FOUND:
             results[i] = result
         else:
             todo.append(i)
-    return results, todo
+            damaged += entry is Entry.DAMAGED
+    return results, todo, damaged

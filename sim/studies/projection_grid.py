@@ -24,7 +24,7 @@ from sim.inputs.scenario import Scenario, scenario_from_dict
 from sim.model.units import PERCENT
 from sim.outputs.schema import LINK_BOTTLENECK_UTILIZATION
 from sim.runner.options import Execution
-from sim.runner.store import digest, result_key
+from sim.runner.store import NUMBER, OPTIONAL_NUMBER, digest, has_fields, result_key
 from sim.runner.tasks import run_tasks
 
 DEFAULT_PROMPT_TOKENS = 512  # a typical reasoning prompt; protected (never leaves HBM)
@@ -162,10 +162,28 @@ class Cell:
         points, limits = cell_rows(self)
         return {"points": points, "limits": limits}
 
+    def accepts(self, result: Any) -> bool:
+        """A stored result is this cell's rows: cell_rows' points and limits, labelled as this cell."""
+        if not (isinstance(result, dict) and set(result) == {"points", "limits"}
+                and isinstance(result["points"], list) and isinstance(result["limits"], list)):
+            return False
+        labels = {"model": self.model_label, "weights": self.weight_dtype, "gpu": self.gpu.key,
+                  "length": length_label(self.length)}
+        policies = {p.key for p in self.policies}
+        rows = [(r, POINT_FIELDS) for r in result["points"]] + [(r, LIMIT_FIELDS) for r in result["limits"]]
+        return all(has_fields(r, fields) and all(r[k] == v for k, v in labels.items()) and r["policy"] in policies
+                   for r, fields in rows)
+
 
 # the fields of sim.outputs.schema.ProjectionSummary a point keeps
 POINT_KEYS = ("fits", "throughput_tok_per_s", "hbm_peak_bytes", "hbm_saved_bytes", "hbm_capacity_bytes",
               "h2d_utilization", "transfer_share", "stall_share")
+# a cell's rows as cell_rows gives them (Cell.accepts)
+_LABELS = {"model": str, "weights": str, "gpu": str, "length": str, "policy": str}
+POINT_FIELDS = {**_LABELS, "batch": int, "wall_point": bool, "fits": bool,
+                **{k: OPTIONAL_NUMBER for k in POINT_KEYS if k != "fits"}}
+LIMIT_FIELDS = {**_LABELS, "max_batch": int, "max_batch_limit": int, "link_bound_batch": (int, type(None)),
+                "hbm_capacity_bytes": NUMBER}
 
 
 def _memory_only(sc: Scenario, profile: Profile | None) -> dict:
@@ -230,6 +248,7 @@ class GridResult:
     limits: pd.DataFrame  # one row per (model, weights, gpu, length, policy)
     computed: int = 0  # cells computed by this run
     stored: int = 0  # cells found in the result store
+    damaged: int = 0  # entries the store held but could not verify: computed again
 
 
 def cells_for(spec: GridSpec, gpus: list[GpuColumn]) -> list[Cell]:
@@ -275,4 +294,4 @@ def run_grid(spec: GridSpec, profiles: list[Profile] | None = None, *, execution
     points = pd.DataFrame([p for res in results for p in res["points"]])
     limits = pd.DataFrame([lim for res in results for lim in res["limits"]])
     return GridResult(spec=spec, gpus=gpus, points=points, limits=limits, computed=done.computed,
-                      stored=done.stored_before)
+                      stored=done.stored_before, damaged=done.damaged)

@@ -6,6 +6,7 @@ simulator version, level of detail): `sim.runner.store` names it by their hash a
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from typing import Any, ClassVar, Literal
 from sim.inputs.profile import Profile
 from sim.inputs.scenario import Scenario
 from sim.outputs.schema import DecodeRates, DecodeTime, LinkFigures, ProjectionSummary, SimRunSummary
-from sim.runner.store import result_key
+from sim.runner.store import INT64, result_key
 
 KIND = "sweep point"
 LevelName = Literal["full", "fast", "projection"]
@@ -82,6 +83,40 @@ class PointTask:
 
     def run(self) -> dict[str, Any]:
         return evaluate_point(self)  # looked up at call time
+
+    def accepts(self, result: Any) -> bool:
+        return accepts_summary(self.level.name, result)
+
+
+def _value_ok(annotation: Any, value: Any, nullable: bool) -> bool:
+    """`value` (from JSON) is of the scalar type `annotation` names: a bool a bool, an int an int
+    within int64, a float a finite number, a str a str; None where the field may be None."""
+    args = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
+    kinds = [a for a in args if a is not type(None)] or [annotation]
+    if value is None:
+        return nullable or type(None) in args
+    if isinstance(value, bool):
+        return bool in kinds
+    if isinstance(value, int):
+        return (int in kinds or float in kinds) and -INT64 <= value < INT64
+    if isinstance(value, float):
+        return float in kinds and math.isfinite(value)
+    return isinstance(value, str) and str in kinds
+
+
+def accepts_summary(level: LevelName, result: Any) -> bool:
+    """`result` has the shape evaluate_point gives at `level`: the summary's keys (LEFT_OUT and
+    quiet ones aside), every metric a table keeps of its field's type (timing figures None where a
+    projected point does not fit)."""
+    if not isinstance(result, dict):
+        return False
+    model = SUMMARIES[level]
+    fields = set(model.model_fields) - set(LEFT_OUT)
+    required = fields - set(getattr(model, "QUIET_DEFAULTS", {}))
+    if not required <= set(result) <= fields:
+        return False
+    return all(_value_ok(model.model_fields[m].annotation, result.get(m), m in TIMING_FIELDS or m not in result)
+               for m in metric_names(level))
 
 
 def evaluate_point(task: PointTask) -> dict[str, Any]:

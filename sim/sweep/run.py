@@ -26,6 +26,7 @@ class SweepOutcome:
     unique: int  # distinct points (equal scenarios are computed once)
     computed: int
     stored_before: int  # found from an earlier run
+    damaged: int  # held by the store but not verified: computed again (sim.runner.store)
     seconds: float
     csv: Path
     parquet: Path
@@ -72,10 +73,11 @@ def _progress(enabled: bool):
 
 def run_sweep(spec_path: str | Path, out_dir: str | Path, *, executor: Literal["local", "ray"] = "local",
               workers: int | None = None, address: str | None = None, batch: int | None = None,
-              progress: bool = True) -> SweepOutcome:
-    """Bad input raises ConfigError before anything is written; Ctrl-C raises SweepInterrupted."""
+              progress: bool = True, allow_large: bool = False) -> SweepOutcome:
+    """Bad input (and, unless `allow_large`, a sweep past MAX_SWEEP_POINTS) raises ConfigError before
+    anything is written; Ctrl-C raises SweepInterrupted."""
     t0 = time.perf_counter()
-    plan = load_spec(spec_path)
+    plan = load_spec(spec_path, allow_large=allow_large)
     out = Path(out_dir)
     unique: dict[str, Point] = {}
     for p in plan.points:
@@ -102,5 +104,5 @@ def run_sweep(spec_path: str | Path, out_dir: str | Path, *, executor: Literal["
             raise SweepInterrupted(err.stored, err.total) from None
     summaries = {t.key: s for t, s in zip(tasks, done.results)}
     csv, parquet = write_table(build_table(plan, summaries), out)
-    return SweepOutcome(len(plan.points), len(unique), done.computed, done.stored_before,
+    return SweepOutcome(len(plan.points), len(unique), done.computed, done.stored_before, done.damaged,
                         time.perf_counter() - t0, csv, parquet)

@@ -24,7 +24,6 @@ the spec file and the field.
 from __future__ import annotations
 
 import copy
-import hashlib
 import itertools
 import math
 from dataclasses import dataclass
@@ -33,10 +32,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sim.inputs.cost import check_sweep_points
 from sim.inputs.errors import ConfigError
 from sim.inputs.limits import MAX_TEXT_CHARS
 from sim.inputs.profile import Profile, load_profile
-from sim.inputs.reader import read_yaml
+from sim.inputs.reader import file_sha256, read_yaml
 from sim.inputs.scenario import Scenario, scenario_from_dict, validation_error_line
 from sim.runner.store import file_digests
 
@@ -44,6 +44,7 @@ from .points import Level, metric_names, point_key
 
 MAX_POINTS = 2**20  # points in one sweep (~1M): far above a study, far below exhausting memory
 MAX_RANGE_VALUES = 2**20  # values one range may produce
+MAX_RANGE_BOUND = 2**53  # a range's start, stop and step (every integer below it is a float exactly)
 
 
 class _Strict(BaseModel):
@@ -105,8 +106,9 @@ class SweepPlan:
 
 # ---- loading ------------------------------------------------------------------------------
 
-def load_spec(path: str | Path) -> SweepPlan:
-    """Read, validate and expand a sweep spec; every point validated as a scenario."""
+def load_spec(path: str | Path, *, allow_large: bool = False) -> SweepPlan:
+    """Read, validate and expand a sweep spec; every point validated as a scenario. Past
+    MAX_SWEEP_POINTS points a ConfigError before any is validated, unless `allow_large`."""
     source = str(path)
     data = read_yaml(path)
     if not isinstance(data, dict):
@@ -115,10 +117,10 @@ def load_spec(path: str | Path) -> SweepPlan:
         spec = SweepSpec.model_validate(data, strict=True)
     except ValidationError as err:
         raise validation_error_line(err, source) from None
-    return plan_sweep(spec, Path(path).parent, source)
+    return plan_sweep(spec, Path(path).parent, source, allow_large=allow_large)
 
 
-def plan_sweep(spec: SweepSpec, root: Path, source: str) -> SweepPlan:
+def plan_sweep(spec: SweepSpec, root: Path, source: str, *, allow_large: bool = False) -> SweepPlan:
     level = Level(spec.level, spec.max_batch)
     metrics = _kept_metrics(spec.keep, level, source)
     base = _base_data(spec.base, root, source)
@@ -127,6 +129,7 @@ def plan_sweep(spec: SweepSpec, root: Path, source: str) -> SweepPlan:
     total = math.prod(len(b) for b in blocks)
     if total > MAX_POINTS:
         raise ConfigError(f"{total:,} points, more than the {MAX_POINTS:,} one sweep may hold", source=source, field="axes")
+    check_sweep_points(total, allow=allow_large, source=source)
     spec_profile = _profile_ref(spec.profile, root, source, "profile") if spec.profile else None
     profiles: dict[str, ProfileRef] = {}
     digests: dict[str, str] = {}
@@ -231,15 +234,21 @@ def _values(raw: Any, source: str, field: str) -> list[Any]:
 
 def _range(r: Any, source: str, field: str) -> list[int | float]:
     """[start, stop, step] like Python's range (stop excluded); floats allowed, values rounded to 12 digits."""
-    def number(x):
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    def number(x):  # an int of any size, or a finite float
+        return isinstance(x, int) and not isinstance(x, bool) or isinstance(x, float) and math.isfinite(x)
 
     if not (isinstance(r, list) and len(r) == 3 and all(number(x) for x in r)):
         raise ConfigError(f"expected [start, stop, step], three numbers, got {_shown(r)}", source=source, field=field)
     start, stop, step = r
+    if any(abs(x) > MAX_RANGE_BOUND for x in r):
+        raise ConfigError(f"expected start, stop and step within +-{MAX_RANGE_BOUND:,}, got {_shown(r)}",
+                          source=source, field=field)
     if step == 0:
         raise ConfigError("step must not be 0", source=source, field=field)
-    count = math.ceil((stop - start) / step - 1e-9)
+    span = (stop - start) / step  # finite unless a tiny step makes the count overflow
+    if not math.isfinite(span):
+        raise ConfigError(f"more than {MAX_RANGE_VALUES:,} values", source=source, field=field)
+    count = math.ceil(span - 1e-9)
     if count <= 0:
         raise ConfigError(f"empty range: no value from {start} towards {stop} by {step}", source=source, field=field)
     if count > MAX_RANGE_VALUES:
@@ -312,11 +321,9 @@ def _profile_ref(path: str, root: Path, source: str, field: str) -> ProfileRef:
         p = root / p
     try:
         profile = load_profile(p)
-        digest = hashlib.sha256(p.read_bytes()).hexdigest()
+        digest = file_sha256(p)
     except ConfigError as err:
         raise ConfigError(err.line(), source=source, field=field) from None
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read file: {exc.strerror or exc}", source=source, field=field) from None
     return ProfileRef(str(p), digest, profile)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from sim.outputs.atomic import _umask, write_text_atomic
+from sim.outputs.csv_text import csv_text
 
 from .spec import SweepPlan
 
@@ -58,7 +59,7 @@ def _one_type(col: pd.Series) -> pd.Series:
 def write_table(df: pd.DataFrame, out_dir: Path) -> tuple[Path, Path]:
     """table.csv and table.parquet in out_dir, each written atomically."""
     csv_path, parquet_path = out_dir / CSV_NAME, out_dir / PARQUET_NAME
-    write_text_atomic(csv_path, df.to_csv(index=False))
+    write_text_atomic(csv_path, csv_text(df))
     fd, tmp = tempfile.mkstemp(prefix=f".{PARQUET_NAME}.", suffix=".tmp", dir=out_dir)
     os.close(fd)
     try:
