@@ -379,3 +379,17 @@ def test_tiered_serving_reports_link_utilisation():
     full = simulate_serving(load_scenario(SCENARIOS / "serving-h100-70b-tp4.yaml",
                                           [*over, "policy.kind=full_hbm"])).summary
     assert full.h2d_utilization == 0.0
+
+
+def test_a_request_holds_its_window_and_state_bytes_in_hbm():
+    """Layer kinds in serving: each running request reserves its sliding-window KV (at most W tokens
+    in every window layer) beside its tiered tokens; a dense model reserves nothing extra."""
+    from sim.serving.kv_memory import kv_memory
+
+    sc = serving(model={"name": "gpt-oss-20b"})
+    ctx = build_context(scenario_from_dict(sc, "test"))
+    mem = kv_memory(ctx, 8192, 256)
+    assert mem.bounded_bytes_per_request == 12 * 128 * (2 * 8 * 64 * 2)  # 12 window layers x 128 tokens x K,V
+    assert mem.hbm_kv_bytes(0, 0) == mem.bounded_bytes_per_request
+    dense = kv_memory(build_context(scenario_from_dict(serving(), "test")), 8192, 256)
+    assert dense.bounded_bytes_per_request == 0.0 and dense.hbm_kv_bytes(10, 0) == 10 * dense.kv_bytes_per_token

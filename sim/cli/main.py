@@ -112,6 +112,7 @@ def _model_rows(kv_dtype: str) -> list[dict]:
             f"kv_bytes_per_token_{kv_dtype}": m.kv_bytes_per_token(kv_dtype),
             "weight_bytes": m.weight_bytes("bf16"),
             "weight_bytes_by_dtype": {d: m.weight_bytes(d) for d in ("bf16", "fp8", "int8", "int4")},
+            "layers_by_kind": m.describe_kinds(), "kv_by_kind": m.kv_by_kind(kv_dtype),
             "source": m.source,
         })
     return rows
@@ -130,11 +131,11 @@ def models(
         print(to_json(rows))
         return
     t = Table(title="models (weights: linear layers quantised, embeddings/LM head/norms bf16)")
-    for col in ("model", "L", "H", "Hkv", "d", "params", "KV B/token (bf16)", "bf16", "fp8", "int8", "int4"):
-        t.add_column(col, justify="right" if col != "model" else "left")
+    for col in ("model", "layers by kind", "H", "Hkv", "d", "params", "KV B/token (bf16)", "bf16", "fp8", "int8", "int4"):
+        t.add_column(col, justify="right" if col not in ("model", "layers by kind") else "left")
     for r in rows:
         w = r["weight_bytes_by_dtype"]
-        t.add_row(r["name"], str(r["layers"]), str(r["heads"]), str(r["kv_heads"]), str(r["head_dim"]),
+        t.add_row(r["name"], r["layers_by_kind"], str(r["heads"]), str(r["kv_heads"]), str(r["head_dim"]),
                   f"{r['params'] / 1e9:.2f} B", f"{r['kv_bytes_per_token']:,.0f}",
                   *(f"{w[d] / GB:.1f} GB" for d in ("bf16", "fp8", "int8", "int4")))
     console.print(t)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import functools
 import io
-import json
 import sys
 from pathlib import Path
 from typing import Optional
@@ -15,6 +14,7 @@ from typing import Optional
 import typer
 
 from sim.inputs.errors import ConfigError
+from sim.outputs.run_folder import to_json
 
 KERNELS_HELP = "datasheet, measured or both (measured: AIConfigurator's tables, where they cover the GPU)"
 
@@ -81,7 +81,7 @@ def _ops_csv(csv_in: Path, out: Path | None, predicted, as_json: bool) -> None:
     queries, rows = read_op_csv(csv_in)
     table = [{**row, **predicted(q)} for q, row in zip(queries, rows)]
     if as_json:
-        print(json.dumps(table, indent=2))
+        print(to_json(table))
     text = _csv_text(table)
     if out is None:
         if not as_json:
@@ -93,7 +93,7 @@ def _ops_csv(csv_in: Path, out: Path | None, predicted, as_json: bool) -> None:
 
 def _print_one(q, result: dict, chosen: tuple[str, ...], as_json: bool) -> None:
     if as_json:
-        print(json.dumps({**q.model_dump(), **result}, indent=2))
+        print(to_json({**q.model_dump(), **result}))
         return
     print(f"{q.op} on {q.gpu}: {_shape(q)}")
     for kind in chosen:
@@ -112,14 +112,13 @@ def _shape(q) -> str:
 
 
 def _csv_text(table: list[dict]) -> str:
+    """The predictions as CSV (columns in first-seen order), cells a spreadsheet would run as formulas
+    neutralised as in every CSV the tools write (`sim.outputs.csv_text`)."""
+    from sim.outputs.csv_text import neutralise
+
     buf = io.StringIO()
     columns = list(dict.fromkeys(c for row in table for c in row))
-    w = csv.DictWriter(buf, fieldnames=[_inert(c) for c in columns], lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=[neutralise(c) for c in columns], lineterminator="\n")
     w.writeheader()
-    w.writerows({_inert(c): _inert(v) for c, v in row.items()} for row in table)
+    w.writerows({neutralise(c): neutralise(v) for c, v in row.items()} for row in table)
     return buf.getvalue()
-
-
-def _inert(value):
-    """A passed-through text cell that a spreadsheet would run as a formula, quoted (OWASP's advice)."""
-    return "'" + value if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r") else value

@@ -2,7 +2,7 @@
 shard, so KV bytes per token are one GPU's): DESIGN.md "Link and memory model" for a serving run.
 
 HBM = weights + activations + runtime reserve (fixed) + T0 KV of the running sequences + staging
-for the step's T1/T2; host = T1 x full KV bytes + T2 x compressed bytes, against host capacity.
+for the step's T1/T2 + each running request's bounded window/state bytes (layer kinds, at most); host = T1 x full KV bytes + T2 x compressed bytes, against host capacity.
 The activations are held for the largest step the scheduler can form, as vLLM sizes its KV cache
 after a profiling forward pass of `max_num_batched_tokens` tokens (logits only for the rows that
 sample: at most `max_num_seqs`).
@@ -26,6 +26,7 @@ class KvMemory:
     kv_bytes_per_token: float
     t2_bytes_per_token: float
     staging_bytes_per_token: float  # HBM staging per T1/T2 token a step attends on the GPU (0: nothing staged)
+    bounded_bytes_per_request: float = 0.0  # window and linear layers' HBM a running request holds at most
 
     @property
     def fixed_bytes(self) -> float:
@@ -37,8 +38,9 @@ class KvMemory:
         return self.hbm_capacity_bytes - self.fixed_bytes
 
     def hbm_kv_bytes(self, t0, staged):
-        """T0 tokens x KV bytes + staged T1/T2 tokens x staging bytes per token."""
-        return t0 * self.kv_bytes_per_token + staged * self.staging_bytes_per_token
+        """T0 tokens x KV bytes + staged T1/T2 tokens x staging bytes per token + the request's bounded
+        bytes (window KV up to W tokens, linear state; 0 for a dense model), per request."""
+        return t0 * self.kv_bytes_per_token + staged * self.staging_bytes_per_token + self.bounded_bytes_per_request
 
     def host_bytes(self, t1, t2):
         return t1 * self.kv_bytes_per_token + t2 * self.t2_bytes_per_token
@@ -55,9 +57,11 @@ def kv_memory(ctx: RunContext, max_num_batched_tokens: int, max_num_seqs: int) -
     rows = max_num_batched_tokens
     act = activation_bytes(ctx.model, rows) - max(0, rows - max_num_seqs) * ctx.model.vocab_size * LOGIT_BYTES
     stage = 0.0
-    if ctx.policy.tiering and p.access != "host_attention":
-        stage = staging_bytes(p.prefetch, p.staging_buffers, ctx.num_layers, 1.0) * ctx.kv_bytes_per_token_layer
+    if ctx.policy.tiering and p.access != "host_attention":  # one tiered layer's KV per staged token
+        stage = staging_bytes(p.prefetch, p.staging_buffers, ctx.tiered_layers, 1.0) * ctx.staged_bytes_per_token_layer
+    window = ctx.model.sliding_window or 0
+    bounded = ctx.bounded_bytes(window, 1)  # the most one request holds: W tokens of window KV + its state
     return KvMemory(hbm_capacity_bytes=ctx.hw.memory_bytes, weights_bytes=ctx.weights_bytes, activation_bytes=act,
                     runtime_reserve_bytes=ctx.hw.runtime_reserve_bytes, host_capacity_bytes=ctx.hw.host_memory_bytes,
                     kv_bytes_per_token=ctx.kv_bytes_per_token, t2_bytes_per_token=ctx.t2_bytes_per_token,
-                    staging_bytes_per_token=stage)
+                    staging_bytes_per_token=stage, bounded_bytes_per_request=bounded)
