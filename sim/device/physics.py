@@ -225,7 +225,8 @@ def gqa_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_b
                     flop):
     """One GQA layer's decode attention (`decode_attention_s` of a dense model; a full or window layer
     of a model with kinds), its FLOP given: the measured table where the run has one, else `attention_s`."""
-    if hw.kernels is None or np.all(np.asarray(batch) <= 0):
+    if hw.kernels is None or np.all(np.asarray(batch) <= 0) or np.all(np.asarray(attended_tokens) <= 0):
+        # (no tokens attended: the fast level's per-batch costs, whose attention it computes apart)
         if np.ndim(kv_bytes):
             return attention_s_array(flop, kv_bytes, hw)
         return attention_s(flop, kv_bytes, hw)
