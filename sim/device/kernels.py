@@ -28,7 +28,6 @@ from .measured_kernels import MeasuredKernels, measured_kernels_for
 from .physics import attention_s, weight_gemm_s
 
 KERNELS = ("datasheet", "measured")
-OPERATORS = ("gemm", "attention", "allreduce")
 DEFAULT_GROUP_SIZE = 128
 
 

@@ -40,7 +40,6 @@ SYSTEMS = {"h100-sxm": "h100_sxm", "h200-sxm": "h200_sxm", "a100-80gb-sxm": "a10
            "b200": "b200_sxm"}
 GEMM_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}  # weight dtype -> measured GEMM dtype
 KV_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
-ALLREDUCE_IMPLS = ("custom", "nccl")
 PROFILE_SOURCE = "hwprobe"  # KernelTables.framework of tables read from a `hwprobe calibrate` profile
 
 

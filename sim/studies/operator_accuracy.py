@@ -11,7 +11,6 @@ kept, in table order, so a run is seconds, not minutes.
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from sim.device.kernels import AllReduce, DecodeAttention, Gemm, datasheet_cost
@@ -98,7 +97,3 @@ def family_summary(points: pd.DataFrame) -> pd.DataFrame:
     """Per operator family (gemm, decode attention, all-reduce) over every GPU."""
     fam = points["op"].str.extract(r"^(gemm|decode attention|all-reduce)")[0]
     return summary(points.assign(gpu="all", op=fam.to_numpy()))
-
-
-def quantile(errors: pd.Series, q: float) -> float:
-    return float(np.quantile(errors.abs(), q))
