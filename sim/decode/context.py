@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sim.device.hardware import Hardware, resolve_hardware
+from sim.device.memory import engine_memory, profile_run_activation_bytes
 from sim.inputs import catalog
 from sim.inputs.profile import Profile
 from sim.inputs.scenario import Scenario
@@ -71,6 +72,8 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
     hw = resolve_hardware(scenario.hardware, m.weight_dtype, p.pinned, profile,
                           staging=p.prefetch if stages else "none", with_host=p.access != "prefetch",
                           tp=scenario.parallel.tp)
+    if scenario.engine is not None:
+        hw = with_engine(hw, scenario, model)
     t2_layer = model.compressed_bytes_per_token_layer(COMPRESSED_DTYPES[p.compressed_dtype], p.compressed_group_size)
     return RunContext(
         scenario=scenario, model=model, hw=hw, policy=policy,
@@ -79,3 +82,17 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
         weights_bytes=model.weight_bytes(m.weight_dtype, m.weight_group_size),
         profile_path=profile_path,
     )
+
+
+def with_engine(hw: Hardware, scenario: Scenario, model: ModelSpec) -> Hardware:
+    """`hw` under the scenario engine's memory rule (`inputs.scenario.EngineCfg`,
+    `device.memory.engine_memory`): usable HBM, reserve and held activations, each sourced."""
+    e, sc = scenario.engine, scenario.scheduler
+    act = profile_run_activation_bytes(model, sc.max_num_batched_tokens, sc.max_num_seqs)
+    usable, reserve, held = engine_memory(hw.memory_bytes, e.gpu_memory_utilization, e.non_torch_bytes, act)
+    rule = f"engine {e.name} {e.version} (vllm/v1/worker/gpu_worker.py determine_available_memory)"
+    sources = {**hw.sources,
+               "memory_bytes": f"{rule}: gpu_memory_utilization {e.gpu_memory_utilization:g} x {hw.sources['memory_bytes']}",
+               "runtime_reserve_bytes": f"{rule}: memory outside torch, engine.non_torch_bytes",
+               "held_activation_bytes": f"{rule}: profiling pass of max_num_batched_tokens {sc.max_num_batched_tokens}"}
+    return replace(hw, memory_bytes=usable, runtime_reserve_bytes=reserve, held_activation_bytes=held, sources=sources)

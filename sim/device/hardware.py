@@ -207,6 +207,7 @@ class Hardware:
     dequant_op_per_s: float = float("inf")  # CUDA-core lane operations per second (FP32 rate / 2)
     attention_latency_s: float = 0.0  # floor of one decode-attention call (its time = this + bytes / rate)
     gemm_floor_s: float = 0.0  # floor of one GEMM call, added to its roofline time
+    held_activation_bytes: float = 0.0  # activations an engine holds whatever the step (scenario engine:)
     # measured (rows, weight bytes / kernel time) of this weight dtype's kernel: replaces the model
     weight_kernel_bytes_per_s_by_rows: list[tuple[float, float]] | None = None
     host_cpu: HostCpu | None = None  # attends T1/T2 on the host (policy.access host_attention / split)

@@ -35,3 +35,18 @@ def staging_bytes(prefetch: str, staging_buffers: int, num_layers: int, staged_l
         return staging_buffers * staged_layer_bytes
     return num_layers * staged_layer_bytes
 
+
+def profile_run_activation_bytes(model: ModelSpec, max_num_batched_tokens: int, max_num_seqs: int) -> float:
+    """Activations of the largest step the scheduler can form, as vLLM sizes its KV cache after a
+    profiling forward pass of `max_num_batched_tokens` tokens: `activation_bytes` of those rows less
+    the logits of the rows that never sample (at most `max_num_seqs` do)."""
+    rows = max_num_batched_tokens
+    return activation_bytes(model, rows) - max(0, rows - max_num_seqs) * model.vocab_size * LOGIT_BYTES
+
+
+def engine_memory(memory_bytes: float, gpu_memory_utilization: float, non_torch_bytes: float,
+                  profile_activation_bytes: float) -> tuple[float, float, float]:
+    """(usable HBM, runtime reserve, activations held) under vLLM's rule (`EngineCfg`): the engine
+    uses memory x gpu_memory_utilization; of it, the memory outside torch is reserved and the
+    profiling pass's activations are held whatever the step (a step needing more holds more)."""
+    return memory_bytes * gpu_memory_utilization, non_torch_bytes, profile_activation_bytes

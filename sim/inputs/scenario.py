@@ -203,6 +203,18 @@ class ParallelCfg(Strict):
     tp: int = Field(1, ge=1, le=64)
 
 
+class EngineCfg(Strict):
+    """The serving engine whose memory rule sets the KV budget. vLLM (vllm/v1/worker/gpu_worker.py,
+    `Worker.determine_available_memory`): KV cache = total memory x gpu_memory_utilization - (the
+    torch peak of a profiling forward pass of max_num_batched_tokens tokens, weights included, + the
+    memory allocated outside torch: CUDA context, NCCL buffers)."""
+
+    name: Literal["vllm"]
+    version: str = Field("0.24.0", max_length=MAX_NAME_CHARS)  # informational: the engine the rule is read from
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)  # vLLM's default (CacheConfig)
+    non_torch_bytes: float = Field(1.0e9, ge=0.0, le=MAX_BYTES)  # assumed: CUDA context + NCCL + cuBLAS workspace
+
+
 class Scenario(Strict):
     name: str = Field("scenario", min_length=1, max_length=MAX_NAME_CHARS)
     description: str = Field("", max_length=MAX_TEXT_CHARS)
@@ -214,11 +226,14 @@ class Scenario(Strict):
     sim: SimCfg = SimCfg()
     scheduler: SchedulerCfg = SchedulerCfg()  # continuous batching, for workload.arrivals
     slo: SloCfg | None = None  # goodput targets, for workload.arrivals
+    engine: EngineCfg | None = None  # an engine's memory rule for the KV budget; None: kvtier's flat reserve
 
     @model_serializer(mode="wrap")
     def _closed_batch_unchanged(self, handler):
         """A closed batch dumps (resolved scenario, sweep hashes) as it did before serving existed."""
         data = handler(self)
+        if self.engine is None:  # unset: resolved scenarios and sweep hashes as before the section existed
+            data.pop("engine", None)
         if self.workload.arrivals is None:
             data.pop("scheduler", None)
             data.pop("slo", None)

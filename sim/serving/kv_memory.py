@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.decode.context import RunContext
-from sim.device.memory import LOGIT_BYTES, activation_bytes, staging_bytes
+from sim.device.memory import profile_run_activation_bytes, staging_bytes
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,7 @@ def kv_memory(ctx: RunContext, max_num_batched_tokens: int, max_num_seqs: int) -
     never sample; staging per token as `tiering.memory_trace` stages (none for full_hbm, evict_only
     and host_attention; T2 staged dequantised, so at full KV bytes)."""
     p = ctx.scenario.policy
-    rows = max_num_batched_tokens
-    act = activation_bytes(ctx.model, rows) - max(0, rows - max_num_seqs) * ctx.model.vocab_size * LOGIT_BYTES
+    act = max(profile_run_activation_bytes(ctx.model, max_num_batched_tokens, max_num_seqs), ctx.hw.held_activation_bytes)
     stage = 0.0
     if ctx.policy.tiering and p.access != "host_attention":  # one tiered layer's KV per staged token
         stage = staging_bytes(p.prefetch, p.staging_buffers, ctx.tiered_layers, 1.0) * ctx.staged_bytes_per_token_layer

@@ -52,6 +52,8 @@ def memory_trace(ctx, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray, active: np
         stage = np.zeros_like(staged_layer, dtype=float)
     kv_t0 = t0 * ctx.kv_bytes_per_token
     act = np.asarray(active, dtype=float) * activation_bytes(ctx.model, 1)  # linear in batch
+    if ctx.hw.held_activation_bytes > 0:  # an engine holds its profiling pass's activations (scenario engine:)
+        act = np.maximum(act, ctx.hw.held_activation_bytes)
     transit = np.zeros_like(kv_t0, dtype=float)
     if demoted is not None:
         to_t1, to_t2 = demoted.T
