@@ -270,11 +270,16 @@ def model(name: str) -> ModelSpec:
     return models()[canonical]
 
 
-def gpu(name: str) -> GpuSpec:
-    for spec in gpus().values():
+def _by_name_or_alias(entries: dict, name: str, what: str):
+    """The entry whose name or one of whose aliases is `name` (case, `_` and `-` alike)."""
+    for spec in entries.values():
         if _key(name) in {_key(spec.name), *map(_key, spec.aliases)}:
             return spec
-    raise ConfigError(f"unknown GPU {name!r}; expected one of: {', '.join(gpus())}")
+    raise ConfigError(f"unknown {what} {name!r}; expected one of: {', '.join(entries)}")
+
+
+def gpu(name: str) -> GpuSpec:
+    return _by_name_or_alias(gpus(), name, "GPU")
 
 
 @lru_cache(maxsize=None)
@@ -289,10 +294,7 @@ def host_defaults() -> HostDefaults:
 
 
 def host(name: str) -> HostSpec:
-    for spec in hosts().values():
-        if _key(name) in {_key(spec.name), *map(_key, spec.aliases)}:
-            return spec
-    raise ConfigError(f"unknown host CPU {name!r}; expected one of: {', '.join(hosts())}")
+    return _by_name_or_alias(hosts(), name, "host CPU")
 
 
 @lru_cache(maxsize=None)
