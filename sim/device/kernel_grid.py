@@ -12,7 +12,9 @@ physics and the grid only its smooth correction (a latency floor, a kernel's eff
 from __future__ import annotations
 
 import itertools
+from bisect import bisect_right
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -35,7 +37,11 @@ class RatioGrid:
     def __call__(self, coords: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(ratio, inside) at each row of `coords` (points, dims): the interpolated measured /
         roofline ratio, and whether the point lies within the grid in every dimension."""
-        logs = np.log(np.atleast_2d(np.asarray(coords, dtype=float)))
+        coords = np.atleast_2d(np.asarray(coords, dtype=float))
+        if len(coords) == 1:  # a step's one query: the same arithmetic on scalars, without array overhead
+            ratio, inside = self._at(coords[0])
+            return np.array([ratio]), np.array([inside])
+        logs = np.log(coords)
         lo_idx, frac, inside = [], [], np.ones(len(logs), dtype=bool)
         for d, ax in enumerate(self.axes):
             x = logs[:, d]
@@ -57,6 +63,40 @@ class RatioGrid:
                 idx.append(np.minimum(lo_idx[d] + c, len(self.axes[d]) - 1))
             out += w * self.log_ratio[tuple(idx)]
         return np.exp(out), inside
+
+
+    @cached_property
+    def _axes_lists(self) -> tuple[list[float], ...]:
+        return tuple(ax.tolist() for ax in self.axes)
+
+    @cached_property
+    def _corners(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(itertools.product((0, 1), repeat=len(self.axes)))
+
+    def _at(self, point: np.ndarray) -> tuple[float, bool]:
+        """__call__ for one point, operation for operation (numpy's log and exp on scalars, IEEE
+        products and sums in the same order), so it gives the same bits."""
+        lo_idx, frac, inside = [], [], True
+        for d, ax in enumerate(self._axes_lists):
+            x = float(np.log(point[d]))
+            inside = inside and (ax[0] - 1e-12 <= x <= ax[-1] + 1e-12)
+            x = min(max(x, ax[0]), ax[-1])
+            if len(ax) == 1:
+                lo_idx.append(0)
+                frac.append(0.0)
+                continue
+            i = min(max(bisect_right(ax, x) - 1, 0), len(ax) - 2)
+            lo_idx.append(i)
+            frac.append((x - ax[i]) / (ax[i + 1] - ax[i]))
+        out = 0.0
+        for corner in self._corners:
+            w = 1.0
+            idx = []
+            for d, c in enumerate(corner):
+                w = w * (frac[d] if c else 1.0 - frac[d])
+                idx.append(min(lo_idx[d] + c, len(self._axes_lists[d]) - 1))
+            out += w * float(self.log_ratio[tuple(idx)])
+        return float(np.exp(out)), inside
 
 
 def _fill_nearest(grid: np.ndarray) -> np.ndarray:

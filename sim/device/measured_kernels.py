@@ -58,6 +58,7 @@ def allreduce_roofline_s(nbytes, gpus: int, bus_bytes_per_s: float):
 class MeasuredKernels:
     def __init__(self, tables: KernelTables, gpu: GpuSpec, bus_bytes_per_s: float):
         self.tables, self.gpu, self.bus_bytes_per_s = tables, gpu, bus_bytes_per_s
+        self._slice_of: dict[tuple, tuple[tuple, str]] = {}  # _attention_slice's answers: every step asks again
 
     def _peak(self, dtype: str) -> float:
         return self.gpu.fp8_flop_per_s if dtype == "fp8" and self.gpu.fp8_flop_per_s else self.gpu.bf16_flop_per_s
@@ -112,6 +113,12 @@ class MeasuredKernels:
     def _attention_slice(self, heads, kv_heads, head_dim, kv_dtype, window) -> tuple[tuple, str]:
         """The measured slice for these shapes; where the table lacks it, the one nearest in log
         distance (its roofline ratio carries over), with a note saying which."""
+        asked = (heads, kv_heads, head_dim, kv_dtype, window)
+        if asked not in self._slice_of:
+            self._slice_of[asked] = self._find_attention_slice(*asked)
+        return self._slice_of[asked]
+
+    def _find_attention_slice(self, heads, kv_heads, head_dim, kv_dtype, window) -> tuple[tuple, str]:
         measured_dtype = MEASURED_AS.get(kv_dtype)
         want = (measured_dtype or "bf16", 0 if kv_heads == heads else int(kv_heads), int(head_dim), int(window))
         if measured_dtype and want in self._attention_slices:
