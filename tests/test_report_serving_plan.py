@@ -73,8 +73,8 @@ def test_plan_writes_three_files_and_plan_csv_is_unchanged(searched, files):
 def test_every_simulated_candidate_has_its_probes_and_pruned_ones_none(files):
     plan, probes, _ = files
     keys = {candidate_key(r.gpu, r.gpus, r.tp, r.policy): r.status for r in plan.itertuples()}
-    assert set(probes.candidate) == {k for k, s in keys.items() if s != "pruned"}
-    assert {"pass", "fail", "pruned"} <= set(keys.values())
+    assert set(probes.candidate) == {k for k, s in keys.items() if s in ("pass", "fail")}  # the simulated ones
+    assert {"pass", "screened", "pruned"} <= set(keys.values())
     for _, p in probes.groupby("candidate", sort=False):
         assert list(p.probe) == list(range(1, len(p) + 1))
         first = p.iloc[0]
@@ -87,7 +87,7 @@ def test_probes_agree_with_plan_csv_within_the_bisection(files):
     lies below every failing one; the bracket is within the tolerance unless the cap was reached."""
     plan, probes, _ = files
     seen = {"bisected": 0, "capped": 0, "fail": 0}
-    for r in plan[plan.status != "pruned"].itertuples():
+    for r in plan[plan.status.isin(["pass", "fail"])].itertuples():
         p = _probes_of(probes, r)
         at_rate = p.iloc[0]
         assert at_rate.ttft_p99_ms == pytest.approx(r.ttft_p99_ms, rel=1e-12)
@@ -108,9 +108,11 @@ def test_probes_agree_with_plan_csv_within_the_bisection(files):
             assert r.next_rate_per_s == bad.offered_rate_per_s.min()
             assert r.next_rate_per_s / r.max_rate_per_s <= 1 + SPEC.tolerance + 1e-12
             assert "bisect" in set(p.step)
-        doubled = p[p.step == "double"].offered_rate_per_s
-        assert list(doubled) == [min(RATE_PER_S * 2 ** k, RATE_PER_S * SPEC.max_factor) for k in range(1, len(doubled) + 1)]
-    assert all(seen.values()), seen
+        for before, after in zip(p.iloc[:-1].itertuples(), p.iloc[1:].itertuples()):
+            if after.step == "double":  # twice the last rate, which passed, up to the cap
+                assert before.passed and after.offered_rate_per_s == pytest.approx(
+                    min(2 * before.offered_rate_per_s, RATE_PER_S * SPEC.max_factor))
+    assert seen["bisected"] and seen["capped"], seen
 
 
 def test_probe_outcome_columns(files):
@@ -121,7 +123,9 @@ def test_probe_outcome_columns(files):
         assert ("TTFT" in reason) == ("ttft_p99" in missed) and ("TPOT" in reason) == ("tpot_p99" in missed)
     bad_ttft = probes[probes.ttft_p99_ms > TTFT_MS]
     assert bad_ttft.slo_missed.str.contains("ttft_p99").all()
-    assert (probes.ttft_p50_ms <= probes.ttft_p90_ms).all() and (probes.ttft_p90_ms <= probes.ttft_p99_ms).all()
+    ran = probes[probes.end == "measured"]  # a probe stopped at its verdict has no percentiles
+    assert (ran.ttft_p50_ms <= ran.ttft_p90_ms).all() and (ran.ttft_p90_ms <= ran.ttft_p99_ms).all()
+    assert probes[probes.end != "measured"].ttft_p99_ms.isna().all()
     # two replicas of TP 1: the rate is the configuration's (each replica simulated at half of it)
     two = probes[(probes.dp == 2) & (probes.probe == 1)]
     assert not two.empty and (two.offered_rate_per_s == RATE_PER_S).all()
@@ -140,7 +144,7 @@ def test_the_section_draws_the_probes_with_slo_and_target_lines(searched, files)
         p = probes[probes.candidate == t.legendgroup]
         assert sorted(t.x) == list(t.x) and len(t.x) == len(p)
     menu = fig.layout.updatemenus[0].buttons
-    configs = {(r.gpu, r.gpus, r.tp) for r in plan[plan.status != "pruned"].itertuples()}
+    configs = {(r.gpu, r.gpus, r.tp) for r in plan[plan.status.isin(["pass", "fail"])].itertuples()}
     assert len(menu) == 1 + len(configs)
     assert all(len(b.args[0]["visible"]) == len(fig.data) for b in menu)
 
@@ -165,8 +169,8 @@ def test_the_table_ranks_by_cost(searched, files):
     assert len(rows) == len(plan)
     ranked = [r for r in rows if r[0] != "-"]
     assert [r[0] for r in ranked] == [str(i) for i in range(1, len(ranked) + 1)]
-    costs = [float(r[5]) for r in ranked]
-    assert costs == sorted(costs) and len(ranked) == (plan.status == "pass").sum()
+    keys = [(r[5] != "exact", float(r[6])) for r in ranked]  # exact before lossy, then by cost
+    assert keys == sorted(keys) and len(ranked) == (plan.status == "pass").sum()
     assert [r[0] for r in rows[len(ranked):]] == ["-"] * (len(rows) - len(ranked))  # failing and pruned after
 
 

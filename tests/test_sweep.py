@@ -309,11 +309,12 @@ def test_ray_runs_the_report_grid_as_locally(tmp_path, local_ray):
 def test_ray_runs_the_plan_as_locally(local_ray):
     from sim.inputs.scenario import scenario_from_dict
     from sim.plan import search as P
+    from sim.plan.candidates import load_prices
     from sim.runner.options import Execution
     from tests.test_plan import SCENARIO, SMALL_SPEC
 
     base = scenario_from_dict(SCENARIO, "plan")
-    args = (base, SMALL_SPEC, ["h100-sxm"], [1], ["full_hbm", "tiered:0.5"], P.load_prices())
+    args = (base, SMALL_SPEC, ["h100-sxm"], [1], ["full_hbm", "tiered:0.5"], load_prices())
     local = P.search(*args, workers=1)
     ray = P.search(*args, execution=Execution("ray"))
     assert ray.rows == local.rows and ray.probes == local.probes and ray.computed == 2

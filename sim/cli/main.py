@@ -204,8 +204,12 @@ def report(
     address: Optional[str] = typer.Option(None, "--address", help=ADDRESS_HELP),
     workers: Optional[int] = typer.Option(None, "--workers", help=WORKERS_HELP),
     cache: Optional[Path] = typer.Option(None, "--cache", help=f"the projection's {CACHE_HELP}"),
+    only: Optional[str] = typer.Option(None, "--only", help="plan: a page of the \"Serving plan\" section alone (with --plan; "
+                                       "the projection is not computed)"),
+    allow_large: bool = typer.Option(False, "--allow-large", help=ALLOW_LARGE_HELP),
 ) -> None:
-    """One interactive HTML report: the projection (default) or per-run views, validation and a serving plan."""
+    """One interactive HTML report: the projection (default) or per-run views (closed batches and serving
+    runs), validation and a serving plan."""
     from sim.model.units import MB
     from sim.report.command import build_report
     from sim.runner.options import Execution
@@ -214,7 +218,8 @@ def report(
     try:
         written = build_report(list(scenarios or []), list(profile), validation, out, overrides=set_,
                                command="kvsim report " + " ".join(sys.argv[2:]), plan_path=plan_dir,
-                               execution=Execution(executor, address, workers, cache))
+                               execution=Execution(executor, address, workers, cache), only=only,
+                               allow_large=allow_large)
     except ConfigError as err:
         _fail(err)
     except Interrupted as err:
@@ -254,14 +259,18 @@ def plan(
     ttft_p99_ms: Optional[float] = typer.Option(None, "--ttft-p99-ms", help="p99 time-to-first-token target (default: the scenario's slo.ttft_ms)"),
     tpot_p99_ms: Optional[float] = typer.Option(None, "--tpot-p99-ms", help="p99 time-per-output-token target (default: the scenario's slo.tpot_ms)"),
     gpus_: Optional[str] = typer.Option(None, "--gpus", help="GPU kinds, comma-separated (default: every catalog GPU)"),
-    counts: Optional[str] = typer.Option(None, "--counts", help="GPU counts, each run as tensor parallelism tp = N (default 1,2,4,8)"),
+    counts: Optional[str] = typer.Option(None, "--counts", help="GPU counts, each tried as every TP x DP layout (default 1,2,4,8)"),
     policies: Optional[str] = typer.Option(None, "--policies", help="full_hbm, evict_only, tiered, tiered:RATIO, tiered:auto, a tiered one "
                                            "also as tiered:X/ACCESS (default: full_hbm,evict_only,tiered:0.25,tiered:0.5,tiered:auto; tiered: 0.25,0.5,0.75,auto)"),
     access: Optional[str] = typer.Option(None, "--access", help="access strategies every tiered policy is tried with: prefetch, "
                                          "host_attention, split, comma-separated (default: prefetch)"),
     price: List[str] = typer.Option([], "--price", help="override a $/GPU-hour, GPU=DOLLARS (repeatable)"),
-    requests: int = typer.Option(400, "--requests", help="requests per simulation (seeded)"),
+    requests: Optional[int] = typer.Option(None, "--requests", help="requests per simulation (default: steady-state "
+                                           "probes size their own run from the mean latency)"),
     max_factor: float = typer.Option(4.0, "--max-factor", help="the max-rate search stops at this multiple of --rate"),
+    top: int = typer.Option(5, "--top", help="stop once this many exact configurations pass, cheapest first; 0 searches "
+                            "every one the screen keeps (the full Pareto)"),
+    all_rows: bool = typer.Option(False, "--all", help="list every row, failing, screened and pruned ones too"),
     executor: str = typer.Option("local", "--executor", help=f"where the candidates run: {EXECUTOR_HELP}"),
     address: Optional[str] = typer.Option(None, "--address", help=ADDRESS_HELP),
     workers: Optional[int] = typer.Option(None, "--workers", help=WORKERS_HELP),
@@ -270,42 +279,78 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="print the rows as JSON on stdout"),
     out: Optional[Path] = typer.Option(None, "--out", help="folder to write plan.csv, probes.csv (every simulation) and "
                                        "plan.json (the search asked) into; `kvsim report --plan DIR` draws them"),
-    replicas: bool = typer.Option(False, "--replicas", help="also try data-parallel replicas of the smallest "
-                                  "tensor-parallel group that holds the model (about doubles the search)"),
+    replicas: bool = typer.Option(True, "--replicas/--no-replicas", help="every TP x DP layout of each count (default), "
+                                  "or one TP group of all the GPUs"),
     allow_large: bool = typer.Option(False, "--allow-large", help=ALLOW_LARGE_HELP),
 ) -> None:
-    """Cheapest GPU kind x count (TP x replicas) x KV policy meeting a p99 TTFT/TPOT SLO at --rate, with each
-    one's max sustainable rate; ranked by $/hour (assumed prices, sim/catalog/prices.yaml)."""
-    import time
-
+    """Cheapest GPU kind x count x layout (TP x replicas) x KV policy meeting a p99 TTFT/TPOT SLO at --rate in
+    steady state, with each one's max sustainable rate; exit 1 when none does."""
     from sim.inputs.scenario import load_scenario
-    from sim.outputs.atomic import write_dir_atomic
     from sim.outputs.run_folder import check_out_path
-    from sim.plan.files import plan_dir_files
-    from sim.plan.search import parse_counts, parse_gpus, parse_policies, parse_prices, search
+    from sim.plan.candidates import parse_counts, parse_gpus, parse_policies, parse_prices
     from sim.runner.options import Execution
-    from sim.runner.tasks import Interrupted
 
     if out is not None:
         check_out_path(out, folder=True)
     execution = Execution(executor, address, workers, cache).check()
     sc = load_scenario(scenario, set_)
-    spec = _plan_spec(sc.slo, rate, ttft_p99_ms, tpot_p99_ms, requests, max_factor)
+    spec = _plan_spec(sc.slo, rate, ttft_p99_ms, tpot_p99_ms, requests, max_factor, top)
     names, ns, pols, prices = parse_gpus(gpus_), parse_counts(counts), parse_policies(policies, access), parse_prices(price)
+    _plan_run(scenario, sc, spec, (names, ns, pols, prices, price), replicas, execution, allow_large, as_json, all_rows,
+              out, cache)
+
+
+def _plan_run(path: Path, sc, spec, asked: tuple, replicas: bool, execution, allow_large: bool, as_json: bool,
+              all_rows: bool, out: Path | None, cache: Path | None) -> None:
+    """The search, its files and what it prints; exit 1 when nothing passes."""
+    import time
+
+    from sim.outputs.atomic import write_dir_atomic
+    from sim.plan.files import plan_dir_files
+    from sim.plan.search import search
+    from sim.runner.tasks import Interrupted
+
+    from .plan_print import plan_doc, print_plan
+
+    names, ns, pols, prices, overrides = asked
     t0 = time.monotonic()
     try:
-        result = search(sc, spec, names, ns, pols, prices, replicas=replicas, execution=execution,
-                        allow_large=allow_large)
+        with _plan_progress(not as_json) as progress:
+            result = search(sc, spec, names, ns, pols, prices, replicas=replicas, execution=execution,
+                            allow_large=allow_large, progress=progress)
     except Interrupted as err:
         _interrupted(err, cache)
     rows, wall = result.rows, time.monotonic() - t0
     _said_about_store(result, cache)
     if out is not None:  # the three files replaced together
-        write_dir_atomic(out, plan_dir_files(rows, result.probes, _plan_doc(scenario, sc, spec, names, ns, pols, replicas, price)))
+        write_dir_atomic(out, plan_dir_files(rows, result.probes, plan_doc(path, sc, spec, names, ns, pols, replicas, overrides)))
     if as_json:
         print(to_json(rows))
-        return
-    _print_plan(result, sc, spec, replicas, wall, out)
+    else:
+        print_plan(console, result, sc, spec, all_rows, wall, out)
+    if not any(r["status"] == "pass" for r in rows):
+        raise typer.Exit(1)
+
+
+def _plan_progress(show: bool):
+    """A progress bar with ETA over the plan's simulation waves, on stderr; `progress(done, total)`."""
+    import contextlib
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    @contextlib.contextmanager
+    def bar():
+        err = Console(stderr=True)
+        if not show or not err.is_terminal:  # a bar is for a person at a terminal, not for a log
+            yield None
+            return
+        with Progress(TextColumn("kvsim plan: simulating candidates, cheapest first"), BarColumn(),
+                      TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                      console=err, transient=True) as p:
+            task = p.add_task("plan", total=None)
+            yield lambda done, total: p.update(task, completed=done, total=total)
+
+    return bar()
 
 
 app.command()(ops)
@@ -321,52 +366,17 @@ def _said_about_store(result, cache: Path | None) -> None:
         print(f"kvsim: plan: {result.computed} candidates searched, {result.stored} read from {cache}", file=sys.stderr)
 
 
-def _plan_spec(slo, rate: float, ttft_p99_ms: float | None, tpot_p99_ms: float | None, requests: int,
-               max_factor: float):
+def _plan_spec(slo, rate: float, ttft_p99_ms: float | None, tpot_p99_ms: float | None, requests: int | None,
+               max_factor: float, top: int):
     """What the search asks: the rate, and each SLO target from its option or else the scenario's."""
-    from sim.plan.search import PlanSpec
+    from sim.plan.candidates import PlanSpec
 
+    if top < 0:
+        raise ConfigError(f"expected 0 (search every configuration) or more, got {top}", field="--top")
     return PlanSpec(rate=rate,
                     ttft_s=ttft_p99_ms / 1e3 if ttft_p99_ms is not None else (slo.ttft_s if slo else None),
                     tpot_s=tpot_p99_ms / 1e3 if tpot_p99_ms is not None else (slo.tpot_s if slo else None),
-                    requests=requests, max_factor=max_factor)
-
-
-def _print_plan(result, sc, spec, replicas: bool, wall_s: float, out: Path | None) -> None:
-    """The plan's ranked table on the terminal, and what it assumed and wrote."""
-    slo_text = " and ".join(t for t in (f"p99 TTFT <= {spec.ttft_s * 1e3:g} ms" if spec.ttft_s else "",
-                                        f"p99 TPOT <= {spec.tpot_s * 1e3:g} ms" if spec.tpot_s else "") if t)
-    t = Table(title=f"{sc.model.name or 'model'}: {spec.rate:g} req/s, {slo_text} ({spec.requests} requests a run; N GPUs as TP x replicas)")
-    for col in ("#", "gpu", "N", "TP x DP", "policy", "$/h", "TTFT p99", "TPOT p99", "max rate", "binding", "why not"):
-        t.add_column(col, justify="left" if col in ("gpu", "policy", "binding", "why not") else "right")
-    ms = lambda v: "-" if v is None else f"{v:,.0f} ms"  # noqa: E731
-    for r in result.rows:
-        mx = "-" if r["max_rate_per_s"] is None else (f">={r['max_rate_per_s']:.3g}/s" if r["max_rate_capped"] else f"{r['max_rate_per_s']:.3g}/s")
-        style = None if r["status"] == "pass" else "dim"
-        t.add_row(str(r["rank"] or ""), r["gpu"], str(r["gpus"]), f"{r['tp']} x {r['dp']}", r["policy"], f"{r['usd_per_hour']:.2f}",
-                  ms(r["ttft_p99_ms"]), ms(r["tpot_p99_ms"]), mx, r["binding"] or "", r["reason"] or "", style=style)
-    console.print(t)
-    console.print(f"[dim]{sum(r['status'] == 'pass' for r in result.rows)} of {len(result.rows)} configurations meet the SLO; "
-                  f"prices are assumptions (sim/catalog/prices.yaml, --price GPU=$/h); "
-                  f"{'replicas share the rate evenly' if replicas else 'N GPUs as one TP group (--replicas also tries DP)'}; "
-                  f"{wall_s:.0f} s[/dim]")
-    if out is not None:
-        console.print(f"[dim]wrote {out}/ (plan.csv, probes.csv: {len(result.probes)} simulations, plan.json); "
-                      f"kvsim report --plan {out} draws them[/dim]")
-
-
-def _plan_doc(path: Path, sc, spec, gpus: list[str], counts: list[int], policies: list[str], replicas: bool,
-              price_overrides: list[str]):
-    """plan.json: what `kvsim plan` was asked (sim.plan.files.PlanDoc)."""
-    from sim import __version__
-    from sim.plan.files import PlanDoc
-
-    ms = lambda s: None if s is None else s * 1e3  # noqa: E731
-    return PlanDoc(scenario=sc.name, scenario_path=str(path), model=sc.model.name or str(sc.model.hf_config), rate_per_s=spec.rate,
-                   ttft_p99_ms=ms(spec.ttft_s), tpot_p99_ms=ms(spec.tpot_s), requests=spec.requests,
-                   max_factor=spec.max_factor, tolerance=spec.tolerance, gpus=gpus, counts=counts, policies=policies,
-                   replicas=replicas, prices_source="sim/catalog/prices.yaml (assumed on-demand list prices, not quotes)",
-                   price_overrides=list(price_overrides), kvtier_version=__version__)
+                    requests=requests, max_factor=max_factor, top=top)
 
 
 def main() -> None:

@@ -17,22 +17,41 @@ from sim.outputs.schema import Document
 PLAN_CSV, PROBES_CSV, PLAN_JSON = "plan.csv", "probes.csv", "plan.json"
 PLAN_FILES = (PLAN_CSV, PROBES_CSV, PLAN_JSON)
 
-# One row per candidate, ranked (`search.search`).
-PLAN_COLUMNS = ["rank", "gpu", "gpus", "tp", "dp", "policy", "status", "usd_per_hour", "ttft_p99_ms", "tpot_p99_ms",
-                "max_rate_per_s", "max_rate_capped", "next_rate_per_s", "binding", "reason", "price_source"]
+# One row per candidate, ranked (`search.search`). `layout`: "TP4 x 2" (two replicas of a 4-GPU
+# tensor-parallel group). `output`: exact, or lossy for a policy that deletes tokens. `status`: pass,
+# fail (simulated), screened (the analytic screen's max rate is far below the rate: not simulated),
+# unsearched (cheaper configurations already passed: not simulated), pruned (cannot hold the model).
+# `screen_max_rate_per_s`: the screen's estimate (sim.plan.screen). `usd_per_million_tokens`: $/hour
+# over the output tokens an hour at the rate asked. `verdict_requests` and `verdict_duration_s`: the
+# run length of the probe at the rate asked (one replica); `host_peak_bytes`: its host memory peak (the
+# host KV pool a tiered launch command asks for).
+PLAN_COLUMNS = ["rank", "gpu", "gpus", "tp", "dp", "layout", "policy", "output", "status", "usd_per_hour",
+                "usd_per_million_tokens", "ttft_p99_ms", "tpot_p99_ms", "max_rate_per_s", "max_rate_capped",
+                "next_rate_per_s", "screen_max_rate_per_s", "binding", "reason", "verdict_requests",
+                "verdict_duration_s", "host_peak_bytes", "price_source"]
 
-# One row per simulation, in the order the search ran them for each candidate. `offered_rate_per_s`
-# and `goodput_req_per_s` are the whole configuration's (each of `dp` replicas serves rate / dp);
-# latencies are one replica's. `goodput_req_per_s`: requests meeting every SLO target per second of
-# the arrival window = offered rate x the share that met them (sim.plan.search.offered_goodput), not
-# counting the drain after the last arrival. `step`: rate (the rate asked), double or bisect. `slo_missed`: empty
-# when the probe passed, else the keys in MISS_KEYS it missed, joined by ';'.
+# One row per probe, in the order the search ran them for each candidate (sim.plan.probe: a
+# steady-state run). `offered_rate_per_s` and `goodput_req_per_s` are the whole configuration's
+# (each of `dp` replicas serves rate / dp); latencies are one replica's, over its measured requests
+# (arrivals after the warm-up, before the cool-down). `goodput_req_per_s`: the offered rate x the
+# share of measured requests that met every target - one definition, used everywhere in the plan.
+# `step`: rate (the rate asked), screen (the screen's max rate), below screen (that over 1 + the
+# tolerance), double or bisect. `end`: how the run
+# ended - measured (every measured request finished), ttft_p99 / tpot_p99 (so many were already past
+# the target that the p99 must be: its percentiles are left empty), overloaded (the queue diverged),
+# does_not_fit. `requests`, `measured`, `window_s` (the measured arrivals' span), `duration_s`
+# (simulated time) and `runs` (the window grows until the p99s converge) say how long it ran;
+# `*_p99_lo_ms`/`*_p99_hi_ms`: a 95% interval (batch means); `certain`: the verdict holds at 95% (each
+# target outside its interval, or the interval within +-10%, or the run stopped at the verdict). `slo_missed`: empty when the probe
+# passed, else the keys in MISS_KEYS it missed, joined by ';'.
 PROBE_COLUMNS = ["candidate", "gpu", "gpus", "tp", "dp", "policy", "probe", "step", "offered_rate_per_s", "passed",
-                 "slo_missed", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms",
-                 "e2e_p99_ms", "goodput_req_per_s", "reason"]
-PROBE_STEPS = ("rate", "double", "bisect")
-MISS_TTFT, MISS_TPOT, MISS_FIT = "ttft_p99", "tpot_p99", "does_not_fit"
-MISS_KEYS = (MISS_TTFT, MISS_TPOT, MISS_FIT)
+                 "slo_missed", "end", "requests", "measured", "window_s", "duration_s", "runs", "certain",
+                 "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "ttft_p99_lo_ms", "ttft_p99_hi_ms",
+                 "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "tpot_p99_lo_ms", "tpot_p99_hi_ms",
+                 "e2e_p99_ms", "e2e_mean_ms", "goodput_req_per_s", "reason"]
+PROBE_STEPS = ("rate", "screen", "below screen", "double", "bisect")
+MISS_TTFT, MISS_TPOT, MISS_FIT, MISS_OVERLOAD = "ttft_p99", "tpot_p99", "does_not_fit", "overloaded"
+MISS_KEYS = (MISS_TTFT, MISS_TPOT, MISS_FIT, MISS_OVERLOAD)
 
 
 def candidate_key(gpu: str, gpus: int, tp: int, policy: str) -> str:
@@ -49,7 +68,8 @@ class PlanDoc(Document):
     rate_per_s: float = Field(gt=0.0)
     ttft_p99_ms: float | None = Field(None, gt=0.0)
     tpot_p99_ms: float | None = Field(None, gt=0.0)
-    requests: int = Field(ge=1)  # per simulation
+    requests: int | None = Field(None, ge=1)  # per simulation; None: steady-state probes sized themselves
+    top: int = Field(5, ge=0)  # the search stopped once this many exact configurations passed (0: every one)
     max_factor: float = Field(ge=1.0)  # the max-rate search stops at max_factor x rate_per_s
     tolerance: float = Field(gt=0.0)  # ... or when its bracket is within this fraction
     gpus: list[str]

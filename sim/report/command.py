@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sim.decode.simulate import simulate
+from sim.inputs.cost import check_serving_cost
 from sim.inputs.errors import ConfigError
 from sim.inputs.profile import Profile, load_profile
 from sim.inputs.scenario import Scenario, load_scenario
@@ -19,6 +20,7 @@ from sim.outputs.csv_text import csv_text
 from sim.outputs.run_folder import check_out_path
 from sim.runner.options import Execution
 from sim.runner.tasks import damaged_line
+from sim.serving.run import simulate_serving
 from sim.studies.access_strategies import access_study
 from sim.studies.paper_check import check_paper
 from sim.studies.projection_grid import DEFAULT_GRID, GridSpec, cells_for, check_spec, gpu_columns, run_grid
@@ -29,6 +31,7 @@ from .progress import ReportProgress
 from .validation_table import load_validation
 
 PAPER_STEPS = 1  # the paper check is one short computation (three small simulations)
+ONLY_SECTIONS = ("plan",)  # --only: a page of that section alone, nothing else computed
 
 
 @dataclass
@@ -40,9 +43,10 @@ class Inputs:
 
 
 def load_inputs(scenario_paths: list[Path], profile_paths: list[Path], validation_path: Path | None, out: Path,
-                overrides: list[str] | None = None, plan_path: Path | None = None) -> Inputs:
+                overrides: list[str] | None = None, plan_path: Path | None = None, allow_large: bool = False) -> Inputs:
     """Everything the report reads, checked up front. A single --profile also applies to the runs
-    (as `kvsim run --profile` does); otherwise each run uses its scenario's own hardware.profile."""
+    (as `kvsim run --profile` does); otherwise each run uses its scenario's own hardware.profile. A
+    serving scenario's cost is checked as `kvsim run` checks it (`allow_large`: --allow-large)."""
     if out.exists() and out.is_dir():
         raise ConfigError("is a directory; expected the path of the HTML file to write", source=str(out), field="--out")
     check_out_path(out, folder=False)
@@ -50,6 +54,8 @@ def load_inputs(scenario_paths: list[Path], profile_paths: list[Path], validatio
     runs = []
     for path in scenario_paths:
         sc = load_scenario(path, overrides)
+        if sc.workload.arrivals is not None:
+            check_serving_cost(sc, allow=allow_large, source=str(path))
         prof_path = str(profile_paths[0]) if len(profile_paths) == 1 else sc.hardware.profile
         prof = profiles[0] if len(profile_paths) == 1 else (load_profile(prof_path) if prof_path else None)
         runs.append((sc, prof, prof_path))
@@ -71,50 +77,82 @@ def profile_warnings(inputs: Inputs) -> list[str]:
 
 
 def compute(inputs: Inputs, validation_source: str, *, grid_spec: GridSpec = DEFAULT_GRID,
-            execution: Execution = Execution(), progress: ReportProgress | None = None) -> ReportData:
-    """Projection and the paper check when no scenario is given; per-run views otherwise. The
-    projection runs as `execution` says (local processes or Ray; with --cache, resumable)."""
+            execution: Execution | None = None, progress: ReportProgress | None = None,
+            only: str | None = None) -> ReportData:
+    """Projection and the paper check when no scenario is given; per-run views otherwise (a serving
+    scenario simulated as `kvsim run` does); `only="plan"`: the plan folder alone, nothing computed.
+    The projection runs as `execution` says (local processes or Ray; with --cache, resumable)."""
     progress = progress or ReportProgress(enabled=False)
     data = ReportData(validation=inputs.validation, validation_source=validation_source, plan=inputs.plan)
+    if only == "plan":
+        return data
     if not inputs.scenarios:
-        check_spec(grid_spec)
-        n_cells = len(cells_for(grid_spec, gpu_columns(grid_spec, inputs.profiles)))
-
-        def studies() -> None:  # in this process while the workers compute the projection
-            data.access = access_study()
-            advance = progress.step("the paper, checked", PAPER_STEPS)
-            data.paper = check_paper(grid_spec.models)
-            advance()
-
-        data.grid = run_grid(grid_spec, inputs.profiles, execution=execution, meanwhile=studies,
-                             on_task_done=progress.step("projection (model x weights x GPU x length)", n_cells))
-    else:
-        advance = progress.step("simulating scenarios", len(inputs.scenarios))
-        for sc, prof, prof_path in inputs.scenarios:
+        _projection(data, inputs, grid_spec, execution or Execution(), progress)
+        return data
+    advance = progress.step("simulating scenarios", len(inputs.scenarios))
+    for sc, prof, prof_path in inputs.scenarios:
+        if sc.workload.arrivals is not None:
+            data.runs.append(simulate_serving(sc, prof, profile_path=prof_path))
+        else:
             data.runs.append(simulate(sc, prof, profile_path=prof_path))
-            advance()
+        advance()
     return data
+
+
+def _projection(data: ReportData, inputs: Inputs, grid_spec: GridSpec, execution: Execution,
+                progress: ReportProgress) -> None:
+    """The projection on the workers; the access study and the paper check meanwhile, in this process."""
+    check_spec(grid_spec)
+    n_cells = len(cells_for(grid_spec, gpu_columns(grid_spec, inputs.profiles)))
+
+    def studies() -> None:  # in this process while the workers compute the projection
+        data.access = access_study()
+        advance = progress.step("the paper, checked", PAPER_STEPS)
+        data.paper = check_paper(grid_spec.models)
+        advance()
+
+    data.grid = run_grid(grid_spec, inputs.profiles, execution=execution, meanwhile=studies,
+                         on_task_done=progress.step("projection (model x weights x GPU x length)", n_cells))
+
+
+def check_only(only: str | None, scenario_paths: list[Path], profile_paths: list[Path], validation_path: Path | None,
+               plan_path: Path | None, execution: Execution) -> None:
+    """--only names a section of ONLY_SECTIONS, and every input given is one that section draws."""
+    if only is None:
+        return
+    if only not in ONLY_SECTIONS:
+        raise ConfigError(f"expected {' or '.join(ONLY_SECTIONS)}, got {only!r}", field="--only")
+    if plan_path is None:
+        raise ConfigError("plan draws the folder of --plan DIR (kvsim plan --out DIR); give --plan", field="--only")
+    extra = [flag for flag, given in (("scenarios", scenario_paths), ("--profile", profile_paths),
+                                      ("--validation", validation_path), ("--cache", execution.cache),
+                                      ("--executor", execution.executor != "local")) if given]
+    if extra:
+        raise ConfigError(f"plan draws the serving plan alone; drop {', '.join(extra)} (or --only)", field="--only")
 
 
 def build_report(scenario_paths: list[Path], profile_paths: list[Path], validation_path: Path | None, out: Path, *,
                  overrides: list[str] | None = None, command: str = "kvsim report", grid_spec: GridSpec = DEFAULT_GRID,
                  workers: int | None = None, show_progress: bool = True, plan_path: Path | None = None,
-                 execution: Execution | None = None) -> Path:
+                 execution: Execution | None = None, only: str | None = None, allow_large: bool = False) -> Path:
     """Check the inputs, compute, write `out`; `overrides` (`--set key=value`) apply to every scenario;
     `plan_path`: a `kvsim plan --out` folder for the "Serving plan" section; `execution`: where the
-    projection runs (default: local processes, `workers` of them, no store)."""
+    projection runs (default: local processes, `workers` of them, no store); `only`: one of
+    ONLY_SECTIONS, a page of that section alone; `allow_large`: run serving scenarios past their cost limit."""
     if overrides and not scenario_paths:
         raise ConfigError("--set applies to scenarios; the projection takes none")
     execution = (execution or Execution(workers=workers)).check()
+    check_only(only, scenario_paths, profile_paths, validation_path, plan_path, execution)
     if scenario_paths and (execution.cache is not None or execution.executor != "local"):
         raise ConfigError("applies to the projection; runs of scenarios take none",
                           field="--cache" if execution.cache is not None else "--executor")
-    inputs = load_inputs(scenario_paths, profile_paths, validation_path, out, overrides, plan_path)
+    inputs = load_inputs(scenario_paths, profile_paths, validation_path, out, overrides, plan_path, allow_large)
     for line in profile_warnings(inputs):
         print(f"kvsim: warning: {line}", file=sys.stderr)
     progress = ReportProgress(enabled=show_progress)
     with progress.running():
-        data = compute(inputs, str(validation_path or ""), grid_spec=grid_spec, execution=execution, progress=progress)
+        data = compute(inputs, str(validation_path or ""), grid_spec=grid_spec, execution=execution, progress=progress,
+                       only=only)
         advance = progress.step("writing HTML", 1)
         text = render(data, command)
         files = {}

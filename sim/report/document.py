@@ -1,5 +1,5 @@
-"""What the report says, in which order: summary, projection, the paper checked, serving plan, runs,
-validation."""
+"""What the report says, in which order: summary, contents (a page of more than one section),
+projection, the paper checked, serving plan, runs (closed batches and serving runs), validation."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pandas as pd
 
 from sim import __version__
 from sim.decode.simulate import SimResult
-from sim.outputs.run_folder import summary_rows
+from sim.outputs.run_folder import serving_summary_rows, summary_rows
+from sim.serving.run import ServingResult
 from sim.studies.paper_check import PaperCheck
 from sim.studies.projection_grid import GridResult
 
@@ -19,11 +20,20 @@ from .figures_paper import paper_figures
 from .figures_projection import dimensions, projection_figures
 from .figures_run import run_figures, timeline_note
 from .figures_serving import TABLE_HEADERS, latency_figure, max_rate_figure, plan_sentences, slo_text, table_rows
+from .figures_serving_run import serving_run_figures
 from .figures_validation import validation_figure
 from .plan_input import PlanFiles
-from .summary_text import access_sentences, paper_sentences, projection_sentences, run_sentence, validation_sentences
+from .summary_text import (
+    access_sentences,
+    paper_sentences,
+    projection_sentences,
+    run_sentence,
+    serving_run_sentence,
+    validation_sentences,
+)
 
 TITLE = "kvtier report: tiered KV caches for reasoning LLMs"
+Section = tuple[str, str, str]  # id, title, body (HTML)
 
 
 @dataclass
@@ -31,7 +41,7 @@ class ReportData:
     grid: GridResult | None = None
     access: pd.DataFrame | None = None  # sim.studies.access_strategies.access_study
     paper: PaperCheck | None = None
-    runs: list[SimResult] = field(default_factory=list)
+    runs: list[SimResult | ServingResult] = field(default_factory=list)  # a serving run: workload.arrivals
     validation: pd.DataFrame | None = None
     validation_source: str = ""
     plan: PlanFiles | None = None  # a `kvsim plan --out` folder (--plan)
@@ -41,7 +51,7 @@ PLAN_EXAMPLE = ("kvsim plan scenarios/serving-h100-70b-tp4.yaml --rate 10 --ttft
                 "--out runs/plan")
 
 
-def _projection_section(grid: GridResult) -> str:
+def _projection_section(grid: GridResult) -> Section:
     spec = grid.spec
     intro = (f"Every point is the simulator's fast projection (sim.decode.projection) of a decode of {spec.prompt_tokens} prompt tokens "
              f"plus the selected reasoning length per sequence, all sequences of the batch the same length; max batch is the "
@@ -54,10 +64,10 @@ def _projection_section(grid: GridResult) -> str:
                       f"contain comes from the {g.base_gpu} datasheet.")
     body = h.paragraph(intro) + h.controls_html(dimensions(grid))
     body += "".join(h.selectable_html(sf) for sf in projection_figures(grid))
-    return h.section("projection", "Projection: 7B-70B on one GPU", body)
+    return "projection", "Projection: 7B-70B on one GPU", body
 
 
-def _access_section(table: pd.DataFrame) -> str:
+def _access_section(table: pd.DataFrame) -> Section:
     body = h.paragraph(
         "How attention reaches the tokens in host memory decides what tiering costs. prefetch streams every T1/T2 token "
         "over the host link at every step; host_attention sends each layer's queries to the host, whose CPU attends the "
@@ -73,10 +83,10 @@ def _access_section(table: pd.DataFrame) -> str:
              "-" if pd.isna(r.vs_full_hbm) else f"{r.vs_full_hbm:.2f}x", r.binds] for r in table[cols].itertuples()]
     body += h.table_html(["model", "GPU", "access", "max batch", "full_hbm max batch", "tok/s", "vs full_hbm", "binds"], rows)
     body += "".join(h.figure_html(f"fig-access-{i}", access_figure(table, m)) for i, m in enumerate(table.model.unique()))
-    return h.section("access", "Which access strategy wins", body)
+    return "access", "Which access strategy wins", body
 
 
-def _paper_section(check: PaperCheck) -> str:
+def _paper_section(check: PaperCheck) -> Section:
     rows = [[r.claim, r.printed, r.paper_rule or "-", r.corrected, r.note] for r in check.rows]
     body = h.paragraph("The reference paper (arXiv 2605.09490) as printed, its arithmetic redone from this project's model "
                        "catalog with its own rule (query heads counted as KV heads), and the same scenarios computed correctly "
@@ -84,10 +94,10 @@ def _paper_section(check: PaperCheck) -> str:
     body += h.table_html(["claim", "as printed", "paper's rule, recomputed", "correct (GQA / simulator)", "how"], rows)
     body += h.paragraph(check.prototype_note)
     body += "".join(h.figure_html(fid, fig) for fid, fig in paper_figures(check))
-    return h.section("paper", "The paper, checked", body)
+    return "paper", "The paper, checked", body
 
 
-def _serving_section(pf: PlanFiles) -> str:
+def _serving_section(pf: PlanFiles) -> Section:
     doc = pf.doc
     body = h.paragraph(
         f"From {pf.folder} (kvsim plan on {doc.scenario}: {doc.rate_per_s:g} req/s, {slo_text(pf)}, {doc.requests} requests "
@@ -101,30 +111,51 @@ def _serving_section(pf: PlanFiles) -> str:
                           "\"misses\": that configuration and policy misses the SLO already at the target rate (why: "
                           "the table). >= marks the search's cap.")
     body += h.table_html(TABLE_HEADERS, table_rows(pf))
-    return h.section("serving-plan", "Serving plan", body)
+    return "serving-plan", "Serving plan", body
 
 
-def _serving_note(command: str) -> str:
+def _serving_note(command: str) -> Section:
     """Where the section would be: how to add it, no figures."""
     steps = f"{PLAN_EXAMPLE}\n{command.strip()} --plan runs/plan"
-    return h.section("serving-plan", "Serving plan", h.paragraph(
+    return "serving-plan", "Serving plan", (h.paragraph(
         "Not in this report: it draws the serving plan only from a folder that kvsim plan wrote (no simulation runs "
         "for it here). To add it, run these two commands (any scenario, rate and SLO):") + f"<pre>{h.esc(steps)}</pre>")
 
 
-def _run_section(i: int, result: SimResult) -> str:
+def _run_section(i: int, result: SimResult) -> Section:
     sid = f"run-{i}"
     body = h.table_html(["", ""], [list(r) for r in summary_rows(result.summary)])
     for name, fig in run_figures(result):
         caption = timeline_note(result) if name == "timeline" else ""
         body += h.figure_html(f"fig-{sid}-{name}", fig, caption)
-    return h.section(sid, f"Run: {result.scenario.name}", body)
+    return sid, f"Run: {result.scenario.name}", body
 
 
-def _validation_section(table: pd.DataFrame, source: str) -> str:
+def _validation_section(table: pd.DataFrame, source: str) -> Section:
     body = h.paragraph(f"From {source}: relative error = (predicted - measured) / measured. Shaded: within +-10 % and +-25 %.")
     body += h.figure_html("fig-validation", validation_figure(table))
-    return h.section("validation", "Validation: predicted against measured", body)
+    return "validation", "Validation: predicted against measured", body
+
+
+def _serving_run_section(i: int, result: ServingResult) -> Section:
+    sid = f"run-{i}"
+    body = h.table_html(["", ""], [list(r) for r in serving_summary_rows(result.summary)])
+    for name, fig in serving_run_figures(result):
+        body += h.figure_html(f"fig-{sid}-{name}", fig, SERVING_RUN_CAPTIONS[name])
+    return sid, f"Serving run: {result.scenario.name}", body
+
+
+SERVING_RUN_CAPTIONS = {
+    "latency": "One marker per request; TTFT includes queueing, TPOT = (E2E - TTFT) / (output tokens - 1), so one-token "
+               "requests have none. Orange: requests preempted at least once. Dashed: the scenario's SLO targets.",
+    "queue": "Requests the scheduler runs and those waiting to be scheduled (arrived, or preempted), after each step.",
+    "memory": "Per GPU. HBM in use = weights, activations and runtime reserve (dotted) plus the K/V in HBM; the K/V of "
+              "a request may use the rest up to the HBM capacity. Host: the T1/T2 tiers (and swapped K/V).",
+}
+
+
+def _run_sentence(result: SimResult | ServingResult) -> str:
+    return serving_run_sentence(result.summary) if isinstance(result, ServingResult) else run_sentence(result.summary)
 
 
 def summary_items(data: ReportData) -> list[str]:
@@ -137,25 +168,37 @@ def summary_items(data: ReportData) -> list[str]:
         items += paper_sentences(data.paper)
     if data.plan is not None:
         items += plan_sentences(data.plan)
-    items += [run_sentence(r.summary) for r in data.runs]
+    items += [_run_sentence(r) for r in data.runs]
     if data.validation is not None:
         items += validation_sentences(data.validation)
     return items
 
 
-def render(data: ReportData, command: str) -> str:
-    body = h.summary_html(summary_items(data))
+def sections(data: ReportData, command: str) -> list[Section]:
+    """The page's sections in reading order."""
+    out = []
     if data.grid is not None:
-        body += _projection_section(data.grid)
+        out.append(_projection_section(data.grid))
     if data.access is not None:
-        body += _access_section(data.access)
+        out.append(_access_section(data.access))
     if data.paper is not None:
-        body += _paper_section(data.paper)
+        out.append(_paper_section(data.paper))
     if data.plan is not None:
-        body += _serving_section(data.plan)
+        out.append(_serving_section(data.plan))
     elif data.grid is not None:
-        body += _serving_note(command)
-    body += "".join(_run_section(i, r) for i, r in enumerate(data.runs))
+        out.append(_serving_note(command))
+    for i, r in enumerate(data.runs):
+        out.append(_serving_run_section(i, r) if isinstance(r, ServingResult) else _run_section(i, r))
     if data.validation is not None:
-        body += _validation_section(data.validation, data.validation_source)
+        out.append(_validation_section(data.validation, data.validation_source))
+    return out
+
+
+def render(data: ReportData, command: str) -> str:
+    """The summary, a table of contents when there is more than one section, then the sections."""
+    parts = sections(data, command)
+    body = h.summary_html(summary_items(data))
+    if len(parts) > 1:
+        body += h.toc_html([(sid, title) for sid, title, _ in parts])
+    body += "".join(h.section(*part) for part in parts)
     return h.page(TITLE, f"kvtier {__version__} - {command}", body)

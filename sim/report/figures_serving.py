@@ -93,15 +93,15 @@ def latency_figure(pf: PlanFiles) -> go.Figure:
                   annotation_text=f"target {doc.rate_per_s:g} req/s", annotation_position="top right")
     fig.update_xaxes(title_text="offered rate (requests/s, whole configuration)")
     fig.update_yaxes(type="log", title_text="ms (log)")
-    buttons = [dict(label=ALL_CONFIGS, method="restyle", args=[{"visible": [True] * (len(LATENCY_PANELS) * len(cands) + n_slo)}])]
+    buttons = [{"label": ALL_CONFIGS, "method": "restyle", "args": [{"visible": [True] * (len(LATENCY_PANELS) * len(cands) + n_slo)}]}]
     for cfg in configs:
         shown = [cfg == c for c in cands.config for _ in LATENCY_PANELS]
-        buttons.append(dict(label=cfg, method="restyle", args=[{"visible": shown + [True] * n_slo}]))
+        buttons.append({"label": cfg, "method": "restyle", "args": [{"visible": shown + [True] * n_slo}]})
     fig.update_layout(
         title_text=f"{doc.model} ({doc.scenario}): p99 latency against offered rate, every simulation of the search",
         height=LATENCY_HEIGHT_PX, margin={**BASE_LAYOUT["margin"], "t": MENU_TOP_MARGIN_PX},
-        updatemenus=[dict(buttons=buttons, direction="down", x=0.0, xanchor="left", y=1.08, yanchor="bottom",
-                          showactive=True)])
+        updatemenus=[{"buttons": buttons, "direction": "down", "x": 0.0, "xanchor": "left", "y": 1.08,
+                      "yanchor": "bottom", "showactive": True}])
     return fig
 
 
@@ -133,8 +133,8 @@ def max_rate_figure(pf: PlanFiles) -> go.Figure:
     return fig
 
 
-TABLE_HEADERS = ["#", "GPU", "GPUs", "TP x DP", "policy", "$/h", "p99 TTFT at target", "p99 TPOT at target",
-                 "max rate (req/s)", "next rate tried (fails)", "binding", "why not"]
+TABLE_HEADERS = ["#", "GPU", "GPUs", "TP x DP", "policy", "output", "$/h", "$/M output tokens", "p99 TTFT at target",
+                 "p99 TPOT at target", "max rate (req/s)", "next rate tried (fails)", "status", "binding", "why not"]
 
 
 def _num(value, fmt: str, suffix: str = "") -> str:
@@ -142,13 +142,17 @@ def _num(value, fmt: str, suffix: str = "") -> str:
 
 
 def table_rows(pf: PlanFiles) -> list[list[str]]:
-    """plan.csv's rows in its order: passing by $/hour then max rate, then failing, then pruned."""
+    """plan.csv's rows in its order: passing (exact first) by $/hour then max rate, then failing,
+    unsearched, screened and pruned."""
     rows = []
     for r in pf.plan.itertuples():
         mx = _num(r.max_rate_per_s, ".3g")
-        rows.append([_num(r.rank, ".0f"), r.gpu, str(r.gpus), f"{r.tp} x {r.dp}", r.policy, f"{r.usd_per_hour:,.2f}",
-                     _num(r.ttft_p99_ms, ",.0f", " ms"), _num(r.tpot_p99_ms, ",.1f", " ms"),
-                     f">={mx}" if r.max_rate_capped else mx, _num(r.next_rate_per_s, ".3g"),
+        if pd.isna(r.max_rate_per_s) and not pd.isna(r.screen_max_rate_per_s):
+            mx = f"~{r.screen_max_rate_per_s:.3g} (screen)"
+        rows.append([_num(r.rank, ".0f"), r.gpu, str(r.gpus), r.layout, r.policy, r.output, f"{r.usd_per_hour:,.2f}",
+                     _num(r.usd_per_million_tokens, ",.2f"), _num(r.ttft_p99_ms, ",.0f", " ms"),
+                     _num(r.tpot_p99_ms, ",.1f", " ms"), f">={mx}" if r.max_rate_capped else mx,
+                     _num(r.next_rate_per_s, ".3g"), r.status,
                      "" if pd.isna(r.binding) else r.binding, "" if pd.isna(r.reason) else r.reason])
     return rows
 
@@ -159,13 +163,18 @@ def slo_text(pf: PlanFiles) -> str:
 
 
 def plan_sentences(pf: PlanFiles) -> list[str]:
+    """The answer sentence `kvsim plan` printed first, then what the search covered."""
+    from sim.plan.answer import answer_sentence
+
     doc, plan = pf.doc, pf.plan
-    head = f"Serving plan for {doc.model} at {doc.rate_per_s:g} req/s with {slo_text(pf)}"
-    passing = plan[plan.status == "pass"]
-    if passing.empty:
-        return [f"{head}: none of the {len(plan)} configurations searched meets it."]
-    best = passing.iloc[0]
-    capped = ">=" if best.max_rate_capped else "up to "
-    return [f"{head}: the cheapest that meets it is {config_label(best.gpu, best.gpus, best.tp, best.dp)} with "
-            f"{best.policy} at ${best.usd_per_hour:,.2f}/h (assumed prices), sustaining {capped}{best.max_rate_per_s:.3g} "
-            f"req/s; {len(passing)} of {len(plan)} configurations meet it."]
+    rows = [{k: (None if not isinstance(v, str) and pd.isna(v) else v) for k, v in r.items()}
+            for r in plan.to_dict("records")]
+    for r in rows:
+        r["rank"] = None if r["rank"] is None else int(r["rank"])
+        r["verdict_requests"] = None if r["verdict_requests"] is None else int(r["verdict_requests"])
+    counts = plan.status.value_counts()
+    covered = (f"Serving plan for {doc.model} at {doc.rate_per_s:g} req/s with {slo_text(pf)}: "
+               f"{counts.get('pass', 0)} of {len(plan)} configurations pass, {counts.get('fail', 0)} fail, "
+               f"{counts.get('unsearched', 0)} not simulated (cheaper ones pass), {counts.get('screened', 0)} ruled out "
+               f"by the analytic screen, {counts.get('pruned', 0)} cannot hold the model; prices are assumptions.")
+    return [answer_sentence(rows, doc.rate_per_s), covered]

@@ -32,6 +32,7 @@ h1 { margin: 24px 0 4px; } h2 { margin-top: 40px; border-bottom: 1px solid #ddd;
 table.data { border-collapse: collapse; font-size: 13px; margin: 12px 0; }
 table.data th, table.data td { border: 1px solid #ddd; padding: 4px 8px; text-align: left; vertical-align: top; }
 table.data th { background: #f6f8fa; }
+nav.toc { font-size: 14px; margin: 12px 0; } nav.toc ol { margin: 4px 0; padding-left: 22px; columns: 2; }
 """
 
 SELECTOR_JS = """
@@ -103,6 +104,12 @@ def paragraph(text: str) -> str:
 def summary_html(items: list[str]) -> str:
     lis = "".join(f"<li>{esc(i)}</li>" for i in items)
     return f'<div class="summary" id="summary"><h3>What the figures say</h3><ul>{lis}</ul></div>'
+
+
+def toc_html(entries: list[tuple[str, str]]) -> str:
+    """The page's table of contents: a link to each (section id, title)."""
+    items = "".join(f'<li><a href="#{esc(sid)}">{esc(title)}</a></li>' for sid, title in entries)
+    return f'<nav class="toc" id="contents"><h3>Contents</h3><ol>{items}</ol></nav>'
 
 
 def section(section_id: str, title: str, body: str) -> str:

@@ -29,10 +29,14 @@ from sim.plan.files import (
 from .validation_table import _numbers, _read_csv
 
 EXPECTED = f"the folder `kvsim plan --out DIR` writes ({', '.join(PLAN_FILES)})"
-STATUSES = ("pass", "fail", "pruned")
-PLAN_NUMBERS = ("rank", "gpus", "tp", "dp", "usd_per_hour", "ttft_p99_ms", "tpot_p99_ms", "max_rate_per_s", "next_rate_per_s")
-PROBE_NUMBERS = ("gpus", "tp", "dp", "probe", "offered_rate_per_s", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
-                 "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "e2e_p99_ms", "goodput_req_per_s")
+STATUSES = ("pass", "fail", "unsearched", "screened", "pruned")
+PLAN_NUMBERS = ("rank", "gpus", "tp", "dp", "usd_per_hour", "usd_per_million_tokens", "ttft_p99_ms", "tpot_p99_ms",
+                "max_rate_per_s", "next_rate_per_s", "screen_max_rate_per_s", "verdict_requests", "verdict_duration_s",
+                "host_peak_bytes")
+PROBE_NUMBERS = ("gpus", "tp", "dp", "probe", "offered_rate_per_s", "requests", "measured", "window_s", "duration_s",
+                 "runs", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "ttft_p99_lo_ms", "ttft_p99_hi_ms", "tpot_p50_ms",
+                 "tpot_p90_ms", "tpot_p99_ms", "tpot_p99_lo_ms", "tpot_p99_hi_ms", "e2e_p99_ms", "e2e_mean_ms",
+                 "goodput_req_per_s")
 COUNTS = ("gpus", "tp", "dp")  # positive whole numbers in both tables
 
 
@@ -121,6 +125,7 @@ def _check_probes(probes: pd.DataFrame, plan: pd.DataFrame, source: str) -> None
     _require(probes, "slo_missed", source, lambda v: pd.isna(v) or set(str(v).split(";")) <= set(MISS_KEYS),
              f"empty or some of {', '.join(MISS_KEYS)} joined by ';'")
     _flags(probes, "passed", source, empty_ok=False)
+    _flags(probes, "certain", source, empty_ok=False)
     keys = {candidate_key(r.gpu, r.gpus, r.tp, r.policy) for r in plan.itertuples()}
     _require(probes, "candidate", source, lambda v: v in keys, f"a candidate of {PLAN_CSV} in the same folder "
              "(are the files from one search?)")

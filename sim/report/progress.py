@@ -6,8 +6,8 @@ worker processes, and forking while another thread holds a lock is unsafe.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -20,7 +20,7 @@ class ReportProgress:
                                   console=Console(stderr=True), auto_refresh=False, disable=not enabled)
 
     @contextmanager
-    def running(self) -> Iterator["ReportProgress"]:
+    def running(self) -> Iterator[ReportProgress]:
         with self._progress:
             yield self
 

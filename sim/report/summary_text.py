@@ -6,7 +6,7 @@ import pandas as pd
 
 from sim.inputs import catalog
 from sim.model.units import GB
-from sim.outputs.schema import LINK_BOTTLENECK_UTILIZATION, SimRunSummary
+from sim.outputs.schema import LINK_BOTTLENECK_UTILIZATION, ServingSummary, SimRunSummary
 from sim.studies import paper_claims as paper
 from sim.studies.paper_check import PaperCheck
 from sim.studies.projection_grid import GridResult, length_label
@@ -100,11 +100,11 @@ def projection_sentences(grid: GridResult) -> list[str]:
 
 def paper_sentences(check: PaperCheck) -> list[str]:
     n = check.numbers
-    out = [f"The paper, checked: its KV sizing counts query heads, {n['kv_ratio_7b']:.0f}x too much for the 7B "
+    out = [(f"The paper, checked: its KV sizing counts query heads, {n['kv_ratio_7b']:.0f}x too much for the 7B "
            f"({n['gqa_7b']:,.0f} B/token, not {paper.KV_BYTES_PER_TOKEN_7B:,}). With GQA the HBM saved at batch "
            f"{paper.PROJECTION_BATCH} x {paper.PROJECTION_CONTEXT_TOKENS:,} tokens is "
            f"{n['saved_min'] / GB:.1f}-{n['saved_max'] / GB:.1f} GB for {n['models_span']}, not "
-           f"{paper.SAVINGS_BYTES[0] / GB:.0f}-{paper.SAVINGS_BYTES[1] / GB:.0f} GB."]
+           f"{paper.SAVINGS_BYTES[0] / GB:.0f}-{paper.SAVINGS_BYTES[1] / GB:.0f} GB.")]
     if "sim_cost" in n:
         ours = n["ours_cost"]
         ours_text = (f"{ours:.2%} with layerwise prefetch from pinned memory" if ours >= 0 else
@@ -124,6 +124,27 @@ def run_sentence(s: SimRunSummary) -> str:
            f"{s.hbm_capacity_bytes / GB:.0f} GB (saves {s.hbm_saved_bytes / GB:.2f} GB), H2D busy "
            f"{s.h2d_utilization:.0%}, stalls {s.stall_share:.1%} of decode time, max batch {s.max_batch}")
     return txt + (" - the host link is the bottleneck." if s.link_bottleneck else ".")
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:,.0f} ms" if seconds >= 0.1 else f"{seconds * 1e3:,.1f} ms"
+
+
+def serving_run_sentence(s: ServingSummary) -> str:
+    """A serving run in one sentence: its load and length, throughput, p50/p99 TTFT and TPOT, preemptions."""
+    where = s.gpu if s.tp == 1 else f"{s.tp} x {s.gpu}"
+    head = f"{s.scenario}: {s.model} on {where}, {s.policy}, {s.requests:,} requests"
+    if s.offered_rate_per_s is not None:
+        head += f" at {s.offered_rate_per_s:g} req/s"
+    if not s.fits:
+        return f"{head} does not fit: {s.does_not_fit}."
+    txt = (f"{head}: the run takes {s.duration_s:,.1f} s, {s.request_throughput_per_s:,.2f} req/s and "
+           f"{s.output_throughput_tok_per_s:,.0f} output tok/s; TTFT p50 {_ms(s.ttft_p50_s)}, p99 {_ms(s.ttft_p99_s)}; "
+           f"TPOT p50 {_ms(s.tpot_p50_s)}, p99 {_ms(s.tpot_p99_s)}; {s.preemptions:,} preemption"
+           f"{'' if s.preemptions == 1 else 's'}")
+    if s.goodput_req_per_s is not None:
+        txt += f"; goodput {s.goodput_req_per_s:,.2f} req/s within the SLO"
+    return txt + "."
 
 
 def validation_sentences(table: pd.DataFrame) -> list[str]:

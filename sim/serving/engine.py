@@ -71,8 +71,10 @@ class ServingTrace:
 class ServingSim:
     """Requests arriving at one GPU (one tensor-parallel group) and its host link."""
 
-    def __init__(self, ctx: RunContext, requests: RequestSet, scheduler: Scheduler):
+    def __init__(self, ctx: RunContext, requests: RequestSet, scheduler: Scheduler, stop=None):
         self.ctx, self.specs, self.scheduler = ctx, requests, scheduler
+        self.stop = stop  # called after each step with this sim; True ends the run there (a steady-state probe)
+        self.stopped = False
         self.table = scheduler.table
         self.device = DecodeSim(ctx, plan=None)  # forward passes and re-tier transfers on the GPU's link
         self.env = self.device.env
@@ -92,8 +94,8 @@ class ServingSim:
                 self.env.process(self.client())
         else:
             self.env.process(self.arrivals())
-        self.env.process(self.step_loop())
-        self.env.run()
+        loop = self.env.process(self.step_loop())
+        self.env.run(until=loop if self.stop is not None else None)  # stopped: the arrivals still due are dropped
         self.trace.in_system_area_s, self.trace.end_s = self.area_s, self.env.now
         self.trace.preemptions = self.scheduler.preemptions
         self.trace.swap_mode = self.scheduler.swap is not None
@@ -203,5 +205,8 @@ class ServingSim:
                 for i in out.finished:
                     if int(i) in self.done:
                         self.done.pop(int(i)).succeed()
+            if self.stop is not None and self.stop(self):
+                self.stopped = True
+                return
             if len(out.finished) and self.specs.concurrency is not None:
                 yield env.timeout(0)  # let the clients whose request finished send their next one

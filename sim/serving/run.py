@@ -40,6 +40,7 @@ class ServingResult:
     requests: pd.DataFrame  # metrics.request_columns
     timeline: pd.DataFrame  # metrics.timeline_columns
     scenario: Scenario
+    stopped: bool = False  # `stop` ended the run before every request finished: figures over the finished ones
 
 
 def alone_shortfall(memory: KvMemory, counter: TierCounter, reqs: RequestSet) -> str | None:
@@ -76,7 +77,11 @@ def _row_counts(ctx: RunContext, memory: KvMemory, reqs: RequestSet) -> FixedRow
     return FixedRows(TierCounter(ctx.policy, reqs.prompt_tokens, reqs.output_tokens), reqs.prompt_tokens)
 
 
-def simulate_serving(scenario: Scenario, profile: Profile | None = None, *, profile_path: str | None = None) -> ServingResult:
+def simulate_serving(scenario: Scenario, profile: Profile | None = None, *, profile_path: str | None = None,
+                     stop=None) -> ServingResult:
+    """The run and its tables. `stop(sim)`, called after every step, may end it early (a steady-state
+    probe that has its verdict: `sim.serving.steady`); the summary's figures then cover the requests
+    that finished, and `requests` still lists every one (the unfinished with empty times)."""
     ctx = build_context(scenario, profile, profile_path)
     reqs = build_requests(scenario.workload)
     sched_cfg = scenario.scheduler
@@ -86,17 +91,19 @@ def simulate_serving(scenario: Scenario, profile: Profile | None = None, *, prof
     least = ctx.policy.at_fraction(0.0) if ctx.policy.auto else ctx.policy
     why = alone_shortfall(memory, TierCounter(least, reqs.prompt_tokens, reqs.output_tokens), reqs)
     swap = sched_cfg.preemption == "swap"
-    figures = {}
+    figures, stopped = {}, False
     requests, timeline = pd.DataFrame(columns=request_columns(swap)), pd.DataFrame(columns=timeline_columns(swap))
     if why is None:
-        trace = ServingSim(ctx, reqs, Scheduler(sched_cfg, memory, counter, RequestTable(reqs))).run()
-        requests, timeline = request_table(trace), timeline_table(trace)
-        figures = serving_figures(trace, requests, timeline, scenario.slo) | swap_figures(trace)
+        sim = ServingSim(ctx, reqs, Scheduler(sched_cfg, memory, counter, RequestTable(reqs)), stop)
+        trace = sim.run()
+        requests, timeline, stopped = request_table(trace), timeline_table(trace), sim.stopped
+        done = requests[requests["finish_s"].notna()] if stopped else requests
+        figures = serving_figures(trace, done, timeline, scenario.slo) | swap_figures(trace)
         if trace.end_s > 0:
             figures.update(h2d_utilization=trace.h2d_busy_s / trace.end_s, d2h_utilization=trace.d2h_busy_s / trace.end_s)
     summary = _summary(scenario, ctx, reqs, memory, why, figures, profile_path)
     timeline = thin_timeline(timeline, scenario.sim.record_every)  # the summary used every row
-    return ServingResult(summary=summary, requests=requests, timeline=timeline, scenario=scenario)
+    return ServingResult(summary=summary, requests=requests, timeline=timeline, scenario=scenario, stopped=stopped)
 
 
 def _summary(scenario: Scenario, ctx: RunContext, reqs: RequestSet, memory: KvMemory, why: str | None, figures: dict,

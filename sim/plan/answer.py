@@ -1,0 +1,74 @@
+"""The plan in the planner's words: one sentence first, the Pareto front per GPU count, the launch
+commands. Pure text and arithmetic over the ranked rows (sim.plan.files.PLAN_COLUMNS)."""
+
+from __future__ import annotations
+
+from sim.inputs import catalog
+from sim.inputs.scenario import Scenario
+
+from .launch import hf_model_id, launch_commands
+
+
+def gpu_name(gpu: str) -> str:
+    return catalog.gpu(gpu).name.upper().replace("-SXM", " SXM").replace("-PCIE", " PCIe")
+
+
+def _ms(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v / 1e3:.2g} s" if v >= 1000 else f"{v:.3g} ms"
+
+
+def answer_sentence(rows: list[dict], rate: float) -> str:
+    """"Cheapest: 8 x H200 SXM as TP4 x 2, full_hbm (exact); sustains 5.1 req/s ...": the best
+    passing row, or what came closest when none passes."""
+    best = next((r for r in rows if r["rank"] == 1), None)
+    if best is None:
+        tried = [r for r in rows if r["status"] == "fail"]
+        if not tried:
+            return (f"Nothing passes at {rate:g} req/s: no configuration was simulated (each was pruned or ruled out by "
+                    f"the screen; see the rows).")
+        near = min(tried, key=lambda r: r["usd_per_hour"])
+        return (f"Nothing passes at {rate:g} req/s. Cheapest tried: {near['gpus']} x {gpu_name(near['gpu'])} as "
+                f"{near['layout']}, {near['policy']}: {near['reason']}; binds: {near['binding']}.")
+    capped = ">= " if best["max_rate_capped"] else ""
+    run = (f"steady state: {best['verdict_requests']:,} requests, {best['verdict_duration_s']:,.0f} s simulated"
+           if best["verdict_requests"] else "")
+    per_m = f", ${best['usd_per_million_tokens']:.2f} per million output tokens" if best["usd_per_million_tokens"] else ""
+    binds = best["binding"] if best["binding"] and best["binding"] != "-" else "nothing up to the search cap"
+    return (f"Cheapest: {best['gpus']} x {gpu_name(best['gpu'])} as {best['layout']}, {best['policy']} ({best['output']}); "
+            f"at {rate:g} req/s p99 TTFT {_ms(best['ttft_p99_ms'])} / TPOT {_ms(best['tpot_p99_ms'])} ({run}); "
+            f"sustains {capped}{best['max_rate_per_s']:.3g} req/s; ${best['usd_per_hour']:.2f}/h{per_m}; binds: {binds}.")
+
+
+def pareto(rows: list[dict], mean_output_tokens: float) -> dict[int, list[dict]]:
+    """Per GPU count, the passing configurations no other of that count beats on both output
+    tokens/s per GPU (at its max rate) and tokens/s per user (1 / its p99 TPOT at the rate asked):
+    {count: [{layout, gpu, policy, tokens_per_s_per_gpu, tokens_per_s_per_user, max_rate_per_s}]}."""
+    points: dict[int, list[dict]] = {}
+    for r in rows:
+        if r["status"] != "pass" or not r["tpot_p99_ms"]:
+            continue
+        points.setdefault(r["gpus"], []).append(dict(
+            gpu=r["gpu"], layout=r["layout"], policy=r["policy"], output=r["output"], max_rate_per_s=r["max_rate_per_s"],
+            tokens_per_s_per_gpu=r["max_rate_per_s"] * mean_output_tokens / r["gpus"],
+            tokens_per_s_per_user=1e3 / r["tpot_p99_ms"]))
+    front = {}
+    for n, ps in sorted(points.items()):
+        keep = [p for p in ps if not any(q["tokens_per_s_per_gpu"] >= p["tokens_per_s_per_gpu"]
+                                         and q["tokens_per_s_per_user"] >= p["tokens_per_s_per_user"] and q != p
+                                         and (q["tokens_per_s_per_gpu"], q["tokens_per_s_per_user"])
+                                         != (p["tokens_per_s_per_gpu"], p["tokens_per_s_per_user"]) for q in ps)]
+        front[n] = sorted(keep, key=lambda p: -p["tokens_per_s_per_gpu"])
+    return front
+
+
+def launch_lines(best: dict, base: Scenario, host_offload_bytes: float | None = None) -> dict[str, str]:
+    """The engine commands for the best row: {"vllm": ..., "sglang": ...} (sim.plan.launch)."""
+    model = hf_model_id(base.model.name or "") or (base.model.name or "MODEL")
+    engine = base.engine
+    util = getattr(engine, "gpu_memory_utilization", None) or 0.9
+    s = base.scheduler
+    return launch_commands(model, best["tp"], best["dp"], s.max_num_seqs, s.max_num_batched_tokens, util,
+                           s.chunked_prefill, best["policy"], host_offload_bytes, base.model.weight_dtype,
+                           base.model.kv_dtype)

@@ -1,0 +1,263 @@
+"""What `kvsim plan` searches: the request (rate, SLO, search settings), its candidates and their scenarios.
+
+A candidate is a GPU kind x a GPU count N x a layout (tensor parallelism tp dividing N, N / tp
+data-parallel replicas behind a load balancer that spreads requests evenly, each simulated at rate /
+replicas) x a KV policy (full_hbm, evict_only, tiered at hbm_ratio 0.25/0.5 and auto - tiering only
+under memory pressure - with the scenario's other policy fields; with --access each tiered one also
+with host_attention or split access). Before anything is simulated a layout is pruned when the model
+cannot be sharded over tp GPUs (`ModelSpec.tp_problem`) or one GPU's weight shard plus the runtime
+reserve exceeds its memory. Cost is N x an assumed $/GPU-hour (sim/catalog/prices.yaml, `--price`
+overrides).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from importlib import resources
+
+import yaml
+
+from sim.inputs import catalog
+from sim.inputs.errors import ConfigError
+from sim.inputs.limits import MAX_ARRIVAL_S, MAX_RATE_FACTOR, MAX_RATE_PER_S, MAX_SECONDS, MAX_USD_PER_GPU_HOUR
+from sim.inputs.scenario import Scenario, scenario_from_dict
+from sim.model.units import GB
+
+DEFAULT_COUNTS = (1, 2, 4, 8)
+TIERED_RATIOS = (0.25, 0.5, 0.75)
+# by default tiered at 25% and 50% HBM and auto; 75% sits between 50% and full_hbm (`--policies tiered` adds it)
+DEFAULT_POLICIES = ("full_hbm", "evict_only", "tiered:0.25", "tiered:0.5", "tiered:auto")
+ACCESS = ("prefetch", "host_attention", "split")  # a tiered policy's /ACCESS suffix (prefetch: none)
+MAX_COUNT = 64
+MAX_REQUESTS_PLAN = 100_000
+NEAR_FULL = 0.95  # a peak within 5% of capacity counts as that resource binding
+
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """What a configuration must do: `rate` requests/s with p99 TTFT <= ttft_s and p99 TPOT <= tpot_s."""
+
+    rate: float
+    ttft_s: float | None
+    tpot_s: float | None
+    requests: int | None = None  # per simulation; None: steady-state probes size their own (sim.serving.steady)
+    max_factor: float = 4.0  # the max-rate search stops at max_factor x rate
+    tolerance: float = 0.1  # ... or when the bracket's upper end is within 10% of its lower
+    top: int = 5  # stop once this many configurations pass (cheapest first); 0: search every one
+
+
+@dataclass(frozen=True)
+class Candidate:
+    gpu: str
+    count: int  # GPUs in all
+    policy: str
+    tp: int | None = None  # GPUs per replica (default: all of them)
+
+    @property
+    def tp_size(self) -> int:
+        return self.tp or self.count
+
+    @property
+    def replicas(self) -> int:
+        return self.count // self.tp_size
+
+    @property
+    def layout(self) -> str:
+        """"TP4 x 2": two replicas of a 4-GPU tensor-parallel group; "TP8": one."""
+        return f"TP{self.tp_size}" + (f" x {self.replicas}" if self.replicas > 1 else "")
+
+
+def lossy(policy: str, base: Scenario) -> bool:
+    """A policy that deletes tokens (evict_only, or tiered with the scenario's evict_ratio > 0)
+    changes what the model writes; every other keeps each token exact."""
+    name = policy.partition("/")[0]
+    return name == "evict_only" or (name.startswith("tiered") and base.policy.evict_ratio > 0)
+
+
+# ---- inputs ----------------------------------------------------------------------------------
+def parse_list(text: str | None, field: str) -> list[str]:
+    items = [t.strip() for t in (text or "").split(",")]
+    if not text or not all(items):
+        raise ConfigError(f"expected a comma-separated list, got {text!r}", field=field)
+    return items
+
+
+def parse_gpus(text: str | None) -> list[str]:
+    if text is None:
+        return list(catalog.gpus())
+    out = []
+    for name in parse_list(text, "--gpus"):
+        try:
+            g = catalog.gpu(name).name
+        except ConfigError as err:
+            raise ConfigError(err.message, field="--gpus") from None
+        if g not in out:
+            out.append(g)
+    return out
+
+
+def parse_counts(text: str | None) -> list[int]:
+    if text is None:
+        return list(DEFAULT_COUNTS)
+    out = []
+    for item in parse_list(text, "--counts"):
+        if not item.isdigit() or not 1 <= int(item) <= MAX_COUNT:
+            raise ConfigError(f"expected GPU counts from 1 to {MAX_COUNT}, got {item!r}", field="--counts")
+        if int(item) not in out:
+            out.append(int(item))
+    return sorted(out)
+
+
+def parse_policies(text: str | None, access: str | None = None) -> list[str]:
+    """full_hbm, evict_only, tiered (the three default hbm_ratios and auto), tiered:RATIO (0 < RATIO <= 1) or
+    tiered:auto (sim/tiering/pressure.py), a tiered one optionally as tiered:X/ACCESS (host_attention, split).
+    `access` (--access, a list of ACCESS) gives every tiered policy without a suffix each strategy listed."""
+    accesses = [None]
+    if access is not None:
+        accesses = []
+        for a in parse_list(access, "--access"):
+            if a not in ACCESS:
+                raise ConfigError(f"expected {', '.join(ACCESS)}, got {a!r}", field="--access")
+            accesses.append(None if a == "prefetch" else a)
+    out: list[str] = []
+    for item in parse_list(text, "--policies") if text is not None else DEFAULT_POLICIES:
+        item, _, suffix = item.partition("/")
+        if item in ("full_hbm", "evict_only"):
+            if suffix:
+                raise ConfigError(f"an access strategy applies to tiered policies, got {item}/{suffix}", field="--policies")
+            out += [item] if item not in out else []
+            continue
+        if item == "tiered":
+            names = [f"tiered:{r:g}" for r in TIERED_RATIOS] + ["tiered:auto"]
+        elif item == "tiered:auto":
+            names = [item]
+        elif item.startswith("tiered:"):
+            try:
+                r = float(item.split(":", 1)[1])
+            except ValueError:
+                r = math.nan
+            if not 0.0 < r <= 1.0:
+                raise ConfigError(f"expected tiered:RATIO with 0 < RATIO <= 1 or tiered:auto, got {item!r}",
+                                  field="--policies")
+            names = [f"tiered:{r:g}"]
+        else:
+            raise ConfigError(f"expected full_hbm, evict_only, tiered, tiered:RATIO or tiered:auto, got {item!r}",
+                              field="--policies")
+        if suffix and suffix not in ACCESS:
+            raise ConfigError(f"expected {item}/ACCESS with ACCESS one of {', '.join(ACCESS)}, got {suffix!r}",
+                              field="--policies")
+        for a in ([None if suffix == "prefetch" else suffix] if suffix else accesses):
+            out += [n + (f"/{a}" if a else "") for n in names if n + (f"/{a}" if a else "") not in out]
+    return out
+
+
+def load_prices() -> dict[str, tuple[float, str]]:
+    """{gpu: ($/GPU-hour, source)} from sim/catalog/prices.yaml."""
+    data = yaml.safe_load(resources.files("sim").joinpath("catalog", "prices.yaml").read_text())
+    return {catalog.gpu(e["gpu"]).name: (float(e["usd_per_gpu_hour"]), str(e["source"])) for e in data["prices"]}
+
+
+def parse_prices(items: list[str]) -> dict[str, tuple[float, str]]:
+    """The catalog's prices with `GPU=DOLLARS_PER_HOUR` overrides."""
+    prices = load_prices()
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            usd = float(value.strip().lstrip("$"))
+        except ValueError:
+            usd = math.nan
+        if not sep or not name.strip() or not math.isfinite(usd) or usd < 0:
+            raise ConfigError(f"expected GPU=DOLLARS_PER_HOUR, e.g. h100-sxm=2.5, got {item!r}", field="--price")
+        if usd > MAX_USD_PER_GPU_HOUR:
+            raise ConfigError(f"expected at most {MAX_USD_PER_GPU_HOUR:,.0f} $ per GPU-hour, got {item!r}", field="--price")
+        try:
+            g = catalog.gpu(name).name
+        except ConfigError as err:
+            raise ConfigError(err.message, field="--price") from None
+        prices[g] = (usd, f"--price {g}={usd:g}")
+    return prices
+
+
+def check_spec(spec: PlanSpec) -> None:
+    """Every figure of the search within a range that means something; each refusal one line."""
+    ms = lambda s: None if s is None else s * 1e3
+    for field, value in (("--rate", spec.rate), ("--ttft-p99-ms", ms(spec.ttft_s)), ("--tpot-p99-ms", ms(spec.tpot_s))):
+        if value is not None and (not math.isfinite(value) or value <= 0):
+            raise ConfigError(f"expected a positive number, got {value:g}", field=field)
+    for field, value in (("--ttft-p99-ms", ms(spec.ttft_s)), ("--tpot-p99-ms", ms(spec.tpot_s))):
+        if value is not None and value > MAX_SECONDS * 1e3:
+            raise ConfigError(f"expected at most {MAX_SECONDS * 1e3:,.0f} ms (an hour), got {value:g}", field=field)
+    if spec.ttft_s is None and spec.tpot_s is None:
+        raise ConfigError("give --ttft-p99-ms, --tpot-p99-ms or both (or a scenario with slo:)", field="--ttft-p99-ms")
+    if spec.requests is not None and not 1 <= spec.requests <= MAX_REQUESTS_PLAN:
+        raise ConfigError(f"expected 1 to {MAX_REQUESTS_PLAN:,} requests, got {spec.requests}", field="--requests")
+    if not (math.isfinite(spec.max_factor) and 1.0 <= spec.max_factor <= MAX_RATE_FACTOR):
+        raise ConfigError(f"expected 1 to {MAX_RATE_FACTOR:g}, got {spec.max_factor:g}", field="--max-factor")
+    if spec.rate * spec.max_factor > MAX_RATE_PER_S:
+        raise ConfigError(f"expected at most {MAX_RATE_PER_S:g} req/s, --max-factor times it included (the search "
+                          f"probes up to {spec.rate * spec.max_factor:g}), got {spec.rate:g}", field="--rate")
+    if spec.requests is not None and spec.requests / spec.rate > MAX_ARRIVAL_S / 2:  # the last of the requests arrives about then
+        raise ConfigError(f"expected at least {2 * spec.requests / MAX_ARRIVAL_S:.3g} req/s: {spec.requests:,} requests "
+                          f"at {spec.rate:g} req/s would arrive over {spec.requests / spec.rate:.3g} s, beyond the "
+                          f"horizon a run may span ({MAX_ARRIVAL_S:g} s)", field="--rate")
+
+
+# ---- candidates --------------------------------------------------------------------------------
+def candidate_scenario(base: Scenario, cand: Candidate, rate: float, spec: PlanSpec, requests: int | None = None) -> Scenario:
+    """One replica of `cand` (tp = cand.tp_size) in the base scenario: Poisson arrivals at `rate` (the
+    replica's share), `requests` of them (default spec.requests, else 1), step detail and the plan's SLO. Hardware overrides that belong to the base GPU (link, host, copy engines) are kept
+    only for that GPU; a measured profile is not used."""
+    data = base.model_dump(mode="json")
+    hw = dict(data.get("hardware") or {})
+    hw.pop("profile", None)
+    if catalog.gpu(hw.get("gpu", base.hardware.gpu)).name != cand.gpu:
+        for key in ("link", "host", "copy_engines"):
+            hw.pop(key, None)
+    hw["gpu"] = cand.gpu
+    policy = dict(data.get("policy") or {})
+    name, _, access = cand.policy.partition("/")
+    if name.startswith("tiered:"):
+        ratio = name.split(":", 1)[1]
+        policy.update(kind="tiered", hbm_ratio=ratio if ratio == "auto" else float(ratio))
+        if access:  # host access pipelines its prefetched part per layer
+            policy.update(access=access, prefetch="layerwise_async")
+    else:
+        policy["kind"] = name
+    work = dict(data["workload"])
+    old = base.workload.arrivals
+    seed = getattr(old, "seed", None)
+    work["arrivals"] = {"kind": "poisson", "rate_per_s": float(rate), "requests": requests or spec.requests or 1,
+                        **({"seed": seed} if seed is not None else {})}
+    slo = {k: v * 1000.0 for k, v in (("ttft_ms", spec.ttft_s), ("tpot_ms", spec.tpot_s)) if v is not None}
+    data.update(hardware=hw, policy=policy, workload=work, parallel={"tp": cand.tp_size},
+                sim={**(data.get("sim") or {}), "detail": "step"}, slo=slo)
+    data["name"] = f"plan-{cand.gpu}-x{cand.count}-tp{cand.tp_size}-{cand.policy.replace(':', '-').replace('/', '-')}"
+    return scenario_from_dict(data, "plan")
+
+
+def prune(base: Scenario, gpu: str, count: int) -> str | None:
+    """Why `count` x `gpu` (tp = count) cannot hold the model at all, or None."""
+    from sim.decode.context import build_context
+    from sim.inputs.catalog import resolve_model
+
+    problem = resolve_model(base.model).tp_problem(count)
+    if problem:
+        return f"cannot shard: {problem}"
+    sc = candidate_scenario(base, Candidate(gpu, count, "full_hbm"), 1.0, PlanSpec(1.0, 1.0, None, requests=1))
+    ctx = build_context(sc)
+    need = ctx.weights_bytes + ctx.hw.runtime_reserve_bytes
+    if need > ctx.hw.memory_bytes:
+        return (f"does not fit: weights {ctx.weights_bytes / GB:,.1f} GB + reserve {ctx.hw.runtime_reserve_bytes / GB:,.1f} GB "
+                f"per GPU > {ctx.hw.memory_bytes / GB:,.1f} GB HBM")
+    return None
+
+
+def feasible_splits(base: Scenario, gpu: str, count: int) -> list[int] | str:
+    """Every tensor-parallel size that divides `count` and holds the model (each layout count / tp
+    replicas of it), or why even `count` GPUs as one group cannot hold it."""
+    why_all = prune(base, gpu, count)
+    if why_all:
+        return why_all
+    return [tp for tp in range(1, count + 1) if count % tp == 0 and (tp == count or prune(base, gpu, tp) is None)]

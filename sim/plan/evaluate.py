@@ -1,0 +1,216 @@
+"""One candidate's search: its verdict at the rate asked and, if it passes, its max rate.
+
+Every simulation is a steady-state probe (`sim.plan.probe`), sized from the screen's E2E estimate at
+its rate (`sim.plan.screen.Curve.at`). The max rate: the screen's estimate is probed first (it
+usually overstates by a few percent, so this probe usually fails, and fast), then a rate just
+under it by the tolerance (which usually passes and closes the bracket); a pass doubles until a rate fails or the
+cap (max_factor x the rate) passes; then geometric bisection until the bracket is within `tolerance`.
+Every passing rate becomes the bracket's `lo` and every failing one its `hi`, so the max rate is the
+highest passing probe and next_rate_per_s the lowest failing one. Each candidate's search is one
+task of the sweep machinery (`CandidateTask`, sim.runner.tasks): local processes or Ray, and with a
+result store (--cache) a rerun simulates only candidates it has not stored.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+from sim.inputs.errors import ConfigError
+from sim.inputs.scenario import Scenario
+from sim.outputs.schema import LINK_BOTTLENECK_UTILIZATION
+from sim.runner.store import NUMBER, OPTIONAL_NUMBER, OPTIONAL_TEXT, file_digests, has_fields, result_key
+
+from .candidates import Candidate, PlanSpec, candidate_scenario
+from .files import PROBE_COLUMNS, candidate_key
+from .probe import Probe, steady_probe
+from .screen import Curve
+
+NEAR_FULL = 0.95  # a peak within 5% of capacity counts as that resource binding
+
+
+def binding(probe: Probe, scenario: Scenario, curve: Curve | None) -> str:
+    """What stops a probe from meeting the SLO, in hardware words (or the scheduler setting)."""
+    s = probe.summary
+    if not s.fits:
+        return "HBM capacity"
+    if s.preemptions:
+        return f"HBM capacity ({s.preemptions} preemptions)"
+    if s.hbm_peak_bytes is not None and s.hbm_peak_bytes >= NEAR_FULL * s.hbm_capacity_bytes:
+        return "HBM capacity (KV budget full, admission waits)"
+    if s.host_peak_bytes and s.host_peak_bytes >= NEAR_FULL * s.host_capacity_bytes:
+        return "host memory"
+    link = max(s.h2d_utilization or 0.0, s.d2h_utilization or 0.0)
+    if link >= LINK_BOTTLENECK_UTILIZATION:
+        return f"host link (busy {link:.0%} of the run)"
+    seqs = scenario.scheduler.max_num_seqs
+    if s.max_running is not None and s.max_running >= seqs:
+        room = f"; HBM holds ~{curve.hbm_batch:,.0f}" if curve and curve.hbm_batch > seqs else ""
+        return f"scheduler: max_num_seqs={seqs} (batch full{room})"
+    if curve is None:
+        return "compute/HBM bandwidth"
+    k = min(range(len(curve.rate_per_s)), key=lambda i: abs(curve.rate_per_s[i] - probe.rate_per_s))
+    return curve.step_binds[k]
+
+
+def probe_row(cand: Candidate, number: int, step: str, rate: float, probe: Probe, ttft_s: float | None,
+              tpot_s: float | None) -> dict:
+    """One probe as a probes.csv row (sim.plan.files.PROBE_COLUMNS): rates and goodput are the
+    configuration's, latencies one replica's; a p99 a stopped probe never measured is empty."""
+    ms = lambda v: None if v is None else v * 1e3  # noqa: E731
+    st = probe.stats
+    row = dict(candidate=candidate_key(cand.gpu, cand.count, cand.tp_size, cand.policy), gpu=cand.gpu, gpus=cand.count,
+               tp=cand.tp_size, dp=cand.replicas, policy=cand.policy, probe=number, step=step, offered_rate_per_s=rate,
+               passed=probe.passed, slo_missed=";".join(k for k, _ in probe.misses), end=probe.end,
+               requests=probe.requests, measured=probe.measured, window_s=probe.window_s, duration_s=probe.duration_s,
+               runs=probe.runs, certain=probe.certain(ttft_s, tpot_s),
+               e2e_mean_ms=ms(probe.e2e_mean_s),
+               goodput_req_per_s=None if probe.goodput_share is None else rate * probe.goodput_share,
+               reason="; ".join(t for _, t in probe.misses) or None)
+    for m in ("ttft", "tpot"):
+        for p in ("p50", "p90", "p99"):
+            row[f"{m}_{p}_ms"] = ms(st[f"{m}_{p}"].value_s) if st else None
+        row[f"{m}_p99_lo_ms"] = ms(st[f"{m}_p99"].lo_s) if st else None
+        row[f"{m}_p99_hi_ms"] = ms(st[f"{m}_p99"].hi_s) if st else None
+    row["e2e_p99_ms"] = ms(st["e2e_p99"].value_s) if st else None
+    return {c: row[c] for c in PROBE_COLUMNS}
+
+
+def e2e_hint_s(curve: Curve | None, rate_per_replica: float) -> float:
+    """The screen's E2E at a replica's rate (past its cap: at the cap), or 10 s without a screen."""
+    if curve is None:
+        return 10.0
+    at = curve.at(rate_per_replica) or curve.at(max(curve.rate_per_s))
+    return at[2]
+
+
+def probe_at(base: Scenario, cand: Candidate, spec: PlanSpec, rate: float, curve: Curve | None = None) -> Probe:
+    """One steady-state probe of the configuration at `rate` (each replica at rate / replicas)."""
+    per = float(rate) / cand.replicas
+    return steady_probe(lambda n: candidate_scenario(base, cand, per, spec, requests=n), per, spec.ttft_s, spec.tpot_s,
+                        e2e_hint_s(curve, per), spec.requests)
+
+
+def evaluate(base: Scenario, cand: Candidate, spec: PlanSpec, curve: Curve | None = None) -> dict:
+    """The candidate at the rate asked and, if it passes, its max rate; under "probes", every probe."""
+    probes: list[dict] = []
+
+    def run(rate: float, step: str) -> Probe:
+        rate = float(rate)
+        p = probe_at(base, cand, spec, rate, curve)
+        probes.append(probe_row(cand, len(probes) + 1, step, rate, p, spec.ttft_s, spec.tpot_s))
+        return p
+
+    return {**_search(base, cand, spec, run, curve), "probes": probes}
+
+
+def _row(cand: Candidate) -> dict:
+    return dict(gpu=cand.gpu, gpus=cand.count, tp=cand.tp_size, dp=cand.replicas, policy=cand.policy, status="fail",
+                ttft_p99_ms=None, tpot_p99_ms=None, max_rate_per_s=None, max_rate_capped=None, next_rate_per_s=None,
+                binding=None, reason=None, verdict_requests=None, verdict_duration_s=None, host_peak_bytes=None)
+
+
+def _search(base: Scenario, cand: Candidate, spec: PlanSpec, run, curve: Curve | None) -> dict:
+    row = _row(cand)
+    try:
+        first = run(spec.rate, "rate")
+    except ConfigError as err:  # e.g. the scenario's other policy ratios and this hbm_ratio exceed 1
+        return {**row, "reason": f"invalid: {err.line()}"}
+    sc = candidate_scenario(base, cand, spec.rate / cand.replicas, spec)
+    p99 = lambda p, m: p.stats[f"{m}_p99"].value_s * 1e3 if p.stats and p.stats[f"{m}_p99"].value_s is not None else None  # noqa: E731
+    row.update(ttft_p99_ms=p99(first, "ttft"), tpot_p99_ms=p99(first, "tpot"), verdict_requests=first.requests,
+               verdict_duration_s=first.duration_s, host_peak_bytes=first.summary.host_peak_bytes)
+    if not first.passed:
+        why = "; ".join(t for _, t in first.misses)
+        return {**row, "reason": ("SLO missed: " if first.summary.fits else "") + why,
+                "binding": binding(first, sc, curve)}
+    lo, hi, failed = spec.rate, None, None
+    cap = spec.rate * spec.max_factor
+    guess = min(cap, max(_screen_rate(curve, cand, spec), spec.rate * (1 + spec.tolerance) * 1.05))
+    x, step = (guess, "screen") if guess > spec.rate * (1 + spec.tolerance) else (min(cap, spec.rate * 2), "double")
+    while x <= cap and lo < cap:
+        p = run(x, step)
+        if p.passed:
+            lo = x
+            if hi is not None:
+                break
+            x, step = min(cap, x * 2.0), "double"
+            if lo >= cap:
+                break
+        else:
+            hi, failed = x, p
+            break
+    if hi is not None and step == "screen" and hi / lo > 1.0 + spec.tolerance:
+        # the screen overstates by a few percent where it is right at all: just under it first
+        x = hi / (1.0 + spec.tolerance) * (1.0 + 1e-6)
+        p = run(x, "below screen")
+        if p.passed:
+            lo = x
+        else:
+            hi, failed = x, p
+    while hi is not None and hi / lo > 1.0 + spec.tolerance:
+        mid = math.sqrt(lo * hi)
+        p = run(mid, "bisect")
+        if p.passed:
+            lo = mid
+        else:
+            hi, failed = mid, p
+    row.update(status="pass", max_rate_per_s=float(lo), max_rate_capped=hi is None, next_rate_per_s=hi,
+               binding=binding(failed, candidate_scenario(base, cand, hi / cand.replicas, spec), curve) if failed else "-",
+               reason=None if failed else f"meets the SLO up to the search cap {spec.max_factor:g} x --rate")
+    return row
+
+
+def _screen_rate(curve: Curve | None, cand: Candidate, spec: PlanSpec) -> float:
+    """The configuration's max rate by the screen (0 without one)."""
+    return cand.replicas * curve.max_rate(spec.ttft_s, spec.tpot_s)[0] if curve is not None else 0.0
+
+
+# what evaluate returns, as a stored result must hold it (CandidateTask.accepts)
+CANDIDATE_RESULT = {"gpu": str, "gpus": int, "tp": int, "dp": int, "policy": str, "status": str,
+                    "ttft_p99_ms": OPTIONAL_NUMBER, "tpot_p99_ms": OPTIONAL_NUMBER, "max_rate_per_s": OPTIONAL_NUMBER,
+                    "max_rate_capped": (bool, type(None)), "next_rate_per_s": OPTIONAL_NUMBER,
+                    "binding": OPTIONAL_TEXT, "reason": OPTIONAL_TEXT, "verdict_requests": (int, type(None)),
+                    "verdict_duration_s": OPTIONAL_NUMBER, "host_peak_bytes": OPTIONAL_NUMBER, "probes": list}
+PROBE_RESULT = {"candidate": str, "gpu": str, "gpus": int, "tp": int, "dp": int, "policy": str, "probe": int, "step": str,
+                "offered_rate_per_s": NUMBER, "passed": bool, "slo_missed": str, "end": str, "requests": int,
+                "measured": int, "window_s": NUMBER, "duration_s": NUMBER, "runs": int, "certain": bool,
+                **{f"{m}_{p}_ms": OPTIONAL_NUMBER for m in ("ttft", "tpot") for p in ("p50", "p90", "p99", "p99_lo", "p99_hi")},
+                "e2e_p99_ms": OPTIONAL_NUMBER, "e2e_mean_ms": OPTIONAL_NUMBER, "goodput_req_per_s": OPTIONAL_NUMBER,
+                "reason": OPTIONAL_TEXT}
+
+
+@dataclass(frozen=True)
+class CandidateTask:
+    """One candidate's search as a task (sim.runner.tasks), keyed by the base scenario (its name aside),
+    the files it names, the candidate and the spec: not by prices, applied after, nor by the screen's
+    curve, which the rest determines."""
+
+    kind: ClassVar[str] = "plan candidate"
+    base: Scenario
+    cand: Candidate
+    spec: PlanSpec
+    curve: Curve | None = None
+
+    def inputs(self) -> dict[str, Any]:
+        base = {k: v for k, v in self.base.model_dump(mode="json").items() if k != "name"}
+        return {"base": base, "files": file_digests(self.base), "candidate": asdict(self.cand), "spec": asdict(self.spec),
+                "search": "steady-state probes, screen-bracketed"}
+
+    @property
+    def key(self) -> str:
+        return result_key(self.kind, self.inputs())
+
+    def run(self) -> dict:
+        return evaluate(self.base, self.cand, self.spec, self.curve)
+
+    def accepts(self, result: Any) -> bool:
+        """A stored result is this candidate's search: evaluate's row and probes, of this candidate."""
+        if not has_fields(result, CANDIDATE_RESULT) or result["status"] not in ("pass", "fail"):
+            return False
+        mine = (self.cand.gpu, self.cand.count, self.cand.tp_size, self.cand.replicas, self.cand.policy)
+        if (result["gpu"], result["gpus"], result["tp"], result["dp"], result["policy"]) != mine:
+            return False
+        name = candidate_key(self.cand.gpu, self.cand.count, self.cand.tp_size, self.cand.policy)
+        return all(has_fields(p, PROBE_RESULT) and p["candidate"] == name for p in result["probes"])

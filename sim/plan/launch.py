@@ -1,0 +1,262 @@
+"""The launch command for one chosen plan configuration, on the real engines: `vllm serve ...` and
+`python -m sglang.launch_server ...`, one line each, with a trailing shell comment for what the plan
+asks that the engine cannot do (token eviction, host-side attention, the HBM share of a tiered policy).
+
+Pure: the command builders import only the standard library (no torch, nothing of sim); `hf_model_id`
+reads the model catalog with pyyaml, imported inside it.
+
+Inputs are one replica's: `tp` GPUs per replica, `dp` replicas; `max_num_seqs`,
+`max_num_batched_tokens` and `host_offload_bytes` (the host KV pool, all of the replica's TP ranks
+together) are per replica, as the plan simulates them (sim/plan/search.py: each replica at rate / dp).
+
+Flags verified against (public source, read when this module was written):
+- vLLM: vllm-project/vllm vllm/engine/arg_utils.py (--tensor-parallel-size, --data-parallel-size,
+  --max-num-seqs, --max-num-batched-tokens, --gpu-memory-utilization, --quantization, --kv-cache-dtype,
+  --kv-offloading-size, --kv-offloading-backend; bool fields become argparse.BooleanOptionalAction,
+  hence --enable-chunked-prefill / --no-enable-chunked-prefill), vllm/config/cache.py (CacheDType has
+  "fp8" = fp8_e4m3; kv_offloading_size is "in GiB ... the total buffer size summed across all TP
+  ranks"; KVOffloadingBackend = "native" | "lmcache") and vllm/config/kv_offloading.py (the size is
+  split over tensor x pipeline ranks of one engine, so each data-parallel engine gets all of it).
+  Older vLLM releases (the 0.10-era arg_utils.py) have no --kv-offloading-* flags.
+- SGLang: sgl-project/sglang python/sglang/srt/server_args.py (--tp-size, --dp-size,
+  --max-running-requests, --chunked-prefill-size with -1 = chunked prefill off, --max-prefill-tokens,
+  --mem-fraction-static, --quantization fp8, --kv-cache-dtype whose fp8 choice is "fp8_e4m3" (no bare
+  "fp8"), --enable-hierarchical-cache, --hicache-ratio, --hicache-size: an int, "in gigabytes"),
+  docs/advanced_features/hicache_design.md (--hicache-size is allocated "for each rank"; a version of
+  it says 1GB = 1e9 bytes) and python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py
+  (_resolve_max_num_reqs: --max-running-requests // dp_size, where ModelRunner's dp_size is
+  server_args.dp_size only with --enable-dp-attention, else 1).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from functools import cache
+
+GIB_BYTES = 1 << 30  # vLLM's --kv-offloading-size unit
+GB_BYTES = 10**9  # SGLang's --hicache-size unit
+
+ACCESS = ("prefetch", "host_attention", "split")  # a tiered policy's /ACCESS suffix, as sim/plan/search.py
+WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")
+KV_DTYPES = ("bf16", "fp16", "fp8", "fp8_e4m3", "int8")
+FP8_KV_DTYPES = ("fp8", "fp8_e4m3")
+
+_ACCESS_MEANS = {
+    "host_attention": "attention over the host-resident KV computed on the host CPU",
+    "split": "per layer part of the host-resident KV attended on the host CPU, the rest prefetched",
+}
+
+
+def _parse_policy(policy: str) -> tuple[str, str | None]:
+    """(kind, access) of a plan policy string: full_hbm, evict_only, tiered:RATIO or tiered:auto,
+    a tiered one optionally as tiered:X/ACCESS. Raises ValueError on anything else."""
+    name, slash, access = policy.partition("/")
+    if name in ("full_hbm", "evict_only") and not slash:
+        return name, None
+    if name.startswith("tiered:") and (not slash or access in ACCESS):
+        ratio = name.removeprefix("tiered:")
+        if ratio == "auto" or _is_fraction(ratio):
+            return "tiered", (None if access in ("", "prefetch") else access)
+    raise ValueError(f"expected full_hbm, evict_only, tiered:RATIO or tiered:auto (optionally /ACCESS with ACCESS "
+                     f"one of {', '.join(ACCESS)}), got {policy!r}")
+
+
+def _is_fraction(text: str) -> bool:
+    try:
+        return 0.0 < float(text) <= 1.0
+    except ValueError:
+        return False
+
+
+def _check(tp: int, dp: int, max_num_seqs: int, max_num_batched_tokens: int, gpu_memory_utilization: float,
+           weight_dtype: str, kv_dtype: str) -> None:
+    """ValueError on a layout or dtype no engine command can be written for."""
+    for name, value in (("tp", tp), ("dp", dp), ("max_num_seqs", max_num_seqs),
+                        ("max_num_batched_tokens", max_num_batched_tokens)):
+        if int(value) != value or value < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    if not 0.0 < gpu_memory_utilization <= 1.0:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+    if weight_dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {weight_dtype!r}")
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
+
+
+def _ceil_div(amount_bytes: float, unit_bytes: int) -> int:
+    """ceil(amount / unit) in integers, so exact multiples do not round up on float error."""
+    return -(-math.ceil(amount_bytes) // unit_bytes)
+
+
+def _dtype_args(engine: str, weight_dtype: str, kv_dtype: str, notes: list[str]) -> list[str]:
+    """--dtype / --quantization / --kv-cache-dtype for `engine` ("vllm" or "sglang"); what has no flag
+    goes to `notes`. bf16 weights and 16-bit KV are the engines' "auto" (the model's dtype, same bytes): no flag."""
+    args = []
+    if weight_dtype == "fp16":
+        args += ["--dtype", "float16"]
+    elif weight_dtype == "fp8":  # online fp8 quantization of a 16-bit checkpoint in both engines
+        args += ["--quantization", "fp8"]
+    elif weight_dtype in ("int8", "int4"):
+        notes.append(f"weight_dtype {weight_dtype}: serve a checkpoint already quantized (e.g. AWQ/GPTQ, gpt-oss's "
+                     f"MXFP4); the engine reads the method from the checkpoint's config, no flag added")
+    if kv_dtype in FP8_KV_DTYPES:
+        args += ["--kv-cache-dtype", "fp8" if engine == "vllm" else "fp8_e4m3"]
+    elif kv_dtype == "int8":
+        notes.append("kv_dtype int8 (grouped, with scales): no matching --kv-cache-dtype verified; the engine keeps "
+                     "the KV cache in the model dtype")
+    return args
+
+
+def _policy_notes(engine: str, policy: str, host_offload_bytes: float | None) -> list[str]:
+    """What the engine (its display name) cannot do of `policy`, one phrase each."""
+    kind, access = _parse_policy(policy)
+    notes = []
+    if kind == "evict_only":
+        notes.append(f"evict_only: {engine} does not evict tokens (eviction is lossy and not supported by the "
+                     f"engine); this command keeps the whole KV cache in HBM")
+    if kind == "tiered":
+        notes.append(f"{policy.partition('/')[0]}: {engine} keeps each running request's whole KV cache in HBM and "
+                     f"uses the host pool for blocks dropped from HBM (a prefix-cache tier); the HBM share of a "
+                     f"live request has no {engine} flag")
+        if not host_offload_bytes or host_offload_bytes <= 0:
+            notes.append("no host KV bytes given (None or 0): host offload flags left out")
+    if access is not None:
+        notes.append(f"{access} access ({_ACCESS_MEANS[access]}) has no {engine} equivalent; no flag added")
+    return notes
+
+
+def _line(args: list[str], notes: list[str]) -> str:
+    """The command on one line, then the notes as one trailing shell comment."""
+    command = " ".join(args)
+    return f"{command}  # {'; '.join(notes)}" if notes else command
+
+
+def vllm_serve_command(model_id: str, tp: int, dp: int, max_num_seqs: int, max_num_batched_tokens: int,
+                       gpu_memory_utilization: float, chunked_prefill: bool, policy: str,
+                       host_offload_bytes: float | None, weight_dtype: str, kv_dtype: str) -> str:
+    """`vllm serve MODEL ...` for one plan configuration (vLLM main's flags; see the module docstring).
+
+    Maps tp -> --tensor-parallel-size, dp -> --data-parallel-size, max_num_seqs -> --max-num-seqs and
+    max_num_batched_tokens -> --max-num-batched-tokens (each per engine, i.e. per replica: every DP rank
+    runs its own scheduler), gpu_memory_utilization -> --gpu-memory-utilization, chunked_prefill ->
+    --enable-chunked-prefill / --no-enable-chunked-prefill. Every one is stated: vLLM's defaults for
+    them have changed between releases (e.g. 0.90 -> 0.92 utilization) or depend on the GPU.
+    A tiered policy adds vLLM's CPU KV offloading (the native OffloadingConnector) sized to
+    host_offload_bytes in GiB rounded up: --kv-offloading-size is one engine's buffer over all its TP
+    ranks, the same scope as host_offload_bytes. evict_only, the HBM share of a tiered policy and
+    host_attention / split access have no vLLM equivalent: said in a trailing comment, no flag invented.
+    """
+    kind, _ = _parse_policy(policy)
+    _check(tp, dp, max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, weight_dtype, kv_dtype)
+    args = ["vllm", "serve", shlex.quote(model_id),
+            "--tensor-parallel-size", str(int(tp)), "--data-parallel-size", str(int(dp)),
+            "--max-num-seqs", str(int(max_num_seqs)), "--max-num-batched-tokens", str(int(max_num_batched_tokens)),
+            "--gpu-memory-utilization", f"{gpu_memory_utilization:g}",
+            "--enable-chunked-prefill" if chunked_prefill else "--no-enable-chunked-prefill"]
+    notes: list[str] = []
+    args += _dtype_args("vllm", weight_dtype, kv_dtype, notes)
+    if kind == "tiered" and host_offload_bytes and host_offload_bytes > 0:
+        args += ["--kv-offloading-backend", "native",
+                 "--kv-offloading-size", str(_ceil_div(host_offload_bytes, GIB_BYTES))]
+    return _line(args, notes + _policy_notes("vLLM", policy, host_offload_bytes))
+
+
+def sglang_launch_command(model_id: str, tp: int, dp: int, max_num_seqs: int, max_num_batched_tokens: int,
+                          gpu_memory_utilization: float, chunked_prefill: bool, policy: str,
+                          host_offload_bytes: float | None, weight_dtype: str, kv_dtype: str) -> str:
+    """`python -m sglang.launch_server --model-path MODEL ...` for one plan configuration (SGLang main's
+    python/sglang/srt/server_args.py; see the module docstring).
+
+    Maps tp -> --tp-size, dp -> --dp-size, max_num_seqs -> --max-running-requests (per replica: current
+    SGLang divides it by dp_size only with --enable-dp-attention, which this command does not set),
+    max_num_batched_tokens -> --chunked-prefill-size when chunked prefill is on, else
+    --chunked-prefill-size -1 (off) with --max-prefill-tokens; gpu_memory_utilization ->
+    --mem-fraction-static (SGLang's fraction covers weights and the KV pool only, vLLM's everything).
+    A tiered policy adds SGLang's hierarchical cache (HiCache) with --hicache-size: decimal GB per TP
+    rank, an int, so host_offload_bytes / tp rounded up. SGLang's HiCache docs require the host pool to
+    be larger than the device KV pool (--hicache-ratio at least 1 or 2, by version); this function does
+    not know the device pool and cannot check that. What SGLang cannot do of the policy goes to a
+    trailing comment, as for vLLM.
+    """
+    kind, _ = _parse_policy(policy)
+    _check(tp, dp, max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, weight_dtype, kv_dtype)
+    args = ["python", "-m", "sglang.launch_server", "--model-path", shlex.quote(model_id),
+            "--tp-size", str(int(tp)), "--dp-size", str(int(dp)), "--max-running-requests", str(int(max_num_seqs))]
+    if chunked_prefill:
+        args += ["--chunked-prefill-size", str(int(max_num_batched_tokens))]
+    else:
+        args += ["--chunked-prefill-size", "-1", "--max-prefill-tokens", str(int(max_num_batched_tokens))]
+    args += ["--mem-fraction-static", f"{gpu_memory_utilization:g}"]
+    notes: list[str] = []
+    args += _dtype_args("sglang", weight_dtype, kv_dtype, notes)
+    if kind == "tiered" and host_offload_bytes and host_offload_bytes > 0:
+        per_rank_gb = _ceil_div(_ceil_div(host_offload_bytes, int(tp)), GB_BYTES)
+        args += ["--enable-hierarchical-cache", "--hicache-size", str(per_rank_gb)]
+    return _line(args, notes + _policy_notes("SGLang", policy, host_offload_bytes))
+
+
+def launch_commands(model_id: str, tp: int, dp: int, max_num_seqs: int, max_num_batched_tokens: int,
+                    gpu_memory_utilization: float, chunked_prefill: bool, policy: str,
+                    host_offload_bytes: float | None, weight_dtype: str, kv_dtype: str) -> dict[str, str]:
+    """{"vllm": vllm_serve_command(...), "sglang": sglang_launch_command(...)} for the same inputs."""
+    args = (model_id, tp, dp, max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, chunked_prefill,
+            policy, host_offload_bytes, weight_dtype, kv_dtype)
+    return {"vllm": vllm_serve_command(*args), "sglang": sglang_launch_command(*args)}
+
+
+# ---- The Hugging Face repository a catalog model is served from --------------------------------------
+
+# `org/name` after huggingface.co/ in a catalog entry's `source` (sim/catalog/models.yaml has no field
+# of its own for the repository; `source` names the config.json the shapes come from).
+_HF_REPO = re.compile(r"huggingface\.co/([A-Za-z0-9][\w.-]*/[\w.-]*[\w-])")
+
+# Aliases that name a different checkpoint than the one their entry's `source` cites: the catalog
+# files them under a model of the same shapes (e.g. DeepSeek-R1-Distill-Llama-70B under
+# llama-3.1-70b, whose source is meta-llama/Llama-3.1-70B), but a user serving the alias wants this repo.
+_SERVED_REPOS = {
+    "deepseek-r1-distill-llama-70b": "deepseek-ai/DeepSeek-R1-Distill-Llama-70B",
+    "deepseek-r1-distill-llama-8b": "deepseek-ai/DeepSeek-R1-Distill-Llama-8B",
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B",
+    "qwen2.5-14b": "Qwen/Qwen2.5-14B",
+    "qwen2.5-32b": "Qwen/Qwen2.5-32B",
+    "qwq-32b": "Qwen/QwQ-32B",
+    "deepseek-v3": "deepseek-ai/DeepSeek-V3",
+}
+
+
+def _key(name: str) -> str:
+    """A name as the catalog compares names (sim/inputs/catalog.py: case, `_` and `-` alike)."""
+    return name.strip().lower().replace("_", "-")
+
+
+@cache
+def _catalog_sources() -> tuple[tuple[str, frozenset[str], str], ...]:
+    """(the key of an entry's name, the keys of its aliases, its `source`) for each entry of
+    sim/catalog/models.yaml, read as sim/inputs/catalog.py reads it (the package resource, yaml.safe_load)."""
+    from importlib import resources
+
+    import yaml
+
+    text = resources.files("sim").joinpath("catalog", "models.yaml").read_text()
+    return tuple((_key(e["name"]), frozenset(map(_key, e.get("aliases", []))), e["source"])
+                 for e in yaml.safe_load(text)["models"])
+
+
+def hf_model_id(model_name: str) -> str | None:
+    """The Hugging Face repo id (`org/name`) to serve the catalog model `model_name` from - its name, one
+    of its aliases or the repo id itself - or None where the catalog does not say: an unknown name, a
+    source without huggingface.co/ORG/NAME, or an alias naming another checkpoint missing from _SERVED_REPOS."""
+    key = _key(model_name)
+    if key in _SERVED_REPOS:
+        return _SERVED_REPOS[key]
+    for name, aliases, source in _catalog_sources():
+        match = _HF_REPO.search(source)
+        repo = match.group(1) if match else None
+        own = {name} if repo is None else {name, _key(repo), _key(repo.rpartition("/")[2])}
+        if key in own:
+            return repo
+        if key in aliases:
+            return None  # same shapes, another checkpoint: the source's repo would be the wrong one to serve
+    return None

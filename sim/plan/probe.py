@@ -1,0 +1,157 @@
+"""One steady-state probe of the planner: a candidate served at one rate until its verdict holds.
+
+The window, the early stop and the intervals are `sim.serving.steady`'s. A probe starts from the
+screen's E2E estimate; when the run's own mean E2E says the measured window was shorter than
+MEASURE_E2E of them, or a target lies inside a p99's interval that has not converged, it runs again
+with the longer window (up to MAX_ATTEMPTS runs, MAX_PROBE_REQUESTS requests). `--requests N` runs N
+requests once instead. A probe that stopped early has its verdict but no percentile worth printing:
+its p99 is known only to exceed the target (or, overloaded, the run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from sim.inputs.requests import build_requests
+from sim.inputs.scenario import Scenario
+from sim.serving.run import simulate_serving
+from sim.serving.steady import (
+    MAX_PROBE_REQUESTS,
+    MEASURE_E2E,
+    OVERLOAD_E2E,
+    OVERLOAD_MIN_S,
+    Percentile,
+    SteadyStop,
+    percentile_ci,
+    window_for,
+    window_of_requests,
+)
+
+from .files import MISS_FIT, MISS_OVERLOAD, MISS_TPOT, MISS_TTFT
+
+MAX_ATTEMPTS = 4
+HINT_MARGIN = 1.3  # the screen's E2E leaves out queueing: a window sized on it alone is often run twice
+SHORT_WINDOW = 0.8  # a measured window under 80% of MEASURE_E2E mean E2Es is run again, longer
+
+
+@dataclass
+class Probe:
+    """What one probe found, for one replica at `rate_per_s` (its share of the configuration's rate)."""
+
+    rate_per_s: float
+    summary: object  # ServingSummary of the last run (fits, memory, link figures for the binding)
+    requests: int = 0  # simulated in the last run
+    measured: int = 0  # of them, in the measured window
+    window_s: float = 0.0  # the measured arrivals' span
+    duration_s: float = 0.0  # simulated time of the last run
+    runs: int = 0
+    end: str = "measured"  # measured | ttft_p99 | tpot_p99 | overloaded | does_not_fit
+    stats: dict[str, Percentile] = field(default_factory=dict)  # ttft_p50 ... tpot_p99, e2e_p99 (measured requests)
+    e2e_mean_s: float | None = None
+    goodput_share: float | None = None  # of the measured requests, the share meeting every target
+    misses: list[tuple[str, str]] = field(default_factory=list)  # (MISS_KEYS key, text)
+
+    @property
+    def passed(self) -> bool:
+        return not self.misses
+
+    def certain(self, ttft_s: float | None, tpot_s: float | None) -> bool:
+        """The verdict holds at 95%: stopped at it, or each target outside its p99's interval (or that
+        interval within +-10%)."""
+        if self.end != "measured":
+            return True
+        return all(self.stats[k].decides(t) for k, t in (("ttft_p99", ttft_s), ("tpot_p99", tpot_s)))
+
+
+def _stats(requests, measured: np.ndarray) -> dict[str, Percentile]:
+    r = requests[measured]
+    out = {}
+    for metric in ("ttft", "tpot", "e2e"):
+        values = r[f"{metric}_s"].to_numpy(dtype=float)
+        out[f"{metric}_p99"] = percentile_ci(values)
+        if metric != "e2e":
+            for q in (0.5, 0.9):
+                v = values[~np.isnan(values)]
+                out[f"{metric}_p{int(q * 100)}"] = Percentile(float(np.percentile(v, 100 * q)) if len(v) else None)
+    return out
+
+
+def _misses(probe: Probe, ttft_s: float | None, tpot_s: float | None) -> list[tuple[str, str]]:
+    if probe.end == "overloaded":
+        return [(MISS_OVERLOAD, f"overloaded: the queue diverged (a request still waiting after "
+                                f"{probe.duration_s:,.0f} s of a {probe.requests:,}-request run)")]
+    out = []
+    for key, label, target in ((MISS_TTFT, "p99 TTFT", ttft_s), (MISS_TPOT, "p99 TPOT", tpot_s)):
+        if target is None:
+            continue
+        if probe.end == key:
+            out.append((key, f"{label} > {target * 1e3:,.0f} ms (certain after {probe.duration_s:,.0f} s: over "
+                             f"1% of the {probe.measured:,} measured requests already past it)"))
+            continue
+        got = probe.stats[key].value_s if probe.stats else None  # a stopped probe measured no percentile
+        if got is not None and got > target:
+            out.append((key, f"{label} {got * 1e3:,.0f} ms > {target * 1e3:,.0f} ms (+{(got / target - 1) * 100:,.0f}%)"))
+    return out
+
+
+def _good_share(requests, measured: np.ndarray, ttft_s: float | None, tpot_s: float | None) -> float | None:
+    r = requests[measured]
+    if not len(r):
+        return None
+    good = np.ones(len(r), dtype=bool)
+    if ttft_s is not None:
+        good &= r["ttft_s"].to_numpy(dtype=float) <= ttft_s
+    if tpot_s is not None:
+        good &= r["tpot_s"].fillna(0.0).to_numpy(dtype=float) <= tpot_s
+    return float(good.mean())
+
+
+def run_once(scenario: Scenario, window, rate_per_s: float, ttft_s, tpot_s, e2e_s: float) -> Probe:
+    """One run over `window` (its requests are the scenario's), stopped at its verdict."""
+    arrival = build_requests(scenario.workload).arrival_s
+    measured = window.measured(arrival)
+    stop = SteadyStop(measured, ttft_s, tpot_s, max(OVERLOAD_MIN_S, OVERLOAD_E2E * e2e_s))
+    res = simulate_serving(scenario, stop=stop)
+    s = res.summary
+    probe = Probe(rate_per_s, s, requests=len(arrival), measured=int(measured.sum()),
+                  window_s=window.end_s - window.warmup_s, duration_s=s.duration_s or 0.0, runs=1)
+    if not s.fits:
+        probe.end, probe.misses = "does_not_fit", [(MISS_FIT, f"does not fit: {s.does_not_fit}")]
+        return probe
+    probe.end = stop.reason or "measured"
+    if probe.end == "measured":
+        probe.stats = _stats(res.requests, measured)
+        e2e = res.requests["e2e_s"].to_numpy(dtype=float)[measured]
+        probe.e2e_mean_s = float(np.nanmean(e2e)) if len(e2e) else None
+        probe.goodput_share = _good_share(res.requests, measured, ttft_s, tpot_s)
+    probe.misses = _misses(probe, ttft_s, tpot_s)
+    return probe
+
+
+def steady_probe(make: Callable[[int], Scenario], rate_per_s: float, ttft_s: float | None, tpot_s: float | None,
+                 e2e_hint_s: float, requests: int | None = None) -> Probe:
+    """`make(n)`: the candidate's scenario with n Poisson requests at `rate_per_s`. Runs until the
+    verdict holds (module docstring); `requests` fixes n (one run)."""
+    if requests is not None:
+        sc = make(requests)
+        return run_once(sc, window_of_requests(build_requests(sc.workload).arrival_s), rate_per_s, ttft_s, tpot_s,
+                        e2e_hint_s)
+    e2e, scale, runs, probe = max(HINT_MARGIN * e2e_hint_s, 1e-3), 1.0, 0, None
+    while runs < MAX_ATTEMPTS:
+        window = window_for(rate_per_s, e2e, scale)
+        n = window.requests(rate_per_s)
+        probe = run_once(make(n), window, rate_per_s, ttft_s, tpot_s, e2e)
+        runs += 1
+        probe.runs = runs
+        if probe.end != "measured" or n >= MAX_PROBE_REQUESTS or probe.e2e_mean_s is None:
+            return probe
+        if probe.window_s < SHORT_WINDOW * MEASURE_E2E * probe.e2e_mean_s:
+            e2e = probe.e2e_mean_s  # the hint was short: size the window from the run's own E2E
+            continue
+        if probe.certain(ttft_s, tpot_s):
+            return probe
+        scale *= 2.0
+    return probe

@@ -1,0 +1,175 @@
+"""The planner's analytic screen: what one replica sustains in steady state, from the step cost alone.
+
+No simulation. In steady state at a rate of lambda requests/s per replica, Little's law ties the
+decoding batch B to the step time t(B): B = lambda x N x t(B) (each request decodes for its N output
+tokens, one a step), so a batch of B is what the rate lambda(B) = B / (N x t(B)) implies. The screen
+evaluates t(B) on a grid of batches, each step as the scheduler forms it in the mean:
+
+- B decodes, each at the mean context of a running request, E[n (p + n/2)] / E[n] tokens (a request
+  seen at a random moment of its decode is length-biased), in tiers as the policy puts a request of
+  mean prompt and output (`TierCounter`);
+- the prefill that keeps pace, c = B x P / N prompt tokens a step, as whole chunks: a share c / chunk of
+  the steps carries one chunk of min(P, max_num_batched_tokens - B) tokens (a mixed step costs more
+  than the mean rows would: a GEMM is flat in rows below its ridge);
+- t(B) is that mixture's mean `mixed_step_cost(...).closed_form_s` (the link to itself); the p99
+  TPOT estimate is a short request's (10th percentile of outputs) whose share of mixed steps sits at
+  its binomial 99th percentile (normal approximation).
+
+The batch is capped by what holds it: HBM for B requests' K/V at the mean context (`KvMemory`), host
+memory for their T1/T2, `max_num_seqs`, and `max_num_batched_tokens` (B + c tokens a step). The
+estimates: TPOT ~ t(B) (the p99 as above), TTFT ~ the steps a prompt's chunks take, E2E = TTFT + N x TPOT. The max rate
+is the highest lambda(B) whose estimates meet the targets; what stops it is the binding resource.
+The screen ignores queueing and the spread of lengths, so it overstates what a probe finds; the
+search uses it to order, bracket and prune (with a margin), never as a verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.decode.context import build_context
+from sim.device.physics import mixed_step_cost
+from sim.inputs.requests import build_requests
+from sim.inputs.scenario import Scenario
+from sim.serving.kv_memory import kv_memory
+from sim.serving.tier_counts import TierCounter
+from sim.tiering.tiers import T0, T1, T2
+
+GRID = 28  # batches from 1 to the cap, log-spaced
+Z99 = 2.326  # the standard normal's 99th percentile
+ALLREDUCE_BINDS = 0.3  # all-reduces this share of a step: the interconnect binds
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One replica's steady states by batch: batch, rate (req/s), step (TPOT) and TTFT estimates."""
+
+    batch: tuple[float, ...]
+    rate_per_s: tuple[float, ...]
+    step_s: tuple[float, ...]  # mean step: TPOT of the mean request
+    tpot_p99_s: tuple[float, ...]  # a short request's TPOT when it meets more than its share of mixed steps
+    ttft_s: tuple[float, ...]
+    output_tokens: float  # mean
+    cap: str  # what caps the batch: "HBM capacity", "host memory", "max_num_seqs=256", ...
+    hbm_batch: float  # the batch HBM holds at the mean context
+    step_binds: tuple[str, ...]  # the resource a step at each batch spends most on
+
+    def at(self, rate_per_s: float) -> tuple[float, float, float] | None:
+        """(TTFT, TPOT, E2E) estimates at one replica's rate, None past the cap (overloaded)."""
+        r = np.asarray(self.rate_per_s)
+        if rate_per_s > r.max():
+            return None
+        k = int(np.argmax(r >= rate_per_s))
+        if k == 0:
+            ttft, tpot = self.ttft_s[0], self.step_s[0]
+        else:
+            w = (rate_per_s - r[k - 1]) / (r[k] - r[k - 1]) if r[k] > r[k - 1] else 1.0
+            ttft = self.ttft_s[k - 1] + w * (self.ttft_s[k] - self.ttft_s[k - 1])
+            tpot = self.step_s[k - 1] + w * (self.step_s[k] - self.step_s[k - 1])
+        return ttft, tpot, ttft + self.output_tokens * tpot
+
+    def max_rate(self, ttft_s: float | None, tpot_s: float | None) -> tuple[float, str]:
+        """The highest rate whose estimates meet the targets, and what stops it there."""
+        ok = np.ones(len(self.batch), dtype=bool)
+        if tpot_s is not None:
+            ok &= np.asarray(self.tpot_p99_s) <= tpot_s
+        if ttft_s is not None:
+            ok &= np.asarray(self.ttft_s) <= ttft_s
+        # the rate rises with the batch until the cap; the first batch past a target ends the range
+        bad = np.flatnonzero(~ok)
+        last = (bad[0] - 1) if len(bad) else len(self.batch) - 1
+        if last < 0:
+            return 0.0, self.step_binds[0]
+        best = int(np.argmax(np.asarray(self.rate_per_s[: last + 1])))
+        if best == len(self.batch) - 1 and not len(bad):
+            return self.rate_per_s[best], self.cap
+        return self.rate_per_s[best], self.step_binds[min(best + 1, len(self.batch) - 1)]
+
+
+@dataclass(frozen=True)
+class Moments:
+    prompt_tokens: float  # means
+    output_tokens: float
+    running_context_tokens: float  # E[n (p + n/2)] / E[n]
+    short_output_tokens: float  # the 10th percentile: the requests whose TPOT varies most
+
+
+def moments(scenario: Scenario) -> Moments:
+    reqs = build_requests(scenario.workload)
+    p, n = reqs.prompt_tokens.astype(float), np.maximum(reqs.output_tokens.astype(float), 1.0)
+    return Moments(float(p.mean()), float(n.mean()), float(np.sum(n * (p + n / 2)) / np.sum(n)),
+                   float(max(2.0, np.percentile(n, 10))))
+
+
+def tier_shares(policy, m: Moments) -> np.ndarray:
+    """Shares of a request's context attended in T0, T1, T2 over its decode (mean request)."""
+    p, n = max(1, round(m.prompt_tokens)), max(1, round(m.output_tokens))
+    counts = TierCounter(policy, np.array([p]), np.array([n])).attended(p, np.arange(n))
+    total = counts.sum(axis=1, keepdims=True)
+    return (counts[:, [T0, T1, T2]] / np.maximum(total, 1)).mean(axis=0)
+
+
+def step_binds(cost, closed_s: float, rows: float, ridge_rows: float) -> str:
+    """The resource a step spends most on, in hardware words."""
+    if closed_s > 1.1 * cost.compute_s:
+        return "host link"
+    layer = cost.layer
+    if layer.allreduce_s > ALLREDUCE_BINDS * layer.device_s:
+        return "interconnect"
+    if layer.gemm_s >= layer.attention_s and rows >= ridge_rows:
+        return "compute"
+    return "HBM bandwidth"
+
+
+def curve(scenario: Scenario) -> Curve:
+    """The steady states of one replica of `scenario` (its parallel.tp, policy and scheduler)."""
+    ctx = build_context(scenario)
+    sched, pol = scenario.scheduler, scenario.policy
+    memory = kv_memory(ctx, sched.max_num_batched_tokens, sched.max_num_seqs)
+    m = moments(scenario)
+    timing_policy = ctx.policy.at_fraction(1.0) if ctx.policy.auto else ctx.policy  # auto: tiers only when full
+    memory_policy = ctx.policy.at_fraction(0.0) if ctx.policy.auto else ctx.policy
+    share = tier_shares(timing_policy, m)
+    mem_share = tier_shares(memory_policy, m)
+    per_request_hbm = memory.hbm_kv_bytes(m.running_context_tokens * mem_share[0], 0.0)
+    per_request_host = memory.host_bytes(m.running_context_tokens * mem_share[1], m.running_context_tokens * mem_share[2])
+    caps = {"HBM capacity": memory.kv_budget_bytes / per_request_hbm if per_request_hbm > 0 else math.inf,
+            "host memory": memory.host_capacity_bytes / per_request_host if per_request_host > 0 else math.inf,
+            f"max_num_seqs={sched.max_num_seqs}": float(sched.max_num_seqs),
+            f"max_num_batched_tokens={sched.max_num_batched_tokens}":
+                sched.max_num_batched_tokens / (1.0 + m.prompt_tokens / m.output_tokens)}
+    cap_name = min(caps, key=caps.get)
+    top = max(1.0, caps[cap_name])
+    batches = np.unique(np.geomspace(1.0, top, GRID))
+    ridge = ctx.hw.peak_flop_per_s / ctx.hw.weight_hbm_bytes_per_s  # rows where a bf16 GEMM turns compute-bound
+
+    def cost(b: int, chunk: int):
+        ctx_tokens = b * m.running_context_tokens
+        c = mixed_step_cost(ctx.model, ctx.hw, scenario.model.weight_dtype, scenario.model.weight_group_size,
+                            pol.prefetch, b, int(ctx_tokens * share[0]), int(ctx_tokens * share[1]),
+                            int(ctx_tokens * share[2]), ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer,
+                            chunk, chunk * (chunk + 1) / 2, chunk, 1 if chunk else 0, ctx.policy.tiering,
+                            pol.access, pol.staging_buffers)
+        return c, c.closed_form_s(ctx.hw, c.prefetch_copy_s(ctx.hw.h2d), pol.staging_buffers)
+
+    rates, steps, tails, ttfts, binds = [], [], [], [], []
+    for b in batches:
+        bi = max(1, round(b))
+        chunk = max(1, min(round(m.prompt_tokens), sched.max_num_batched_tokens - bi))
+        plain, plain_s = cost(bi, 0)
+        mixed, mixed_s = cost(bi, chunk)
+        share_mixed = min(1.0, b * m.prompt_tokens / m.output_tokens / chunk)  # prefill tokens a step / chunk
+        t = (1 - share_mixed) * plain_s + share_mixed * mixed_s
+        # a short request's share of mixed steps is binomial over its steps: its 99th percentile
+        tail = min(1.0, share_mixed + Z99 * math.sqrt(share_mixed * (1 - share_mixed) / m.short_output_tokens))
+        rates.append(b / (m.output_tokens * t))
+        steps.append(t)
+        tails.append((1 - tail) * plain_s + tail * mixed_s)
+        ttfts.append(mixed_s * math.ceil(m.prompt_tokens / chunk) + t)  # its chunks, then the step it waited for
+        binds.append(step_binds(mixed if share_mixed >= 0.5 else plain, mixed_s if share_mixed >= 0.5 else plain_s,
+                                bi + share_mixed * chunk, ridge))
+    return Curve(tuple(float(b) for b in batches), tuple(rates), tuple(steps), tuple(tails), tuple(ttfts), m.output_tokens,
+                 cap_name, caps["HBM capacity"], tuple(binds))
