@@ -59,9 +59,9 @@ def test_every_layout_that_holds_the_model_is_a_candidate(base, result):
     assert C.feasible_splits(base, "rtx-5080", 2) == [2]  # one 5080 cannot hold it: no replicas of TP 1
     assert "cannot shard" in C.prune(base, "h100-sxm", 3)  # 40 heads over 3 GPUs
     h100_2 = {(r["tp"], r["dp"], r["layout"]) for r in result.rows if r["gpu"] == "h100-sxm" and r["gpus"] == 2}
-    assert h100_2 == {(1, 2, "TP1 x 2"), (2, 1, "TP2")}
-    cands, _ = P.candidates(base, ["h100-sxm"], [2], ["full_hbm"], layouts=False)
-    assert [(c.tp_size, c.replicas) for c in cands] == [(2, 1)]  # --no-replicas: one TP group
+    assert h100_2 == {(1, 2, "TP1 x 2"), (2, 1, "TP2"), (1, 1, "1P(TP1) + 1D(TP1)")}  # and one prefill + one decode
+    cands, _ = P.candidates(base, ["h100-sxm"], [2], ["full_hbm"], layouts=False, disagg=False)
+    assert [(c.tp_size, c.replicas) for c in cands] == [(2, 1)]  # --no-replicas --no-disagg: one TP group
 
 
 def test_pruned_and_screened_rows_say_why_and_are_not_simulated(result):
@@ -94,7 +94,10 @@ def test_every_probe_is_a_steady_state_run_that_says_how_long_it_ran(result):
         assert p["measured"] >= (400 if p["end"] == "measured" else 1) and p["requests"] > p["measured"]
         assert p["duration_s"] > 0 and p["window_s"] > 0 and p["runs"] >= 1
         if p["end"] == "measured":
-            assert p["ttft_p99_lo_ms"] <= p["ttft_p99_ms"] <= p["ttft_p99_hi_ms"]
+            if p["pool"] != "decode":  # a decode pool's requests arrive with their first token
+                assert p["ttft_p99_lo_ms"] <= p["ttft_p99_ms"] <= p["ttft_p99_hi_ms"]
+            if p["pool"] != "prefill":  # a prefill pool writes one token a request
+                assert p["tpot_p99_lo_ms"] <= p["tpot_p99_ms"] <= p["tpot_p99_hi_ms"]
         else:  # stopped at its verdict: no percentile to print
             assert not p["passed"] and p["ttft_p99_ms"] is None and p["certain"]
 
@@ -175,7 +178,8 @@ def test_cli_json_and_price_override(scenario_path):
     assert res.returncode == 0, res.stderr
     rows = json.loads(res.stdout)
     h100 = [r for r in rows if r["gpu"] == "h100-sxm"]
-    assert sorted((r["tp"], r["dp"]) for r in h100) == [(1, 2), (2, 1)]
+    assert sorted((r["tp"], r["dp"], r["layout"]) for r in h100) == [(1, 1, "1P(TP1) + 1D(TP1)"), (1, 2, "TP1 x 2"),
+                                                                      (2, 1, "TP2")]
     assert all(r["usd_per_hour"] == pytest.approx(0.2) for r in h100)
     assert rows[0]["gpu"] == "h100-sxm" and rows[0]["rank"] == 1  # cheapest now
 
@@ -239,19 +243,19 @@ def test_cache_reuses_stored_candidates_and_their_probes(base, tmp_path):
     from sim.runner.options import Execution
 
     args = (base, SMALL_SPEC, ["h100-sxm"], [1, 2], ["full_hbm"])
-    fresh = P.search(*args, C.load_prices(), workers=1)
+    fresh = P.search(*args, C.load_prices(), workers=1, disagg=False)
     cache = tmp_path / "cache"
-    first = P.search(*args, C.load_prices(), execution=Execution(workers=2, cache=cache))
+    first = P.search(*args, C.load_prices(), execution=Execution(workers=2, cache=cache), disagg=False)
     assert (first.computed, first.stored) == (3, 0)  # TP1, TP2, TP1 x 2
     assert first.rows == fresh.rows and first.probes == fresh.probes and len(fresh.probes) > 3
-    cheap = P.search(*args, C.parse_prices(["h100-sxm=0.5"]), execution=Execution(workers=1, cache=cache))
+    cheap = P.search(*args, C.parse_prices(["h100-sxm=0.5"]), execution=Execution(workers=1, cache=cache), disagg=False)
     assert (cheap.computed, cheap.stored) == (0, 3)  # prices are applied after the search
     assert cheap.probes == fresh.probes and {r["usd_per_hour"] for r in cheap.rows} == {0.5, 1.0}
     sorted(cache.glob("*/*.json"))[0].unlink()
-    again = P.search(*args, C.load_prices(), execution=Execution(workers=1, cache=cache))
+    again = P.search(*args, C.load_prices(), execution=Execution(workers=1, cache=cache), disagg=False)
     assert (again.computed, again.stored) == (1, 2) and again.rows == fresh.rows and again.probes == fresh.probes
     other = P.search(base, replace(SMALL_SPEC, tpot_s=0.03), *args[2:], C.load_prices(),
-                     execution=Execution(workers=1, cache=cache))
+                     execution=Execution(workers=1, cache=cache), disagg=False)
     assert other.computed == 3  # another SLO is another search
 
 

@@ -43,7 +43,7 @@ def searched(tmp_path_factory):
     out = tmp / "plan"
     res = run_cli("plan", str(scenario), "--rate", f"{RATE_PER_S:g}", "--ttft-p99-ms", f"{TTFT_MS:g}", "--tpot-p99-ms",
                   f"{TPOT_MS:g}", "--gpus", "rtx-5080,h100-sxm", "--counts", "1,2", "--policies", "full_hbm,tiered:0.5",
-                  "--requests", str(REQUESTS), "--workers", "2", "--replicas", "--json", "--out", str(out))
+                  "--requests", str(REQUESTS), "--workers", "2", "--replicas", "--no-disagg", "--json", "--out", str(out))
     assert res.returncode == 0, res.stderr
     return out, json.loads(res.stdout)
 
@@ -55,7 +55,7 @@ def files(searched):
 
 
 def _probes_of(probes: pd.DataFrame, row) -> pd.DataFrame:
-    return probes[probes.candidate == candidate_key(row.gpu, row.gpus, row.tp, row.policy)]
+    return probes[probes.candidate == candidate_key(row.gpu, row.gpus, row.tp, row.policy, None if pd.isna(row.prefill) else row.prefill)]
 
 
 def test_plan_writes_three_files_and_plan_csv_is_unchanged(searched, files):
@@ -72,7 +72,7 @@ def test_plan_writes_three_files_and_plan_csv_is_unchanged(searched, files):
 
 def test_every_simulated_candidate_has_its_probes_and_pruned_ones_none(files):
     plan, probes, _ = files
-    keys = {candidate_key(r.gpu, r.gpus, r.tp, r.policy): r.status for r in plan.itertuples()}
+    keys = {candidate_key(r.gpu, r.gpus, r.tp, r.policy, None if pd.isna(r.prefill) else r.prefill): r.status for r in plan.itertuples()}
     assert set(probes.candidate) == {k for k, s in keys.items() if s in ("pass", "fail")}  # the simulated ones
     assert {"pass", "screened", "pruned"} <= set(keys.values())
     for _, p in probes.groupby("candidate", sort=False):

@@ -281,6 +281,8 @@ def plan(
                                        "plan.json (the search asked) into; `kvsim report --plan DIR` draws them"),
     replicas: bool = typer.Option(True, "--replicas/--no-replicas", help="every TP x DP layout of each count (default), "
                                   "or one TP group of all the GPUs"),
+    disagg: bool = typer.Option(True, "--disagg/--no-disagg", help="also every split into prefill and decode "
+                                "instances, the K/V moved over the interconnect (default on)"),
     allow_large: bool = typer.Option(False, "--allow-large", help=ALLOW_LARGE_HELP),
 ) -> None:
     """Cheapest GPU kind x count x layout (TP x replicas) x KV policy meeting a p99 TTFT/TPOT SLO at --rate in
@@ -296,12 +298,12 @@ def plan(
     sc = load_scenario(scenario, set_)
     spec = _plan_spec(sc.slo, rate, ttft_p99_ms, tpot_p99_ms, requests, max_factor, top)
     names, ns, pols, prices = parse_gpus(gpus_), parse_counts(counts), parse_policies(policies, access), parse_prices(price)
-    _plan_run(scenario, sc, spec, (names, ns, pols, prices, price), replicas, execution, allow_large, as_json, all_rows,
-              out, cache)
+    _plan_run(scenario, sc, spec, (names, ns, pols, prices, price), (replicas, disagg), execution, allow_large, as_json,
+              all_rows, out, cache)
 
 
-def _plan_run(path: Path, sc, spec, asked: tuple, replicas: bool, execution, allow_large: bool, as_json: bool,
-              all_rows: bool, out: Path | None, cache: Path | None) -> None:
+def _plan_run(path: Path, sc, spec, asked: tuple, layouts: tuple[bool, bool], execution, allow_large: bool,
+              as_json: bool, all_rows: bool, out: Path | None, cache: Path | None) -> None:
     """The search, its files and what it prints; exit 1 when nothing passes."""
     import time
 
@@ -313,17 +315,18 @@ def _plan_run(path: Path, sc, spec, asked: tuple, replicas: bool, execution, all
     from .plan_print import plan_doc, print_plan
 
     names, ns, pols, prices, overrides = asked
+    replicas, disagg = layouts
     t0 = time.monotonic()
     try:
         with _plan_progress(not as_json) as progress:
             result = search(sc, spec, names, ns, pols, prices, replicas=replicas, execution=execution,
-                            allow_large=allow_large, progress=progress)
+                            allow_large=allow_large, progress=progress, disagg=disagg)
     except Interrupted as err:
         _interrupted(err, cache)
     rows, wall = result.rows, time.monotonic() - t0
     _said_about_store(result, cache)
     if out is not None:  # the three files replaced together
-        write_dir_atomic(out, plan_dir_files(rows, result.probes, plan_doc(path, sc, spec, names, ns, pols, replicas, overrides)))
+        write_dir_atomic(out, plan_dir_files(rows, result.probes, plan_doc(path, sc, spec, names, ns, pols, layouts, overrides)))
     if as_json:
         print(to_json(rows))
     else:

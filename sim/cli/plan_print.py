@@ -84,7 +84,7 @@ def print_plan(console: Console, result, sc, spec, all_rows: bool, wall_s: float
                       f"kvsim report --plan {out} --only plan draws them[/dim]")
 
 
-def plan_doc(path: Path, sc, spec, gpus: list[str], counts: list[int], policies: list[str], replicas: bool,
+def plan_doc(path: Path, sc, spec, gpus: list[str], counts: list[int], policies: list[str], layouts: tuple[bool, bool],
              price_overrides: list[str]):
     """plan.json: what `kvsim plan` was asked (sim.plan.files.PlanDoc)."""
     from sim import __version__
@@ -94,6 +94,6 @@ def plan_doc(path: Path, sc, spec, gpus: list[str], counts: list[int], policies:
     return PlanDoc(scenario=sc.name, scenario_path=str(path), model=sc.model.name or str(sc.model.hf_config), rate_per_s=spec.rate,
                    ttft_p99_ms=ms(spec.ttft_s), tpot_p99_ms=ms(spec.tpot_s), requests=spec.requests,
                    max_factor=spec.max_factor, tolerance=spec.tolerance, top=spec.top, gpus=gpus, counts=counts,
-                   policies=policies, replicas=replicas,
+                   policies=policies, replicas=layouts[0], disagg=layouts[1],
                    prices_source="sim/catalog/prices.yaml (assumed on-demand list prices, not quotes)",
                    price_overrides=list(price_overrides), kvtier_version=__version__)

@@ -302,6 +302,11 @@ def interconnects() -> dict[str, InterconnectSpec]:
     return {e["name"]: InterconnectSpec(**e) for e in _read_catalog("interconnects.yaml")["interconnects"]}
 
 
+def kv_transfer() -> dict:
+    """The fabrics a request's K/V crosses between disaggregated prefill and decode instances."""
+    return _read_catalog("interconnects.yaml")["kv_transfer"]
+
+
 def interconnect(name: str) -> InterconnectSpec:
     spec = interconnects().get(_key(name))
     if spec is None:

@@ -63,12 +63,36 @@ def pareto(rows: list[dict], mean_output_tokens: float) -> dict[int, list[dict]]
     return front
 
 
+# Disaggregated serving's flags, per engine and role: vLLM's NixlConnector (docs/features/
+# nixl_connector_usage.md: --kv-transfer-config with kv_role kv_both on both instances, behind a P/D
+# proxy such as examples/disaggregated's toy_proxy_server.py); SGLang's --disaggregation-mode with the
+# NIXL transfer backend (docs/advanced_features/pd_disaggregation.md, behind its mini load balancer).
+DISAGG_FLAGS = {"vllm": """--kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'""",
+                "sglang": "--disaggregation-mode {role} --disaggregation-transfer-backend nixl"}
+
+
+def _with_flags(line: str, flags: str) -> str:
+    command, sep, comment = line.partition("  # ")
+    return f"{command} {flags}" + (f"  # {comment}" if sep else "")
+
+
 def launch_lines(best: dict, base: Scenario, host_offload_bytes: float | None = None) -> dict[str, str]:
-    """The engine commands for the best row: {"vllm": ..., "sglang": ...} (sim.plan.launch)."""
+    """The engine commands for the best row (sim.plan.launch): {"vllm": ..., "sglang": ...}, or for a
+    disaggregated one each engine's prefill and decode instances ("vllm prefill", ...)."""
     model = hf_model_id(base.model.name or "") or (base.model.name or "MODEL")
-    engine = base.engine
-    util = getattr(engine, "gpu_memory_utilization", None) or 0.9
-    s = base.scheduler
-    return launch_commands(model, best["tp"], best["dp"], s.max_num_seqs, s.max_num_batched_tokens, util,
-                           s.chunked_prefill, best["policy"], host_offload_bytes, base.model.weight_dtype,
-                           base.model.kv_dtype)
+    util = getattr(base.engine, "gpu_memory_utilization", None) or 0.9
+    s, m = base.scheduler, base.model
+
+    def commands(tp: int, dp: int, policy: str, offload: float | None) -> dict[str, str]:
+        return launch_commands(model, tp, dp, s.max_num_seqs, s.max_num_batched_tokens, util, s.chunked_prefill,
+                               policy, offload, m.weight_dtype, m.kv_dtype)
+
+    if not best.get("prefill"):
+        return commands(best["tp"], best["dp"], best["policy"], host_offload_bytes)
+    x, tp_p = (int(v) for v in best["prefill"].split("xTP"))
+    out = {}
+    for role, cmds in (("prefill", commands(tp_p, x, "full_hbm", None)),
+                       ("decode", commands(best["tp"], best["dp"], best["policy"], host_offload_bytes))):
+        for engine, line in cmds.items():
+            out[f"{engine} {role}"] = _with_flags(line, DISAGG_FLAGS[engine].replace("{role}", role))
+    return out

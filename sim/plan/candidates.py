@@ -53,7 +53,8 @@ class Candidate:
     gpu: str
     count: int  # GPUs in all
     policy: str
-    tp: int | None = None  # GPUs per replica (default: all of them)
+    tp: int | None = None  # GPUs per replica (default: all of them); disaggregated: per decode instance
+    prefill: tuple[int, int] | None = None  # disaggregated: (prefill instances, GPUs each); None: aggregated
 
     @property
     def tp_size(self) -> int:
@@ -61,11 +62,15 @@ class Candidate:
 
     @property
     def replicas(self) -> int:
-        return self.count // self.tp_size
+        """Replicas; disaggregated: decode instances."""
+        return (self.count - (self.prefill[0] * self.prefill[1] if self.prefill else 0)) // self.tp_size
 
     @property
     def layout(self) -> str:
-        """"TP4 x 2": two replicas of a 4-GPU tensor-parallel group; "TP8": one."""
+        """"TP4 x 2": two replicas of a 4-GPU tensor-parallel group; "TP8": one; "1P(TP2) + 3D(TP2)":
+        one prefill instance and three decode instances of two GPUs each."""
+        if self.prefill:
+            return f"{self.prefill[0]}P(TP{self.prefill[1]}) + {self.replicas}D(TP{self.tp_size})"
         return f"TP{self.tp_size}" + (f" x {self.replicas}" if self.replicas > 1 else "")
 
 

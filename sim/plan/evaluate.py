@@ -21,9 +21,11 @@ from sim.inputs.errors import ConfigError
 from sim.inputs.scenario import Scenario
 from sim.outputs.schema import LINK_BOTTLENECK_UTILIZATION
 from sim.runner.store import NUMBER, OPTIONAL_NUMBER, OPTIONAL_TEXT, file_digests, has_fields, result_key
+from sim.serving.steady import Percentile
 
 from .candidates import Candidate, PlanSpec, candidate_scenario
-from .files import PROBE_COLUMNS, candidate_key
+from .disagg import disagg_probe
+from .files import PROBE_COLUMNS, candidate_key, prefill_label
 from .probe import Probe, steady_probe
 from .screen import Curve
 
@@ -31,7 +33,12 @@ NEAR_FULL = 0.95  # a peak within 5% of capacity counts as that resource binding
 
 
 def binding(probe: Probe, scenario: Scenario, curve: Curve | None) -> str:
-    """What stops a probe from meeting the SLO, in hardware words (or the scheduler setting)."""
+    """What stops a probe from meeting the SLO, in hardware words (or the scheduler setting); a
+    disaggregated one's names its pool."""
+    if probe.parts:
+        pool = probe.pool_failed or "decode"
+        part = dict(probe.parts)[pool]
+        return f"{pool} pool: " + binding(part, scenario, curve if pool == "decode" else None)
     s = probe.summary
     if not s.fits:
         return "HBM capacity"
@@ -54,13 +61,32 @@ def binding(probe: Probe, scenario: Scenario, curve: Curve | None) -> str:
     return curve.step_binds[k]
 
 
+def key_of(cand: Candidate) -> str:
+    return candidate_key(cand.gpu, cand.count, cand.tp_size, cand.policy, prefill_label(cand.prefill))
+
+
+def probe_rows(cand: Candidate, number: int, step: str, rate: float, probe: Probe, ttft_s: float | None,
+               tpot_s: float | None) -> list[dict]:
+    """A probe's probes.csv rows: one, or a disaggregated candidate's prefill and decode pools."""
+    if not probe.parts:
+        return [probe_row(cand, number, step, rate, probe, ttft_s, tpot_s)]
+    pre, dec = (p for _, p in probe.parts)
+    return [probe_row(cand, number, step, rate, pre, ttft_s, None, "prefill", probe.stats),
+            probe_row(cand, number + 1, step, rate, dec, None, tpot_s, "decode")]
+
+
 def probe_row(cand: Candidate, number: int, step: str, rate: float, probe: Probe, ttft_s: float | None,
-              tpot_s: float | None) -> dict:
+              tpot_s: float | None, pool: str = "aggregated", ttft_stats: dict | None = None) -> dict:
     """One probe as a probes.csv row (sim.plan.files.PROBE_COLUMNS): rates and goodput are the
-    configuration's, latencies one replica's; a p99 a stopped probe never measured is empty."""
+    configuration's, latencies one replica's (one pool's); a p99 a stopped probe never measured is
+    empty. `ttft_stats`: a prefill pool's TTFT with the K/V transfer added."""
     ms = lambda v: None if v is None else v * 1e3  # noqa: E731
-    st = probe.stats
-    row = dict(candidate=candidate_key(cand.gpu, cand.count, cand.tp_size, cand.policy), gpu=cand.gpu, gpus=cand.count,
+    st = dict(probe.stats)
+    if ttft_stats and st:
+        st.update({k: v for k, v in ttft_stats.items() if k.startswith("ttft")})
+    if pool == "decode" and st:  # its requests arrive with their first token: TTFT is the prefill pool's
+        st.update({k: Percentile(None) for k in ("ttft_p50", "ttft_p90", "ttft_p99")})
+    row = dict(candidate=key_of(cand), gpu=cand.gpu, gpus=cand.count, pool=pool,
                tp=cand.tp_size, dp=cand.replicas, policy=cand.policy, probe=number, step=step, offered_rate_per_s=rate,
                passed=probe.passed, slo_missed=";".join(k for k, _ in probe.misses), end=probe.end,
                requests=probe.requests, measured=probe.measured, window_s=probe.window_s, duration_s=probe.duration_s,
@@ -73,7 +99,7 @@ def probe_row(cand: Candidate, number: int, step: str, rate: float, probe: Probe
             row[f"{m}_{p}_ms"] = ms(st[f"{m}_{p}"].value_s) if st else None
         row[f"{m}_p99_lo_ms"] = ms(st[f"{m}_p99"].lo_s) if st else None
         row[f"{m}_p99_hi_ms"] = ms(st[f"{m}_p99"].hi_s) if st else None
-    row["e2e_p99_ms"] = ms(st["e2e_p99"].value_s) if st else None
+    row["e2e_p99_ms"] = ms(st["e2e_p99"].value_s) if st and "e2e_p99" in st else None
     return {c: row[c] for c in PROBE_COLUMNS}
 
 
@@ -86,8 +112,11 @@ def e2e_hint_s(curve: Curve | None, rate_per_replica: float) -> float:
 
 
 def probe_at(base: Scenario, cand: Candidate, spec: PlanSpec, rate: float, curve: Curve | None = None) -> Probe:
-    """One steady-state probe of the configuration at `rate` (each replica at rate / replicas)."""
+    """One steady-state probe of the configuration at `rate` (each replica at rate / replicas; a
+    disaggregated one's two pools, `sim.plan.disagg`)."""
     per = float(rate) / cand.replicas
+    if cand.prefill:
+        return disagg_probe(base, cand, spec, float(rate), e2e_hint_s(curve, per))
     return steady_probe(lambda n: candidate_scenario(base, cand, per, spec, requests=n), per, spec.ttft_s, spec.tpot_s,
                         e2e_hint_s(curve, per), spec.requests)
 
@@ -99,14 +128,15 @@ def evaluate(base: Scenario, cand: Candidate, spec: PlanSpec, curve: Curve | Non
     def run(rate: float, step: str) -> Probe:
         rate = float(rate)
         p = probe_at(base, cand, spec, rate, curve)
-        probes.append(probe_row(cand, len(probes) + 1, step, rate, p, spec.ttft_s, spec.tpot_s))
+        probes.extend(probe_rows(cand, len(probes) + 1, step, rate, p, spec.ttft_s, spec.tpot_s))
         return p
 
     return {**_search(base, cand, spec, run, curve), "probes": probes}
 
 
 def _row(cand: Candidate) -> dict:
-    return dict(gpu=cand.gpu, gpus=cand.count, tp=cand.tp_size, dp=cand.replicas, policy=cand.policy, status="fail",
+    return dict(gpu=cand.gpu, gpus=cand.count, tp=cand.tp_size, dp=cand.replicas, prefill=prefill_label(cand.prefill),
+                policy=cand.policy, status="fail",
                 ttft_p99_ms=None, tpot_p99_ms=None, max_rate_per_s=None, max_rate_capped=None, next_rate_per_s=None,
                 binding=None, reason=None, verdict_requests=None, verdict_duration_s=None, host_peak_bytes=None)
 
@@ -168,12 +198,13 @@ def _screen_rate(curve: Curve | None, cand: Candidate, spec: PlanSpec) -> float:
 
 
 # what evaluate returns, as a stored result must hold it (CandidateTask.accepts)
-CANDIDATE_RESULT = {"gpu": str, "gpus": int, "tp": int, "dp": int, "policy": str, "status": str,
+CANDIDATE_RESULT = {"gpu": str, "gpus": int, "tp": int, "dp": int, "prefill": OPTIONAL_TEXT, "policy": str, "status": str,
                     "ttft_p99_ms": OPTIONAL_NUMBER, "tpot_p99_ms": OPTIONAL_NUMBER, "max_rate_per_s": OPTIONAL_NUMBER,
                     "max_rate_capped": (bool, type(None)), "next_rate_per_s": OPTIONAL_NUMBER,
                     "binding": OPTIONAL_TEXT, "reason": OPTIONAL_TEXT, "verdict_requests": (int, type(None)),
                     "verdict_duration_s": OPTIONAL_NUMBER, "host_peak_bytes": OPTIONAL_NUMBER, "probes": list}
-PROBE_RESULT = {"candidate": str, "gpu": str, "gpus": int, "tp": int, "dp": int, "policy": str, "probe": int, "step": str,
+PROBE_RESULT = {"candidate": str, "gpu": str, "gpus": int, "tp": int, "dp": int, "policy": str, "pool": str, "probe": int,
+                "step": str,
                 "offered_rate_per_s": NUMBER, "passed": bool, "slo_missed": str, "end": str, "requests": int,
                 "measured": int, "window_s": NUMBER, "duration_s": NUMBER, "runs": int, "certain": bool,
                 **{f"{m}_{p}_ms": OPTIONAL_NUMBER for m in ("ttft", "tpot") for p in ("p50", "p90", "p99", "p99_lo", "p99_hi")},
@@ -209,8 +240,9 @@ class CandidateTask:
         """A stored result is this candidate's search: evaluate's row and probes, of this candidate."""
         if not has_fields(result, CANDIDATE_RESULT) or result["status"] not in ("pass", "fail"):
             return False
-        mine = (self.cand.gpu, self.cand.count, self.cand.tp_size, self.cand.replicas, self.cand.policy)
-        if (result["gpu"], result["gpus"], result["tp"], result["dp"], result["policy"]) != mine:
+        c = self.cand
+        mine = (c.gpu, c.count, c.tp_size, c.replicas, prefill_label(c.prefill), c.policy)
+        if (result["gpu"], result["gpus"], result["tp"], result["dp"], result["prefill"], result["policy"]) != mine:
             return False
-        name = candidate_key(self.cand.gpu, self.cand.count, self.cand.tp_size, self.cand.policy)
+        name = key_of(c)
         return all(has_fields(p, PROBE_RESULT) and p["candidate"] == name for p in result["probes"])

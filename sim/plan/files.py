@@ -18,14 +18,15 @@ PLAN_CSV, PROBES_CSV, PLAN_JSON = "plan.csv", "probes.csv", "plan.json"
 PLAN_FILES = (PLAN_CSV, PROBES_CSV, PLAN_JSON)
 
 # One row per candidate, ranked (`search.search`). `layout`: "TP4 x 2" (two replicas of a 4-GPU
-# tensor-parallel group). `output`: exact, or lossy for a policy that deletes tokens. `status`: pass,
+# tensor-parallel group), or disaggregated "1P(TP2) + 3D(TP2)" (`tp` and `dp` then the decode
+# instances', `prefill` "1xTP2": the prefill instances; empty for an aggregated layout). `output`: exact, or lossy for a policy that deletes tokens. `status`: pass,
 # fail (simulated), screened (the analytic screen's max rate is far below the rate: not simulated),
 # unsearched (cheaper configurations already passed: not simulated), pruned (cannot hold the model).
 # `screen_max_rate_per_s`: the screen's estimate (sim.plan.screen). `usd_per_million_tokens`: $/hour
 # over the output tokens an hour at the rate asked. `verdict_requests` and `verdict_duration_s`: the
 # run length of the probe at the rate asked (one replica); `host_peak_bytes`: its host memory peak (the
 # host KV pool a tiered launch command asks for).
-PLAN_COLUMNS = ["rank", "gpu", "gpus", "tp", "dp", "layout", "policy", "output", "status", "usd_per_hour",
+PLAN_COLUMNS = ["rank", "gpu", "gpus", "tp", "dp", "prefill", "layout", "policy", "output", "status", "usd_per_hour",
                 "usd_per_million_tokens", "ttft_p99_ms", "tpot_p99_ms", "max_rate_per_s", "max_rate_capped",
                 "next_rate_per_s", "screen_max_rate_per_s", "binding", "reason", "verdict_requests",
                 "verdict_duration_s", "host_peak_bytes", "price_source"]
@@ -35,7 +36,8 @@ PLAN_COLUMNS = ["rank", "gpu", "gpus", "tp", "dp", "layout", "policy", "output",
 # (each of `dp` replicas serves rate / dp); latencies are one replica's, over its measured requests
 # (arrivals after the warm-up, before the cool-down). `goodput_req_per_s`: the offered rate x the
 # share of measured requests that met every target - one definition, used everywhere in the plan.
-# `step`: rate (the rate asked), screen (the screen's max rate), below screen (that over 1 + the
+# `pool`: aggregated, or prefill / decode (a disaggregated candidate probes both pools at each rate; its
+# prefill row's TTFT includes the K/V transfer). `step`: rate (the rate asked), screen (the screen's max rate), below screen (that over 1 + the
 # tolerance), double or bisect. `end`: how the run
 # ended - measured (every measured request finished), ttft_p99 / tpot_p99 (so many were already past
 # the target that the p99 must be: its percentiles are left empty), overloaded (the queue diverged),
@@ -44,7 +46,7 @@ PLAN_COLUMNS = ["rank", "gpu", "gpus", "tp", "dp", "layout", "policy", "output",
 # `*_p99_lo_ms`/`*_p99_hi_ms`: a 95% interval (batch means); `certain`: the verdict holds at 95% (each
 # target outside its interval, or the interval within +-10%, or the run stopped at the verdict). `slo_missed`: empty when the probe
 # passed, else the keys in MISS_KEYS it missed, joined by ';'.
-PROBE_COLUMNS = ["candidate", "gpu", "gpus", "tp", "dp", "policy", "probe", "step", "offered_rate_per_s", "passed",
+PROBE_COLUMNS = ["candidate", "gpu", "gpus", "tp", "dp", "policy", "pool", "probe", "step", "offered_rate_per_s", "passed",
                  "slo_missed", "end", "requests", "measured", "window_s", "duration_s", "runs", "certain",
                  "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "ttft_p99_lo_ms", "ttft_p99_hi_ms",
                  "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "tpot_p99_lo_ms", "tpot_p99_hi_ms",
@@ -54,9 +56,14 @@ MISS_TTFT, MISS_TPOT, MISS_FIT, MISS_OVERLOAD = "ttft_p99", "tpot_p99", "does_no
 MISS_KEYS = (MISS_TTFT, MISS_TPOT, MISS_FIT, MISS_OVERLOAD)
 
 
-def candidate_key(gpu: str, gpus: int, tp: int, policy: str) -> str:
-    """One candidate's name in probes.csv; plan.csv's gpu, gpus, tp and policy columns give the same."""
-    return f"{gpu} x{int(gpus)} tp{int(tp)} {policy}"
+def candidate_key(gpu: str, gpus: int, tp: int, policy: str, prefill: str | None = None) -> str:
+    """One candidate's name in probes.csv; plan.csv's gpu, gpus, tp, policy and prefill columns give the same."""
+    return f"{gpu} x{int(gpus)} tp{int(tp)} {policy}" + (f" prefill {prefill}" if prefill else "")
+
+
+def prefill_label(prefill: tuple[int, int] | None) -> str | None:
+    """plan.csv's `prefill` of a disaggregated candidate: "2xTP1" (2 prefill instances of one GPU)."""
+    return None if not prefill else f"{prefill[0]}xTP{prefill[1]}"
 
 
 class PlanDoc(Document):
@@ -75,7 +82,8 @@ class PlanDoc(Document):
     gpus: list[str]
     counts: list[int]
     policies: list[str]
-    replicas: bool
+    replicas: bool  # every TP x DP layout was searched
+    disagg: bool = False  # ... and every prefill/decode split
     prices_source: str
     price_overrides: list[str]
     kvtier_version: str

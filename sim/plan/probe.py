@@ -53,6 +53,8 @@ class Probe:
     e2e_mean_s: float | None = None
     goodput_share: float | None = None  # of the measured requests, the share meeting every target
     misses: list[tuple[str, str]] = field(default_factory=list)  # (MISS_KEYS key, text)
+    parts: list[tuple[str, "Probe"]] = field(default_factory=list)  # disaggregated: ("prefill", p), ("decode", p)
+    pool_failed: str | None = None  # disaggregated: the pool that missed
 
     @property
     def passed(self) -> bool:
@@ -109,12 +111,14 @@ def _good_share(requests, measured: np.ndarray, ttft_s: float | None, tpot_s: fl
     return float(good.mean())
 
 
-def run_once(scenario: Scenario, window, rate_per_s: float, ttft_s, tpot_s, e2e_s: float) -> Probe:
-    """One run over `window` (its requests are the scenario's), stopped at its verdict."""
+def run_once(scenario: Scenario, window, rate_per_s: float, ttft_s, tpot_s, e2e_s: float,
+             prefilled: bool = False) -> Probe:
+    """One run over `window` (its requests are the scenario's), stopped at its verdict; `prefilled`:
+    a decode instance's (`simulate_serving`)."""
     arrival = build_requests(scenario.workload).arrival_s
     measured = window.measured(arrival)
     stop = SteadyStop(measured, ttft_s, tpot_s, max(OVERLOAD_MIN_S, OVERLOAD_E2E * e2e_s))
-    res = simulate_serving(scenario, stop=stop)
+    res = simulate_serving(scenario, stop=stop, prefilled=prefilled)
     s = res.summary
     probe = Probe(rate_per_s, s, requests=len(arrival), measured=int(measured.sum()),
                   window_s=window.end_s - window.warmup_s, duration_s=s.duration_s or 0.0, runs=1)
@@ -132,18 +136,18 @@ def run_once(scenario: Scenario, window, rate_per_s: float, ttft_s, tpot_s, e2e_
 
 
 def steady_probe(make: Callable[[int], Scenario], rate_per_s: float, ttft_s: float | None, tpot_s: float | None,
-                 e2e_hint_s: float, requests: int | None = None) -> Probe:
+                 e2e_hint_s: float, requests: int | None = None, prefilled: bool = False) -> Probe:
     """`make(n)`: the candidate's scenario with n Poisson requests at `rate_per_s`. Runs until the
     verdict holds (module docstring); `requests` fixes n (one run)."""
     if requests is not None:
         sc = make(requests)
         return run_once(sc, window_of_requests(build_requests(sc.workload).arrival_s), rate_per_s, ttft_s, tpot_s,
-                        e2e_hint_s)
+                        e2e_hint_s, prefilled)
     e2e, scale, runs, probe = max(HINT_MARGIN * e2e_hint_s, 1e-3), 1.0, 0, None
     while runs < MAX_ATTEMPTS:
         window = window_for(rate_per_s, e2e, scale)
         n = window.requests(rate_per_s)
-        probe = run_once(make(n), window, rate_per_s, ttft_s, tpot_s, e2e)
+        probe = run_once(make(n), window, rate_per_s, ttft_s, tpot_s, e2e, prefilled)
         runs += 1
         probe.runs = runs
         if probe.end != "measured" or n >= MAX_PROBE_REQUESTS or probe.e2e_mean_s is None:

@@ -124,8 +124,9 @@ def step_binds(cost, closed_s: float, rows: float, ridge_rows: float) -> str:
     return "HBM bandwidth"
 
 
-def curve(scenario: Scenario) -> Curve:
-    """The steady states of one replica of `scenario` (its parallel.tp, policy and scheduler)."""
+def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
+    """The steady states of one replica of `scenario` (its parallel.tp, policy and scheduler);
+    `decode_only`: a decode instance behind prefill instances (no prefill mixed in its steps)."""
     ctx = build_context(scenario)
     sched, pol = scenario.scheduler, scenario.policy
     memory = kv_memory(ctx, sched.max_num_batched_tokens, sched.max_num_seqs)
@@ -161,15 +162,40 @@ def curve(scenario: Scenario) -> Curve:
         chunk = max(1, min(round(m.prompt_tokens), sched.max_num_batched_tokens - bi))
         plain, plain_s = cost(bi, 0)
         mixed, mixed_s = cost(bi, chunk)
-        share_mixed = min(1.0, b * m.prompt_tokens / m.output_tokens / chunk)  # prefill tokens a step / chunk
+        share_mixed = 0.0 if decode_only else min(1.0, b * m.prompt_tokens / m.output_tokens / chunk)  # per step
         t = (1 - share_mixed) * plain_s + share_mixed * mixed_s
         # a short request's share of mixed steps is binomial over its steps: its 99th percentile
         tail = min(1.0, share_mixed + Z99 * math.sqrt(share_mixed * (1 - share_mixed) / m.short_output_tokens))
         rates.append(b / (m.output_tokens * t))
         steps.append(t)
         tails.append((1 - tail) * plain_s + tail * mixed_s)
-        ttfts.append(mixed_s * math.ceil(m.prompt_tokens / chunk) + t)  # its chunks, then the step it waited for
+        ttfts.append(0.0 if decode_only else mixed_s * math.ceil(m.prompt_tokens / chunk) + t)  # chunks + a wait
         binds.append(step_binds(mixed if share_mixed >= 0.5 else plain, mixed_s if share_mixed >= 0.5 else plain_s,
                                 bi + share_mixed * chunk, ridge))
     return Curve(tuple(float(b) for b in batches), tuple(rates), tuple(steps), tuple(tails), tuple(ttfts), m.output_tokens,
                  cap_name, caps["HBM capacity"], tuple(binds))
+
+
+def prefill_rate(scenario: Scenario, ttft_s: float | None) -> tuple[float, float, str]:
+    """A prefill instance of `scenario` (prompts only, one token out): (the rate it sustains, its
+    TTFT at no load, what binds). A full step of max_num_batched_tokens prompt tokens sets the
+    throughput; at utilisation u an M/D/1 queue waits u / (2 (1 - u)) services, so the rate is the
+    highest u x capacity whose wait + service meets `ttft_s` (no target: u = 0.9)."""
+    ctx = build_context(scenario)
+    sched, pol, m = scenario.scheduler, scenario.policy, moments(scenario)
+    tokens = sched.max_num_batched_tokens
+    prompt = max(1, round(m.prompt_tokens))
+    seqs = max(1, tokens // prompt)
+    full = mixed_step_cost(ctx.model, ctx.hw, scenario.model.weight_dtype, scenario.model.weight_group_size,
+                           pol.prefetch, 0, 0, 0, 0, ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer,
+                           seqs * prompt, seqs * prompt * (prompt + 1) / 2, seqs * prompt, seqs, False)
+    step_s = full.closed_form_s(ctx.hw, 0.0, pol.staging_buffers)
+    capacity = seqs / step_s  # requests/s
+    service_s = step_s * max(1, math.ceil(prompt / tokens))
+    if ttft_s is not None and service_s > ttft_s:
+        return 0.0, service_s, "compute"
+    u = 0.9
+    if ttft_s is not None:  # wait + service <= ttft: u / (2 (1 - u)) <= ttft / service - 1
+        k = ttft_s / service_s - 1.0
+        u = min(u, 2 * k / (1 + 2 * k))
+    return u * capacity, service_s, "compute"

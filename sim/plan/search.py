@@ -32,8 +32,9 @@ from sim.runner.tasks import Interrupted, run_tasks
 from sim.serving.steady import MIN_MEASURED
 
 from .candidates import Candidate, PlanSpec, candidate_scenario, check_spec, feasible_splits, lossy
+from .disagg import screen_disagg, splits
 from .evaluate import CandidateTask
-from .files import PLAN_COLUMNS
+from .files import PLAN_COLUMNS, prefill_label
 from .screen import Curve, curve
 
 SCREEN_MARGIN = 1.5  # the screen overstates; one this far below the rate cannot pass (benchmarks/plan_speed.py)
@@ -51,46 +52,59 @@ class PlanResult:
 
 
 def _blank(cand: Candidate, status: str, reason: str | None) -> dict:
-    return dict(gpu=cand.gpu, gpus=cand.count, tp=cand.tp_size, dp=cand.replicas, policy=cand.policy, status=status,
+    return dict(gpu=cand.gpu, gpus=cand.count, tp=cand.tp_size, dp=cand.replicas, prefill=prefill_label(cand.prefill),
+                policy=cand.policy, status=status,
                 ttft_p99_ms=None, tpot_p99_ms=None, max_rate_per_s=None, max_rate_capped=None, next_rate_per_s=None,
                 binding=None, reason=reason, verdict_requests=None, verdict_duration_s=None, host_peak_bytes=None, probes=[])
 
 
 def candidates(base: Scenario, gpus: list[str], counts: list[int], policies: list[str],
-               layouts: bool = True) -> tuple[list[Candidate], list[dict]]:
+               layouts: bool = True, disagg: bool = True) -> tuple[list[Candidate], list[dict]]:
     """Every candidate to screen, and a pruned row for each (count, policy) that cannot hold the
-    model. `layouts`: every TP x DP split of each count (else tp = count only)."""
+    model. `layouts`: every TP x DP split of each count (else tp = count only); `disagg`: also every
+    split into prefill and decode instances (`sim.plan.disagg.splits`)."""
     todo, pruned = [], []
     for g in gpus:
         for n in counts:
-            splits = feasible_splits(base, g, n)
+            tps = feasible_splits(base, g, n)
             for p in policies:
-                if isinstance(splits, str):
-                    pruned.append(_blank(Candidate(g, n, p), "pruned", splits))
-                else:
-                    todo += [Candidate(g, n, p, tp) for tp in (splits if layouts else [n])]
+                if isinstance(tps, str):
+                    pruned.append(_blank(Candidate(g, n, p), "pruned", tps))
+                    continue
+                todo += [Candidate(g, n, p, tp) for tp in (tps if layouts else [n])]
+                if disagg:
+                    held = [tp for tp in tps if tp < n]  # a TP that holds the model with room for the other pool
+                    todo += [Candidate(g, n, p, s.tp_d, (s.prefill, s.tp_p)) for s in splits(held, n)]
     return todo, pruned
+
+
+def _screen_one(base: Scenario, c: Candidate, spec: PlanSpec, curves: dict) -> tuple[Curve, float, str] | str:
+    """(curve for the probes' hints, estimated max rate, what binds) of one candidate, or why it is invalid."""
+    try:
+        if c.prefill:
+            return screen_disagg(base, c, spec, curves)
+        key = (c.gpu, c.tp_size, c.policy)
+        if key not in curves:
+            curves[key] = curve(candidate_scenario(base, c, spec.rate / c.replicas, spec))
+    except ConfigError as err:  # e.g. the scenario's other policy ratios and this hbm_ratio exceed 1
+        return f"invalid: {err.line()}"
+    cv = curves[key]
+    per, binds = cv.max_rate(spec.ttft_s, spec.tpot_s)
+    return cv, c.replicas * per, binds
 
 
 def screen_all(base: Scenario, cands: list[Candidate], spec: PlanSpec) -> tuple[dict, list[dict]]:
     """{candidate: (curve, estimated max rate)} for the survivors, and rows for the rest."""
-    curves: dict[tuple, Curve | str] = {}
+    curves: dict[tuple, object] = {}
     kept, rows = {}, []
     for c in cands:
-        key = (c.gpu, c.tp_size, c.policy)
-        if key not in curves:
-            try:
-                curves[key] = curve(candidate_scenario(base, c, spec.rate / c.replicas, spec))
-            except ConfigError as err:  # e.g. the scenario's other policy ratios and this hbm_ratio exceed 1
-                curves[key] = f"invalid: {err.line()}"
-        cv = curves[key]
-        if isinstance(cv, str):
-            rows.append(_blank(c, "fail", cv))
+        got = _screen_one(base, c, spec, curves)
+        if isinstance(got, str):
+            rows.append(_blank(c, "fail", got))
             continue
-        per, binds = cv.max_rate(spec.ttft_s, spec.tpot_s)
-        est = c.replicas * per
+        cv, est, binds = got
         if est < spec.rate / SCREEN_MARGIN:
-            why = (f"sustains about {est:.3g} req/s, under {spec.rate:g} / {SCREEN_MARGIN:g}" if est > 0 else
+            why = (f"sustains about {est:.3g} req/s, under {spec.rate:g} / {SCREEN_MARGIN:g}" if est > 0 or c.prefill else
                    f"misses the targets even at batch 1 (TPOT ~{cv.tpot_p99_s[0] * 1e3:,.1f} ms, TTFT ~{cv.ttft_s[0] * 1e3:,.0f} ms)")
             row = _blank(c, "screened", f"screen: {why}; not simulated")
             rows.append({**row, "binding": binds, "screen_max_rate_per_s": float(est)})
@@ -116,7 +130,9 @@ def check_plan_cost(base: Scenario, count: int, spec: PlanSpec, *, allow: bool) 
 
 
 def _order(base: Scenario, kept: dict, prices: dict) -> list[Candidate]:
-    return sorted(kept, key=lambda c: (lossy(c.policy, base), c.count * prices[c.gpu][0], -kept[c][1], c.gpu, c.tp_size))
+    """Exact first, then $/hour, aggregated before disaggregated, then the screen's rate."""
+    return sorted(kept, key=lambda c: (lossy(c.policy, base), c.count * prices[c.gpu][0], c.prefill is not None,
+                                       -kept[c][1], c.gpu, c.tp_size, c.prefill or (0, 0)))
 
 
 def _run_waves(base: Scenario, spec: PlanSpec, order: list[Candidate], kept: dict, execution: Execution,
@@ -145,16 +161,16 @@ def _run_waves(base: Scenario, spec: PlanSpec, order: list[Candidate], kept: dic
 def search(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], policies: list[str],
            prices: dict[str, tuple[float, str]], workers: int | None = None, replicas: bool = True,
            execution: Execution | None = None, allow_large: bool = False,
-           progress: Callable[[int, int], None] | None = None) -> PlanResult:
+           progress: Callable[[int, int], None] | None = None, disagg: bool = True) -> PlanResult:
     """Every candidate's row (PLAN_COLUMNS), ranked, and the probes behind them (module docstring).
-    `replicas`: every TP x DP layout (else one TP group of each count). `progress(done, total)`
+    `replicas`: every TP x DP layout (else one TP group of each count); `disagg`: prefill/decode splits too. `progress(done, total)`
     after each wave of simulations. A search past MAX_PLAN_STEPS is refused before any simulation
     unless `allow_large` (check_plan_cost)."""
     check_spec(spec)
     for g in gpus:
         if g not in prices:
             raise ConfigError(f"no price for {g} in sim/catalog/prices.yaml; give --price {g}=DOLLARS_PER_HOUR", field="--price")
-    cands, rows = candidates(base, gpus, counts, policies, replicas)
+    cands, rows = candidates(base, gpus, counts, policies, replicas, disagg)
     kept, screened = screen_all(base, cands, spec)
     rows += screened
     order = _order(base, kept, prices)
@@ -177,16 +193,24 @@ def rank(rows: list[dict], base: Scenario, spec: PlanSpec, prices: dict) -> list
         usd, source = prices[r["gpu"]]
         r.update(usd_per_hour=r["gpus"] * usd, price_source=source,
                  usd_per_million_tokens=r["gpus"] * usd / tokens_per_hour * 1e6 if tokens_per_hour > 0 else None,
-                 layout=Candidate(r["gpu"], r["gpus"], r["policy"], r["tp"]).layout,
+                 layout=_candidate(r).layout,
                  output="lossy" if lossy(r["policy"], base) else "exact")
         r.setdefault("screen_max_rate_per_s", None)
-    rows.sort(key=lambda r: (STATUS_ORDER[r["status"]], r["output"] != "exact", r["usd_per_hour"],
-                             -(r["max_rate_per_s"] or r["screen_max_rate_per_s"] or 0.0), r["gpu"], r["gpus"], r["tp"]))
+    rows.sort(key=lambda r: (STATUS_ORDER[r["status"]], r["output"] != "exact", r["usd_per_hour"], r["prefill"] is not None,
+                             -(r["max_rate_per_s"] or r["screen_max_rate_per_s"] or 0.0), r["gpu"], r["gpus"], r["tp"],
+                             r["prefill"] or ""))
     n = 0
     for r in rows:
         n += r["status"] == "pass"
         r["rank"] = n if r["status"] == "pass" else None
     return [{c: r[c] for c in PLAN_COLUMNS} for r in rows]
+
+
+def _candidate(r: dict) -> Candidate:
+    """The candidate a row describes (its prefill label "2xTP1" back to (2, 1))."""
+    pre = r.get("prefill")
+    prefill = tuple(int(v) for v in pre.split("xTP")) if pre else None
+    return Candidate(r["gpu"], r["gpus"], r["policy"], r["tp"], prefill)
 
 
 def mean_output_tokens(base: Scenario) -> float:

@@ -48,6 +48,11 @@ class PlanFiles:
     probes: pd.DataFrame  # PROBE_COLUMNS
 
 
+def _text(v) -> str | None:
+    """A text cell: None where empty (pandas reads it as NaN)."""
+    return None if not isinstance(v, str) and pd.isna(v) else v
+
+
 def load_plan(path: str | Path) -> PlanFiles:
     folder = Path(path)
     if not folder.is_dir():
@@ -109,7 +114,7 @@ def _check_plan(plan: pd.DataFrame, source: str) -> None:
     _require(plan, "status", source, lambda v: v in STATUSES, " or ".join(STATUSES))
     _require(plan, "usd_per_hour", source, lambda v: v >= 0, "a cost of at least 0")
     _flags(plan, "max_rate_capped", source, empty_ok=True)
-    keys = pd.Series([candidate_key(r.gpu, r.gpus, r.tp, r.policy) for r in plan.itertuples()])
+    keys = pd.Series([candidate_key(r.gpu, r.gpus, r.tp, r.policy, _text(r.prefill)) for r in plan.itertuples()])
     twice = keys.duplicated().to_numpy()
     if twice.any():
         i = int(twice.argmax())
@@ -126,6 +131,6 @@ def _check_probes(probes: pd.DataFrame, plan: pd.DataFrame, source: str) -> None
              f"empty or some of {', '.join(MISS_KEYS)} joined by ';'")
     _flags(probes, "passed", source, empty_ok=False)
     _flags(probes, "certain", source, empty_ok=False)
-    keys = {candidate_key(r.gpu, r.gpus, r.tp, r.policy) for r in plan.itertuples()}
+    keys = {candidate_key(r.gpu, r.gpus, r.tp, r.policy, _text(r.prefill)) for r in plan.itertuples()}
     _require(probes, "candidate", source, lambda v: v in keys, f"a candidate of {PLAN_CSV} in the same folder "
              "(are the files from one search?)")

@@ -113,8 +113,15 @@ class ServingSim:
         self.t_changed = now
 
     def arrive(self, i: int) -> None:
-        self.table.arrival_s[i] = self.env.now
+        t = self.table
+        t.arrival_s[i] = self.env.now
         self.sent += 1
+        if t.prefilled:  # its first token came with it; a one-token request is already done
+            t.first_token_s[i] = t.last_token_s[i] = self.env.now
+            if t.output[i] <= 1:
+                t.finish_s[i] = self.env.now
+                self.finished += 1
+                return
         self._count(+1)
         self.scheduler.arrive(i)
         if self.wake is not None and not self.wake.triggered:

@@ -18,8 +18,12 @@ NOT_YET = -2  # last_token_step of a request with no token yet
 
 
 class RequestTable:
-    def __init__(self, reqs: RequestSet):
+    def __init__(self, reqs: RequestSet, prefilled: bool = False):
+        """`prefilled`: every request arrives with its prompt's K/V computed and its first token
+        sampled elsewhere (a decode instance behind prefill instances, `sim.plan.disagg`): it
+        decodes from its first step, and its first token counts as given at arrival."""
         n = len(reqs)
+        self.prefilled = prefilled
         self.ids = np.asarray(reqs.ids, dtype=np.int64)
         self.prompt = np.asarray(reqs.prompt_tokens, dtype=np.int64)
         self.output = np.asarray(reqs.output_tokens, dtype=np.int64)
@@ -32,6 +36,9 @@ class RequestTable:
         self.generated = np.zeros(n, dtype=np.int64)
         self.computed = np.zeros(n, dtype=np.int64)
         self.target = self.prompt.copy()  # tokens the current (re)prefill computes
+        if prefilled:
+            self.computed = self.prompt.copy()
+            self.generated[:] = 1
         self.preemptions = np.zeros(n, dtype=np.int64)  # recompute and swap
         self.swaps = np.zeros(n, dtype=np.int64)
 

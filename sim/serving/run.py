@@ -78,10 +78,11 @@ def _row_counts(ctx: RunContext, memory: KvMemory, reqs: RequestSet) -> FixedRow
 
 
 def simulate_serving(scenario: Scenario, profile: Profile | None = None, *, profile_path: str | None = None,
-                     stop=None) -> ServingResult:
+                     stop=None, prefilled: bool = False) -> ServingResult:
     """The run and its tables. `stop(sim)`, called after every step, may end it early (a steady-state
     probe that has its verdict: `sim.serving.steady`); the summary's figures then cover the requests
-    that finished, and `requests` still lists every one (the unfinished with empty times)."""
+    that finished, and `requests` still lists every one (the unfinished with empty times). `prefilled`:
+    the requests arrive with their prompts' K/V (a decode instance: `sim.serving.request.RequestTable`)."""
     ctx = build_context(scenario, profile, profile_path)
     reqs = build_requests(scenario.workload)
     sched_cfg = scenario.scheduler
@@ -94,7 +95,7 @@ def simulate_serving(scenario: Scenario, profile: Profile | None = None, *, prof
     figures, stopped = {}, False
     requests, timeline = pd.DataFrame(columns=request_columns(swap)), pd.DataFrame(columns=timeline_columns(swap))
     if why is None:
-        sim = ServingSim(ctx, reqs, Scheduler(sched_cfg, memory, counter, RequestTable(reqs)), stop)
+        sim = ServingSim(ctx, reqs, Scheduler(sched_cfg, memory, counter, RequestTable(reqs, prefilled)), stop)
         trace = sim.run()
         requests, timeline, stopped = request_table(trace), timeline_table(trace), sim.stopped
         done = requests[requests["finish_s"].notna()] if stopped else requests

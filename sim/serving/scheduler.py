@@ -204,7 +204,8 @@ class Scheduler:
             if left > d.tokens and not self.cfg.chunked_prefill:
                 break
             swapped = self.swap is not None and i in self.swap
-            h, ho, h_admit = self._admission_needs(i, swapped and left == 0)
+            decodes_now = left == 0 and (swapped or t.prefilled)  # its K/V is here (or coming back): it decodes
+            h, ho, h_admit = self._admission_needs(i, decodes_now)
             if swapped:  # its swapped K/V leaves the host (T0 to HBM, T1/T2 counted in ho)
                 ho -= self.swap.host_bytes[i]
             if not m.fits(d.total_hbm + h, d.total_host + ho) or d.admit_hbm + h_admit > m.kv_budget_bytes:
@@ -222,10 +223,10 @@ class Scheduler:
             if swapped:
                 plan.swap_in_bytes += self.swap.take(i)
                 plan.swap_in_requests += 1
-                if left == 0:
-                    resumed.append(i)
-                    d.tokens -= 1
-                    continue
+            if decodes_now:
+                resumed.append(i)
+                d.tokens -= 1
+                continue
             chunk = min(left, d.tokens)
             d.chunks.append(np.array([i]))
             d.chunk_tokens.append(np.array([chunk]))
