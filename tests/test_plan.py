@@ -275,3 +275,20 @@ def test_probe_goodput_is_the_rate_times_the_measured_share_that_met_the_slo(bas
         assert probe["passed"] and probe["goodput_req_per_s"] == pytest.approx(SMALL_SPEC.rate, rel=1e-12)
     task = CandidateTask(base, C.Candidate("h100-sxm", 1, "full_hbm"), SMALL_SPEC)
     assert task.accepts(task.run()) and not task.accepts({"gpu": "h100-sxm"})
+
+
+def test_max_num_seqs_is_a_searched_dimension(base, scenario_path):
+    spec = C.PlanSpec(rate=8.0, ttft_s=0.5, tpot_s=0.015, requests=150, top=0)
+    res = P.search(base, spec, ["h100-sxm"], [1], ["full_hbm"], C.load_prices(), workers=1, disagg=False, seqs=[4, 64])
+    by_seqs = {r["max_num_seqs"]: r for r in res.rows}
+    assert set(by_seqs) == {4, 64}
+    four, more = by_seqs[4], by_seqs[64]
+    # 8 req/s x ~130 tokens x ~12 ms needs ~13 running: four cannot, and the screen says why unsimulated
+    assert four["status"] == "screened" and four["binding"] == "scheduler: max_num_seqs=4"
+    assert more["status"] == "pass" and more["rank"] == 1
+    from sim.plan.answer import launch_lines
+
+    assert "--max-num-seqs 64" in launch_lines(more, base)["vllm"]
+    assert C.parse_seqs(None) == [None] and C.parse_seqs("64,16,64") == [16, 64]
+    res = run_cli("plan", str(scenario_path), "--rate", "4", "--ttft-p99-ms", "500", "--max-num-seqs", "0,8")
+    assert res.returncode == 2 and "--max-num-seqs" in res.stderr

@@ -55,7 +55,7 @@ def files(searched):
 
 
 def _probes_of(probes: pd.DataFrame, row) -> pd.DataFrame:
-    return probes[probes.candidate == candidate_key(row.gpu, row.gpus, row.tp, row.policy, None if pd.isna(row.prefill) else row.prefill)]
+    return probes[probes.candidate == candidate_key(row.gpu, row.gpus, row.tp, row.policy, None if pd.isna(row.prefill) else row.prefill, row.max_num_seqs)]
 
 
 def test_plan_writes_three_files_and_plan_csv_is_unchanged(searched, files):
@@ -72,7 +72,7 @@ def test_plan_writes_three_files_and_plan_csv_is_unchanged(searched, files):
 
 def test_every_simulated_candidate_has_its_probes_and_pruned_ones_none(files):
     plan, probes, _ = files
-    keys = {candidate_key(r.gpu, r.gpus, r.tp, r.policy, None if pd.isna(r.prefill) else r.prefill): r.status for r in plan.itertuples()}
+    keys = {candidate_key(r.gpu, r.gpus, r.tp, r.policy, None if pd.isna(r.prefill) else r.prefill, r.max_num_seqs): r.status for r in plan.itertuples()}
     assert set(probes.candidate) == {k for k, s in keys.items() if s in ("pass", "fail")}  # the simulated ones
     assert {"pass", "screened", "pruned"} <= set(keys.values())
     for _, p in probes.groupby("candidate", sort=False):

@@ -281,6 +281,8 @@ def plan(
                                        "plan.json (the search asked) into; `kvsim report --plan DIR` draws them"),
     replicas: bool = typer.Option(True, "--replicas/--no-replicas", help="every TP x DP layout of each count (default), "
                                   "or one TP group of all the GPUs"),
+    max_num_seqs: Optional[str] = typer.Option(None, "--max-num-seqs", help="caps on running sequences per instance "
+                                               "to search, comma-separated (default: the scenario's scheduler)"),
     disagg: bool = typer.Option(True, "--disagg/--no-disagg", help="also every split into prefill and decode "
                                 "instances, the K/V moved over the interconnect (default on)"),
     allow_large: bool = typer.Option(False, "--allow-large", help=ALLOW_LARGE_HELP),
@@ -289,7 +291,7 @@ def plan(
     steady state, with each one's max sustainable rate; exit 1 when none does."""
     from sim.inputs.scenario import load_scenario
     from sim.outputs.run_folder import check_out_path
-    from sim.plan.candidates import parse_counts, parse_gpus, parse_policies, parse_prices
+    from sim.plan.candidates import parse_counts, parse_gpus, parse_policies, parse_prices, parse_seqs
     from sim.runner.options import Execution
 
     if out is not None:
@@ -298,8 +300,8 @@ def plan(
     sc = load_scenario(scenario, set_)
     spec = _plan_spec(sc.slo, rate, ttft_p99_ms, tpot_p99_ms, requests, max_factor, top)
     names, ns, pols, prices = parse_gpus(gpus_), parse_counts(counts), parse_policies(policies, access), parse_prices(price)
-    _plan_run(scenario, sc, spec, (names, ns, pols, prices, price), (replicas, disagg), execution, allow_large, as_json,
-              all_rows, out, cache)
+    _plan_run(scenario, sc, spec, (names, ns, pols, prices, price, parse_seqs(max_num_seqs)), (replicas, disagg),
+              execution, allow_large, as_json, all_rows, out, cache)
 
 
 def _plan_run(path: Path, sc, spec, asked: tuple, layouts: tuple[bool, bool], execution, allow_large: bool,
@@ -314,19 +316,19 @@ def _plan_run(path: Path, sc, spec, asked: tuple, layouts: tuple[bool, bool], ex
 
     from .plan_print import plan_doc, print_plan
 
-    names, ns, pols, prices, overrides = asked
+    names, ns, pols, prices, overrides, seqs = asked
     replicas, disagg = layouts
     t0 = time.monotonic()
     try:
         with _plan_progress(not as_json) as progress:
             result = search(sc, spec, names, ns, pols, prices, replicas=replicas, execution=execution,
-                            allow_large=allow_large, progress=progress, disagg=disagg)
+                            allow_large=allow_large, progress=progress, disagg=disagg, seqs=seqs)
     except Interrupted as err:
         _interrupted(err, cache)
     rows, wall = result.rows, time.monotonic() - t0
     _said_about_store(result, cache)
     if out is not None:  # the three files replaced together
-        write_dir_atomic(out, plan_dir_files(rows, result.probes, plan_doc(path, sc, spec, names, ns, pols, layouts, overrides)))
+        write_dir_atomic(out, plan_dir_files(rows, result.probes, plan_doc(path, sc, spec, names, ns, pols, layouts, overrides, seqs)))
     if as_json:
         print(to_json(rows))
     else:

@@ -38,16 +38,20 @@ def _latency(r: dict, metric: str, spec) -> str:
     return "-"
 
 
-def plan_table(rows: list[dict], spec, title: str) -> Table:
+def plan_table(rows: list[dict], spec, title: str, reasons: bool) -> Table:
+    """The rows as a table; `reasons`: with the "why not" column (failing rows are shown)."""
     t = Table(title=title)
-    for col in ("#", "GPUs", "layout", "policy", "output", "$/h", "$/M tok", "TTFT p99", "TPOT p99", "max rate", "binding",
-                "why not"):
+    cols = ["#", "GPUs", "layout", "seqs", "policy", "output", "$/h", "$/M tok", "TTFT p99", "TPOT p99", "max rate",
+            "binding"]
+    for col in cols + (["why not"] if reasons else []):
         t.add_column(col, justify="left" if col in ("GPUs", "layout", "policy", "output", "binding", "why not") else "right")
     for r in rows:
         per_m = "-" if r["usd_per_million_tokens"] is None else f"{r['usd_per_million_tokens']:.2f}"
-        t.add_row(str(r["rank"] or ""), f"{r['gpus']} x {r['gpu']}", r["layout"], r["policy"], r["output"],
-                  f"{r['usd_per_hour']:.2f}", per_m, _latency(r, "ttft", spec), _latency(r, "tpot", spec), _rate(r),
-                  r["binding"] or "", r["reason"] or "", style=None if r["status"] == "pass" else "dim")
+        cells = [str(r["rank"] or ""), f"{r['gpus']} x {r['gpu']}", r["layout"], str(r["max_num_seqs"] or ""),
+                 r["policy"], r["output"],
+                 f"{r['usd_per_hour']:.2f}", per_m, _latency(r, "ttft", spec), _latency(r, "tpot", spec), _rate(r),
+                 r["binding"] or ""]
+        t.add_row(*cells, *([r["reason"] or ""] if reasons else []), style=None if r["status"] == "pass" else "dim")
     return t
 
 
@@ -66,7 +70,7 @@ def print_plan(console: Console, result, sc, spec, all_rows: bool, wall_s: float
                                    f"p99 TPOT <= {spec.tpot_s * 1e3:g} ms" if spec.tpot_s else "") if t)
     runs = f"{spec.requests} requests a run" if spec.requests else "steady-state probes"
     shown = rows if all_rows else [r for r in rows if r["status"] == "pass"][:TOP_ROWS]
-    console.print(plan_table(shown, spec, f"{sc.model.name or 'model'}: {spec.rate:g} req/s, {slo} ({runs})"))
+    console.print(plan_table(shown, spec, f"{sc.model.name or 'model'}: {spec.rate:g} req/s, {slo} ({runs})", all_rows))
     front = pareto(rows, mean_output_tokens(sc))
     if front:
         console.print("Pareto per GPU count (output tokens/s per GPU at the max rate vs tokens/s per user at the rate):")
@@ -85,7 +89,7 @@ def print_plan(console: Console, result, sc, spec, all_rows: bool, wall_s: float
 
 
 def plan_doc(path: Path, sc, spec, gpus: list[str], counts: list[int], policies: list[str], layouts: tuple[bool, bool],
-             price_overrides: list[str]):
+             price_overrides: list[str], seqs: list[int | None]):
     """plan.json: what `kvsim plan` was asked (sim.plan.files.PlanDoc)."""
     from sim import __version__
     from sim.plan.files import PlanDoc
@@ -95,5 +99,6 @@ def plan_doc(path: Path, sc, spec, gpus: list[str], counts: list[int], policies:
                    ttft_p99_ms=ms(spec.ttft_s), tpot_p99_ms=ms(spec.tpot_s), requests=spec.requests,
                    max_factor=spec.max_factor, tolerance=spec.tolerance, top=spec.top, gpus=gpus, counts=counts,
                    policies=policies, replicas=layouts[0], disagg=layouts[1],
+                   max_num_seqs=[s or sc.scheduler.max_num_seqs for s in seqs],
                    prices_source="sim/catalog/prices.yaml (assumed on-demand list prices, not quotes)",
                    price_overrides=list(price_overrides), kvtier_version=__version__)

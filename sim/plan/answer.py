@@ -83,8 +83,10 @@ def launch_lines(best: dict, base: Scenario, host_offload_bytes: float | None = 
     util = getattr(base.engine, "gpu_memory_utilization", None) or 0.9
     s, m = base.scheduler, base.model
 
+    seqs = best.get("max_num_seqs") or s.max_num_seqs
+
     def commands(tp: int, dp: int, policy: str, offload: float | None) -> dict[str, str]:
-        return launch_commands(model, tp, dp, s.max_num_seqs, s.max_num_batched_tokens, util, s.chunked_prefill,
+        return launch_commands(model, tp, dp, seqs, s.max_num_batched_tokens, util, s.chunked_prefill,
                                policy, offload, m.weight_dtype, m.kv_dtype)
 
     if not best.get("prefill"):

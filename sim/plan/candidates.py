@@ -31,6 +31,7 @@ DEFAULT_POLICIES = ("full_hbm", "evict_only", "tiered:0.25", "tiered:0.5", "tier
 ACCESS = ("prefetch", "host_attention", "split")  # a tiered policy's /ACCESS suffix (prefetch: none)
 MAX_COUNT = 64
 MAX_REQUESTS_PLAN = 100_000
+MAX_SEQS = 65_536
 NEAR_FULL = 0.95  # a peak within 5% of capacity counts as that resource binding
 
 
@@ -55,6 +56,7 @@ class Candidate:
     policy: str
     tp: int | None = None  # GPUs per replica (default: all of them); disaggregated: per decode instance
     prefill: tuple[int, int] | None = None  # disaggregated: (prefill instances, GPUs each); None: aggregated
+    max_num_seqs: int | None = None  # the scheduler's cap per instance; None: the scenario's
 
     @property
     def tp_size(self) -> int:
@@ -112,6 +114,18 @@ def parse_counts(text: str | None) -> list[int]:
             raise ConfigError(f"expected GPU counts from 1 to {MAX_COUNT}, got {item!r}", field="--counts")
         if int(item) not in out:
             out.append(int(item))
+    return sorted(out)
+
+
+def parse_seqs(text: str | None) -> list[int | None]:
+    """--max-num-seqs: caps on running sequences to search, or [None] (the scenario's)."""
+    if text is None:
+        return [None]
+    out = []
+    for item in parse_list(text, "--max-num-seqs"):
+        if not item.isdigit() or not 1 <= int(item) <= MAX_SEQS:
+            raise ConfigError(f"expected whole numbers from 1 to {MAX_SEQS:,}, got {item!r}", field="--max-num-seqs")
+        out += [int(item)] if int(item) not in out else []
     return sorted(out)
 
 
@@ -236,6 +250,8 @@ def candidate_scenario(base: Scenario, cand: Candidate, rate: float, spec: PlanS
     work["arrivals"] = {"kind": "poisson", "rate_per_s": float(rate), "requests": requests or spec.requests or 1,
                         **({"seed": seed} if seed is not None else {})}
     slo = {k: v * 1000.0 for k, v in (("ttft_ms", spec.ttft_s), ("tpot_ms", spec.tpot_s)) if v is not None}
+    if cand.max_num_seqs:
+        data["scheduler"] = {**(data.get("scheduler") or {}), "max_num_seqs": cand.max_num_seqs}
     data.update(hardware=hw, policy=policy, workload=work, parallel={"tp": cand.tp_size},
                 sim={**(data.get("sim") or {}), "detail": "step"}, slo=slo)
     data["name"] = f"plan-{cand.gpu}-x{cand.count}-tp{cand.tp_size}-{cand.policy.replace(':', '-').replace('/', '-')}"

@@ -106,8 +106,8 @@ def pool_scenarios(base: Scenario, cand, spec, rate: float):
     from .candidates import Candidate, candidate_scenario
 
     x, tp_p = cand.prefill
-    pre = Candidate(cand.gpu, tp_p, "full_hbm")
-    dec = Candidate(cand.gpu, cand.tp_size, cand.policy)
+    pre = Candidate(cand.gpu, tp_p, "full_hbm", max_num_seqs=cand.max_num_seqs)
+    dec = Candidate(cand.gpu, cand.tp_size, cand.policy, max_num_seqs=cand.max_num_seqs)
 
     def make_prefill(n: int) -> Scenario:
         sc = candidate_scenario(base, pre, rate / x, spec, requests=n)
@@ -160,15 +160,20 @@ def screen_disagg(base: Scenario, cand, spec, curves: dict) -> tuple[object, flo
     from .screen import curve, prefill_rate
 
     x, tp_p = cand.prefill
-    transfer = longest_transfer_s(base, split_of(cand), cand.gpu)
-    key_p, key_d = ("prefill", cand.gpu, tp_p, transfer), ("decode", cand.gpu, cand.tp_size, cand.policy)
+    if "kv_transfer" not in curves:  # the same for every split: the whole model's K/V and the longest prompt
+        curves["kv_transfer"] = (model_kv_bytes_per_token(base), float(build_requests(base.workload).prompt_tokens.max()))
+    per_token, prompt = curves["kv_transfer"]
+    transfer = kv_transfer_s(per_token, prompt, split_of(cand), fabric(cand.gpu, cand.count))
+    key_p = ("prefill", cand.gpu, tp_p, transfer, cand.max_num_seqs)
+    key_d = ("decode", cand.gpu, cand.tp_size, cand.policy, cand.max_num_seqs)
     if key_p not in curves:
-        sc = candidate_scenario(base, Candidate(cand.gpu, tp_p, "full_hbm"), spec.rate / x, spec)
+        sc = candidate_scenario(base, Candidate(cand.gpu, tp_p, "full_hbm", max_num_seqs=cand.max_num_seqs),
+                                spec.rate / x, spec)
         ttft = None if spec.ttft_s is None else spec.ttft_s - transfer
         curves[key_p] = (0.0, 0.0, "interconnect (K/V transfer)") if ttft is not None and ttft <= 0 else prefill_rate(sc, ttft)
     if key_d not in curves:
-        curves[key_d] = curve(candidate_scenario(base, Candidate(cand.gpu, cand.tp_size, cand.policy),
-                                                 spec.rate / cand.replicas, spec), decode_only=True)
+        dec = Candidate(cand.gpu, cand.tp_size, cand.policy, max_num_seqs=cand.max_num_seqs)
+        curves[key_d] = curve(candidate_scenario(base, dec, spec.rate / cand.replicas, spec), decode_only=True)
     pre_rate, _, pre_binds = curves[key_p]
     dec = curves[key_d]
     dec_rate, dec_binds = dec.max_rate(None, spec.tpot_s)

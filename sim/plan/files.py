@@ -19,14 +19,15 @@ PLAN_FILES = (PLAN_CSV, PROBES_CSV, PLAN_JSON)
 
 # One row per candidate, ranked (`search.search`). `layout`: "TP4 x 2" (two replicas of a 4-GPU
 # tensor-parallel group), or disaggregated "1P(TP2) + 3D(TP2)" (`tp` and `dp` then the decode
-# instances', `prefill` "1xTP2": the prefill instances; empty for an aggregated layout). `output`: exact, or lossy for a policy that deletes tokens. `status`: pass,
+# instances', `prefill` "1xTP2": the prefill instances; empty for an aggregated layout). `max_num_seqs`:
+# the scheduler's cap on running sequences per instance (a searched dimension: --max-num-seqs). `output`: exact, or lossy for a policy that deletes tokens. `status`: pass,
 # fail (simulated), screened (the analytic screen's max rate is far below the rate: not simulated),
 # unsearched (cheaper configurations already passed: not simulated), pruned (cannot hold the model).
 # `screen_max_rate_per_s`: the screen's estimate (sim.plan.screen). `usd_per_million_tokens`: $/hour
 # over the output tokens an hour at the rate asked. `verdict_requests` and `verdict_duration_s`: the
 # run length of the probe at the rate asked (one replica); `host_peak_bytes`: its host memory peak (the
 # host KV pool a tiered launch command asks for).
-PLAN_COLUMNS = ["rank", "gpu", "gpus", "tp", "dp", "prefill", "layout", "policy", "output", "status", "usd_per_hour",
+PLAN_COLUMNS = ["rank", "gpu", "gpus", "tp", "dp", "prefill", "layout", "max_num_seqs", "policy", "output", "status", "usd_per_hour",
                 "usd_per_million_tokens", "ttft_p99_ms", "tpot_p99_ms", "max_rate_per_s", "max_rate_capped",
                 "next_rate_per_s", "screen_max_rate_per_s", "binding", "reason", "verdict_requests",
                 "verdict_duration_s", "host_peak_bytes", "price_source"]
@@ -56,9 +57,12 @@ MISS_TTFT, MISS_TPOT, MISS_FIT, MISS_OVERLOAD = "ttft_p99", "tpot_p99", "does_no
 MISS_KEYS = (MISS_TTFT, MISS_TPOT, MISS_FIT, MISS_OVERLOAD)
 
 
-def candidate_key(gpu: str, gpus: int, tp: int, policy: str, prefill: str | None = None) -> str:
-    """One candidate's name in probes.csv; plan.csv's gpu, gpus, tp, policy and prefill columns give the same."""
-    return f"{gpu} x{int(gpus)} tp{int(tp)} {policy}" + (f" prefill {prefill}" if prefill else "")
+def candidate_key(gpu: str, gpus: int, tp: int, policy: str, prefill: str | None = None,
+                  max_num_seqs: int | None = None) -> str:
+    """One candidate's name in probes.csv; plan.csv's gpu, gpus, tp, policy, prefill and max_num_seqs
+    columns give the same."""
+    return (f"{gpu} x{int(gpus)} tp{int(tp)} {policy}" + (f" prefill {prefill}" if prefill else "")
+            + (f" seqs {int(max_num_seqs)}" if max_num_seqs else ""))
 
 
 def prefill_label(prefill: tuple[int, int] | None) -> str | None:
@@ -84,6 +88,7 @@ class PlanDoc(Document):
     policies: list[str]
     replicas: bool  # every TP x DP layout was searched
     disagg: bool = False  # ... and every prefill/decode split
+    max_num_seqs: list[int] = []  # the caps on running sequences searched
     prices_source: str
     price_overrides: list[str]
     kvtier_version: str

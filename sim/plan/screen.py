@@ -53,7 +53,7 @@ class Curve:
     tpot_p99_s: tuple[float, ...]  # a short request's TPOT when it meets more than its share of mixed steps
     ttft_s: tuple[float, ...]
     output_tokens: float  # mean
-    cap: str  # what caps the batch: "HBM capacity", "host memory", "max_num_seqs=256", ...
+    cap: str  # what caps the batch: "HBM capacity", "host memory", "scheduler: max_num_seqs=256", ...
     hbm_batch: float  # the batch HBM holds at the mean context
     step_binds: tuple[str, ...]  # the resource a step at each batch spends most on
 
@@ -139,8 +139,8 @@ def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
     per_request_host = memory.host_bytes(m.running_context_tokens * mem_share[1], m.running_context_tokens * mem_share[2])
     caps = {"HBM capacity": memory.kv_budget_bytes / per_request_hbm if per_request_hbm > 0 else math.inf,
             "host memory": memory.host_capacity_bytes / per_request_host if per_request_host > 0 else math.inf,
-            f"max_num_seqs={sched.max_num_seqs}": float(sched.max_num_seqs),
-            f"max_num_batched_tokens={sched.max_num_batched_tokens}":
+            f"scheduler: max_num_seqs={sched.max_num_seqs}": float(sched.max_num_seqs),
+            f"scheduler: max_num_batched_tokens={sched.max_num_batched_tokens}":
                 sched.max_num_batched_tokens / (1.0 + m.prompt_tokens / m.output_tokens)}
     cap_name = min(caps, key=caps.get)
     top = max(1.0, caps[cap_name])

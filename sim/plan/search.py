@@ -53,28 +53,32 @@ class PlanResult:
 
 def _blank(cand: Candidate, status: str, reason: str | None) -> dict:
     return dict(gpu=cand.gpu, gpus=cand.count, tp=cand.tp_size, dp=cand.replicas, prefill=prefill_label(cand.prefill),
-                policy=cand.policy, status=status,
+                max_num_seqs=cand.max_num_seqs, policy=cand.policy, status=status,
                 ttft_p99_ms=None, tpot_p99_ms=None, max_rate_per_s=None, max_rate_capped=None, next_rate_per_s=None,
                 binding=None, reason=reason, verdict_requests=None, verdict_duration_s=None, host_peak_bytes=None, probes=[])
 
 
 def candidates(base: Scenario, gpus: list[str], counts: list[int], policies: list[str],
-               layouts: bool = True, disagg: bool = True) -> tuple[list[Candidate], list[dict]]:
+               layouts: bool = True, disagg: bool = True,
+               seqs: list[int | None] | None = None) -> tuple[list[Candidate], list[dict]]:
     """Every candidate to screen, and a pruned row for each (count, policy) that cannot hold the
     model. `layouts`: every TP x DP split of each count (else tp = count only); `disagg`: also every
-    split into prefill and decode instances (`sim.plan.disagg.splits`)."""
+    split into prefill and decode instances (`sim.plan.disagg.splits`); `seqs`: the max_num_seqs
+    values to try (default: the scenario's)."""
     todo, pruned = [], []
+    caps = [s or base.scheduler.max_num_seqs for s in (seqs or [None])]
     for g in gpus:
         for n in counts:
             tps = feasible_splits(base, g, n)
             for p in policies:
                 if isinstance(tps, str):
-                    pruned.append(_blank(Candidate(g, n, p), "pruned", tps))
+                    pruned.append(_blank(Candidate(g, n, p, max_num_seqs=caps[0]), "pruned", tps))
                     continue
-                todo += [Candidate(g, n, p, tp) for tp in (tps if layouts else [n])]
-                if disagg:
-                    held = [tp for tp in tps if tp < n]  # a TP that holds the model with room for the other pool
-                    todo += [Candidate(g, n, p, s.tp_d, (s.prefill, s.tp_p)) for s in splits(held, n)]
+                held = [tp for tp in tps if tp < n]  # a TP that holds the model with room for the other pool
+                for m in caps:
+                    todo += [Candidate(g, n, p, tp, max_num_seqs=m) for tp in (tps if layouts else [n])]
+                    if disagg:
+                        todo += [Candidate(g, n, p, s.tp_d, (s.prefill, s.tp_p), m) for s in splits(held, n)]
     return todo, pruned
 
 
@@ -83,7 +87,7 @@ def _screen_one(base: Scenario, c: Candidate, spec: PlanSpec, curves: dict) -> t
     try:
         if c.prefill:
             return screen_disagg(base, c, spec, curves)
-        key = (c.gpu, c.tp_size, c.policy)
+        key = (c.gpu, c.tp_size, c.policy, c.max_num_seqs)
         if key not in curves:
             curves[key] = curve(candidate_scenario(base, c, spec.rate / c.replicas, spec))
     except ConfigError as err:  # e.g. the scenario's other policy ratios and this hbm_ratio exceed 1
@@ -132,7 +136,7 @@ def check_plan_cost(base: Scenario, count: int, spec: PlanSpec, *, allow: bool) 
 def _order(base: Scenario, kept: dict, prices: dict) -> list[Candidate]:
     """Exact first, then $/hour, aggregated before disaggregated, then the screen's rate."""
     return sorted(kept, key=lambda c: (lossy(c.policy, base), c.count * prices[c.gpu][0], c.prefill is not None,
-                                       -kept[c][1], c.gpu, c.tp_size, c.prefill or (0, 0)))
+                                       -kept[c][1], c.gpu, c.tp_size, c.prefill or (0, 0), c.max_num_seqs or 0))
 
 
 def _run_waves(base: Scenario, spec: PlanSpec, order: list[Candidate], kept: dict, execution: Execution,
@@ -161,16 +165,18 @@ def _run_waves(base: Scenario, spec: PlanSpec, order: list[Candidate], kept: dic
 def search(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], policies: list[str],
            prices: dict[str, tuple[float, str]], workers: int | None = None, replicas: bool = True,
            execution: Execution | None = None, allow_large: bool = False,
-           progress: Callable[[int, int], None] | None = None, disagg: bool = True) -> PlanResult:
+           progress: Callable[[int, int], None] | None = None, disagg: bool = True,
+           seqs: list[int | None] | None = None) -> PlanResult:
     """Every candidate's row (PLAN_COLUMNS), ranked, and the probes behind them (module docstring).
-    `replicas`: every TP x DP layout (else one TP group of each count); `disagg`: prefill/decode splits too. `progress(done, total)`
+    `replicas`: every TP x DP layout (else one TP group of each count); `disagg`: prefill/decode splits too;
+    `seqs`: max_num_seqs values to search. `progress(done, total)`
     after each wave of simulations. A search past MAX_PLAN_STEPS is refused before any simulation
     unless `allow_large` (check_plan_cost)."""
     check_spec(spec)
     for g in gpus:
         if g not in prices:
             raise ConfigError(f"no price for {g} in sim/catalog/prices.yaml; give --price {g}=DOLLARS_PER_HOUR", field="--price")
-    cands, rows = candidates(base, gpus, counts, policies, replicas, disagg)
+    cands, rows = candidates(base, gpus, counts, policies, replicas, disagg, seqs)
     kept, screened = screen_all(base, cands, spec)
     rows += screened
     order = _order(base, kept, prices)
@@ -198,7 +204,7 @@ def rank(rows: list[dict], base: Scenario, spec: PlanSpec, prices: dict) -> list
         r.setdefault("screen_max_rate_per_s", None)
     rows.sort(key=lambda r: (STATUS_ORDER[r["status"]], r["output"] != "exact", r["usd_per_hour"], r["prefill"] is not None,
                              -(r["max_rate_per_s"] or r["screen_max_rate_per_s"] or 0.0), r["gpu"], r["gpus"], r["tp"],
-                             r["prefill"] or ""))
+                             r["prefill"] or "", r["max_num_seqs"] or 0))
     n = 0
     for r in rows:
         n += r["status"] == "pass"
@@ -210,7 +216,7 @@ def _candidate(r: dict) -> Candidate:
     """The candidate a row describes (its prefill label "2xTP1" back to (2, 1))."""
     pre = r.get("prefill")
     prefill = tuple(int(v) for v in pre.split("xTP")) if pre else None
-    return Candidate(r["gpu"], r["gpus"], r["policy"], r["tp"], prefill)
+    return Candidate(r["gpu"], r["gpus"], r["policy"], r["tp"], prefill, r.get("max_num_seqs"))
 
 
 def mean_output_tokens(base: Scenario) -> float:

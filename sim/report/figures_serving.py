@@ -29,6 +29,11 @@ MENU_TOP_MARGIN_PX = 130  # room for the title, the configuration menu and the p
 MISS_TEXT = "misses"
 
 
+def _count(v) -> int | None:
+    """A whole-number cell: None where empty."""
+    return None if pd.isna(v) else int(v)
+
+
 def _text(v) -> str | None:
     """A text cell: None where empty (pandas reads it as NaN)."""
     return None if not isinstance(v, str) and pd.isna(v) else v
@@ -54,7 +59,7 @@ def _slo_ms(pf: PlanFiles) -> dict[str, float | None]:
 def simulated(pf: PlanFiles) -> pd.DataFrame:
     """plan.csv's rows that have probes (not pruned, not invalid), with their key and configuration
     label, ordered by policy (plan.json's order) then cost."""
-    rows = pf.plan.assign(candidate=[candidate_key(r.gpu, r.gpus, r.tp, r.policy, _text(r.prefill)) for r in pf.plan.itertuples()],
+    rows = pf.plan.assign(candidate=[candidate_key(r.gpu, r.gpus, r.tp, r.policy, _text(r.prefill), _count(r.max_num_seqs)) for r in pf.plan.itertuples()],
                           config=[f"{r.gpus} x {r.gpu} ({r.layout})" for r in pf.plan.itertuples()])
     rows = rows[rows.candidate.isin(set(pf.probes.candidate))]
     order = {p: i for i, p in enumerate(pf.doc.policies)}

@@ -30,7 +30,7 @@ from .validation_table import _numbers, _read_csv
 
 EXPECTED = f"the folder `kvsim plan --out DIR` writes ({', '.join(PLAN_FILES)})"
 STATUSES = ("pass", "fail", "unsearched", "screened", "pruned")
-PLAN_NUMBERS = ("rank", "gpus", "tp", "dp", "usd_per_hour", "usd_per_million_tokens", "ttft_p99_ms", "tpot_p99_ms",
+PLAN_NUMBERS = ("rank", "gpus", "tp", "dp", "max_num_seqs", "usd_per_hour", "usd_per_million_tokens", "ttft_p99_ms", "tpot_p99_ms",
                 "max_rate_per_s", "next_rate_per_s", "screen_max_rate_per_s", "verdict_requests", "verdict_duration_s",
                 "host_peak_bytes")
 PROBE_NUMBERS = ("gpus", "tp", "dp", "probe", "offered_rate_per_s", "requests", "measured", "window_s", "duration_s",
@@ -46,6 +46,11 @@ class PlanFiles:
     doc: PlanDoc
     plan: pd.DataFrame  # PLAN_COLUMNS, in plan.csv's (ranked) order
     probes: pd.DataFrame  # PROBE_COLUMNS
+
+
+def _count(v) -> int | None:
+    """A whole-number cell: None where empty."""
+    return None if pd.isna(v) else int(v)
 
 
 def _text(v) -> str | None:
@@ -114,7 +119,7 @@ def _check_plan(plan: pd.DataFrame, source: str) -> None:
     _require(plan, "status", source, lambda v: v in STATUSES, " or ".join(STATUSES))
     _require(plan, "usd_per_hour", source, lambda v: v >= 0, "a cost of at least 0")
     _flags(plan, "max_rate_capped", source, empty_ok=True)
-    keys = pd.Series([candidate_key(r.gpu, r.gpus, r.tp, r.policy, _text(r.prefill)) for r in plan.itertuples()])
+    keys = pd.Series([candidate_key(r.gpu, r.gpus, r.tp, r.policy, _text(r.prefill), _count(r.max_num_seqs)) for r in plan.itertuples()])
     twice = keys.duplicated().to_numpy()
     if twice.any():
         i = int(twice.argmax())
@@ -131,6 +136,6 @@ def _check_probes(probes: pd.DataFrame, plan: pd.DataFrame, source: str) -> None
              f"empty or some of {', '.join(MISS_KEYS)} joined by ';'")
     _flags(probes, "passed", source, empty_ok=False)
     _flags(probes, "certain", source, empty_ok=False)
-    keys = {candidate_key(r.gpu, r.gpus, r.tp, r.policy, _text(r.prefill)) for r in plan.itertuples()}
+    keys = {candidate_key(r.gpu, r.gpus, r.tp, r.policy, _text(r.prefill), _count(r.max_num_seqs)) for r in plan.itertuples()}
     _require(probes, "candidate", source, lambda v: v in keys, f"a candidate of {PLAN_CSV} in the same folder "
              "(are the files from one search?)")
