@@ -180,7 +180,8 @@ def test_report_with_plan_beside_a_run_and_the_projection(searched, tmp_path):
     assert res.returncode == 0, res.stderr
     html = out.read_text()
     figs = re.findall(r'<div id="(fig-[^"]+)" class="plotly-graph-div"', html)
-    assert figs[:2] == ["fig-plan-latency", "fig-plan-max-rate"] and any(f.startswith("fig-run-0") for f in figs)
+    assert figs[:3] == ["fig-plan-pareto", "fig-plan-latency", "fig-plan-max-rate"]
+    assert any(f.startswith("fig-run-0") for f in figs)
     assert 'id="serving-plan"' in html and "Serving plan for deepseek-r1-distill-qwen-14b at 16 req/s" in html
     proj = tmp_path / "p.html"
     build_report([], [], None, proj, grid_spec=SMALL, workers=1, show_progress=False, plan_path=searched[0])
@@ -241,4 +242,18 @@ def test_the_section_renders_in_a_browser_without_errors(searched, tmp_path):
     build_report([RUN], [], None, out, show_progress=False, plan_path=searched[0])
     r = _open(out, tmp_path)
     assert r["data-js-errors"] == [] and r["data-remote"] == []
-    assert int(r["data-plots"]) == int(r["data-drawn"]) == _figure_count(out.read_text()) == 5  # 2 plan + 3 run
+    assert int(r["data-plots"]) == int(r["data-drawn"]) == _figure_count(out.read_text()) == 6  # 3 plan + 3 run
+
+
+def test_the_pareto_figure_draws_every_passing_configuration_per_gpu_count(searched, files):
+    from sim.report.figures_serving import pareto_figure
+
+    plan, _, doc = files
+    fig = pareto_figure(load_plan(searched[0]))
+    points = [t for t in fig.data if t.mode == "markers"]
+    passing = plan[plan.status == "pass"]
+    assert sorted(t.name for t in points) == sorted(f"{n} GPUs" for n in passing.gpus.unique())
+    assert sum(len(t.x) for t in points) == len(passing)
+    for t in points:  # tokens/s per user = 1000 / p99 TPOT at the rate
+        n = int(t.name.split()[0])
+        assert sorted(t.x) == pytest.approx(sorted(1e3 / passing[passing.gpus == n].tpot_p99_ms))

@@ -19,7 +19,15 @@ from .figures_access import access_figure
 from .figures_paper import paper_figures
 from .figures_projection import dimensions, projection_figures
 from .figures_run import run_figures, timeline_note
-from .figures_serving import TABLE_HEADERS, latency_figure, max_rate_figure, plan_sentences, slo_text, table_rows
+from .figures_serving import (
+    TABLE_HEADERS,
+    latency_figure,
+    max_rate_figure,
+    pareto_figure,
+    plan_sentences,
+    slo_text,
+    table_rows,
+)
 from .figures_serving_run import serving_run_figures
 from .figures_validation import validation_figure
 from .plan_input import PlanFiles
@@ -99,12 +107,17 @@ def _paper_section(check: PaperCheck) -> Section:
 
 def _serving_section(pf: PlanFiles) -> Section:
     doc = pf.doc
-    body = h.paragraph(
-        f"From {pf.folder} (kvsim plan on {doc.scenario}: {doc.rate_per_s:g} req/s, {slo_text(pf)}, {doc.requests} requests "
-        f"a simulation): every configuration the search simulated, at every rate it tried - first the target rate, then "
-        f"doubling until the SLO is missed (at most {doc.max_factor:g} x the target), then geometric bisection to within "
-        f"{doc.tolerance:.0%}. Circles meet the SLO, crosses miss it; latencies are one replica's. Costs are {doc.prices_source}"
-        + (f", with {', '.join(doc.price_overrides)}" if doc.price_overrides else "") + ".")
+    runs = f"{doc.requests} requests a simulation" if doc.requests else "steady-state probes"
+    body = h.paragraph(plan_sentences(pf)[0])
+    body += h.paragraph(
+        f"From {pf.folder} (kvsim plan on {doc.scenario}: {doc.rate_per_s:g} req/s, {slo_text(pf)}, {runs}): every "
+        f"configuration the analytic screen kept, cheapest first, was simulated at the target rate, then at the screen's "
+        f"max-rate estimate and just under it, doubling or bisecting to within {doc.tolerance:.0%} (at most "
+        f"{doc.max_factor:g} x the target). Circles meet the SLO, crosses miss it; latencies are one replica's (one pool's). "
+        f"Costs are {doc.prices_source}" + (f", with {', '.join(doc.price_overrides)}" if doc.price_overrides else "") + ".")
+    body += h.figure_html("fig-plan-pareto", pareto_figure(pf),
+                          "Per GPU count: further up is cheaper per token, further right is faster per user; the dotted "
+                          "line joins the configurations no other of that count beats on both.")
     body += h.figure_html("fig-plan-latency", latency_figure(pf),
                           "Pick a GPU configuration in the menu above the panels; click a legend entry to hide a trace.")
     body += h.figure_html("fig-plan-max-rate", max_rate_figure(pf),

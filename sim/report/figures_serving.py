@@ -188,3 +188,38 @@ def plan_sentences(pf: PlanFiles) -> list[str]:
                f"{counts.get('unsearched', 0)} not simulated (cheaper ones pass), {counts.get('screened', 0)} ruled out "
                f"by the analytic screen, {counts.get('pruned', 0)} cannot hold the model; prices are assumptions.")
     return [answer_sentence(rows, doc.rate_per_s), covered]
+
+
+def pareto_figure(pf: PlanFiles) -> go.Figure:
+    """Per GPU count, every passing configuration as output tokens/s per GPU (at its max rate)
+    against tokens/s per user (1 / its p99 TPOT at the rate asked); the front joined by a line
+    (`sim.plan.answer.pareto`)."""
+    from sim.plan.answer import pareto
+
+    rows = [{k: (None if not isinstance(v, str) and pd.isna(v) else v) for k, v in r.items()}
+            for r in pf.plan.to_dict("records")]
+    mean_out = _mean_output_tokens(pf)
+    fig = go.Figure(layout=BASE_LAYOUT)
+    front = pareto(rows, mean_out) if mean_out else {}
+    for n in sorted({r["gpus"] for r in rows if r["status"] == "pass" and r["tpot_p99_ms"]}):
+        pts = [r for r in rows if r["status"] == "pass" and r["tpot_p99_ms"] and r["gpus"] == n]
+        fig.add_trace(go.Scatter(
+            x=[1e3 / r["tpot_p99_ms"] for r in pts], y=[r["max_rate_per_s"] * mean_out / n for r in pts],
+            mode="markers", name=f"{n} GPUs", text=[f"{r['gpu']} {r['layout']} {r['policy']}" for r in pts],
+            hovertemplate="%{text}<br>%{x:.0f} tok/s/user, %{y:,.0f} tok/s/GPU<extra></extra>"))
+        edge = sorted(front.get(n, []), key=lambda p: p["tokens_per_s_per_user"])
+        fig.add_trace(go.Scatter(x=[p["tokens_per_s_per_user"] for p in edge], y=[p["tokens_per_s_per_gpu"] for p in edge],
+                                 mode="lines", name=f"{n} GPUs: front", line={"dash": "dot"}, hoverinfo="skip"))
+    fig.update_xaxes(title_text="tokens/s per user (1 / p99 TPOT at the target rate)")
+    fig.update_yaxes(title_text="output tokens/s per GPU at the max rate")
+    fig.update_layout(title_text=f"{pf.doc.model}: throughput per GPU against speed per user, per GPU count")
+    return fig
+
+
+def _mean_output_tokens(pf: PlanFiles) -> float | None:
+    """The mean output of the plan's workload, from a passing row: $/h = $/M tokens x rate x 3600 x mean / 1e6."""
+    r = pf.plan[(pf.plan.status == "pass") & pf.plan.usd_per_million_tokens.notna()]
+    if r.empty or not r.iloc[0].usd_per_million_tokens:
+        return None
+    row = r.iloc[0]
+    return float(row.usd_per_hour / row.usd_per_million_tokens * 1e6 / (pf.doc.rate_per_s * 3600))
