@@ -132,3 +132,25 @@ def test_the_transient_that_passes_fails_in_steady_state_and_3x_longer_confirms_
     assert below.passed and below.end == "measured" and below.certain(2.0, 0.05)
     for n in (400, 3 * below.requests):
         assert steady_probe(make(2.0), 2.0, 2.0, 0.05, e2e_hint_s=60.0, requests=n).passed
+
+
+def test_drift_is_a_significant_rise_across_the_window():
+    rng = np.random.default_rng(3)
+    flat = rng.exponential(1.0, 2000)
+    assert not S.drifting(flat)
+    rising = flat * np.linspace(1.0, 1.5, 2000)  # 50% higher at the end than at the start
+    assert S.drifting(rising)
+    assert not S.drifting(flat * np.linspace(1.0, 1.05, 2000))  # significant perhaps, but under 10%
+    assert not S.drifting(rising[:50])  # too few to say
+
+
+def test_a_pass_that_touched_a_capacity_limit_is_run_again_longer():
+    from types import SimpleNamespace
+
+    from sim.plan.probe import saturated
+
+    ok = SimpleNamespace(preemptions=0, hbm_peak_bytes=50.0, hbm_capacity_bytes=100.0, max_running=10)
+    assert not saturated(ok, 256)
+    assert saturated(SimpleNamespace(**{**vars(ok), "preemptions": 1}), 256)
+    assert saturated(SimpleNamespace(**{**vars(ok), "hbm_peak_bytes": 96.0}), 256)
+    assert saturated(SimpleNamespace(**{**vars(ok), "max_running": 256}), 256)

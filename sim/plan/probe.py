@@ -3,7 +3,11 @@
 The window, the early stop and the intervals are `sim.serving.steady`'s. A probe starts from the
 screen's E2E estimate; when the run's own mean E2E says the measured window was shorter than
 MEASURE_E2E of them, or a target lies inside a p99's interval that has not converged, it runs again
-with the longer window (up to MAX_ATTEMPTS runs, MAX_PROBE_REQUESTS requests). `--requests N` runs N
+with the longer window (up to MAX_ATTEMPTS runs, MAX_PROBE_REQUESTS requests); so does one whose
+measured latencies still drift upwards (near capacity), and a pass whose run touched a capacity
+limit (a preemption, HBM within 5% of full, the batch at max_num_seqs) is run once more over
+SATURATED_SCALE times the window: near a memory edge a long request can start a cascade of
+preemptions a short window never sees. `--requests N` runs N
 requests once instead. A probe that stopped early has its verdict but no percentile worth printing:
 its p99 is known only to exceed the target (or, overloaded, the run).
 """
@@ -25,6 +29,7 @@ from sim.serving.steady import (
     OVERLOAD_MIN_S,
     Percentile,
     SteadyStop,
+    drifting,
     percentile_ci,
     window_for,
     window_of_requests,
@@ -33,6 +38,8 @@ from sim.serving.steady import (
 from .files import MISS_FIT, MISS_OVERLOAD, MISS_TPOT, MISS_TTFT
 
 MAX_ATTEMPTS = 4
+SATURATED_SCALE = 4.0  # a pass that touched a capacity limit is run again over 4x the window
+NEAR_FULL = 0.95
 HINT_MARGIN = 1.3  # the screen's E2E leaves out queueing: a window sized on it alone is often run twice
 SHORT_WINDOW = 0.8  # a measured window under 80% of MEASURE_E2E mean E2Es is run again, longer
 
@@ -53,6 +60,7 @@ class Probe:
     e2e_mean_s: float | None = None
     goodput_share: float | None = None  # of the measured requests, the share meeting every target
     misses: list[tuple[str, str]] = field(default_factory=list)  # (MISS_KEYS key, text)
+    drifting: bool = False  # the measured TTFT or TPOT still rose across the window (`steady.drifting`)
     parts: list[tuple[str, "Probe"]] = field(default_factory=list)  # disaggregated: ("prefill", p), ("decode", p)
     pool_failed: str | None = None  # disaggregated: the pool that missed
 
@@ -65,6 +73,8 @@ class Probe:
         interval within +-10%)."""
         if self.end != "measured":
             return True
+        if self.drifting:
+            return False
         return all(self.stats[k].decides(t) for k, t in (("ttft_p99", ttft_s), ("tpot_p99", tpot_s)))
 
 
@@ -131,6 +141,8 @@ def run_once(scenario: Scenario, window, rate_per_s: float, ttft_s, tpot_s, e2e_
         e2e = res.requests["e2e_s"].to_numpy(dtype=float)[measured]
         probe.e2e_mean_s = float(np.nanmean(e2e)) if len(e2e) else None
         probe.goodput_share = _good_share(res.requests, measured, ttft_s, tpot_s)
+        r = res.requests[measured]
+        probe.drifting = drifting(r["ttft_s"].to_numpy(dtype=float)) or drifting(r["tpot_s"].to_numpy(dtype=float))
     probe.misses = _misses(probe, ttft_s, tpot_s)
     return probe
 
@@ -150,12 +162,37 @@ def steady_probe(make: Callable[[int], Scenario], rate_per_s: float, ttft_s: flo
         probe = run_once(make(n), window, rate_per_s, ttft_s, tpot_s, e2e, prefilled)
         runs += 1
         probe.runs = runs
-        if probe.end != "measured" or n >= MAX_PROBE_REQUESTS or probe.e2e_mean_s is None:
+        if probe.end != "measured" or probe.e2e_mean_s is None:
             return probe
+        if n >= MAX_PROBE_REQUESTS:
+            break
         if probe.window_s < SHORT_WINDOW * MEASURE_E2E * probe.e2e_mean_s:
             e2e = probe.e2e_mean_s  # the hint was short: size the window from the run's own E2E
             continue
-        if probe.certain(ttft_s, tpot_s):
-            return probe
-        scale *= 2.0
+        if not probe.certain(ttft_s, tpot_s):
+            scale *= 2.0
+            continue
+        if probe.passed and scale < SATURATED_SCALE and saturated(probe.summary, max_num_seqs(make)):
+            scale = SATURATED_SCALE  # a pass at a capacity limit: rare long requests tip it over only in long runs
+            continue
+        return probe
+    return _unsteady(probe)
+
+
+def saturated(summary, seqs: int | None) -> bool:
+    """The run touched a capacity limit: a preemption, HBM within 5% of full, or the batch at max_num_seqs."""
+    near = summary.hbm_peak_bytes is not None and summary.hbm_peak_bytes >= NEAR_FULL * summary.hbm_capacity_bytes
+    at_cap = seqs is not None and summary.max_running is not None and summary.max_running >= seqs
+    return bool(summary.preemptions or near or at_cap)
+
+
+def max_num_seqs(make: Callable[[int], Scenario]) -> int:
+    return make(1).scheduler.max_num_seqs
+
+
+def _unsteady(probe: Probe) -> Probe:
+    """The longest run it may take still drifts upwards: not a steady state, so it does not pass."""
+    if probe.drifting and probe.passed:
+        probe.misses.append((MISS_OVERLOAD, f"not steady: latencies still rising across the window after "
+                                            f"{probe.duration_s:,.0f} s ({probe.requests:,} requests)"))
     return probe

@@ -15,7 +15,8 @@ built up, so its percentiles overstate capacity (issue #21). A steady-state prob
 - reports each p99 with a 95% confidence interval by batch means (BATCHES batches of measured requests
   in arrival order, the share of each batch above the p99 estimate; Student's t), and grows the
   window (x2, up to MAX_PROBE_REQUESTS requests) while a target lies inside an interval wider than
-  CONVERGED_WIDTH of the estimate.
+  CONVERGED_WIDTH of the estimate, or while the measured latencies still drift upwards (`drifting`:
+  near capacity a queue grows too slowly for the early stop, and a short window would pass it).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ OVERLOAD_E2E, OVERLOAD_MIN_S = 5.0, 30.0
 QUANTILE = 0.99
 BATCHES = 10
 T_975 = 2.262  # Student's t, 97.5% point, BATCHES - 1 degrees of freedom
+T_975_SLOPE = 2.306  # ... BATCHES - 2 degrees of freedom (a line's slope over the batches)
+DRIFT_RISE = 0.1  # a fitted rise across the window above 10% of the mean, significant: not yet steady
 CONVERGED_WIDTH = 0.2  # a 95% interval within +-10% of its p99 has converged
 CHECK_EVERY = 16  # steps between two looks at the verdict (a look costs a few array passes)
 
@@ -153,3 +156,20 @@ def percentile_ci(values: np.ndarray, q: float = QUANTILE, batches: int = BATCHE
     lo = float(np.percentile(v, 100 * max(0.0, q - half)))
     hi = float(np.percentile(v, 100 * min(1.0, q + half)))
     return Percentile(p, lo, max(hi, p))
+
+
+def drifting(values: np.ndarray, batches: int = BATCHES) -> bool:
+    """Whether `values` (in arrival order) still rise across the window: the least-squares slope of
+    their batch means over the batch index is significantly above zero (one-sided 97.5%, Student's t)
+    and the fitted rise from the first batch to the last exceeds DRIFT_RISE of their mean."""
+    v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]
+    if len(v) < batches * 10:
+        return False
+    means = np.array([b.mean() for b in np.array_split(v, batches)])
+    x = np.arange(batches, dtype=float)
+    slope, intercept = np.polyfit(x, means, 1)
+    resid = means - (slope * x + intercept)
+    se = math.sqrt(float(np.sum(resid**2)) / (batches - 2) / float(np.sum((x - x.mean()) ** 2)))
+    significant = slope > 0 and (se == 0 or slope / se > T_975_SLOPE)
+    return bool(significant and slope * (batches - 1) > DRIFT_RISE * abs(float(means.mean())))

@@ -1,0 +1,237 @@
+"""Planner speed benchmark (not a test), against issue #21's targets: the default 70B and 8B plans
+give steady-state answers in at most 20 s on 2 cores, and a full Pareto sweep (--top 0) in at most 60 s.
+
+    .venv/bin/python benchmarks/plan_speed.py            # every case, the Pareto sweep too (minutes)
+    .venv/bin/python benchmarks/plan_speed.py --quick    # without the Pareto sweep
+    .venv/bin/python benchmarks/plan_speed.py --workers 2
+
+It measures three things, calling `sim.plan.search.search` in-process (what `kvsim plan` runs,
+local processes, --workers default: all cores):
+
+1. Wall seconds (time.monotonic) of each plan - the default 70B plan (scenarios/serving-h100-70b-tp4.yaml
+   at 10 req/s, every catalog GPU, counts 1,2,4,8, default policies, top 5), the default 8B plan (the
+   same scenario with deepseek-r1-distill-llama-8b at TP1, 20 req/s), the 70B long-output case
+   (reasoning_tokens 2048, 4 req/s, H200 only) and the Pareto sweep (the 70B plan with top 0, GPUs
+   limited to H100, H200 and B200) - with its candidates screened, simulated and passing, its probes
+   and its answer sentence. CPU simulation time: no GPU runs; other processes' load stretches it.
+2. The screen's accuracy: for every passing row whose max rate was bracketed (not capped), the
+   screen's estimated max rate over the probed one, against the search's SCREEN_MARGIN.
+3. Confirmation: each rank-1 row of the first three plans simulated again with 3x its verdict run's
+   requests, at the rate asked and at its max rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+from sim.inputs.scenario import load_scenario
+from sim.plan.answer import answer_sentence
+from sim.plan.candidates import (
+    Candidate,
+    PlanSpec,
+    candidate_scenario,
+    load_prices,
+    parse_counts,
+    parse_gpus,
+    parse_policies,
+)
+from sim.plan.disagg import screen_disagg
+from sim.plan.evaluate import probe_at
+from sim.plan.screen import curve
+from sim.plan.search import SCREEN_MARGIN, search
+
+REPO = Path(__file__).resolve().parents[1]
+SCENARIO = REPO / "scenarios" / "serving-h100-70b-tp4.yaml"
+MODEL_8B = ["model.name=deepseek-r1-distill-llama-8b", "parallel.tp=1"]
+PARETO_GPUS = "h100-sxm,h200-sxm,b200"
+# label: (--set overrides, --rate, --gpus (None: every catalog GPU), --top, target seconds or None, confirm rank 1)
+PLANS = {
+    "(a) default 70B plan": ([], 10.0, None, 5, 20.0, True),
+    "(b) default 8B plan": (MODEL_8B, 20.0, None, 5, 20.0, True),
+    "(c) 70B long output (reasoning_tokens=2048)": (["workload.reasoning_tokens=2048"], 4.0, "h200-sxm", 5, None, True),
+    f"(d) Pareto sweep: plan (a) with --top 0, --gpus {PARETO_GPUS} only": ([], 10.0, PARETO_GPUS, 0, 60.0, False),
+}
+CONFIRM_FACTOR = 3  # the confirmation runs this many times the verdict run's requests
+
+
+@dataclasses.dataclass
+class Done:
+    label: str
+    overrides: list[str]
+    base: object  # Scenario
+    spec: PlanSpec
+    result: object  # PlanResult
+    wall_s: float
+    confirm: bool
+
+
+def plan_spec(base, rate: float, top: int) -> PlanSpec:
+    """As `kvsim plan` builds it (`_plan_spec`): the SLO from the scenario, every other option at its default."""
+    return PlanSpec(rate=rate, ttft_s=base.slo.ttft_s, tpot_s=base.slo.tpot_s, top=top)
+
+
+def progress_printer(every_s: float = 60.0):
+    """`search`'s progress callback: a line at most once a minute, so a long sweep shows how far it got."""
+    t0, last = time.monotonic(), [time.monotonic()]
+
+    def show(done: int, total: int) -> None:
+        if time.monotonic() - last[0] >= every_s:
+            last[0] = time.monotonic()
+            print(f"  ... {done}/{total} candidates simulated after {last[0] - t0:.0f} s", flush=True)
+
+    return show
+
+
+def run_plan(label: str, case: tuple, workers: int | None) -> Done:
+    overrides, rate, gpus, top, target, confirm = case
+    base = load_scenario(SCENARIO, overrides)
+    spec = plan_spec(base, rate, top)
+    names, counts, policies = parse_gpus(gpus), parse_counts(None), parse_policies(None)
+    print(f"\n{label}: running", flush=True)
+    t0 = time.monotonic()
+    result = search(base, spec, names, counts, policies, load_prices(), workers=workers, progress=progress_printer())
+    wall_s = time.monotonic() - t0
+    done = Done(label, overrides, base, spec, result, wall_s, confirm)
+    print_plan(done, target)
+    return done
+
+
+def print_plan(d: Done, target: float | None) -> None:
+    rows = d.result.rows
+    by = lambda s: sum(r["status"] == s for r in rows)
+    pruned, ruled_out = by("pruned"), by("screened")
+    screened = len(rows) - pruned
+    simulated = len({p["candidate"] for p in d.result.probes})
+    verdict = "no target" if target is None else \
+        ("within" if d.wall_s <= target else "OVER") + f" the {target:.0f} s target"
+    sets = " ".join(f"--set {o}" for o in d.overrides)
+    print(f"{d.label}: {d.wall_s:.1f} s wall ({verdict})")
+    print(f"  asked: rate {d.spec.rate:g} req/s, p99 TTFT <= {d.spec.ttft_s * 1e3:.0f} ms, p99 TPOT <= "
+          f"{d.spec.tpot_s * 1e3:.0f} ms, top {d.spec.top}{', ' + sets if sets else ''}")
+    print(f"  candidates: {len(rows)} ({pruned} pruned: cannot hold the model); {screened} screened analytically, "
+          f"{ruled_out} ruled out by the screen; {simulated} simulated ({by('pass')} pass, {by('fail')} fail); "
+          f"{by('unsearched')} unsearched; {len(d.result.probes)} probes run")
+    print(f"  answer: {answer_sentence(rows, d.spec.rate)}")
+
+
+def accuracy_rows(plans: list[Done], start: int) -> list[tuple[str, dict]]:
+    """Passing, bracketed rows of plans[start:], each configuration once: none already in an earlier
+    plan (plan (d) repeats plan (a)'s searches)."""
+    seen, out = set(), []
+    for i, d in enumerate(plans):
+        for r in d.result.rows:
+            key = (tuple(d.overrides), d.spec.rate, r["gpu"], r["gpus"], r["layout"], r["max_num_seqs"], r["policy"])
+            if r["status"] != "pass" or r["max_rate_capped"] or not r["screen_max_rate_per_s"] or key in seen:
+                continue
+            seen.add(key)
+            if i >= start:
+                out.append((d.label.split(" ")[0], r))
+    return out
+
+
+def screen_accuracy(plans: list[Done], start: int = 0) -> None:
+    rows = accuracy_rows(plans, start)
+    which = " ".join(d.label.split(" ")[0] for d in plans[start:])
+    print(f"\nScreen accuracy, plans {which}: screen max rate / probed max rate (the highest passing probe; the true "
+          f"max lies below next_rate, so screen / next_rate bounds the ratio from below), {len(rows)} passing, not "
+          f"capped rows")
+    if not rows:
+        print("  no rows to compare")
+        return
+    ratios, lows = [], []
+    for plan, r in rows:
+        ratio = r["screen_max_rate_per_s"] / r["max_rate_per_s"]
+        low = r["screen_max_rate_per_s"] / r["next_rate_per_s"] if r["next_rate_per_s"] else ratio
+        ratios.append(ratio)
+        lows.append(low)
+        print(f"  {plan} {r['gpus']} x {r['gpu']:<12} {r['layout']:<17} {r['policy']:<14} "
+              f"screen {r['screen_max_rate_per_s']:7.3g}  probed {r['max_rate_per_s']:7.3g} "
+              f"(next {r['next_rate_per_s'] or float('nan'):7.3g})  ratio {ratio:.3f} (>= {low:.3f})")
+    print(f"  ratio min {min(ratios):.3f} / median {statistics.median(ratios):.3f} / max {max(ratios):.3f}; "
+          f"against next_rate: min {min(lows):.3f}")
+    floor = 1.0 / SCREEN_MARGIN
+    under = [x for x in lows if x < floor]
+    print(f"  SCREEN_MARGIN = {SCREEN_MARGIN:g}: the screen rules out a configuration estimated under rate / "
+          f"{SCREEN_MARGIN:g}, so it could wrongly rule one out only where screen / true max < 1 / {SCREEN_MARGIN:g} "
+          f"= {floor:.3f}; rows below that (even against next_rate): {len(under)}"
+          + (" - the screen COULD wrongly rule out a configuration" if under else ""))
+
+
+def row_candidate(row: dict) -> Candidate:
+    """The candidate a plan.csv row describes: a disaggregated one's prefill "2xTP1" back to (2, 1)."""
+    pre = tuple(int(v) for v in row["prefill"].split("xTP")) if row["prefill"] else None
+    return Candidate(row["gpu"], row["gpus"], row["policy"], row["tp"], pre, row["max_num_seqs"])
+
+
+def hint_curve(base, cand: Candidate, spec: PlanSpec):
+    """The screen's curve the search gave the candidate's probes (their E2E hint), as `search` makes it."""
+    if cand.prefill:
+        return screen_disagg(base, cand, spec, {})[0]
+    return curve(candidate_scenario(base, cand, spec.rate / cand.replicas, spec))
+
+
+def confirm_one(d: Done, row: dict, rate: float, label: str) -> None:
+    cand = row_candidate(row)
+    spec = dataclasses.replace(d.spec, requests=CONFIRM_FACTOR * row["verdict_requests"])
+    cv = hint_curve(d.base, cand, d.spec)
+    t0 = time.monotonic()
+    p = probe_at(d.base, cand, spec, rate, cv)
+    wall_s = time.monotonic() - t0
+    ms = lambda k: (f"{p.stats[k].value_s * 1e3:,.1f} ms" if p.stats and p.stats[k].value_s is not None
+                    else "- (stopped early)")
+    verdict = "passes" if p.passed else "FAILS: " + "; ".join(t for _, t in p.misses)
+    print(f"  {label} {rate:.3g} req/s: {verdict}; p99 TTFT {ms('ttft_p99')}, p99 TPOT {ms('tpot_p99')}; "
+          f"{p.requests:,} requests per replica ({p.measured:,} measured), {p.duration_s:,.0f} s simulated, "
+          f"end {p.end}; {wall_s:.1f} s wall")
+
+
+def confirm(plans: list[Done]) -> None:
+    print(f"\nConfirmation: each rank-1 row simulated again with {CONFIRM_FACTOR}x its verdict run's requests "
+          f"(sim.plan.evaluate.probe_at, --requests fixed: one run)")
+    for d in plans:
+        if not d.confirm:
+            continue
+        best = next((r for r in d.result.rows if r["rank"] == 1), None)
+        if best is None:
+            print(f"{d.label}: nothing passed; nothing to confirm")
+            continue
+        seqs = f", max_num_seqs {best['max_num_seqs']}" if best["max_num_seqs"] else ""
+        print(f"{d.label}: rank 1 = {best['gpus']} x {best['gpu']} {best['layout']} {best['policy']}{seqs} (verdict "
+              f"run {best['verdict_requests']:,} requests per replica; max rate {best['max_rate_per_s']:.3g} req/s"
+              f"{', capped' if best['max_rate_capped'] else ''})")
+        confirm_one(d, best, d.spec.rate, "at the rate asked")
+        confirm_one(d, best, best["max_rate_per_s"], "at its max rate")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="skip the full Pareto sweep (d)")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="local worker processes (default: all cores, as kvsim plan)")
+    args = ap.parse_args()
+    print(f"machine: {os.cpu_count()} cores, {platform.platform()}, {platform.processor() or platform.machine()}, "
+          f"Python {platform.python_version()}; workers: {args.workers or os.cpu_count()}; 1-minute load average "
+          f"{os.getloadavg()[0]:.1f}")
+    print("These are CPU simulation times of the planner (kvsim plan's search, in-process), not GPU figures.")
+    sweeps = {k: v for k, v in PLANS.items() if v[3] == 0}
+    plans = [run_plan(label, case, args.workers) for label, case in PLANS.items() if label not in sweeps]
+    print(f"\n1-minute load average after the plans: {os.getloadavg()[0]:.1f}")
+    screen_accuracy(plans)
+    confirm(plans)
+    for label, case in sweeps.items():  # last: the longest, and the figures above do not wait on it
+        if args.quick:
+            print(f"\n{label}: skipped (--quick)")
+            continue
+        plans.append(run_plan(label, case, args.workers))
+        print(f"1-minute load average after it: {os.getloadavg()[0]:.1f}")
+        screen_accuracy(plans, len(plans) - 1)
+
+
+if __name__ == "__main__":
+    main()
