@@ -18,6 +18,8 @@ local processes, --workers default: all cores):
    screen's estimated max rate over the probed one, against the search's SCREEN_MARGIN.
 3. Confirmation: each rank-1 row of the first three plans simulated again with 3x its verdict run's
    requests, at the rate asked and at its max rate.
+
+The Pareto sweep runs last (after 2 and 3 have printed), with a progress line a minute.
 """
 
 from __future__ import annotations

@@ -292,3 +292,18 @@ def test_max_num_seqs_is_a_searched_dimension(base, scenario_path):
     assert C.parse_seqs(None) == [None] and C.parse_seqs("64,16,64") == [16, 64]
     res = run_cli("plan", str(scenario_path), "--rate", "4", "--ttft-p99-ms", "500", "--max-num-seqs", "0,8")
     assert res.returncode == 2 and "--max-num-seqs" in res.stderr
+
+
+def test_the_screen_reads_the_length_distribution_not_one_request(base):
+    """A candidate scenario asks for one request (the probes size their own runs); the screen's
+    moments still come from thousands of draws of the workload's distribution."""
+    from sim.plan.screen import MOMENT_SAMPLES, moments
+
+    one = C.candidate_scenario(base, C.Candidate("h100-sxm", 1, "full_hbm"), 4.0, SPEC)
+    assert one.workload.arrivals.requests == 1
+    m = moments(one)
+    assert m == moments(base)  # the same draws, whatever the arrivals ask for
+    assert m.output_tokens == pytest.approx(128, rel=0.05) and m.prompt_tokens == 256  # lognormal mean 128
+    # a running request is length-biased: prompt + E[n^2] / (2 E[n]) = 256 + (64^2 + 128^2) / 256 = 336
+    assert m.running_context_tokens == pytest.approx(336, rel=0.05) and m.short_output_tokens < m.output_tokens
+    assert MOMENT_SAMPLES >= 4096

@@ -38,6 +38,7 @@ from sim.serving.kv_memory import kv_memory
 from sim.serving.tier_counts import TierCounter
 from sim.tiering.tiers import T0, T1, T2
 
+MOMENT_SAMPLES = 4096  # requests drawn for the mean prompt, output and running context
 GRID = 28  # batches from 1 to the cap, log-spaced
 Z99 = 2.326  # the standard normal's 99th percentile
 ALLREDUCE_BINDS = 0.3  # all-reduces this share of a step: the interconnect binds
@@ -98,7 +99,12 @@ class Moments:
 
 
 def moments(scenario: Scenario) -> Moments:
-    reqs = build_requests(scenario.workload)
+    """The lengths' moments over MOMENT_SAMPLES draws of the workload (a trace: its requests), whatever
+    number of requests the scenario's arrivals ask for (a planner's candidate scenario asks for one)."""
+    work, a = scenario.workload, scenario.workload.arrivals
+    if getattr(a, "requests", None) is not None and not getattr(a, "path", None):
+        work = work.model_copy(update={"arrivals": a.model_copy(update={"requests": MOMENT_SAMPLES})})
+    reqs = build_requests(work)
     p, n = reqs.prompt_tokens.astype(float), np.maximum(reqs.output_tokens.astype(float), 1.0)
     return Moments(float(p.mean()), float(n.mean()), float(np.sum(n * (p + n / 2)) / np.sum(n)),
                    float(max(2.0, np.percentile(n, 10))))
