@@ -121,8 +121,10 @@ def probe_at(base: Scenario, cand: Candidate, spec: PlanSpec, rate: float, curve
                         e2e_hint_s(curve, per), spec.requests)
 
 
-def evaluate(base: Scenario, cand: Candidate, spec: PlanSpec, curve: Curve | None = None) -> dict:
-    """The candidate at the rate asked and, if it passes, its max rate; under "probes", every probe."""
+def evaluate(base: Scenario, cand: Candidate, spec: PlanSpec, curve: Curve | None = None,
+             estimate: float | None = None) -> dict:
+    """The candidate at the rate asked and, if it passes, its max rate; under "probes", every probe.
+    `estimate`: the screen's max rate of the configuration (default: from `curve`)."""
     probes: list[dict] = []
 
     def run(rate: float, step: str) -> Probe:
@@ -131,7 +133,7 @@ def evaluate(base: Scenario, cand: Candidate, spec: PlanSpec, curve: Curve | Non
         probes.extend(probe_rows(cand, len(probes) + 1, step, rate, p, spec.ttft_s, spec.tpot_s))
         return p
 
-    return {**_search(base, cand, spec, run, curve), "probes": probes}
+    return {**_search(base, cand, spec, run, curve, estimate), "probes": probes}
 
 
 def _row(cand: Candidate) -> dict:
@@ -141,7 +143,7 @@ def _row(cand: Candidate) -> dict:
                 binding=None, reason=None, verdict_requests=None, verdict_duration_s=None, host_peak_bytes=None)
 
 
-def _search(base: Scenario, cand: Candidate, spec: PlanSpec, run, curve: Curve | None) -> dict:
+def _search(base: Scenario, cand: Candidate, spec: PlanSpec, run, curve: Curve | None, estimate: float | None) -> dict:
     row = _row(cand)
     try:
         first = run(spec.rate, "rate")
@@ -157,7 +159,8 @@ def _search(base: Scenario, cand: Candidate, spec: PlanSpec, run, curve: Curve |
                 "binding": binding(first, sc, curve)}
     lo, hi, failed = spec.rate, None, None
     cap = spec.rate * spec.max_factor
-    guess = min(cap, max(_screen_rate(curve, cand, spec), spec.rate * (1 + spec.tolerance) * 1.05))
+    screen = estimate if estimate is not None else _screen_rate(curve, cand, spec)
+    guess = min(cap, max(screen, spec.rate * (1 + spec.tolerance) * 1.05))
     x, step = (guess, "screen") if guess > spec.rate * (1 + spec.tolerance) else (min(cap, spec.rate * 2), "double")
     while x <= cap and lo < cap:
         p = run(x, step)
@@ -217,13 +220,14 @@ PROBE_RESULT = {"candidate": str, "gpu": str, "gpus": int, "tp": int, "dp": int,
 class CandidateTask:
     """One candidate's search as a task (sim.runner.tasks), keyed by the base scenario (its name aside),
     the files it names, the candidate and the spec: not by prices, applied after, nor by the screen's
-    curve, which the rest determines."""
+    curve and estimate, which the rest determines."""
 
     kind: ClassVar[str] = "plan candidate"
     base: Scenario
     cand: Candidate
     spec: PlanSpec
     curve: Curve | None = None
+    estimate: float | None = None  # the screen's max rate (a disaggregated one's: the smaller pool's)
 
     def inputs(self) -> dict[str, Any]:
         base = {k: v for k, v in self.base.model_dump(mode="json").items() if k != "name"}
@@ -235,7 +239,7 @@ class CandidateTask:
         return result_key(self.kind, self.inputs())
 
     def run(self) -> dict:
-        return evaluate(self.base, self.cand, self.spec, self.curve)
+        return evaluate(self.base, self.cand, self.spec, self.curve, self.estimate)
 
     def accepts(self, result: Any) -> bool:
         """A stored result is this candidate's search: evaluate's row and probes, of this candidate."""

@@ -149,7 +149,7 @@ def _run_waves(base: Scenario, spec: PlanSpec, order: list[Candidate], kept: dic
         wave = order[i:i + size]
         i += len(wave)
         try:
-            done = run_tasks([CandidateTask(base, c, spec, kept[c][0]) for c in wave], execution.runner(),
+            done = run_tasks([CandidateTask(base, c, spec, *kept[c]) for c in wave], execution.runner(),
                              store=execution.store())
         except Interrupted as err:  # counted over the whole search, not the wave
             raise Interrupted(counts[0] + counts[1] + err.stored, len(order)) from None
