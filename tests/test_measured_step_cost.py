@@ -102,3 +102,22 @@ def test_datasheet_attention_path_is_unchanged_by_the_seam():
     hw = ctx.hw
     assert cost.attention_s == max(flop / hw.attention_flop_per_s, hw.attention_latency_s + kv / hw.attention_hbm_bytes_per_s)
     assert np.isfinite(cost.gemm_s)
+
+
+@pytest.mark.parametrize("gpu, kv", [("h100-sxm", "bf16"), ("h200-sxm", "fp8")])
+def test_one_step_scalar_path_gives_the_array_paths_bits(gpu, kv):
+    """A serving step asks decode attention one point at a time; the scalar path must give exactly
+    what the array path gives for that point (goldens depend on the bits)."""
+    from sim.device.physics import gqa_attention_s
+
+    ctx = _ctx(f"hardware.gpu={gpu}", f"model.kv_dtype={kv}")
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        b = int(rng.integers(1, 600))
+        tokens = int(b * rng.integers(1, 40_000))
+        kv_bytes = float(tokens * ctx.kv_bytes_per_token_layer * rng.uniform(1.0, 1.3))
+        args = (ctx.model, ctx.hw, b, tokens, kv_bytes, ctx.kv_bytes_per_token_layer, 0.0)
+        one = gqa_attention_s(*args)
+        arr = gqa_attention_s(ctx.model, ctx.hw, np.array([b]), np.array([tokens]), np.array([kv_bytes]),
+                              ctx.kv_bytes_per_token_layer, np.zeros(1))
+        assert isinstance(one, float) and one == float(arr[0])

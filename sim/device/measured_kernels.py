@@ -110,6 +110,19 @@ class MeasuredKernels:
         roof = attention_roofline_s(b, n, heads, kv_heads, head_dim, kv_bytes, self.gpu.bf16_flop_per_s, self.gpu.hbm_bytes_per_s)
         return Lookup(roof * ratio, inside & (note == ""), self.tables.source("generation_attention"), note)
 
+    def decode_attention_one_s(self, batch: float, kv_tokens: float, heads: int, kv_heads: int, head_dim: int,
+                               kv_dtype: str = "bf16", window: int = 0) -> float:
+        """`decode_attention_s(...).seconds[0]` for one query: the same operations in the same order on
+        scalars (a serving step asks one at a time; the array machinery cost more than the lookup)."""
+        key, _ = self._attention_slice(heads, kv_heads, head_dim, kv_dtype, window)
+        b, n = float(batch), max(float(kv_tokens), 1.0)
+        ratio, _ = self._attention_slices[key]._at(np.array([float(heads), b, n]))
+        kv_bytes = KV_FORMATS[kv_dtype].bytes_per_element
+        flop = ATTN_MATMULS * FLOP_PER_MAC * b * n * heads * head_dim
+        moved = b * n * 2 * kv_heads * head_dim * kv_bytes + b * heads * head_dim * ACTIVATION_BYTES * 2
+        roof = max(flop / self.gpu.bf16_flop_per_s, moved / self.gpu.hbm_bytes_per_s)
+        return roof * ratio
+
     def _attention_slice(self, heads, kv_heads, head_dim, kv_dtype, window) -> tuple[tuple, str]:
         """The measured slice for these shapes; where the table lacks it, the one nearest in log
         distance (its roofline ratio carries over), with a note saying which."""

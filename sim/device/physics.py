@@ -230,10 +230,16 @@ def gqa_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_b
         if np.ndim(kv_bytes):
             return attention_s_array(flop, kv_bytes, hw)
         return attention_s(flop, kv_bytes, hw)
-    b = np.maximum(np.asarray(batch, dtype=float), 1.0)
-    per_seq = np.maximum(np.asarray(attended_tokens, dtype=float) / b, 1.0)
     element = kv_bytes_per_token_layer / (2 * model.num_kv_heads * model.head_dim)
     kv_dtype = "fp8" if element < 1.5 else "bf16"  # int8 KV stands in as fp8: one byte + scales
+    if not (np.ndim(batch) or np.ndim(attended_tokens) or np.ndim(kv_bytes)):  # one step: scalars, same bits
+        b1 = max(float(batch), 1.0)
+        t1 = hw.kernels.decode_attention_one_s(b1, max(float(attended_tokens) / b1, 1.0), model.num_heads,
+                                               model.num_kv_heads, model.head_dim, kv_dtype)
+        extra1 = max(float(kv_bytes) - (float(attended_tokens) + b1) * kv_bytes_per_token_layer, 0.0)
+        return float(t1 + extra1 / hw.attention_hbm_bytes_per_s)
+    b = np.maximum(np.asarray(batch, dtype=float), 1.0)
+    per_seq = np.maximum(np.asarray(attended_tokens, dtype=float) / b, 1.0)
     t = hw.kernels.decode_attention_s(b, per_seq, model.num_heads, model.num_kv_heads, model.head_dim, kv_dtype).seconds
     extra = np.maximum(np.asarray(kv_bytes, dtype=float) - (np.asarray(attended_tokens) + b) * kv_bytes_per_token_layer, 0.0)
     out = t + extra / hw.attention_hbm_bytes_per_s
