@@ -143,7 +143,7 @@ def _run_waves(base: Scenario, spec: PlanSpec, order: list[Candidate], kept: dic
                progress: Callable[[int, int], None] | None) -> tuple[list[dict], list[Candidate], tuple[int, int, int]]:
     """Simulate `order` wave by wave until spec.top exact configurations pass; the rows, the
     candidates left unsearched, and (computed, stored, damaged)."""
-    size = max(1, execution.workers or os.cpu_count() or 1) if execution.executor == "local" else max(1, len(order))
+    size = max(1, execution.workers or os.cpu_count() or 1)  # a wave keeps every worker (or Ray CPU) busy
     rows, passed, counts, i = [], 0, [0, 0, 0], 0
     while i < len(order) and (spec.top == 0 or passed < spec.top):
         wave = order[i:i + size]
