@@ -46,7 +46,7 @@ from sim.plan.candidates import (
 from sim.plan.disagg import screen_disagg
 from sim.plan.evaluate import probe_at
 from sim.plan.screen import curve
-from sim.plan.search import SCREEN_MARGIN, search
+from sim.plan.search import SCREEN_MARGIN, row_candidate, search
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO = REPO / "scenarios" / "serving-h100-70b-tp4.yaml"
@@ -163,12 +163,6 @@ def screen_accuracy(plans: list[Done], start: int = 0) -> None:
           f"{SCREEN_MARGIN:g}, so it could wrongly rule one out only where screen / true max < 1 / {SCREEN_MARGIN:g} "
           f"= {floor:.3f}; rows below that (even against next_rate): {len(under)}"
           + (" - the screen COULD wrongly rule out a configuration" if under else ""))
-
-
-def row_candidate(row: dict) -> Candidate:
-    """The candidate a plan.csv row describes: a disaggregated one's prefill "2xTP1" back to (2, 1)."""
-    pre = tuple(int(v) for v in row["prefill"].split("xTP")) if row["prefill"] else None
-    return Candidate(row["gpu"], row["gpus"], row["policy"], row["tp"], pre, row["max_num_seqs"])
 
 
 def hint_curve(base, cand: Candidate, spec: PlanSpec):

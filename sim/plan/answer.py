@@ -6,6 +6,7 @@ from __future__ import annotations
 from sim.inputs import catalog
 from sim.inputs.scenario import Scenario
 
+from .files import parse_prefill_label
 from .launch import hf_model_id, launch_commands
 
 
@@ -91,7 +92,7 @@ def launch_lines(best: dict, base: Scenario, host_offload_bytes: float | None = 
 
     if not best.get("prefill"):
         return commands(best["tp"], best["dp"], best["policy"], host_offload_bytes)
-    x, tp_p = (int(v) for v in best["prefill"].split("xTP"))
+    x, tp_p = parse_prefill_label(best["prefill"])
     out = {}
     for role, cmds in (("prefill", commands(tp_p, x, "full_hbm", None)),
                        ("decode", commands(best["tp"], best["dp"], best["policy"], host_offload_bytes))):

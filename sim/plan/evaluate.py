@@ -136,7 +136,8 @@ def evaluate(base: Scenario, cand: Candidate, spec: PlanSpec, curve: Curve | Non
     return {**_search(base, cand, spec, run, curve, estimate), "probes": probes}
 
 
-def _row(cand: Candidate) -> dict:
+def blank_row(cand: Candidate) -> dict:
+    """A candidate's row before any figure (a failure until the search says otherwise)."""
     return dict(gpu=cand.gpu, gpus=cand.count, tp=cand.tp_size, dp=cand.replicas, prefill=prefill_label(cand.prefill),
                 max_num_seqs=cand.max_num_seqs, policy=cand.policy, status="fail",
                 ttft_p99_ms=None, tpot_p99_ms=None, max_rate_per_s=None, max_rate_capped=None, next_rate_per_s=None,
@@ -144,7 +145,7 @@ def _row(cand: Candidate) -> dict:
 
 
 def _search(base: Scenario, cand: Candidate, spec: PlanSpec, run, curve: Curve | None, estimate: float | None) -> dict:
-    row = _row(cand)
+    row = blank_row(cand)
     try:
         first = run(spec.rate, "rate")
     except ConfigError as err:  # e.g. the scenario's other policy ratios and this hbm_ratio exceed 1

@@ -70,6 +70,14 @@ def prefill_label(prefill: tuple[int, int] | None) -> str | None:
     return None if not prefill else f"{prefill[0]}xTP{prefill[1]}"
 
 
+def parse_prefill_label(label: str | None) -> tuple[int, int] | None:
+    """`prefill_label` back: "2xTP1" -> (2, 1); empty -> None."""
+    if not label:
+        return None
+    x, tp = label.split("xTP")
+    return int(x), int(tp)
+
+
 class PlanDoc(Document):
     """plan.json: the search that wrote the folder."""
 

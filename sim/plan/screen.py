@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
 from sim.decode.context import build_context
 from sim.device.physics import mixed_step_cost
 from sim.inputs.requests import build_requests
-from sim.inputs.scenario import Scenario
+from sim.inputs.scenario import Scenario, WorkloadCfg
 from sim.serving.kv_memory import kv_memory
 from sim.serving.tier_counts import TierCounter
 from sim.tiering.tiers import T0, T1, T2
@@ -100,11 +101,19 @@ class Moments:
 
 def moments(scenario: Scenario) -> Moments:
     """The lengths' moments over MOMENT_SAMPLES draws of the workload (a trace: its requests), whatever
-    number of requests the scenario's arrivals ask for (a planner's candidate scenario asks for one)."""
+    number of requests the scenario's arrivals ask for (a planner's candidate scenario asks for one).
+    The lengths do not depend on the arrival rate (their own seed stream), so every candidate of a
+    plan shares one computation."""
     work, a = scenario.workload, scenario.workload.arrivals
     if getattr(a, "requests", None) is not None and not getattr(a, "path", None):
-        work = work.model_copy(update={"arrivals": a.model_copy(update={"requests": MOMENT_SAMPLES})})
-    reqs = build_requests(work)
+        update = {"requests": MOMENT_SAMPLES} | ({"rate_per_s": 1.0} if hasattr(a, "rate_per_s") else {})
+        work = work.model_copy(update={"arrivals": a.model_copy(update=update)})
+    return _moments(work.model_dump_json())
+
+
+@lru_cache(maxsize=64)
+def _moments(workload_json: str) -> Moments:
+    reqs = build_requests(WorkloadCfg.model_validate_json(workload_json))
     p, n = reqs.prompt_tokens.astype(float), np.maximum(reqs.output_tokens.astype(float), 1.0)
     return Moments(float(p.mean()), float(n.mean()), float(np.sum(n * (p + n / 2)) / np.sum(n)),
                    float(max(2.0, np.percentile(n, 10))))

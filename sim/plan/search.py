@@ -33,8 +33,8 @@ from sim.serving.steady import MIN_MEASURED
 
 from .candidates import Candidate, PlanSpec, candidate_scenario, check_spec, feasible_splits, lossy
 from .disagg import screen_disagg, splits
-from .evaluate import CandidateTask
-from .files import PLAN_COLUMNS, prefill_label
+from .evaluate import CandidateTask, blank_row
+from .files import PLAN_COLUMNS, parse_prefill_label
 from .screen import Curve, curve
 
 SCREEN_MARGIN = 1.5  # the screen overstates; one this far below the rate cannot pass (benchmarks/plan_speed.py)
@@ -52,10 +52,8 @@ class PlanResult:
 
 
 def _blank(cand: Candidate, status: str, reason: str | None) -> dict:
-    return dict(gpu=cand.gpu, gpus=cand.count, tp=cand.tp_size, dp=cand.replicas, prefill=prefill_label(cand.prefill),
-                max_num_seqs=cand.max_num_seqs, policy=cand.policy, status=status,
-                ttft_p99_ms=None, tpot_p99_ms=None, max_rate_per_s=None, max_rate_capped=None, next_rate_per_s=None,
-                binding=None, reason=reason, verdict_requests=None, verdict_duration_s=None, host_peak_bytes=None, probes=[])
+    """The row of a candidate that was not simulated."""
+    return {**blank_row(cand), "status": status, "reason": reason, "probes": []}
 
 
 def candidates(base: Scenario, gpus: list[str], counts: list[int], policies: list[str],
@@ -199,7 +197,7 @@ def rank(rows: list[dict], base: Scenario, spec: PlanSpec, prices: dict) -> list
         usd, source = prices[r["gpu"]]
         r.update(usd_per_hour=r["gpus"] * usd, price_source=source,
                  usd_per_million_tokens=r["gpus"] * usd / tokens_per_hour * 1e6 if tokens_per_hour > 0 else None,
-                 layout=_candidate(r).layout,
+                 layout=row_candidate(r).layout,
                  output="lossy" if lossy(r["policy"], base) else "exact")
         r.setdefault("screen_max_rate_per_s", None)
     rows.sort(key=lambda r: (STATUS_ORDER[r["status"]], r["output"] != "exact", r["usd_per_hour"], r["prefill"] is not None,
@@ -212,11 +210,9 @@ def rank(rows: list[dict], base: Scenario, spec: PlanSpec, prices: dict) -> list
     return [{c: r[c] for c in PLAN_COLUMNS} for r in rows]
 
 
-def _candidate(r: dict) -> Candidate:
-    """The candidate a row describes (its prefill label "2xTP1" back to (2, 1))."""
-    pre = r.get("prefill")
-    prefill = tuple(int(v) for v in pre.split("xTP")) if pre else None
-    return Candidate(r["gpu"], r["gpus"], r["policy"], r["tp"], prefill, r.get("max_num_seqs"))
+def row_candidate(r: dict) -> Candidate:
+    """The candidate a plan row describes."""
+    return Candidate(r["gpu"], r["gpus"], r["policy"], r["tp"], parse_prefill_label(r.get("prefill")), r.get("max_num_seqs"))
 
 
 def mean_output_tokens(base: Scenario) -> float:

@@ -172,16 +172,23 @@ def slo_text(pf: PlanFiles) -> str:
     return " and ".join(parts)
 
 
+def plan_rows(pf: PlanFiles) -> list[dict]:
+    """plan.csv's rows as the search returned them (sim.plan.answer reads these): empty cells None,
+    counts whole numbers."""
+    rows = [{k: (None if not isinstance(v, str) and pd.isna(v) else v) for k, v in r.items()}
+            for r in pf.plan.to_dict("records")]
+    for r in rows:
+        for key in ("rank", "verdict_requests"):
+            r[key] = None if r[key] is None else int(r[key])
+    return rows
+
+
 def plan_sentences(pf: PlanFiles) -> list[str]:
     """The answer sentence `kvsim plan` printed first, then what the search covered."""
     from sim.plan.answer import answer_sentence
 
     doc, plan = pf.doc, pf.plan
-    rows = [{k: (None if not isinstance(v, str) and pd.isna(v) else v) for k, v in r.items()}
-            for r in plan.to_dict("records")]
-    for r in rows:
-        r["rank"] = None if r["rank"] is None else int(r["rank"])
-        r["verdict_requests"] = None if r["verdict_requests"] is None else int(r["verdict_requests"])
+    rows = plan_rows(pf)
     counts = plan.status.value_counts()
     covered = (f"Serving plan for {doc.model} at {doc.rate_per_s:g} req/s with {slo_text(pf)}: "
                f"{counts.get('pass', 0)} of {len(plan)} configurations pass, {counts.get('fail', 0)} fail, "
@@ -196,8 +203,7 @@ def pareto_figure(pf: PlanFiles) -> go.Figure:
     (`sim.plan.answer.pareto`)."""
     from sim.plan.answer import pareto
 
-    rows = [{k: (None if not isinstance(v, str) and pd.isna(v) else v) for k, v in r.items()}
-            for r in pf.plan.to_dict("records")]
+    rows = plan_rows(pf)
     mean_out = _mean_output_tokens(pf)
     fig = go.Figure(layout=BASE_LAYOUT)
     front = pareto(rows, mean_out) if mean_out else {}
