@@ -65,7 +65,7 @@ class RunContext:
 def build_context(scenario: Scenario, profile: Profile | None = None, profile_path: str | None = None) -> RunContext:
     """Everything is per GPU: with tensor parallelism `model` is one GPU's shard, so weights, KV
     bytes per token, FLOP and memory are one GPU's, and the batch is the whole group's."""
-    model = catalog.resolve_model(scenario.model).shard(scenario.parallel.tp)
+    model = catalog.resolve_model(scenario.model).shard(*scenario.parallel.layout)
     m, p = scenario.model, scenario.policy
     policy = TierPolicy.from_config(p)
     stages = policy.tiering and (policy.auto or policy.hbm_ratio < 1.0 - policy.evict_ratio)  # T1/T2 may hold tokens
@@ -74,6 +74,9 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
                           tp=scenario.parallel.tp)
     if scenario.engine is not None:
         hw = with_engine(hw, scenario, model)
+    if model.attention_dp > 1:  # the experts' dispatch and combine cross the interconnect
+        fabric = catalog.interconnect(hw.gpu.interconnect)
+        hw = replace(hw, sources={**hw.sources, "alltoall": f"catalog {fabric.name}: {fabric.alltoall_source}"})
     t2_layer = model.compressed_bytes_per_token_layer(COMPRESSED_DTYPES[p.compressed_dtype], p.compressed_group_size)
     return RunContext(
         scenario=scenario, model=model, hw=hw, policy=policy,

@@ -215,19 +215,28 @@ class Hardware:
     interconnect_bytes_per_s: float = float("inf")  # NCCL all-reduce busbw between them
     interconnect_hop_s: float = 0.0
     allreduce_floor_s: float = 0.0  # per all-reduce call, beside the per-hop latency
+    alltoall_bytes_per_s: float = float("inf")  # expert-parallel dispatch/combine, bytes one GPU sends per second
+    alltoall_floor_s: float = 0.0  # per dispatch or combine call
     kernels: MeasuredKernels | None = field(default=None, compare=False)  # hardware.kernels: measured
 
-    def allreduce_s(self, nbytes: float) -> float:
-        """All-reduce of `nbytes` over the TP group: floor + 2(N-1) x per-hop latency + ring bytes
-        2(N-1)/N x bytes / busbw (the floor and hop fitted on the engine's custom all-reduce where
-        measured tables cover the GPU); with measured kernels the table itself; 0 on one GPU."""
-        n = self.tp
+    def allreduce_s(self, nbytes: float, gpus: int | None = None) -> float:
+        """All-reduce of `nbytes` over the TP group (or `gpus` of it): floor + 2(N-1) x per-hop latency
+        + ring bytes 2(N-1)/N x bytes / busbw (the floor and hop fitted on the engine's custom
+        all-reduce where measured tables cover the GPU); with measured kernels the table itself; 0 on one GPU."""
+        n = self.tp if gpus is None else gpus
         if n <= 1 or nbytes <= 0:
             return 0.0
         if self.kernels is not None:
             return _measured_allreduce_s(self.kernels, float(nbytes), n)
         return (self.allreduce_floor_s + 2 * (n - 1) / n * nbytes / self.interconnect_bytes_per_s
                 + 2 * (n - 1) * self.interconnect_hop_s)
+
+    def alltoall_s(self, nbytes_out: float) -> float:
+        """One expert-parallel dispatch or combine over the TP group, each GPU sending `nbytes_out` to
+        the others (and receiving as much): floor + bytes / all-to-all rate (interconnects.yaml); 0 on one GPU."""
+        if self.tp <= 1 or nbytes_out <= 0:
+            return 0.0
+        return self.alltoall_floor_s + nbytes_out / self.alltoall_bytes_per_s
 
     def measured_weight_kernel_s(self, weight_bytes: float, rows: int) -> float | None:
         """Weight bytes / the measured kernel rate at `rows`, or None where not profiled."""
@@ -278,8 +287,10 @@ def _with_interconnect(hw: Hardware, gpu: GpuSpec, tp: int) -> Hardware:
     cover the GPU, else the catalog fabric's NCCL ring figures."""
     fit = catalog.fitted_kernels().get(gpu.name)
     ar = fit.allreduce.get("custom") if fit else None
+    fabric = catalog.interconnect(gpu.interconnect)
+    # (its source is named where a run uses it: sim/decode/context.py, attention data parallelism)
+    hw = replace(hw, alltoall_bytes_per_s=fabric.alltoall_bytes_per_s, alltoall_floor_s=fabric.alltoall_floor_s)
     if ar is None:
-        fabric = catalog.interconnect(gpu.interconnect)
         return replace(hw, tp=tp, interconnect_bytes_per_s=fabric.bus_bytes_per_s, interconnect_hop_s=fabric.per_hop_latency_s,
                        sources={**hw.sources, "interconnect": f"catalog {fabric.name}: {fabric.source}"})
     return replace(hw, tp=tp, interconnect_bytes_per_s=ar.bus_bytes_per_s, interconnect_hop_s=ar.floor_per_gpu_s / 2,

@@ -18,6 +18,7 @@ from functools import lru_cache
 import numpy as np
 
 from sim.model.dtypes import KV_DTYPES
+from sim.model.experts import expected_remote_ranks
 from sim.model.layers import FULL, LINEAR, MLA, TIERED_KINDS, WINDOW
 from sim.model.spec import ModelSpec
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
@@ -48,7 +49,7 @@ class LayerCost:
     overhead_s: float
     qkv_share: float = 0.0  # share of gemm_s spent in the q/k/v projection (before attention)
     host_s: float = 0.0
-    allreduce_s: float = 0.0  # tensor parallelism: the layer's two all-reduces (after attention and MLP)
+    allreduce_s: float = 0.0  # the layer's collectives: TP all-reduces, EP dispatch/combine (`layer_comm_s`)
 
     @property
     def device_s(self) -> float:
@@ -100,20 +101,31 @@ def attention_flop(model: ModelSpec, attended_tokens: int) -> float:
         per_token = sum(n * kind_attention_flop_per_token(model, k) for k, n in model.kind_counts.items()
                         if k in TIERED_KINDS)
         return per_token * attended_tokens / model.num_layers
-    return ATTN_MATMULS * FLOP_PER_MAC * attended_tokens * model.num_heads * model.head_dim
+    flop = ATTN_MATMULS * FLOP_PER_MAC * attended_tokens * model.num_heads * model.head_dim
+    return flop / model.attention_dp if model.attention_dp > 1 else flop
 
 
 def kind_attention_flop_per_token(model: ModelSpec, kind: str) -> float:
     """FLOP one attended token costs one layer of `kind` in decode. Full and window: 4 * H * d (QK^T
     and PV). MLA, absorbed as engines decode it: 2 * H * (kv_lora_rank + qk_rope_head_dim) for QK^T
     over the latent + 2 * H * kv_lora_rank for PV. Linear: per sequence, not per token
-    (`LinearShape.state_flop_per_token`), so 0 here."""
+    (`LinearShape.state_flop_per_token`), so 0 here. An attention-data-parallel shard: / attention_dp
+    (a GPU attends 1/D of the group's tokens; `ModelSpec.shard`)."""
     if kind == MLA:
         a = model.mla
-        return FLOP_PER_MAC * model.num_heads * (a.latent_dim + a.kv_lora_rank)
-    if kind == LINEAR:
+        flop = FLOP_PER_MAC * model.num_heads * (a.latent_dim + a.kv_lora_rank)
+    elif kind == LINEAR:
         return 0.0
-    return ATTN_MATMULS * FLOP_PER_MAC * model.num_heads * model.head_dim
+    else:
+        flop = ATTN_MATMULS * FLOP_PER_MAC * model.num_heads * model.head_dim
+    return flop / model.attention_dp if model.attention_dp > 1 else flop
+
+
+def linear_state_flop(model: ModelSpec) -> float:
+    """One sequence's decode FLOP in one linear layer (`LinearShape.state_flop_per_token`), / attention_dp
+    in an attention-data-parallel shard (a GPU updates the states of its rank's sequences only)."""
+    flop = model.linear.state_flop_per_token
+    return flop / model.attention_dp if model.attention_dp > 1 else flop
 
 
 @lru_cache(maxsize=256)
@@ -144,8 +156,8 @@ def kinds_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv
     total = 0.0
     for kind, n in model.kind_counts.items():
         if kind == LINEAR:
-            flop = np.asarray(batch, dtype=float) * model.linear.state_flop_per_token
-            t = call(flop if arrays else float(flop), 2 * batch * model.linear.state_bytes, hw)
+            flop = np.asarray(batch, dtype=float) * linear_state_flop(model)
+            t = call(flop if arrays else float(flop), 2 * batch * model.state_bytes_per_sequence() / n, hw)
         elif kind == MLA:
             flop = kind_attention_flop_per_token(model, MLA) * np.asarray(attended_tokens, dtype=float)
             t = call(flop if arrays else float(flop), kv_bytes * L / model.tiered_layers, hw)
@@ -224,7 +236,12 @@ def decode_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, k
 def gqa_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer: float,
                     flop):
     """One GQA layer's decode attention (`decode_attention_s` of a dense model; a full or window layer
-    of a model with kinds), its FLOP given: the measured table where the run has one, else `attention_s`."""
+    of a model with kinds), its FLOP given: the measured table where the run has one, else `attention_s`.
+    An attention-data-parallel shard is one rank's call over its 1/D of the batch (same bytes and FLOP)."""
+    if model.attention_dp > 1:
+        dp = model.attention_dp
+        return gqa_attention_s(_one_rank(model), hw, batch / dp, attended_tokens / dp, kv_bytes,
+                               kv_bytes_per_token_layer * dp, flop)
     if hw.kernels is None or np.all(np.asarray(batch) <= 0) or np.all(np.asarray(attended_tokens) <= 0):
         # (no tokens attended: the fast level's per-batch costs, whose attention it computes apart)
         if np.ndim(kv_bytes):
@@ -246,6 +263,34 @@ def gqa_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_b
     return out if np.ndim(kv_bytes) else float(out[0])
 
 
+@lru_cache(maxsize=64)
+def _one_rank(model: ModelSpec) -> ModelSpec:
+    """An attention-data-parallel shard seen as its own attention rank (per-token figures undivided)."""
+    return replace(model, attention_dp=1)
+
+
+def layer_comm_s(model: ModelSpec, hw: Hardware, rows: float) -> float:
+    """The collectives of one (mean) layer over `rows` tokens of the group's batch.
+    Tensor parallelism, with or without expert parallelism: 2 all-reduces of rows x h x 2 B (after
+    attention, after the MLP; with experts split whole the combine is that all-reduce, as vLLM does
+    without data parallelism). Attention data parallelism (D ranks, attention tensor-parallel over
+    tp / D GPUs): each rank all-reduces its rows / D after attention within its attention group; an
+    MoE layer then dispatches each of them to the ranks holding its experts and combines them back
+    (`Hardware.alltoall_s` of rows / D x remote ranks per token x h x 2 B, each way), a dense-MLP layer
+    all-reduces the group's rows over all tp GPUs (the all-gather + reduce-scatter around it); the mean
+    over the L layers."""
+    h = model.hidden_size
+    if model.attention_dp <= 1:
+        return ALLREDUCES_PER_LAYER * hw.allreduce_s(rows * h * ACTIVATION_BYTES)
+    dp = model.attention_dp
+    local = rows / dp
+    attention = hw.allreduce_s(local * h * ACTIVATION_BYTES, gpus=hw.tp // dp)
+    remote = expected_remote_ranks(model.num_experts, model.experts_per_token, model.expert_parallel)
+    moe = 2 * hw.alltoall_s(local * remote * h * ACTIVATION_BYTES)
+    dense = hw.allreduce_s(rows * h * ACTIVATION_BYTES)
+    return attention + (model.moe_layers * moe + model.dense_mlp_layers * dense) / model.num_layers
+
+
 def decode_layer_cost(
     model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, batch: int,
     attended_tokens: int, kv_bytes_per_token_layer: float,
@@ -262,7 +307,7 @@ def decode_layer_cost(
     dequant_bytes = t2_staged_tokens * (t2_bytes_per_token_layer + kv_bytes_per_token_layer)
     kv_bytes = (attended_tokens + batch) * kv_bytes_per_token_layer + dequant_bytes
     attn_s = decode_attention_s(model, hw, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer)
-    allreduce_s = ALLREDUCES_PER_LAYER * hw.allreduce_s(batch * model.hidden_size * ACTIVATION_BYTES)
+    allreduce_s = layer_comm_s(model, hw, batch)
     return LayerCost(gemm_s, attn_s, hw.layer_overhead_s, allreduce_s=allreduce_s, qkv_share=qkv_share(model), host_s=hw.host_layer_s)
 
 
@@ -297,9 +342,11 @@ def prefill_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int
         causal_flop = kinds_prefill_flop(model, batch, prompt_tokens)
     else:
         causal_flop = batch * ATTN_MATMULS * FLOP_PER_MAC * model.num_heads * model.head_dim * prompt_tokens * (prompt_tokens + 1) / 2
+        if model.attention_dp > 1:
+            causal_flop /= model.attention_dp
     per_layer = (
         weight_kernel_s(model, hw, weight_dtype, group_size, rows)
-        + ALLREDUCES_PER_LAYER * hw.allreduce_s(rows * model.hidden_size * ACTIVATION_BYTES)
+        + layer_comm_s(model, hw, rows)
         + causal_flop / hw.attention_flop_per_s
         + hw.layer_overhead_s
     )
@@ -314,7 +361,7 @@ def kinds_prefill_flop(model: ModelSpec, batch: int, prompt_tokens: int) -> floa
     flop = 0.0
     for kind, n in model.kind_counts.items():
         if kind == LINEAR:
-            flop += n * P * model.linear.state_flop_per_token
+            flop += n * P * linear_state_flop(model)
             continue
         pairs = P * (P + 1) / 2 if kind != WINDOW else (min(P, W) * (min(P, W) + 1) / 2 + max(P - W, 0) * W)
         flop += n * kind_attention_flop_per_token(model, kind) * pairs
@@ -426,8 +473,9 @@ def host_path(model: ModelSpec, hw: Hardware, batch: int, t1: float, t2: float, 
     kv_bytes = t1 * kv_bytes_per_token_layer + t2 * t2_bytes_per_token_layer
     flop = attention_flop(model, t1 + t2)
     cpu = hw.host_cpu
-    return HostPath(query_bytes=batch * model.num_heads * model.head_dim * QUERY_BYTES_PER_ELEMENT,
-                    partial_bytes=batch * model.num_heads * (model.head_dim + 1) * PARTIAL_BYTES_PER_ELEMENT,
+    rows = batch / model.attention_dp if model.attention_dp > 1 else batch  # a data-parallel rank's queries
+    return HostPath(query_bytes=rows * model.num_heads * model.head_dim * QUERY_BYTES_PER_ELEMENT,
+                    partial_bytes=rows * model.num_heads * (model.head_dim + 1) * PARTIAL_BYTES_PER_ELEMENT,
                     stream_s=cpu.stream_s(kv_bytes, flop) if kv_bytes > 0 else 0.0,
                     dispatch_s=cpu.dispatch_s if kv_bytes > 0 else 0.0, kv_bytes=kv_bytes, tokens=t1 + t2)
 
@@ -551,7 +599,7 @@ def _bounded_prefill_flop(model: ModelSpec, position_sum: float, kv_tokens: floa
     counts = model.kind_counts
     flop = counts.get(WINDOW, 0) * kind_attention_flop_per_token(model, WINDOW) * min(position_sum, kv_tokens * model.sliding_window)
     if counts.get(LINEAR):
-        flop += counts[LINEAR] * kv_tokens * model.linear.state_flop_per_token
+        flop += counts[LINEAR] * kv_tokens * linear_state_flop(model)
     return flop / model.num_layers
 
 
@@ -582,7 +630,7 @@ def mixed_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
     layer = replace(base.layer, gemm_s=weight_kernel_s(model, hw, weight_dtype, group_size, rows),
                     attention_s=base.layer.attention_s + prefill_attention_s(model, hw, prefill_position_sum,
                                                                              prefill_kv_tokens, kv_bytes_per_token_layer),
-                    allreduce_s=ALLREDUCES_PER_LAYER * hw.allreduce_s(rows * model.hidden_size * ACTIVATION_BYTES))
+                    allreduce_s=layer_comm_s(model, hw, rows))
     return replace(base, layer=layer, tail_s=step_tail_s(model, hw, decodes + prefill_seqs))
 
 

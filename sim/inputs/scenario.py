@@ -198,9 +198,30 @@ class SimCfg(Strict):
 
 class ParallelCfg(Strict):
     """Tensor parallelism: weights, query heads and KV heads sharded over `tp` GPUs (KV heads
-    replicated where the model has fewer than `tp`, as vLLM does), two all-reduces per layer."""
+    replicated where the model has fewer than `tp`, as vLLM does), two all-reduces per layer.
+    A mixture-of-experts model may split its experts whole over the group instead (`ep: tp`, vLLM
+    --enable-expert-parallel, SGLang --ep-size) and run attention data-parallel (`attention_dp`: D
+    ranks each holding its own sequences' KV, attention tensor-parallel over tp / D GPUs; SGLang
+    --enable-dp-attention --dp D, vLLM --data-parallel-size D with expert parallelism), the tokens
+    dispatched to their experts' GPUs and combined back (`sim.device.physics.layer_comm_s`)."""
 
     tp: int = Field(1, ge=1, le=64)
+    ep: int = Field(1, ge=1, le=64)  # 1: experts split by tensor parallelism; tp: E / tp whole experts per GPU
+    attention_dp: int = Field(1, ge=1, le=64)  # attention data-parallel ranks within the tp group
+
+    @model_serializer(mode="wrap")
+    def _unset_unchanged(self, handler):
+        """Tensor parallelism alone dumps (resolved scenario, sweep hashes) as it did before ep existed."""
+        data = handler(self)
+        if self.ep == 1 and self.attention_dp == 1:
+            data.pop("ep", None)
+            data.pop("attention_dp", None)
+        return data
+
+    @property
+    def layout(self) -> tuple[int, int, int]:
+        """(tp, ep, attention_dp): what `ModelSpec.shard` takes."""
+        return self.tp, self.ep, self.attention_dp
 
 
 class EngineCfg(Strict):
@@ -352,11 +373,11 @@ def check_catalog_names(scenario: Scenario, source: str) -> None:
             raise ConfigError(err.message, source=source, field=field) from None
     if scenario.hardware.kernels == "measured":
         check_measured_kernels(scenario.hardware.gpu, source)
-    if scenario.parallel.tp > 1:
+    if scenario.parallel.layout != (1, 1, 1):
         spec = catalog.resolve_model(scenario.model)
-        problem = spec.tp_problem(scenario.parallel.tp)
+        problem = spec.parallel_problem(*scenario.parallel.layout)
         if problem:
-            raise ConfigError(problem, source=source, field="parallel.tp")
+            raise ConfigError(problem[1], source=source, field=problem[0])
 
 
 def check_measured_kernels(gpu: str, source: str) -> None:

@@ -24,6 +24,7 @@ from types import MappingProxyType
 import numpy as np
 
 from .dtypes import KV_DTYPES, WEIGHT_DTYPES, DType
+from .experts import busiest_rank_experts_touched, expected_experts_touched
 from .layers import BOUNDED_KINDS, FULL, KINDS, LINEAR, MLA, TIERED_KINDS, WINDOW, LinearShape, MlaShape, kind_counts
 from .units import KV_TENSORS
 
@@ -56,6 +57,9 @@ class ModelSpec:
     mla: MlaShape | None = None  # the `mla` layers' shape
     linear: LinearShape | None = None  # the `linear` layers' shape
     dense_mlp_layers: int = 0  # MoE models: layers whose MLP is dense (intermediate_size), e.g. first_k_dense_replace
+    # one GPU's shard under expert / attention data parallelism (`shard`); 1 = the model itself, or TP only
+    expert_parallel: int = 1  # the routed experts are split whole over this many GPUs: num_experts / it per GPU
+    attention_dp: int = 1  # attention data-parallel ranks: a GPU holds the KV of 1 / this of the group's sequences
 
     def __post_init__(self):
         """Layer kinds all `full` are the plain model (normalised to ()); each kind used needs its shape."""
@@ -100,6 +104,12 @@ class ModelSpec:
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    @property
+    def local_experts(self) -> int:
+        """Routed experts one GPU holds per MoE layer: all of them (each 1/tp wide under tensor
+        parallelism), or num_experts / expert_parallel whole ones under expert parallelism."""
+        return self.num_experts // self.expert_parallel
+
     # ---- layers by kind -----------------------------------------------------------------
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -140,33 +150,64 @@ class ModelSpec:
         return f"{text}; {self.dense_mlp_layers} dense MLP" if self.dense_mlp_layers else text
 
     # ---- tensor parallelism -------------------------------------------------------------
-    def tp_problem(self, tp: int) -> str | None:
-        """Why this model cannot be sharded over `tp` GPUs (vLLM's rules), or None."""
-        if self.num_heads % tp:
-            return f"{self.num_heads} attention heads are not divisible by tp {tp}"
-        if self.num_kv_heads % tp and tp % self.num_kv_heads:
-            return f"tp {tp} must divide the {self.num_kv_heads} KV heads or be a multiple of them"
-        for name, size in (("intermediate_size", self.intermediate_size), ("moe_intermediate_size", self.moe_intermediate_size),
-                           ("shared_expert_intermediate_size", self.shared_expert_intermediate_size)):
+    def parallel_problem(self, tp: int, ep: int = 1, attention_dp: int = 1) -> tuple[str, str] | None:
+        """(field, why) this model cannot run over `tp` GPUs with expert parallelism `ep` (1, or tp:
+        the experts split whole over the group) and `attention_dp` attention data-parallel ranks
+        (attention tensor-parallel over tp / attention_dp GPUs each), or None."""
+        if ep not in (1, tp):
+            return "parallel.ep", f"expected 1 (experts split by tensor parallelism) or {tp} (the tp group), got {ep}"
+        if ep > 1 and not self.is_moe:
+            return "parallel.ep", f"expert parallelism needs a mixture-of-experts model; {self.name} is dense"
+        if ep > 1 and self.num_experts % ep:
+            return "parallel.ep", f"{self.num_experts} experts are not divisible by ep {ep}"
+        if tp % attention_dp:
+            return "parallel.attention_dp", f"attention_dp {attention_dp} must divide tp {tp}"
+        if attention_dp > 1 and ep != tp:
+            return "parallel.attention_dp", f"attention data parallelism needs expert parallelism over the group (ep: {tp})"
+        problem = self.tp_problem(tp, attention_tp=tp // attention_dp, experts_split=ep == 1)
+        return ("parallel.tp", problem) if problem else None
+
+    def tp_problem(self, tp: int, attention_tp: int | None = None, experts_split: bool = True) -> str | None:
+        """Why this model cannot be sharded over `tp` GPUs (vLLM's rules), or None: attention heads over
+        `attention_tp` (tp unless attention is data-parallel), MLP widths over tp (experts' only when
+        tensor parallelism splits them)."""
+        attention_tp = tp if attention_tp is None else attention_tp
+        if self.num_heads % attention_tp:
+            return f"{self.num_heads} attention heads are not divisible by tp {attention_tp}"
+        if self.num_kv_heads % attention_tp and attention_tp % self.num_kv_heads:
+            return f"tp {attention_tp} must divide the {self.num_kv_heads} KV heads or be a multiple of them"
+        widths = [("intermediate_size", self.intermediate_size),
+                  ("shared_expert_intermediate_size", self.shared_expert_intermediate_size)]
+        if experts_split:
+            widths.insert(1, ("moe_intermediate_size", self.moe_intermediate_size))
+        for name, size in widths:
             if size % tp:
                 return f"{name} {size} is not divisible by tp {tp}"
-        return self.linear.tp_problem(tp) if self.linear is not None else None
+        return self.linear.tp_problem(attention_tp) if self.linear is not None else None
 
-    def shard(self, tp: int) -> "ModelSpec":
+    def shard(self, tp: int, ep: int = 1, attention_dp: int = 1) -> "ModelSpec":
         """What one GPU of a `tp`-way tensor-parallel group holds: H/tp query heads, max(1, Hkv/tp)
         KV heads (replicated where tp > Hkv), I/tp of each MLP, V/tp of the embedding and LM head
         (vocab-parallel); hidden size, layers and norms unchanged. tp = 1 is the model itself.
         MLA's latent is one KV head (`num_kv_heads` 1): every GPU holds all of it (replicated, as
-        engines do), with its q_a/kv_a projections; linear layers split their heads tp ways."""
+        engines do), with its q_a/kv_a projections; linear layers split their heads tp ways.
+        Expert parallelism (`ep` = tp): each GPU holds E / ep whole experts instead of 1/tp of each.
+        Attention data parallelism (`attention_dp` D, as SGLang's --enable-dp-attention and vLLM's
+        data-parallel attention with expert parallelism): attention heads split over tp / D GPUs, each
+        attention rank holding its own 1/D of the sequences, so the shard's per-token KV, attention work
+        and attention projections' FLOP are 1/D of a rank's (the batch the engines carry stays the group's)."""
         if tp == 1:
             return self
         from dataclasses import replace
 
-        return replace(self, num_heads=self.num_heads // tp, num_kv_heads=max(1, self.num_kv_heads // tp),
-                       intermediate_size=self.intermediate_size // tp, moe_intermediate_size=self.moe_intermediate_size // tp,
+        a_tp = tp // attention_dp
+        return replace(self, num_heads=self.num_heads // a_tp, num_kv_heads=max(1, self.num_kv_heads // a_tp),
+                       intermediate_size=self.intermediate_size // tp,
+                       moe_intermediate_size=self.moe_intermediate_size // (1 if ep > 1 else tp),
                        shared_expert_intermediate_size=self.shared_expert_intermediate_size // tp,
                        vocab_size=-(-self.vocab_size // tp), explicit_head_dim=self.head_dim,
-                       linear=self.linear.shard(tp) if self.linear is not None else None)
+                       linear=self.linear.shard(a_tp) if self.linear is not None else None,
+                       expert_parallel=ep, attention_dp=attention_dp)
 
     # ---- KV -----------------------------------------------------------------------------
     def kind_kv_bytes_per_token_layer(self, kind: str, kv_dtype: str = "bf16") -> float:
@@ -176,10 +217,12 @@ class ModelSpec:
         dt = KV_DTYPES[kv_dtype]
         if kind in (FULL, WINDOW):
             per_head = dt.bytes_for(self.head_dim, self.head_dim)
-            return KV_TENSORS * self.num_kv_heads * per_head
-        if kind == MLA:
-            return dt.bytes_for(self.mla.latent_dim, self.mla.latent_dim)
-        return 0.0
+            out = KV_TENSORS * self.num_kv_heads * per_head
+        elif kind == MLA:
+            out = dt.bytes_for(self.mla.latent_dim, self.mla.latent_dim)
+        else:
+            return 0.0
+        return out / self.attention_dp if self.attention_dp > 1 else out
 
     def kv_bytes_per_token_layer(self, kv_dtype: str = "bf16") -> float:
         """K and V of one token in one layer: 2 * Hkv * d * bytes (+ one scale per head for int8).
@@ -209,19 +252,23 @@ class ModelSpec:
         bytes_for(d); MLA bytes_for(latent). With layer kinds: the mean over all L layers, as
         `kv_bytes_per_token_layer`."""
         if not self.layer_kinds:
-            return KV_TENSORS * self.num_kv_heads * dtype.bytes_for(self.head_dim, min(group_size, self.head_dim))
+            out = KV_TENSORS * self.num_kv_heads * dtype.bytes_for(self.head_dim, min(group_size, self.head_dim))
+            return out / self.attention_dp if self.attention_dp > 1 else out
         total = 0.0
         for kind, n in self.kind_counts.items():
             if kind == FULL:
                 total += n * KV_TENSORS * self.num_kv_heads * dtype.bytes_for(self.head_dim, min(group_size, self.head_dim))
             elif kind == MLA:
                 total += n * dtype.bytes_for(self.mla.latent_dim, min(group_size, self.mla.latent_dim))
-        return total / self.num_layers
+        return total / self.num_layers / self.attention_dp
 
     def state_bytes_per_sequence(self) -> int:
-        """Linear layers' recurrent + conv state of one sequence: linear layers x `LinearShape.state_bytes`."""
+        """Linear layers' recurrent + conv state of one sequence: linear layers x `LinearShape.state_bytes`
+        (/ attention_dp: a GPU holds the states of its attention rank's sequences only)."""
         n = self.kind_counts.get(LINEAR, 0)
-        return n * self.linear.state_bytes if n else 0
+        if not n:
+            return 0
+        return n * self.linear.state_bytes / self.attention_dp if self.attention_dp > 1 else n * self.linear.state_bytes
 
     def bounded_bytes(self, tokens, sequences, kv_dtype: str = "bf16"):
         """HBM the bounded kinds hold for `sequences` sequences of `tokens` tokens in all (scalars or
@@ -294,10 +341,10 @@ class ModelSpec:
         return MLP_MATRICES * self.hidden_size * self.moe_intermediate_size
 
     def _moe_mlp_params(self) -> int:
-        """E*3*h*I_moe + 3*h*I_shared + router h*E."""
+        """E*3*h*I_moe + 3*h*I_shared + router h*E (E: the GPU's `local_experts`; the router scores all)."""
         h = self.hidden_size
         return (
-            self.num_experts * self.expert_params()
+            self.local_experts * self.expert_params()
             + MLP_MATRICES * h * self.shared_expert_intermediate_size
             + h * self.num_experts
         )
@@ -372,8 +419,8 @@ class ModelSpec:
 
     def _moe_mlp_bytes(self, weight_dtype: str, group_size: int) -> float:
         hp = HIGH_PRECISION_BITS / 8
-        b = self.num_experts * self._linear_bytes(self._dense_mlp_matrices(self.moe_intermediate_size), weight_dtype,
-                                                  group_size)
+        b = self.local_experts * self._linear_bytes(self._dense_mlp_matrices(self.moe_intermediate_size), weight_dtype,
+                                                    group_size)
         b += self._linear_bytes(self._dense_mlp_matrices(self.shared_expert_intermediate_size), weight_dtype, group_size)
         return b + self.hidden_size * self.num_experts * hp
 
@@ -385,7 +432,7 @@ class ModelSpec:
         hp = HIGH_PRECISION_BITS / 8
         b = self._linear_bytes(self._attention_matrices(), weight_dtype, group_size)
         if self.is_moe:
-            b += self.num_experts * self._linear_bytes(
+            b += self.local_experts * self._linear_bytes(
                 self._dense_mlp_matrices(self.moe_intermediate_size), weight_dtype, group_size
             )
             b += self._linear_bytes(self._dense_mlp_matrices(self.shared_expert_intermediate_size), weight_dtype, group_size)
@@ -422,11 +469,16 @@ class ModelSpec:
 
     # ---- decode work per layer ----------------------------------------------------------
     def expected_experts_touched(self, batch: int) -> float:
-        """Distinct experts a batch reads per MoE layer, tokens routed uniformly: E * (1 - (1 - k/E)^B)."""
+        """Distinct experts, of this GPU's `local_experts`, a batch reads per MoE layer, tokens routed
+        uniformly: E_local * (1 - (1 - k/E)^B) (`sim.model.experts`; the batch is the group's, every
+        token routed over all E). Under expert parallelism the step waits for the busiest GPU, so this
+        is that GPU's expected count (`busiest_rank_experts_touched`); tensor parallelism splits every
+        expert evenly and has no such imbalance."""
         if not self.is_moe:
             return 0.0
-        e, k = self.num_experts, self.experts_per_token
-        return e * (1.0 - (1.0 - k / e) ** batch)
+        if self.expert_parallel > 1:
+            return busiest_rank_experts_touched(self.num_experts, self.experts_per_token, batch, self.expert_parallel)
+        return expected_experts_touched(self.num_experts, self.experts_per_token, batch, self.local_experts)
 
     def layer_weight_bytes_read(self, weight_dtype: str, batch: int, group_size: int = 128) -> float:
         """Weight bytes one decode step reads in one layer (MoE: only the experts touched; with
@@ -436,7 +488,7 @@ class ModelSpec:
             return full
         dt = WEIGHT_DTYPES[weight_dtype]
         one_expert = dt.bytes_for(self.expert_params(), group_size)
-        untouched = self.num_experts - self.expected_experts_touched(batch)
+        untouched = self.local_experts - self.expected_experts_touched(batch)
         if self.dense_mlp_layers:
             return full - self.moe_layers * untouched * one_expert / self.num_layers
         return full - untouched * one_expert
@@ -447,16 +499,20 @@ class ModelSpec:
         full = self.attention_linear_params_layer() + self.mlp_linear_params_layer()
         if not self.is_moe:
             return full
-        skipped = (self.num_experts - self.expected_experts_touched(batch)) * self.expert_params()
+        skipped = (self.local_experts - self.expected_experts_touched(batch)) * self.expert_params()
         if self.dense_mlp_layers:
             return full - self.moe_layers * skipped / self.num_layers
         return full - skipped
 
     def active_linear_params_layer(self) -> int:
         """Linear parameters one token multiplies through in one layer (MoE: k experts + shared;
-        dense-MLP layers and layer kinds: the mean layer's)."""
+        dense-MLP layers and layer kinds: the mean layer's). A shard under expert or attention data
+        parallelism (`shard`) counts one GPU's share of a token of the group's batch: its attention
+        projections and router for 1/attention_dp of the tokens, k / expert_parallel whole experts."""
         if not self.is_moe:
             return self.attention_linear_params_layer() + self.mlp_linear_params_layer()
+        if self.expert_parallel > 1 or self.attention_dp > 1:
+            return self._parallel_active_params()
         h = self.hidden_size
         moe = (self.experts_per_token * self.expert_params() + MLP_MATRICES * h * self.shared_expert_intermediate_size
                + h * self.num_experts)
@@ -470,12 +526,22 @@ class ModelSpec:
             + h * self.num_experts
         )
 
+    def _parallel_active_params(self) -> float:
+        """`active_linear_params_layer` of an expert- or attention-data-parallel shard."""
+        h, dp = self.hidden_size, self.attention_dp
+        moe = (self.experts_per_token * self.expert_params() / self.expert_parallel
+               + MLP_MATRICES * h * self.shared_expert_intermediate_size + h * self.num_experts / dp)
+        dense = MLP_MATRICES * h * self.intermediate_size
+        mlp = (self.moe_layers * moe + self.dense_mlp_layers * dense) / self.num_layers
+        return self.attention_linear_params_layer() / dp + mlp
+
     def qkv_params_layer(self) -> int:
         """Linear parameters of what runs before attention needs the cache: h * (q_dim + 2 kv_dim) for
         GQA; MLA its q path, kv_a and the W_UK half of kv_b (absorbed into the query); linear layers
         in_proj_qkvz and in_proj_ba. Layer kinds: the mean layer's."""
         if not self.layer_kinds:
-            return self.hidden_size * (self.q_dim + 2 * self.kv_dim)
+            out = self.hidden_size * (self.q_dim + 2 * self.kv_dim)
+            return out / self.attention_dp if self.attention_dp > 1 else out
 
         def pre(kind: str) -> int:
             if kind == MLA:
@@ -484,7 +550,7 @@ class ModelSpec:
                         + a.kv_lora_rank * self.num_heads * a.qk_nope_head_dim)
             return sum(r * c for r, c in self._attention_matrices(kind)[:-1])
 
-        return self._per_kind_mean(pre)
+        return self._per_kind_mean(pre) / self.attention_dp
 
 
 @lru_cache(maxsize=256)

@@ -120,13 +120,21 @@ def _auto_rows(s: SimRunSummary) -> list[tuple[str, str]]:
                                f"T0 share as low as {100 * s.hbm_share_min:.1f} %")]
 
 
+def parallel_words(parallel: dict) -> str:
+    """A scenario's `parallel:` in words: "tensor parallel", "tensor parallel, experts EP8",
+    "attention data-parallel x8, experts EP8"."""
+    ep, dp = parallel.get("ep", 1), parallel.get("attention_dp", 1)
+    words = f"attention data-parallel x{dp}" if dp > 1 else "tensor parallel"
+    return words + (f", experts EP{ep}" if ep > 1 else "")
+
+
 def summary_rows(s: SimRunSummary, measured_on: str | None = None) -> list[tuple[str, str]]:
     """(label, value) rows in reading order. `measured_on`: the device the run's profile measured
     (sim.inputs.profile.measured_device), said beside the GPU so CPU figures never pass for the GPU's."""
     where = f"{s.gpu} (measured figures from {measured_on})" if measured_on else s.gpu
-    tp = s.resolved_scenario.get("parallel", {}).get("tp", 1)
-    if tp > 1:
-        where = f"{tp} x {where} (tensor parallel; memory figures per GPU)"
+    parallel = s.resolved_scenario.get("parallel", {})
+    if parallel.get("tp", 1) > 1:
+        where = f"{parallel['tp']} x {where} ({parallel_words(parallel)}; memory figures per GPU)"
     rows = [
         ("scenario", f"{s.scenario}: {s.model} on {where}, batch {s.batch_size}, "
                      f"{s.policy} ({s.semantics}, {s.prefetch})"),
@@ -188,7 +196,8 @@ def _load(s) -> str:
 
 def serving_summary_rows(s) -> list[tuple[str, str]]:
     """(label, value) rows of a ServingSummary, in reading order; a figure the run left None is "-"."""
-    where = s.gpu if s.tp == 1 else f"{s.tp} x {s.gpu} (tensor parallel; memory figures per GPU)"
+    parallel = s.resolved_scenario.get("parallel", {})
+    where = s.gpu if s.tp == 1 else f"{s.tp} x {s.gpu} ({parallel_words(parallel)}; memory figures per GPU)"
     rows = [("scenario", f"{s.scenario}: {s.model} on {where}, {s.policy}, {_f(s.requests, ',')} requests, {_load(s)}"),
             ("scheduler", f"max_num_seqs {s.max_num_seqs}, max_num_batched_tokens {_f(s.max_num_batched_tokens, ',')}, "
                           f"chunked prefill {'on' if s.chunked_prefill else 'off'}")]

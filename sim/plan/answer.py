@@ -7,7 +7,7 @@ from sim.inputs import catalog
 from sim.inputs.scenario import Scenario
 
 from .files import parse_prefill_label
-from .launch import hf_model_id, launch_commands
+from .launch import hf_model_id, launch_commands, with_flags
 
 
 def gpu_name(gpu: str) -> str:
@@ -72,11 +72,6 @@ DISAGG_FLAGS = {"vllm": """--kv-transfer-config '{"kv_connector":"NixlConnector"
                 "sglang": "--disaggregation-mode {role} --disaggregation-transfer-backend nixl"}
 
 
-def _with_flags(line: str, flags: str) -> str:
-    command, sep, comment = line.partition("  # ")
-    return f"{command} {flags}" + (f"  # {comment}" if sep else "")
-
-
 def launch_lines(best: dict, base: Scenario, host_offload_bytes: float | None = None) -> dict[str, str]:
     """The engine commands for the best row (sim.plan.launch): {"vllm": ..., "sglang": ...}, or for a
     disaggregated one each engine's prefill and decode instances ("vllm prefill", ...)."""
@@ -88,7 +83,7 @@ def launch_lines(best: dict, base: Scenario, host_offload_bytes: float | None = 
 
     def commands(tp: int, dp: int, policy: str, offload: float | None) -> dict[str, str]:
         return launch_commands(model, tp, dp, seqs, s.max_num_batched_tokens, util, s.chunked_prefill,
-                               policy, offload, m.weight_dtype, m.kv_dtype)
+                               policy, offload, m.weight_dtype, m.kv_dtype, best.get("experts"))
 
     if not best.get("prefill"):
         return commands(best["tp"], best["dp"], best["policy"], host_offload_bytes)
@@ -97,5 +92,5 @@ def launch_lines(best: dict, base: Scenario, host_offload_bytes: float | None = 
     for role, cmds in (("prefill", commands(tp_p, x, "full_hbm", None)),
                        ("decode", commands(best["tp"], best["dp"], best["policy"], host_offload_bytes))):
         for engine, line in cmds.items():
-            out[f"{engine} {role}"] = _with_flags(line, DISAGG_FLAGS[engine].replace("{role}", role))
+            out[f"{engine} {role}"] = with_flags(line, DISAGG_FLAGS[engine].replace("{role}", role))
     return out

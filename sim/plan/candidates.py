@@ -33,6 +33,11 @@ MAX_COUNT = 64
 MAX_REQUESTS_PLAN = 100_000
 MAX_SEQS = 65_536
 NEAR_FULL = 0.95  # a peak within 5% of capacity counts as that resource binding
+# A mixture of experts' layouts beside tensor parallelism (None): its experts split whole over the group
+# ("ep": vLLM --enable-expert-parallel, SGLang --ep-size), and with attention data-parallel over the
+# group as well ("ep+dpa": each GPU attends its own sequences; SGLang --enable-dp-attention).
+EP, EP_DPA = "ep", "ep+dpa"
+EXPERT_LAYOUTS = (None, EP, EP_DPA)
 
 
 
@@ -57,10 +62,21 @@ class Candidate:
     tp: int | None = None  # GPUs per replica (default: all of them); disaggregated: per decode instance
     prefill: tuple[int, int] | None = None  # disaggregated: (prefill instances, GPUs each); None: aggregated
     max_num_seqs: int | None = None  # the scheduler's cap per instance; None: the scenario's
+    experts: str | None = None  # a mixture of experts' layout (`EXPERT_LAYOUTS`); None: experts split by TP
 
     @property
     def tp_size(self) -> int:
         return self.tp or self.count
+
+    @property
+    def parallel(self) -> dict:
+        """The scenario's `parallel:` of one replica (decode instance)."""
+        tp = self.tp_size
+        if self.experts == EP:
+            return {"tp": tp, "ep": tp}
+        if self.experts == EP_DPA:
+            return {"tp": tp, "ep": tp, "attention_dp": tp}
+        return {"tp": tp}
 
     @property
     def replicas(self) -> int:
@@ -73,7 +89,9 @@ class Candidate:
         one prefill instance and three decode instances of two GPUs each."""
         if self.prefill:
             return f"{self.prefill[0]}P(TP{self.prefill[1]}) + {self.replicas}D(TP{self.tp_size})"
-        return f"TP{self.tp_size}" + (f" x {self.replicas}" if self.replicas > 1 else "")
+        tp = self.tp_size
+        group = {EP: f"TP{tp}+EP{tp}", EP_DPA: f"DPA{tp}+EP{tp}"}.get(self.experts, f"TP{tp}")
+        return group + (f" x {self.replicas}" if self.replicas > 1 else "")
 
 
 def lossy(policy: str, base: Scenario) -> bool:
@@ -252,21 +270,23 @@ def candidate_scenario(base: Scenario, cand: Candidate, rate: float, spec: PlanS
     slo = {k: v * 1000.0 for k, v in (("ttft_ms", spec.ttft_s), ("tpot_ms", spec.tpot_s)) if v is not None}
     if cand.max_num_seqs:
         data["scheduler"] = {**(data.get("scheduler") or {}), "max_num_seqs": cand.max_num_seqs}
-    data.update(hardware=hw, policy=policy, workload=work, parallel={"tp": cand.tp_size},
+    data.update(hardware=hw, policy=policy, workload=work, parallel=cand.parallel,
                 sim={**(data.get("sim") or {}), "detail": "step"}, slo=slo)
-    data["name"] = f"plan-{cand.gpu}-x{cand.count}-tp{cand.tp_size}-{cand.policy.replace(':', '-').replace('/', '-')}"
+    experts = f"-{cand.experts.replace('+', '-')}" if cand.experts else ""
+    data["name"] = f"plan-{cand.gpu}-x{cand.count}-tp{cand.tp_size}{experts}-{cand.policy.replace(':', '-').replace('/', '-')}"
     return scenario_from_dict(data, "plan")
 
 
-def prune(base: Scenario, gpu: str, count: int) -> str | None:
-    """Why `count` x `gpu` (tp = count) cannot hold the model at all, or None."""
+def prune(base: Scenario, gpu: str, count: int, experts: str | None = None) -> str | None:
+    """Why `count` x `gpu` (tp = count, the experts' layout `experts`) cannot hold the model at all, or None."""
     from sim.decode.context import build_context
     from sim.inputs.catalog import resolve_model
 
-    problem = resolve_model(base.model).tp_problem(count)
+    cand = Candidate(gpu, count, "full_hbm", experts=experts)
+    problem = resolve_model(base.model).parallel_problem(*(cand.parallel.get(k, 1) for k in ("tp", "ep", "attention_dp")))
     if problem:
-        return f"cannot shard: {problem}"
-    sc = candidate_scenario(base, Candidate(gpu, count, "full_hbm"), 1.0, PlanSpec(1.0, 1.0, None, requests=1))
+        return f"cannot shard: {problem[1]}"
+    sc = candidate_scenario(base, cand, 1.0, PlanSpec(1.0, 1.0, None, requests=1))
     ctx = build_context(sc)
     need = ctx.weights_bytes + ctx.hw.runtime_reserve_bytes
     if need > ctx.hw.memory_bytes:
@@ -282,3 +302,14 @@ def feasible_splits(base: Scenario, gpu: str, count: int) -> list[int] | str:
     if why_all:
         return why_all
     return [tp for tp in range(1, count + 1) if count % tp == 0 and (tp == count or prune(base, gpu, tp) is None)]
+
+
+def expert_layouts(base: Scenario, gpu: str, tp: int) -> list[str | None]:
+    """The experts' layouts of a `tp`-GPU group to search: tensor parallelism (None) always; for a
+    mixture-of-experts model over two GPUs or more, also expert parallelism and expert parallelism
+    with data-parallel attention, each where it shards and fits (`prune`)."""
+    from sim.inputs.catalog import resolve_model
+
+    if tp < 2 or not resolve_model(base.model).is_moe:
+        return [None]
+    return [None] + [e for e in (EP, EP_DPA) if prune(base, gpu, tp, e) is None]

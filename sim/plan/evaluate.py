@@ -62,7 +62,8 @@ def binding(probe: Probe, scenario: Scenario, curve: Curve | None) -> str:
 
 
 def key_of(cand: Candidate) -> str:
-    return candidate_key(cand.gpu, cand.count, cand.tp_size, cand.policy, prefill_label(cand.prefill), cand.max_num_seqs)
+    return candidate_key(cand.gpu, cand.count, cand.tp_size, cand.policy, prefill_label(cand.prefill), cand.max_num_seqs,
+                         cand.experts)
 
 
 def probe_rows(cand: Candidate, number: int, step: str, rate: float, probe: Probe, ttft_s: float | None,
@@ -139,7 +140,7 @@ def evaluate(base: Scenario, cand: Candidate, spec: PlanSpec, curve: Curve | Non
 def blank_row(cand: Candidate) -> dict:
     """A candidate's row before any figure (a failure until the search says otherwise)."""
     return dict(gpu=cand.gpu, gpus=cand.count, tp=cand.tp_size, dp=cand.replicas, prefill=prefill_label(cand.prefill),
-                max_num_seqs=cand.max_num_seqs, policy=cand.policy, status="fail",
+                experts=cand.experts, max_num_seqs=cand.max_num_seqs, policy=cand.policy, status="fail",
                 ttft_p99_ms=None, tpot_p99_ms=None, max_rate_per_s=None, max_rate_capped=None, next_rate_per_s=None,
                 binding=None, reason=None, verdict_requests=None, verdict_duration_s=None, host_peak_bytes=None)
 
@@ -202,7 +203,7 @@ def _screen_rate(curve: Curve | None, cand: Candidate, spec: PlanSpec) -> float:
 
 
 # what evaluate returns, as a stored result must hold it (CandidateTask.accepts)
-CANDIDATE_RESULT = {"gpu": str, "gpus": int, "tp": int, "dp": int, "prefill": OPTIONAL_TEXT,
+CANDIDATE_RESULT = {"gpu": str, "gpus": int, "tp": int, "dp": int, "prefill": OPTIONAL_TEXT, "experts": OPTIONAL_TEXT,
                     "max_num_seqs": (int, type(None)), "policy": str, "status": str,
                     "ttft_p99_ms": OPTIONAL_NUMBER, "tpot_p99_ms": OPTIONAL_NUMBER, "max_rate_per_s": OPTIONAL_NUMBER,
                     "max_rate_capped": (bool, type(None)), "next_rate_per_s": OPTIONAL_NUMBER,
@@ -247,8 +248,8 @@ class CandidateTask:
         if not has_fields(result, CANDIDATE_RESULT) or result["status"] not in ("pass", "fail"):
             return False
         c = self.cand
-        mine = (c.gpu, c.count, c.tp_size, c.replicas, prefill_label(c.prefill), c.max_num_seqs, c.policy)
-        got = ("gpu", "gpus", "tp", "dp", "prefill", "max_num_seqs", "policy")
+        mine = (c.gpu, c.count, c.tp_size, c.replicas, prefill_label(c.prefill), c.experts, c.max_num_seqs, c.policy)
+        got = ("gpu", "gpus", "tp", "dp", "prefill", "experts", "max_num_seqs", "policy")
         if tuple(result[k] for k in got) != mine:
             return False
         name = key_of(c)

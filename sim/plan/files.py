@@ -19,7 +19,9 @@ PLAN_FILES = (PLAN_CSV, PROBES_CSV, PLAN_JSON)
 
 # One row per candidate, ranked (`search.search`). `layout`: "TP4 x 2" (two replicas of a 4-GPU
 # tensor-parallel group), or disaggregated "1P(TP2) + 3D(TP2)" (`tp` and `dp` then the decode
-# instances', `prefill` "1xTP2": the prefill instances; empty for an aggregated layout). `max_num_seqs`:
+# instances', `prefill` "1xTP2": the prefill instances; empty for an aggregated layout). `experts`: a
+# mixture of experts' layout - empty (experts split by tensor parallelism), ep (whole experts split over
+# the group, layout "TP8+EP8") or ep+dpa (and attention data-parallel, "DPA8+EP8"). `max_num_seqs`:
 # the scheduler's cap on running sequences per instance (a searched dimension: --max-num-seqs). `output`: exact, or lossy for a policy that deletes tokens. `status`: pass,
 # fail (simulated), screened (the analytic screen's max rate is far below the rate: not simulated),
 # unsearched (cheaper configurations already passed: not simulated), pruned (cannot hold the model).
@@ -27,7 +29,7 @@ PLAN_FILES = (PLAN_CSV, PROBES_CSV, PLAN_JSON)
 # over the output tokens an hour at the rate asked. `verdict_requests` and `verdict_duration_s`: the
 # run length of the probe at the rate asked (one replica); `host_peak_bytes`: its host memory peak (the
 # host KV pool a tiered launch command asks for).
-PLAN_COLUMNS = ["rank", "gpu", "gpus", "tp", "dp", "prefill", "layout", "max_num_seqs", "policy", "output", "status", "usd_per_hour",
+PLAN_COLUMNS = ["rank", "gpu", "gpus", "tp", "dp", "prefill", "experts", "layout", "max_num_seqs", "policy", "output", "status", "usd_per_hour",
                 "usd_per_million_tokens", "ttft_p99_ms", "tpot_p99_ms", "max_rate_per_s", "max_rate_capped",
                 "next_rate_per_s", "screen_max_rate_per_s", "binding", "reason", "verdict_requests",
                 "verdict_duration_s", "host_peak_bytes", "price_source"]
@@ -58,11 +60,11 @@ MISS_KEYS = (MISS_TTFT, MISS_TPOT, MISS_FIT, MISS_OVERLOAD)
 
 
 def candidate_key(gpu: str, gpus: int, tp: int, policy: str, prefill: str | None = None,
-                  max_num_seqs: int | None = None) -> str:
-    """One candidate's name in probes.csv; plan.csv's gpu, gpus, tp, policy, prefill and max_num_seqs
-    columns give the same."""
-    return (f"{gpu} x{int(gpus)} tp{int(tp)} {policy}" + (f" prefill {prefill}" if prefill else "")
-            + (f" seqs {int(max_num_seqs)}" if max_num_seqs else ""))
+                  max_num_seqs: int | None = None, experts: str | None = None) -> str:
+    """One candidate's name in probes.csv; plan.csv's gpu, gpus, tp, policy, prefill, max_num_seqs and
+    experts columns give the same."""
+    return (f"{gpu} x{int(gpus)} tp{int(tp)}" + (f" {experts}" if experts else "") + f" {policy}"
+            + (f" prefill {prefill}" if prefill else "") + (f" seqs {int(max_num_seqs)}" if max_num_seqs else ""))
 
 
 def prefill_label(prefill: tuple[int, int] | None) -> str | None:

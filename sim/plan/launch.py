@@ -199,11 +199,51 @@ def sglang_launch_command(model_id: str, tp: int, dp: int, max_num_seqs: int, ma
 
 def launch_commands(model_id: str, tp: int, dp: int, max_num_seqs: int, max_num_batched_tokens: int,
                     gpu_memory_utilization: float, chunked_prefill: bool, policy: str,
-                    host_offload_bytes: float | None, weight_dtype: str, kv_dtype: str) -> dict[str, str]:
-    """{"vllm": vllm_serve_command(...), "sglang": sglang_launch_command(...)} for the same inputs."""
-    args = (model_id, tp, dp, max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, chunked_prefill,
-            policy, host_offload_bytes, weight_dtype, kv_dtype)
+                    host_offload_bytes: float | None, weight_dtype: str, kv_dtype: str,
+                    experts: str | None = None) -> dict[str, str]:
+    """{"vllm": vllm_serve_command(...), "sglang": sglang_launch_command(...)} for the same inputs;
+    a mixture of experts' layout `experts` as `expert_commands` says."""
+    rest = (max_num_batched_tokens, gpu_memory_utilization, chunked_prefill, policy, host_offload_bytes, weight_dtype,
+            kv_dtype)
+    if experts:
+        return expert_commands(model_id, tp, dp, max_num_seqs, experts, rest)
+    args = (model_id, tp, dp, max_num_seqs, *rest)
     return {"vllm": vllm_serve_command(*args), "sglang": sglang_launch_command(*args)}
+
+
+def expert_commands(model_id: str, tp: int, dp: int, max_num_seqs: int, experts: str, rest: tuple) -> dict[str, str]:
+    """The commands of a mixture of experts' layout over each `tp`-GPU group (`dp` of them).
+    "ep": the tensor-parallel commands with vLLM's --enable-expert-parallel (vllm/config/parallel.py
+    `enable_expert_parallel`: "use expert parallelism instead of tensor parallelism for MoE layers")
+    or SGLang's --ep-size tp (server_args.py, alias --expert-parallel-size).
+    "ep+dpa" (attention data-parallel over the group): vLLM runs the group as tp data-parallel ranks
+    of one GPU each with --enable-expert-parallel, its --max-num-seqs per rank (the group's cap / tp,
+    rounded up); SGLang as --tp-size tp --dp-size tp --enable-dp-attention --ep-size tp, whose
+    --max-running-requests is divided over the dp ranks (the group's cap as is). A group is one
+    server; more than one group (dp > 1) is that many servers behind the load balancer, said in a comment."""
+    if experts == "ep":
+        vllm = with_flags(vllm_serve_command(model_id, tp, dp, max_num_seqs, *rest), "--enable-expert-parallel")
+        sglang = with_flags(sglang_launch_command(model_id, tp, dp, max_num_seqs, *rest), f"--ep-size {int(tp)}")
+        return {"vllm": vllm, "sglang": sglang}
+    vllm = with_flags(vllm_serve_command(model_id, 1, tp, _ceil_div(max_num_seqs, tp), *rest), "--enable-expert-parallel")
+    sglang = with_flags(sglang_launch_command(model_id, tp, tp, max_num_seqs, *rest),
+                         f"--enable-dp-attention --ep-size {int(tp)}")
+    if dp > 1:
+        note = f"one server per {int(tp)}-GPU group: run {int(dp)} behind the load balancer"
+        vllm, sglang = _with_note(vllm, note), _with_note(sglang, note)
+    return {"vllm": vllm, "sglang": sglang}
+
+
+def with_flags(line: str, flags: str) -> str:
+    """`line` with `flags` appended to the command, before its trailing comment."""
+    command, sep, comment = line.partition("  # ")
+    return f"{command} {flags}" + (f"  # {comment}" if sep else "")
+
+
+def _with_note(line: str, note: str) -> str:
+    """`line` with `note` added to its trailing comment."""
+    command, sep, comment = line.partition("  # ")
+    return f"{command}  # " + (f"{comment}; {note}" if sep else note)
 
 
 # ---- The Hugging Face repository a catalog model is served from --------------------------------------

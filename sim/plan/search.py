@@ -31,7 +31,7 @@ from sim.runner.options import Execution
 from sim.runner.tasks import Interrupted, run_tasks
 from sim.serving.steady import MIN_MEASURED
 
-from .candidates import Candidate, PlanSpec, candidate_scenario, check_spec, feasible_splits, lossy
+from .candidates import Candidate, PlanSpec, candidate_scenario, check_spec, expert_layouts, feasible_splits, lossy
 from .disagg import screen_disagg, splits
 from .evaluate import CandidateTask, blank_row
 from .files import PLAN_COLUMNS, parse_prefill_label
@@ -66,6 +66,7 @@ def candidates(base: Scenario, gpus: list[str], counts: list[int], policies: lis
     todo, pruned = [], []
     caps = [s or base.scheduler.max_num_seqs for s in (seqs or [None])]
     for g in gpus:
+        moe: dict[int, list[str | None]] = {}  # tp -> the experts' layouts it holds (`expert_layouts`)
         for n in counts:
             tps = feasible_splits(base, g, n)
             for p in policies:
@@ -74,7 +75,8 @@ def candidates(base: Scenario, gpus: list[str], counts: list[int], policies: lis
                     continue
                 held = [tp for tp in tps if tp < n]  # a TP that holds the model with room for the other pool
                 for m in caps:
-                    todo += [Candidate(g, n, p, tp, max_num_seqs=m) for tp in (tps if layouts else [n])]
+                    todo += [Candidate(g, n, p, tp, max_num_seqs=m, experts=e) for tp in (tps if layouts else [n])
+                             for e in moe.setdefault(tp, expert_layouts(base, g, tp))]
                     if disagg:
                         todo += [Candidate(g, n, p, s.tp_d, (s.prefill, s.tp_p), m) for s in splits(held, n)]
     return todo, pruned
@@ -85,7 +87,7 @@ def _screen_one(base: Scenario, c: Candidate, spec: PlanSpec, curves: dict) -> t
     try:
         if c.prefill:
             return screen_disagg(base, c, spec, curves)
-        key = (c.gpu, c.tp_size, c.policy, c.max_num_seqs)
+        key = (c.gpu, c.tp_size, c.policy, c.max_num_seqs, c.experts)
         if key not in curves:
             curves[key] = curve(candidate_scenario(base, c, spec.rate / c.replicas, spec))
     except ConfigError as err:  # e.g. the scenario's other policy ratios and this hbm_ratio exceed 1
@@ -134,7 +136,8 @@ def check_plan_cost(base: Scenario, count: int, spec: PlanSpec, *, allow: bool) 
 def _order(base: Scenario, kept: dict, prices: dict) -> list[Candidate]:
     """Exact first, then $/hour, aggregated before disaggregated, then the screen's rate."""
     return sorted(kept, key=lambda c: (lossy(c.policy, base), c.count * prices[c.gpu][0], c.prefill is not None,
-                                       -kept[c][1], c.gpu, c.tp_size, c.prefill or (0, 0), c.max_num_seqs or 0))
+                                       -kept[c][1], c.gpu, c.tp_size, c.prefill or (0, 0), c.max_num_seqs or 0,
+                                       c.experts or ""))
 
 
 def _run_waves(base: Scenario, spec: PlanSpec, order: list[Candidate], kept: dict, execution: Execution,
@@ -202,7 +205,7 @@ def rank(rows: list[dict], base: Scenario, spec: PlanSpec, prices: dict) -> list
         r.setdefault("screen_max_rate_per_s", None)
     rows.sort(key=lambda r: (STATUS_ORDER[r["status"]], r["output"] != "exact", r["usd_per_hour"], r["prefill"] is not None,
                              -(r["max_rate_per_s"] or r["screen_max_rate_per_s"] or 0.0), r["gpu"], r["gpus"], r["tp"],
-                             r["prefill"] or "", r["max_num_seqs"] or 0))
+                             r["prefill"] or "", r["max_num_seqs"] or 0, r["experts"] or ""))
     n = 0
     for r in rows:
         n += r["status"] == "pass"
@@ -212,7 +215,8 @@ def rank(rows: list[dict], base: Scenario, spec: PlanSpec, prices: dict) -> list
 
 def row_candidate(r: dict) -> Candidate:
     """The candidate a plan row describes."""
-    return Candidate(r["gpu"], r["gpus"], r["policy"], r["tp"], parse_prefill_label(r.get("prefill")), r.get("max_num_seqs"))
+    return Candidate(r["gpu"], r["gpus"], r["policy"], r["tp"], parse_prefill_label(r.get("prefill")), r.get("max_num_seqs"),
+                     r.get("experts") or None)
 
 
 def mean_output_tokens(base: Scenario) -> float:

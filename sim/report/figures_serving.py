@@ -59,7 +59,7 @@ def _slo_ms(pf: PlanFiles) -> dict[str, float | None]:
 def simulated(pf: PlanFiles) -> pd.DataFrame:
     """plan.csv's rows that have probes (not pruned, not invalid), with their key and configuration
     label, ordered by policy (plan.json's order) then cost."""
-    rows = pf.plan.assign(candidate=[candidate_key(r.gpu, r.gpus, r.tp, r.policy, _text(r.prefill), _count(r.max_num_seqs)) for r in pf.plan.itertuples()],
+    rows = pf.plan.assign(candidate=[candidate_key(r.gpu, r.gpus, r.tp, r.policy, _text(r.prefill), _count(r.max_num_seqs), _text(r.experts)) for r in pf.plan.itertuples()],
                           config=[f"{r.gpus} x {r.gpu} ({r.layout})" for r in pf.plan.itertuples()])
     rows = rows[rows.candidate.isin(set(pf.probes.candidate))]
     order = {p: i for i, p in enumerate(pf.doc.policies)}

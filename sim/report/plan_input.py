@@ -88,6 +88,8 @@ def _table(path: Path, columns: list[str], numbers: tuple[str, ...]) -> pd.DataF
         frame = _read_csv(path)
     except pd.errors.EmptyDataError:
         raise ConfigError(f"empty file; expected {EXPECTED}", source=source) from None
+    if "experts" in columns and "experts" not in frame.columns:  # plan folders written before expert layouts
+        frame["experts"] = None
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise ConfigError(f"missing column(s) {', '.join(missing)}; expected {', '.join(columns)}", source=source)
@@ -119,7 +121,7 @@ def _check_plan(plan: pd.DataFrame, source: str) -> None:
     _require(plan, "status", source, lambda v: v in STATUSES, " or ".join(STATUSES))
     _require(plan, "usd_per_hour", source, lambda v: v >= 0, "a cost of at least 0")
     _flags(plan, "max_rate_capped", source, empty_ok=True)
-    keys = pd.Series([candidate_key(r.gpu, r.gpus, r.tp, r.policy, _text(r.prefill), _count(r.max_num_seqs)) for r in plan.itertuples()])
+    keys = pd.Series([candidate_key(r.gpu, r.gpus, r.tp, r.policy, _text(r.prefill), _count(r.max_num_seqs), _text(r.experts)) for r in plan.itertuples()])
     twice = keys.duplicated().to_numpy()
     if twice.any():
         i = int(twice.argmax())
@@ -136,6 +138,6 @@ def _check_probes(probes: pd.DataFrame, plan: pd.DataFrame, source: str) -> None
              f"empty or some of {', '.join(MISS_KEYS)} joined by ';'")
     _flags(probes, "passed", source, empty_ok=False)
     _flags(probes, "certain", source, empty_ok=False)
-    keys = {candidate_key(r.gpu, r.gpus, r.tp, r.policy, _text(r.prefill), _count(r.max_num_seqs)) for r in plan.itertuples()}
+    keys = {candidate_key(r.gpu, r.gpus, r.tp, r.policy, _text(r.prefill), _count(r.max_num_seqs), _text(r.experts)) for r in plan.itertuples()}
     _require(probes, "candidate", source, lambda v: v in keys, f"a candidate of {PLAN_CSV} in the same folder "
              "(are the files from one search?)")

@@ -1,0 +1,190 @@
+"""Expert parallelism and attention data parallelism (issue #22 item 2): routing expectations against
+brute-force sampling, one GPU's shard by hand (experts whole, the MLA latent no longer replicated),
+the dispatch/combine bytes by hand, bad layouts as one line, and tensor parallelism unchanged."""
+
+from __future__ import annotations
+
+from math import comb, pi, sqrt
+
+import numpy as np
+import pytest
+
+from sim.decode.capacity import max_batch
+from sim.decode.context import build_context
+from sim.device.physics import ACTIVATION_BYTES, layer_comm_s
+from sim.inputs import catalog
+from sim.inputs.errors import ConfigError
+from sim.inputs.scenario import load_scenario
+from sim.model.experts import (
+    busiest_rank_experts_touched,
+    expected_experts_touched,
+    expected_max_standard_normal,
+    expected_ranks_hit,
+    expected_remote_ranks,
+)
+
+from .conftest import SCENARIOS
+
+R1 = ["model.name=deepseek-r1", "model.weight_dtype=fp8", "parallel.tp=8"]
+EP8 = ["parallel.ep=8"]
+DPA8 = ["parallel.ep=8", "parallel.attention_dp=8"]
+
+
+def _ctx(*overrides: str, policy: str = "full_hbm"):
+    sc = load_scenario(SCENARIOS / "h200-7b-batch.yaml", [*R1, *overrides, f"policy.kind={policy}"])
+    return build_context(sc)
+
+
+def _route(rng, experts: int, top_k: int, tokens: int) -> np.ndarray:
+    """Each token's top-k distinct experts, uniformly: a (tokens, k) array."""
+    return np.argsort(rng.random((tokens, experts)), axis=1)[:, :top_k]
+
+
+@pytest.mark.parametrize("tokens", [1, 8, 64])
+def test_experts_touched_and_ranks_hit_match_sampling(tokens):
+    rng = np.random.default_rng(7)
+    E, k, ranks, trials = 64, 6, 8, 4000
+    touched, hit = [], []
+    for _ in range(trials):
+        picks = _route(rng, E, k, tokens)
+        touched.append(len(np.unique(picks)))
+        hit.append(np.mean([len(np.unique(row // (E // ranks))) for row in picks]))
+    assert np.mean(touched) == pytest.approx(expected_experts_touched(E, k, tokens), rel=0.01)
+    assert np.mean(hit) == pytest.approx(expected_ranks_hit(E, k, ranks), rel=0.01)
+
+
+def test_ranks_hit_by_hand():
+    # DeepSeek-R1 over 8 GPUs: 32 experts each; a token misses a rank when its 8 picks fall in the other 224
+    miss = comb(224, 8) / comb(256, 8)
+    assert expected_ranks_hit(256, 8, 8) == pytest.approx(8 * (1 - miss))
+    assert expected_remote_ranks(256, 8, 8) == pytest.approx(8 * (1 - miss) * 7 / 8)
+    assert 5.0 < expected_ranks_hit(256, 8, 8) < 8.0
+    assert expected_ranks_hit(256, 8, 1) == 1.0 and expected_remote_ranks(256, 8, 1) == 0.0
+
+
+def test_expected_max_of_normals():
+    assert expected_max_standard_normal(1) == 0.0
+    assert expected_max_standard_normal(2) == pytest.approx(1 / sqrt(pi), abs=1e-6)  # exact: 1 / sqrt(pi)
+    assert expected_max_standard_normal(8) == pytest.approx(1.4236, abs=1e-3)  # tabulated order statistics
+
+
+@pytest.mark.parametrize("tokens", [4, 16, 64])
+def test_busiest_rank_matches_sampling(tokens):
+    rng = np.random.default_rng(3)
+    E, k, ranks = 256, 8, 8
+    busiest = []
+    for _ in range(1500):
+        hit = np.zeros(E, bool)
+        hit[_route(rng, E, k, tokens).ravel()] = True
+        busiest.append(hit.reshape(ranks, -1).sum(axis=1).max())
+    assert busiest_rank_experts_touched(E, k, tokens, ranks) == pytest.approx(np.mean(busiest), rel=0.04)
+    assert busiest_rank_experts_touched(E, k, tokens, ranks) > expected_experts_touched(E, k, tokens, E // ranks)
+
+
+def test_expert_parallel_shard_holds_whole_experts_and_the_same_bytes():
+    tp, ep = _ctx(), _ctx(*EP8)
+    assert (tp.model.local_experts, tp.model.moe_intermediate_size) == (256, 2048 // 8)
+    assert (ep.model.local_experts, ep.model.moe_intermediate_size) == (32, 2048)
+    assert ep.weights_bytes == pytest.approx(tp.weights_bytes, rel=1e-12)  # 1/8 of each expert, or 1/8 of them
+    assert ep.kv_bytes_per_token_layer == tp.kv_bytes_per_token_layer == (512 + 64) * 2  # latent replicated
+    # the step waits for the busiest GPU's experts: more weight bytes read than under tensor parallelism
+    assert ep.model.layer_weight_bytes_read("fp8", 64) > tp.model.layer_weight_bytes_read("fp8", 64)
+    # at a batch that touches every expert there is no imbalance left
+    assert ep.model.layer_weight_bytes_read("fp8", 4096) == pytest.approx(tp.model.layer_weight_bytes_read("fp8", 4096))
+
+
+def test_attention_data_parallel_splits_the_latent_and_fits_more():
+    tp, dpa = _ctx(), _ctx(*DPA8)
+    assert dpa.kv_bytes_per_token_layer == (512 + 64) * 2 / 8  # each GPU holds its 1/8 of the sequences
+    assert dpa.model.num_heads == 128  # attention tensor-parallel over tp / 8 = 1 GPU
+    # attention weights replicated over the 8 ranks: more weights per GPU than tp=8 shards them to
+    assert dpa.weights_bytes > tp.weights_bytes
+    full = catalog.resolve_model(tp.scenario.model)
+    # q_b, kv_b and o split by heads (q_a and kv_a feed every head: each GPU holds them whole anyway)
+    a = full.mla
+    per_layer = (a.q_lora_rank * 128 * a.qk_head_dim + a.kv_lora_rank * 128 * (a.qk_nope_head_dim + a.v_head_dim)
+                 + 128 * a.v_head_dim * full.hidden_size)
+    assert dpa.weights_bytes - tp.weights_bytes == pytest.approx(61 * per_layer * 7 / 8, rel=1e-3)  # fp8: 1 B a weight
+    assert max_batch(dpa) > 5 * max_batch(tp)
+
+
+def test_dispatch_and_combine_by_hand():
+    ctx = _ctx(*DPA8)
+    m, hw, rows = ctx.model, ctx.hw, 256
+    h = m.hidden_size
+    remote = expected_remote_ranks(256, 8, 8)
+    one_way = hw.alltoall_floor_s + rows / 8 * remote * h * ACTIVATION_BYTES / hw.alltoall_bytes_per_s
+    dense = hw.allreduce_s(rows * h * ACTIVATION_BYTES)  # the 3 dense-MLP layers, over all 8 GPUs
+    # attention is tensor-parallel over one GPU: no all-reduce after it
+    assert layer_comm_s(m, hw, rows) == pytest.approx((58 * 2 * one_way + 3 * dense) / 61)
+    assert hw.alltoall_bytes_per_s == 360e9 and "alltoall" in hw.sources
+    # tensor parallelism (with or without ep): the two all-reduces, as before
+    tp = _ctx(*EP8)
+    assert layer_comm_s(tp.model, tp.hw, rows) == 2 * tp.hw.allreduce_s(rows * h * ACTIVATION_BYTES)
+    assert "alltoall" not in tp.hw.sources
+
+
+@pytest.mark.parametrize("overrides, field, says", [
+    (["parallel.ep=4"], "parallel.ep", "expected 1 (experts split by tensor parallelism) or 8"),
+    (["parallel.attention_dp=3"], "parallel.attention_dp", "attention_dp 3 must divide tp 8"),
+    (["parallel.attention_dp=8"], "parallel.attention_dp", "needs expert parallelism over the group (ep: 8)"),
+])
+def test_bad_layouts_are_one_line(overrides, field, says):
+    with pytest.raises(ConfigError) as err:
+        load_scenario(SCENARIOS / "h200-7b-batch.yaml", [*R1, *overrides])
+    assert err.value.field == field and says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_expert_parallelism_needs_experts():
+    with pytest.raises(ConfigError) as err:
+        load_scenario(SCENARIOS / "h200-7b-batch.yaml", ["parallel.tp=4", "parallel.ep=4"])
+    assert err.value.field == "parallel.ep" and "needs a mixture-of-experts model" in str(err.value)
+
+
+def test_tensor_parallel_scenarios_dump_as_before():
+    sc = load_scenario(SCENARIOS / "h200-7b-batch.yaml", R1)
+    assert sc.model_dump(mode="json")["parallel"] == {"tp": 8}
+    sc = load_scenario(SCENARIOS / "h200-7b-batch.yaml", [*R1, *DPA8])
+    assert sc.model_dump(mode="json")["parallel"] == {"tp": 8, "ep": 8, "attention_dp": 8}
+
+
+# ---- the planner: expert layouts searched, their scenarios and launch commands ----------------------
+
+def _moe_base():
+    from sim.inputs.scenario import load_scenario as load
+
+    return load(SCENARIOS / "serving-h100-70b-tp4.yaml", ["model.name=qwen3-30b-a3b", "parallel.tp=1"])
+
+
+def test_the_planner_searches_expert_layouts_for_a_mixture_of_experts():
+    from sim.plan import candidates as C
+    from sim.plan import search as P
+
+    base = _moe_base()
+    cands, _ = P.candidates(base, ["h100-sxm"], [2], ["full_hbm"], disagg=False)
+    got = {(c.tp_size, c.replicas, c.experts, c.layout) for c in cands}
+    assert got == {(1, 2, None, "TP1 x 2"), (2, 1, None, "TP2"), (2, 1, "ep", "TP2+EP2"), (2, 1, "ep+dpa", "DPA2+EP2")}
+    dpa = next(c for c in cands if c.experts == "ep+dpa")
+    sc = C.candidate_scenario(base, dpa, 1.0, C.PlanSpec(1.0, 2.0, 0.05))
+    assert sc.parallel.layout == (2, 2, 2)
+    # a dense model gets tensor parallelism only
+    dense = load_scenario(SCENARIOS / "serving-h100-70b-tp4.yaml", ["parallel.tp=1", "model.name=deepseek-r1-distill-qwen-7b"])
+    assert {c.experts for c in P.candidates(dense, ["h100-sxm"], [2], ["full_hbm"], disagg=False)[0]} == {None}
+    assert C.expert_layouts(base, "h100-sxm", 1) == [None]
+
+
+def test_expert_layout_launch_commands():
+    from sim.plan import launch as L
+
+    rest = (8192, 0.9, True, "full_hbm", None, "bf16", "bf16")
+    ep = L.launch_commands("Qwen/Qwen3-30B-A3B", 2, 1, 256, *rest, experts="ep")
+    assert ep["vllm"].endswith("--enable-chunked-prefill --enable-expert-parallel")
+    assert "--tensor-parallel-size 2 --data-parallel-size 1" in ep["vllm"]
+    assert ep["sglang"].endswith("--ep-size 2")
+    dpa = L.launch_commands("Qwen/Qwen3-30B-A3B", 2, 3, 256, *rest, experts="ep+dpa")
+    # vLLM: 2 data-parallel ranks of one GPU each, 128 sequences a rank; SGLang: the group's cap over its dp ranks
+    assert "--tensor-parallel-size 1 --data-parallel-size 2 --max-num-seqs 128" in dpa["vllm"]
+    assert "--enable-expert-parallel" in dpa["vllm"]
+    assert "--tp-size 2 --dp-size 2 --max-running-requests 256" in dpa["sglang"]
+    assert "--enable-dp-attention --ep-size 2" in dpa["sglang"]
+    assert all(line.endswith("run 3 behind the load balancer") for line in dpa.values())
