@@ -169,6 +169,37 @@ def test_kvsim_models_json():
         assert row["weight_bytes"] == 2 * PARAMS[name]
 
 
+def test_kvsim_models_shows_layers_kv_and_bounded_bytes_by_kind():
+    """Layers by kind, KV per token by kind and the most a sequence holds in its window and linear
+    layers, in --json (new keys beside the old) and in the table; by hand (docs/models.md table)."""
+    res = run_cli("models", "--json", "--kv-dtype", "fp8")
+    assert res.returncode == 0, res.stderr
+    rows = {r["name"]: r for r in json.loads(res.stdout)}
+    r1, oss, nxt = rows["deepseek-r1"], rows["gpt-oss-120b"], rows["qwen3-next-80b-a3b"]
+    assert r1["layers_by_kind"] == "61 mla; 3 dense MLP"
+    assert r1["kv_by_kind"] == {"mla": {"layers": 61, "bytes_per_token": 61 * 576 * 1}}  # fp8: one byte a value
+    assert r1["kv_bytes_per_token"] == 61 * 576 * 2 == 70_272 and r1["bounded_bytes_per_sequence"] == 0
+    assert oss["layers_by_kind"] == "18 full + 18 window (128)"
+    assert oss["kv_bytes_per_token"] == 18 * 2 * 8 * 64 * 2 == 36_864
+    assert oss["bounded_bytes_per_sequence"] == 18 * 2 * 8 * 64 * 2 * 128 == 4_718_592
+    assert oss["bounded_bytes_per_sequence_fp8"] == 4_718_592 / 2
+    assert oss["kv_by_kind"]["window"] == {"layers": 18, "bytes_per_token": 18 * 2 * 8 * 64, "window_tokens": 128,
+                                           "max_bytes_per_sequence": 18 * 2 * 8 * 64 * 128}
+    assert nxt["layers_by_kind"] == "12 full + 36 linear" and nxt["bounded_bytes_per_sequence"] == 39_518_208
+    assert nxt["bounded_bytes_per_sequence_fp8"] == 39_518_208  # a linear state is 16-bit whatever the KV dtype
+    assert rows["llama-3.1-8b"]["bounded_bytes_per_sequence"] == 0
+    assert {"name", "layers", "heads", "kv_heads", "head_dim", "params", "kv_bytes_per_token", "kv_bytes_per_token_fp8",
+            "weight_bytes", "weight_bytes_by_dtype", "source"} <= set(oss)  # the keys it always had
+    table = run_cli("models")
+    assert table.returncode == 0, table.stderr
+    assert "bounded per sequence" in table.stdout  # the title (columns wrap at this width)
+    from sim.cli.main import _kv_by_kind_cell, _model_rows
+
+    cells = {r["name"]: _kv_by_kind_cell(r["kv_by_kind"]) for r in _model_rows("bf16")}
+    assert cells["gpt-oss-120b"] == "full 36,864 + window 36,864" and cells["deepseek-r1"] == "mla 70,272"
+    assert cells["qwen3-next-80b-a3b"] == "full 24,576"  # its linear layers hold nothing per token
+
+
 def test_kvsim_gpus_json():
     res = run_cli("gpus", "--json")
     assert res.returncode == 0, res.stderr

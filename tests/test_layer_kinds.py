@@ -37,11 +37,16 @@ KV_BY_HAND = {
     "gpt-oss-20b": 12 * 2 * 8 * 64 * BF16,  # 24,576
     "qwen3-235b-a22b": 2 * 94 * 4 * 128 * BF16,  # 192,512
     "qwen3-30b-a3b": 2 * 48 * 4 * 128 * BF16,  # 98,304
+    "qwen3-next-80b-a3b": 12 * 2 * 2 * 256 * BF16,  # the 12 full layers only: 24,576
 }
 WINDOW_BY_HAND = {  # window layers x 2 x Hkv x d x 2 B x 128 tokens: the most a sequence holds in them
     "gpt-oss-120b": 18 * 2 * 8 * 64 * BF16 * 128,  # 4,718,592
     "gpt-oss-20b": 12 * 2 * 8 * 64 * BF16 * 128,  # 3,145,728
 }
+# Qwen3-Next-80B-A3B's 36 linear (Gated DeltaNet) layers: per value head a key_head_dim x value_head_dim
+# state (32 x 128 x 128) + the causal conv's last kernel - 1 = 3 inputs of its q, k, v channels
+# (2 x 16 x 128 + 32 x 128 = 8,192), in 16 bits: 548,864 values = 1,097,728 B a layer, whatever the length.
+STATE_BY_HAND = {"qwen3-next-80b-a3b": 36 * (32 * 128 * 128 + 3 * (2 * 16 * 128 + 32 * 128)) * BF16}  # 39,518,208
 
 
 def _write(tmp_path, cfg: dict, name: str = "config.json"):
@@ -110,12 +115,25 @@ def _qwen3_moe_params_by_hand(L: int, h: int, H: int, I_moe: int) -> int:
     return L * layer + V * h + h + V * h
 
 
+def _qwen3_next_params_by_hand() -> int:
+    """Qwen3-Next-80B-A3B: 12 gated-attention layers (q 16 x 256, k/v 2 x 256, q/k norms), 36 Gated
+    DeltaNet layers (in_proj_qkvz h -> 2 x 16 x 128 + 2 x 32 x 128, in_proj_ba h -> 2 x 32, out_proj
+    32 x 128 -> h, conv weights 8,192 x 4, A_log and dt_bias per value head, a 128-wide gated norm), in
+    every layer 512 experts of 512 + one shared expert of 512 + the router, two norms."""
+    h, V = 2048, 151936
+    full = h * 16 * 256 + 2 * h * 2 * 256 + 16 * 256 * h + 2 * 256
+    linear = h * (2 * 16 * 128 + 2 * 32 * 128) + h * 2 * 32 + 32 * 128 * h + 8192 * 4 + 2 * 32 + 128
+    moe = 512 * 3 * h * 512 + 3 * h * 512 + h * 512
+    return 12 * full + 36 * linear + 48 * (moe + 2 * h) + V * h + h + V * h
+
+
 NEW_MODEL_PARAMS = {
     "deepseek-r1": _r1_params_by_hand(),
     "gpt-oss-120b": _gpt_oss_params_by_hand(36, 128),
     "gpt-oss-20b": _gpt_oss_params_by_hand(24, 32),
     "qwen3-235b-a22b": _qwen3_moe_params_by_hand(94, 4096, 64, 1536),
     "qwen3-30b-a3b": _qwen3_moe_params_by_hand(48, 2048, 32, 768),
+    "qwen3-next-80b-a3b": _qwen3_next_params_by_hand(),
 }
 
 
@@ -124,8 +142,11 @@ def test_parameters_of_the_new_models_by_hand_and_published():
         assert catalog.model(name).params == params, name
     # model cards: DeepSeek-V3/R1 671B, gpt-oss 116.83B / 20.91B (0.04B of biases and sinks not
     # counted here), Qwen3 235B and 30.5B
+    # Qwen3-Next-80B-A3B's card says 80B: rounded to the billion, so within 0.5 B; kvtier counts 79.57 B,
+    # leaving out the gated attention's output-gate half of q_proj (12 x 2048 x 4096 = 0.10 B), the
+    # shared-expert gates (48 x 2048) and the multi-token-prediction layer
     published = {"deepseek-r1": (671, 0), "gpt-oss-120b": (116.8, 1), "gpt-oss-20b": (20.9, 1),
-                 "qwen3-235b-a22b": (235, 0), "qwen3-30b-a3b": (30.5, 1)}
+                 "qwen3-235b-a22b": (235, 0), "qwen3-30b-a3b": (30.5, 1), "qwen3-next-80b-a3b": (80, 0)}
     for name, (billions, digits) in published.items():
         assert round(catalog.model(name).params / 1e9, digits) == billions, name
     for name in published:
@@ -172,6 +193,34 @@ def test_window_and_state_bytes_are_bounded_by_hand(tmp_path):
     assert nxt.state_bytes_per_sequence() == 6 * state * 2
     assert nxt.bounded_bytes(10, 1) == nxt.bounded_bytes(10**6, 1) == 6 * state * 2  # does not grow
     assert nxt.kv_bytes_per_token("bf16") == 2 * 2 * 2 * 256 * BF16  # the two full layers only
+
+
+def test_qwen3_next_catalog_model_by_hand():
+    """Qwen3-Next-80B-A3B from its config.json: every 4th layer full (full_attention_interval 4), the
+    rest Gated DeltaNet; KV per token from the 12 full layers only, a fixed state per sequence from the
+    36 linear ones; tensor parallelism splits both (2 KV heads: replicated past tp 2)."""
+    m = catalog.model("qwen3-next-80b-a3b")
+    assert m.kind_counts == {FULL: 12, LINEAR: 36} and m.describe_kinds() == "12 full + 36 linear"
+    assert [i for i, k in enumerate(m.kinds) if k == FULL] == list(range(3, 48, 4))
+    assert (m.num_experts, m.experts_per_token, m.moe_intermediate_size, m.shared_expert_intermediate_size) == (512, 10, 512, 512)
+    assert m.moe_layers == 48 and m.intermediate_size == 0 and m.qk_norm and not m.qkv_bias
+    state = STATE_BY_HAND["qwen3-next-80b-a3b"]
+    assert state == 39_518_208 and m.state_bytes_per_sequence() == state
+    assert m.bounded_bytes(1, 1) == m.bounded_bytes(10**6, 1) == state and m.bounded_bytes(500, 4) == 4 * state
+    assert m.kv_by_kind("bf16") == {FULL: {"layers": 12, "bytes_per_token": 24_576.0},
+                                    LINEAR: {"layers": 36, "bytes_per_token": 0.0, "max_bytes_per_sequence": float(state)}}
+    # one linear-attention MoE layer as transformers builds it (Qwen3NextDecoderLayer: 1,648,531,648
+    # parameters) less its shared_expert_gate (h -> 1), which kvtier does not count
+    layer = (sum(r * c for r, c in m._attention_matrices(LINEAR)) + m._attention_small_params(LINEAR)
+             + m._moe_mlp_params() + 2 * m.hidden_size)
+    assert layer == 1_648_531_648 - 2048
+    for tp in (1, 2, 4, 8, 16):
+        assert m.tp_problem(tp) is None
+    assert m.tp_problem(3) == "16 attention heads are not divisible by tp 3"
+    assert m.tp_problem(32) == "16 attention heads are not divisible by tp 32"
+    assert m.shard(2).state_bytes_per_sequence() == state / 2 and m.shard(2).kv_bytes_per_token("bf16") == 24_576 / 2
+    assert m.shard(4).kv_bytes_per_token("bf16") == 24_576 / 2  # one KV head a GPU, replicated
+    assert m.shard(4).state_bytes_per_sequence() == state / 4
 
 
 def _scenario(model: str | None = None, hf_config=None, *extra: str):

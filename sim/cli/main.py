@@ -13,6 +13,7 @@ from rich.table import Table
 
 from sim.inputs import catalog
 from sim.inputs.errors import EXIT_BAD_INPUT, ConfigError
+from sim.model.layers import LINEAR
 from sim.model.units import GB, TB, TFLOP
 from sim.outputs.run_folder import to_json
 
@@ -102,9 +103,15 @@ def run(
     console.print(f"[dim]wrote {out_dir}/ (scenario.resolved.yaml, summary.json, {', '.join(files)})[/dim]")
 
 
+def _bounded_bytes_per_sequence(kv_by_kind: dict) -> float:
+    """The most one sequence holds in its window and linear layers (`kv_by_kind`'s per-sequence bytes)."""
+    return float(sum(r.get("max_bytes_per_sequence", 0.0) for r in kv_by_kind.values()))
+
+
 def _model_rows(kv_dtype: str) -> list[dict]:
     rows = []
     for m in catalog.models().values():
+        by_kind = m.kv_by_kind(kv_dtype)
         rows.append({
             "name": m.name, "layers": m.num_layers, "heads": m.num_heads, "kv_heads": m.num_kv_heads,
             "head_dim": m.head_dim, "params": m.params,
@@ -112,7 +119,9 @@ def _model_rows(kv_dtype: str) -> list[dict]:
             f"kv_bytes_per_token_{kv_dtype}": m.kv_bytes_per_token(kv_dtype),
             "weight_bytes": m.weight_bytes("bf16"),
             "weight_bytes_by_dtype": {d: m.weight_bytes(d) for d in ("bf16", "fp8", "int8", "int4")},
-            "layers_by_kind": m.describe_kinds(), "kv_by_kind": m.kv_by_kind(kv_dtype),
+            "layers_by_kind": m.describe_kinds(), "kv_by_kind": by_kind,
+            "bounded_bytes_per_sequence": _bounded_bytes_per_sequence(m.kv_by_kind("bf16")),
+            f"bounded_bytes_per_sequence_{kv_dtype}": _bounded_bytes_per_sequence(by_kind),
             "source": m.source,
         })
     return rows
@@ -130,15 +139,26 @@ def models(
     if as_json:
         print(to_json(rows))
         return
-    t = Table(title="models (weights: linear layers quantised, embeddings/LM head/norms bf16)")
-    for col in ("model", "layers by kind", "H", "Hkv", "d", "params", "KV B/token (bf16)", "bf16", "fp8", "int8", "int4"):
-        t.add_column(col, justify="right" if col not in ("model", "layers by kind") else "left")
+    t = Table(title="models (weights: linear layers quantised, embeddings/LM head/norms bf16; KV by kind and "
+                    f"bounded per sequence in {kv_dtype})")
+    left = ("model", "layers by kind", "KV B/token by kind")
+    for col in ("model", "layers by kind", "H", "Hkv", "d", "params", "KV B/token (bf16)", "KV B/token by kind",
+                "bounded B/seq", "bf16", "fp8", "int8", "int4"):
+        t.add_column(col, justify="left" if col in left else "right")
     for r in rows:
         w = r["weight_bytes_by_dtype"]
+        bounded = r[f"bounded_bytes_per_sequence_{kv_dtype}"]
         t.add_row(r["name"], r["layers_by_kind"], str(r["heads"]), str(r["kv_heads"]), str(r["head_dim"]),
-                  f"{r['params'] / 1e9:.2f} B", f"{r['kv_bytes_per_token']:,.0f}",
+                  f"{r['params'] / 1e9:.2f} B", f"{r['kv_bytes_per_token']:,.0f}", _kv_by_kind_cell(r["kv_by_kind"]),
+                  f"{bounded:,.0f}" if bounded else "-",
                   *(f"{w[d] / GB:.1f} GB" for d in ("bf16", "fp8", "int8", "int4")))
     console.print(t)
+
+
+def _kv_by_kind_cell(kv_by_kind: dict) -> str:
+    """'full 36,864 + window 36,864': each per-token kind's bytes per token over its layers (a linear
+    layer holds none per token: its state is in the bounded column)."""
+    return " + ".join(f"{k} {r['bytes_per_token']:,.0f}" for k, r in kv_by_kind.items() if k != LINEAR)
 
 
 @app.command()

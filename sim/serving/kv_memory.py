@@ -2,7 +2,11 @@
 shard, so KV bytes per token are one GPU's): DESIGN.md "Link and memory model" for a serving run.
 
 HBM = weights + activations + runtime reserve (fixed) + T0 KV of the running sequences + staging
-for the step's T1/T2 + each running request's bounded window/state bytes (layer kinds, at most); host = T1 x full KV bytes + T2 x compressed bytes, against host capacity.
+for the step's T1/T2 + each running request's bounded bytes (layer kinds: its window layers' KV of
+its last min(tokens, W) tokens, as vLLM's SlidingWindowManager frees the blocks that left the window
+(vllm/v1/core/single_type_kv_cache_manager.py remove_skipped_blocks), and its linear layers' fixed
+state; `RunContext.bounded_bytes` of one sequence, the closed batch's rule); host = T1 x full KV
+bytes + T2 x compressed bytes, against host capacity.
 The activations are held for the largest step the scheduler can form, as vLLM sizes its KV cache
 after a profiling forward pass of `max_num_batched_tokens` tokens (logits only for the rows that
 sample: at most `max_num_seqs`).
@@ -10,7 +14,9 @@ sample: at most `max_num_seqs`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from sim.decode.context import RunContext
 from sim.device.memory import profile_run_activation_bytes, staging_bytes
@@ -27,6 +33,7 @@ class KvMemory:
     t2_bytes_per_token: float
     staging_bytes_per_token: float  # HBM staging per T1/T2 token a step attends on the GPU (0: nothing staged)
     bounded_bytes_per_request: float = 0.0  # window and linear layers' HBM a running request holds at most
+    request_bounded: Callable | None = None  # tokens a request holds -> its window/state bytes (None: no such layers)
 
     @property
     def fixed_bytes(self) -> float:
@@ -37,10 +44,18 @@ class KvMemory:
         """HBM left for T0 KV and staging: capacity - weights - activations - reserve."""
         return self.hbm_capacity_bytes - self.fixed_bytes
 
-    def hbm_kv_bytes(self, t0, staged):
+    def bounded_bytes(self, tokens=None):
+        """A request's window and linear layers' HBM when it holds `tokens` tokens (T0..T3: a window
+        covers the latest tokens whatever was evicted): min(tokens, W) tokens of window KV + its state;
+        `tokens` None: the most a request holds (W tokens). 0 for a model without such layers."""
+        if tokens is None or self.request_bounded is None:
+            return self.bounded_bytes_per_request
+        return self.request_bounded(tokens)
+
+    def hbm_kv_bytes(self, t0, staged, tokens=None):
         """T0 tokens x KV bytes + staged T1/T2 tokens x staging bytes per token + the request's bounded
-        bytes (window KV up to W tokens, linear state; 0 for a dense model), per request."""
-        return t0 * self.kv_bytes_per_token + staged * self.staging_bytes_per_token + self.bounded_bytes_per_request
+        bytes (`bounded_bytes(tokens)`; 0 for a dense model), per request."""
+        return t0 * self.kv_bytes_per_token + staged * self.staging_bytes_per_token + self.bounded_bytes(tokens)
 
     def host_bytes(self, t1, t2):
         return t1 * self.kv_bytes_per_token + t2 * self.t2_bytes_per_token
@@ -60,7 +75,8 @@ def kv_memory(ctx: RunContext, max_num_batched_tokens: int, max_num_seqs: int) -
         stage = staging_bytes(p.prefetch, p.staging_buffers, ctx.tiered_layers, 1.0) * ctx.staged_bytes_per_token_layer
     window = ctx.model.sliding_window or 0
     bounded = ctx.bounded_bytes(window, 1)  # the most one request holds: W tokens of window KV + its state
+    per_request = partial(ctx.bounded_bytes, sequences=1) if ctx.model.has_bounded_layers else None
     return KvMemory(hbm_capacity_bytes=ctx.hw.memory_bytes, weights_bytes=ctx.weights_bytes, activation_bytes=act,
                     runtime_reserve_bytes=ctx.hw.runtime_reserve_bytes, host_capacity_bytes=ctx.hw.host_memory_bytes,
                     kv_bytes_per_token=ctx.kv_bytes_per_token, t2_bytes_per_token=ctx.t2_bytes_per_token,
-                    staging_bytes_per_token=stage, bounded_bytes_per_request=bounded)
+                    staging_bytes_per_token=stage, bounded_bytes_per_request=bounded, request_bounded=per_request)

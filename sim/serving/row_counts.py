@@ -89,7 +89,7 @@ class PressureRows:
         full_hbm's, so tiering keeps admitted requests running as they grow (instead of preempting
         them), and never admits more: every tiered token crosses the link at each step, which makes
         packing requests in by tiering a loss wherever the link binds (the report's finding)."""
-        return self.memory.hbm_kv_bytes(counts[:, [T0, T1, T2]].sum(axis=1), 0)
+        return self.memory.hbm_kv_bytes(counts[:, [T0, T1, T2]].sum(axis=1), 0, counts.sum(axis=1))
 
     def _unprotected(self, rows: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(tokens, protected tokens) of each row after decode step `steps`."""

@@ -54,12 +54,12 @@ def alone_shortfall(memory: KvMemory, counter: TierCounter, reqs: RequestSet) ->
         mine = reqs.prompt_tokens == p
         steps = np.arange(max(int(reqs.output_tokens[mine].max()) - 1, 1))
         att, aft = counter.attended(int(p), steps), counter.after(int(p), steps)
-        hbm = np.maximum.accumulate(np.maximum(memory.hbm_kv_bytes(att[:, T0], att[:, T1] + att[:, T2]),
-                                               memory.hbm_kv_bytes(aft[:, T0], 0)))
+        hbm = np.maximum.accumulate(np.maximum(memory.hbm_kv_bytes(att[:, T0], att[:, T1] + att[:, T2], att.sum(axis=1)),
+                                               memory.hbm_kv_bytes(aft[:, T0], 0, aft.sum(axis=1))))
         host = np.maximum.accumulate(np.maximum(memory.host_bytes(att[:, T1], att[:, T2]),
                                                 memory.host_bytes(aft[:, T1], aft[:, T2])))
         last = np.maximum(reqs.output_tokens[mine] - 2, 0)
-        need_hbm = np.maximum(hbm[last], memory.hbm_kv_bytes(int(p), 0))
+        need_hbm = np.maximum(hbm[last], memory.hbm_kv_bytes(int(p), 0, int(p)))
         need_host = host[last]
         bad = np.flatnonzero((need_hbm > memory.kv_budget_bytes) | (need_host > memory.host_capacity_bytes))
         if len(bad):

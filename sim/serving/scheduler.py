@@ -10,7 +10,8 @@ are left and memory holds the newcomer's reservation - the head of the queue tha
 stops admission (no overtaking). Without chunked prefill a prompt is scheduled whole or waits.
 
 Memory is tier-aware (`kv_memory`, `row_counts`): a decoding request holds its T0 tokens (+ staging
-for the T1/T2 it attends) in HBM and its T1/T2 in host memory, at its own current length; a
+for the T1/T2 it attends, + its window and linear layers' bounded bytes) in HBM and its T1/T2 in host
+memory, at its own current length; a
 (re)admitted one reserves what it will hold once prefilled - its prompt in T0, or for a resumed
 one its tier counts at its current length (a tiered cache re-tiers what it recomputes). A swapped
 request takes its place again in the queue's order: its K/V comes back over the link (the step's
@@ -127,10 +128,11 @@ class Scheduler:
         self.waiting.append(i)
 
     def _needs(self, att: np.ndarray, aft: np.ndarray, decoding: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(HBM KV bytes, host bytes) per request: T0 + staged T1/T2 (decodes only) during the
-        step; host the larger of during the step and after its re-tier."""
+        """(HBM KV bytes, host bytes) per request: T0 + staged T1/T2 (decodes only) + the window and
+        linear layers' bytes of the tokens it holds during the step; host the larger of during the
+        step and after its re-tier."""
         m = self.memory
-        hbm = m.hbm_kv_bytes(att[:, T0], np.where(decoding, att[:, T1] + att[:, T2], 0))
+        hbm = m.hbm_kv_bytes(att[:, T0], np.where(decoding, att[:, T1] + att[:, T2], 0), att.sum(axis=1))
         host = np.maximum(m.host_bytes(att[:, T1], att[:, T2]), m.host_bytes(aft[:, T1], aft[:, T2]))
         return hbm, host
 
@@ -248,7 +250,7 @@ class Scheduler:
             h, ho = (float(x[0]) for x in self._needs(a, b, np.array([True])))
         else:
             a = self.counter.held(i, int(t.generated[i]) + 1)[None, :]
-            h, ho = m.hbm_kv_bytes(a[0, T0], 0), m.host_bytes(a[0, T1], a[0, T2])
+            h, ho = m.hbm_kv_bytes(a[0, T0], 0, a[0].sum()), m.host_bytes(a[0, T1], a[0, T2])
         return h, ho, float(self.counter.admission_bytes(a, np.array([h]))[0])
 
     def _close(self, d: _Draft, plan: StepPlan) -> None:

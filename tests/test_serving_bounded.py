@@ -1,0 +1,90 @@
+"""Serving with layer kinds: each running request holds its window and linear layers' bounded bytes
+in HBM (min(tokens, W) tokens of window KV, as vLLM frees the blocks that left the window, + its
+linear state), admission reserves them, and the run's HBM peak includes them - by hand for
+gpt-oss-20b and Qwen3-Next. A dense model reserves nothing (its goldens are byte-identical)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+import sim.serving.run as serving_run
+from sim.decode.context import build_context
+from sim.inputs.scenario import scenario_from_dict
+from sim.serving.kv_memory import kv_memory
+from sim.serving.run import simulate_serving
+
+BF16 = 2
+OSS20_KV = 12 * 2 * 8 * 64 * BF16  # gpt-oss-20b: 12 full layers x K,V x 8 heads x 64: 24,576 B a token
+OSS20_WINDOW = 12 * 2 * 8 * 64 * BF16  # ... and its 12 window layers, per token held: 24,576 B
+W = 128
+PROMPT, OUTPUT, BATCHED = 1024, 4, 65_536
+
+
+def _scenario(model: str = "gpt-oss-20b", reserve: float | None = None, tp: int = 1) -> dict:
+    """Closed loop of 64 requests of 1,024 + 4 tokens, full_hbm, every prompt prefilled in the first step."""
+    hw = {"gpu": "h100-sxm"} | ({"efficiency": {"runtime_reserve_bytes": reserve}} if reserve is not None else {})
+    return {"name": "serving-bounded", "model": {"name": model}, "hardware": hw, "parallel": {"tp": tp},
+            "workload": {"prompt_tokens": PROMPT, "reasoning_tokens": OUTPUT, "seed": 1,
+                         "arrivals": {"kind": "closed_loop", "concurrency": 64, "requests": 64}},
+            "scheduler": {"max_num_batched_tokens": BATCHED},
+            "policy": {"kind": "full_hbm"}, "sim": {"detail": "step"}}
+
+
+def _memory(data: dict):
+    ctx = build_context(scenario_from_dict(data, "test.yaml"))
+    return ctx, kv_memory(ctx, BATCHED, 256)
+
+
+def test_a_request_holds_min_tokens_w_of_window_kv():
+    ctx, mem = _memory(_scenario())
+    assert mem.kv_bytes_per_token == OSS20_KV
+    assert mem.bounded_bytes(100) == 100 * OSS20_WINDOW  # shorter than the window: every token
+    assert mem.bounded_bytes(1_000) == mem.bounded_bytes() == W * OSS20_WINDOW == 3_145_728  # the window only
+    assert mem.hbm_kv_bytes(100, 0, 100) == 100 * OSS20_KV + 100 * OSS20_WINDOW
+    assert mem.hbm_kv_bytes(1_000, 0, 1_000) == 1_000 * OSS20_KV + 3_145_728
+    assert mem.hbm_kv_bytes(0, 0) == 3_145_728  # no token count: the most a request holds
+
+
+def test_a_linear_layer_request_holds_its_state_whatever_its_length():
+    """Qwen3-Next at TP 2: 36 linear layers x (32 x 128 x 128 + 3 x (2 x 16 x 128 + 32 x 128)) x 2 B,
+    the heads split two ways; the 12 full layers' 1 KV head of 256 a GPU tier per token."""
+    state = 36 * (32 * 128 * 128 + 3 * (2 * 16 * 128 + 32 * 128)) * BF16 // 2
+    _, mem = _memory(_scenario("qwen3-next-80b-a3b", tp=2))
+    assert state == 19_759_104 and mem.kv_bytes_per_token == 12 * 2 * 1 * 256 * BF16
+    assert mem.bounded_bytes(1) == mem.bounded_bytes(100_000) == mem.bounded_bytes() == state
+
+
+def test_dense_requests_reserve_nothing_more():
+    _, mem = _memory(_scenario("llama-3.1-8b"))
+    assert mem.request_bounded is None and mem.bounded_bytes(5_000) == 0.0
+    assert mem.hbm_kv_bytes(10, 0, 10) == 10 * mem.kv_bytes_per_token
+
+
+def test_admission_reserves_the_window_so_fewer_requests_run_and_the_peak_holds_them(monkeypatch):
+    """A KV budget of 40.25 prompts' KV (1,024 x 24,576 B each): without the window reservation the
+    first step admits 40 prompts; each also holds 128 tokens x 24,576 B = 3,145,728 B in its window
+    layers, so floor(40.25 x 25,165,824 / (25,165,824 + 3,145,728)) = 35 run. They decode in lockstep
+    to 1,027 tokens (no preemption: 35 x 28,385,280 B < the budget), the HBM peak's step."""
+    _, mem = _memory(_scenario())
+    budget = 40.25 * PROMPT * OSS20_KV
+    reserve = mem.hbm_capacity_bytes - mem.weights_bytes - mem.activation_bytes - budget
+    data = _scenario(reserve=reserve)
+    res = simulate_serving(scenario_from_dict(data, "test.yaml")).summary
+    assert res.kv_budget_bytes == pytest.approx(budget, rel=1e-12)
+    per_request = PROMPT * OSS20_KV + W * OSS20_WINDOW  # 28,311,552 B at admission
+    assert int(budget // per_request) == 35 and res.max_running == 35
+    assert res.fits and res.preemptions == 0
+    fixed = mem.hbm_capacity_bytes - budget  # weights + activations + reserve
+    last = 35 * ((PROMPT + OUTPUT - 1) * OSS20_KV + W * OSS20_WINDOW)  # the first wave's last decode step
+    assert last == 993_484_800
+    assert res.hbm_peak_bytes == pytest.approx(fixed + last, rel=1e-12)
+    assert res.hbm_peak_bytes - fixed - 35 * (PROMPT + OUTPUT - 1) * OSS20_KV == pytest.approx(35 * 3_145_728, rel=1e-9)
+
+    def without_bounded(ctx, *args):  # the same run, the window bytes not reserved (what serving did before)
+        return replace(kv_memory(ctx, *args), bounded_bytes_per_request=0.0, request_bounded=None)
+
+    monkeypatch.setattr(serving_run, "kv_memory", without_bounded)
+    unreserved = simulate_serving(scenario_from_dict(data, "test.yaml")).summary
+    assert unreserved.max_running == 40  # floor(40.25)
