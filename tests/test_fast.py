@@ -176,7 +176,7 @@ def test_host_access_steps_follow_the_layer_level_step_for_step(case):
 def test_host_access_cases_reach_the_contended_branches():
     """The cases above do what their names say: split attends part on the host while it prefetches
     the rest, and the DRAM slows the stream (and, beside a desktop socket, the copies)."""
-    from sim.decode.fast_host import host_pipeline_arrays, pair_speeds
+    from sim.decode.fast_host import pair_speeds
 
     for case in ("70b-split-server", "7b-split-desktop", "7b-split-two-engines"):
         name, overrides = HOST_CASES[case]

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 from .promise import dump_yaml, files_under, tiny_scenario
 

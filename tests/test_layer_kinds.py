@@ -38,6 +38,7 @@ KV_BY_HAND = {
     "qwen3-235b-a22b": 2 * 94 * 4 * 128 * BF16,  # 192,512
     "qwen3-30b-a3b": 2 * 48 * 4 * 128 * BF16,  # 98,304
     "qwen3-next-80b-a3b": 12 * 2 * 2 * 256 * BF16,  # the 12 full layers only: 24,576
+    "deepseek-v3.2": 61 * (512 + 64) * BF16,  # the latent, as R1's (its indexer keys stay in HBM: test_sparse_fetch)
 }
 WINDOW_BY_HAND = {  # window layers x 2 x Hkv x d x 2 B x 128 tokens: the most a sequence holds in them
     "gpt-oss-120b": 18 * 2 * 8 * 64 * BF16 * 128,  # 4,718,592
@@ -134,6 +135,8 @@ NEW_MODEL_PARAMS = {
     "qwen3-235b-a22b": _qwen3_moe_params_by_hand(94, 4096, 64, 1536),
     "qwen3-30b-a3b": _qwen3_moe_params_by_hand(48, 2048, 32, 768),
     "qwen3-next-80b-a3b": _qwen3_next_params_by_hand(),
+    # R1's + each layer's lightning indexer: wq_b 1536 -> 64 x 128, wk 7168 -> 128, weights_proj 7168 -> 64, k_norm
+    "deepseek-v3.2": _r1_params_by_hand() + 61 * (1536 * 64 * 128 + 7168 * 128 + 7168 * 64 + 2 * 128),
 }
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 
 from sim.device.hardware import Hardware, resolve_hardware
 from sim.device.memory import engine_memory, profile_run_activation_bytes
+from sim.device.sparse_fetch import SparseFetch
 from sim.inputs import catalog
 from sim.inputs.profile import Profile
 from sim.inputs.scenario import Scenario
@@ -36,6 +37,13 @@ class RunContext:
     @property
     def t2_bytes_per_token(self) -> float:
         return self.t2_bytes_per_token_layer * self.num_layers
+
+    @property
+    def sparse_fetch(self) -> SparseFetch | None:
+        """How a sparse_fetch step moves its picks (policy.sparse_reuse, fetch_copy, fetch_block_tokens);
+        None with another access."""
+        p = self.scenario.policy
+        return SparseFetch(p.sparse_reuse, p.fetch_copy, p.fetch_block_tokens) if p.access == "sparse_fetch" else None
 
     # ---- layers by kind (sim/model/layers.py) ----------------------------------------------
     # Per-token figures above are the tiered layers' (full, MLA) over all L layers, the mean layer the
@@ -70,7 +78,7 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
     policy = TierPolicy.from_config(p)
     stages = policy.tiering and (policy.auto or policy.hbm_ratio < 1.0 - policy.evict_ratio)  # T1/T2 may hold tokens
     hw = resolve_hardware(scenario.hardware, m.weight_dtype, p.pinned, profile,
-                          staging=p.prefetch if stages else "none", with_host=p.access != "prefetch",
+                          staging=p.prefetch if stages else "none", with_host=p.host_access,
                           tp=scenario.parallel.tp)
     if scenario.engine is not None:
         hw = with_engine(hw, scenario, model)

@@ -168,7 +168,7 @@ class DecodeSim:
         return decode_step_cost(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, self.prefetch,
                                 int(row[ACTIVE]), int(row[ATT_T0]), int(row[ATT_T1]), int(row[ATT_T2]),
                                 ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer, self.staged, self.access,
-                                self.buffers)
+                                self.buffers, fetch=ctx.sparse_fetch)
 
     def retier_traffic(self, s: int) -> RetierTraffic:
         ctx, mv, after = self.ctx, self.plan.retier_moves[s], self.plan.tiers_after[s]
@@ -247,6 +247,9 @@ class DecodeSim:
         """One step's forward pass in the policy's prefetch mode, then its tail."""
         if cost.host is not None:
             yield from (self.host_layers(cost, tl) if self.walk_host_step(cost) else self.host_closed_form(cost, tl))
+        elif cost.stages and cost.on_demand:  # sparse_fetch: each layer fetches its picks after its indexer
+            walk = self.layer_detail or self.link_in_flight()
+            yield from (self.on_demand_layers(cost, tl) if walk else self.layerwise_closed_form(cost, tl))
         elif cost.stages and self.prefetch == "layerwise_async":
             walk = self.layer_detail or (self.dram is not None and self.link_in_flight())  # split prefetching it all
             yield from (self.layerwise_layers(cost, tl) if walk else self.layerwise_closed_form(cost, tl))
@@ -281,6 +284,19 @@ class DecodeSim:
             yield env.timeout(rest_s)
             if tl is not None:
                 tl.append({"kind": "compute", "start_s": start, "end_s": env.now, "what": f"layer {layer}"})
+
+    def on_demand_layers(self, cost: StepCost, tl: list | None):
+        """sparse_fetch, layer by layer: the layer's pre-attention (its indexer picks the rows), then its
+        copy of the picked host rows (waiting for the H2D direction like any copy), then the rest."""
+        pre_s, rest_s = cost.layer.pre_attention_s, cost.layer.post_attention_s
+        for layer in range(cost.num_layers):
+            start = self.env.now
+            yield self.env.timeout(pre_s)
+            yield from self.h2d.transfer(cost.prefetch_bytes_per_layer, cost.prefetch_copies_per_layer, tl,
+                                         f"fetch L{layer}")
+            yield self.env.timeout(rest_s)
+            if tl is not None:
+                tl.append({"kind": "compute", "start_s": start, "end_s": self.env.now, "what": f"layer {layer}"})
 
     def layerwise_copier(self, cost: StepCost, buffers: simpy.Container, staged: list, tl: list | None):
         for layer in range(cost.num_layers):

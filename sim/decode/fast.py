@@ -41,12 +41,15 @@ from .fast_host import fast_host_timing
 
 def supports(ctx: RunContext) -> bool:
     """Whether the fast level times this run itself: host access with one copy engine (queries
-    queueing behind prefetches on it) is timed at the step level."""
-    return ctx.scenario.policy.access == "prefetch" or not ctx.policy.tiering or ctx.hw.copy_engines >= 2
+    queueing behind prefetches on it) and sparse_fetch (its on-demand copies) are timed at the step level."""
+    access = ctx.scenario.policy.access
+    if access == "sparse_fetch" and ctx.policy.tiering:
+        return False
+    return access == "prefetch" or not ctx.policy.tiering or ctx.hw.copy_engines >= 2
 
 
 def host_access(ctx: RunContext) -> bool:
-    return ctx.scenario.policy.access != "prefetch" and ctx.policy.tiering
+    return ctx.scenario.policy.host_access and ctx.policy.tiering
 
 
 # ---- tier plan ------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ def step_time(ctx: RunContext, batch: int, t0: int, t1: int, t2: int) -> StepTim
     staged = ctx.policy.tiering and pol.prefetch != "per_interval"  # per_interval keeps T1/T2 resident
     cost = decode_step_cost(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, pol.prefetch, batch, t0, t1, t2,
                             ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer, staged, pol.access,
-                            pol.staging_buffers)
+                            pol.staging_buffers, fetch=ctx.sparse_fetch)
     L = cost.num_layers
     if cost.host is not None:
         copy_s = cost.prefetch_copy_s(ctx.hw.h2d) if cost.stages else 0.0
@@ -55,7 +55,7 @@ def step_time(ctx: RunContext, batch: int, t0: int, t1: int, t2: int) -> StepTim
     if pol.prefetch == "sync_per_step":
         return StepTime(L * copy_s + cost.compute_s, cost.compute_s, L * copy_s)
     _, layers = cost.layerwise_pipeline(copy_s, pol.staging_buffers)
-    return StepTime(layers[-1][1] + cost.tail_s, cost.compute_s, L * copy_s)
+    return StepTime(layers[-1][1] + cost.tail_s, cost.compute_s, L * copy_s, L * cost.prefetch_bytes_per_layer)
 
 
 @dataclass(frozen=True)

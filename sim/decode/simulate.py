@@ -137,5 +137,5 @@ def _decode_figures(scenario: Scenario, ctx: RunContext, timing, steps: pd.DataF
         stall_share=float(steps["stall_s"].sum()) / decode_s,
         link_bottleneck=max(h2d_utilization, d2h_utilization) >= LINK_BOTTLENECK_UTILIZATION,
         host_attention_share=(timing.busy_s("host", until=decode_s) / decode_s
-                              if scenario.policy.access != "prefetch" else None),
+                              if scenario.policy.host_access else None),
     )

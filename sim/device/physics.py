@@ -12,6 +12,7 @@ No SimPy here: the engine only schedules what these compute. Formulas are in the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -19,12 +20,13 @@ import numpy as np
 
 from sim.model.dtypes import KV_DTYPES
 from sim.model.experts import expected_remote_ranks
-from sim.model.layers import FULL, LINEAR, MLA, TIERED_KINDS, WINDOW
+from sim.model.layers import FULL, LINEAR, MLA, SPARSE, TIERED_KINDS, WINDOW
 from sim.model.spec import ModelSpec
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
 from .hardware import Hardware
 from .host_pipeline import HostLayer, HostStepTimes, host_pipeline
+from .sparse_fetch import SparseFetch, fetch_layer, mean_layer_share
 
 ALLREDUCES_PER_LAYER = 2  # tensor parallelism: after the attention output and after the MLP down projection
 GEMM_CALLS_PER_LAYER = 4  # qkv, o, gate_up, down as engines fuse them (an MoE layer's experts: counted as these)
@@ -111,7 +113,7 @@ def kind_attention_flop_per_token(model: ModelSpec, kind: str) -> float:
     over the latent + 2 * H * kv_lora_rank for PV. Linear: per sequence, not per token
     (`LinearShape.state_flop_per_token`), so 0 here. An attention-data-parallel shard: / attention_dp
     (a GPU attends 1/D of the group's tokens; `ModelSpec.shard`)."""
-    if kind == MLA:
+    if kind in (MLA, SPARSE):  # a sparse layer: per token it attends (one of its top-k)
         a = model.mla
         flop = FLOP_PER_MAC * model.num_heads * (a.latent_dim + a.kv_lora_rank)
     elif kind == LINEAR:
@@ -161,6 +163,9 @@ def kinds_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv
         elif kind == MLA:
             flop = kind_attention_flop_per_token(model, MLA) * np.asarray(attended_tokens, dtype=float)
             t = call(flop if arrays else float(flop), kv_bytes * L / model.tiered_layers, hw)
+        elif kind == SPARSE:
+            flop, nbytes = sparse_attention_work(model, batch, attended_tokens, kv_dtype)
+            t = call(flop if arrays else float(flop), nbytes if arrays else float(nbytes), hw)
         else:
             tokens = attended_tokens if kind == FULL else np.minimum(attended_tokens, batch * model.sliding_window)
             per_token = model.kind_kv_bytes_per_token_layer(kind, kv_dtype)
@@ -169,6 +174,21 @@ def kinds_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv
             t = gqa_attention_s(model, hw, batch, tokens, nbytes, per_token, flop if arrays else float(flop))
         total = total + n * t
     return total / L
+
+
+def sparse_attention_work(model: ModelSpec, batch, attended_tokens, kv_dtype: str):
+    """(FLOP, bytes) of one sparse layer's decode attention (DeepSeek sparse attention): the indexer
+    scores every attended token (`SparseShape.flop_per_token`, reading its HBM-resident key) and MLA
+    attends only the top-k it selects - min(tokens, B x k) over the batch, exact when every sequence
+    holds at least k tokens (or all fewer) - reading their latents and writing B new ones. The
+    latents read come from T0 or from where the access put the host-resident ones (staged)."""
+    selected = np.minimum(np.asarray(attended_tokens, dtype=float), np.asarray(batch, dtype=float) * model.sparse.index_topk)
+    dp = model.attention_dp
+    flop = (kind_attention_flop_per_token(model, SPARSE) * selected
+            + model.sparse.flop_per_token / dp * np.asarray(attended_tokens, dtype=float))
+    latent = model.kind_kv_bytes_per_token_layer(SPARSE, kv_dtype)
+    nbytes = (selected + batch) * latent + np.asarray(attended_tokens, dtype=float) * model.sparse.key_bytes_per_token / dp
+    return flop, nbytes
 
 
 def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, rows: int) -> float:
@@ -363,7 +383,12 @@ def kinds_prefill_flop(model: ModelSpec, batch: int, prompt_tokens: int) -> floa
         if kind == LINEAR:
             flop += n * P * linear_state_flop(model)
             continue
-        pairs = P * (P + 1) / 2 if kind != WINDOW else (min(P, W) * (min(P, W) + 1) / 2 + max(P - W, 0) * W)
+        if kind == SPARSE:  # each position attends min(i, k) tokens; the indexer scores all i of them
+            k = model.sparse.index_topk
+            pairs = min(P, k) * (min(P, k) + 1) / 2 + max(P - k, 0) * k
+            flop += n * model.sparse.flop_per_token / model.attention_dp * P * (P + 1) / 2
+        else:
+            pairs = P * (P + 1) / 2 if kind != WINDOW else (min(P, W) * (min(P, W) + 1) / 2 + max(P - W, 0) * W)
         flop += n * kind_attention_flop_per_token(model, kind) * pairs
     return batch * flop / model.num_layers
 
@@ -427,6 +452,18 @@ def layerwise_pipeline(pre_s: list[float], rest_s: list[float], copy_s: list[flo
         end = taken + rest
         layers.append((begin, end))
     return copies, layers
+
+
+def on_demand_pipeline(pre_s: float, rest_s: float, copy_s: float, layers: int) -> tuple[list, list]:
+    """sparse_fetch's step: layer l runs its pre-attention (norm, projections, the indexer), then
+    fetches the rows its indexer chose (`copy_s`), then the rest; the next layer needs its output.
+    Returns ([(copy start, end) per layer], [(layer start, end) per layer]) as `layerwise_pipeline`."""
+    copies, spans, t = [], [], 0.0
+    for _ in range(layers):
+        copies.append((t + pre_s, t + pre_s + copy_s) if copy_s > 0 else None)
+        spans.append((t, t + pre_s + copy_s + rest_s))
+        t += pre_s + copy_s + rest_s
+    return copies, spans
 
 
 def layerwise_pipeline_s(pre_s: list[float], rest_s: list[float], copy_s: list[float], buffers: int) -> tuple[float, float]:
@@ -494,6 +531,7 @@ class StepCost:
     pack_s_per_layer: float = 0.0  # host work each prototype copy waits for (sync_per_step)
     host: HostPath | None = None  # the part of T1/T2 attended on the host (access host_attention / split)
     host_fraction: float = 0.0  # share of the host-resident tokens attended there (1: host_attention)
+    on_demand: bool = False  # sparse_fetch: a layer's copy starts once its pre-attention (the indexer) is done
 
     @property
     def compute_s(self) -> float:
@@ -527,6 +565,8 @@ class StepCost:
             return self.host_times(hw, copy_s, buffers).finish_s + self.tail_s
         if copy_s <= 0:
             return self.compute_s
+        if self.on_demand:  # every layer waits for its own fetch: nothing overlaps it
+            return self.compute_s + self.num_layers * copy_s
         _, layers = self.layerwise_pipeline(copy_s, buffers)
         return layers[-1][1] + self.tail_s
 
@@ -541,8 +581,11 @@ class StepCost:
                                     both_directions_busy) + self.pack_s_per_layer
 
     def layerwise_pipeline(self, copy_s: float, buffers: int) -> tuple[list, list]:
-        """`layerwise_pipeline` of this step's layers with every layer's copy taking `copy_s`."""
+        """`layerwise_pipeline` of this step's layers with every layer's copy taking `copy_s` (on demand:
+        `on_demand_pipeline`)."""
         L = self.num_layers
+        if self.on_demand:
+            return on_demand_pipeline(self.layer.pre_attention_s, self.layer.post_attention_s, copy_s, L)
         return layerwise_pipeline([self.layer.pre_attention_s] * L, [self.layer.post_attention_s] * L, [copy_s] * L,
                                   buffers)
 
@@ -550,7 +593,7 @@ class StepCost:
 def decode_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, prefetch: str,
                      batch: int, t0: int, t1: int, t2: int, kv_bytes_per_token_layer: float,
                      t2_bytes_per_token_layer: float, staged: bool = True, access: str = "prefetch",
-                     buffers: int = 2, host_fraction: float | None = None) -> StepCost:
+                     buffers: int = 2, host_fraction: float | None = None, fetch: SparseFetch | None = None) -> StepCost:
     """One decode step for tier counts summed over the batch: each layer attends T0 + T1 + T2
     (`decode_layer_cost`), the tail is `step_tail_s`, and - when `staged` (a tiered policy that
     stages its host tiers every step) - each layer's T1/T2 crosses the link:
@@ -558,8 +601,11 @@ def decode_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_si
     copies = `prefetch_copies_per_layer`; the prototype (sync_per_step) packs its T1 on the host first.
     Host access: `split` tries fractions 1, 15/16, ..., 0 of the host-resident tokens on the host and
     keeps the first fastest by `StepCost.closed_form_s`; `host_fraction` gives the fraction instead
-    (one already chosen, e.g. by the fast level's arrays)."""
-    if staged and access != "prefetch" and t1 + t2 > 0:
+    (one already chosen, e.g. by the fast level's arrays). `sparse_fetch`: `_sparse_fetch_cost`."""
+    if staged and access == "sparse_fetch" and t1 + t2 > 0:
+        return _sparse_fetch_cost(model, hw, weight_dtype, group_size, batch, t0, t1, t2, kv_bytes_per_token_layer,
+                                  t2_bytes_per_token_layer, fetch or SparseFetch())
+    if staged and access not in ("prefetch", "sparse_fetch") and t1 + t2 > 0:
         args = (model, hw, weight_dtype, group_size, prefetch, batch, t0, t1, t2, kv_bytes_per_token_layer,
                 t2_bytes_per_token_layer)
         if access == "host_attention" or host_fraction is not None:
@@ -573,6 +619,21 @@ def decode_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_si
     copies = prefetch_copies_per_layer(prefetch, t1 > 0, t2 > 0) if staged else 0
     pack_s = host_pack_s(hw, t1 * kv_bytes_per_token_layer) if staged and prefetch == "sync_per_step" else 0.0
     return StepCost(layer, model.num_layers, tail_s, nbytes, copies, pack_s)
+
+
+def _sparse_fetch_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, batch: int, t0: int,
+                       t1: int, t2: int, kv_bytes_per_token_layer: float, t2_bytes_per_token_layer: float,
+                       fetch: SparseFetch) -> StepCost:
+    """A sparse_fetch step (sim/device/sparse_fetch.py): every layer attends the indexer's top-k of
+    T0 + T1 + T2 (`sparse_attention_work`), the T2 rows it fetched dequantised; the T1/T2 picks cross
+    the link on demand (`fetch_layer`, the mean layer's share of it)."""
+    nbytes, copies, t2_rows = fetch_layer(model, fetch, batch, t0, t1, t2, kv_bytes_per_token_layer,
+                                          t2_bytes_per_token_layer)
+    share = mean_layer_share(model)
+    layer = decode_layer_cost(model, hw, weight_dtype, group_size, batch, t0 + t1 + t2, kv_bytes_per_token_layer,
+                              t2_rows, t2_bytes_per_token_layer)
+    return StepCost(layer, model.num_layers, step_tail_s(model, hw, batch), nbytes * share,
+                    math.ceil(copies * share), on_demand=True)
 
 
 def prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_tokens: float,
@@ -600,6 +661,8 @@ def _bounded_prefill_flop(model: ModelSpec, position_sum: float, kv_tokens: floa
     flop = counts.get(WINDOW, 0) * kind_attention_flop_per_token(model, WINDOW) * min(position_sum, kv_tokens * model.sliding_window)
     if counts.get(LINEAR):
         flop += counts[LINEAR] * kv_tokens * linear_state_flop(model)
+    if counts.get(SPARSE):  # the indexer over every attended pair (its MLA part is in `attention_flop`, uncapped)
+        flop += counts[SPARSE] * model.sparse.flop_per_token / model.attention_dp * position_sum
     return flop / model.num_layers
 
 
@@ -607,7 +670,7 @@ def mixed_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
                     decodes: int, t0: int, t1: int, t2: int, kv_bytes_per_token_layer: float,
                     t2_bytes_per_token_layer: float, prefill_tokens: int = 0, prefill_position_sum: float = 0,
                     prefill_kv_tokens: float = 0, prefill_seqs: int = 0, staged: bool = True,
-                    access: str = "prefetch", buffers: int = 2) -> StepCost:
+                    access: str = "prefetch", buffers: int = 2, fetch: SparseFetch | None = None) -> StepCost:
     """One continuous-batching step: `decodes` decoding sequences (tier counts t0/t1/t2 summed over
     them, each at its own context) plus prefill chunks of `prefill_tokens` tokens from `prefill_seqs`
     sequences. Per layer:
@@ -620,7 +683,7 @@ def mixed_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
     chunks attend T0 only). With no prefill this is `decode_step_cost` exactly."""
     if decodes:
         base = decode_step_cost(model, hw, weight_dtype, group_size, prefetch, decodes, t0, t1, t2,
-                                kv_bytes_per_token_layer, t2_bytes_per_token_layer, staged, access, buffers)
+                                kv_bytes_per_token_layer, t2_bytes_per_token_layer, staged, access, buffers, fetch=fetch)
     else:
         base = StepCost(LayerCost(0.0, 0.0, hw.layer_overhead_s, qkv_share=qkv_share(model), host_s=hw.host_layer_s),
                         model.num_layers, 0.0, 0.0, 0)

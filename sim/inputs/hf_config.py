@@ -8,7 +8,8 @@ model, a layer kind without the fields that shape it.
 Layers by kind (`sim/model/layers.py`): `layer_types` names each layer's attention
 (`full_attention`, `sliding_attention` with `sliding_window`, `linear_attention` with the
 `linear_*` fields; or Qwen3-Next's `full_attention_interval`); `kv_lora_rank` makes the attention
-layers MLA (with `qk_rope_head_dim`, `qk_nope_head_dim`, `v_head_dim`, optional `q_lora_rank`).
+layers MLA (with `qk_rope_head_dim`, `qk_nope_head_dim`, `v_head_dim`, optional `q_lora_rank`), and
+with `index_topk` (`index_n_heads`, `index_head_dim`) DeepSeek sparse attention: every MLA layer sparse.
 Mixture of experts: `num_experts` / `num_local_experts` / `n_routed_experts`, `num_experts_per_tok`
 (or gpt-oss's `experts_per_token`), `moe_intermediate_size` (else `intermediate_size`), shared
 experts as `shared_expert_intermediate_size` or `n_shared_experts` x `moe_intermediate_size`, and
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sim.model.layers import FULL, LINEAR, MLA, WINDOW, LinearShape, MlaShape
+from sim.model.layers import FULL, LINEAR, MLA, SPARSE, WINDOW, LinearShape, MlaShape, SparseShape
 from sim.model.spec import ModelSpec
 
 from .errors import ConfigError
@@ -82,6 +83,9 @@ class HfConfig(BaseModel):
     linear_key_head_dim: int | None = Field(None, ge=1, le=MAX_HEAD_DIM)
     linear_value_head_dim: int | None = Field(None, ge=1, le=MAX_HEAD_DIM)
     linear_conv_kernel_dim: int | None = Field(None, ge=1, le=MAX_HEAD_DIM)
+    index_topk: int | None = Field(None, ge=1, le=MAX_TOKENS)  # DeepSeek sparse attention (V3.2): tokens attended
+    index_n_heads: int | None = Field(None, ge=1, le=MAX_HEADS)
+    index_head_dim: int | None = Field(None, ge=1, le=MAX_HEAD_DIM)
 
     @property
     def experts(self) -> int:
@@ -119,6 +123,7 @@ def _check_shapes(cfg: HfConfig, source: str) -> None:
 
 LAYER_TYPES = {"full_attention": FULL, "sliding_attention": WINDOW, "linear_attention": LINEAR}
 MLA_FIELDS = ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+SPARSE_FIELDS = ("kv_lora_rank", "index_n_heads", "index_head_dim")
 LINEAR_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
 
 
@@ -134,8 +139,9 @@ def _layer_types(cfg) -> list[str]:
 
 
 def layer_kinds(cfg) -> tuple[str, ...]:
-    """Each layer's kind (sim/model/layers.py); full attention is MLA where the model has kv_lora_rank."""
-    full = MLA if cfg.kv_lora_rank is not None else FULL
+    """Each layer's kind (sim/model/layers.py); full attention is MLA where the model has kv_lora_rank,
+    sparse where it also has the indexer's index_topk."""
+    full = (SPARSE if cfg.index_topk is not None else MLA) if cfg.kv_lora_rank is not None else FULL
     kinds = tuple(full if (k := LAYER_TYPES[t]) == FULL else k for t in _layer_types(cfg))
     return () if all(k == FULL for k in kinds) else kinds
 
@@ -156,6 +162,12 @@ def mla_shape(cfg) -> MlaShape | None:
         return None
     return MlaShape(kv_lora_rank=cfg.kv_lora_rank, qk_rope_head_dim=cfg.qk_rope_head_dim,
                     qk_nope_head_dim=cfg.qk_nope_head_dim, v_head_dim=cfg.v_head_dim, q_lora_rank=cfg.q_lora_rank or 0)
+
+
+def sparse_shape(cfg) -> SparseShape | None:
+    if cfg.index_topk is None:
+        return None
+    return SparseShape(cfg.index_topk, cfg.index_n_heads, cfg.index_head_dim)
 
 
 def linear_shape(cfg) -> LinearShape | None:
@@ -189,6 +201,8 @@ def check_kinds(cfg, source: str) -> None:
         need(LINEAR_FIELDS, "linear_attention layers")
     if cfg.kv_lora_rank is not None:
         need(MLA_FIELDS, "MLA: kv_lora_rank is given")
+    if cfg.index_topk is not None:
+        need(SPARSE_FIELDS, "sparse attention: index_topk is given")
 
 
 def load_hf_config(path: str | Path) -> HfConfig:
@@ -223,6 +237,7 @@ def kind_fields(cfg) -> dict:
     kinds = layer_kinds(cfg)
     return dict(layer_kinds=kinds, sliding_window=(cfg.sliding_window or 0) if WINDOW in kinds else 0, mla=mla,
                 linear=linear_shape(cfg) if LINEAR in kinds else None, dense_mlp_layers=dense,
+                sparse=sparse_shape(cfg) if SPARSE in kinds else None,
                 num_experts=n_experts, experts_per_token=cfg.top_k or 0, moe_intermediate_size=moe_inter,
                 shared_expert_intermediate_size=shared,
                 intermediate_size=(inter or 0) if (not n_experts or dense) else 0,

@@ -8,6 +8,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_serializer, model_validator
 
+from sim.model.layers import SPARSE
+
 from . import catalog, kernel_tables
 from .errors import ConfigError
 from .lengths import LengthDist, draw_lengths
@@ -124,7 +126,7 @@ class ImportanceCfg(Strict):
     drift: float = Field(0.0, ge=0.0, le=1.0)  # share of a token's importance redrawn at each re-tier
 
 
-class PolicyCfg(Strict):
+class PolicyCfg(Strict, QuietDefaults):
     kind: Literal["full_hbm", "evict_only", "tiered"] = "tiered"
     semantics: Literal["global", "paper_prototype"] = "global"
     # share of each sequence's unprotected tokens kept in T0; `auto`: as much as HBM holds, chosen at
@@ -141,11 +143,25 @@ class PolicyCfg(Strict):
     scoring: Literal["cumulative", "recent"] = "cumulative"
     prefetch: Literal["layerwise_async", "sync_per_step", "per_interval"] = "layerwise_async"
     # how attention reaches T1/T2: prefetch them to the GPU (`prefetch` mode above), attend them on the
-    # host where they live (`host_attention`), or per layer a chosen fraction each way (`split`)
-    access: Literal["prefetch", "host_attention", "split"] = "prefetch"
+    # host where they live (`host_attention`), or per layer a chosen fraction each way (`split`); a
+    # sparse-attention model may fetch only the host rows its indexer picks (`sparse_fetch`, on demand)
+    access: Literal["prefetch", "host_attention", "split", "sparse_fetch"] = "prefetch"
     staging_buffers: int = Field(2, ge=1, le=STAGING_BUFFERS_MAX)
     pinned: bool = True
     importance: ImportanceCfg = ImportanceCfg()
+    # sparse_fetch (sim/device/sparse_fetch.py): share of a step's host-resident picks already on the GPU
+    # from the previous step, and how they cross: a copy per row, whole host blocks of fetch_block_tokens,
+    # or gathered into one copy per layer
+    sparse_reuse: float = Field(0.0, ge=0.0, lt=1.0)
+    fetch_copy: Literal["rows", "blocks", "gather"] = "rows"
+    fetch_block_tokens: int = Field(64, ge=1, le=MAX_TOKENS)
+
+    QUIET_DEFAULTS = {"sparse_reuse": 0.0, "fetch_copy": "rows", "fetch_block_tokens": 64}
+
+    @property
+    def host_access(self) -> bool:
+        """T1/T2 attended on the host (host_attention, split): the run needs the host CPU's model."""
+        return self.access in ("host_attention", "split")
 
     @model_validator(mode="after")
     def _access(self):
@@ -196,7 +212,7 @@ class SimCfg(Strict):
     max_batch_limit: int = Field(4096, ge=1, le=MAX_BATCH)  # upper end of the max-batch search
 
 
-class ParallelCfg(Strict):
+class ParallelCfg(Strict, QuietDefaults):
     """Tensor parallelism: weights, query heads and KV heads sharded over `tp` GPUs (KV heads
     replicated where the model has fewer than `tp`, as vLLM does), two all-reduces per layer.
     A mixture-of-experts model may split its experts whole over the group instead (`ep: tp`, vLLM
@@ -209,14 +225,7 @@ class ParallelCfg(Strict):
     ep: int = Field(1, ge=1, le=64)  # 1: experts split by tensor parallelism; tp: E / tp whole experts per GPU
     attention_dp: int = Field(1, ge=1, le=64)  # attention data-parallel ranks within the tp group
 
-    @model_serializer(mode="wrap")
-    def _unset_unchanged(self, handler):
-        """Tensor parallelism alone dumps (resolved scenario, sweep hashes) as it did before ep existed."""
-        data = handler(self)
-        if self.ep == 1 and self.attention_dp == 1:
-            data.pop("ep", None)
-            data.pop("attention_dp", None)
-        return data
+    QUIET_DEFAULTS = {"ep": 1, "attention_dp": 1}
 
     @property
     def layout(self) -> tuple[int, int, int]:
@@ -378,6 +387,10 @@ def check_catalog_names(scenario: Scenario, source: str) -> None:
         problem = spec.parallel_problem(*scenario.parallel.layout)
         if problem:
             raise ConfigError(problem[1], source=source, field=problem[0])
+    if scenario.policy.access == "sparse_fetch" and SPARSE not in catalog.resolve_model(scenario.model).kind_counts:
+        raise ConfigError(f"sparse_fetch needs a sparse-attention model (config.json index_topk, e.g. deepseek-v3.2); "
+                          f"{catalog.resolve_model(scenario.model).name} attends every token", source=source,
+                          field="policy.access")
 
 
 def check_measured_kernels(gpu: str, source: str) -> None:

@@ -7,11 +7,12 @@ linear-attention fields; `sim/inputs/hf_config.py`):
 | -------- | ------------------------------------------------------------ | ------------------------ |
 | `full`   | K and V of every token: 2 x Hkv x d values (MHA / GQA)       | yes: tiers per token     |
 | `mla`    | one latent of kv_lora_rank + qk_rope_head_dim values a token, shared by every query head (DeepSeek multi-head latent attention) | yes: tiers per token |
+| `sparse` | MLA's latent (tiered per token) + the indexer's small fp8 key of every token (kept in HBM); a step attends only the top-k tokens the indexer picks (DeepSeek sparse attention, V3.2) | yes: the latent tiers, the indexer keys stay in HBM |
 | `window` | K and V of the last W tokens only (sliding window)           | no: min(tokens, W), stays in HBM |
 | `linear` | a fixed recurrent state (linear attention, Gated DeltaNet)  | no: fixed bytes, stays in HBM |
 
 Only the kinds in `TIERED_KINDS` hold per-token KV that the tier policy moves between T0..T3; the
-bounded kinds (`BOUNDED_KINDS`) are per-sequence and stay in HBM. Pure shapes and counts here; the
+bounded kinds (`BOUNDED_KINDS`) are per-sequence and stay in HBM, as do a sparse layer's indexer keys. Pure shapes and counts here; the
 sizes per model are `ModelSpec`'s (`sim/model/spec.py`), the costs `sim/device/physics.py`'s.
 """
 
@@ -23,8 +24,9 @@ FULL = "full"
 MLA = "mla"
 WINDOW = "window"
 LINEAR = "linear"
-KINDS = (FULL, MLA, WINDOW, LINEAR)
-TIERED_KINDS = (FULL, MLA)  # per-token KV: tiered per token as the policy says
+SPARSE = "sparse"
+KINDS = (FULL, MLA, SPARSE, WINDOW, LINEAR)
+TIERED_KINDS = (FULL, MLA, SPARSE)  # per-token KV: tiered per token as the policy says
 BOUNDED_KINDS = (WINDOW, LINEAR)  # per-sequence, bounded: kept in HBM
 
 STATE_BYTES_PER_ELEMENT = 2  # a linear layer's recurrent and conv state, kept in 16-bit (the model dtype)
@@ -55,6 +57,35 @@ class MlaShape:
     def qk_head_dim(self) -> int:
         """One query head's width before absorption: qk_nope_head_dim + qk_rope_head_dim."""
         return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+INDEXER_KEY_BYTES_PER_ELEMENT = 1  # fp8 e4m3 indexer keys ...
+INDEXER_SCALE_BYTES = 4  # ... with one fp32 scale per INDEXER_QUANT_BLOCK values
+INDEXER_QUANT_BLOCK = 128  # (LightLLM Deepseek3_2MemoryManager, vLLM's DeepSeek-V3.2 indexer cache: 128 + 4 B a token)
+
+
+@dataclass(frozen=True)
+class SparseShape:
+    """DeepSeek sparse attention's lightning indexer (config.json's `index_*` fields): per token a key
+    of index_head_dim values, scored by index_n_heads query heads; each query attends the top
+    `index_topk` tokens by score. The latent attention itself is the model's `MlaShape`. The indexer's
+    projections and keys are replicated over a tensor-parallel group (one index, like MLA's latent)."""
+
+    index_topk: int
+    index_n_heads: int
+    index_head_dim: int
+
+    @property
+    def key_bytes_per_token(self) -> float:
+        """One token's indexer key in one layer: d_I fp8 values + one fp32 scale per 128 of them."""
+        return (self.index_head_dim * INDEXER_KEY_BYTES_PER_ELEMENT
+                + -(-self.index_head_dim // INDEXER_QUANT_BLOCK) * INDEXER_SCALE_BYTES)
+
+    @property
+    def flop_per_token(self) -> int:
+        """FLOP one query spends scoring one cached token: 2 x index_n_heads x index_head_dim (q_I . k_I
+        per head; the ReLU and the heads' weighted sum are negligible)."""
+        return 2 * self.index_n_heads * self.index_head_dim
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,20 @@ import numpy as np
 
 from .dtypes import KV_DTYPES, WEIGHT_DTYPES, DType
 from .experts import busiest_rank_experts_touched, expected_experts_touched
-from .layers import BOUNDED_KINDS, FULL, KINDS, LINEAR, MLA, TIERED_KINDS, WINDOW, LinearShape, MlaShape, kind_counts
+from .layers import (
+    BOUNDED_KINDS,
+    FULL,
+    KINDS,
+    LINEAR,
+    MLA,
+    SPARSE,
+    TIERED_KINDS,
+    WINDOW,
+    LinearShape,
+    MlaShape,
+    SparseShape,
+    kind_counts,
+)
 from .units import KV_TENSORS
 
 MLP_MATRICES = 3  # gate, up, down
@@ -56,6 +69,7 @@ class ModelSpec:
     sliding_window: int = 0  # W of the `window` layers
     mla: MlaShape | None = None  # the `mla` layers' shape
     linear: LinearShape | None = None  # the `linear` layers' shape
+    sparse: SparseShape | None = None  # the `sparse` layers' indexer (their latent is `mla`)
     dense_mlp_layers: int = 0  # MoE models: layers whose MLP is dense (intermediate_size), e.g. first_k_dense_replace
     # one GPU's shard under expert / attention data parallelism (`shard`); 1 = the model itself, or TP only
     expert_parallel: int = 1  # the routed experts are split whole over this many GPUs: num_experts / it per GPU
@@ -75,10 +89,11 @@ class ModelSpec:
             return f"{len(kinds)} layer kinds for {self.num_layers} layers"
         if set(kinds) - set(KINDS):
             return f"unknown layer kinds {sorted(set(kinds) - set(KINDS))}; expected {', '.join(KINDS)}"
-        needs = {WINDOW: self.sliding_window > 0, MLA: self.mla is not None, LINEAR: self.linear is not None}
+        needs = {WINDOW: self.sliding_window > 0, MLA: self.mla is not None, LINEAR: self.linear is not None,
+                 SPARSE: self.mla is not None and self.sparse is not None}
         missing = [k for k, ok in needs.items() if k in kinds and not ok]
         if missing:
-            return f"{', '.join(missing)} layers without their shape (sliding_window, mla, linear)"
+            return f"{', '.join(missing)} layers without their shape (sliding_window, mla, linear, mla + sparse)"
         if self.dense_mlp_layers and not (self.is_moe and self.dense_mlp_layers <= self.num_layers):
             return "dense_mlp_layers applies to a mixture-of-experts model, at most its layers"
         return None
@@ -135,8 +150,9 @@ class ModelSpec:
 
     @property
     def has_bounded_layers(self) -> bool:
-        """Any window or linear layer: per-sequence bytes that stay in HBM."""
-        return any(k in BOUNDED_KINDS for k in self.kind_counts)
+        """Any window or linear layer (per-sequence bytes) or sparse layer (its indexer keys): bytes that
+        never leave HBM (`bounded_bytes`)."""
+        return any(k in BOUNDED_KINDS or k == SPARSE for k in self.kind_counts)
 
     @property
     def moe_layers(self) -> int:
@@ -145,7 +161,8 @@ class ModelSpec:
 
     def describe_kinds(self) -> str:
         """'18 full + 18 window (128)', '61 mla', '36 linear + 12 full'; MoE models add their dense-MLP layers."""
-        parts = [f"{n} {k}" + (f" ({self.sliding_window})" if k == WINDOW else "") for k, n in self.kind_counts.items()]
+        label = {WINDOW: f" ({self.sliding_window})", SPARSE: f" (top-{self.sparse.index_topk})" if self.sparse else ""}
+        parts = [f"{n} {k}" + label.get(k, "") for k, n in self.kind_counts.items()]
         text = " + ".join(parts)
         return f"{text}; {self.dense_mlp_layers} dense MLP" if self.dense_mlp_layers else text
 
@@ -218,7 +235,7 @@ class ModelSpec:
         if kind in (FULL, WINDOW):
             per_head = dt.bytes_for(self.head_dim, self.head_dim)
             out = KV_TENSORS * self.num_kv_heads * per_head
-        elif kind == MLA:
+        elif kind in (MLA, SPARSE):
             out = dt.bytes_for(self.mla.latent_dim, self.mla.latent_dim)
         else:
             return 0.0
@@ -258,7 +275,7 @@ class ModelSpec:
         for kind, n in self.kind_counts.items():
             if kind == FULL:
                 total += n * KV_TENSORS * self.num_kv_heads * dtype.bytes_for(self.head_dim, min(group_size, self.head_dim))
-            elif kind == MLA:
+            elif kind in (MLA, SPARSE):
                 total += n * dtype.bytes_for(self.mla.latent_dim, min(group_size, self.mla.latent_dim))
         return total / self.num_layers / self.attention_dp
 
@@ -274,13 +291,22 @@ class ModelSpec:
         """HBM the bounded kinds hold for `sequences` sequences of `tokens` tokens in all (scalars or
         arrays): window layers x bytes/token/layer x min(tokens, sequences x W) + sequences x state
         bytes. min(sum, B x W) is sum_b min(n_b, W) exactly when every sequence is at least W long
-        (or all are shorter), and an upper bound otherwise."""
+        (or all are shorter), and an upper bound otherwise. Sparse layers add every token's indexer key
+        (`indexer_bytes_per_token`): the indexer scores all tokens each step, so its keys stay in HBM."""
         n_window = self.kind_counts.get(WINDOW, 0)
         out = np.asarray(sequences, dtype=float) * self.state_bytes_per_sequence()
         if n_window:
             held = np.minimum(np.asarray(tokens, dtype=float), np.asarray(sequences, dtype=float) * self.sliding_window)
             out = out + n_window * self.kind_kv_bytes_per_token_layer(WINDOW, kv_dtype) * held
+        if SPARSE in self.kind_counts:
+            out = out + self.indexer_bytes_per_token() * np.asarray(tokens, dtype=float)
         return out if np.ndim(out) else float(out)
+
+    def indexer_bytes_per_token(self) -> float:
+        """Sparse layers' indexer keys of one token over all of them (`SparseShape.key_bytes_per_token`,
+        fp8 + scales whatever the KV dtype; / attention_dp as the latent)."""
+        n = self.kind_counts.get(SPARSE, 0)
+        return n * self.sparse.key_bytes_per_token / self.attention_dp if n else 0.0
 
     def kv_by_kind(self, kv_dtype: str = "bf16") -> dict[str, dict]:
         """Per kind: its layers; per-token bytes over those layers (full, MLA, window) and the most one
@@ -293,6 +319,8 @@ class ModelSpec:
                 row.update(window_tokens=self.sliding_window, max_bytes_per_sequence=per_token * self.sliding_window)
             if kind == LINEAR:
                 row.update(bytes_per_token=0.0, max_bytes_per_sequence=float(n * self.linear.state_bytes))
+            if kind == SPARSE:
+                row.update(indexer_bytes_per_token=self.indexer_bytes_per_token(), top_k=self.sparse.index_topk)
             rows[kind] = row
         return rows
 
@@ -305,6 +333,8 @@ class ModelSpec:
         h = self.hidden_size
         if kind in (FULL, WINDOW):
             return [(h, self.q_dim), (h, self.kv_dim), (h, self.kv_dim), (self.q_dim, h)]
+        if kind == SPARSE:  # the indexer's projections, then the MLA layer's
+            return [*self._indexer_matrices(), *self._attention_matrices(MLA)]
         if kind == MLA:
             a, heads = self.mla, self.num_heads
             q = [(h, a.q_lora_rank), (a.q_lora_rank, heads * a.qk_head_dim)] if a.q_lora_rank else [(h, heads * a.qk_head_dim)]
@@ -313,6 +343,12 @@ class ModelSpec:
         lin = self.linear
         values = lin.value_heads * lin.value_head_dim
         return [(h, lin.conv_dim + values), (h, LINEAR_GATES * lin.value_heads), (values, h)]
+
+    def _indexer_matrices(self) -> list[tuple[int, int]]:
+        """A sparse layer's lightning indexer (DeepSeek-V3.2 inference/model.py `Indexer`): wq_b
+        (q_lora_rank -> H_I x d_I), wk (h -> d_I), weights_proj (h -> H_I); replicated under TP."""
+        i, h = self.sparse, self.hidden_size
+        return [(self.mla.q_lora_rank or h, i.index_n_heads * i.index_head_dim), (h, i.index_head_dim), (h, i.index_n_heads)]
 
     def _attention_small_params(self, kind: str = FULL) -> int:
         """Biases and norms of one layer's attention (high precision). Full and window: q/k/v bias,
@@ -323,6 +359,8 @@ class ModelSpec:
             return bias + (2 * self.head_dim if self.qk_norm else 0)
         if kind == MLA:
             return self.mla.q_lora_rank + self.mla.kv_lora_rank
+        if kind == SPARSE:  # + the indexer's k_norm (a LayerNorm: weight and bias)
+            return self.mla.q_lora_rank + self.mla.kv_lora_rank + 2 * self.sparse.index_head_dim
         lin = self.linear
         return lin.conv_dim * lin.conv_kernel + 2 * lin.value_heads + lin.value_head_dim
 
@@ -544,9 +582,10 @@ class ModelSpec:
             return out / self.attention_dp if self.attention_dp > 1 else out
 
         def pre(kind: str) -> int:
-            if kind == MLA:
+            if kind in (MLA, SPARSE):  # (a sparse layer's indexer runs before its attention too)
                 a = self.mla
-                return (sum(r * c for r, c in self._attention_matrices(MLA)[:-2])
+                indexer = sum(r * c for r, c in self._indexer_matrices()) if kind == SPARSE else 0
+                return (indexer + sum(r * c for r, c in self._attention_matrices(MLA)[:-2])
                         + a.kv_lora_rank * self.num_heads * a.qk_nope_head_dim)
             return sum(r * c for r, c in self._attention_matrices(kind)[:-1])
 

@@ -28,7 +28,8 @@ DEFAULT_COUNTS = (1, 2, 4, 8)
 TIERED_RATIOS = (0.25, 0.5, 0.75)
 # by default tiered at 25% and 50% HBM and auto; 75% sits between 50% and full_hbm (`--policies tiered` adds it)
 DEFAULT_POLICIES = ("full_hbm", "evict_only", "tiered:0.25", "tiered:0.5", "tiered:auto")
-ACCESS = ("prefetch", "host_attention", "split")  # a tiered policy's /ACCESS suffix (prefetch: none)
+ACCESS = ("prefetch", "host_attention", "split", "sparse_fetch")  # a tiered policy's /ACCESS suffix (prefetch: none)
+SPARSE_ACCESS = "prefetch,sparse_fetch"  # a sparse-attention model's tiered policies, by default (`default_access`)
 MAX_COUNT = 64
 MAX_REQUESTS_PLAN = 100_000
 MAX_SEQS = 65_536
@@ -145,6 +146,15 @@ def parse_seqs(text: str | None) -> list[int | None]:
             raise ConfigError(f"expected whole numbers from 1 to {MAX_SEQS:,}, got {item!r}", field="--max-num-seqs")
         out += [int(item)] if int(item) not in out else []
     return sorted(out)
+
+
+def default_access(base: Scenario) -> str | None:
+    """--access when none is given: a sparse-attention model's tiered policies both prefetching their host
+    tokens and fetching only the indexer's picks (sparse_fetch, the scenario's fetch_copy); else None."""
+    from sim.inputs.catalog import resolve_model
+    from sim.model.layers import SPARSE
+
+    return SPARSE_ACCESS if SPARSE in resolve_model(base.model).kind_counts else None
 
 
 def parse_policies(text: str | None, access: str | None = None) -> list[str]:

@@ -38,7 +38,7 @@ from functools import cache
 GIB_BYTES = 1 << 30  # vLLM's --kv-offloading-size unit
 GB_BYTES = 10**9  # SGLang's --hicache-size unit
 
-ACCESS = ("prefetch", "host_attention", "split")  # a tiered policy's /ACCESS suffix, as sim/plan/search.py
+ACCESS = ("prefetch", "host_attention", "split", "sparse_fetch")  # a tiered policy's /ACCESS suffix, as sim/plan/search.py
 WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")
 KV_DTYPES = ("bf16", "fp16", "fp8", "fp8_e4m3", "int8")
 FP8_KV_DTYPES = ("fp8", "fp8_e4m3")
@@ -46,6 +46,7 @@ FP8_KV_DTYPES = ("fp8", "fp8_e4m3")
 _ACCESS_MEANS = {
     "host_attention": "attention over the host-resident KV computed on the host CPU",
     "split": "per layer part of the host-resident KV attended on the host CPU, the rest prefetched",
+    "sparse_fetch": "only the host-resident rows the indexer picks fetched, per layer, on demand",
 }
 
 

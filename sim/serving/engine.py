@@ -149,7 +149,7 @@ class ServingSim:
                                len(plan.decodes), int(a[0]), int(a[1]), int(a[2]), ctx.kv_bytes_per_token_layer,
                                ctx.t2_bytes_per_token_layer, plan.prefill_tokens, plan.prefill_position_sum(),
                                plan.prefill_kv_tokens(), len(plan.chunks), self.device.staged, pol.access,
-                               pol.staging_buffers)
+                               pol.staging_buffers, fetch=ctx.sparse_fetch)
 
     def retier_traffic(self, plan: StepPlan) -> RetierTraffic:
         ctx = self.ctx

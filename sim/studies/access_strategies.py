@@ -1,6 +1,7 @@
 """Which access strategy wins: for a model, GPU and reasoning length, the throughput of prefetch,
-host_attention and split - each tiered policy at its own max batch - against full_hbm at its max
-batch, and what binds each (the host link, the host CPU, or neither). From the fast projection,
+host_attention and split (and, for a sparse-attention model, sparse_fetch with a copy per picked row
+and with the picks gathered into one copy a layer) - each tiered policy at its own max batch - against
+full_hbm at its max batch, and what binds each (the host link, the host CPU, or neither). From the fast projection,
 whose step closed form shares the host DRAM between the host attention and split's own prefetch
 copies (`host_pipeline`); the table says how much that slows the host's attention at the last step."""
 
@@ -16,14 +17,32 @@ from sim.inputs.scenario import scenario_from_dict
 from sim.outputs.schema import LINK_BOTTLENECK_UTILIZATION
 
 ACCESS_STRATEGIES = ("prefetch", "host_attention", "split")
+SPARSE_STRATEGIES = ("sparse_fetch/rows", "sparse_fetch/gather")  # sparse_fetch/FETCH_COPY
 HOST_SATURATED_SHARE = 0.9  # the host CPU attends this share of a step: it sets the pace
 
 
-def _scenario(model: str, weight_dtype: str, gpu: str, length: int, prompt: int, policy: dict, batch: int = 1):
+def _scenario(model: str, weight_dtype: str, gpu: str, length: int, prompt: int, policy: dict, batch: int = 1,
+              parallel: dict | None = None):
     return scenario_from_dict({
         "name": f"{model}-{gpu}-{length}", "model": {"name": model, "weight_dtype": weight_dtype}, "hardware": {"gpu": gpu},
         "workload": {"batch_size": batch, "prompt_tokens": prompt, "reasoning_tokens": length}, "policy": policy,
+        "parallel": parallel or {"tp": 1},
     }, "access study")
+
+
+def strategies(model: str) -> tuple[str, ...]:
+    """The access strategies compared for `model`: prefetch, host_attention, split, and sparse_fetch's
+    two copy modes for a sparse-attention model."""
+    from sim.inputs.catalog import model as catalog_model
+    from sim.model.layers import SPARSE
+
+    return ACCESS_STRATEGIES + (SPARSE_STRATEGIES if SPARSE in catalog_model(model).kind_counts else ())
+
+
+def _policy(access: str, hbm_ratio: float, evict_ratio: float) -> dict:
+    name, _, copy = access.partition("/")
+    return {"kind": "tiered", "hbm_ratio": hbm_ratio, "evict_ratio": evict_ratio, "access": name,
+            **({"fetch_copy": copy} if copy else {})}
 
 
 def host_at_end(sc) -> tuple[float, float]:
@@ -59,24 +78,24 @@ def binding_resource(h2d_utilization: float, host_share: float) -> str:
 
 
 def access_table(model: str, weight_dtype: str, gpus: tuple[str, ...], length: int, prompt: int = 512,
-                 hbm_ratio: float = 0.25, evict_ratio: float = 0.1) -> pd.DataFrame:
+                 hbm_ratio: float = 0.25, evict_ratio: float = 0.1, parallel: dict | None = None) -> pd.DataFrame:
     """One row per (GPU, strategy): max batch, throughput there, ratio to full_hbm at its own max
-    batch, and the binding resource."""
+    batch, and the binding resource; `parallel` the scenario's (default one GPU)."""
     rows = []
     for gpu in gpus:
-        full = _scenario(model, weight_dtype, gpu, length, prompt, {"kind": "full_hbm"})
+        full = _scenario(model, weight_dtype, gpu, length, prompt, {"kind": "full_hbm"}, parallel=parallel)
         full_b = max_batch(build_context(full))
         full_tput = project(full.model_copy(update={"workload": full.workload.model_copy(update={"batch_size": max(full_b, 1)})}),
                             with_max_batch=False).throughput_tok_per_s if full_b else None
-        for access in ACCESS_STRATEGIES:
-            pol = {"kind": "tiered", "hbm_ratio": hbm_ratio, "evict_ratio": evict_ratio, "access": access}
-            sc1 = _scenario(model, weight_dtype, gpu, length, prompt, pol)
+        for access in strategies(model):
+            pol = _policy(access, hbm_ratio, evict_ratio)
+            sc1 = _scenario(model, weight_dtype, gpu, length, prompt, pol, parallel=parallel)
             b = max_batch(build_context(sc1))
             if b == 0:
                 rows.append({"gpu": gpu, "access": access, "max_batch": 0, "throughput_tok_per_s": None,
                              "vs_full_hbm": None, "binds": "does not fit"})
                 continue
-            sc = _scenario(model, weight_dtype, gpu, length, prompt, pol, batch=b)
+            sc = _scenario(model, weight_dtype, gpu, length, prompt, pol, batch=b, parallel=parallel)
             p = project(sc, with_max_batch=False)
             host_share, dram_slowdown = host_at_end(sc)
             binds = binding_resource(p.h2d_utilization, host_share)

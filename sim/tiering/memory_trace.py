@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.device.memory import activation_bytes, staging_bytes
+from sim.device.sparse_fetch import staging_bytes as sparse_staging_bytes
 
 from .tiers import T1, T2
 
@@ -50,6 +51,9 @@ def memory_trace(ctx, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray, active: np
     stage = staging_bytes(p.prefetch, p.staging_buffers, ctx.tiered_layers, 1.0) * staged_layer
     if not ctx.policy.tiering or p.access == "host_attention":  # nothing staged on the GPU
         stage = np.zeros_like(staged_layer, dtype=float)
+    elif p.access == "sparse_fetch":  # only the indexer's host picks are staged
+        stage = np.asarray(sparse_staging_bytes(ctx.model, ctx.sparse_fetch, p.staging_buffers, active, t0, t1, t2, kvl),
+                           dtype=float) * np.ones_like(staged_layer, dtype=float)
     kv_t0 = t0 * ctx.kv_bytes_per_token
     act = np.asarray(active, dtype=float) * activation_bytes(ctx.model, 1)  # linear in batch
     if ctx.hw.held_activation_bytes > 0:  # an engine holds its profiling pass's activations (scenario engine:)
