@@ -227,6 +227,8 @@ def report(
     only: Optional[str] = typer.Option(None, "--only", help="plan: a page of the \"Serving plan\" section alone (with --plan; "
                                        "the projection is not computed)"),
     allow_large: bool = typer.Option(False, "--allow-large", help=ALLOW_LARGE_HELP),
+    moe: bool = typer.Option(False, "--moe", help="add the \"Mixture-of-experts and hybrid models\" section to the "
+                             "projection (H200 and B200; about 30 s more on 2 cores)"),
 ) -> None:
     """One interactive HTML report: the projection (default) or per-run views (closed batches and serving
     runs), validation and a serving plan."""
@@ -239,7 +241,7 @@ def report(
         written = build_report(list(scenarios or []), list(profile), validation, out, overrides=set_,
                                command="kvsim report " + " ".join(sys.argv[2:]), plan_path=plan_dir,
                                execution=Execution(executor, address, workers, cache), only=only,
-                               allow_large=allow_large)
+                               allow_large=allow_large, moe=moe)
     except ConfigError as err:
         _fail(err)
     except Interrupted as err:
@@ -283,7 +285,8 @@ def plan(
     policies: Optional[str] = typer.Option(None, "--policies", help="full_hbm, evict_only, tiered, tiered:RATIO, tiered:auto, a tiered one "
                                            "also as tiered:X/ACCESS (default: full_hbm,evict_only,tiered:0.25,tiered:0.5,tiered:auto; tiered: 0.25,0.5,0.75,auto)"),
     access: Optional[str] = typer.Option(None, "--access", help="access strategies every tiered policy is tried with: prefetch, "
-                                         "host_attention, split, comma-separated (default: prefetch)"),
+                                         "host_attention, split, sparse_fetch, comma-separated (default: prefetch; a sparse-attention "
+                                         "model also sparse_fetch)"),
     price: List[str] = typer.Option([], "--price", help="override a $/GPU-hour, GPU=DOLLARS (repeatable)"),
     requests: Optional[int] = typer.Option(None, "--requests", help="requests per simulation (default: steady-state "
                                            "probes size their own run from the mean latency)"),
@@ -311,7 +314,7 @@ def plan(
     steady state, with each one's max sustainable rate; exit 1 when none does."""
     from sim.inputs.scenario import load_scenario
     from sim.outputs.run_folder import check_out_path
-    from sim.plan.candidates import parse_counts, parse_gpus, parse_policies, parse_prices, parse_seqs
+    from sim.plan.candidates import default_access, parse_counts, parse_gpus, parse_policies, parse_prices, parse_seqs
     from sim.runner.options import Execution
 
     if out is not None:
@@ -319,6 +322,7 @@ def plan(
     execution = Execution(executor, address, workers, cache).check()
     sc = load_scenario(scenario, set_)
     spec = _plan_spec(sc.slo, rate, ttft_p99_ms, tpot_p99_ms, requests, max_factor, top)
+    access = access if access is not None else default_access(sc)
     names, ns, pols, prices = parse_gpus(gpus_), parse_counts(counts), parse_policies(policies, access), parse_prices(price)
     _plan_run(scenario, sc, spec, (names, ns, pols, prices, price, parse_seqs(max_num_seqs)), (replicas, disagg),
               execution, allow_large, as_json, all_rows, out, cache)

@@ -22,6 +22,7 @@ from sim.runner.options import Execution
 from sim.runner.tasks import damaged_line
 from sim.serving.run import simulate_serving
 from sim.studies.access_strategies import access_study
+from sim.studies.moe_projection import MoeGridSpec, check_moe_spec, moe_cells, placements_for, run_moe_grid
 from sim.studies.paper_check import check_paper
 from sim.studies.projection_grid import DEFAULT_GRID, GridSpec, cells_for, check_spec, gpu_columns, run_grid
 
@@ -78,16 +79,19 @@ def profile_warnings(inputs: Inputs) -> list[str]:
 
 def compute(inputs: Inputs, validation_source: str, *, grid_spec: GridSpec = DEFAULT_GRID,
             execution: Execution | None = None, progress: ReportProgress | None = None,
-            only: str | None = None) -> ReportData:
-    """Projection and the paper check when no scenario is given; per-run views otherwise (a serving
-    scenario simulated as `kvsim run` does); `only="plan"`: the plan folder alone, nothing computed.
-    The projection runs as `execution` says (local processes or Ray; with --cache, resumable)."""
+            only: str | None = None, moe_spec: MoeGridSpec | None = None) -> ReportData:
+    """Projection and the paper check when no scenario is given (`moe_spec`: and the MoE section);
+    per-run views otherwise (a serving scenario simulated as `kvsim run` does); `only="plan"`: the
+    plan folder alone, nothing computed. The projection runs as `execution` says (local processes or
+    Ray; with --cache, resumable)."""
     progress = progress or ReportProgress(enabled=False)
     data = ReportData(validation=inputs.validation, validation_source=validation_source, plan=inputs.plan)
     if only == "plan":
         return data
     if not inputs.scenarios:
         _projection(data, inputs, grid_spec, execution or Execution(), progress)
+        if moe_spec is not None:
+            _moe(data, moe_spec, execution or Execution(), progress)
         return data
     advance = progress.step("simulating scenarios", len(inputs.scenarios))
     for sc, prof, prof_path in inputs.scenarios:
@@ -115,6 +119,14 @@ def _projection(data: ReportData, inputs: Inputs, grid_spec: GridSpec, execution
                          on_task_done=progress.step("projection (model x weights x GPU x length)", n_cells))
 
 
+def _moe(data: ReportData, spec: MoeGridSpec, execution: Execution, progress: ReportProgress) -> None:
+    """The MoE grid on the same workers and store, after the dense projection."""
+    placements = placements_for(spec)
+    n_cells = len(moe_cells(spec, placements))
+    data.moe = run_moe_grid(spec, execution=execution, placements=placements,
+                            on_task_done=progress.step("MoE projection (model x GPU x length)", n_cells))
+
+
 def check_only(only: str | None, scenario_paths: list[Path], profile_paths: list[Path], validation_path: Path | None,
                plan_path: Path | None, execution: Execution) -> None:
     """--only names a section of ONLY_SECTIONS, and every input given is one that section draws."""
@@ -134,13 +146,16 @@ def check_only(only: str | None, scenario_paths: list[Path], profile_paths: list
 def build_report(scenario_paths: list[Path], profile_paths: list[Path], validation_path: Path | None, out: Path, *,
                  overrides: list[str] | None = None, command: str = "kvsim report", grid_spec: GridSpec = DEFAULT_GRID,
                  workers: int | None = None, show_progress: bool = True, plan_path: Path | None = None,
-                 execution: Execution | None = None, only: str | None = None, allow_large: bool = False) -> Path:
+                 execution: Execution | None = None, only: str | None = None, allow_large: bool = False,
+                 moe: bool = False, moe_spec: MoeGridSpec | None = None) -> Path:
     """Check the inputs, compute, write `out`; `overrides` (`--set key=value`) apply to every scenario;
     `plan_path`: a `kvsim plan --out` folder for the "Serving plan" section; `execution`: where the
     projection runs (default: local processes, `workers` of them, no store); `only`: one of
-    ONLY_SECTIONS, a page of that section alone; `allow_large`: run serving scenarios past their cost limit."""
+    ONLY_SECTIONS, a page of that section alone; `allow_large`: run serving scenarios past their cost limit;
+    `moe` (--moe): add the "Mixture-of-experts and hybrid models" section, of `moe_spec` (default MoeGridSpec())."""
     if overrides and not scenario_paths:
         raise ConfigError("--set applies to scenarios; the projection takes none")
+    moe_spec = check_moe(moe or moe_spec is not None, moe_spec, scenario_paths, only)
     execution = (execution or Execution(workers=workers)).check()
     check_only(only, scenario_paths, profile_paths, validation_path, plan_path, execution)
     if scenario_paths and (execution.cache is not None or execution.executor != "local"):
@@ -152,7 +167,7 @@ def build_report(scenario_paths: list[Path], profile_paths: list[Path], validati
     progress = ReportProgress(enabled=show_progress)
     with progress.running():
         data = compute(inputs, str(validation_path or ""), grid_spec=grid_spec, execution=execution, progress=progress,
-                       only=only)
+                       only=only, moe_spec=moe_spec)
         advance = progress.step("writing HTML", 1)
         text = render(data, command)
         files = {}
@@ -160,6 +175,8 @@ def build_report(scenario_paths: list[Path], profile_paths: list[Path], validati
             points, limits = grid_csv_paths(out)
             files[points] = csv_text(data.grid.points)
             files[limits] = csv_text(data.grid.limits)
+        if data.moe is not None:
+            files[moe_csv_path(out)] = csv_text(data.moe.limits)
         files[out] = text
         write_files_atomic(files)  # all renamed together: an interrupt leaves all of them or none
         advance()
@@ -168,7 +185,35 @@ def build_report(scenario_paths: list[Path], profile_paths: list[Path], validati
     if data.grid is not None and execution.cache is not None:
         print(f"kvsim: projection: {data.grid.computed} cells computed, {data.grid.stored} read from {execution.cache}",
               file=sys.stderr)
+    _moe_lines(data, execution)
     return out
+
+
+def _moe_lines(data: ReportData, execution: Execution) -> None:
+    """What --cache kept of the MoE grid, as the projection's lines say it."""
+    if data.moe is None or execution.cache is None:
+        return
+    if data.moe.damaged:
+        print(f"kvsim: {damaged_line(data.moe.damaged)} in {execution.cache}", file=sys.stderr)
+    print(f"kvsim: MoE projection: {data.moe.computed} cells computed, {data.moe.stored} read from {execution.cache}",
+          file=sys.stderr)
+
+
+def check_moe(wanted: bool, spec: MoeGridSpec | None, scenario_paths: list[Path],
+              only: str | None) -> MoeGridSpec | None:
+    """--moe belongs to the projection: refused beside scenarios or --only, in one line."""
+    if not wanted:
+        return None
+    if scenario_paths or only is not None:
+        raise ConfigError("adds a section to the projection; runs of scenarios and --only take none", field="--moe")
+    spec = spec or MoeGridSpec()
+    check_moe_spec(spec)
+    return spec
+
+
+def moe_csv_path(out: Path) -> Path:
+    """Where the MoE section's table goes beside the HTML: one row per model, GPU, length and policy."""
+    return out.with_suffix(".moe.csv")
 
 
 def grid_csv_paths(out: Path) -> tuple[Path, Path]:

@@ -1,5 +1,6 @@
 """What the report says, in which order: summary, contents (a page of more than one section),
-projection, the paper checked, serving plan, runs (closed batches and serving runs), validation."""
+projection, mixture-of-experts and hybrid models (with --moe), the paper checked, serving plan, runs
+(closed batches and serving runs), validation."""
 
 from __future__ import annotations
 
@@ -9,11 +10,15 @@ import pandas as pd
 
 from sim import __version__
 from sim.decode.simulate import SimResult
+from sim.inputs import catalog
 from sim.outputs.run_folder import serving_summary_rows, summary_rows
+from sim.outputs.schema import LINK_BOTTLENECK_UTILIZATION
 from sim.serving.run import ServingResult
+from sim.studies.moe_projection import MoeResult
 from sim.studies.paper_check import PaperCheck
-from sim.studies.projection_grid import GridResult
+from sim.studies.projection_grid import EVICT_RATIO, GridResult
 
+from . import figures_moe
 from . import html as h
 from .figures_access import access_figure
 from .figures_paper import paper_figures
@@ -33,6 +38,7 @@ from .figures_validation import validation_figure
 from .plan_input import PlanFiles
 from .summary_text import (
     access_sentences,
+    moe_sentences,
     paper_sentences,
     projection_sentences,
     run_sentence,
@@ -47,6 +53,7 @@ Section = tuple[str, str, str]  # id, title, body (HTML)
 @dataclass
 class ReportData:
     grid: GridResult | None = None
+    moe: MoeResult | None = None  # sim.studies.moe_projection (kvsim report --moe)
     access: pd.DataFrame | None = None  # sim.studies.access_strategies.access_study
     paper: PaperCheck | None = None
     runs: list[SimResult | ServingResult] = field(default_factory=list)  # a serving run: workload.arrivals
@@ -73,6 +80,43 @@ def _projection_section(grid: GridResult) -> Section:
     body = h.paragraph(intro) + h.controls_html(dimensions(grid))
     body += "".join(h.selectable_html(sf) for sf in projection_figures(grid))
     return "projection", "Projection: 7B-70B on one GPU", body
+
+
+def _moe_intro(moe: MoeResult) -> str:
+    spec = moe.spec
+    lengths = " and ".join(f"{n:,}" for n in spec.lengths)
+    policies = "; ".join(p.label for p in spec.policies)
+    return (f"The catalog's mixture-of-experts and layer-kind models, each in one weight format (given per model "
+            f"below) on the smallest tensor-parallel group of one GPU kind - of TP {', '.join(map(str, spec.tp_options))} "
+            f"- that its shapes allow and that holds its weights plus one sequence of the longest chain without tiering. "
+            f"{spec.prompt_tokens} prompt + {lengths} reasoning tokens per sequence, the same fast projection as above "
+            f"(sim.decode.projection); memory is per GPU of the group, the batch is the group's. Policies: {policies}; "
+            f"the fixed-ratio tiered policy evicts {EVICT_RATIO:.0%} of the unprotected tokens, tiered auto (hbm_ratio: "
+            f"auto) moves to the host only what HBM cannot hold and evicts nothing. What binds: the host "
+            f"link where H2D is busy at least {LINK_BOTTLENECK_UTILIZATION:.0%} of decode time, else the largest part "
+            f"of the middle decode step. These are simulated figures on datasheet costs and AIConfigurator's measured "
+            f"kernel tables where they cover the operator; nothing here was measured on these models.")
+
+
+def _moe_model_html(moe: MoeResult, label: str) -> str:
+    """A model's heading, its format and placement per GPU, and its table."""
+    pls = [pl for pl in moe.placements if pl.model.label == label]
+    m = pls[0].model
+    spec = catalog.model(m.name)
+    experts = f", {spec.num_experts} experts, {spec.experts_per_token} a token" if spec.is_moe else ""
+    head = f"<h3>{h.esc(f'{label} ({m.name}): {spec.describe_kinds()}{experts}')}</h3>"
+    groups = f" in groups of {m.weight_group_size}" if m.weight_dtype == "int4" else ""
+    body = h.paragraph(f"Weights {m.weight_dtype}{groups} ({m.why}). "
+                       + " ".join(figures_moe.placement_text(pl) for pl in pls))
+    rows = figures_moe.table_rows(moe, label)
+    return head + body + (h.table_html(figures_moe.TABLE_HEADERS, rows) if rows else "")
+
+
+def _moe_section(moe: MoeResult) -> Section:
+    body = h.paragraph(_moe_intro(moe)) + "".join(h.paragraph(s) for s in moe_sentences(moe))
+    body += h.controls_html(figures_moe.dimensions(moe)) + h.selectable_html(figures_moe.max_batch_figure(moe))
+    body += "".join(_moe_model_html(moe, m.label) for m in moe.spec.models)
+    return "moe", "Mixture-of-experts and hybrid models", body
 
 
 def _access_section(table: pd.DataFrame) -> Section:
@@ -175,6 +219,8 @@ def summary_items(data: ReportData) -> list[str]:
     items: list[str] = []
     if data.grid is not None:
         items += projection_sentences(data.grid)
+    if data.moe is not None:
+        items += moe_sentences(data.moe)
     if data.access is not None:
         items += access_sentences(data.access)
     if data.paper is not None:
@@ -192,6 +238,8 @@ def sections(data: ReportData, command: str) -> list[Section]:
     out = []
     if data.grid is not None:
         out.append(_projection_section(data.grid))
+    if data.moe is not None:
+        out.append(_moe_section(data.moe))
     if data.access is not None:
         out.append(_access_section(data.access))
     if data.paper is not None:

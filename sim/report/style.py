@@ -14,6 +14,7 @@ POLICY_COLORS = {
     "tiered_25": "#08519c",
     "tiered_50": "#3182bd",
     "tiered_75": "#6baed6",
+    "tiered_auto": "#31a354",  # hbm_ratio auto (the MoE section)
 }
 
 # Timeline rows (per-run view) and tiers (occupancy).

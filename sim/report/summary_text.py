@@ -5,9 +5,10 @@ from __future__ import annotations
 import pandas as pd
 
 from sim.inputs import catalog
-from sim.model.units import GB
+from sim.model.units import GB, PERCENT
 from sim.outputs.schema import LINK_BOTTLENECK_UTILIZATION, ServingSummary, SimRunSummary
 from sim.studies import paper_claims as paper
+from sim.studies.moe_projection import MoeResult
 from sim.studies.paper_check import PaperCheck
 from sim.studies.projection_grid import GridResult, length_label
 
@@ -96,6 +97,66 @@ def projection_sentences(grid: GridResult) -> list[str]:
     if ref:
         out += [_link(grid.limits, grid, ref, label), _saved(grid.points, grid, ref, label)]
     return [o for o in out if o]
+
+
+def _no_minus_zero(text: str, fmt: str) -> str:
+    """'-0.0' (a small negative number, rounded) prints as '0.0'."""
+    return text.lstrip("-") if text.lstrip("-") == format(0.0, fmt) else text
+
+
+def _span(values: pd.Series, fmt: str, unit: str = "") -> str:
+    """'1.4-1.9' (+ unit) over `values` ('-2 to 3' where it starts below zero), or one number where
+    both ends print the same."""
+    lo, hi = (_no_minus_zero(format(v, fmt), fmt) for v in (values.min(), values.max()))
+    return (lo if lo == hi else f"{lo} to {hi}" if lo.startswith("-") else f"{lo}-{hi}") + unit
+
+
+def _moe_capacity(moe: MoeResult, label: dict) -> str:
+    lim = moe.limits
+    keys = ["model", "gpu", "length"]
+    wide = lim.pivot_table(index=keys, columns="policy", values="max_batch").reset_index()
+    both = wide[wide.full_hbm > 0]
+    tiered = [p.key for p in moe.spec.policies if p.tiered and p.key in wide]
+    gains = " and ".join(f"{_span(both[k] / both.full_hbm, '.1f')}x ({label[k]})" for k in tiered)
+    gpus = ", ".join(catalog.gpu(g).name for g in lim.gpu.unique())
+    msg = (f"Mixture-of-experts and hybrid models ({_n(lim.model.nunique(), 'model')} on {gpus}; "
+           f"{', '.join(lim.length.unique())} reasoning tokens): tiering fits {gains} the sequences full_hbm fits")
+    full = lim[(lim.policy == "full_hbm") & (lim.max_batch > 0)].set_index(keys).at_max_throughput_tok_per_s
+    same = []
+    for key in tiered:
+        rows = lim[lim.policy == key].dropna(subset=["at_full_max_hbm_saved_bytes"]).join(full.rename("full"), on=keys)
+        if len(rows):
+            speed = rows.at_full_max_throughput_tok_per_s / rows.full * PERCENT
+            saved = _span(rows.at_full_max_hbm_saved_bytes / GB, ".1f", " GB")
+            same.append(f"{label[key]} frees {saved} of HBM per GPU and decodes at {_span(speed, '.0f', '%')} of "
+                        f"full_hbm's speed")
+    return msg + (f"; at full_hbm's own max batch {', '.join(same)}." if same else ".")
+
+
+def _moe_link(moe: MoeResult, label: dict) -> str:
+    lim = moe.limits
+    keys = ["model", "gpu", "length"]
+    fit = lim[(lim.policy != "full_hbm") & (lim.max_batch > 0)]
+    bound = fit[fit.link_bound_batch.notna()]
+    spans = ", ".join(f"{label[k]} from batch {_span(b.link_bound_batch, ',.0f')}"
+                      for k, b in bound.groupby("policy", sort=False))
+    full = lim[(lim.policy == "full_hbm") & (lim.max_batch > 0)]
+    slower = fit.join(full.set_index(keys).at_max_throughput_tok_per_s.rename("full"), on=keys)
+    slower = int((slower.at_max_throughput_tok_per_s < slower.full).sum())
+    words = [f"{w} in {c}" for w, c in full.binds.str.split(",").str[0].value_counts().items()]
+    return (f"The host link binds: {len(bound)} of {_n(len(fit), 'tiered configuration')} reach "
+            f"{LINK_BOTTLENECK_UTILIZATION:.0%} H2D busy before their max batch ({spans}), and {slower} of them decode "
+            f"slower at their own max batch than full_hbm at its own. full_hbm at its max batch is bound by "
+            f"{', '.join(words[:-1]) + ' and ' if len(words) > 1 else ''}{words[-1]} of {len(full)}.")
+
+
+def moe_sentences(moe: MoeResult) -> list[str]:
+    """The MoE section in two sentences: capacity and what tiering saves and costs at full_hbm's max
+    batch; then where the host link binds, and what binds full_hbm."""
+    if moe.limits.empty:
+        return []
+    label = {p.key: p.label for p in moe.spec.policies}
+    return [_moe_capacity(moe, label), _moe_link(moe, label)]
 
 
 def paper_sentences(check: PaperCheck) -> list[str]:
