@@ -188,3 +188,45 @@ def test_expert_layout_launch_commands():
     assert "--tp-size 2 --dp-size 2 --max-running-requests 256" in dpa["sglang"]
     assert "--enable-dp-attention --ep-size 2" in dpa["sglang"]
     assert all(line.endswith("run 3 behind the load balancer") for line in dpa.values())
+
+
+# ---- skewed routing ----------------------------------------------------------------------------------
+
+def test_routing_probabilities_sum_to_top_k_capped_at_one():
+    from sim.model.experts import routing_probabilities
+
+    assert routing_probabilities(256, 8, 0.0) == (8 / 256,) * 256  # uniform
+    for skew in (0.5, 1.0, 2.0):
+        pi = np.array(routing_probabilities(256, 8, skew))
+        assert pi.sum() == pytest.approx(8.0) and pi.max() <= 1.0 and pi.min() > 0
+    assert np.array(routing_probabilities(256, 8, 2.0)).max() == 1.0  # the top expert serves every token
+
+
+@pytest.mark.parametrize("skew", [0.5, 1.0])
+def test_skewed_experts_touched_match_sampling(skew):
+    from sim.model.experts import routing_probabilities, skewed_busiest_rank, skewed_experts_touched
+
+    pi = np.array(routing_probabilities(64, 6, skew))
+    rng = np.random.default_rng(11)
+    hits = rng.random((3000, 16, 64)) < pi  # 16 tokens, each expert taken with its marginal probability
+    touched = hits.any(axis=1)
+    assert touched.sum(axis=1).mean() == pytest.approx(skewed_experts_touched(64, 6, 16, skew), rel=0.01)
+    busiest = touched.reshape(3000, 8, 8).sum(axis=2).max(axis=1).mean()
+    assert skewed_busiest_rank(64, 6, 16, 8, skew) == pytest.approx(busiest, rel=0.08)
+
+
+def test_skew_helps_tensor_parallelism_and_unbalances_expert_parallelism():
+    from sim.model.experts import busiest_routing_share
+
+    assert busiest_routing_share(256, 8, 8, 0.0) == pytest.approx(1.0)
+    assert busiest_routing_share(256, 8, 8, 1.0) > 1.2
+    uniform, skewed = _ctx(), _ctx("model.routing_skew=1.0")
+    # popular experts: fewer distinct ones per step, fewer weight bytes read under TP
+    assert skewed.model.layer_weight_bytes_read("fp8", 32) < 0.8 * uniform.model.layer_weight_bytes_read("fp8", 32)
+    ep = _ctx(*EP8, "model.routing_skew=1.0")
+    # under EP the busiest GPU holds more than its share of the popular experts
+    assert ep.model.expected_experts_touched(32) > skewed.model.expected_experts_touched(32) / 8 * 1.2
+    with pytest.raises(ConfigError) as err:
+        load_scenario(SCENARIOS / "h200-7b-batch.yaml", ["model.routing_skew=1"])
+    assert err.value.field == "model.routing_skew" and "mixture-of-experts" in str(err.value)
+    assert "routing_skew" not in load_scenario(SCENARIOS / "h200-7b-batch.yaml").model_dump(mode="json")["model"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -330,5 +331,8 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
 
 
 def resolve_model(model_cfg) -> ModelSpec:
-    """The whole model a scenario's `model` section names: a catalog entry or a Hugging Face config."""
-    return model(model_cfg.name) if model_cfg.name else model_from_hf_config(model_cfg.hf_config)
+    """The whole model a scenario's `model` section names: a catalog entry or a Hugging Face config,
+    with the section's routing skew (a mixture of experts' expert popularity, `sim/model/experts.py`)."""
+    spec = model(model_cfg.name) if model_cfg.name else model_from_hf_config(model_cfg.hf_config)
+    skew = getattr(model_cfg, "routing_skew", 0.0)
+    return replace(spec, routing_skew=skew) if skew else spec

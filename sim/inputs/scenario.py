@@ -48,12 +48,16 @@ WeightDType = Literal["bf16", "fp16", "fp8", "int8", "int4"]
 KvDType = Literal["bf16", "fp16", "fp8", "int8"]
 
 
-class ModelCfg(Strict):
+class ModelCfg(Strict, QuietDefaults):
     name: str | None = Field(None, max_length=MAX_NAME_CHARS)
     hf_config: str | None = Field(None, min_length=1, max_length=MAX_TEXT_CHARS)
     weight_dtype: WeightDType = "bf16"
     kv_dtype: KvDType = "bf16"
     weight_group_size: int = Field(128, ge=1, le=GROUP_SIZE_MAX)
+    # a mixture of experts' expert popularity, Zipf(routing_skew) over the experts (sim/model/experts.py); 0: uniform
+    routing_skew: float = Field(0.0, ge=0.0, le=4.0)
+
+    QUIET_DEFAULTS = {"routing_skew": 0.0}
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -387,6 +391,9 @@ def check_catalog_names(scenario: Scenario, source: str) -> None:
         problem = spec.parallel_problem(*scenario.parallel.layout)
         if problem:
             raise ConfigError(problem[1], source=source, field=problem[0])
+    if scenario.model.routing_skew and not catalog.resolve_model(scenario.model).is_moe:
+        raise ConfigError(f"routing_skew applies to a mixture-of-experts model; {catalog.resolve_model(scenario.model).name} "
+                          f"is dense", source=source, field="model.routing_skew")
     if scenario.policy.access == "sparse_fetch" and SPARSE not in catalog.resolve_model(scenario.model).kind_counts:
         raise ConfigError(f"sparse_fetch needs a sparse-attention model (config.json index_topk, e.g. deepseek-v3.2); "
                           f"{catalog.resolve_model(scenario.model).name} attends every token", source=source,

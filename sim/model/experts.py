@@ -70,3 +70,59 @@ def busiest_rank_experts_touched(experts: int, top_k: int, tokens: float, ranks:
     if ranks <= 1:
         return mean
     return min(float(held), mean + sqrt(held * q * (1.0 - q)) * expected_max_standard_normal(ranks))
+
+
+# ---- skewed routing --------------------------------------------------------------------------------
+# Expert popularity follows a Zipf law of exponent `skew` over a fixed shuffle of the experts (which
+# experts are popular is unrelated to their index, hence to the GPU that holds them): a token routes
+# to expert i with probability pi_i proportional to its popularity, capped at 1, the pi summing to k.
+# Expected distinct experts need only these marginals: sum_i 1 - (1 - pi_i)^tokens, exact whatever
+# the dependence between one token's k picks. skew 0 is uniform routing (pi_i = k / E).
+PLACEMENT_SEED = 0  # the fixed shuffle of popularity over expert indices
+
+
+@lru_cache(maxsize=64)
+def routing_probabilities(experts: int, top_k: int, skew: float) -> tuple[float, ...]:
+    """pi_i, in expert-index order: Zipf(skew) popularity over a seeded shuffle of the experts,
+    scaled so that sum pi = k with no pi above 1 (water-filling: capped experts fixed at 1, the rest
+    rescaled)."""
+    weights = (np.arange(1, experts + 1, dtype=float) ** -skew)[np.random.default_rng(PLACEMENT_SEED).permutation(experts)]
+    pi = np.zeros(experts)
+    free = np.ones(experts, dtype=bool)
+    left = float(top_k)
+    while True:
+        pi[free] = weights[free] * left / weights[free].sum()
+        over = free & (pi > 1.0)
+        if not over.any():
+            return tuple(float(p) for p in pi)
+        pi[over], free[over] = 1.0, False
+        left = top_k - float((~free).sum())
+
+
+def touched_per_rank(experts: int, top_k: int, tokens: float, ranks: int, skew: float) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, variance) of the distinct experts touched on each of `ranks` GPUs holding E / ranks
+    contiguous experts each: q_i = 1 - (1 - pi_i)^tokens summed, and q_i (1 - q_i) summed (experts
+    taken as independent)."""
+    pi = np.asarray(routing_probabilities(experts, top_k, skew))
+    q = (1.0 - (1.0 - pi) ** tokens).reshape(ranks, -1)
+    return q.sum(axis=1), (q * (1.0 - q)).sum(axis=1)
+
+
+def skewed_experts_touched(experts: int, top_k: int, tokens: float, skew: float) -> float:
+    """Distinct experts all the GPUs together read for `tokens` tokens under skewed routing."""
+    return float(touched_per_rank(experts, top_k, tokens, 1, skew)[0][0])
+
+
+def skewed_busiest_rank(experts: int, top_k: int, tokens: float, ranks: int, skew: float) -> float:
+    """The busiest expert-parallel GPU's expected distinct experts under skewed routing: the largest
+    of each rank's mean + sd x E[max of `ranks` standard normals], at most E / ranks (with skew 0 this
+    is `busiest_rank_experts_touched`; with skew it leans upward where one rank dominates)."""
+    mean, var = touched_per_rank(experts, top_k, tokens, ranks, skew)
+    return min(float(experts // ranks), float(np.max(mean + np.sqrt(var) * expected_max_standard_normal(ranks))))
+
+
+def busiest_routing_share(experts: int, top_k: int, ranks: int, skew: float) -> float:
+    """The busiest rank's share of a token's k routings over 1 / ranks (1: balanced): it computes
+    that much more than the mean rank's expert FLOP."""
+    pi = np.asarray(routing_probabilities(experts, top_k, skew)).reshape(ranks, -1)
+    return float(pi.sum(axis=1).max() / top_k * ranks)

@@ -24,7 +24,13 @@ from types import MappingProxyType
 import numpy as np
 
 from .dtypes import KV_DTYPES, WEIGHT_DTYPES, DType
-from .experts import busiest_rank_experts_touched, expected_experts_touched
+from .experts import (
+    busiest_rank_experts_touched,
+    busiest_routing_share,
+    expected_experts_touched,
+    skewed_busiest_rank,
+    skewed_experts_touched,
+)
 from .layers import (
     BOUNDED_KINDS,
     FULL,
@@ -74,6 +80,7 @@ class ModelSpec:
     # one GPU's shard under expert / attention data parallelism (`shard`); 1 = the model itself, or TP only
     expert_parallel: int = 1  # the routed experts are split whole over this many GPUs: num_experts / it per GPU
     attention_dp: int = 1  # attention data-parallel ranks: a GPU holds the KV of 1 / this of the group's sequences
+    routing_skew: float = 0.0  # Zipf exponent of expert popularity (sim/model/experts.py); 0: uniform routing
 
     def __post_init__(self):
         """Layer kinds all `full` are the plain model (normalised to ()); each kind used needs its shape."""
@@ -514,9 +521,13 @@ class ModelSpec:
         expert evenly and has no such imbalance."""
         if not self.is_moe:
             return 0.0
-        if self.expert_parallel > 1:
-            return busiest_rank_experts_touched(self.num_experts, self.experts_per_token, batch, self.expert_parallel)
-        return expected_experts_touched(self.num_experts, self.experts_per_token, batch, self.local_experts)
+        e, k, ep = self.num_experts, self.experts_per_token, self.expert_parallel
+        if self.routing_skew > 0:  # popular experts: fewer distinct ones, unevenly spread over EP ranks
+            return skewed_busiest_rank(e, k, batch, ep, self.routing_skew) if ep > 1 else skewed_experts_touched(
+                e, k, batch, self.routing_skew)
+        if ep > 1:
+            return busiest_rank_experts_touched(e, k, batch, ep)
+        return expected_experts_touched(e, k, batch, self.local_experts)
 
     def layer_weight_bytes_read(self, weight_dtype: str, batch: int, group_size: int = 128) -> float:
         """Weight bytes one decode step reads in one layer (MoE: only the experts touched; with
@@ -566,8 +577,9 @@ class ModelSpec:
 
     def _parallel_active_params(self) -> float:
         """`active_linear_params_layer` of an expert- or attention-data-parallel shard."""
-        h, dp = self.hidden_size, self.attention_dp
-        moe = (self.experts_per_token * self.expert_params() / self.expert_parallel
+        h, dp, ep = self.hidden_size, self.attention_dp, self.expert_parallel
+        busiest = busiest_routing_share(self.num_experts, self.experts_per_token, ep, self.routing_skew) if ep > 1 else 1.0
+        moe = (self.experts_per_token * self.expert_params() / ep * busiest
                + MLP_MATRICES * h * self.shared_expert_intermediate_size + h * self.num_experts / dp)
         dense = MLP_MATRICES * h * self.intermediate_size
         mlp = (self.moe_layers * moe + self.dense_mlp_layers * dense) / self.num_layers
