@@ -22,6 +22,11 @@ TABLE_HEADERS = ["GPU", "reasoning", "policy", "max batch", "at full_hbm's max b
                  "at its own max batch: HBM saved / GPU", "tok/s", "H2D busy", "binds", "link-bound from batch"]
 
 
+
+def layout(pl) -> str:
+    """"TP8", or "DPA8+EP8" (attention data-parallel, experts split over the 8 GPUs)."""
+    return f"DPA{pl.tp}+EP{pl.tp}" if pl.model.experts and pl.tp > 1 else f"TP{pl.tp}"
+
 def dimensions(moe: MoeResult) -> list[Dimension]:
     spec = moe.spec
     gpus = tuple((g, catalog.gpu(g).name) for g in spec.gpus)
@@ -31,7 +36,7 @@ def dimensions(moe: MoeResult) -> list[Dimension]:
 
 
 def model_axis_label(pl: Placement) -> str:
-    return f"{pl.model.label} ({pl.model.weight_dtype}, TP{pl.tp})" if pl.tp else f"{pl.model.label} (does not fit)"
+    return f"{pl.model.label} ({pl.model.weight_dtype}, {layout(pl)})" if pl.tp else f"{pl.model.label} (does not fit)"
 
 
 def max_batch_figure(moe: MoeResult) -> SelectableFigure:
@@ -129,6 +134,6 @@ def placement_text(pl: Placement) -> str:
     skipped = "; ".join(f"TP{tp}: {why}" for tp, why in pl.skipped)
     if pl.tp is None:
         return f"{gpu}: does not fit on {max(tp for tp, _ in pl.skipped)} GPUs ({skipped})."
-    text = (f"{gpu}: TP{pl.tp}, {pl.weights_bytes_per_gpu / GB:,.1f} GB of weights per GPU of "
+    text = (f"{gpu}: {layout(pl)}, {pl.weights_bytes_per_gpu / GB:,.1f} GB of weights per GPU of "
             f"{pl.hbm_capacity_bytes / GB:,.1f} GB; KV per token per GPU: {kv_text(pl.kv_by_kind)}")
     return text + (f" (smaller groups: {skipped})." if skipped else ".")

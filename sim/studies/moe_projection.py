@@ -57,11 +57,22 @@ class MoeModel:
     weight_dtype: str
     weight_group_size: int = 128
     why: str = ""
+    experts: str | None = None  # None: tensor parallelism alone; "ep+dpa": experts and attention data-parallel
+
+    def parallel(self, tp: int) -> dict:
+        """The scenario's `parallel:` on `tp` GPUs."""
+        return {"tp": tp, "ep": tp, "attention_dp": tp} if self.experts == DPA and tp > 1 else {"tp": tp}
 
 
 MXFP4 = "the nearest format here to the checkpoint's MXFP4 experts, 4.25 bits a weight"
+DPA = "ep+dpa"
+DPA_WHY = ("the checkpoint's own format; attention data-parallel with the experts split over the group (each GPU "
+           "holds its own sequences' latents), vLLM's recommended EP/DP mode for DeepSeek")
 MOE_MODELS: tuple[MoeModel, ...] = (
     MoeModel("DeepSeek-R1", "deepseek-r1", "fp8", 128, "the checkpoint's own format"),
+    MoeModel("DeepSeek-R1, DPA+EP", "deepseek-r1", "fp8", 128, DPA_WHY, DPA),
+    MoeModel("DeepSeek-V3.2", "deepseek-v3.2", "fp8", 128, "the checkpoint's own format"),
+    MoeModel("DeepSeek-V3.2, DPA+EP", "deepseek-v3.2", "fp8", 128, DPA_WHY, DPA),
     MoeModel("gpt-oss-120b", "gpt-oss-120b", "int4", 32, MXFP4),
     MoeModel("gpt-oss-20b", "gpt-oss-20b", "int4", 32, MXFP4),
     MoeModel("Qwen3-235B-A22B", "qwen3-235b-a22b", "fp8", 128, "Qwen's published FP8 checkpoint"),
@@ -108,10 +119,10 @@ class MoeGridSpec:
 def moe_scenario(model: MoeModel, gpu: str, tp: int, length: int, batch: int, policy: PolicyVariant,
                  prompt_tokens: int) -> Scenario:
     data = {
-        "name": f"{model.name}-{model.weight_dtype}-{gpu}-tp{tp}-{length}-{policy.key}-b{batch}",
+        "name": f"{model.name}-{model.weight_dtype}-{gpu}-tp{tp}{'-dpa' if model.experts else ''}-{length}-{policy.key}-b{batch}",
         "model": {"name": model.name, "weight_dtype": model.weight_dtype, "weight_group_size": model.weight_group_size},
         "hardware": {"gpu": gpu},
-        "parallel": {"tp": tp},
+        "parallel": model.parallel(tp),
         "workload": {"batch_size": batch, "prompt_tokens": prompt_tokens, "reasoning_tokens": length},
         "policy": policy.policy,
     }
@@ -138,9 +149,9 @@ def place(model: MoeModel, gpu: str, spec: MoeGridSpec) -> Placement:
     shapes = catalog.model(model.name)
     skipped = []
     for tp in spec.tp_options:
-        problem = shapes.tp_problem(tp)
+        problem = shapes.parallel_problem(*(model.parallel(tp).get(k, 1) for k in ("tp", "ep", "attention_dp")))
         if problem:
-            skipped.append((tp, problem))
+            skipped.append((tp, problem[1]))
             continue
         sc = moe_scenario(model, gpu, tp, max(spec.lengths), 1, _policy("full_hbm"), spec.prompt_tokens)
         ctx = build_context(sc)
@@ -176,9 +187,10 @@ class MoeCell(Cell):
     kind: ClassVar[str] = "moe projection cell"
     tp: int = 1
     weight_group_size: int = 128
+    experts: str | None = None  # MoeModel.experts
 
     def scenario(self, batch: int, policy: PolicyVariant) -> Scenario:
-        m = MoeModel(self.model_label, self.model, self.weight_dtype, self.weight_group_size)
+        m = MoeModel(self.model_label, self.model, self.weight_dtype, self.weight_group_size, experts=self.experts)
         return moe_scenario(m, self.gpu.base_gpu, self.tp, self.length, batch, policy, self.prompt_tokens)
 
     def run(self) -> dict[str, list[dict]]:
@@ -286,7 +298,8 @@ def moe_cells(spec: MoeGridSpec, placements: list[Placement]) -> list[MoeCell]:
             continue
         gpu = GpuColumn(key=pl.gpu, label=catalog.gpu(pl.gpu).name, base_gpu=catalog.gpu(pl.gpu).name)
         cells += [MoeCell(pl.model.label, pl.model.name, pl.model.weight_dtype, gpu, n, spec.batches, spec.policies,
-                          spec.prompt_tokens, tp=pl.tp, weight_group_size=pl.model.weight_group_size)
+                          spec.prompt_tokens, tp=pl.tp, weight_group_size=pl.model.weight_group_size,
+                          experts=pl.model.experts)
                   for n in spec.lengths]
     return cells
 
