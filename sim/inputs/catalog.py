@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from functools import lru_cache
 from importlib import resources
@@ -223,8 +224,14 @@ def _entry(e: dict) -> ModelSpec:
 
 
 def _read_catalog(filename: str) -> dict:
-    text = resources.files("sim").joinpath("catalog", filename).read_text()
-    return yaml.safe_load(text)
+    """A catalog file's YAML, parsed once per process (a plan asks for some hundreds of times); a copy,
+    so a caller that changes it changes nothing else."""
+    return copy.deepcopy(_parsed_catalog(filename))
+
+
+@lru_cache(maxsize=None)
+def _parsed_catalog(filename: str) -> dict:
+    return yaml.safe_load(resources.files("sim").joinpath("catalog", filename).read_text())
 
 
 def _key(name: str) -> str:
