@@ -61,7 +61,7 @@ def print_plan(console: Console, result, sc, spec, all_rows: bool, wall_s: float
     from sim.plan.search import mean_output_tokens
 
     rows = result.rows
-    console.print(answer_sentence(rows, spec.rate), soft_wrap=True)
+    console.print(answer_sentence(rows, spec.rate, spec.requests), soft_wrap=True)
     best = next((r for r in rows if r["rank"] == 1), None)
     if best is not None:
         for engine, line in launch_lines(best, sc, best.get("host_peak_bytes")).items():

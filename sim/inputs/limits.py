@@ -50,3 +50,7 @@ MAX_SERVING_STEPS = 2**20  # steps one serving simulation takes at least (~100 u
 MAX_SERVING_TOKENS = 2**27  # prompt + output tokens of one serving simulation's requests
 MAX_PLAN_STEPS = 2**24  # steps the simulations of a kvsim plan search take at least, together (each candidate once)
 MAX_SWEEP_POINTS = 100_000  # points of one sweep (each validated before any runs, ~20 kB and ~0.1 ms each)
+
+# GPUs that share one NVLink domain (an HGX board). A tensor-parallel group larger than this would span
+# nodes, whose all-reduces and all-to-alls cross InfiniBand: not modelled, so refused (parallel.tp).
+NODE_GPUS = 8

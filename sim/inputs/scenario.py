@@ -26,6 +26,7 @@ from .limits import (
     MAX_TOKENS,
     MIN_BYTES_PER_S,
     MIN_EFFICIENCY,
+    NODE_GPUS,
 )
 from .quiet_defaults import QuietDefaults
 from .reader import check_tree, parse_yaml
@@ -386,6 +387,10 @@ def check_catalog_names(scenario: Scenario, source: str) -> None:
             raise ConfigError(err.message, source=source, field=field) from None
     if scenario.hardware.kernels == "measured":
         check_measured_kernels(scenario.hardware.gpu, source)
+    if scenario.parallel.tp > NODE_GPUS:
+        raise ConfigError(f"tp {scenario.parallel.tp} spans more than one {NODE_GPUS}-GPU node: tensor, expert and "
+                          f"attention parallelism across nodes (InfiniBand collectives) are not modelled; use replicas "
+                          f"or disaggregated pools (kvsim plan)", source=source, field="parallel.tp")
     if scenario.parallel.layout != (1, 1, 1):
         spec = catalog.resolve_model(scenario.model)
         problem = spec.parallel_problem(*scenario.parallel.layout)

@@ -179,6 +179,8 @@ class ModelSpec:
         the experts split whole over the group) and `attention_dp` attention data-parallel ranks
         (attention tensor-parallel over tp / attention_dp GPUs each), or None."""
         if ep not in (1, tp):
+            if tp == 1:
+                return "parallel.ep", f"ep {ep} needs parallel.tp {ep}: the experts split over the tensor-parallel group"
             return "parallel.ep", f"expected 1 (experts split by tensor parallelism) or {tp} (the tp group), got {ep}"
         if ep > 1 and not self.is_moe:
             return "parallel.ep", f"expert parallelism needs a mixture-of-experts model; {self.name} is dense"

@@ -124,8 +124,26 @@ def parallel_words(parallel: dict) -> str:
     """A scenario's `parallel:` in words: "tensor parallel", "tensor parallel, experts EP8",
     "attention data-parallel x8, experts EP8"."""
     ep, dp = parallel.get("ep", 1), parallel.get("attention_dp", 1)
-    words = f"attention data-parallel x{dp}" if dp > 1 else "tensor parallel"
+    attention_tp = parallel.get("tp", 1) // dp
+    words = (f"attention data-parallel x{dp}" + (f" (TP{attention_tp} each)" if attention_tp > 1 else "")
+             if dp > 1 else "tensor parallel")
     return words + (f", experts EP{ep}" if ep > 1 else "")
+
+
+def _max_batch_text(s: SimRunSummary) -> str:
+    """'1352 (full_hbm 1352, evict_only 1476)'; a figure at the search's upper end (sim.max_batch_limit)
+    as '4096+': more may fit."""
+    limit = s.resolved_scenario.get("sim", {}).get("max_batch_limit")
+
+    def at_limit(n) -> bool:
+        return limit is not None and n is not None and n >= limit
+
+    def text(n) -> str:
+        return f"{n}+" if at_limit(n) else str(n)
+
+    by = s.max_batch_by_policy
+    more = f" (full_hbm {text(by['full_hbm'])}, evict_only {text(by['evict_only'])})" if by else ""
+    return text(s.max_batch) + more + (" - the search's limit, sim.max_batch_limit" if at_limit(s.max_batch) else "")
 
 
 def summary_rows(s: SimRunSummary, measured_on: str | None = None) -> list[tuple[str, str]]:
@@ -159,9 +177,7 @@ def summary_rows(s: SimRunSummary, measured_on: str | None = None) -> list[tuple
         ("transfer share / stall share", f"{_pct(s.transfer_share)} / {_pct(s.stall_share)}"),
         ("offloaded / evicted tokens", f"{s.offloaded_tokens:,} / {s.evicted_tokens:,}"),
         *_auto_rows(s),
-        ("max batch that fits", str(s.max_batch) + (
-            f" (full_hbm {s.max_batch_by_policy['full_hbm']}, evict_only {s.max_batch_by_policy['evict_only']})"
-            if s.max_batch_by_policy else "")),
+        ("max batch that fits", _max_batch_text(s)),
     ]
     measured = sorted(k for k, v in s.sources.items() if str(v).startswith("profile"))
     on = f" on {measured_on}" if measured_on else ""

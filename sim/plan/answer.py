@@ -20,9 +20,10 @@ def _ms(v: float | None) -> str:
     return f"{v / 1e3:.2g} s" if v >= 1000 else f"{v:.3g} ms"
 
 
-def answer_sentence(rows: list[dict], rate: float) -> str:
+def answer_sentence(rows: list[dict], rate: float, fixed_requests: int | None = None) -> str:
     """"Cheapest: 8 x H200 SXM as TP4 x 2, full_hbm (exact); sustains 5.1 req/s ...": the best
-    passing row, or what came closest when none passes."""
+    passing row, or what came closest when none passes. `fixed_requests` (--requests): every run
+    that long, which the sentence says is no steady-state verdict."""
     best = next((r for r in rows if r["rank"] == 1), None)
     if best is None:
         tried = [r for r in rows if r["status"] == "fail"]
@@ -35,6 +36,9 @@ def answer_sentence(rows: list[dict], rate: float) -> str:
     capped = ">= " if best["max_rate_capped"] else ""
     run = (f"steady state: {best['verdict_requests']:,} requests, {best['verdict_duration_s']:,.0f} s simulated"
            if best["verdict_requests"] else "")
+    if fixed_requests:  # a transient: with long outputs the queue may not have built up yet
+        run = (f"{fixed_requests:,} requests a run (--requests): a fixed run length, not a steady-state verdict; "
+               f"it may overstate what is sustained")
     per_m = f", ${best['usd_per_million_tokens']:.2f} per million output tokens" if best["usd_per_million_tokens"] else ""
     binds = best["binding"] if best["binding"] and best["binding"] != "-" else "nothing up to the search cap"
     return (f"Cheapest: {best['gpus']} x {gpu_name(best['gpu'])} as {best['layout']}, {best['policy']} ({best['output']}); "
@@ -72,18 +76,23 @@ DISAGG_FLAGS = {"vllm": """--kv-transfer-config '{"kv_connector":"NixlConnector"
                 "sglang": "--disaggregation-mode {role} --disaggregation-transfer-backend nixl"}
 
 
-def launch_lines(best: dict, base: Scenario, host_offload_bytes: float | None = None) -> dict[str, str]:
+def launch_lines(best: dict, base: Scenario, host_peak_bytes_per_gpu: float | None = None) -> dict[str, str]:
     """The engine commands for the best row (sim.plan.launch): {"vllm": ..., "sglang": ...}, or for a
-    disaggregated one each engine's prefill and decode instances ("vllm prefill", ...)."""
+    disaggregated one each engine's prefill and decode instances ("vllm prefill", ...). The host KV
+    pool is the row's host peak (plan.csv host_peak_bytes, one GPU's, as every simulated figure) x the
+    GPUs of an instance; a mixture of experts' replicas launch one server each (`launch_commands` moe)."""
+    from sim.inputs.catalog import resolve_model
+
     model = hf_model_id(base.model.name or "") or (base.model.name or "MODEL")
     util = getattr(base.engine, "gpu_memory_utilization", None) or 0.9
     s, m = base.scheduler, base.model
-
+    moe = resolve_model(base.model).is_moe
     seqs = best.get("max_num_seqs") or s.max_num_seqs
+    host_offload_bytes = host_peak_bytes_per_gpu * best["tp"] if host_peak_bytes_per_gpu else host_peak_bytes_per_gpu
 
     def commands(tp: int, dp: int, policy: str, offload: float | None) -> dict[str, str]:
         return launch_commands(model, tp, dp, seqs, s.max_num_batched_tokens, util, s.chunked_prefill,
-                               policy, offload, m.weight_dtype, m.kv_dtype, best.get("experts"))
+                               policy, offload, m.weight_dtype, m.kv_dtype, best.get("experts"), moe)
 
     if not best.get("prefill"):
         return commands(best["tp"], best["dp"], best["policy"], host_offload_bytes)

@@ -20,7 +20,14 @@ import yaml
 
 from sim.inputs import catalog
 from sim.inputs.errors import ConfigError
-from sim.inputs.limits import MAX_ARRIVAL_S, MAX_RATE_FACTOR, MAX_RATE_PER_S, MAX_SECONDS, MAX_USD_PER_GPU_HOUR
+from sim.inputs.limits import (
+    MAX_ARRIVAL_S,
+    MAX_RATE_FACTOR,
+    MAX_RATE_PER_S,
+    MAX_SECONDS,
+    MAX_USD_PER_GPU_HOUR,
+    NODE_GPUS,
+)
 from sim.inputs.scenario import Scenario, scenario_from_dict
 from sim.model.units import GB
 
@@ -292,6 +299,8 @@ def prune(base: Scenario, gpu: str, count: int, experts: str | None = None) -> s
     from sim.decode.context import build_context
     from sim.inputs.catalog import resolve_model
 
+    if count > NODE_GPUS:
+        return f"cannot shard: tp {count} spans more than one {NODE_GPUS}-GPU node (not modelled)"
     cand = Candidate(gpu, count, "full_hbm", experts=experts)
     problem = resolve_model(base.model).parallel_problem(*(cand.parallel.get(k, 1) for k in ("tp", "ep", "attention_dp")))
     if problem:
@@ -306,12 +315,13 @@ def prune(base: Scenario, gpu: str, count: int, experts: str | None = None) -> s
 
 
 def feasible_splits(base: Scenario, gpu: str, count: int) -> list[int] | str:
-    """Every tensor-parallel size that divides `count` and holds the model (each layout count / tp
-    replicas of it), or why even `count` GPUs as one group cannot hold it."""
-    why_all = prune(base, gpu, count)
+    """Every tensor-parallel size that divides `count`, fits one node (NODE_GPUS) and holds the model
+    (each layout count / tp replicas of it), or why even the largest such group cannot hold it."""
+    largest = max(tp for tp in range(1, min(count, NODE_GPUS) + 1) if count % tp == 0)
+    why_all = prune(base, gpu, largest)
     if why_all:
-        return why_all
-    return [tp for tp in range(1, count + 1) if count % tp == 0 and (tp == count or prune(base, gpu, tp) is None)]
+        return why_all if largest == count else f"{why_all} (a group is at most one {NODE_GPUS}-GPU node)"
+    return [tp for tp in range(1, largest + 1) if count % tp == 0 and (tp == largest or prune(base, gpu, tp) is None)]
 
 
 def expert_layouts(base: Scenario, gpu: str, tp: int) -> list[str | None]:

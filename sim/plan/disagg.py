@@ -24,10 +24,11 @@ from dataclasses import dataclass
 
 from sim.inputs import catalog
 from sim.inputs.errors import ConfigError
+from sim.inputs.limits import NODE_GPUS
 from sim.inputs.requests import build_requests
 from sim.inputs.scenario import Scenario
 
-NODE_GPUS = 8  # GPUs that share one NVLink domain (an HGX board); more spread the pools over nodes
+# NODE_GPUS (sim/inputs/limits.py): GPUs that share one NVLink domain (an HGX board); more spread the pools over nodes
 
 
 @dataclass(frozen=True)

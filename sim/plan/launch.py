@@ -201,37 +201,53 @@ def sglang_launch_command(model_id: str, tp: int, dp: int, max_num_seqs: int, ma
 def launch_commands(model_id: str, tp: int, dp: int, max_num_seqs: int, max_num_batched_tokens: int,
                     gpu_memory_utilization: float, chunked_prefill: bool, policy: str,
                     host_offload_bytes: float | None, weight_dtype: str, kv_dtype: str,
-                    experts: str | None = None) -> dict[str, str]:
+                    experts: str | None = None, moe: bool = False) -> dict[str, str]:
     """{"vllm": vllm_serve_command(...), "sglang": sglang_launch_command(...)} for the same inputs;
-    a mixture of experts' layout `experts` as `expert_commands` says."""
+    a mixture of experts' layout `experts` as `expert_commands` says. A mixture of experts (`moe`,
+    or any `experts` layout) never takes --data-parallel-size for its replicas: vLLM runs the
+    data-parallel ranks of an MoE model in lockstep as one expert group of dp x tp GPUs
+    (docs/serving/data_parallel_deployment.md), not the independent replicas the plan simulates -
+    so one server per replica, said in a comment."""
     rest = (max_num_batched_tokens, gpu_memory_utilization, chunked_prefill, policy, host_offload_bytes, weight_dtype,
             kv_dtype)
     if experts:
-        return expert_commands(model_id, tp, dp, max_num_seqs, experts, rest)
+        return _replicas(expert_commands(model_id, tp, max_num_seqs, experts, rest), tp, dp)
+    if moe:
+        args = (model_id, tp, 1, max_num_seqs, *rest)
+        return _replicas({"vllm": vllm_serve_command(*args), "sglang": sglang_launch_command(*args)}, tp, dp)
     args = (model_id, tp, dp, max_num_seqs, *rest)
     return {"vllm": vllm_serve_command(*args), "sglang": sglang_launch_command(*args)}
 
 
-def expert_commands(model_id: str, tp: int, dp: int, max_num_seqs: int, experts: str, rest: tuple) -> dict[str, str]:
-    """The commands of a mixture of experts' layout over each `tp`-GPU group (`dp` of them).
+def _replicas(commands: dict[str, str], tp: int, dp: int) -> dict[str, str]:
+    """`commands` for one of `dp` replicas, each a server of its own behind the load balancer."""
+    if dp <= 1:
+        return commands
+    note = f"one server per {int(tp)}-GPU group: run {int(dp)} behind the load balancer"
+    return {engine: _with_note(line, note) for engine, line in commands.items()}
+
+
+def expert_commands(model_id: str, tp: int, max_num_seqs: int, experts: str, rest: tuple) -> dict[str, str]:
+    """One `tp`-GPU group's commands of a mixture of experts' layout (`rest`: launch_commands' inputs
+    from max_num_batched_tokens on).
     "ep": the tensor-parallel commands with vLLM's --enable-expert-parallel (vllm/config/parallel.py
     `enable_expert_parallel`: "use expert parallelism instead of tensor parallelism for MoE layers")
     or SGLang's --ep-size tp (server_args.py, alias --expert-parallel-size).
     "ep+dpa" (attention data-parallel over the group): vLLM runs the group as tp data-parallel ranks
-    of one GPU each with --enable-expert-parallel, its --max-num-seqs per rank (the group's cap / tp,
-    rounded up); SGLang as --tp-size tp --dp-size tp --enable-dp-attention --ep-size tp, whose
-    --max-running-requests is divided over the dp ranks (the group's cap as is). A group is one
-    server; more than one group (dp > 1) is that many servers behind the load balancer, said in a comment."""
+    of one GPU each with --enable-expert-parallel, each rank an engine with its own scheduler and
+    offload buffer, so --max-num-seqs, --max-num-batched-tokens and --kv-offloading-size are the
+    group's / tp (rounded up); SGLang as --tp-size tp --dp-size tp --enable-dp-attention --ep-size tp,
+    whose --max-running-requests is divided over the dp ranks (the group's cap as is)."""
     if experts == "ep":
-        vllm = with_flags(vllm_serve_command(model_id, tp, dp, max_num_seqs, *rest), "--enable-expert-parallel")
-        sglang = with_flags(sglang_launch_command(model_id, tp, dp, max_num_seqs, *rest), f"--ep-size {int(tp)}")
+        vllm = with_flags(vllm_serve_command(model_id, tp, 1, max_num_seqs, *rest), "--enable-expert-parallel")
+        sglang = with_flags(sglang_launch_command(model_id, tp, 1, max_num_seqs, *rest), f"--ep-size {int(tp)}")
         return {"vllm": vllm, "sglang": sglang}
-    vllm = with_flags(vllm_serve_command(model_id, 1, tp, _ceil_div(max_num_seqs, tp), *rest), "--enable-expert-parallel")
+    tokens, util, chunked, policy, host, weight_dtype, kv_dtype = rest
+    per_rank = (_ceil_div(tokens, tp), util, chunked, policy, host / tp if host else host, weight_dtype, kv_dtype)
+    vllm = with_flags(vllm_serve_command(model_id, 1, tp, _ceil_div(max_num_seqs, tp), *per_rank),
+                      "--enable-expert-parallel")
     sglang = with_flags(sglang_launch_command(model_id, tp, tp, max_num_seqs, *rest),
-                         f"--enable-dp-attention --ep-size {int(tp)}")
-    if dp > 1:
-        note = f"one server per {int(tp)}-GPU group: run {int(dp)} behind the load balancer"
-        vllm, sglang = _with_note(vllm, note), _with_note(sglang, note)
+                        f"--enable-dp-attention --ep-size {int(tp)}")
     return {"vllm": vllm, "sglang": sglang}
 
 

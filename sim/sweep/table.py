@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from pydantic import BaseModel
 
 from sim.outputs.atomic import _umask, write_text_atomic
 from sim.outputs.csv_text import csv_text
@@ -24,20 +25,21 @@ HASH_COLUMN = "point_hash"
 CSV_NAME, PARQUET_NAME = "table.csv", "table.parquet"
 
 
-def _field(dump: dict, path: str) -> Any:
-    node: Any = dump
+def _field(scenario: BaseModel, path: str) -> Any:
+    """The value at a dotted path of the point's scenario, as its JSON dump holds it - read from the
+    model itself, so a field a dump leaves out at its default (`QuietDefaults`) still shows its value."""
+    node: Any = scenario
     for part in path.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return node
+        node = getattr(node, part, None) if isinstance(node, BaseModel) else node.get(part) if isinstance(node, dict) else None
+    return node.model_dump(mode="json") if isinstance(node, BaseModel) else node
 
 
 def build_table(plan: SweepPlan, summaries: dict[str, dict]) -> pd.DataFrame:
     """`summaries`: point key -> stored summary, for every point of the plan."""
     rows = []
     for point in plan.points:
-        dump = point.scenario.model_dump(mode="json")
         summary = summaries[point.key]
-        row = {c: _field(dump, c) for c in plan.columns}
+        row = {c: _field(point.scenario, c) for c in plan.columns}
         row.update({m: summary.get(m) for m in plan.metrics})
         row[HASH_COLUMN] = point.key
         rows.append(row)
