@@ -1,6 +1,7 @@
 """Operator times from measured kernel tables (`sim.inputs.kernel_tables`): a GEMM, one layer's decode
-attention and an all-reduce, each as the table's roofline ratio interpolated (`kernel_grid`) times
-the operator's roofline on the GPU's datasheet peaks. At a measured point the answer is the
+attention, an all-reduce, one layer's MLA decode attention and one GPU's fused MoE experts, each as
+the table's roofline ratio interpolated (`kernel_grid`) times the operator's roofline on the GPU's
+datasheet peaks. At a measured point the answer is the
 measurement; between points the ratio is interpolated in log coordinates; outside the table the
 edge's ratio is held (the datasheet roofline scaled to the table's edge). Every answer says whether
 it fell inside the table and which slice it used.
@@ -15,14 +16,27 @@ import numpy as np
 
 from sim.inputs import catalog
 from sim.inputs.catalog import GpuSpec
-from sim.inputs.kernel_tables import GEMM_DTYPES, KernelTables, load_tables
+from sim.inputs.kernel_tables import (
+    GEMM_DTYPES,
+    MLA_TABLE,
+    MOE_SLICE,
+    MOE_TABLE,
+    KernelTables,
+    load_tables,
+    with_moe_mla,
+)
 from sim.model.dtypes import KV_DTYPES as KV_FORMATS
+from sim.model.experts import expected_experts_touched
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
 from .kernel_grid import RatioGrid
 
 ACTIVATION_BYTES = 2  # bf16 activations in and out of a GEMM, queries and outputs of attention
 MEASURED_AS = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8"}  # a dtype -> the measured table standing for it
+MEASURED_MLA = (512, 64)  # kv_lora_rank, qk_rope_head_dim of the MLA table (DeepSeek-V3 shapes)
+MOE_WEIGHT_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "int4_wo": 0.5, "w4a16_mxfp4": 0.5}
+MOE_FP8_COMPUTE = {"fp8", "fp8_block"}  # W8A8 at the fp8 peak; the W4A16 formats multiply in bf16
+EXPERT_MATRICES = 3  # gate, up, down
 
 
 @dataclass(frozen=True)
@@ -50,6 +64,32 @@ def attention_roofline_s(batch, kv_tokens, heads, kv_heads, head_dim, kv_bytes: 
     return np.maximum(flop / flop_per_s, moved / hbm_bytes_per_s)
 
 
+def mla_roofline_s(batch, kv_tokens, heads, kv_lora_rank: int, rope_dim: int, kv_bytes: float, flop_per_s: float,
+                   hbm_bytes_per_s: float):
+    """One absorbed MLA decode call, Dl = kv_lora_rank + rope (QK^T over the latent) and Dc =
+    kv_lora_rank (PV): max(2 b n H (Dl + Dc) / FLOP/s, (b n Dl x KV bytes + b H (Dl + Dc) x 2) / HBM) -
+    each latent read once for every head, the queries in and the latent outputs out in bf16."""
+    b, n = np.asarray(batch, dtype=float), np.asarray(kv_tokens, dtype=float)
+    latent, per_head = kv_lora_rank + rope_dim, 2 * kv_lora_rank + rope_dim
+    flop = FLOP_PER_MAC * b * n * heads * per_head
+    moved = b * n * latent * kv_bytes + b * heads * per_head * ACTIVATION_BYTES
+    return np.maximum(flop / flop_per_s, moved / hbm_bytes_per_s)
+
+
+def moe_roofline_s(tokens, experts: int, top_k: int, hidden: int, inter: int, tp: int, ep: int, weight_bytes: float,
+                   flop_per_s: float, hbm_bytes_per_s: float):
+    """One GPU's fused-experts call (I/tp of every expert's width, E/ep experts):
+    max(2 T k/ep 3 h I/tp / FLOP/s, (touched x 3 h I/tp x weight bytes + 2 T h x 2) / HBM), touched =
+    E/ep (1 - (1 - k/E)^T), the GPU's experts some token routes to under uniform routing
+    (`sim.model.experts.expected_experts_touched`); tokens in and out in bf16."""
+    t = np.asarray(tokens, dtype=float)
+    expert = EXPERT_MATRICES * hidden * inter / tp
+    flop = FLOP_PER_MAC * t * top_k / ep * expert
+    touched = expected_experts_touched(experts, top_k, t, experts // ep)
+    moved = touched * expert * weight_bytes + 2 * t * hidden * ACTIVATION_BYTES
+    return np.maximum(flop / flop_per_s, moved / hbm_bytes_per_s)
+
+
 def allreduce_roofline_s(nbytes, gpus: int, bus_bytes_per_s: float):
     """Ring all-reduce bandwidth term: 2 (N - 1) / N x bytes / bus bytes/s."""
     return 2 * (gpus - 1) / gpus * np.asarray(nbytes, dtype=float) / bus_bytes_per_s
@@ -59,6 +99,8 @@ class MeasuredKernels:
     def __init__(self, tables: KernelTables, gpu: GpuSpec, bus_bytes_per_s: float):
         self.tables, self.gpu, self.bus_bytes_per_s = tables, gpu, bus_bytes_per_s
         self._slice_of: dict[tuple, tuple[tuple, str]] = {}  # _attention_slice's answers: every step asks again
+        self._moe_grids: dict[tuple, RatioGrid] = {}  # `_moe_curve`'s, built per slice on first use
+        self._moe_slice_of: dict[tuple, tuple[tuple, str]] = {}  # `_moe_slice`'s answers for unmeasured shapes
 
     def _peak(self, dtype: str) -> float:
         return self.gpu.fp8_flop_per_s if dtype == "fp8" and self.gpu.fp8_flop_per_s else self.gpu.bf16_flop_per_s
@@ -176,6 +218,129 @@ class MeasuredKernels:
         table = "nccl all_reduce" if impl == "nccl" else "custom_allreduce"
         return Lookup(allreduce_roofline_s(nbytes, gpus, self.bus_bytes_per_s) * ratio, inside & (note == ""),
                       self.tables.source(table), note)
+
+
+    # ---- MLA decode and MoE (their tables read on first use: `kernel_tables.with_moe_mla`) ----------
+    @cached_property
+    def _moe_mla_tables(self) -> KernelTables:
+        return with_moe_mla(self.tables)
+
+    def mla_kv_dtypes(self) -> set[str]:
+        """KV dtypes the MLA decode table measured (bf16, fp16 as bf16, fp8); empty: no table."""
+        return {d for d, m in MEASURED_AS.items() if m in self._mla_grids}
+
+    @cached_property
+    def _mla_grids(self) -> dict[str, RatioGrid]:
+        grids = {}
+        for kv_dtype, t in self._moe_mla_tables.mla_decode.groupby("kv_dtype"):
+            roof = mla_roofline_s(t["batch"], t["kv_tokens"], t["heads"].to_numpy(), *MEASURED_MLA,
+                                  KV_FORMATS[kv_dtype].bytes_per_element, self._peak(kv_dtype), self.gpu.hbm_bytes_per_s)
+            grids[kv_dtype] = RatioGrid.from_points(t[["heads", "batch", "kv_tokens"]].to_numpy(dtype=float),
+                                                    t["latency_s"].to_numpy() / roof)
+        return grids
+
+    def mla_decode_s(self, batch, kv_tokens, heads: int, kv_dtype: str = "bf16", kv_lora_rank: int = 512,
+                     qk_rope_head_dim: int = 64) -> Lookup:
+        """One layer's absorbed MLA decode attention on one GPU: `batch` sequences each attending
+        `kv_tokens` latents (its new one included, as `kernels.DecodeAttention.kv_tokens`), `heads`
+        query heads per GPU (H / tp; the latent is one head, replicated). The kernel alone: the W_UK /
+        W_UV BMMs and the projections are not in it. A KV dtype or latent shape the table lacks takes
+        the ratio of what it has (bf16 KV; DeepSeek's 512 + 64) and says so."""
+        if not self._mla_grids:
+            raise KeyError(f"no measured MLA decode table for {self.tables.system}")
+        key, note = MEASURED_AS.get(kv_dtype), ""
+        if key not in self._mla_grids:
+            key = "bf16" if "bf16" in self._mla_grids else next(iter(self._mla_grids))
+            note = f"not measured (kv {kv_dtype}): the ratio of kv {key}"
+        if (kv_lora_rank, qk_rope_head_dim) != MEASURED_MLA:
+            note = (note + "; " if note else "") + (f"latent {kv_lora_rank} + {qk_rope_head_dim} not measured: the "
+                                                    f"ratio of {MEASURED_MLA[0]} + {MEASURED_MLA[1]}")
+        b, n = np.broadcast_arrays(np.atleast_1d(np.asarray(batch, dtype=float)), np.atleast_1d(np.asarray(kv_tokens, dtype=float)))
+        n = np.maximum(n, 1.0)
+        ratio, inside = self._mla_grids[key](np.column_stack([np.full(len(b), float(heads)), b, n]))
+        roof = mla_roofline_s(b, n, heads, kv_lora_rank, qk_rope_head_dim, KV_FORMATS[kv_dtype].bytes_per_element,
+                              self._peak(key), self.gpu.hbm_bytes_per_s)
+        return Lookup(roof * ratio, inside & (note == ""), self._moe_mla_tables.source(MLA_TABLE), note)
+
+    def mla_decode_one_s(self, batch: float, kv_tokens: float, heads: int, kv_dtype: str = "bf16") -> float:
+        """`mla_decode_s(...).seconds[0]` for one query of DeepSeek's latent (a step asks one at a time;
+        the array machinery costs more than the lookup): the same operations on scalars."""
+        key = MEASURED_AS.get(kv_dtype)
+        if key not in self._mla_grids:
+            return float(self.mla_decode_s(batch, kv_tokens, heads, kv_dtype).seconds[0])
+        b, n = float(batch), max(float(kv_tokens), 1.0)
+        ratio, _ = self._mla_grids[key]._at(np.array([float(heads), b, n]))
+        roof = mla_roofline_s(b, n, heads, *MEASURED_MLA, KV_FORMATS[kv_dtype].bytes_per_element, self._peak(key),
+                              self.gpu.hbm_bytes_per_s)
+        return float(roof) * ratio
+
+    def moe_quants(self) -> set[str]:
+        """The MoE weight formats the table measured (`kernel_tables.MOE_QUANTS`; `moe_quant_for`)."""
+        return {k[0] for k in self._moe_slices}
+
+    @cached_property
+    def _moe_slices(self) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
+        """(quant, distribution, experts, top-k, hidden, inter, tp, ep) -> its (tokens, seconds) curve."""
+        return {(k[0], k[1], *(int(x) for x in k[2:])): (t["tokens"].to_numpy(dtype=float), t["latency_s"].to_numpy())
+                for k, t in self._moe_mla_tables.moe.groupby(MOE_SLICE)}
+
+    def _moe_curve(self, key: tuple) -> RatioGrid:
+        """One slice's ratio curve over tokens, built on its first use (a table holds ~2,000 slices)."""
+        if key not in self._moe_grids:
+            tokens, seconds = self._moe_slices[key]
+            quant, _, experts, top_k, hidden, inter, tp, ep = key
+            roof = moe_roofline_s(tokens, experts, top_k, hidden, inter, tp, ep, MOE_WEIGHT_BYTES[quant],
+                                  self._moe_peak(quant), self.gpu.hbm_bytes_per_s)
+            self._moe_grids[key] = RatioGrid.from_points(tokens[:, None], seconds / roof)
+        return self._moe_grids[key]
+
+    def _moe_peak(self, quant: str) -> float:
+        return self._peak("fp8" if quant in MOE_FP8_COMPUTE else "bf16")
+
+    def moe_s(self, tokens, experts: int, top_k: int, hidden: int, inter: int, tp: int = 1, ep: int = 1,
+              quant: str = "bfloat16", distribution: str = "balanced") -> Lookup:
+        """One GPU's fused MoE experts (vLLM's fused_experts: both grouped GEMMs and the activation;
+        no router, no all-reduce or all-to-all) for `tokens` tokens entering the layer, each routed to
+        `top_k` of `experts`; `inter` one expert's full width, split `tp` ways (moe tp), the experts
+        split whole `ep` ways; `quant` a table weight format (`moe_quants`, `kernel_tables.moe_quant_for`),
+        `distribution` its routing ('balanced', 'power_law_1.01', 'power_law_1.2'). A shape the table
+        lacks takes the ratio of the nearest measured one (log distance) and says so."""
+        key, note = self._moe_slice(quant, distribution, experts, top_k, hidden, inter, tp, ep)
+        t = np.maximum(np.atleast_1d(np.asarray(tokens, dtype=float)), 1.0)
+        ratio, inside = self._moe_curve(key)(t[:, None])
+        roof = moe_roofline_s(t, experts, top_k, hidden, inter, tp, ep, MOE_WEIGHT_BYTES[quant], self._moe_peak(quant),
+                              self.gpu.hbm_bytes_per_s)
+        return Lookup(roof * ratio, inside & (note == ""), self._moe_mla_tables.source(MOE_TABLE) + f" {quant}", note)
+
+    def moe_one_s(self, tokens: float, experts: int, top_k: int, hidden: int, inter: int, tp: int = 1, ep: int = 1,
+                  quant: str = "bfloat16", distribution: str = "balanced") -> float:
+        """`moe_s(...).seconds[0]` for one query: the same operations on scalars."""
+        key, _ = self._moe_slice(quant, distribution, experts, top_k, hidden, inter, tp, ep)
+        t = max(float(tokens), 1.0)
+        ratio, _ = self._moe_curve(key)._at(np.array([t]))
+        roof = moe_roofline_s(t, experts, top_k, hidden, inter, tp, ep, MOE_WEIGHT_BYTES[quant], self._moe_peak(quant),
+                              self.gpu.hbm_bytes_per_s)
+        return float(roof) * ratio
+
+    def _moe_slice(self, quant, distribution, *shape) -> tuple[tuple, str]:
+        """The measured slice for this shape; where the table lacks it, the nearest of the same weight
+        format and routing in log distance over (experts, top-k, hidden, inter, tp, ep), with a note."""
+        asked = (quant, distribution, *(int(x) for x in shape))
+        if asked in self._moe_slices:
+            return asked, ""
+        if asked not in self._moe_slice_of:
+            self._moe_slice_of[asked] = self._nearest_moe_slice(asked)
+        return self._moe_slice_of[asked]
+
+    def _nearest_moe_slice(self, asked: tuple) -> tuple[tuple, str]:
+        quant, distribution = asked[:2]
+        same = [k for k in self._moe_slices if k[:2] == asked[:2]]
+        if not same:
+            raise KeyError(f"no measured {quant} MoE table with {distribution} routing for {self.tables.system}")
+        best = min(same, key=lambda k: sum(abs(np.log2(a / b)) for a, b in zip(k[2:], asked[2:])))
+        names = ("experts", "top-k", "hidden", "inter", "tp", "ep")
+        said = ", ".join(f"{n} {v}" for n, v in zip(names, best[2:]))
+        return best, f"not measured ({', '.join(f'{n} {v}' for n, v in zip(names, asked[2:]))}): the ratio of ({said})"
 
 
 @lru_cache(maxsize=16)

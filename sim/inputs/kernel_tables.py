@@ -15,6 +15,33 @@ were checked against the 0.12.0 engine to ~1e-16):
 - `comm/<fw>/<ver>/custom_allreduce_perf.parquet` (the engine's custom all-reduce, CUDA-graph
   rows only) and `comm/nccl/<misc.nccl_version>/nccl_perf.parquet` (op all_reduce, dtype half):
   `message_size` in ELEMENTS of 2 bytes, `num_gpus`, ms per call.
+
+Two more families are read on first use only (`with_moe_mla`; a run of a dense model never pays
+for them), with the meanings of the package's loaders (aic-core perf_database/mla.rs
+`load_op_gen_parquet`, = Python operations/mla.py `load_generation_mla_data`; perf_database/moe.rs
+`load_moe_parquet`, = operations/moe.py `load_moe_data`) and its collectors:
+- `mla/trtllm/<ver>/generation_mla_perf.parquet`: one layer's absorbed MLA decode kernel for
+  DeepSeek-V3 shapes (kv_lora_rank 512 + rope 64 latent, one latent "KV head", q of 512 + 64 per
+  head, output in the 512-wide latent space; the W_UK / W_UV BMMs and all projections outside it):
+  `batch_size` sequences, `num_heads` query heads per GPU (after TP; the `tp_size` column is not a
+  key), `step` cached tokens each (isl is always 1; the loader keys the row at isl + step tokens, the
+  cached ones and the new one: collector/trtllm/collect_mla.py "[target token s] is equivalent to
+  [in: s-1, step=1]"), `kv_cache_dtype` bfloat16 or fp8 (`mla_dtype` is degenerate and not a key),
+  `latency` ms per call (CUDA-graph replay). vLLM measures MLA only as a whole module (projections
+  + attention, mla_generation_module_perf), so the kernel table is TensorRT-LLM's (its
+  kernel_source 'default' rows, which the package lends other backends as a shared fallback:
+  perf_data_reuse_manifest.yaml); duplicate keys: the first row wins, as in the loader.
+- `moe/vllm/<ver>/moe_perf.parquet`: one call of vLLM's fused experts on one GPU
+  (collector/vllm/collect_moe.py: `fused_experts` / FusedMoE, routing given, no router GEMM, no
+  all-reduce or all-to-all): `num_tokens` tokens entering the layer (hidden states before routing,
+  all of them routed over all `num_experts`), `hidden_size`, `inter_size` one expert's full
+  intermediate width (w13 is [E/ep, 2 inter/tp, hidden], w2 [E/ep, hidden, inter/tp]), `topk`,
+  `moe_tp_size` splitting every expert's inter, `moe_ep_size` splitting the experts whole (E/ep
+  local; tokens routed elsewhere are skipped; vLLM rows never have both > 1), `moe_dtype` the
+  weight format (bfloat16; fp8 W8A8 per-tensor; fp8_block 128x128 block-scaled W8A8; int4_wo W4A16
+  Marlin group 128; w4a16_mxfp4 gpt-oss MXFP4), `distribution` the routing ('balanced': token i's
+  picks (i + j ceil(E/k)) mod E, experts evenly loaded; 'power_law_<alpha>': per-expert counts drawn
+  from a power law, the busiest EP rank measured), `latency` ms per call. First row wins on a key.
 """
 
 from __future__ import annotations
@@ -41,6 +68,13 @@ SYSTEMS = {"h100-sxm": "h100_sxm", "h200-sxm": "h200_sxm", "a100-80gb-sxm": "a10
 GEMM_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}  # weight dtype -> measured GEMM dtype
 KV_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
 PROFILE_SOURCE = "hwprobe"  # KernelTables.framework of tables read from a `hwprobe calibrate` profile
+MLA_FRAMEWORK = "trtllm"  # the MLA decode kernel table's framework (vLLM measures only the whole module)
+MLA_TABLE, MOE_TABLE = "generation_mla", "moe"  # KernelTables.table_sources keys, as `source` names them
+MOE_QUANTS = ("bfloat16", "fp8", "fp8_block", "int4_wo", "w4a16_mxfp4")  # the vLLM MoE weight formats read
+MLA_COLUMNS = ["kv_dtype", "heads", "batch", "kv_tokens", "latency_s"]
+MOE_COLUMNS = ["quant", "distribution", "experts", "top_k", "hidden", "inter", "tp", "ep", "tokens", "kernel",
+               "latency_s"]
+MOE_SLICE = ["quant", "distribution", "experts", "top_k", "hidden", "inter", "tp", "ep"]  # one token curve each
 
 
 @dataclass(frozen=True)
@@ -56,12 +90,17 @@ class KernelTables:
     decode_attention: pd.DataFrame  # kv_dtype, kv_heads (0: MHA), head_dim, window, heads, batch, kv_tokens, latency_s
     allreduce: dict[str, pd.DataFrame] = field(default_factory=dict)  # impl -> gpus, bytes, latency_s
     nccl_version: str | None = None
+    # read on first use (`with_moe_mla`); None: not read yet
+    mla_decode: pd.DataFrame | None = None  # MLA_COLUMNS: kv_dtype, heads, batch, kv_tokens (new one included), latency_s
+    moe: pd.DataFrame | None = None  # MOE_COLUMNS: quant, distribution, experts, top_k, hidden, inter, tp, ep, tokens, ...
+    table_sources: dict[str, str] = field(default_factory=dict)  # table -> "framework version" where not `framework`'s
 
     def source(self, table: str) -> str:
         """Where a figure came from, for `sources` and `kvsim ops`."""
         if self.framework == PROFILE_SOURCE:
             return f"measured: hwprobe profile of {self.device} ({self.framework_version}) {table}"
         ver = self.nccl_version if table == "nccl all_reduce" else f"{self.framework} {self.framework_version}"
+        ver = self.table_sources.get(table, ver)
         return f"measured: {PACKAGE} {self.package_version} {self.system} ({self.device}) {ver} {table}"
 
 
@@ -128,10 +167,10 @@ def _package_root() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def _query_version(root: Path, system: str) -> str:
+def _query_version(root: Path, system: str, framework: str = FRAMEWORK) -> str:
     """The version the package queries for this system (systems/query_versions.yaml 'current')."""
     q = yaml.safe_load((root / "query_versions.yaml").read_text())
-    slot = (q.get("overrides", {}).get(system) or {}).get(FRAMEWORK) or q["defaults"][FRAMEWORK]
+    slot = (q.get("overrides", {}).get(system) or {}).get(framework) or q["defaults"][framework]
     return str(slot["current"])
 
 
@@ -168,10 +207,7 @@ def _decode_attention(df: pd.DataFrame) -> pd.DataFrame:
 def _custom_allreduce(comm: Path, ver: str) -> pd.DataFrame | None:
     """The custom all-reduce of the queried version, else of the newest older one that has it (the
     package's own backward fill)."""
-    older = sorted((p.name for p in comm.iterdir() if p.is_dir() and _version_key(p.name) <= _version_key(ver)),
-                   key=_version_key, reverse=True) if comm.is_dir() else []
-    path = next((comm / v / "custom_allreduce_perf.parquet" for v in older
-                 if (comm / v / "custom_allreduce_perf.parquet").is_file()), None)
+    path = _backfilled(comm, ver, "custom_allreduce_perf.parquet")
     if path is None:
         return None
     df = _read(path)
@@ -179,6 +215,14 @@ def _custom_allreduce(comm: Path, ver: str) -> pd.DataFrame | None:
     if "backend" in df:
         graph &= ~df["backend"].astype(str).str.contains("eager")
     return _allreduce(df[graph])
+
+
+def _backfilled(family: Path, ver: str, filename: str) -> Path | None:
+    """`family/<ver>/filename`, else the newest older version's that has it (the package's backward
+    fill, never forward); None where no version at or below `ver` has it."""
+    older = sorted((p.name for p in family.iterdir() if p.is_dir() and _version_key(p.name) <= _version_key(ver)),
+                   key=_version_key, reverse=True) if family.is_dir() else []
+    return next((family / v / filename for v in older if (family / v / filename).is_file()), None)
 
 
 def _version_key(v: str) -> tuple:
@@ -196,10 +240,76 @@ def _allreduce(df: pd.DataFrame) -> pd.DataFrame:
                          "latency_s": df["latency"].to_numpy() * MS_TO_S})
 
 
+# ---- MLA decode and MoE (read on first use) --------------------------------------------------------
+def with_moe_mla(tables: KernelTables) -> KernelTables:
+    """`tables` with their system's MLA decode and MoE tables read (empty where the package has none,
+    and for a profile's tables: `hwprobe calibrate` times neither). Tables that carry them already
+    (a split's parts) come back as they are."""
+    if tables.mla_decode is not None and tables.moe is not None:
+        return tables
+    if tables.framework == PROFILE_SOURCE or tables.system not in SYSTEMS.values() or not tables_available():
+        return replace(tables, mla_decode=pd.DataFrame(columns=MLA_COLUMNS), moe=pd.DataFrame(columns=MOE_COLUMNS))
+    mla, moe, sources = _moe_mla(tables.system)
+    return replace(tables, mla_decode=mla, moe=moe, table_sources={**tables.table_sources, **sources})
+
+
+@lru_cache(maxsize=8)
+def _moe_mla(system: str) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, str]]:
+    root = _package_root() / "systems"
+    data = root / "data" / system
+    mla_ver, moe_ver = _query_version(root, system, MLA_FRAMEWORK), _query_version(root, system)
+    mla_path = _backfilled(data / "mla" / MLA_FRAMEWORK, mla_ver, "generation_mla_perf.parquet")
+    moe_path = _backfilled(data / "moe" / FRAMEWORK, moe_ver, "moe_perf.parquet")
+    mla = _mla_decode(_read(mla_path)) if mla_path else pd.DataFrame(columns=MLA_COLUMNS)
+    moe = _moe(_read(moe_path)) if moe_path else pd.DataFrame(columns=MOE_COLUMNS)
+    sources = {table: f"{fw} {path.parent.name}" for table, fw, path in
+               ((MLA_TABLE, MLA_FRAMEWORK, mla_path), (MOE_TABLE, FRAMEWORK, moe_path)) if path is not None}
+    return mla, moe, sources
+
+
+def _mla_decode(df: pd.DataFrame) -> pd.DataFrame:
+    """The generation MLA rows in kvtier's units: kv_tokens = isl + step (the cached tokens and the new
+    one, as the package's loader keys them), seconds; the first row of a duplicated key wins."""
+    by_dtype = {v: k for k, v in KV_DTYPES.items() if k != "fp16"}
+    df = df[df["kv_cache_dtype"].isin(by_dtype)]
+    out = pd.DataFrame({"kv_dtype": df["kv_cache_dtype"].map(by_dtype).to_numpy(), "heads": df["num_heads"].to_numpy(),
+                        "batch": df["batch_size"].to_numpy(), "kv_tokens": (df["isl"] + df["step"]).to_numpy(),
+                        "latency_s": df["latency"].to_numpy() * MS_TO_S})
+    return out.drop_duplicates(["kv_dtype", "heads", "batch", "kv_tokens"], keep="first").reset_index(drop=True)
+
+
+def _moe(df: pd.DataFrame) -> pd.DataFrame:
+    """The fused-experts rows in kvtier's units (seconds), the weight formats of `MOE_QUANTS`; the
+    first row of a duplicated (slice, tokens) key wins."""
+    df = df[df["moe_dtype"].isin(MOE_QUANTS)]
+    kernel = df["kernel_source"] if "kernel_source" in df else pd.Series("", index=df.index)
+    out = pd.DataFrame({"quant": df["moe_dtype"].to_numpy(), "distribution": df["distribution"].to_numpy(),
+                        "experts": df["num_experts"].to_numpy(), "top_k": df["topk"].to_numpy(),
+                        "hidden": df["hidden_size"].to_numpy(), "inter": df["inter_size"].to_numpy(),
+                        "tp": df["moe_tp_size"].to_numpy(), "ep": df["moe_ep_size"].to_numpy(),
+                        "tokens": df["num_tokens"].to_numpy(), "kernel": kernel.astype(str).to_numpy(),
+                        "latency_s": df["latency"].to_numpy() * MS_TO_S})
+    return out.drop_duplicates(MOE_SLICE + ["tokens"], keep="first").reset_index(drop=True)
+
+
+def moe_quant_for(weight_dtype: str, group_size: int = 128) -> str | None:
+    """The vLLM MoE weight format a kvtier weight dtype runs as: bf16/fp16 unquantised; fp8 as the
+    128x128 block-scaled W8A8 of DeepSeek's and Qwen3's FP8 checkpoints; int4 with groups of 32 as
+    gpt-oss's MXFP4, other int4 as Marlin W4A16; None for int8 (no table)."""
+    if weight_dtype in ("bf16", "fp16"):
+        return "bfloat16"
+    if weight_dtype == "fp8":
+        return "fp8_block"
+    if weight_dtype == "int4":
+        return "w4a16_mxfp4" if group_size == 32 else "int4_wo"
+    return None
+
+
 # ---- the held-out split ---------------------------------------------------------------------------
 # Whole grid lines are held out, so the held-out points test interpolation across a gap (a held-out
 # cell inside a kept line would only test the nearest-cell fill): every 4th value (from the 3rd) of
-# GEMM n and k, of attention kv_tokens and batch, and of all-reduce message size.
+# GEMM n and k, of attention kv_tokens and batch, and of all-reduce message size; of MLA decode
+# kv_tokens and batch, and of MoE tokens (where the tables carry them: `with_moe_mla`).
 HELD_OUT_EVERY, HELD_OUT_FROM = 4, 2
 
 
@@ -217,8 +327,16 @@ def split_tables(tables: KernelTables) -> tuple[KernelTables, KernelTables]:
     ar_held = {impl: t.groupby("gpus")["bytes"].transform(lambda s: _held_lines(s)).astype(bool)
                for impl, t in tables.allreduce.items()}
 
+    # tables that never read MLA decode or MoE split into parts that hold none (empty, not None: a
+    # part is never completed later by `with_moe_mla` with the unsplit table)
+    m = tables.mla_decode if tables.mla_decode is not None else pd.DataFrame(columns=MLA_COLUMNS)
+    e = tables.moe if tables.moe is not None else pd.DataFrame(columns=MOE_COLUMNS)
+    m_held = _held_lines(m["kv_tokens"]) | _held_lines(m["batch"])
+    e_held = _held_lines(e["tokens"])
+
     def part(held: bool) -> KernelTables:
         return replace(tables, gemm=g[g_held == held], decode_attention=a[a_held == held],
-                       allreduce={impl: t[ar_held[impl] == held] for impl, t in tables.allreduce.items()})
+                       allreduce={impl: t[ar_held[impl] == held] for impl, t in tables.allreduce.items()},
+                       mla_decode=m[m_held == held], moe=e[e_held == held])
 
     return part(False), part(True)

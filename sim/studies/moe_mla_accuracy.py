@@ -1,0 +1,230 @@
+"""MLA decode attention and MoE experts held against AIConfigurator's measured tables (issue #22
+item 6): every point of the held-out split (`kernel_tables.split_tables`, the lines operator_accuracy
+holds out) predicted by the datasheet model kvtier uses today and by the measured tables with the
+held-out lines removed. Error = predicted / measured - 1 (negative: kvtier too fast, optimistic).
+
+- MLA decode (`kernel_tables` generation_mla, TensorRT-LLM's absorbed MLA kernel, DeepSeek-V3 shapes):
+  the datasheet call is what `physics.kinds_attention_s` makes for an MLA layer - `attention_s` of
+  `kind_attention_flop_per_token(MLA)` x attended tokens and (attended + new) latents x
+  `kind_kv_bytes_per_token_layer(MLA)` - on deepseek-r1 sharded to the row's heads per GPU (every
+  row is R1 at TP 128 / heads).
+- MoE (vLLM's fused experts): the datasheet call is `physics.weight_gemm_s` of the routed experts'
+  terms of `ModelSpec.layer_weight_bytes_read` / `layer_linear_params_read` /
+  `active_linear_params_layer` for the row's shape: experts touched x 3 h I/tp x bytes per weight
+  (uniform routing: `expected_experts_touched`; under EP the busiest GPU's,
+  `busiest_rank_experts_touched`), FLOP 2 x T x k / ep x 3 h I/tp, over rows = T tokens, two of the
+  layer's four GEMM floors (gate_up and down). No router, shared expert or communication: the
+  table has none. Every shape of the table is held, those of a catalog model named (`model`).
+  kvtier's routing (uniform, independent tokens) is not the benchmark's: 'balanced' rows spread
+  each token's picks a stride ceil(E/k) apart (collector/helper.py `balanced_logits`), touching
+  min(E, T k) experts where uniform routing touches E (1 - (1 - k/E)^T). So balanced rows also get
+  `datasheet_routed_s`: the same datasheet kernel at the experts and routed pairs the benchmark put
+  on the GPU it timed (rank 0: experts 0 .. E/ep - 1), which separates kvtier's kernel model from
+  its routing model. Power-law rows draw their routing at random: no such column.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+
+from sim.device.kernels import datasheet_hardware
+from sim.device.measured_kernels import MeasuredKernels
+from sim.device.physics import attention_s, kind_attention_flop_per_token, weight_gemm_s
+from sim.inputs import catalog
+from sim.inputs.kernel_tables import MOE_SLICE, SYSTEMS, load_tables, split_tables, with_moe_mla
+from sim.model.dtypes import WEIGHT_DTYPES
+from sim.model.experts import busiest_rank_experts_touched, busiest_routing_share, expected_experts_touched
+from sim.model.layers import MLA
+from sim.model.spec import MLP_MATRICES, ModelSpec
+from sim.model.units import FLOP_PER_MAC
+
+MLA_MODEL = "deepseek-r1"  # the table's shapes: 128 heads, kv_lora_rank 512 + rope 64
+MOE_CALLS = 2  # of physics.GEMM_CALLS_PER_LAYER (qkv, o, gate_up, down): the experts' gate_up and down
+QUANT_AS = {"bfloat16": ("bf16", 128), "fp8": ("fp8", 128), "fp8_block": ("fp8", 128), "int4_wo": ("int4", 128),
+            "w4a16_mxfp4": ("int4", 32)}  # table weight format -> the kvtier weight dtype and group size it runs as
+MLA_BINS = (0, 2**14, 2**20, np.inf)  # latents one call reads (batch x tokens): floor-bound, middle, streaming
+MOE_BINS = (0, 16, 256, 2048, np.inf)  # tokens: decode batches, large decode, prefill chunks
+
+
+def covered_gpus() -> list[str]:
+    return list(SYSTEMS)
+
+
+def held_out_points(gpu: str) -> tuple[pd.DataFrame, MeasuredKernels]:
+    """(one row per held-out point: op, family, shape, model (the catalog models of that shape, or
+    ""), layout, size, measured_s, datasheet_s, tables_s, datasheet_routed_s, the errors of each and
+    below_hbm), and the measured kernels built from the tune split alone."""
+    spec = catalog.gpu(gpu)
+    tune, held = split_tables(with_moe_mla(load_tables(gpu)))
+    mk = MeasuredKernels(tune, spec, catalog.interconnect(spec.interconnect).bus_bytes_per_s)
+    frames = [f for f in (_mla(gpu, held.mla_decode, mk), _moe(gpu, held.moe, mk)) if len(f)]
+    out = pd.concat(frames, ignore_index=True)
+    out["datasheet_err"] = out["datasheet_s"] / out["measured_s"] - 1
+    out["tables_err"] = out["tables_s"] / out["measured_s"] - 1
+    out["routed_err"] = out["datasheet_routed_s"] / out["measured_s"] - 1 if "datasheet_routed_s" in out else np.nan
+    out.insert(0, "gpu", gpu)
+    return out, mk
+
+
+# ---- MLA decode --------------------------------------------------------------------------------
+@lru_cache(maxsize=16)
+def _mla_model(heads: int) -> ModelSpec:
+    """deepseek-r1 as one GPU of the tensor-parallel group that leaves it `heads` query heads."""
+    model = catalog.model(MLA_MODEL)
+    return model.shard(model.num_heads // heads)
+
+
+def mla_datasheet_s(gpu: str, batch: int, kv_tokens: int, heads: int, kv_dtype: str) -> float:
+    """kvtier's datasheet MLA decode call (`physics.kinds_attention_s`, an MLA layer): `batch`
+    sequences each attending `kv_tokens` latents (the new one included), reading them all and
+    writing the new ones."""
+    model = _mla_model(heads)
+    flop = kind_attention_flop_per_token(model, MLA) * batch * kv_tokens
+    kv_bytes = (batch * kv_tokens + batch) * model.kind_kv_bytes_per_token_layer(MLA, kv_dtype)
+    return attention_s(flop, kv_bytes, datasheet_hardware(gpu))
+
+
+def _mla(gpu: str, m: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
+    rows, hbm = [], catalog.gpu(gpu).hbm_bytes_per_s
+    for (kv_dtype, heads), t in m.groupby(["kv_dtype", "heads"]):
+        tables = mk.mla_decode_s(t["batch"].to_numpy(), t["kv_tokens"].to_numpy(), int(heads), kv_dtype).seconds
+        tp = catalog.model(MLA_MODEL).num_heads // int(heads)
+        latent = _mla_model(int(heads)).kind_kv_bytes_per_token_layer(MLA, kv_dtype)
+        for (b, n, meas), tab in zip(t[["batch", "kv_tokens", "latency_s"]].itertuples(index=False), tables):
+            rows.append({"op": f"mla decode kv {kv_dtype}", "family": "mla decode", "shape": f"b{b} n{n} H{heads}",
+                         "model": MLA_MODEL, "layout": f"TP{tp}", "size": b * n, "measured_s": meas,
+                         "datasheet_s": mla_datasheet_s(gpu, int(b), int(n), int(heads), kv_dtype), "tables_s": tab,
+                         "below_hbm": meas < b * n * latent / hbm})
+    return pd.DataFrame(rows)
+
+
+# ---- MoE ---------------------------------------------------------------------------------------
+def moe_datasheet_s(gpu: str, tokens: int, experts: int, top_k: int, hidden: int, inter: int, tp: int, ep: int,
+                    quant: str) -> float:
+    """kvtier's datasheet cost of one GPU's routed experts for `tokens` tokens (module docstring):
+    weight_gemm_s(touched x expert bytes, touched x expert params, 2 T k / ep x expert params x the
+    busiest GPU's share, rows T, 2 calls); the expert I/tp wide, E/ep of them on the GPU."""
+    weight_dtype, group = QUANT_AS[quant]
+    expert = MLP_MATRICES * hidden * (inter // tp)
+    if ep > 1:
+        touched = busiest_rank_experts_touched(experts, top_k, tokens, ep)
+        share = busiest_routing_share(experts, top_k, ep, 0.0)
+    else:
+        touched, share = expected_experts_touched(experts, top_k, tokens), 1.0
+    flop = FLOP_PER_MAC * tokens * top_k / ep * expert * share
+    w_bytes = touched * WEIGHT_DTYPES[weight_dtype].bytes_for(expert, group)
+    return weight_gemm_s(datasheet_hardware(gpu, weight_dtype), w_bytes, touched * expert, flop, tokens, MOE_CALLS)
+
+
+@lru_cache(maxsize=4096)
+def balanced_rank0(tokens: int, experts: int, top_k: int, ep: int) -> tuple[int, int]:
+    """(distinct experts, token-expert pairs) the 'balanced' routing puts on EP rank 0, which holds
+    experts 0 .. E/ep - 1: token i picks (i + j s) mod E, s = ceil(E / k), j < k, or, with fewer
+    tokens than s, trunc(i s / T + j s) mod E (AIConfigurator collector/helper.py `balanced_logits`)."""
+    stride = -(-experts // top_k)
+    i, j = np.arange(tokens)[:, None], np.arange(top_k)[None, :]
+    picks = (i + j * stride) % experts if tokens >= stride else np.trunc(i * stride / tokens + j * stride) % experts
+    local = picks[picks < experts // ep]
+    return len(np.unique(local)), int(local.size)
+
+
+def moe_routed_datasheet_s(gpu: str, tokens: int, experts: int, top_k: int, hidden: int, inter: int, tp: int, ep: int,
+                           quant: str) -> tuple[float, float]:
+    """(`moe_datasheet_s`'s kernel at the 'balanced' benchmark's own routing on the GPU it timed
+    (`balanced_rank0`): touched experts and FLOP 2 x routed pairs x expert params; and the time just
+    to stream those experts' weights at the datasheet HBM peak, a bound no kernel beats)."""
+    weight_dtype, group = QUANT_AS[quant]
+    expert = MLP_MATRICES * hidden * (inter // tp)
+    touched, pairs = balanced_rank0(tokens, experts, top_k, ep)
+    w_bytes = touched * WEIGHT_DTYPES[weight_dtype].bytes_for(expert, group)
+    routed = weight_gemm_s(datasheet_hardware(gpu, weight_dtype), w_bytes, touched * expert,
+                           FLOP_PER_MAC * pairs * expert, tokens, MOE_CALLS)
+    return routed, w_bytes / catalog.gpu(gpu).hbm_bytes_per_s
+
+
+@lru_cache(maxsize=1)
+def kvtier_moe_shapes() -> dict[tuple[int, int, int, int], str]:
+    """(experts, top-k, hidden, moe inter) -> the catalog models with that MoE shape."""
+    shapes: dict[tuple[int, int, int, int], list[str]] = {}
+    for name, m in catalog.models().items():
+        if m.is_moe:
+            key = (m.num_experts, m.experts_per_token, m.hidden_size, m.moe_intermediate_size)
+            shapes.setdefault(key, []).append(name)
+    return {k: "/".join(v) for k, v in shapes.items()}
+
+
+def _moe(gpu: str, e: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
+    rows = []
+    for key, t in e.groupby(MOE_SLICE):
+        quant, dist, experts, top_k, hidden, inter, tp, ep = (key[0], key[1], *(int(x) for x in key[2:]))
+        tables = mk.moe_s(t["tokens"].to_numpy(), experts, top_k, hidden, inter, tp, ep, quant, dist).seconds
+        model = kvtier_moe_shapes().get((experts, top_k, hidden, inter), "")
+        layout = f"TP{tp}" if ep == 1 else f"EP{ep}"
+        shape = (experts, top_k, hidden, inter, tp, ep, quant)
+        for (n, meas), tab in zip(t[["tokens", "latency_s"]].itertuples(index=False), tables):
+            routed, stream = moe_routed_datasheet_s(gpu, int(n), *shape) if dist == "balanced" else (np.nan, 0.0)
+            rows.append({"op": f"moe {quant} {dist}", "family": f"moe {dist}",
+                         "shape": f"T{n} E{experts} k{top_k} h{hidden} I{inter} {layout}",
+                         "model": model, "layout": layout, "size": n, "measured_s": meas,
+                         "datasheet_s": moe_datasheet_s(gpu, int(n), *shape), "tables_s": tab,
+                         "datasheet_routed_s": routed, "below_hbm": meas < stream})
+    return pd.DataFrame(rows)
+
+
+# ---- summaries ---------------------------------------------------------------------------------
+def _stats(p: pd.DataFrame) -> dict:
+    d, m, r = p["datasheet_err"], p["tables_err"], p["routed_err"].dropna()
+    return {"points": len(p), "datasheet_median": float(d.abs().median()), "datasheet_p90": float(d.abs().quantile(0.9)),
+            "datasheet_worst": float(d.abs().max()), "datasheet_mean": float(d.mean()), "optimistic": float((d < 0).mean()),
+            "routed_median": float(r.abs().median()) if len(r) else np.nan,
+            "routed_mean": float(r.mean()) if len(r) else np.nan,
+            "tables_median": float(m.abs().median()), "tables_worst": float(m.abs().max()),
+            "below_hbm": int(p["below_hbm"].sum())}
+
+
+def summary(points: pd.DataFrame, by: tuple[str, ...] = ("gpu", "family")) -> pd.DataFrame:
+    """Per group: points; median / 90th-percentile / worst |error| and mean signed error of the
+    datasheet model, the share of points where it is optimistic (predicted faster than measured);
+    median |error| and mean signed error of its kernel at the benchmark's own routing (balanced MoE
+    rows only); median / worst |error| of the measured tables across the held-out gap; and how many
+    measurements are faster than streaming what they must read at the datasheet HBM peak (MLA: the
+    latents; balanced MoE: the experts its routing touches) - physically doubtful points."""
+    return pd.DataFrame([{**dict(zip(by, k if isinstance(k, tuple) else (k,))), **_stats(p)}
+                         for k, p in points.groupby(list(by), sort=False)])
+
+
+def kvtier_summary(points: pd.DataFrame, layouts: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """`summary` of the points whose shape a catalog model runs, per GPU, op, model and layout (TP n:
+    every expert / the heads split n ways; EP n: the experts split whole), `layouts` only if given."""
+    p = points[points["model"] != ""]
+    if layouts is not None:
+        p = p[p["layout"].isin(layouts)]
+    return summary(p, ("gpu", "op", "model", "layout"))
+
+
+def deepseek_summary(points: pd.DataFrame) -> pd.DataFrame:
+    """`kvtier_summary` of DeepSeek-R1 as kvtier runs it on 8 GPUs: MLA decode at TP8 (16 heads per
+    GPU), its fp8 (block-scaled) experts at TP8 and at EP8, balanced and power-law 1.01 routing."""
+    p = points[points["model"].str.startswith(MLA_MODEL) & points["layout"].isin(("TP8", "EP8"))]
+    p = p[(p["family"] == "mla decode") | p["op"].isin(("moe fp8_block balanced", "moe fp8_block power_law_1.01"))]
+    return summary(p, ("gpu", "op", "layout"))
+
+
+def sign_pattern(points: pd.DataFrame) -> pd.DataFrame:
+    """Where the datasheet model is optimistic: per GPU and family, by size regime (MLA: latents a
+    call reads, batch x tokens; MoE: tokens), the median signed error and the optimistic share."""
+    is_mla = points["family"] == "mla decode"
+    regime = pd.Series("", index=points.index)
+    regime[is_mla] = pd.cut(points.loc[is_mla, "size"], MLA_BINS, right=False,
+                            labels=["b x n < 16K", "16K-1M", ">= 1M"]).astype(str)
+    regime[~is_mla] = pd.cut(points.loc[~is_mla, "size"], MOE_BINS, right=False,
+                             labels=["T < 16", "16-255", "256-2047", ">= 2048"]).astype(str)
+    rows = []
+    for (gpu, fam, reg), p in points.assign(regime=regime).groupby(["gpu", "family", "regime"], sort=False):
+        d = p["datasheet_err"]
+        rows.append({"gpu": gpu, "family": fam, "regime": reg, "points": len(p), "datasheet_median_signed": float(d.median()),
+                     "optimistic": float((d < 0).mean())})
+    return pd.DataFrame(rows)
