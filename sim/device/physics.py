@@ -26,6 +26,7 @@ from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
 from .hardware import Hardware
 from .host_pipeline import HostLayer, HostStepTimes, host_pipeline
+from .moe_mla_costs import measured_mla_s, measured_moe_s, moe_quant, routed_work
 from .sparse_fetch import SparseFetch, fetch_layer, mean_layer_share
 
 ALLREDUCES_PER_LAYER = 2  # tensor parallelism: after the attention output and after the MLP down projection
@@ -162,10 +163,9 @@ def kinds_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv
             t = call(flop if arrays else float(flop), 2 * batch * model.state_bytes_per_sequence() / n, hw)
         elif kind == MLA:
             flop = kind_attention_flop_per_token(model, MLA) * np.asarray(attended_tokens, dtype=float)
-            t = call(flop if arrays else float(flop), kv_bytes * L / model.tiered_layers, hw)
+            t = _mla_s(model, hw, batch, attended_tokens, kv_bytes * L / model.tiered_layers, flop, kv_dtype, call, arrays)
         elif kind == SPARSE:
-            flop, nbytes = sparse_attention_work(model, batch, attended_tokens, kv_dtype)
-            t = call(flop if arrays else float(flop), nbytes if arrays else float(nbytes), hw)
+            t = _sparse_s(model, hw, batch, attended_tokens, kv_dtype, call, arrays)
         else:
             tokens = attended_tokens if kind == FULL else np.minimum(attended_tokens, batch * model.sliding_window)
             per_token = model.kind_kv_bytes_per_token_layer(kind, kv_dtype)
@@ -174,6 +174,35 @@ def kinds_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv
             t = gqa_attention_s(model, hw, batch, tokens, nbytes, per_token, flop if arrays else float(flop))
         total = total + n * t
     return total / L
+
+
+def _mla_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, nbytes, flop, kv_dtype: str, call, arrays: bool):
+    """One MLA layer's decode attention: the measured kernel where the run's tables hold it
+    (`moe_mla_costs.measured_mla_s`) plus what it does not move (T2's dequantisation traffic) at the
+    datasheet attention rate, else the datasheet `attention_s` of its FLOP and bytes."""
+    measured = measured_mla_s(model, hw, batch, attended_tokens, kv_dtype)
+    if measured is None:
+        return call(flop if arrays else float(flop), nbytes, hw)
+    latent = model.kind_kv_bytes_per_token_layer(MLA, kv_dtype)
+    extra = np.maximum(np.asarray(nbytes, dtype=float) - (np.asarray(attended_tokens, dtype=float) + batch) * latent, 0.0)
+    out = measured + extra / hw.attention_hbm_bytes_per_s
+    return out if arrays else float(out)
+
+
+def _sparse_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_dtype: str, call, arrays: bool):
+    """One sparse layer's decode attention (`sparse_attention_work`): with measured MLA tables, the
+    indexer (datasheet) then the MLA kernel over the top-k picks (the measured dense MLA kernel at
+    k tokens a sequence - a sparse kernel's gather over scattered rows is not in the table); else one
+    datasheet call for both."""
+    flop, nbytes = sparse_attention_work(model, batch, attended_tokens, kv_dtype)
+    selected = np.minimum(np.asarray(attended_tokens, dtype=float), np.asarray(batch, dtype=float) * model.sparse.index_topk)
+    measured = measured_mla_s(model, hw, batch, selected if arrays else float(selected), kv_dtype)
+    if measured is None:
+        return call(flop if arrays else float(flop), nbytes if arrays else float(nbytes), hw)
+    dp, tokens = model.attention_dp, np.asarray(attended_tokens, dtype=float)
+    idx_flop, idx_bytes = model.sparse.flop_per_token / dp * tokens, model.sparse.key_bytes_per_token / dp * tokens
+    indexer = call(idx_flop if arrays else float(idx_flop), idx_bytes if arrays else float(idx_bytes), hw)
+    return measured + indexer
 
 
 def sparse_attention_work(model: ModelSpec, batch, attended_tokens, kv_dtype: str):
@@ -210,6 +239,12 @@ def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
         return measured_s
     if hw.kernels is not None and model.gqa_gemms and weight_dtype in hw.kernels.gemm_dtypes():
         return _measured_gemms_s(hw.kernels, tuple(model.layer_gemm_shapes()), weight_dtype, int(rows))
+    quant = moe_quant(model, hw, weight_dtype, group_size)
+    if quant is not None:  # the routed experts from the measured MoE table, the rest of the layer datasheet
+        r_bytes, r_params, r_flop = routed_work(model, weight_dtype, group_size, rows)
+        rest = weight_gemm_s(hw, w_bytes - r_bytes, params_read - r_params, gemm_flop(model, rows) - r_flop, rows,
+                             GEMM_CALLS_PER_LAYER)
+        return rest + measured_moe_s(model, hw, quant, rows)
     return weight_gemm_s(hw, w_bytes, params_read, gemm_flop(model, rows), rows, GEMM_CALLS_PER_LAYER)
 
 

@@ -1,0 +1,101 @@
+"""AIConfigurator's measured MoE-experts and MLA-decode kernels in the step cost (`physics`), where
+the run has measured tables (`hardware.kernels`) that hold the operator:
+
+- MoE: one GPU's fused routed experts (vLLM's `fused_experts`, both grouped GEMMs; no router,
+  shared expert or collective) from `MeasuredKernels.moe_one_s`, for the rows entering the layer
+  (the group's batch), the experts' full width split tp ways under tensor parallelism or whole ep
+  ways under expert parallelism, in the table's format for the weight dtype
+  (`kernel_tables.moe_quant_for`) and its balanced routing - so not with a routing skew, whose
+  popularity the table does not know. The rest of the layer (attention projections, shared experts,
+  router, dense MLP layers) stays the datasheet weight kernel.
+- MLA decode: the absorbed MLA kernel (TensorRT-LLM's, FlashMLA-class; the W_UK / W_UV products are
+  in kvtier's projections, not here) from `MeasuredKernels.mla_decode_one_s` for one rank's
+  sequences, query heads per GPU, at the batch's mean context; DeepSeek's 512 + 64 latent only.
+
+Where no table applies (no measured tables, another latent, int8 weights, a skew) these return None
+and physics keeps the datasheet model. benchmarks/moe_mla_accuracy.py: what the datasheet model
+misses against these tables (MoE 25-61% median, mostly too fast; MLA 12-57%).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from sim.inputs.kernel_tables import moe_quant_for
+from sim.model.dtypes import WEIGHT_DTYPES
+from sim.model.experts import busiest_routing_share
+from sim.model.spec import ModelSpec
+from sim.model.units import FLOP_PER_MAC
+
+from .hardware import Hardware
+from .measured_kernels import MEASURED_MLA
+
+BALANCED = "balanced"  # the table's routing that matches uniform routing (routing_skew 0)
+
+
+@lru_cache(maxsize=16)
+def _moe_quants(kernels) -> frozenset[str]:
+    try:
+        return frozenset(kernels.moe_quants())
+    except (KeyError, AttributeError):  # tables without an MoE family (a profile's own tables)
+        return frozenset()
+
+
+@lru_cache(maxsize=16)
+def _mla_dtypes(kernels) -> frozenset[str]:
+    try:
+        return frozenset(kernels.mla_kv_dtypes())
+    except (KeyError, AttributeError):
+        return frozenset()
+
+
+def moe_quant(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int) -> str | None:
+    """The measured MoE format this run's routed experts take, or None where the datasheet model stays."""
+    if hw.kernels is None or not model.moe_layers or model.routing_skew > 0:
+        return None
+    quant = moe_quant_for(weight_dtype, group_size)
+    return quant if quant in _moe_quants(hw.kernels) else None
+
+
+def routed_work(model: ModelSpec, weight_dtype: str, group_size: int, rows: int) -> tuple[float, float, float]:
+    """(weight bytes, linear params, FLOP) of the mean layer's routed experts over `rows` tokens: the
+    share of them in `ModelSpec.layer_weight_bytes_read` / `layer_linear_params_read` / `gemm_flop`,
+    which the measured kernel replaces (moe layers / L of one MoE layer's)."""
+    share = model.moe_layers / model.num_layers
+    touched = model.expected_experts_touched(rows)
+    expert = model.expert_params()
+    nbytes = share * touched * WEIGHT_DTYPES[weight_dtype].bytes_for(expert, group_size)
+    per_token = model.experts_per_token * expert
+    if model.expert_parallel > 1:
+        ep = model.expert_parallel
+        per_token = per_token / ep * busiest_routing_share(model.num_experts, model.experts_per_token, ep, model.routing_skew)
+    return nbytes, share * touched * expert, FLOP_PER_MAC * rows * share * per_token
+
+
+def measured_moe_s(model: ModelSpec, hw: Hardware, quant: str, rows: int) -> float:
+    """The mean layer's measured routed experts: moe layers / L x one MoE layer's fused experts."""
+    ep = model.expert_parallel
+    tp = 1 if ep > 1 else hw.tp
+    width = model.moe_intermediate_size * tp  # the shard's width x tp: one expert's full width
+    one = hw.kernels.moe_one_s(float(rows), model.num_experts, model.experts_per_token, model.hidden_size, width,
+                               tp, ep, quant, BALANCED)
+    return model.moe_layers / model.num_layers * one
+
+
+def measured_mla_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_dtype: str):
+    """One MLA layer's measured decode kernel over `attended_tokens` latents of `batch` sequences (one
+    attention rank's under attention data parallelism), or None where no table applies."""
+    if hw.kernels is None or model.mla is None or (model.mla.kv_lora_rank, model.mla.qk_rope_head_dim) != MEASURED_MLA:
+        return None
+    if kv_dtype not in _mla_dtypes(hw.kernels):
+        return None
+    dp = model.attention_dp
+    if np.ndim(batch) or np.ndim(attended_tokens):
+        b = np.maximum(np.asarray(batch, dtype=float) / dp, 1.0)
+        n = np.maximum(np.asarray(attended_tokens, dtype=float) / np.maximum(np.asarray(batch, dtype=float), 1.0), 1.0)
+        return hw.kernels.mla_decode_s(b, n, model.num_heads, kv_dtype).seconds
+    b = max(float(batch) / dp, 1.0)
+    return hw.kernels.mla_decode_one_s(b, max(float(attended_tokens) / max(float(batch), 1.0), 1.0), model.num_heads,
+                                       kv_dtype)
