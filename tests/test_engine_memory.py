@@ -48,7 +48,7 @@ def test_no_engine_leaves_the_resolved_scenario_as_it_was():
     assert build_context(load_scenario(CLOSED)).hw.held_activation_bytes == 0.0
 
 
-@pytest.mark.parametrize("override,field", [("engine.name=sglang", "engine.name"),
+@pytest.mark.parametrize("override,field", [("engine.name=trtllm", "engine.name"),
                                              ("engine.gpu_memory_utilization=1.5", "engine.gpu_memory_utilization")])
 def test_bad_engine_is_one_line(tmp_path, override, field):
     res = run_cli("run", str(CLOSED), "--set", "engine.name=vllm", "--set", override, "--out", str(tmp_path / "run"))

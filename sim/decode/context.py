@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from sim.device.engine_rules import DECODE, engine_memory_rule, host_launch_s, launch_rule
 from sim.device.hardware import Hardware, resolve_hardware
-from sim.device.memory import engine_memory, profile_run_activation_bytes
+from sim.device.memory import profile_run_activation_bytes
+from sim.device.moe_mla_costs import source_line
 from sim.device.sparse_fetch import SparseFetch
 from sim.inputs import catalog
 from sim.inputs.profile import Profile
 from sim.inputs.scenario import Scenario
 from sim.model.dtypes import COMPRESSED_DTYPES
+from sim.model.layers import MLA
 from sim.model.spec import ModelSpec
 from sim.tiering.tiers import TierPolicy
 
@@ -82,6 +85,9 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
                           tp=scenario.parallel.tp)
     if scenario.engine is not None:
         hw = with_engine(hw, scenario, model)
+    moe_mla = source_line(model, hw, m.weight_dtype, m.weight_group_size, m.kv_dtype)
+    if moe_mla:
+        hw = replace(hw, sources={**hw.sources, "kernels_moe_mla": moe_mla})
     if model.attention_dp > 1:  # the experts' dispatch and combine cross the interconnect
         fabric = catalog.interconnect(hw.gpu.interconnect)
         hw = replace(hw, sources={**hw.sources, "alltoall": f"catalog {fabric.name}: {fabric.alltoall_source}"})
@@ -96,14 +102,33 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
 
 
 def with_engine(hw: Hardware, scenario: Scenario, model: ModelSpec) -> Hardware:
-    """`hw` under the scenario engine's memory rule (`inputs.scenario.EngineCfg`,
-    `device.memory.engine_memory`): usable HBM, reserve and held activations, each sourced."""
-    e, sc = scenario.engine, scenario.scheduler
+    """`hw` under the scenario engine's rules (`inputs.scenario.EngineCfg`, `device.engine_rules`), each
+    sourced: usable HBM, reserve and held activations (its KV budget rule, for the scheduler it runs:
+    `EngineCfg.scheduler_for`), and which steps replay a CUDA graph (`hw.launch`; host_layer_s /
+    host_step_s are those of this run's decode batch - the closed batch's size, a serving run's
+    smallest - until physics asks `engine_rules.host_launch_s` step by step)."""
+    e, tp = scenario.engine, scenario.parallel.tp
+    sc = e.scheduler_for(scenario.scheduler, hw.memory_bytes, tp)
     act = profile_run_activation_bytes(model, sc.max_num_batched_tokens, sc.max_num_seqs)
-    usable, reserve, held = engine_memory(hw.memory_bytes, e.gpu_memory_utilization, e.non_torch_bytes, act)
-    rule = f"engine {e.name} {e.version} (vllm/v1/worker/gpu_worker.py determine_available_memory)"
+    mem = engine_memory_rule(e, sc, hw.memory_bytes, tp, model.kind_counts.get(MLA, 0) > 0, act)
+    rule, graphs = launch_rule(e, sc, hw.gpu.name, hw.memory_bytes, tp, hw.host_layer_s, hw.host_step_s)
+    batch = scenario.workload.batch_size if scenario.workload.arrivals is None else 1
+    layer_s, step_s = host_launch_s(rule, batch, DECODE)
+    eager = {k: hw.sources[k] for k in ("host_layer_s", "host_step_s")}
+    for key, text in eager.items():
+        if text.startswith("default: 0"):  # no host figure: neither a CUDA profile nor the scenario gives one
+            eager[key] = ("no host launch figure (a CUDA profile from hwprobe calibrate, or "
+                          f"hardware.efficiency.{key}, gives one): 0 assumed")
+    replayed = rule.cuda_graphs and 1 <= batch <= rule.graph_max_batch
+    launch = (f"{mem.rule.split(' (')[0]}: decode batches <= {rule.graph_max_batch} replay a CUDA graph ({graphs}); "
+              "mixed, prefill and larger decode steps are launched eagerly; ")
+    now = f"this run's decode batch {batch}: " + ("graph replay, 0" if replayed else "eager, ")
     sources = {**hw.sources,
-               "memory_bytes": f"{rule}: gpu_memory_utilization {e.gpu_memory_utilization:g} x {hw.sources['memory_bytes']}",
-               "runtime_reserve_bytes": f"{rule}: memory outside torch, engine.non_torch_bytes",
-               "held_activation_bytes": f"{rule}: profiling pass of max_num_batched_tokens {sc.max_num_batched_tokens}"}
-    return replace(hw, memory_bytes=usable, runtime_reserve_bytes=reserve, held_activation_bytes=held, sources=sources)
+               "memory_bytes": f"{mem.rule}: {mem.usable} {hw.sources['memory_bytes']}",
+               "runtime_reserve_bytes": f"{mem.rule}: memory outside torch, engine.non_torch_bytes",
+               "held_activation_bytes": f"{mem.rule}: a forward pass of max_num_batched_tokens {sc.max_num_batched_tokens}"
+                                        f" (max_num_seqs {sc.max_num_seqs} sampling)",
+               **{k: launch + now + ("" if replayed else eager[k]) for k in eager}}
+    return replace(hw, memory_bytes=mem.usable_bytes, runtime_reserve_bytes=mem.reserve_bytes,
+                   held_activation_bytes=mem.held_activation_bytes, host_layer_s=layer_s, host_step_s=step_s,
+                   launch=rule, sources=sources)

@@ -183,7 +183,7 @@ def host_step_arrays(ctx: RunContext, att: np.ndarray) -> HostStepArrays:
     attended = t0 + g1 + g2
     attn = decode_attention_s(model, hw, batch, attended, (attended + batch) * kvl + g2 * (t2b + kvl), kvl)
     device = gemm + attn + overhead + allreduce
-    total = np.maximum(device, hw.host_layer_s)
+    total = np.maximum(device, np.array([c.host_s for c in per_batch])[inv])
     pre = gemm * qkv * np.where(device > 0, total / np.where(device > 0, device, 1.0), 1.0)
     post = total - pre
     compute = L * total + tail

@@ -18,6 +18,7 @@ from sim.inputs.profile import ComputeProfile, CopyCurve, Profile
 from sim.model.dtypes import FP8_COMPUTE_WEIGHT_DTYPES, WEIGHT_DTYPES
 from sim.model.units import FLOP_PER_MAC, GB
 
+from .engine_rules import LaunchRule
 from .measured_kernels import MeasuredKernels, measured_kernels_for
 
 T = TypeVar("T")
@@ -201,6 +202,9 @@ class Hardware:
     sources: dict[str, str] = field(default_factory=dict)
     host_layer_s: float = 0.0  # host time to enqueue a layer; a layer takes max(device work, this)
     host_step_s: float = 0.0  # the same for the rest of a step (embedding, LM head, sampling, bookkeeping)
+    # an engine's rule for which steps replay a CUDA graph (scenario engine:; engine_rules.host_launch_s gives a
+    # step's host time by batch); None: host_layer_s / host_step_s for every step
+    launch: LaunchRule | None = field(default=None, compare=False)
     host_pack_bytes_per_s: float = float("inf")  # packing strided K/V on the host before a copy
     weight_kernel: str = "bf16 GEMM"  # how the layer's weights are multiplied (dtype path), for people
     dequant_ops_per_weight: float = 0.0  # CUDA-core lane operations per weight (weight-only kernels)

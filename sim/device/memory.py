@@ -50,3 +50,51 @@ def engine_memory(memory_bytes: float, gpu_memory_utilization: float, non_torch_
     uses memory x gpu_memory_utilization; of it, the memory outside torch is reserved and the
     profiling pass's activations are held whatever the step (a step needing more holds more)."""
     return memory_bytes * gpu_memory_utilization, non_torch_bytes, profile_activation_bytes
+
+
+# ---- SGLang's static pool (sgl-project/sglang main @ 001067ff) ------------------------------------
+
+SGLANG_PREFILL_GRAPH_MB = 8  # server_args.py reserve_for_graph_mb: non-torch MiB per captured prefill size
+SGLANG_MLA_PREFILL_GRAPH_MB = 1.5 * 1024  # ... and for an MLA model's prefill graphs, whatever the sizes
+
+
+def sglang_prefill_graph_sizes(max_tokens: int) -> list[int]:
+    """The prefill CUDA-graph sizes SGLang captures up to `max_tokens` (server_args.py
+    `_generate_prefill_cuda_graph_batch_sizes`): 4..32 by 4, 48..256 by 16, 288..512 by 32, 576..1024 by
+    64, 1280..4096 by 256, then by 512."""
+    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
+             + list(range(576, 1025, 64)) + list(range(1280, 4097, 256)) + list(range(4608, max_tokens + 1, 512)))
+    return [s for s in sizes if s <= max_tokens]
+
+
+def sglang_mem_fraction_static(gpu_memory_mib: float, tp: int, prefill_tokens: int, chunked: bool,
+                               cuda_graph_max_bs: int, cuda_graphs: bool, mla: bool) -> float:
+    """SGLang's default mem_fraction_static (server_args.py `_handle_gpu_memory_settings`, one node,
+    no pipeline, DP attention, speculative decoding or disaggregation), in MiB as the code counts:
+      reserved = 512 + max(prefill_tokens, 2048) x 1.5 + tp / 8 x 1024 + graphs
+      graphs   = cuda_graph_max_bs x 2 (decode) + 8 x the prefill sizes captured up to chunked_prefill_size
+                 (1.5 GiB for an MLA model; `reserve_for_graph_mb`; none without CUDA graphs)
+      reserved = max(reserved, 10 GiB) on a GPU of more than 60 GiB
+      mem_fraction_static = round((gpu_memory_mib - reserved) / gpu_memory_mib, 3)
+    `prefill_tokens` is chunked_prefill_size with chunked prefill, else max_prefill_tokens; without
+    chunked prefill no prefill sizes are captured (chunked_prefill_size -1)."""
+    reserved = 512 + max(prefill_tokens, 2048) * 1.5 + tp / 8 * 1024
+    if cuda_graphs:
+        prefill = SGLANG_MLA_PREFILL_GRAPH_MB if mla else SGLANG_PREFILL_GRAPH_MB * len(
+            sglang_prefill_graph_sizes(prefill_tokens if chunked else 0))
+        reserved += cuda_graph_max_bs * 2 + prefill
+    if gpu_memory_mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((gpu_memory_mib - reserved) / gpu_memory_mib, 3)
+
+
+def sglang_engine_memory(memory_bytes: float, mem_fraction_static: float, non_torch_bytes: float,
+                         profile_activation_bytes: float) -> tuple[float, float, float]:
+    """(usable HBM, runtime reserve, activations held) under SGLang's rule (`EngineCfg`): its static
+    pool (weights + KV) is the free memory before the weights x mem_fraction_static, that free memory
+    being the device's less what the CUDA context and NCCL hold (`non_torch_bytes`); activations and
+    CUDA graphs live in the rest. kvtier counts activations in HBM beside the KV, so they are added
+    to the usable HBM and held whatever the step, which leaves the KV exactly
+      KV budget = (memory - non_torch_bytes) x mem_fraction_static - weights."""
+    static = (memory_bytes - non_torch_bytes) * mem_fraction_static
+    return non_torch_bytes + static + profile_activation_bytes, non_torch_bytes, profile_activation_bytes

@@ -99,3 +99,20 @@ def measured_mla_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_dt
     b = max(float(batch) / dp, 1.0)
     return hw.kernels.mla_decode_one_s(b, max(float(attended_tokens) / max(float(batch), 1.0), 1.0), model.num_heads,
                                        kv_dtype)
+
+
+def source_line(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, kv_dtype: str) -> str | None:
+    """What `sources.kernels_moe_mla` says of a run of a mixture of experts or an MLA model on measured
+    tables: which of its routed experts and MLA decode take measured kernels (None for any other run)."""
+    if hw.kernels is None or not (model.moe_layers or model.mla is not None):
+        return None
+    parts = []
+    if model.moe_layers:
+        quant = moe_quant(model, hw, weight_dtype, group_size)
+        parts.append(f"routed experts measured (vLLM fused_experts, {quant}, {BALANCED} routing)" if quant else
+                     "routed experts datasheet (no measured table for this format or a routing skew)")
+    if model.mla is not None:
+        measured = (model.mla.kv_lora_rank, model.mla.qk_rope_head_dim) == MEASURED_MLA and kv_dtype in _mla_dtypes(hw.kernels)
+        parts.append("MLA decode measured (TensorRT-LLM absorbed-MLA kernel; a sparse layer's indexer datasheet)"
+                     if measured else "MLA decode datasheet (latent or KV dtype not in the table)")
+    return "; ".join(parts)

@@ -24,6 +24,7 @@ from sim.model.layers import FULL, LINEAR, MLA, SPARSE, TIERED_KINDS, WINDOW
 from sim.model.spec import ModelSpec
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
+from .engine_rules import DECODE, MIXED, PREFILL, host_times
 from .hardware import Hardware
 from .host_pipeline import HostLayer, HostStepTimes, host_pipeline
 from .moe_mla_costs import measured_mla_s, measured_moe_s, moe_quant, routed_work
@@ -363,7 +364,8 @@ def decode_layer_cost(
     kv_bytes = (attended_tokens + batch) * kv_bytes_per_token_layer + dequant_bytes
     attn_s = decode_attention_s(model, hw, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer)
     allreduce_s = layer_comm_s(model, hw, batch)
-    return LayerCost(gemm_s, attn_s, hw.layer_overhead_s, allreduce_s=allreduce_s, qkv_share=qkv_share(model), host_s=hw.host_layer_s)
+    return LayerCost(gemm_s, attn_s, hw.layer_overhead_s, allreduce_s=allreduce_s, qkv_share=qkv_share(model),
+                     host_s=host_times(hw, batch, DECODE)[0])
 
 
 @lru_cache(maxsize=64)
@@ -381,10 +383,11 @@ def lm_head_s(model: ModelSpec, hw: Hardware, batch: int) -> float:
     return hw.gemm_floor_s + roofline_s(flop, model.lm_head_bytes(), hw.gemm_flop_per_s(batch), hw.weight_hbm_bytes_per_s)
 
 
-def step_tail_s(model: ModelSpec, hw: Hardware, batch: int) -> float:
+def step_tail_s(model: ModelSpec, hw: Hardware, batch: int, step_kind: str = DECODE) -> float:
     """What a step costs beside its layers: max(LM head + step overhead on the device, the host's
-    time for the rest of the step) - the same composition as a layer's."""
-    return max(lm_head_s(model, hw, batch) + hw.step_overhead_s, hw.host_step_s)
+    time for the rest of the step) - the same composition as a layer's; the host's time as the
+    scenario engine launches such a step (`engine_rules.host_times`: 0 for a CUDA-graph replay)."""
+    return max(lm_head_s(model, hw, batch) + hw.step_overhead_s, host_times(hw, batch, step_kind)[1])
 
 
 def prefill_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, batch: int, prompt_tokens: int) -> float:
@@ -720,7 +723,8 @@ def mixed_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
         base = decode_step_cost(model, hw, weight_dtype, group_size, prefetch, decodes, t0, t1, t2,
                                 kv_bytes_per_token_layer, t2_bytes_per_token_layer, staged, access, buffers, fetch=fetch)
     else:
-        base = StepCost(LayerCost(0.0, 0.0, hw.layer_overhead_s, qkv_share=qkv_share(model), host_s=hw.host_layer_s),
+        base = StepCost(LayerCost(0.0, 0.0, hw.layer_overhead_s, qkv_share=qkv_share(model),
+                                  host_s=host_times(hw, prefill_tokens, PREFILL)[0]),
                         model.num_layers, 0.0, 0.0, 0)
     if prefill_tokens <= 0:
         return base
@@ -728,8 +732,9 @@ def mixed_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
     layer = replace(base.layer, gemm_s=weight_kernel_s(model, hw, weight_dtype, group_size, rows),
                     attention_s=base.layer.attention_s + prefill_attention_s(model, hw, prefill_position_sum,
                                                                              prefill_kv_tokens, kv_bytes_per_token_layer),
-                    allreduce_s=layer_comm_s(model, hw, rows))
-    return replace(base, layer=layer, tail_s=step_tail_s(model, hw, decodes + prefill_seqs))
+                    allreduce_s=layer_comm_s(model, hw, rows),
+                    host_s=host_times(hw, rows, MIXED if decodes else PREFILL)[0])
+    return replace(base, layer=layer, tail_s=step_tail_s(model, hw, decodes + prefill_seqs, MIXED if decodes else PREFILL))
 
 
 def _host_split_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, prefetch: str, batch: int,

@@ -238,16 +238,80 @@ class ParallelCfg(Strict, QuietDefaults):
         return self.tp, self.ep, self.attention_dp
 
 
-class EngineCfg(Strict):
-    """The serving engine whose memory rule sets the KV budget. vLLM (vllm/v1/worker/gpu_worker.py,
-    `Worker.determine_available_memory`): KV cache = total memory x gpu_memory_utilization - (the
-    torch peak of a profiling forward pass of max_num_batched_tokens tokens, weights included, + the
-    memory allocated outside torch: CUDA context, NCCL buffers)."""
+class EngineCfg(Strict, QuietDefaults):
+    """The serving engine whose rules set the KV budget, the scheduler's defaults and how steps are
+    launched (CUDA graphs or eager); each rule read from the engine's code (docs/scenarios.md).
 
-    name: Literal["vllm"]
-    version: str = Field("0.24.0", max_length=MAX_NAME_CHARS)  # informational: the engine the rule is read from
-    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)  # vLLM's default (CacheConfig)
+    vLLM (vllm/v1/worker/gpu_worker.py, `Worker.determine_available_memory`): KV cache = total memory
+    x gpu_memory_utilization - (the torch peak of a profiling forward pass of max_num_batched_tokens
+    tokens, weights included, + the memory allocated outside torch: CUDA context, NCCL buffers).
+    SGLang (python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py, `profile_max_num_token`):
+    KV pool = free memory after the weights - free memory before them x (1 - mem_fraction_static), i.e.
+    (total - what the CUDA context and NCCL hold) x mem_fraction_static - weights; unset, the fraction
+    is server_args.py `_handle_gpu_memory_settings`'s (`device.memory.sglang_mem_fraction_static`)."""
+
+    QUIET_DEFAULTS = {"gpu_memory_utilization": None, "mem_fraction_static": None, "cuda_graphs": True,
+                      "cuda_graph_max_batch": None}  # vLLM engines dump as before these existed
+
+    name: Literal["vllm", "sglang"]
+    version: str = Field(max_length=MAX_NAME_CHARS)  # informational: the engine the rules are read from
+    gpu_memory_utilization: float | None = Field(None, gt=0.0, le=1.0)  # vLLM's; 0.9 by default (CacheConfig)
+    mem_fraction_static: float | None = Field(None, gt=0.0, lt=1.0)  # SGLang's; None: its default rule
     non_torch_bytes: float = Field(1.0e9, ge=0.0, le=MAX_BYTES)  # assumed: CUDA context + NCCL + cuBLAS workspace
+    cuda_graphs: bool = True  # both engines capture decode steps as CUDA graphs by default; false: eager
+    # largest decode batch a graph is captured for: vLLM's max_cudagraph_capture_size, SGLang's
+    # cuda_graph_max_bs; None: the engine's default (`device.engine_rules`)
+    cuda_graph_max_batch: int | None = Field(None, ge=1, le=MAX_BATCH)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_defaults(cls, data):
+        """Each engine's version read, and vLLM's default gpu_memory_utilization (CacheConfig: 0.9)."""
+        versions = {"vllm": "0.24.0", "sglang": "main@001067ff"}  # sgl-project/sglang server_args.py commit read
+        if isinstance(data, dict) and data.get("name") in versions:
+            data = {"version": versions[data["name"]], **data}
+            if data["name"] == "vllm":
+                data = {"gpu_memory_utilization": 0.9, **data}
+        return data
+
+    @field_validator("gpu_memory_utilization", "mem_fraction_static")
+    @classmethod
+    def _own_engine(cls, value, info):
+        """Each engine's memory knob is its own: vLLM's gpu_memory_utilization, SGLang's mem_fraction_static."""
+        own = {"gpu_memory_utilization": "vllm", "mem_fraction_static": "sglang"}[info.field_name]
+        name = info.data.get("name")
+        if value is not None and name is not None and name != own:
+            other = "mem_fraction_static" if own == "vllm" else "gpu_memory_utilization"
+            raise ValueError(f"{info.field_name} is {own}'s; {name}'s fraction is {other}")
+        if value is None and name == own == "vllm":
+            raise ValueError("give a fraction in (0, 1]")
+        return value
+
+    def sglang_gpu_defaults(self, gpu_memory_bytes: float, tp: int) -> tuple[int, int]:
+        """(chunked_prefill_size, cuda_graph_max_bs) SGLang picks by the GPU's memory (nvidia-smi
+        memory.total in MiB) and tp (server_args.py `_handle_gpu_memory_settings`): < 20 GiB 2048, 8;
+        < 35 GiB 2048, 24 (tp >= 4: 80); < 60 GiB 4096, 32 (160); < 160 GiB 8192, 256 (512); else 16384, 512."""
+        from sim.model.units import MiB
+
+        tiers = ((20, 2048, 8, 8), (35, 2048, 24, 80), (60, 4096, 32, 160), (90, 8192, 256, 512),
+                 (160, 8192, 256, 512), (float("inf"), 16384, 512, 512))  # (below GiB, cps, max_bs tp < 4, tp >= 4)
+        gpu_mem_mib = gpu_memory_bytes / MiB
+        _, chunk, small_tp, large_tp = next(t for t in tiers if gpu_mem_mib < t[0] * 1024)
+        return chunk, small_tp if tp < 4 else large_tp
+
+    def scheduler_for(self, scheduler: SchedulerCfg, gpu_memory_bytes: float, tp: int) -> SchedulerCfg:
+        """The scheduler this engine runs: the scenario's keys where it set them, else the engine's
+        defaults. vLLM: kvtier's (`SchedulerCfg`), as without an engine. SGLang (server_args.py):
+        max_num_batched_tokens = chunked_prefill_size by GPU memory (`sglang_gpu_defaults`) with
+        chunked prefill, max_prefill_tokens (16384) without; max_num_seqs = max_running_requests 2048,
+        the floor of model_runner_kv_cache_mixin.py `init_memory`'s min(max(pool tokens / context_len x
+        512, 2048), 4096) (kvtier's catalog has no context length)."""
+        if self.name != "sglang":
+            return scheduler
+        unset = {"max_num_batched_tokens", "max_num_seqs"} - scheduler.model_fields_set
+        chunk = self.sglang_gpu_defaults(gpu_memory_bytes, tp)[0] if scheduler.chunked_prefill else 16384
+        update = {"max_num_batched_tokens": chunk, "max_num_seqs": 2048}
+        return scheduler.model_copy(update={k: v for k, v in update.items() if k in unset})
 
 
 class Scenario(Strict):
@@ -336,6 +400,11 @@ def scenario_from_dict(data: Any, source: str, overrides: list[str] | None = Non
     except ValidationError as err:
         raise validation_error_line(err, source) from None
     check_catalog_names(scenario, source)
+    if scenario.engine is not None and scenario.engine.name != "vllm" and scenario.workload.arrivals is not None:
+        # a serving run under an engine takes that engine's scheduler defaults where the scenario set none
+        gpu_bytes = catalog.gpu(scenario.hardware.gpu).memory_bytes
+        scheduler = scenario.engine.scheduler_for(scenario.scheduler, gpu_bytes, scenario.parallel.tp)
+        scenario = scenario.model_copy(update={"scheduler": scheduler})
     check_simulable(scenario, source)
     check_serving(scenario, source)
     return scenario

@@ -166,7 +166,8 @@ def vllm_serve_command(model_id: str, tp: int, dp: int, max_num_seqs: int, max_n
 
 def sglang_launch_command(model_id: str, tp: int, dp: int, max_num_seqs: int, max_num_batched_tokens: int,
                           gpu_memory_utilization: float, chunked_prefill: bool, policy: str,
-                          host_offload_bytes: float | None, weight_dtype: str, kv_dtype: str) -> str:
+                          host_offload_bytes: float | None, weight_dtype: str, kv_dtype: str, *,
+                          mem_fraction_static: float | None = None) -> str:
     """`python -m sglang.launch_server --model-path MODEL ...` for one plan configuration (SGLang main's
     python/sglang/srt/server_args.py; see the module docstring).
 
@@ -174,7 +175,9 @@ def sglang_launch_command(model_id: str, tp: int, dp: int, max_num_seqs: int, ma
     SGLang divides it by dp_size only with --enable-dp-attention, which this command does not set),
     max_num_batched_tokens -> --chunked-prefill-size when chunked prefill is on, else
     --chunked-prefill-size -1 (off) with --max-prefill-tokens; gpu_memory_utilization ->
-    --mem-fraction-static (SGLang's fraction covers weights and the KV pool only, vLLM's everything).
+    --mem-fraction-static (SGLang's fraction covers weights and the KV pool only, vLLM's everything), or
+    `mem_fraction_static` where given: the SGLang fraction the plan ran with (scenario engine: sglang,
+    its mem_fraction_static or the default of sim/device/memory.py sglang_mem_fraction_static).
     A tiered policy adds SGLang's hierarchical cache (HiCache) with --hicache-size: decimal GB per TP
     rank, an int, so host_offload_bytes / tp rounded up. SGLang's HiCache docs require the host pool to
     be larger than the device KV pool (--hicache-ratio at least 1 or 2, by version); this function does
@@ -189,7 +192,10 @@ def sglang_launch_command(model_id: str, tp: int, dp: int, max_num_seqs: int, ma
         args += ["--chunked-prefill-size", str(int(max_num_batched_tokens))]
     else:
         args += ["--chunked-prefill-size", "-1", "--max-prefill-tokens", str(int(max_num_batched_tokens))]
-    args += ["--mem-fraction-static", f"{gpu_memory_utilization:g}"]
+    if mem_fraction_static is not None and not 0.0 < mem_fraction_static < 1.0:
+        raise ValueError(f"mem_fraction_static must be in (0, 1), got {mem_fraction_static!r}")
+    fraction = gpu_memory_utilization if mem_fraction_static is None else mem_fraction_static
+    args += ["--mem-fraction-static", f"{fraction:g}"]
     notes: list[str] = []
     args += _dtype_args("sglang", weight_dtype, kv_dtype, notes)
     if kind == "tiered" and host_offload_bytes and host_offload_bytes > 0:

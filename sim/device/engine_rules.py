@@ -1,0 +1,143 @@
+"""A serving engine's rules for memory and launching (scenario `engine:`), each read from the engine's
+code, as pure functions: which KV budget the engine leaves (`engine_memory_rule`, over
+`device.memory`'s formulas) and which steps replay a CUDA graph and which the host launches kernel by
+kernel (`LaunchRule`, `host_launch_s`; `host_times` is what physics asks for a step's host time).
+
+Read (stored copies of the public repositories):
+- vLLM (vllm-project/vllm main): vllm/config/vllm.py `VllmConfig._set_cudagraph_sizes` (capture
+  sizes up to max_cudagraph_capture_size = min(max_num_seqs x 2, 512; 1024 on compute capability 10.x),
+  no more than max_num_batched_tokens) and the default optimization level O2's cudagraph_mode
+  FULL_AND_PIECEWISE; vllm/v1/cudagraph_dispatcher.py `CudagraphDispatcher` (FULL graphs for uniform
+  decode batches of up to max_num_seqs tokens, PIECEWISE - attention left eager - for other batches
+  up to the largest capture size, none beyond).
+- SGLang (sgl-project/sglang main @ 001067ff): python/sglang/srt/server_args.py
+  `_handle_gpu_memory_settings` (cuda_graph_config[decode].max_bs by GPU memory and tp) and
+  python/sglang/srt/model_executor/cuda_graph_config.py (decode backend "full"; prefill "breakable",
+  segmented around attention, by default on CUDA); a decode batch above max_bs runs eager.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.model.units import MiB
+
+from .memory import engine_memory, sglang_engine_memory, sglang_mem_fraction_static
+
+DECODE = "decode"  # a step of decoding sequences only
+MIXED = "mixed"  # decodes with prefill chunks (continuous batching)
+PREFILL = "prefill"  # prefill chunks only
+STEP_KINDS = (DECODE, MIXED, PREFILL)
+
+VLLM_MAX_CAPTURE = 512  # _set_cudagraph_sizes: default_max_graph_size
+VLLM_SM100_MAX_CAPTURE = 1024  # ... on compute capability 10.x (is_device_capability_family(100))
+SM100_GPUS = frozenset({"b200"})  # the catalog's GPUs of compute capability 10.x
+
+VLLM_MEMORY = "vllm/v1/worker/gpu_worker.py determine_available_memory"
+SGLANG_MEMORY = "python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py profile_max_num_token"
+SGLANG_DEFAULTS = "python/sglang/srt/server_args.py _handle_gpu_memory_settings"
+VLLM_GRAPHS = "vllm/config/vllm.py _set_cudagraph_sizes, vllm/v1/cudagraph_dispatcher.py"
+
+
+@dataclass(frozen=True)
+class LaunchRule:
+    """How an engine launches a step's kernels: decode batches of up to `graph_max_batch` replay a
+    captured CUDA graph (one launch for the step); every other step is launched by the host kernel by
+    kernel, `eager_layer_s` a layer and `eager_step_s` for the rest of the step."""
+
+    cuda_graphs: bool
+    graph_max_batch: int  # 0: nothing captured
+    eager_layer_s: float
+    eager_step_s: float
+
+
+def host_launch_s(rule: LaunchRule, batch: int, step_kind: str) -> tuple[float, float]:
+    """(host time per layer, host time for the rest of the step) of a step of `batch` sequences:
+      decode, cuda_graphs and batch <= graph_max_batch: (0, 0) - a graph replay, launched once
+      otherwise: (eager_layer_s, eager_step_s) - the host enqueues every kernel
+    Mixed and prefill steps count as eager: vLLM runs them as piecewise graphs and SGLang's prefill as
+    a breakable graph, both with attention launched eagerly in every layer, so their host time lies
+    between the two; eager is the bound kept (such steps carry prefill rows, whose device work is far
+    above a layer's launches)."""
+    if step_kind not in STEP_KINDS:
+        raise ValueError(f"step_kind must be one of {', '.join(STEP_KINDS)}, got {step_kind!r}")
+    if rule.cuda_graphs and step_kind == DECODE and 1 <= batch <= rule.graph_max_batch:
+        return 0.0, 0.0
+    return rule.eager_layer_s, rule.eager_step_s
+
+
+def host_times(hw, batch: int, step_kind: str) -> tuple[float, float]:
+    """(host time per layer, for the rest of the step) of `hw` (a `device.hardware.Hardware`) for a step
+    of `batch` rows: its engine's `host_launch_s` where a scenario engine set `hw.launch`, else
+    (hw.host_layer_s, hw.host_step_s) as they are - the same floats, so a run without `engine:` is
+    unchanged. What physics calls where it builds a layer's or a step's host time."""
+    if hw.launch is None:
+        return hw.host_layer_s, hw.host_step_s
+    return host_launch_s(hw.launch, batch, step_kind)
+
+
+def vllm_graph_max_batch(max_num_seqs: int, max_num_batched_tokens: int, sm100: bool,
+                         max_capture: int | None = None) -> int:
+    """The largest decode batch vLLM replays as a FULL graph: max_cudagraph_capture_size (`max_capture`,
+    default min(max_num_seqs x 2, 512; 1024 on SM100)), no more than max_num_batched_tokens, and no more
+    than max_num_seqs (the FULL decode keys)."""
+    cap = max_capture or min(max_num_seqs * 2, VLLM_SM100_MAX_CAPTURE if sm100 else VLLM_MAX_CAPTURE)
+    return min(cap, max_num_batched_tokens, max_num_seqs)
+
+
+def launch_rule(engine, scheduler, gpu_name: str, gpu_memory_bytes: float, tp: int, eager_layer_s: float,
+                eager_step_s: float) -> tuple[LaunchRule, str]:
+    """The engine's rule (`inputs.scenario.EngineCfg`) for the run's effective `scheduler`, and where
+    its graph size comes from."""
+    if not engine.cuda_graphs:
+        return LaunchRule(False, 0, eager_layer_s, eager_step_s), "engine.cuda_graphs false: every step eager"
+    if engine.name == "vllm":
+        largest = vllm_graph_max_batch(scheduler.max_num_seqs, scheduler.max_num_batched_tokens,
+                                       gpu_name in SM100_GPUS, engine.cuda_graph_max_batch)
+        why = f"{'engine.cuda_graph_max_batch' if engine.cuda_graph_max_batch else 'default'} ({VLLM_GRAPHS})"
+    else:
+        max_bs = engine.cuda_graph_max_batch or engine.sglang_gpu_defaults(gpu_memory_bytes, tp)[1]
+        largest = min(max_bs, scheduler.max_num_seqs)  # graphs are captured up to the request pool's size
+        why = f"cuda_graph_max_bs {max_bs}, {'engine.cuda_graph_max_batch' if engine.cuda_graph_max_batch else SGLANG_DEFAULTS}"
+    return LaunchRule(True, largest, eager_layer_s, eager_step_s), why
+
+
+@dataclass(frozen=True)
+class EngineMemory:
+    """An engine's memory rule applied: what `Hardware` carries (usable HBM, reserve, activations held)
+    and the sentence saying how."""
+
+    usable_bytes: float
+    reserve_bytes: float
+    held_activation_bytes: float
+    rule: str  # the engine's file and function
+    usable: str  # how usable_bytes came about
+
+
+def sglang_fraction(engine, scheduler, memory_bytes: float, tp: int, mla: bool) -> tuple[float, str]:
+    """SGLang's mem_fraction_static for this run and where it comes from: engine.mem_fraction_static
+    as set, else `sglang_mem_fraction_static` for this GPU's memory (in MiB), tp and the effective
+    `scheduler` (`EngineCfg.scheduler_for`) - what `kvsim plan` writes as --mem-fraction-static."""
+    if engine.mem_fraction_static is not None:
+        return engine.mem_fraction_static, "engine.mem_fraction_static"
+    max_bs = engine.cuda_graph_max_batch or engine.sglang_gpu_defaults(memory_bytes, tp)[1]
+    fraction = sglang_mem_fraction_static(memory_bytes / MiB, tp, scheduler.max_num_batched_tokens,
+                                          scheduler.chunked_prefill, max_bs, engine.cuda_graphs, mla)
+    return fraction, (f"default for {memory_bytes / MiB:,.0f} MiB, tp {tp}, {scheduler.max_num_batched_tokens} prefill "
+                      f"tokens, cuda_graph_max_bs {max_bs}{', MLA' if mla else ''} ({SGLANG_DEFAULTS})")
+
+
+def engine_memory_rule(engine, scheduler, memory_bytes: float, tp: int, mla: bool,
+                       activation_bytes: float) -> EngineMemory:
+    """vLLM: `device.memory.engine_memory`; SGLang: `sglang_engine_memory` at `sglang_fraction`."""
+    head = f"engine {engine.name} {engine.version}"
+    if engine.name == "vllm":
+        usable, reserve, held = engine_memory(memory_bytes, engine.gpu_memory_utilization, engine.non_torch_bytes,
+                                              activation_bytes)
+        return EngineMemory(usable, reserve, held, f"{head} ({VLLM_MEMORY})",
+                            f"gpu_memory_utilization {engine.gpu_memory_utilization:g} x")
+    fraction, how = sglang_fraction(engine, scheduler, memory_bytes, tp, mla)
+    usable, reserve, held = sglang_engine_memory(memory_bytes, fraction, engine.non_torch_bytes, activation_bytes)
+    return EngineMemory(usable, reserve, held, f"{head} ({SGLANG_MEMORY})",
+                        f"static pool (memory - engine.non_torch_bytes) x mem_fraction_static {fraction:g} [{how}] "
+                        f"+ the activations held outside it, of")
