@@ -204,3 +204,15 @@ def test_sglang_command_writes_sglangs_own_fraction():
     assert "--mem-fraction-static 0.819" in L.sglang_launch_command(*layout, mem_fraction_static=0.819)
     with pytest.raises(ValueError, match="mem_fraction_static"):
         L.sglang_launch_command(*layout, mem_fraction_static=1.2)
+
+
+def test_a_plan_under_sglang_launches_with_the_fraction_it_ran_with():
+    from sim.inputs.scenario import load_scenario
+    from sim.plan.answer import launch_lines
+
+    row = {"tp": 4, "dp": 1, "policy": "full_hbm", "gpu": "h100-sxm", "max_num_seqs": None, "prefill": None,
+           "experts": None}
+    sglang = load_scenario(SCENARIOS / "serving-h100-70b-tp4.yaml", ["engine.name=sglang"])
+    assert "--mem-fraction-static 0.819" in launch_lines(row, sglang)["sglang"]  # the default rule, 70B TP4 on H100
+    vllm = load_scenario(SCENARIOS / "serving-h100-70b-tp4.yaml")
+    assert "--mem-fraction-static 0.9" in launch_lines(row, vllm)["sglang"]  # no engine: gpu_memory_utilization's 0.9

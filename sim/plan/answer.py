@@ -76,6 +76,17 @@ DISAGG_FLAGS = {"vllm": """--kv-transfer-config '{"kv_connector":"NixlConnector"
                 "sglang": "--disaggregation-mode {role} --disaggregation-transfer-backend nixl"}
 
 
+def _sglang_fraction(base: Scenario, best: dict, tp: int) -> float | None:
+    """The mem_fraction_static a plan under `engine: sglang` ran with (sim/device/engine_rules.py), else None."""
+    if base.engine is None or base.engine.name != "sglang":
+        return None
+    from sim.device.engine_rules import sglang_fraction
+    from sim.inputs import catalog
+
+    mla = catalog.resolve_model(base.model).mla is not None
+    return sglang_fraction(base.engine, base.scheduler, catalog.gpu(best["gpu"]).memory_bytes, tp, mla)[0]
+
+
 def launch_lines(best: dict, base: Scenario, host_peak_bytes_per_gpu: float | None = None) -> dict[str, str]:
     """The engine commands for the best row (sim.plan.launch): {"vllm": ..., "sglang": ...}, or for a
     disaggregated one each engine's prefill and decode instances ("vllm prefill", ...). The host KV
@@ -92,7 +103,8 @@ def launch_lines(best: dict, base: Scenario, host_peak_bytes_per_gpu: float | No
 
     def commands(tp: int, dp: int, policy: str, offload: float | None) -> dict[str, str]:
         return launch_commands(model, tp, dp, seqs, s.max_num_batched_tokens, util, s.chunked_prefill,
-                               policy, offload, m.weight_dtype, m.kv_dtype, best.get("experts"), moe)
+                               policy, offload, m.weight_dtype, m.kv_dtype, best.get("experts"), moe,
+                               _sglang_fraction(base, best, tp))
 
     if not best.get("prefill"):
         return commands(best["tp"], best["dp"], best["policy"], host_offload_bytes)

@@ -207,22 +207,25 @@ def sglang_launch_command(model_id: str, tp: int, dp: int, max_num_seqs: int, ma
 def launch_commands(model_id: str, tp: int, dp: int, max_num_seqs: int, max_num_batched_tokens: int,
                     gpu_memory_utilization: float, chunked_prefill: bool, policy: str,
                     host_offload_bytes: float | None, weight_dtype: str, kv_dtype: str,
-                    experts: str | None = None, moe: bool = False) -> dict[str, str]:
+                    experts: str | None = None, moe: bool = False,
+                    mem_fraction_static: float | None = None) -> dict[str, str]:
     """{"vllm": vllm_serve_command(...), "sglang": sglang_launch_command(...)} for the same inputs;
     a mixture of experts' layout `experts` as `expert_commands` says. A mixture of experts (`moe`,
     or any `experts` layout) never takes --data-parallel-size for its replicas: vLLM runs the
     data-parallel ranks of an MoE model in lockstep as one expert group of dp x tp GPUs
     (docs/serving/data_parallel_deployment.md), not the independent replicas the plan simulates -
-    so one server per replica, said in a comment."""
+    so one server per replica, said in a comment. `mem_fraction_static`: SGLang's fraction where the plan
+    ran under `engine: sglang` (else SGLang's flag takes gpu_memory_utilization)."""
     rest = (max_num_batched_tokens, gpu_memory_utilization, chunked_prefill, policy, host_offload_bytes, weight_dtype,
             kv_dtype)
+    fraction = {"mem_fraction_static": mem_fraction_static}
     if experts:
-        return _replicas(expert_commands(model_id, tp, max_num_seqs, experts, rest), tp, dp)
+        return _replicas(expert_commands(model_id, tp, max_num_seqs, experts, rest, fraction), tp, dp)
     if moe:
         args = (model_id, tp, 1, max_num_seqs, *rest)
-        return _replicas({"vllm": vllm_serve_command(*args), "sglang": sglang_launch_command(*args)}, tp, dp)
+        return _replicas({"vllm": vllm_serve_command(*args), "sglang": sglang_launch_command(*args, **fraction)}, tp, dp)
     args = (model_id, tp, dp, max_num_seqs, *rest)
-    return {"vllm": vllm_serve_command(*args), "sglang": sglang_launch_command(*args)}
+    return {"vllm": vllm_serve_command(*args), "sglang": sglang_launch_command(*args, **fraction)}
 
 
 def _replicas(commands: dict[str, str], tp: int, dp: int) -> dict[str, str]:
@@ -233,7 +236,8 @@ def _replicas(commands: dict[str, str], tp: int, dp: int) -> dict[str, str]:
     return {engine: _with_note(line, note) for engine, line in commands.items()}
 
 
-def expert_commands(model_id: str, tp: int, max_num_seqs: int, experts: str, rest: tuple) -> dict[str, str]:
+def expert_commands(model_id: str, tp: int, max_num_seqs: int, experts: str, rest: tuple,
+                    fraction: dict | None = None) -> dict[str, str]:
     """One `tp`-GPU group's commands of a mixture of experts' layout (`rest`: launch_commands' inputs
     from max_num_batched_tokens on).
     "ep": the tensor-parallel commands with vLLM's --enable-expert-parallel (vllm/config/parallel.py
@@ -246,13 +250,14 @@ def expert_commands(model_id: str, tp: int, max_num_seqs: int, experts: str, res
     whose --max-running-requests is divided over the dp ranks (the group's cap as is)."""
     if experts == "ep":
         vllm = with_flags(vllm_serve_command(model_id, tp, 1, max_num_seqs, *rest), "--enable-expert-parallel")
-        sglang = with_flags(sglang_launch_command(model_id, tp, 1, max_num_seqs, *rest), f"--ep-size {int(tp)}")
+        sglang = with_flags(sglang_launch_command(model_id, tp, 1, max_num_seqs, *rest, **(fraction or {})),
+                            f"--ep-size {int(tp)}")
         return {"vllm": vllm, "sglang": sglang}
     tokens, util, chunked, policy, host, weight_dtype, kv_dtype = rest
     per_rank = (_ceil_div(tokens, tp), util, chunked, policy, host / tp if host else host, weight_dtype, kv_dtype)
     vllm = with_flags(vllm_serve_command(model_id, 1, tp, _ceil_div(max_num_seqs, tp), *per_rank),
                       "--enable-expert-parallel")
-    sglang = with_flags(sglang_launch_command(model_id, tp, tp, max_num_seqs, *rest),
+    sglang = with_flags(sglang_launch_command(model_id, tp, tp, max_num_seqs, *rest, **(fraction or {})),
                         f"--enable-dp-attention --ep-size {int(tp)}")
     return {"vllm": vllm, "sglang": sglang}
 
