@@ -73,6 +73,12 @@ class RatioGrid:
     def _corners(self) -> tuple[tuple[int, ...], ...]:
         return tuple(itertools.product((0, 1), repeat=len(self.axes)))
 
+    @cached_property
+    def _flat(self) -> tuple[list[float], tuple[int, ...]]:
+        """log_ratio as a flat list of Python floats (the same doubles) and each axis's stride in it."""
+        strides = tuple(s // self.log_ratio.itemsize for s in np.ascontiguousarray(self.log_ratio).strides)
+        return np.ascontiguousarray(self.log_ratio).ravel().tolist(), strides
+
     def _at(self, point: np.ndarray) -> tuple[float, bool]:
         """__call__ for one point, operation for operation (numpy's log and exp on scalars, IEEE
         products and sums in the same order), so it gives the same bits."""
@@ -89,13 +95,15 @@ class RatioGrid:
             lo_idx.append(i)
             frac.append((x - ax[i]) / (ax[i + 1] - ax[i]))
         out = 0.0
+        flat, strides = self._flat
+        last = [len(ax) - 1 for ax in self._axes_lists]
         for corner in self._corners:
             w = 1.0
-            idx = []
+            offset = 0
             for d, c in enumerate(corner):
                 w = w * (frac[d] if c else 1.0 - frac[d])
-                idx.append(min(lo_idx[d] + c, len(self._axes_lists[d]) - 1))
-            out += w * float(self.log_ratio[tuple(idx)])
+                offset += min(lo_idx[d] + c, last[d]) * strides[d]
+            out += w * flat[offset]
         return float(np.exp(out)), inside
 
 
