@@ -230,3 +230,20 @@ def test_skew_helps_tensor_parallelism_and_unbalances_expert_parallelism():
         load_scenario(SCENARIOS / "h200-7b-batch.yaml", ["model.routing_skew=1"])
     assert err.value.field == "model.routing_skew" and "mixture-of-experts" in str(err.value)
     assert "routing_skew" not in load_scenario(SCENARIOS / "h200-7b-batch.yaml").model_dump(mode="json")["model"]
+
+
+def test_attention_waits_for_the_busiest_data_parallel_rank():
+    from sim.device.physics import busiest_rank_factor, decode_attention_s
+
+    assert busiest_rank_factor(4, 8) == 2.0 and busiest_rank_factor(16, 8) == 1.0
+    assert busiest_rank_factor(198, 8) == pytest.approx(25 * 8 / 198)
+    ctx = _ctx(*DPA8)
+    m, hw, kvl = ctx.model, ctx.hw, ctx.kv_bytes_per_token_layer
+
+    def attention(batch: int) -> float:
+        tokens = batch * 4096
+        return decode_attention_s(m, hw, batch, tokens, (tokens + batch) * kvl, kvl)
+
+    # 4 sequences over 8 ranks: the busiest holds one, as with 8 sequences - the same time
+    assert attention(4) == pytest.approx(attention(8))
+    assert attention(9) == pytest.approx(attention(16))  # 9 over 8: one rank holds 2, as 16 over 8

@@ -282,11 +282,24 @@ def decode_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, k
     and writing `kv_bytes` (scalars, or arrays over steps). Datasheet: `attention_s`. Measured
     kernels: the table's call at the batch's mean context per sequence, plus what the table's kernel
     does not move (T2's dequantisation traffic) at the datasheet attention rate. A model with layer
-    kinds: `kinds_attention_s`."""
+    kinds: `kinds_attention_s`. Attention data parallelism: the busiest rank's share (`busiest_rank_factor`)."""
+    if model.attention_dp > 1:
+        f = busiest_rank_factor(batch, model.attention_dp)
+        batch, attended_tokens, kv_bytes = batch * f, attended_tokens * f, kv_bytes * f
     if model.layer_kinds:
         return kinds_attention_s(model, hw, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer)
     return gqa_attention_s(model, hw, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer,
                            attention_flop(model, attended_tokens))
+
+
+def busiest_rank_factor(batch, ranks: int):
+    """Attention data parallelism spreads B sequences over D ranks, and the step waits for the rank with
+    the most: ceil(B / D) sequences against the mean B / D (1 when D divides B; 2 for 4 sequences over 8
+    ranks). The engines' per-GPU figures are the mean rank's, so attention scales by this (each rank's
+    sequences taken as the batch's mean length)."""
+    b = np.maximum(np.asarray(batch, dtype=float), 1.0)
+    out = np.ceil(b / ranks) * ranks / b
+    return out if np.ndim(out) else float(out)
 
 
 def gqa_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer: float,
