@@ -17,6 +17,7 @@ from sim.model.layers import LINEAR
 from sim.model.units import GB, TB, TFLOP
 from sim.outputs.run_folder import to_json
 
+from .accuracy import accuracy
 from .guard import EXIT_INTERRUPTED, GuardedTyper
 from .ops import ops
 
@@ -383,6 +384,7 @@ def _plan_progress(show: bool):
 
 
 app.command()(ops)
+app.command()(accuracy)
 
 
 def _said_about_store(result, cache: Path | None) -> None:

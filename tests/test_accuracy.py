@@ -1,0 +1,160 @@
+"""`kvsim accuracy` (docs/accuracy.md): the committed table of public end-to-end measurements, the
+study that holds kvtier against it, the command, and an accuracy assertion on the end-to-end figures.
+
+The assertion is an accuracy check, not a timed test. Issue #20 item 5 sets the goals: end to end,
+median |error| <= 5% and worst <= 15% with the measured kernel tables, median <= 10% in datasheet
+mode. kvtier does not meet them today; the thresholds below are the level it reaches now, rounded up
+to the next 5%, each labelled with its goal, so a regression fails them."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+from sim.inputs import catalog
+from sim.inputs.errors import ConfigError
+from sim.inputs.kernel_tables import tables_available
+from sim.studies.accuracy import MODES, e2e_summary, operator_table, run, scenario_for, simulations
+from sim.studies.e2e_table import FAMILY_METRICS, default_path, load_measurements
+from tests.conftest import run_cli
+
+SUBSET = ("vllm-ci-h200-8b-b8", "nim-h100-70b-tp2-c5-itl", "nim-h100-70b-tp2-c5-ttft", "trt013-h100-8b-fp8-2048-128")
+NEEDS_TABLES = pytest.mark.skipif(not tables_available(), reason="aiconfigurator-core (the .[measured] extra) not installed")
+
+
+def _rows(*ids):
+    rows = {m.id: m for m in load_measurements()}
+    return [rows[i] for i in ids]
+
+
+def test_every_row_is_complete_and_named_as_the_catalog_names_it():
+    rows = load_measurements()
+    assert 15 <= len(rows) <= 60
+    for m in rows:
+        assert catalog.gpu(m.gpu).name == m.gpu and catalog.model(m.model).name == m.model, m.id
+        assert m.source_url.startswith("https://"), m.id
+        for field in ("publisher", "source_date", "engine", "engine_version", "source_model", "notes"):
+            assert getattr(m, field).strip(), (m.id, field)
+        assert m.metric in FAMILY_METRICS[m.family], m.id
+    assert len({m.gpu for m in rows}) >= 4  # H100, H200, A100, L40S
+    assert len({m.model for m in rows}) >= 4
+    assert len({m.publisher for m in rows}) >= 4
+    assert {m.family for m in rows} == set(FAMILY_METRICS)
+
+
+def test_every_row_becomes_its_scenario():
+    for m in load_measurements():
+        sc = scenario_for(m, "datasheet")
+        assert sc.model.name == m.model and sc.hardware.gpu == m.gpu and sc.parallel.tp == m.tp
+        assert sc.model.weight_dtype == m.weight_dtype and sc.model.kv_dtype == m.kv_dtype
+        assert (sc.workload.arrivals is None) == (m.workload == "closed_batch")
+        if m.admission == "no_evict":  # TensorRT-LLM's Guaranteed No Evict: the whole length reserved
+            assert 1 <= sc.scheduler.max_num_seqs <= m.max_num_seqs * m.attention_dp
+
+
+def _write_table(tmp_path, **change):
+    data = yaml.safe_load(default_path().read_text())
+    row = {**data["measurements"][0], **change}
+    path = tmp_path / "table.yaml"
+    path.write_text(yaml.safe_dump({"measurements": [row]}))
+    return path
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    ({"gpu": "h900"}, "gpu: unknown GPU"),
+    ({"gpu": "h100"}, "gpu: name it as the catalog does: 'h100-sxm'"),
+    ({"model": "deepseek-r1-distill-llama-70b"}, "model: name it as the catalog does: 'llama-3.1-70b'"),
+    ({"metric": "itl_p50_ms"}, "family batch-latency reports latency_ms"),
+    ({"batch_size": None}, "a closed_batch workload needs batch_size"),
+    ({"source_url": "http://example.com"}, "source_url"),
+    ({"gpus": 2}, "gpus (2) must equal tp (1)"),
+    ({"colour": "red"}, "colour: unknown key"),
+])
+def test_a_bad_row_is_one_line_naming_its_field(tmp_path, change, said):
+    with pytest.raises(ConfigError) as err:
+        load_measurements(_write_table(tmp_path, **change))
+    assert said in err.value.line() and "measurements.0" in err.value.line()
+
+
+def test_ids_are_unique(tmp_path):
+    data = yaml.safe_load(default_path().read_text())
+    path = tmp_path / "table.yaml"
+    path.write_text(yaml.safe_dump({"measurements": data["measurements"][:1] * 2}))
+    with pytest.raises(ConfigError, match="appears twice"):
+        load_measurements(path)
+
+
+def test_the_study_on_a_subset_gives_finite_errors():
+    rows = _rows(*SUBSET)
+    modes = MODES if tables_available() else ("datasheet",)
+    assert len(simulations(rows, modes)) == 3 * len(modes)  # the two NIM rows share one run
+    points = run(rows, modes)
+    assert len(points) == len(rows) * len(modes)
+    assert all(math.isfinite(e) for e in points["error"]), points
+    summary = e2e_summary(points)
+    assert set(summary["mode"]) == set(modes)
+    assert set(summary.loc[summary["by"] == "family", "key"]) == {m.family for m in rows}
+
+
+@NEEDS_TABLES
+def test_the_operator_table_per_family_and_gpu():
+    ops = operator_table(["h100-sxm"])
+    assert set(ops["family"]) == {"gemm", "decode attention", "all-reduce"}
+    assert set(ops["gpu"]) == {"h100-sxm", "all"}
+    assert (ops["tables_median"] < ops["datasheet_median"]).all()  # the tables are the closer model
+
+
+def test_the_command(tmp_path):
+    res = run_cli("accuracy", "--mode", "datasheet", "--only", "vllm-ci-h200-8b-b8", "--no-operators", "--json",
+                  "--out", str(tmp_path / "acc"))
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert [r["id"] for r in doc["rows"]] == ["vllm-ci-h200-8b-b8"] and doc["operators"] == []
+    assert math.isfinite(doc["rows"][0]["error"])
+    assert (tmp_path / "acc" / "e2e.csv").read_text().startswith("id,family,gpu,model,engine,metric,mode,")
+    assert (tmp_path / "acc" / "e2e_summary.csv").exists()
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (("--mode", "tables"), "kvsim: --mode: expected one of measured, datasheet, both; got 'tables'"),
+    (("--only", "no-such-row"), "kvsim: --only: no row 'no-such-row' in the table"),
+    (("--workers", "0"), "kvsim: --workers: expected at least 1, got 0"),
+])
+def test_bad_options_are_one_line(args, said):
+    res = run_cli("accuracy", *args)
+    assert res.returncode == 2 and res.stderr.strip() == said and "Traceback" not in res.stderr
+
+
+@pytest.fixture(scope="module")
+def full_summary():
+    """Every row in every mode this machine has (the whole study: about a minute and a half on 2 cores)."""
+    modes = MODES if tables_available() else ("datasheet",)
+    summary = e2e_summary(run(load_measurements(), modes, workers=None))
+    return {(r["mode"], r["by"], r["key"]): r for r in summary.to_dict("records")}
+
+
+def _level(summary, mode, by, key):
+    r = summary[(mode, by, key)]
+    return r["median_abs_error"], r["worst_abs_error"]
+
+
+@NEEDS_TABLES
+def test_end_to_end_accuracy_with_measured_tables(full_summary):
+    median, worst = _level(full_summary, "measured", "all", "all")
+    assert median <= 0.10  # current level (7.1%); goal median <= 5% NOT met
+    assert worst <= 0.65  # current level (63.4%, 4 x L40S TP4 over PCIe); goal worst <= 15% NOT met
+    assert _level(full_summary, "measured", "family", "served-itl")[0] <= 0.05  # 1.5%: the 5% goal met
+    assert _level(full_summary, "measured", "family", "offline-throughput")[0] <= 0.10  # 6.8%; goal 5% not met
+    assert _level(full_summary, "measured", "family", "served-ttft")[0] <= 0.10  # 8.1%; goal 5% not met
+    assert _level(full_summary, "measured", "family", "batch-latency")[0] <= 0.20  # 15.7%; goal 5% not met
+
+
+def test_end_to_end_accuracy_in_datasheet_mode(full_summary):
+    median, worst = _level(full_summary, "datasheet", "all", "all")
+    assert median <= 0.20  # current level (15.8%); goal median <= 10% NOT met
+    assert worst <= 0.90  # current level (89.0%, DeepSeek-R1 DEP8: MoE too fast); no worst-case goal set
+    assert _level(full_summary, "datasheet", "family", "served-itl")[0] <= 0.10  # 7.9%: the 10% goal met
+    assert _level(full_summary, "datasheet", "family", "offline-throughput")[0] <= 0.15  # 11.5%; goal 10% not met
