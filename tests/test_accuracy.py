@@ -129,10 +129,15 @@ def test_bad_options_are_one_line(args, said):
 
 
 @pytest.fixture(scope="module")
-def full_summary():
+def full_points():
     """Every row in every mode this machine has (the whole study: about a minute and a half on 2 cores)."""
     modes = MODES if tables_available() else ("datasheet",)
-    summary = e2e_summary(run(load_measurements(), modes, workers=None))
+    return run(load_measurements(), modes, workers=None)
+
+
+@pytest.fixture(scope="module")
+def full_summary(full_points):
+    summary = e2e_summary(full_points)
     return {(r["mode"], r["by"], r["key"]): r for r in summary.to_dict("records")}
 
 
@@ -158,3 +163,57 @@ def test_end_to_end_accuracy_in_datasheet_mode(full_summary):
     assert worst <= 0.90  # current level (89.0%, DeepSeek-R1 DEP8: MoE too fast); no worst-case goal set
     assert _level(full_summary, "datasheet", "family", "served-itl")[0] <= 0.10  # 7.9%: the 10% goal met
     assert _level(full_summary, "datasheet", "family", "offline-throughput")[0] <= 0.15  # 11.5%; goal 10% not met
+
+
+# ---- the committed bands (sim/catalog/accuracy_bands.yaml) -------------------------------------
+BAND_TOLERANCE = 1e-4  # the file keeps 4 decimals: one unit in the last place
+
+
+def _band_differences(committed: dict, computed: dict) -> list[str]:
+    """Where the committed bands differ from the study's, mode by mode that the study ran."""
+    out = []
+    for mode, families in computed.items():
+        have = committed.get(mode, {})
+        for family in sorted(set(families) | set(have)):
+            new, old = families.get(family, {}), have.get(family, {})
+            for gpu in sorted(set(new) | set(old)):
+                a, b = old.get(gpu), new.get(gpu)
+                if a is None or b is None:
+                    out.append(f"{mode}/{family}/{gpu}: {'not in the file' if a is None else 'no longer computed'}")
+                    continue
+                for k, v in b.items():
+                    if k not in a or (a[k] != v if k == "rows" else abs(a[k] - v) > BAND_TOLERANCE):
+                        out.append(f"{mode}/{family}/{gpu}: {k} is {a.get(k)} in the file, {v} today")
+    return out
+
+
+def test_the_committed_accuracy_bands_are_what_the_study_computes_today(full_points):
+    from sim.inputs.accuracy_bands import default_path
+    from sim.studies.accuracy import bands
+
+    committed = yaml.safe_load(default_path().read_text())
+    stale = _band_differences(committed["bands"], bands(full_points))
+    assert not stale, ("sim/catalog/accuracy_bands.yaml is stale: it is not what the study computes today. Run "
+                       "`kvsim accuracy --write-bands` and commit the file (and the figures of docs/accuracy.md).\n"
+                       + "\n".join(stale[:20]))
+    if tables_available():
+        assert set(committed["bands"]) == set(MODES)
+
+
+def test_band_differences_see_a_stale_file():
+    """The staleness check is not vacuous: a changed figure, a missing GPU and a changed count are seen."""
+    computed = {"measured": {"all": {"all": {"rows": 3, "median_abs_error": 0.1, "worst_abs_error": 0.2,
+                                             "mean_error": -0.1}}}}
+    assert _band_differences(computed, computed) == []
+    moved = {"measured": {"all": {"all": {**computed["measured"]["all"]["all"], "median_abs_error": 0.1002}}}}
+    assert _band_differences(moved, computed) == ["measured/all/all: median_abs_error is 0.1002 in the file, 0.1 today"]
+    assert _band_differences({"measured": {"all": {}}}, computed) == ["measured/all/all: not in the file"]
+    fewer = {"measured": {"all": {"all": {**computed["measured"]["all"]["all"], "rows": 2}}}}
+    assert _band_differences(fewer, computed) == ["measured/all/all: rows is 2 in the file, 3 today"]
+
+
+def test_write_bands_is_refused_for_a_part_of_the_table():
+    res = run_cli("accuracy", "--write-bands", "--only", "vllm-ci-h200-8b-b8")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip() == ("kvsim: --write-bands: the committed bands are the whole committed table in both "
+                                  "modes; drop --only")

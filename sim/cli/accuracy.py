@@ -33,6 +33,8 @@ def accuracy(
     workers: Optional[int] = typer.Option(None, "--workers", help="local processes (default: every core)"),
     out: Optional[Path] = typer.Option(None, "--out", help="write e2e.csv, e2e_summary.csv, operators.csv here"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    write_bands: bool = typer.Option(False, "--write-bands", help="also rewrite sim/catalog/accuracy_bands.yaml "
+                                     "(the bands kvsim run, kvsim plan and the report print) from this study"),
 ) -> None:
     """Predicted against measured: every end-to-end row in each mode, their median and worst error per
     family and GPU, and the operator-level errors on held-out kernel measurements."""
@@ -46,6 +48,8 @@ def accuracy(
         raise ConfigError(f"expected at least 1, got {workers}", field="--workers")
     if out is not None:
         check_out_path(out, folder=True)
+    if write_bands:
+        _check_write_bands(mode, table, only)
     rows = _rows(table, only)
     with _progress(len(simulations(rows, modes))) as advance:
         points = run(rows, modes, workers=workers, advance=advance)
@@ -57,6 +61,8 @@ def accuracy(
         _print(points, summary, ops, modes)
     if out is not None:
         _write(out, points, summary, ops)
+    if write_bands:
+        _write_bands(points)
 
 
 def _rows(table: Path | None, only: str | None):
@@ -167,3 +173,46 @@ def _write(out: Path, points: pd.DataFrame, summary: pd.DataFrame, ops: pd.DataF
         files["operators.csv"] = _csv_text(ops)
     write_dir_atomic(out, files)
     print(f"kvsim: accuracy: {len(points)} predictions, wrote {out}/ ({', '.join(files)})", file=sys.stderr)
+
+
+def _check_write_bands(mode: str, table: Path | None, only: str | None) -> None:
+    """The committed bands come from the whole committed table in both modes: refused otherwise."""
+    from sim.inputs.kernel_tables import tables_available
+
+    if mode != "both" or table is not None or only is not None:
+        raise ConfigError("the committed bands are the whole committed table in both modes; drop "
+                          + ", ".join(o for o, given in (("--mode", mode != "both"), ("--table", table is not None),
+                                                         ("--only", only is not None)) if given), field="--write-bands")
+    if not tables_available():
+        raise ConfigError("needs the measured kernel tables (aiconfigurator-core, the .[measured] extra) for the "
+                          "measured mode", field="--write-bands")
+
+
+def _commit() -> str:
+    """The kvtier commit this tree is at ("+ uncommitted changes" where it differs), or "unknown"."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True, text=True,
+                              timeout=30, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo, capture_output=True,
+                               text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + (" + uncommitted changes" if dirty else "")
+
+
+def _write_bands(points: pd.DataFrame) -> None:
+    from datetime import datetime, timezone
+
+    from sim import __version__
+    from sim.inputs.accuracy_bands import default_path
+    from sim.outputs.atomic import write_text_atomic
+    from sim.studies.accuracy import bands_text
+
+    computed_at = {"commit": _commit(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+                   "kvtier_version": __version__, "table": "sim/catalog/e2e_measurements.yaml"}
+    path = default_path()
+    write_text_atomic(path, bands_text(points, computed_at))
+    print(f"kvsim: accuracy: wrote {path} (commit {computed_at['commit']})", file=sys.stderr)

@@ -1,5 +1,6 @@
-"""What `kvsim plan` prints: the answer sentence, the launch commands, the top rows (every row with
---all), the Pareto front per GPU count, and what the search assumed; plus plan.json's document."""
+"""What `kvsim plan` prints: the answer sentence, the launch commands, the accuracy bands of its TPOT
+and TTFT (sim/catalog/accuracy_bands.yaml), the top rows (every row with --all), the Pareto front
+per GPU count, and what the search assumed; plus plan.json's document."""
 
 from __future__ import annotations
 
@@ -55,8 +56,24 @@ def plan_table(rows: list[dict], spec, title: str, reasons: bool) -> Table:
     return t
 
 
+def band_lines(rows: list[dict], sc) -> list[str]:
+    """Under the answer (after its launch commands): the public measurements' band of its TPOT
+    (served-itl) and TTFT (served-ttft), for the answer's row (the best, else the cheapest tried) in the
+    mode its GPU runs in (docs/accuracy.md)."""
+    from sim.inputs.accuracy_bands import SERVED_ITL, SERVED_TTFT, band_phrase, planned_mode
+
+    row = next((r for r in rows if r["rank"] == 1), None)
+    if row is None:
+        row = min((r for r in rows if r["status"] == "fail"), key=lambda r: r["usd_per_hour"], default=None)
+    if row is None:
+        return []
+    mode = planned_mode(sc.hardware.kernels, row["gpu"])
+    return [f"  {what} {band_phrase(family, mode, row['gpu'])}" for what, family in (("TPOT", SERVED_ITL),
+                                                                                     ("TTFT", SERVED_TTFT))]
+
+
 def print_plan(console: Console, result, sc, spec, all_rows: bool, wall_s: float, out: Path | None) -> None:
-    """The answer first, then the launch commands, the table and the Pareto front."""
+    """The answer first, then the launch commands, the accuracy bands, the table and the Pareto front."""
     from sim.plan.answer import answer_sentence, launch_lines, pareto
     from sim.plan.search import mean_output_tokens
 
@@ -66,6 +83,8 @@ def print_plan(console: Console, result, sc, spec, all_rows: bool, wall_s: float
     if best is not None:
         for engine, line in launch_lines(best, sc, best.get("host_peak_bytes")).items():
             console.print(f"  {engine}: {line}", soft_wrap=True, markup=False, highlight=False)
+    for line in band_lines(rows, sc):
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
     slo = " and ".join(t for t in (f"p99 TTFT <= {spec.ttft_s * 1e3:g} ms" if spec.ttft_s else "",
                                    f"p99 TPOT <= {spec.tpot_s * 1e3:g} ms" if spec.tpot_s else "") if t)
     runs = f"{spec.requests} requests a run" if spec.requests else "steady-state probes"

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sim.decode.simulate import simulate
+from sim.inputs.accuracy_bands import load_bands
 from sim.inputs.cost import check_serving_cost
 from sim.inputs.errors import ConfigError
 from sim.inputs.profile import Profile, load_profile
@@ -80,7 +81,8 @@ def profile_warnings(inputs: Inputs) -> list[str]:
 def compute(inputs: Inputs, validation_source: str, *, grid_spec: GridSpec = DEFAULT_GRID,
             execution: Execution | None = None, progress: ReportProgress | None = None,
             only: str | None = None, moe_spec: MoeGridSpec | None = None) -> ReportData:
-    """Projection and the paper check when no scenario is given (`moe_spec`: and the MoE section);
+    """Projection, the paper check and the committed accuracy bands when no scenario is given
+    (`moe_spec`: and the MoE section);
     per-run views otherwise (a serving scenario simulated as `kvsim run` does); `only="plan"`: the
     plan folder alone, nothing computed. The projection runs as `execution` says (local processes or
     Ray; with --cache, resumable)."""
@@ -92,6 +94,7 @@ def compute(inputs: Inputs, validation_source: str, *, grid_spec: GridSpec = DEF
         _projection(data, inputs, grid_spec, execution or Execution(), progress)
         if moe_spec is not None:
             _moe(data, moe_spec, execution or Execution(), progress)
+        data.accuracy = load_bands()  # the committed bands: read, not recomputed
         return data
     advance = progress.step("simulating scenarios", len(inputs.scenarios))
     for sc, prof, prof_path in inputs.scenarios:

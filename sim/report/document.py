@@ -1,6 +1,7 @@
 """What the report says, in which order: summary, contents (a page of more than one section),
 projection, mixture-of-experts and hybrid models (with --moe), the paper checked, serving plan, runs
-(closed batches and serving runs), validation."""
+(closed batches and serving runs), validation, and in the default report kvtier's accuracy against public
+measurements (the committed bands)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pandas as pd
 from sim import __version__
 from sim.decode.simulate import SimResult
 from sim.inputs import catalog
+from sim.inputs.accuracy_bands import AccuracyBands
 from sim.outputs.run_folder import serving_summary_rows, summary_rows
 from sim.outputs.schema import LINK_BOTTLENECK_UTILIZATION
 from sim.serving.run import ServingResult
@@ -20,6 +22,7 @@ from sim.studies.projection_grid import EVICT_RATIO, GridResult
 
 from . import figures_moe
 from . import html as h
+from .accuracy_section import accuracy_section
 from .figures_access import access_figure
 from .figures_paper import paper_figures
 from .figures_projection import dimensions, projection_figures
@@ -60,6 +63,7 @@ class ReportData:
     validation: pd.DataFrame | None = None
     validation_source: str = ""
     plan: PlanFiles | None = None  # a `kvsim plan --out` folder (--plan)
+    accuracy: AccuracyBands | None = None  # sim/catalog/accuracy_bands.yaml (the default report)
 
 
 PLAN_EXAMPLE = ("kvsim plan scenarios/serving-h100-70b-tp4.yaml --rate 10 --ttft-p99-ms 2000 --tpot-p99-ms 50 "
@@ -252,6 +256,8 @@ def sections(data: ReportData, command: str) -> list[Section]:
         out.append(_serving_run_section(i, r) if isinstance(r, ServingResult) else _run_section(i, r))
     if data.validation is not None:
         out.append(_validation_section(data.validation, data.validation_source))
+    if data.accuracy is not None:
+        out.append(accuracy_section(data.accuracy))
     return out
 
 
