@@ -460,18 +460,22 @@ def check_catalog_names(scenario: Scenario, source: str) -> None:
         raise ConfigError(f"tp {scenario.parallel.tp} spans more than one {NODE_GPUS}-GPU node: tensor, expert and "
                           f"attention parallelism across nodes (InfiniBand collectives) are not modelled; use replicas "
                           f"or disaggregated pools (kvsim plan)", source=source, field="parallel.tp")
+    _check_against_model(scenario, source)
+
+
+def _check_against_model(scenario: Scenario, source: str) -> None:
+    """What the model must be for the scenario's layout, routing skew and access (resolved once)."""
+    spec = catalog.resolve_model(scenario.model)
     if scenario.parallel.layout != (1, 1, 1):
-        spec = catalog.resolve_model(scenario.model)
         problem = spec.parallel_problem(*scenario.parallel.layout)
         if problem:
             raise ConfigError(problem[1], source=source, field=problem[0])
-    if scenario.model.routing_skew and not catalog.resolve_model(scenario.model).is_moe:
-        raise ConfigError(f"routing_skew applies to a mixture-of-experts model; {catalog.resolve_model(scenario.model).name} "
-                          f"is dense", source=source, field="model.routing_skew")
-    if scenario.policy.access == "sparse_fetch" and SPARSE not in catalog.resolve_model(scenario.model).kind_counts:
+    if scenario.model.routing_skew and not spec.is_moe:
+        raise ConfigError(f"routing_skew applies to a mixture-of-experts model; {spec.name} is dense", source=source,
+                          field="model.routing_skew")
+    if scenario.policy.access == "sparse_fetch" and SPARSE not in spec.kind_counts:
         raise ConfigError(f"sparse_fetch needs a sparse-attention model (config.json index_topk, e.g. deepseek-v3.2); "
-                          f"{catalog.resolve_model(scenario.model).name} attends every token", source=source,
-                          field="policy.access")
+                          f"{spec.name} attends every token", source=source, field="policy.access")
 
 
 def check_measured_kernels(gpu: str, source: str) -> None:
