@@ -38,6 +38,8 @@ def ops(
     csv_in: Optional[Path] = typer.Option(None, "--csv", help="operators, one per row (columns as the flags: op, gpu, m, n, k, ...)"),
     out: Optional[Path] = typer.Option(None, "--out", help="with --csv: write the predictions here (default stdout)"),
     kernels: str = typer.Option("both", "--kernels", help=KERNELS_HELP),
+    framework: str = typer.Option("vllm", "--tables", help="measured: whose tables - vllm, sglang or trtllm (as "
+                               "AIConfigurator measured each engine's kernels)"),
     profile: Optional[Path] = typer.Option(None, "--profile", help="measured: the kernels a hwprobe calibrate profile timed "
                                            "on your own device, instead of AIConfigurator's tables"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
@@ -45,12 +47,17 @@ def ops(
     """Predicted time of one operator call (a GEMM, one layer's decode attention, an all-reduce)."""
     from sim.device.kernels import KERNELS, predict, profile_kernels
     from sim.inputs import catalog
+    from sim.inputs.kernel_tables import FRAMEWORKS
     from sim.inputs.op_queries import op_query
     from sim.inputs.profile import device_mismatch, load_profile
 
     chosen = KERNELS if kernels == "both" else (kernels,)
     if any(kind not in KERNELS for kind in chosen):
         raise ConfigError(f"expected one of datasheet, measured, both; got {kernels!r}", field="--kernels")
+    if framework not in FRAMEWORKS:
+        raise ConfigError(f"expected one of {', '.join(FRAMEWORKS)}; got {framework!r}", field="--tables")
+    if profile is not None and framework != "vllm":
+        raise ConfigError("--tables picks AIConfigurator's tables; --profile uses your own instead: give one", field="--tables")
     prof = load_profile(profile) if profile is not None else None
     tables = functools.lru_cache(lambda gpu: profile_kernels(prof, gpu))  # built once per GPU, not per row
     own = (lambda q: tables(q.gpu)) if prof is not None else (lambda q: None)
@@ -63,11 +70,11 @@ def ops(
                   "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "kv_dtype": kv_dtype, "bytes": nbytes,
                   "gpus": gpus, "impl": impl}
         q = op_query(values, "kvsim ops")
-        _print_one(q, predict(q, chosen, own(q)), chosen, as_json)
+        _print_one(q, predict(q, chosen, own(q), framework), chosen, as_json)
         return
     if op is not None:
         raise ConfigError("give an operator or --csv, not both", field="--csv")
-    _ops_csv(csv_in, out, lambda q: predict(q, chosen, own(q)), as_json)
+    _ops_csv(csv_in, out, lambda q: predict(q, chosen, own(q), framework), as_json)
 
 
 def _ops_csv(csv_in: Path, out: Path | None, predicted, as_json: bool) -> None:

@@ -10,6 +10,7 @@ from sim.device.memory import profile_run_activation_bytes
 from sim.device.moe_mla_costs import source_line
 from sim.device.sparse_fetch import SparseFetch
 from sim.inputs import catalog
+from sim.inputs.kernel_tables import FRAMEWORK
 from sim.inputs.profile import Profile
 from sim.inputs.scenario import Scenario
 from sim.model.dtypes import COMPRESSED_DTYPES
@@ -82,7 +83,8 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
     stages = policy.tiering and (policy.auto or policy.hbm_ratio < 1.0 - policy.evict_ratio)  # T1/T2 may hold tokens
     hw = resolve_hardware(scenario.hardware, m.weight_dtype, p.pinned, profile,
                           staging=p.prefetch if stages else "none", with_host=p.host_access,
-                          tp=scenario.parallel.tp)
+                          tp=scenario.parallel.tp,
+                          framework=scenario.engine.kernel_framework if scenario.engine else FRAMEWORK)
     if scenario.engine is not None:
         hw = with_engine(hw, scenario, model)
     moe_mla = source_line(model, hw, m.weight_dtype, m.weight_group_size, m.kv_dtype)
@@ -110,7 +112,8 @@ def with_engine(hw: Hardware, scenario: Scenario, model: ModelSpec) -> Hardware:
     e, tp = scenario.engine, scenario.parallel.tp
     sc = e.scheduler_for(scenario.scheduler, hw.memory_bytes, tp)
     act = profile_run_activation_bytes(model, sc.max_num_batched_tokens, sc.max_num_seqs)
-    mem = engine_memory_rule(e, sc, hw.memory_bytes, tp, model.kind_counts.get(MLA, 0) > 0, act)
+    weights = model.weight_bytes(scenario.model.weight_dtype, scenario.model.weight_group_size)
+    mem = engine_memory_rule(e, sc, hw.memory_bytes, tp, model.kind_counts.get(MLA, 0) > 0, act, weights)
     rule, graphs = launch_rule(e, sc, hw.gpu.name, hw.memory_bytes, tp, hw.host_layer_s, hw.host_step_s)
     batch = scenario.workload.batch_size if scenario.workload.arrivals is None else 1
     layer_s, step_s = host_launch_s(rule, batch, DECODE)

@@ -14,15 +14,21 @@ Read (stored copies of the public repositories):
   `_handle_gpu_memory_settings` (cuda_graph_config[decode].max_bs by GPU memory and tp) and
   python/sglang/srt/model_executor/cuda_graph_config.py (decode backend "full"; prefill "breakable",
   segmented around attention, by default on CUDA); a decode batch above max_bs runs eager.
+- TensorRT-LLM (NVIDIA/TensorRT-LLM main, PyTorch backend): tensorrt_llm/llmapi/llm_args.py
+  `CudaGraphConfig` (on by default; max_batch_size 0 means 128; without padding the captured sizes are
+  1..31, 32, 64, 128, then powers of two up to max_batch_size and max_batch_size itself,
+  `_generate_cuda_graph_batch_sizes`) - a decode batch of another size runs eager;
+  tensorrt_llm/_torch/pyexecutor/_util.py `KvCacheCreator` for the KV budget.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from sim.model.units import MiB
 
-from .memory import engine_memory, sglang_engine_memory, sglang_mem_fraction_static
+from .memory import engine_memory, sglang_engine_memory, sglang_mem_fraction_static, trtllm_engine_memory
 
 DECODE = "decode"  # a step of decoding sequences only
 MIXED = "mixed"  # decodes with prefill chunks (continuous batching)
@@ -37,6 +43,9 @@ VLLM_MEMORY = "vllm/v1/worker/gpu_worker.py determine_available_memory"
 SGLANG_MEMORY = "python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py profile_max_num_token"
 SGLANG_DEFAULTS = "python/sglang/srt/server_args.py _handle_gpu_memory_settings"
 VLLM_GRAPHS = "vllm/config/vllm.py _set_cudagraph_sizes, vllm/v1/cudagraph_dispatcher.py"
+TRTLLM_MEMORY = "tensorrt_llm/_torch/pyexecutor/_util.py KvCacheCreator._cal_max_memory"
+TRTLLM_GRAPHS = "tensorrt_llm/llmapi/llm_args.py CudaGraphConfig._generate_cuda_graph_batch_sizes"
+TRTLLM_GRAPH_MAX_BATCH = 128  # CudaGraphConfig: max_batch_size 0 (unset) means 128
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,7 @@ class LaunchRule:
     graph_max_batch: int  # 0: nothing captured
     eager_layer_s: float
     eager_step_s: float
+    graph_sizes: frozenset[int] | None = None  # only these decode batches replay (TensorRT-LLM); None: 1..graph_max_batch
 
 
 def host_launch_s(rule: LaunchRule, batch: int, step_kind: str) -> tuple[float, float]:
@@ -61,7 +71,8 @@ def host_launch_s(rule: LaunchRule, batch: int, step_kind: str) -> tuple[float, 
     above a layer's launches)."""
     if step_kind not in STEP_KINDS:
         raise ValueError(f"step_kind must be one of {', '.join(STEP_KINDS)}, got {step_kind!r}")
-    if rule.cuda_graphs and step_kind == DECODE and 1 <= batch <= rule.graph_max_batch:
+    if rule.cuda_graphs and step_kind == DECODE and 1 <= batch <= rule.graph_max_batch and (
+            rule.graph_sizes is None or batch in rule.graph_sizes):
         return 0.0, 0.0
     return rule.eager_layer_s, rule.eager_step_s
 
@@ -91,6 +102,11 @@ def launch_rule(engine, scheduler, gpu_name: str, gpu_memory_bytes: float, tp: i
     its graph size comes from."""
     if not engine.cuda_graphs:
         return LaunchRule(False, 0, eager_layer_s, eager_step_s), "engine.cuda_graphs false: every step eager"
+    if engine.name == "tensorrt-llm":
+        sizes = trtllm_graph_batch_sizes(engine.cuda_graph_max_batch or TRTLLM_GRAPH_MAX_BATCH)
+        why = (f"{'engine.cuda_graph_max_batch' if engine.cuda_graph_max_batch else 'default'}: batches "
+               f"1-31, 32, 64, 128, powers of two, the largest; others eager ({TRTLLM_GRAPHS})")
+        return LaunchRule(True, max(sizes), eager_layer_s, eager_step_s, frozenset(sizes)), why
     if engine.name == "vllm":
         largest = vllm_graph_max_batch(scheduler.max_num_seqs, scheduler.max_num_batched_tokens,
                                        gpu_name in SM100_GPUS, engine.cuda_graph_max_batch)
@@ -100,6 +116,15 @@ def launch_rule(engine, scheduler, gpu_name: str, gpu_memory_bytes: float, tp: i
         largest = min(max_bs, scheduler.max_num_seqs)  # graphs are captured up to the request pool's size
         why = f"cuda_graph_max_bs {max_bs}, {'engine.cuda_graph_max_batch' if engine.cuda_graph_max_batch else SGLANG_DEFAULTS}"
     return LaunchRule(True, largest, eager_layer_s, eager_step_s), why
+
+
+def trtllm_graph_batch_sizes(max_batch_size: int) -> list[int]:
+    """The decode batch sizes TensorRT-LLM captures without padding: 1..31, 32, 64, 128, then powers
+    of two up to (not including) max_batch_size, all at most max_batch_size, and max_batch_size itself."""
+    sizes = list(range(1, 32)) + [32, 64, 128]
+    sizes += [2 ** i for i in range(8, math.ceil(math.log2(max_batch_size)))] if max_batch_size > 1 else []
+    sizes = sorted(x for x in sizes if x <= max_batch_size)
+    return sizes if sizes[-1] == max_batch_size else sizes + [max_batch_size]
 
 
 @dataclass(frozen=True)
@@ -128,9 +153,17 @@ def sglang_fraction(engine, scheduler, memory_bytes: float, tp: int, mla: bool) 
 
 
 def engine_memory_rule(engine, scheduler, memory_bytes: float, tp: int, mla: bool,
-                       activation_bytes: float) -> EngineMemory:
-    """vLLM: `device.memory.engine_memory`; SGLang: `sglang_engine_memory` at `sglang_fraction`."""
+                       activation_bytes: float, weights_bytes: float = 0.0) -> EngineMemory:
+    """vLLM: `device.memory.engine_memory`; SGLang: `sglang_engine_memory` at `sglang_fraction`;
+    TensorRT-LLM: `trtllm_engine_memory` (one GPU's `weights_bytes`)."""
     head = f"engine {engine.name} {engine.version}"
+    if engine.name == "tensorrt-llm":
+        f = engine.free_gpu_memory_fraction
+        usable, reserve, held = trtllm_engine_memory(memory_bytes, f, engine.non_torch_bytes, activation_bytes,
+                                                     weights_bytes)
+        return EngineMemory(usable, reserve, held, f"{head} ({TRTLLM_MEMORY})",
+                            f"weights + activations + memory outside torch + free_gpu_memory_fraction {f:g} x what "
+                            f"they leave of")
     if engine.name == "vllm":
         usable, reserve, held = engine_memory(memory_bytes, engine.gpu_memory_utilization, engine.non_torch_bytes,
                                               activation_bytes)

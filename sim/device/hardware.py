@@ -13,7 +13,7 @@ from typing import Generic, TypeVar
 
 from sim.inputs import catalog
 from sim.inputs.catalog import EfficiencyDefaults, GpuSpec, LinkSpec
-from sim.inputs.kernel_tables import PACKAGE, system_for, tables_available
+from sim.inputs.kernel_tables import FRAMEWORK, PACKAGE, system_for, tables_available
 from sim.inputs.profile import ComputeProfile, CopyCurve, Profile
 from sim.model.dtypes import FP8_COMPUTE_WEIGHT_DTYPES, WEIGHT_DTYPES
 from sim.model.units import FLOP_PER_MAC, GB
@@ -258,11 +258,13 @@ class Hardware:
 
 
 def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile | None = None,
-                     staging: str = "none", with_host: bool = False, tp: int = 1) -> Hardware:
+                     staging: str = "none", with_host: bool = False, tp: int = 1,
+                     framework: str = FRAMEWORK) -> Hardware:
     """Datasheet figures x default efficiencies, scenario overrides, then profile measurements.
     `staging`: how T1/T2 reach attention ("none", or the prefetch mode), which picks the measured
     fixed costs of the decode loop. `with_host`: also the host CPU that attends T1/T2 (an access
-    strategy other than prefetch)."""
+    strategy other than prefetch). `framework`: whose measured tables apply (the scenario engine's,
+    `EngineCfg.kernel_framework`; vLLM's without one)."""
     gpu = catalog.gpu(hw_cfg.gpu)
     link_spec = catalog.link(hw_cfg.link or gpu.link)
     eff = catalog.efficiency_defaults()
@@ -279,7 +281,7 @@ def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile |
     kernels = getattr(hw_cfg, "kernels", "datasheet")
     covered = system_for(gpu.name) is not None and tables_available()
     if kernels == "measured" or (kernels == "auto" and covered and profile is None):  # a profile: your own GPU, measured
-        hw = with_measured_kernels(hw)
+        hw = with_measured_kernels(hw, framework)
     if not with_host:
         return hw
     cpu, host_sources = resolve_host(hw_cfg.host or gpu.host, profile)
@@ -302,13 +304,14 @@ def _with_interconnect(hw: Hardware, gpu: GpuSpec, tp: int) -> Hardware:
                    sources={**hw.sources, "interconnect": ar.says("custom all-reduces (vLLM)")})
 
 
-def with_measured_kernels(hw: Hardware) -> Hardware:
-    """`hw` with AIConfigurator's measured tables for its GPU's GEMMs, decode attention and
-    all-reduce (`physics` asks them where they apply; everything else stays datasheet)."""
-    kernels = measured_kernels_for(hw.gpu.name)
+def with_measured_kernels(hw: Hardware, framework: str = FRAMEWORK) -> Hardware:
+    """`hw` with AIConfigurator's measured tables (as `framework` runs them) for its GPU's GEMMs, decode
+    attention and all-reduce (`physics` asks them where they apply; everything else stays datasheet)."""
+    kernels = measured_kernels_for(hw.gpu.name, framework)
     tables = kernels.tables
+    borrowed = "".join(f" ({table} {said})" for table, said in tables.table_sources.items())
     what = (f"measured: {PACKAGE} {tables.package_version} {tables.system} ({tables.device}) "
-            f"{tables.framework} {tables.framework_version}: dense GEMMs (bf16, fp8), GQA decode attention, custom "
+            f"{tables.framework} {tables.framework_version}{borrowed}: dense GEMMs (bf16, fp8), GQA decode attention, custom "
             f"all-reduce; datasheet: prefill attention, MLA and linear-attention layers, MoE and weight-only GEMMs, "
             f"per-layer overheads")
     return replace(hw, kernels=kernels, sources={**hw.sources, "kernels": what})

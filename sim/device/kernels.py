@@ -7,8 +7,8 @@ implementation) - answered two ways:
   `physics.attention_s`, `Hardware.allreduce_s`) on the catalog GPU at its default efficiencies;
 - `measured`: AIConfigurator's kernel tables (`measured_kernels`), where they cover the GPU.
 
-`kvsim ops` and benchmarks/operator_accuracy.py ask through here. The step cost itself still uses
-the datasheet model (issue #20: the measured path is not yet wired into `decode_step_cost`).
+`kvsim ops` and benchmarks/operator_accuracy.py ask through here; the step cost asks the same
+tables through `Hardware.kernels` (`physics`), the scenario engine's where it names one.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from functools import lru_cache
 
 from sim.inputs import catalog
 from sim.inputs.errors import ConfigError
-from sim.inputs.kernel_tables import tables_from_profile
+from sim.inputs.kernel_tables import FRAMEWORK, tables_from_profile
 from sim.inputs.scenario import HardwareCfg
 from sim.model.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
@@ -91,14 +91,16 @@ def datasheet_cost(gpu: str, op: Operator) -> OpCost:
     return OpCost(hw.allreduce_s(op.nbytes), "datasheet: Hardware.allreduce_s (ring: catalog interconnect busbw + per-hop latency)")
 
 
-def measured_kernels(gpu: str) -> MeasuredKernels:
-    """The measured tables of a catalog GPU (a ConfigError where none cover it or the extra is missing)."""
-    return measured_kernels_for(gpu)
+def measured_kernels(gpu: str, framework: str = FRAMEWORK) -> MeasuredKernels:
+    """The measured tables of a catalog GPU under `framework` (a ConfigError where none cover it or the
+    extra is missing)."""
+    return measured_kernels_for(gpu, framework)
 
 
-def measured_cost(gpu: str, op: Operator, mk: MeasuredKernels | None = None) -> OpCost:
-    """The measured tables' answer: AIConfigurator's for `gpu`, or `mk` (a profile's own tables)."""
-    mk = mk or measured_kernels(gpu)
+def measured_cost(gpu: str, op: Operator, mk: MeasuredKernels | None = None, framework: str = FRAMEWORK) -> OpCost:
+    """The measured tables' answer: AIConfigurator's for `gpu` as `framework` runs it, or `mk` (a
+    profile's own tables)."""
+    mk = mk or measured_kernels(gpu, framework)
     if isinstance(op, Gemm):
         if op.dtype not in mk.gemm_dtypes() or not len(mk.tables.gemm):
             d = datasheet_cost(gpu, op)
@@ -118,8 +120,8 @@ def measured_cost(gpu: str, op: Operator, mk: MeasuredKernels | None = None) -> 
     return OpCost(float(r.seconds[0]), r.source, bool(r.inside[0]), note)
 
 
-def cost(gpu: str, op: Operator, kernels: str, mk: MeasuredKernels | None = None) -> OpCost:
-    return measured_cost(gpu, op, mk) if kernels == "measured" else datasheet_cost(gpu, op)
+def cost(gpu: str, op: Operator, kernels: str, mk: MeasuredKernels | None = None, framework: str = FRAMEWORK) -> OpCost:
+    return measured_cost(gpu, op, mk, framework) if kernels == "measured" else datasheet_cost(gpu, op)
 
 
 def operator_of(q) -> Operator:
@@ -137,13 +139,14 @@ def profile_kernels(profile, gpu: str) -> MeasuredKernels:
     return MeasuredKernels(tables_from_profile(profile), spec, catalog.interconnect(spec.interconnect).bus_bytes_per_s)
 
 
-def predict(q, kernels: tuple[str, ...], mk: MeasuredKernels | None = None) -> dict:
-    """{`<kernels>_s`, `<kernels>_source`, ...} of one query for each asked kernel model; measured
-    fields say so where no table covers the GPU (a ConfigError only when measured is all that was asked)."""
+def predict(q, kernels: tuple[str, ...], mk: MeasuredKernels | None = None, framework: str = FRAMEWORK) -> dict:
+    """{`<kernels>_s`, `<kernels>_source`, ...} of one query for each asked kernel model (measured: the
+    `framework`'s tables); measured fields say so where no table covers the GPU (a ConfigError only
+    when measured is all that was asked)."""
     op, out = operator_of(q), {}
     for kind in kernels:
         try:
-            c = cost(q.gpu, op, kind, mk)
+            c = cost(q.gpu, op, kind, mk, framework)
         except ConfigError as err:
             if len(kernels) == 1:
                 raise ConfigError(err.message, field="--kernels") from None

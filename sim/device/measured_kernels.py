@@ -17,6 +17,7 @@ import numpy as np
 from sim.inputs import catalog
 from sim.inputs.catalog import GpuSpec
 from sim.inputs.kernel_tables import (
+    FRAMEWORK,
     GEMM_DTYPES,
     MLA_TABLE,
     MOE_SLICE,
@@ -343,12 +344,13 @@ class MeasuredKernels:
         return best, f"not measured ({', '.join(f'{n} {v}' for n, v in zip(names, asked[2:]))}): the ratio of ({said})"
 
 
-@lru_cache(maxsize=16)
-def measured_kernels_for(gpu: str) -> MeasuredKernels:
-    """The measured kernels of a catalog GPU, built once per process (its grids are built on first use
-    and kept); a ConfigError where no table covers the GPU or the `.[measured]` extra is missing."""
+@lru_cache(maxsize=32)
+def measured_kernels_for(gpu: str, framework: str = FRAMEWORK) -> MeasuredKernels:
+    """The measured kernels of a catalog GPU under `framework` (`kernel_tables.FRAMEWORKS`), built once
+    per process (its grids are built on first use and kept); a ConfigError where no table covers the
+    GPU or the `.[measured]` extra is missing."""
     spec = catalog.gpu(gpu)
-    return MeasuredKernels(load_tables(spec.name), spec, catalog.interconnect(spec.interconnect).bus_bytes_per_s)
+    return MeasuredKernels(load_tables(spec.name, framework), spec, catalog.interconnect(spec.interconnect).bus_bytes_per_s)
 
 
 def _gemm_bytes(dtype: str) -> float:

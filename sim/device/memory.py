@@ -98,3 +98,17 @@ def sglang_engine_memory(memory_bytes: float, mem_fraction_static: float, non_to
       KV budget = (memory - non_torch_bytes) x mem_fraction_static - weights."""
     static = (memory_bytes - non_torch_bytes) * mem_fraction_static
     return non_torch_bytes + static + profile_activation_bytes, non_torch_bytes, profile_activation_bytes
+
+
+# ---- TensorRT-LLM's KV fraction (NVIDIA/TensorRT-LLM main, PyTorch backend) ------------------------
+
+def trtllm_engine_memory(memory_bytes: float, free_gpu_memory_fraction: float, non_torch_bytes: float,
+                         profile_activation_bytes: float, weights_bytes: float) -> tuple[float, float, float]:
+    """(usable HBM, runtime reserve, activations held) under TensorRT-LLM's rule (`EngineCfg`): after a
+    profiling run, KV = (total - its peak) x free_gpu_memory_fraction, the peak being the weights, the
+    run's activations and what lies outside torch (KvCacheCreator._cal_max_memory). kvtier's KV budget
+    is usable - weights - activations - reserve, so usable = that peak + the KV:
+      KV budget = free_gpu_memory_fraction x (memory - non_torch_bytes - weights - activations)."""
+    peak = non_torch_bytes + weights_bytes + profile_activation_bytes
+    return peak + free_gpu_memory_fraction * max(memory_bytes - peak, 0.0), non_torch_bytes, profile_activation_bytes
+

@@ -59,7 +59,8 @@ import yaml
 from .errors import ConfigError
 
 PACKAGE = "aiconfigurator-core"
-FRAMEWORK = "vllm"
+FRAMEWORK = "vllm"  # the default tables: a run without an `engine:` section is costed as vLLM runs
+FRAMEWORKS = ("vllm", "sglang", "trtllm")  # the package's framework directories kvtier reads
 MS_TO_S = 1e-3
 ELEMENT_BYTES = 2  # all-reduce message sizes are counted in bf16/half elements
 # kvtier catalog GPU -> AIConfigurator system (its systems/<name>.yaml and data/<name>/)
@@ -100,7 +101,7 @@ class KernelTables:
         if self.framework == PROFILE_SOURCE:
             return f"measured: hwprobe profile of {self.device} ({self.framework_version}) {table}"
         ver = self.nccl_version if table == "nccl all_reduce" else f"{self.framework} {self.framework_version}"
-        ver = self.table_sources.get(table, ver)
+        ver = self.table_sources.get(table.split(" ")[0], ver)  # "gemm fp8" is the gemm table's
         return f"measured: {PACKAGE} {self.package_version} {self.system} ({self.device}) {ver} {table}"
 
 
@@ -113,35 +114,60 @@ def system_for(gpu: str) -> str | None:
     return SYSTEMS.get(gpu)
 
 
-def load_tables(gpu: str) -> KernelTables:
-    """The measured tables of a catalog GPU; a ConfigError naming what is missing otherwise."""
+def load_tables(gpu: str, framework: str = FRAMEWORK) -> KernelTables:
+    """The measured tables of a catalog GPU under `framework` (FRAMEWORKS: the engine the scenario runs);
+    a ConfigError naming what is missing otherwise."""
     system = system_for(gpu)
     if system is None:
         covered = ", ".join(SYSTEMS)
         raise ConfigError(f"no measured kernel tables for {gpu!r}; AIConfigurator's tables cover {covered} "
                           f"(the datasheet kernels apply)", field="hardware.kernels")
+    if framework not in FRAMEWORKS:
+        raise ConfigError(f"no measured tables for framework {framework!r}; expected one of {', '.join(FRAMEWORKS)}",
+                          field="engine.name")
     if not tables_available():
         raise ConfigError(f"measured kernels need the {PACKAGE} package: pip install -e '.[measured]' "
                           f"(or use the datasheet kernels)", field="hardware.kernels")
-    return _load(system)
+    return _load(system, framework)
 
 
-@lru_cache(maxsize=8)
-def _load(system: str) -> KernelTables:
+@lru_cache(maxsize=16)
+def _load(system: str, framework: str = FRAMEWORK) -> KernelTables:
+    """Each table of `framework` at the version the package queries for this system, back-filled from
+    the framework's older versions as the package does; a table the framework lacks altogether is
+    vLLM's, and `table_sources` says so."""
     root = _package_root() / "systems"
     spec = yaml.safe_load((root / f"{system}.yaml").read_text())
     data = root / "data" / system
-    ver = _query_version(root, system)
-    gemm = _read(data / "gemm" / FRAMEWORK / ver / "gemm_perf.parquet")
-    attn = _read(data / "attention" / FRAMEWORK / ver / "generation_attention_perf.parquet")
+    ver = _query_version(root, system, framework)
+    sources: dict[str, str] = {}
+
+    def table(family: str, filename: str, label: str) -> Path | None:
+        path, fw = _backfilled(data / family / framework, ver, filename), framework
+        if path is None and framework != FRAMEWORK:
+            fw, path = FRAMEWORK, _backfilled(data / family / FRAMEWORK, _query_version(root, system), filename)
+        if path is not None and (fw, path.parent.name) != (framework, ver):
+            sources[label] = f"{fw} {path.parent.name}"
+        return path
+
+    def required(family: str, filename: str, label: str) -> Path:
+        path = table(family, filename, label)
+        if path is None:
+            raise ConfigError(f"no measured {label} table for {system} in {PACKAGE}", field="hardware.kernels")
+        return path
+
+    gemm = _read(required("gemm", "gemm_perf.parquet", "gemm"))
+    attn = _read(required("attention", "generation_attention_perf.parquet", "generation_attention"))
     nccl_version = str((spec.get("misc") or {}).get("nccl_version") or "")
-    allreduce = {"custom": _custom_allreduce(data / "comm" / FRAMEWORK, ver)}
+    custom = table("comm", "custom_allreduce_perf.parquet", "custom_allreduce")
+    allreduce = {"custom": _allreduce_graphs(_read(custom)) if custom is not None else None}
     nccl = data / "comm" / "nccl" / nccl_version / "nccl_perf.parquet"
     if nccl_version and nccl.is_file():
         allreduce["nccl"] = _nccl_allreduce(nccl)
-    return KernelTables(system=system, device=str(gemm["device"].iloc[0]), framework=FRAMEWORK, framework_version=ver,
+    return KernelTables(system=system, device=str(gemm["device"].iloc[0]), framework=framework, framework_version=ver,
                         package_version=version(PACKAGE), gemm=_gemm(gemm), decode_attention=_decode_attention(attn),
-                        allreduce={k: v for k, v in allreduce.items() if v is not None}, nccl_version=nccl_version or None)
+                        allreduce={k: v for k, v in allreduce.items() if v is not None}, nccl_version=nccl_version or None,
+                        table_sources=sources)
 
 
 def tables_from_profile(profile) -> KernelTables:
@@ -204,13 +230,9 @@ def _decode_attention(df: pd.DataFrame) -> pd.DataFrame:
     return out.drop_duplicates(["kv_dtype", "kv_heads", "head_dim", "window", "heads", "batch", "kv_tokens"], keep="first")
 
 
-def _custom_allreduce(comm: Path, ver: str) -> pd.DataFrame | None:
-    """The custom all-reduce of the queried version, else of the newest older one that has it (the
-    package's own backward fill)."""
-    path = _backfilled(comm, ver, "custom_allreduce_perf.parquet")
-    if path is None:
-        return None
-    df = _read(path)
+def _allreduce_graphs(df: pd.DataFrame) -> pd.DataFrame:
+    """The custom all-reduce rows replayed in a CUDA graph (vLLM and SGLang also time it eager;
+    TensorRT-LLM's rows are all graph replays)."""
     graph = ~df["kernel_source"].astype(str).str.contains("eager")
     if "backend" in df:
         graph &= ~df["backend"].astype(str).str.contains("eager")

@@ -238,6 +238,10 @@ class ParallelCfg(Strict, QuietDefaults):
         return self.tp, self.ep, self.attention_dp
 
 
+MEMORY_KNOB_OWNER = {"gpu_memory_utilization": "vllm", "mem_fraction_static": "sglang",
+                     "free_gpu_memory_fraction": "tensorrt-llm"}  # each engine's KV memory fraction
+
+
 class EngineCfg(Strict, QuietDefaults):
     """The serving engine whose rules set the KV budget, the scheduler's defaults and how steps are
     launched (CUDA graphs or eager); each rule read from the engine's code (docs/scenarios.md).
@@ -248,15 +252,24 @@ class EngineCfg(Strict, QuietDefaults):
     SGLang (python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py, `profile_max_num_token`):
     KV pool = free memory after the weights - free memory before them x (1 - mem_fraction_static), i.e.
     (total - what the CUDA context and NCCL hold) x mem_fraction_static - weights; unset, the fraction
-    is server_args.py `_handle_gpu_memory_settings`'s (`device.memory.sglang_mem_fraction_static`)."""
+    is server_args.py `_handle_gpu_memory_settings`'s (`device.memory.sglang_mem_fraction_static`).
+    TensorRT-LLM (tensorrt_llm/_torch/pyexecutor/_util.py, `KvCacheCreator._cal_max_memory`): KV cache =
+    (total memory - the peak of a profiling run: weights + its activations + what lies outside torch)
+    x free_gpu_memory_fraction (KvCacheConfig: 0.9).
+    The measured kernel tables are the engine's own (`kernel_framework`: AIConfigurator measured vLLM
+    0.24, SGLang 0.5.14 and TensorRT-LLM 1.3's PyTorch flow), or another engine's (`kernel_tables`) for
+    a release whose kernels those tables do not time (TensorRT-LLM's older TensorRT-engine flow)."""
 
     QUIET_DEFAULTS = {"gpu_memory_utilization": None, "mem_fraction_static": None, "cuda_graphs": True,
-                      "cuda_graph_max_batch": None}  # vLLM engines dump as before these existed
+                      "cuda_graph_max_batch": None, "free_gpu_memory_fraction": None,
+                      "kernel_tables": "own"}  # vLLM engines dump as before these existed
 
-    name: Literal["vllm", "sglang"]
+    name: Literal["vllm", "sglang", "tensorrt-llm"]
     version: str = Field(max_length=MAX_NAME_CHARS)  # informational: the engine the rules are read from
     gpu_memory_utilization: float | None = Field(None, gt=0.0, le=1.0)  # vLLM's; 0.9 by default (CacheConfig)
     mem_fraction_static: float | None = Field(None, gt=0.0, lt=1.0)  # SGLang's; None: its default rule
+    free_gpu_memory_fraction: float | None = Field(None, gt=0.0, le=1.0)  # TensorRT-LLM's; 0.9 by default
+    kernel_tables: Literal["own", "vllm", "sglang", "trtllm"] = "own"  # whose measured kernel tables apply
     non_torch_bytes: float = Field(1.0e9, ge=0.0, le=MAX_BYTES)  # assumed: CUDA context + NCCL + cuBLAS workspace
     cuda_graphs: bool = True  # both engines capture decode steps as CUDA graphs by default; false: eager
     # largest decode batch a graph is captured for: vLLM's max_cudagraph_capture_size, SGLang's
@@ -267,25 +280,36 @@ class EngineCfg(Strict, QuietDefaults):
     @classmethod
     def _engine_defaults(cls, data):
         """Each engine's version read, and vLLM's default gpu_memory_utilization (CacheConfig: 0.9)."""
-        versions = {"vllm": "0.24.0", "sglang": "main@001067ff"}  # sgl-project/sglang server_args.py commit read
+        # sgl-project/sglang server_args.py commit read; NVIDIA/TensorRT-LLM main as stored in 2026-12
+        versions = {"vllm": "0.24.0", "sglang": "main@001067ff", "tensorrt-llm": "main@2026-12"}
         if isinstance(data, dict) and data.get("name") in versions:
             data = {"version": versions[data["name"]], **data}
             if data["name"] == "vllm":
                 data = {"gpu_memory_utilization": 0.9, **data}
+            if data["name"] == "tensorrt-llm":  # KvCacheConfig.free_gpu_memory_fraction
+                data = {"free_gpu_memory_fraction": 0.9, **data}
         return data
 
-    @field_validator("gpu_memory_utilization", "mem_fraction_static")
+    @field_validator("gpu_memory_utilization", "mem_fraction_static", "free_gpu_memory_fraction")
     @classmethod
     def _own_engine(cls, value, info):
-        """Each engine's memory knob is its own: vLLM's gpu_memory_utilization, SGLang's mem_fraction_static."""
-        own = {"gpu_memory_utilization": "vllm", "mem_fraction_static": "sglang"}[info.field_name]
+        """Each engine's memory knob is its own: vLLM's gpu_memory_utilization, SGLang's
+        mem_fraction_static, TensorRT-LLM's free_gpu_memory_fraction."""
         name = info.data.get("name")
-        if value is not None and name is not None and name != own:
-            other = "mem_fraction_static" if own == "vllm" else "gpu_memory_utilization"
-            raise ValueError(f"{info.field_name} is {own}'s; {name}'s fraction is {other}")
-        if value is None and name == own == "vllm":
+        if value is not None and name is not None and name != MEMORY_KNOB_OWNER[info.field_name]:
+            other = next(k for k, v in MEMORY_KNOB_OWNER.items() if v == name)
+            raise ValueError(f"{info.field_name} is {MEMORY_KNOB_OWNER[info.field_name]}'s; {name}'s fraction is {other}")
+        if value is None and name == MEMORY_KNOB_OWNER[info.field_name] and name != "sglang":
             raise ValueError("give a fraction in (0, 1]")
         return value
+
+    @property
+    def kernel_framework(self) -> str:
+        """Whose measured kernel tables apply (`inputs.kernel_tables.FRAMEWORKS`): the engine's own unless
+        `kernel_tables` names another's."""
+        if self.kernel_tables != "own":
+            return self.kernel_tables
+        return {"vllm": "vllm", "sglang": "sglang", "tensorrt-llm": "trtllm"}[self.name]
 
     def sglang_gpu_defaults(self, gpu_memory_bytes: float, tp: int) -> tuple[int, int]:
         """(chunked_prefill_size, cuda_graph_max_bs) SGLang picks by the GPU's memory (nvidia-smi
@@ -306,12 +330,23 @@ class EngineCfg(Strict, QuietDefaults):
         chunked prefill, max_prefill_tokens (16384) without; max_num_seqs = max_running_requests 2048,
         the floor of model_runner_kv_cache_mixin.py `init_memory`'s min(max(pool tokens / context_len x
         512, 2048), 4096) (kvtier's catalog has no context length)."""
+        if self.name == "tensorrt-llm":
+            return self._trtllm_scheduler(scheduler)
         if self.name != "sglang":
             return scheduler
         unset = {"max_num_batched_tokens", "max_num_seqs"} - scheduler.model_fields_set
         chunk = self.sglang_gpu_defaults(gpu_memory_bytes, tp)[0] if scheduler.chunked_prefill else 16384
         update = {"max_num_batched_tokens": chunk, "max_num_seqs": 2048}
         return scheduler.model_copy(update={k: v for k, v in update.items() if k in unset})
+
+
+    def _trtllm_scheduler(self, scheduler: SchedulerCfg) -> SchedulerCfg:
+        """TensorRT-LLM's defaults (tensorrt_llm/llmapi/llm_args.py): max_batch_size 2048 as max_num_seqs,
+        max_num_tokens 8192 as max_num_batched_tokens, enable_chunked_prefill False, and the capacity
+        policy GUARANTEED_NO_EVICT (admission no_evict); each where the scenario set none."""
+        defaults = {"max_num_seqs": 2048, "max_num_batched_tokens": 8192, "chunked_prefill": False, "admission": "no_evict"}
+        unset = set(defaults) - scheduler.model_fields_set
+        return scheduler.model_copy(update={k: v for k, v in defaults.items() if k in unset})
 
 
 class Scenario(Strict):

@@ -72,7 +72,8 @@ class SchedulerCfg(Strict, QuietDefaults):
     """Continuous batching as vLLM's scheduler does it: each step runs every running decode plus
     prefill chunks up to `max_num_batched_tokens`; FCFS admission while memory allows."""
 
-    QUIET_DEFAULTS = {"preemption": "recompute", "swap_space_bytes": None}  # swap off: dumps as before it existed
+    QUIET_DEFAULTS = {"preemption": "recompute", "swap_space_bytes": None,  # swap off: dumps as before it existed
+                      "admission": "on_demand"}
 
     max_num_seqs: int = Field(DEFAULT_MAX_NUM_SEQS, ge=1, le=MAX_BATCH)
     max_num_batched_tokens: int = Field(DEFAULT_MAX_NUM_BATCHED_TOKENS, ge=1, le=MAX_TOKENS)
@@ -83,6 +84,11 @@ class SchedulerCfg(Strict, QuietDefaults):
     # host bytes per GPU that swapped K/V may take (vLLM's --swap-space); None: all host memory the
     # running requests' T1/T2 and other swapped requests leave
     swap_space_bytes: float | None = Field(None, gt=0.0, le=MAX_BYTES)
+    # what admission holds a request to: its K/V as it grows, preempting when the running ones
+    # outgrow memory (on_demand: vLLM, SGLang), or KV blocks for its whole length - prompt + output -
+    # reserved at admission, so nothing is ever preempted (no_evict: TensorRT-LLM's default capacity
+    # policy GUARANTEED_NO_EVICT, tensorrt_llm/llmapi/llm_args.py SchedulerConfig)
+    admission: Literal["on_demand", "no_evict"] = "on_demand"
 
     @model_validator(mode="after")
     def _swap_space(self):

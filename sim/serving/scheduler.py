@@ -8,6 +8,9 @@ running request is scheduled in admission order, a decode taking one token of th
 waiting requests are admitted first come, first served while fewer than `max_num_seqs` run, tokens
 are left and memory holds the newcomer's reservation - the head of the queue that does not fit
 stops admission (no overtaking). Without chunked prefill a prompt is scheduled whole or waits.
+With admission no_evict (TensorRT-LLM's GUARANTEED_NO_EVICT) a request is admitted only while the
+whole length - prompt + output tokens, in HBM - of every running request and its own fits the KV
+budget, so the running ones never outgrow memory and none is preempted.
 
 Memory is tier-aware (`kv_memory`, `row_counts`): a decoding request holds its T0 tokens (+ staging
 for the T1/T2 it attends, + its window and linear layers' bounded bytes) in HBM and its T1/T2 in host
@@ -200,11 +203,18 @@ class Scheduler:
         the head of the queue; the head that does not fit stops it (no overtaking)."""
         t, m = self.table, self.memory
         admitted, resumed = [], []  # resumed: swapped decodes, decoding again this step
+        no_evict = self.cfg.admission == "no_evict"
+        reserved = float(self._whole_length_bytes(d.run).sum()) if no_evict else 0.0
         while self.waiting and d.tokens > 0 and len(d.run) + len(admitted) < self.cfg.max_num_seqs:
             i = self.waiting[0]
             left = int(t.target[i] - t.computed[i])
             if left > d.tokens and not self.cfg.chunked_prefill:
                 break
+            if no_evict:
+                whole = float(self._whole_length_bytes(np.array([i]))[0])
+                if reserved + whole > m.kv_budget_bytes and (len(d.run) or admitted):
+                    break  # (alone, a request longer than the budget runs as on_demand would run it)
+                reserved += whole
             swapped = self.swap is not None and i in self.swap
             decodes_now = left == 0 and (swapped or t.prefilled)  # its K/V is here (or coming back): it decodes
             h, ho, h_admit = self._admission_needs(i, decodes_now)
@@ -240,6 +250,12 @@ class Scheduler:
             a, b = self.counter.step_counts(r, t.generated[r], np.ones(len(r), dtype=bool))
             plan.decodes = np.concatenate([plan.decodes, r])
             d.dec_att, d.dec_aft = np.concatenate([d.dec_att, a]), np.concatenate([d.dec_aft, b])
+
+    def _whole_length_bytes(self, requests: np.ndarray) -> np.ndarray:
+        """no_evict: the HBM each request's whole length needs - prompt + output tokens in T0, with
+        its window and linear layers' bytes - what GUARANTEED_NO_EVICT reserves at admission."""
+        tokens = self.table.prompt[requests] + self.table.output[requests]
+        return self.memory.hbm_kv_bytes(tokens, 0, tokens)
 
     def _admission_needs(self, i: int, resumes_decoding: bool) -> tuple[float, float, float]:
         """(HBM bytes, host bytes, HBM bytes admission counts) waiting request i needs: a swapped

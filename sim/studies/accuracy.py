@@ -3,7 +3,9 @@
 End to end: every row of the measurement table (`sim.studies.e2e_table`) becomes the kvtier scenario
 it describes - a closed batch for a batch latency, a served run (Poisson arrivals, a fixed number of
 clients, or every request queued at t = 0) for the served and offline figures, policy full_hbm, the
-row's model, GPU, dtypes and parallelism - and is run with each operator-cost mode: `measured` (the
+row's model, GPU, dtypes and parallelism, under the row's engine (`engine_for`: its KV memory rule,
+its CUDA-graph rule and its own measured kernel tables; TensorRT-LLM's Guaranteed No Evict as
+scheduler admission no_evict) - and is run with each operator-cost mode: `measured` (the
 kernel tables, `hardware.kernels: measured`, where they cover the GPU) and `datasheet`. The figure
 the row reports is read from the summary; error = predicted / measured - 1.
 
@@ -21,7 +23,6 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 
-from sim.decode.context import build_context
 from sim.decode.simulate import simulate
 from sim.inputs.errors import ConfigError
 from sim.inputs.kernel_tables import system_for, tables_available
@@ -29,14 +30,18 @@ from sim.inputs.scenario import Scenario, scenario_from_dict
 from sim.runner.executors import LocalExecutor
 from sim.runner.store import OPTIONAL_NUMBER, has_fields, result_key
 from sim.runner.tasks import run_tasks
-from sim.serving.kv_memory import kv_memory
 from sim.serving.run import simulate_serving
 
 from .e2e_table import Measurement
 from .operator_accuracy import covered_gpus, held_out_points, summary
 
 MODES = ("measured", "datasheet")  # hardware.kernels of each mode
-NO_EVICT_KV_FRACTION = 0.9  # TensorRT-LLM's default share of free memory for the KV cache
+# a row's engine (the first phrase its free text holds) -> the kvtier engine whose rules it runs under and
+# whose measured kernel tables cost it. AIConfigurator times TensorRT-LLM's PyTorch flow (its kernel_source
+# 'torch_flow'); TensorRT-LLM 0.13's benchmarks and NIM's TensorRT-LLM profiles ran built TensorRT engines,
+# whose kernels no table times, so those rows keep kvtier's default tables (vLLM's).
+ENGINES = (("TensorRT-LLM (PyTorch backend)", "tensorrt-llm", "own"), ("TensorRT-LLM", "tensorrt-llm", "vllm"),
+           ("SGLang", "sglang", "own"), ("vLLM", "vllm", "own"))
 REQUESTS_PER_CLIENT = 8  # a fixed-concurrency row is simulated with 8 requests per client ...
 MIN_CLIENT_REQUESTS = 40  # ... and at least 40
 MS = 1e3
@@ -54,10 +59,17 @@ def mode_covers(mode: str, gpu: str) -> bool:
     return mode == "datasheet" or (system_for(gpu) is not None and tables_available())
 
 
+def engine_for(m: Measurement) -> dict | None:
+    """The scenario `engine:` a row ran on (`ENGINES`), or None (kvtier's defaults)."""
+    return next(({"name": name, "kernel_tables": tables} for said, name, tables in ENGINES if said in m.engine), None)
+
+
 def _base(m: Measurement, mode: str) -> dict:
-    return {"name": m.id, "description": f"{m.publisher}: {m.source_model} on {m.gpus} x {m.gpu}",
+    data = {"name": m.id, "description": f"{m.publisher}: {m.source_model} on {m.gpus} x {m.gpu}",
             "model": {"name": m.model, "weight_dtype": m.weight_dtype, "kv_dtype": m.kv_dtype},
             "hardware": {"gpu": m.gpu, "kernels": mode}, "parallel": m.parallel, "policy": {"kind": "full_hbm"}}
+    engine = engine_for(m)
+    return {**data, "engine": engine} if engine else data
 
 
 def _lengths(m: Measurement) -> tuple:
@@ -90,19 +102,10 @@ def scenario_for(m: Measurement, mode: str) -> Scenario:
     d = m.attention_dp  # the row's limits are each attention rank's; kvtier's scheduler is the group's
     data["scheduler"] = {"max_num_seqs": m.max_num_seqs * d, "max_num_batched_tokens": m.max_num_batched_tokens * d}
     data["sim"] = {"detail": "step"}
-    if m.admission == "no_evict":
-        data["scheduler"]["max_num_seqs"] = no_evict_sequences(m, scenario_from_dict(data, m.id))
+    # the row's admission, whatever the engine's defaults: kvtier's vLLM-style scheduler (chunked
+    # prefill, on demand), or Guaranteed No Evict (a request runs only with its whole length reserved)
+    data["scheduler"].update(chunked_prefill=True, admission="on_demand" if m.admission == "engine" else "no_evict")
     return scenario_from_dict(data, m.id)
-
-
-def no_evict_sequences(m: Measurement, sc: Scenario) -> int:
-    """TensorRT-LLM's Guaranteed No Evict admits a request only with KV blocks for its whole length:
-    at most NO_EVICT_KV_FRACTION x the KV budget / ((isl + osl) x KV bytes per token) run at once,
-    and no more than the scenario's max_num_seqs."""
-    s = sc.scheduler
-    mem = kv_memory(build_context(sc), s.max_num_batched_tokens, s.max_num_seqs)
-    fit = NO_EVICT_KV_FRACTION * mem.kv_budget_bytes / (mem.kv_bytes_per_token * (m.isl + m.osl))
-    return max(1, min(s.max_num_seqs, int(fit)))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,157 @@
+"""`engine: {name: tensorrt-llm}` and each engine's own measured kernel tables (issue #20 item 4), by hand
+against the rules as read in TensorRT-LLM's code (sim/device/engine_rules.py names the files):
+
+- KV = (memory - the profiling run's peak: weights + activations + memory outside torch) x
+  free_gpu_memory_fraction (0.9), `KvCacheCreator._cal_max_memory`;
+- its scheduler defaults (max_batch_size 2048, max_num_tokens 8192, no chunked prefill) and its capacity
+  policy GUARANTEED_NO_EVICT (scheduler.admission no_evict: a request runs only with its whole length
+  reserved, so none is ever preempted);
+- CUDA graphs only for the captured batch sizes (`CudaGraphConfig._generate_cuda_graph_batch_sizes`);
+- the measured kernel tables each engine's own (AIConfigurator measured vLLM, SGLang and TensorRT-LLM)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from sim.decode.context import build_context
+from sim.device.engine_rules import DECODE, host_launch_s, launch_rule, trtllm_graph_batch_sizes
+from sim.device.memory import profile_run_activation_bytes, trtllm_engine_memory
+from sim.inputs.errors import ConfigError
+from sim.inputs.kernel_tables import load_tables, tables_available
+from sim.inputs.scenario import EngineCfg, load_scenario, scenario_to_yaml
+from sim.inputs.serving_config import SchedulerCfg
+from sim.serving.kv_memory import kv_memory
+from sim.serving.run import simulate_serving
+
+from .conftest import SCENARIOS, run_cli
+from .promise import assert_error_line
+
+SERVING = SCENARIOS / "serving-h100-70b-tp4.yaml"  # 70B bf16, 4 x H100, scheduler 256 seqs / 8192 tokens
+NEEDS_TABLES = pytest.mark.skipif(not tables_available(), reason="aiconfigurator-core (the .[measured] extra) not installed")
+
+
+def test_trtllm_kv_fraction_by_hand():
+    # memory 100, outside torch 1, weights 30, activations 9: peak 40, KV 0.9 x 60 = 54
+    usable, reserve, held = trtllm_engine_memory(100.0, 0.9, 1.0, 9.0, 30.0)
+    assert (reserve, held) == (1.0, 9.0)
+    assert usable - 30.0 - held - reserve == pytest.approx(54.0)  # kvtier's KV budget: usable - weights - act - reserve
+    assert trtllm_engine_memory(30.0, 0.9, 1.0, 9.0, 30.0)[0] == 40.0  # nothing left: no KV, never negative
+
+
+def test_trtllm_kv_budget_70b_tp4_h100():
+    sc = load_scenario(SERVING, ["engine.name=tensorrt-llm", "engine.free_gpu_memory_fraction=0.8"])
+    ctx, plain = build_context(sc), build_context(load_scenario(SERVING))
+    s = sc.scheduler
+    act = profile_run_activation_bytes(ctx.model, s.max_num_batched_tokens, s.max_num_seqs)
+    m = kv_memory(ctx, s.max_num_batched_tokens, s.max_num_seqs)
+    total = plain.hw.memory_bytes  # the catalog's nvidia-smi memory.total
+    assert m.kv_budget_bytes == pytest.approx(0.8 * (total - 1e9 - ctx.weights_bytes - act))
+    assert "KvCacheCreator._cal_max_memory" in ctx.hw.sources["memory_bytes"]
+    default = kv_memory(build_context(load_scenario(SERVING, ["engine.name=tensorrt-llm"])), s.max_num_batched_tokens,
+                        s.max_num_seqs)
+    assert default.kv_budget_bytes == pytest.approx(m.kv_budget_bytes * 0.9 / 0.8)  # free_gpu_memory_fraction 0.9
+
+
+def test_trtllm_scheduler_defaults_only_where_unset():
+    e = EngineCfg.model_validate({"name": "tensorrt-llm"}, strict=True)
+    assert (e.free_gpu_memory_fraction, e.kernel_framework) == (0.9, "trtllm")
+    s = e.scheduler_for(SchedulerCfg(), 80e9, 1)
+    assert (s.max_num_seqs, s.max_num_batched_tokens, s.chunked_prefill, s.admission) == (2048, 8192, False, "no_evict")
+    mine = SchedulerCfg(max_num_seqs=64, chunked_prefill=True, admission="on_demand")
+    kept = e.scheduler_for(mine, 80e9, 1)
+    assert (kept.max_num_seqs, kept.chunked_prefill, kept.admission, kept.max_num_batched_tokens) == (64, True, "on_demand", 8192)
+
+
+def test_trtllm_graph_sizes_by_hand():
+    assert trtllm_graph_batch_sizes(128) == list(range(1, 32)) + [32, 64, 128]
+    assert trtllm_graph_batch_sizes(1000) == list(range(1, 32)) + [32, 64, 128, 256, 512, 1000]
+    assert trtllm_graph_batch_sizes(512) == list(range(1, 32)) + [32, 64, 128, 256, 512]
+    assert trtllm_graph_batch_sizes(20) == list(range(1, 21))
+    e = EngineCfg.model_validate({"name": "tensorrt-llm"}, strict=True)
+    rule, why = launch_rule(e, SchedulerCfg(), "h100-sxm", 80e9, 1, 3e-5, 1e-4)
+    assert rule.graph_max_batch == 128 and "CudaGraphConfig" in why
+    assert host_launch_s(rule, 32, DECODE) == host_launch_s(rule, 128, DECODE) == (0.0, 0.0)
+    assert host_launch_s(rule, 40, DECODE) == host_launch_s(rule, 129, DECODE) == (3e-5, 1e-4)  # not captured: eager
+
+
+@pytest.mark.parametrize(("overrides", "said"), [
+    (["engine.name=vllm", "engine.free_gpu_memory_fraction=0.8"], "free_gpu_memory_fraction is tensorrt-llm's; vllm's fraction is gpu_memory_utilization"),
+    (["engine.name=tensorrt-llm", "engine.mem_fraction_static=0.8"], "mem_fraction_static is sglang's; tensorrt-llm's fraction is free_gpu_memory_fraction"),
+    (["engine.name=tensorrt-llm", "engine.free_gpu_memory_fraction=1.5"], "engine.free_gpu_memory_fraction"),
+    (["engine.name=vllm", "engine.kernel_tables=tensorrt"], "engine.kernel_tables"),
+    (["scheduler.admission=reserve"], "scheduler.admission"),
+])
+def test_bad_trtllm_fields_are_one_line(overrides, said):
+    with pytest.raises(ConfigError) as err:
+        load_scenario(SERVING, overrides)
+    assert_error_line(err.value)
+    assert said in err.value.line()
+
+
+def _offline(admission: str):
+    """64 requests of 600 + 400 tokens queued at once on one L40S, 8B bf16 (a KV budget that holds
+    far fewer whole requests than a decoding batch would want)."""
+    over = ["model.name=llama-3.1-8b", "hardware.gpu=l40s", "hardware.kernels=datasheet", "parallel.tp=1",
+            "policy.kind=full_hbm", "workload.prompt_tokens=600", "workload.reasoning_tokens=400",
+            "workload.arrivals={kind: closed_loop, concurrency: 64, requests: 64}",
+            "scheduler.max_num_seqs=64", "hardware.efficiency.runtime_reserve_bytes=28e9", f"scheduler.admission={admission}"]
+    sc = load_scenario(SERVING, over)
+    return sc, simulate_serving(sc)
+
+
+def test_no_evict_runs_only_whole_requests_that_fit_and_never_preempts():
+    sc, res = _offline("no_evict")
+    ctx = build_context(sc)
+    m = kv_memory(ctx, sc.scheduler.max_num_batched_tokens, sc.scheduler.max_num_seqs)
+    whole = 1000 * m.kv_bytes_per_token  # prompt + output tokens reserved at admission
+    fits = math.floor(m.kv_budget_bytes / whole)
+    assert 4 <= fits < 64  # the budget binds
+    s = res.summary
+    assert s.max_running == fits and s.preemptions == 0
+    assert s.requests == 64 and np.isfinite(res.requests["finish_s"]).all()
+    _, demand = _offline("on_demand")  # vLLM's way: admit what fits now, preempt as the running ones grow
+    assert demand.summary.max_running > fits
+
+
+def test_admission_dumps_only_when_set():
+    plain = load_scenario(SERVING)
+    assert "admission" not in scenario_to_yaml(plain)
+    assert "admission: no_evict" in scenario_to_yaml(load_scenario(SERVING, ["scheduler.admission=no_evict"]))
+
+
+@NEEDS_TABLES
+def test_each_engine_runs_on_its_own_tables():
+    for name, framework in (("vllm", "vllm"), ("sglang", "sglang"), ("tensorrt-llm", "trtllm")):
+        ctx = build_context(load_scenario(SERVING, [f"engine.name={name}", "hardware.kernels=measured"]))
+        assert ctx.hw.kernels.tables.framework == framework
+        assert f"h100_sxm (NVIDIA H100 80GB HBM3) {framework} " in ctx.hw.sources["kernels"]
+    borrowed = build_context(load_scenario(SERVING, ["engine.name=tensorrt-llm", "engine.kernel_tables=vllm",
+                                                     "hardware.kernels=measured"]))
+    assert borrowed.hw.kernels.tables.framework == "vllm"
+    assert build_context(load_scenario(SERVING, ["hardware.kernels=measured"])).hw.kernels.tables.framework == "vllm"
+
+
+@NEEDS_TABLES
+def test_the_tables_read_each_frameworks_files():
+    t = load_tables("h200-sxm", "trtllm")
+    assert (t.framework, t.framework_version) == ("trtllm", "1.3.0rc20")
+    assert t.source("gemm fp8").endswith("h200_sxm (NVIDIA H200) trtllm 1.3.0rc20 gemm fp8")
+    assert set(t.allreduce) == {"custom", "nccl"} and len(t.allreduce["custom"]) > 0
+    # vLLM's L40S all-reduce was last measured at 0.22.0: the package's backward fill, and the source says so
+    assert load_tables("l40s", "vllm").source("custom_allreduce").endswith("vllm 0.22.0 custom_allreduce")
+    with pytest.raises(ConfigError, match="expected one of vllm, sglang, trtllm"):
+        load_tables("h200-sxm", "tgi")
+
+
+@NEEDS_TABLES
+def test_kvsim_ops_tables_flag():
+    args = ["ops", "attention", "--gpu", "h200-sxm", "--batch", "865", "--kv-tokens", "1500", "--heads", "32",
+            "--kv-heads", "8", "--head-dim", "128", "--kv-dtype", "fp8", "--kernels", "measured"]
+    vllm, trt = run_cli(*args), run_cli(*args, "--tables", "trtllm")
+    assert vllm.returncode == trt.returncode == 0
+    assert "vllm 0.24.0 generation_attention" in vllm.stdout and "trtllm 1.3.0rc20 generation_attention" in trt.stdout
+    bad = run_cli(*args, "--tables", "tgi")
+    assert bad.returncode != 0 and "--tables: expected one of vllm, sglang, trtllm; got 'tgi'" in bad.stderr
