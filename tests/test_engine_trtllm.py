@@ -155,3 +155,27 @@ def test_kvsim_ops_tables_flag():
     assert "vllm 0.24.0 generation_attention" in vllm.stdout and "trtllm 1.3.0rc20 generation_attention" in trt.stdout
     bad = run_cli(*args, "--tables", "tgi")
     assert bad.returncode != 0 and "--tables: expected one of vllm, sglang, trtllm; got 'tgi'" in bad.stderr
+
+
+@NEEDS_TABLES
+def test_weight_only_gemms_from_tensorrt_llms_tables_on_a100():
+    """TensorRT-LLM 1.0.0's A100 tables time its weight-only int8/int4 kernels (WeightOnlyQuantMatmul): a
+    run under that engine takes its int4 layer GEMMs from them; vLLM's tables time none (datasheet)."""
+    from sim.device.physics import _measured_gemms_s, weight_kernel_s
+
+    over = ["model.name=llama-3.1-8b", "model.weight_dtype=int4", "hardware.gpu=a100-80gb-sxm", "parallel.tp=1",
+            "hardware.kernels=measured", "policy.kind=full_hbm"]
+    trt = build_context(load_scenario(SERVING, over + ["engine.name=tensorrt-llm"]))
+    assert {"bf16", "int8", "int4"} <= trt.hw.kernels.gemm_dtypes()
+    assert "dense GEMMs (bf16, int8, int4)" in trt.hw.sources["kernels"]
+    shapes = tuple(trt.model.layer_gemm_shapes())
+    layer_s = weight_kernel_s(trt.model, trt.hw, "int4", 128, 1)
+    assert layer_s == _measured_gemms_s(trt.hw.kernels, shapes, "int4", 1)
+    by_hand = sum(float(trt.hw.kernels.gemm_s(1, n, k, "int4").seconds[0]) for n, k in shapes)
+    assert layer_s == pytest.approx(by_hand, rel=1e-12)
+    vllm = build_context(load_scenario(SERVING, over + ["engine.name=vllm"]))
+    assert "int4" not in vllm.hw.kernels.gemm_dtypes()  # the datasheet weight-only model instead
+    assert weight_kernel_s(vllm.model, vllm.hw, "int4", 128, 1) != layer_s
+    res = run_cli("ops", "gemm", "--gpu", "a100-80gb-sxm", "--m", "1", "--n", "6144", "--k", "4096", "--dtype", "int4",
+                  "--kernels", "measured", "--tables", "trtllm")
+    assert res.returncode == 0 and "trtllm 1.0.0 gemm int4_wo" in res.stdout, res.stdout + res.stderr

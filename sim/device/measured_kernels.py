@@ -33,7 +33,7 @@ from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 from .kernel_grid import RatioGrid
 
 ACTIVATION_BYTES = 2  # bf16 activations in and out of a GEMM, queries and outputs of attention
-MEASURED_AS = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8"}  # a dtype -> the measured table standing for it
+MEASURED_AS = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8": "int8", "int4": "int4"}  # a dtype -> the measured table standing for it
 MEASURED_MLA = (512, 64)  # kv_lora_rank, qk_rope_head_dim of the MLA table (DeepSeek-V3 shapes)
 MOE_WEIGHT_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "int4_wo": 0.5, "w4a16_mxfp4": 0.5}
 MOE_FP8_COMPUTE = {"fp8", "fp8_block"}  # W8A8 at the fp8 peak; the W4A16 formats multiply in bf16
@@ -354,4 +354,6 @@ def measured_kernels_for(gpu: str, framework: str = FRAMEWORK) -> MeasuredKernel
 
 
 def _gemm_bytes(dtype: str) -> float:
-    return 1.0 if dtype == "fp8" else 2.0
+    """Bytes per weight element of the roofline the measured ratio is taken over (activations are
+    counted at the same width: the ratio carries the difference)."""
+    return {"fp8": 1.0, "int8": 1.0, "int4": 0.5}.get(dtype, 2.0)
