@@ -187,3 +187,172 @@ def test_hf_model_id(name, repo):
 @pytest.mark.parametrize("name", ["no-such-model", "llama-3.1-405b", ""])
 def test_hf_model_id_unknown_is_none(name):
     assert L.hf_model_id(name) is None
+
+
+# ---- TensorRT-LLM (trtllm-serve), where the plan ran under `engine: tensorrt-llm` ----------------------
+
+TRTLLM_FLAGS = {"--backend", "--tp_size", "--pp_size", "--ep_size", "--max_batch_size", "--max_num_tokens",
+                "--kv_cache_free_gpu_memory_fraction", "--extra_llm_api_options"}
+TRTLLM_BASE = (f"trtllm-serve {MODEL} --backend pytorch --tp_size 4 --pp_size 1 --max_batch_size 256 "
+               "--max_num_tokens 8192 --kv_cache_free_gpu_memory_fraction 0.9")
+EXTRA = "--extra_llm_api_options extra_llm_api_options.yaml  # extra_llm_api_options.yaml: "
+TP4_X1 = (MODEL, 4, 1, 256, 8192, 0.9, True)
+MOE = "deepseek-ai/DeepSeek-R1"
+
+
+def trtllm(policy="full_hbm", host_offload_bytes=None, weight_dtype="bf16", kv_dtype="bf16", layout=TP4_X1):
+    return L.trtllm_serve_command(*layout, policy, host_offload_bytes, weight_dtype, kv_dtype)
+
+
+def test_trtllm_dense_tp4_fp8_kv_chunked_prefill_exact():
+    # fp8 KV has no trtllm-serve flag: kv_cache_config in the YAML, which replaces the flag's kv_cache_config,
+    # so the fraction is repeated there
+    assert trtllm(kv_dtype="fp8") == (
+        "trtllm-serve deepseek-ai/DeepSeek-R1-Distill-Llama-70B --backend pytorch --tp_size 4 --pp_size 1 "
+        "--max_batch_size 256 --max_num_tokens 8192 --kv_cache_free_gpu_memory_fraction 0.9 "
+        "--extra_llm_api_options extra_llm_api_options.yaml  # extra_llm_api_options.yaml: "
+        "{enable_chunked_prefill: true, kv_cache_config: {free_gpu_memory_fraction: 0.9, dtype: fp8}}")
+    assert flags(trtllm(kv_dtype="fp8")) <= TRTLLM_FLAGS
+    assert trtllm(kv_dtype="fp8_e4m3") == trtllm(kv_dtype="fp8")
+
+
+def test_trtllm_without_yaml_settings_has_no_extra_options_flag():
+    assert trtllm(layout=(MODEL, 4, 1, 256, 8192, 0.9, False)) == TRTLLM_BASE  # chunked prefill off: the default
+
+
+def test_trtllm_dp2_is_one_server_per_group():
+    line = TRTLLM_BASE + " " + EXTRA + "{enable_chunked_prefill: true}; one server per 4-GPU group: run 2 behind the load balancer"
+    assert trtllm(layout=LAYOUT) == line
+    assert L.launch_commands(*LAYOUT, "full_hbm", None, "bf16", "bf16", trtllm_fraction=0.9)["trtllm"] == line
+    # an MoE model's replicas: one server each, as for vLLM and SGLang
+    assert L.launch_commands(*LAYOUT, "full_hbm", None, "bf16", "bf16", moe=True, trtllm_fraction=0.9)["trtllm"] == line
+
+
+def test_trtllm_takes_the_fraction_the_plan_ran_with():
+    line = L.launch_commands(*TP4_X1, "full_hbm", None, "bf16", "fp8", trtllm_fraction=0.85)["trtllm"]
+    assert "--kv_cache_free_gpu_memory_fraction 0.85 " in line and "free_gpu_memory_fraction: 0.85, dtype: fp8" in line
+    assert "--gpu-memory-utilization 0.9" in L.launch_commands(*TP4_X1, "full_hbm", None, "bf16", "fp8",
+                                                               trtllm_fraction=0.85)["vllm"]
+
+
+@pytest.mark.parametrize("host_bytes, per_rank", [(100e9, 25_000_000_000), (100e9 + 1, 25_000_000_001)])
+def test_trtllm_tiered_host_cache_in_bytes_per_rank(host_bytes, per_rank):
+    words, comment = split(trtllm("tiered:0.5", host_offload_bytes=host_bytes))
+    assert " ".join(words) == TRTLLM_BASE + " --extra_llm_api_options extra_llm_api_options.yaml"
+    assert comment.startswith("extra_llm_api_options.yaml: {enable_chunked_prefill: true, kv_cache_config: "
+                              f"{{free_gpu_memory_fraction: 0.9, host_cache_size: {per_rank}}}}}; tiered:0.5: "
+                              "TensorRT-LLM keeps each running request's whole KV cache in HBM")
+    assert "no TensorRT-LLM flag" in comment
+
+
+def test_trtllm_host_cache_only_for_a_tiered_policy_with_bytes():
+    assert "host_cache_size" not in trtllm(host_offload_bytes=100e9)
+    for host_bytes in (None, 0):
+        line = trtllm("tiered:auto", host_offload_bytes=host_bytes)
+        assert "host_cache_size" not in line and "host offload flags left out" in split(line)[1]
+
+
+@pytest.mark.parametrize("access", ["host_attention", "split", "sparse_fetch"])
+def test_trtllm_access_and_eviction_are_notes(access):
+    comment = split(trtllm(f"tiered:0.25/{access}", host_offload_bytes=100e9))[1]
+    assert flags(trtllm(f"tiered:0.25/{access}", 100e9)) <= TRTLLM_FLAGS
+    assert f"{access} access" in comment and "has no TensorRT-LLM equivalent; no flag added" in comment
+    assert trtllm("evict_only").startswith(TRTLLM_BASE + " " + EXTRA + "{enable_chunked_prefill: true}; evict_only: "
+                                           "TensorRT-LLM does not evict tokens")
+
+
+@pytest.mark.parametrize("weight_dtype", ["fp8", "int8", "int4"])
+def test_trtllm_quantized_weights_are_a_checkpoint_not_a_flag(weight_dtype):
+    line = trtllm(weight_dtype=weight_dtype, layout=(MODEL, 4, 1, 256, 8192, 0.9, False))
+    words, comment = split(line)
+    assert " ".join(words) == TRTLLM_BASE
+    assert comment.startswith(f"weight_dtype {weight_dtype}: TensorRT-LLM's PyTorch backend has no online "
+                              f"quantization; serve a checkpoint already quantized in {weight_dtype}")
+
+
+def test_trtllm_fp16_weights_and_int8_kv_are_notes():
+    words, comment = split(trtllm(weight_dtype="fp16", kv_dtype="int8", layout=(MODEL, 4, 1, 256, 8192, 0.9, False)))
+    assert " ".join(words) == TRTLLM_BASE
+    assert "weight_dtype fp16: no flag" in comment and "kv_dtype int8" in comment
+
+
+def test_trtllm_expert_layouts():
+    rest = (8192, 0.9, True, "full_hbm", None, "bf16", "bf16")
+    head = f"trtllm-serve {MOE} --backend pytorch --tp_size 8 --pp_size 1 --ep_size 8"
+    ep = L.launch_commands(MOE, 8, 1, 256, *rest, experts="ep", trtllm_fraction=0.9)
+    assert ep["trtllm"] == (f"{head} --max_batch_size 256 --max_num_tokens 8192 --kv_cache_free_gpu_memory_fraction 0.9 "
+                            f"{EXTRA}{{enable_chunked_prefill: true}}")
+    # attention DP: max_batch_size per rank (250 / 8 rounded up), enable_attention_dp in the YAML
+    dpa = L.launch_commands(MOE, 8, 1, 250, *rest, experts="ep+dpa", trtllm_fraction=0.9)
+    assert dpa["trtllm"] == (f"{head} --max_batch_size 32 --max_num_tokens 8192 --kv_cache_free_gpu_memory_fraction 0.9 "
+                             f"{EXTRA}{{enable_chunked_prefill: true, enable_attention_dp: true}}")
+    two = L.launch_commands(MOE, 8, 2, 256, *rest, experts="ep", trtllm_fraction=0.9)["trtllm"]
+    assert two == ep["trtllm"] + "; one server per 8-GPU group: run 2 behind the load balancer"
+    # without experts, --ep_size is left out
+    assert "--ep_size" not in L.launch_commands(MOE, 8, 1, 256, *rest, moe=True, trtllm_fraction=0.9)["trtllm"]
+
+
+@pytest.mark.parametrize("fraction", [0, 1.5, -0.1])
+def test_trtllm_bad_fraction_raises(fraction):
+    with pytest.raises(ValueError, match=r"^free_gpu_memory_fraction must be in \(0, 1\], got "):
+        L.trtllm_serve_command(*TP4_X1[:5], fraction, True, "full_hbm", None, "bf16", "bf16")
+    with pytest.raises(ValueError, match="free_gpu_memory_fraction"):
+        L.launch_commands(*TP4_X1, "full_hbm", None, "bf16", "bf16", trtllm_fraction=fraction)
+
+
+def test_trtllm_bad_layout_or_policy_raises():
+    with pytest.raises(ValueError, match="tp must be"):
+        trtllm(layout=(MODEL, 0, 1, 256, 8192, 0.9, True))
+    with pytest.raises(ValueError):
+        trtllm("swap")
+
+
+def test_without_trtllm_fraction_the_keys_are_todays():
+    rest = (8192, 0.9, True, "full_hbm", None, "bf16", "bf16")
+    for kwargs in ({}, {"moe": True}, {"experts": "ep"}, {"experts": "ep+dpa"}):
+        assert set(L.launch_commands(MOE, 8, 2, 256, *rest, **kwargs)) == {"vllm", "sglang"}
+        assert set(L.launch_commands(MOE, 8, 2, 256, *rest, **kwargs, trtllm_fraction=0.9)) == {"vllm", "sglang",
+                                                                                                 "trtllm"}
+        without = L.launch_commands(MOE, 8, 2, 256, *rest, **kwargs)
+        with_trtllm = L.launch_commands(MOE, 8, 2, 256, *rest, **kwargs, trtllm_fraction=0.9)
+        assert {k: with_trtllm[k] for k in without} == without  # vLLM's and SGLang's lines unchanged
+
+
+def _plan_row(**kw):
+    return {"tp": 4, "dp": 1, "policy": "full_hbm", "gpu": "h100-sxm", "max_num_seqs": None, "prefill": None,
+            "experts": None, **kw}
+
+
+def test_a_plan_under_tensorrt_llm_launches_trtllm_with_its_fraction():
+    from sim.inputs.scenario import load_scenario
+    from sim.plan.answer import launch_lines
+
+    from .conftest import SCENARIOS
+
+    trt = load_scenario(SCENARIOS / "serving-h100-70b-tp4.yaml", ["engine.name=tensorrt-llm"])
+    lines = launch_lines(_plan_row(), trt)
+    assert set(lines) == {"vllm", "sglang", "trtllm"}
+    assert "--kv_cache_free_gpu_memory_fraction 0.9" in lines["trtllm"]
+    assert lines["trtllm"].startswith(f"trtllm-serve {MODEL} --backend pytorch --tp_size 4 ")
+    other = load_scenario(SCENARIOS / "serving-h100-70b-tp4.yaml",
+                          ["engine.name=tensorrt-llm", "engine.free_gpu_memory_fraction=0.8"])
+    assert "--kv_cache_free_gpu_memory_fraction 0.8" in launch_lines(_plan_row(), other)["trtllm"]
+    vllm = load_scenario(SCENARIOS / "serving-h100-70b-tp4.yaml")
+    assert set(launch_lines(_plan_row(), vllm)) == {"vllm", "sglang"}
+
+
+def test_a_disaggregated_plan_under_tensorrt_llm_says_where_the_instances_go():
+    from sim.inputs.scenario import load_scenario
+    from sim.plan.answer import DISAGG_NOTES, launch_lines
+
+    from .conftest import SCENARIOS
+
+    trt = load_scenario(SCENARIOS / "serving-h100-70b-tp4.yaml", ["engine.name=tensorrt-llm"])
+    lines = launch_lines(_plan_row(tp=2, prefill="1xTP2"), trt)
+    assert set(lines) == {f"{e} {r}" for e in ("vllm", "sglang", "trtllm") for r in ("prefill", "decode")}
+    for role in ("prefill", "decode"):
+        words, comment = split(lines[f"trtllm {role}"])
+        assert words[:8] == ["trtllm-serve", MODEL, "--backend", "pytorch", "--tp_size", "2", "--pp_size", "1"]
+        assert flags(lines[f"trtllm {role}"]) <= TRTLLM_FLAGS  # no invented disaggregation flag
+        assert comment.endswith(DISAGG_NOTES["trtllm"])
+    assert "--disaggregation-mode prefill" in lines["sglang prefill"]

@@ -7,7 +7,7 @@ from sim.inputs import catalog
 from sim.inputs.scenario import Scenario
 
 from .files import parse_prefill_label
-from .launch import hf_model_id, launch_commands, with_flags
+from .launch import hf_model_id, launch_commands, with_flags, with_note
 
 
 def gpu_name(gpu: str) -> str:
@@ -74,6 +74,11 @@ def pareto(rows: list[dict], mean_output_tokens: float) -> dict[int, list[dict]]
 # NIXL transfer backend (docs/advanced_features/pd_disaggregation.md, behind its mini load balancer).
 DISAGG_FLAGS = {"vllm": """--kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'""",
                 "sglang": "--disaggregation-mode {role} --disaggregation-transfer-backend nixl"}
+# TensorRT-LLM's disaggregated serving is no flag of trtllm-serve: `trtllm-serve disaggregated -c CONFIG`
+# with a YAML of context_servers / generation_servers (tensorrt_llm/commands/serve.py `disaggregated`,
+# tensorrt_llm/llmapi/disagg_utils.py); each instance's own command is said so, no config invented.
+DISAGG_NOTES = {"trtllm": "disaggregated: each instance in a trtllm-serve disaggregated -c config "
+                          "(context_servers / generation_servers), not written here"}
 
 
 def _sglang_fraction(base: Scenario, best: dict, tp: int) -> float | None:
@@ -88,10 +93,12 @@ def _sglang_fraction(base: Scenario, best: dict, tp: int) -> float | None:
 
 
 def launch_lines(best: dict, base: Scenario, host_peak_bytes_per_gpu: float | None = None) -> dict[str, str]:
-    """The engine commands for the best row (sim.plan.launch): {"vllm": ..., "sglang": ...}, or for a
-    disaggregated one each engine's prefill and decode instances ("vllm prefill", ...). The host KV
-    pool is the row's host peak (plan.csv host_peak_bytes, one GPU's, as every simulated figure) x the
-    GPUs of an instance; a mixture of experts' replicas launch one server each (`launch_commands` moe)."""
+    """The engine commands for the best row (sim.plan.launch): {"vllm": ..., "sglang": ...}, plus
+    "trtllm" where the base scenario runs under `engine: tensorrt-llm` (with the
+    free_gpu_memory_fraction the plan ran with), or for a disaggregated one each engine's prefill and
+    decode instances ("vllm prefill", ...). The host KV pool is the row's host peak (plan.csv
+    host_peak_bytes, one GPU's, as every simulated figure) x the GPUs of an instance; a mixture of
+    experts' replicas launch one server each (`launch_commands` moe)."""
     from sim.inputs.catalog import resolve_model
 
     model = hf_model_id(base.model.name or "") or (base.model.name or "MODEL")
@@ -100,11 +107,13 @@ def launch_lines(best: dict, base: Scenario, host_peak_bytes_per_gpu: float | No
     moe = resolve_model(base.model).is_moe
     seqs = best.get("max_num_seqs") or s.max_num_seqs
     host_offload_bytes = host_peak_bytes_per_gpu * best["tp"] if host_peak_bytes_per_gpu else host_peak_bytes_per_gpu
+    trtllm = base.engine is not None and base.engine.name == "tensorrt-llm"
+    trtllm_fraction = base.engine.free_gpu_memory_fraction if trtllm else None
 
     def commands(tp: int, dp: int, policy: str, offload: float | None) -> dict[str, str]:
         return launch_commands(model, tp, dp, seqs, s.max_num_batched_tokens, util, s.chunked_prefill,
                                policy, offload, m.weight_dtype, m.kv_dtype, best.get("experts"), moe,
-                               _sglang_fraction(base, best, tp))
+                               _sglang_fraction(base, best, tp), trtllm_fraction)
 
     if not best.get("prefill"):
         return commands(best["tp"], best["dp"], best["policy"], host_offload_bytes)
@@ -113,5 +122,6 @@ def launch_lines(best: dict, base: Scenario, host_peak_bytes_per_gpu: float | No
     for role, cmds in (("prefill", commands(tp_p, x, "full_hbm", None)),
                        ("decode", commands(best["tp"], best["dp"], best["policy"], host_offload_bytes))):
         for engine, line in cmds.items():
-            out[f"{engine} {role}"] = with_flags(line, DISAGG_FLAGS[engine].replace("{role}", role))
+            out[f"{engine} {role}"] = (with_flags(line, DISAGG_FLAGS[engine].replace("{role}", role))
+                                       if engine in DISAGG_FLAGS else with_note(line, DISAGG_NOTES[engine]))
     return out

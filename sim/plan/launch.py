@@ -1,6 +1,7 @@
 """The launch command for one chosen plan configuration, on the real engines: `vllm serve ...` and
-`python -m sglang.launch_server ...`, one line each, with a trailing shell comment for what the plan
-asks that the engine cannot do (token eviction, host-side attention, the HBM share of a tiered policy).
+`python -m sglang.launch_server ...`, and `trtllm-serve ...` where the plan ran under `engine:
+tensorrt-llm`, one line each, with a trailing shell comment for what the plan asks that the engine
+cannot do (token eviction, host-side attention, the HBM share of a tiered policy).
 
 Pure: the command builders import only the standard library (no torch, nothing of sim); `hf_model_id`
 reads the model catalog with pyyaml, imported inside it.
@@ -26,6 +27,18 @@ Flags verified against (public source, read when this module was written):
   it says 1GB = 1e9 bytes) and python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py
   (_resolve_max_num_reqs: --max-running-requests // dp_size, where ModelRunner's dp_size is
   server_args.dp_size only with --enable-dp-attention, else 1).
+- TensorRT-LLM: NVIDIA/TensorRT-LLM tensorrt_llm/commands/serve.py (`trtllm-serve MODEL`, click options
+  --backend pytorch, --tp_size (alias of --tensor_parallel_size), --pp_size, --ep_size (alias of
+  --moe_expert_parallel_size), --max_batch_size, --max_num_tokens, --kv_cache_free_gpu_memory_fraction
+  (alias of --free_gpu_memory_fraction), --extra_llm_api_options FILE.yaml (alias --config): a YAML of
+  LLM API arguments that overrides what the flags set; no data-parallel flag), tensorrt_llm/llmapi/
+  llm_args.py (enable_chunked_prefill, enable_attention_dp, KvCacheConfig's dtype ("auto" or "fp8"),
+  free_gpu_memory_fraction and host_cache_size: "size of the host cache in bytes", per rank as each
+  rank has its own KV cache manager) and tensorrt_llm/llmapi/llm_utils.py
+  (update_llm_args_with_extra_dict: `llm_args | yaml`, so a YAML kv_cache_config replaces the one the
+  --kv_cache_free_gpu_memory_fraction flag built - hence the fraction is repeated inside it).
+  Newer trtllm-serve also has an --enable_chunked_prefill flag (prototype); the YAML key works in
+  releases with and without it.
 """
 
 from __future__ import annotations
@@ -72,14 +85,15 @@ def _is_fraction(text: str) -> bool:
 
 
 def _check(tp: int, dp: int, max_num_seqs: int, max_num_batched_tokens: int, gpu_memory_utilization: float,
-           weight_dtype: str, kv_dtype: str) -> None:
-    """ValueError on a layout or dtype no engine command can be written for."""
+           weight_dtype: str, kv_dtype: str, fraction_name: str = "gpu_memory_utilization") -> None:
+    """ValueError on a layout or dtype no engine command can be written for (`fraction_name`: the
+    engine's name for the memory fraction, as the message says it)."""
     for name, value in (("tp", tp), ("dp", dp), ("max_num_seqs", max_num_seqs),
                         ("max_num_batched_tokens", max_num_batched_tokens)):
         if int(value) != value or value < 1:
             raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
     if not 0.0 < gpu_memory_utilization <= 1.0:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+        raise ValueError(f"{fraction_name} must be in (0, 1], got {gpu_memory_utilization!r}")
     if weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {weight_dtype!r}")
     if kv_dtype not in KV_DTYPES:
@@ -204,40 +218,136 @@ def sglang_launch_command(model_id: str, tp: int, dp: int, max_num_seqs: int, ma
     return _line(args, notes + _policy_notes("SGLang", policy, host_offload_bytes))
 
 
+EXTRA_OPTIONS_FILE = "extra_llm_api_options.yaml"  # trtllm-serve --extra_llm_api_options; its content in the comment
+
+
+def trtllm_serve_command(model_id: str, tp: int, dp: int, max_num_seqs: int, max_num_batched_tokens: int,
+                         free_gpu_memory_fraction: float, chunked_prefill: bool, policy: str,
+                         host_offload_bytes: float | None, weight_dtype: str, kv_dtype: str, *,
+                         ep_size: int | None = None, attention_dp: bool = False) -> str:
+    """`trtllm-serve MODEL --backend pytorch ...` for one plan configuration (TensorRT-LLM's
+    tensorrt_llm/commands/serve.py; see the module docstring).
+
+    Maps tp -> --tp_size (with --pp_size 1), max_num_seqs -> --max_batch_size, max_num_batched_tokens
+    -> --max_num_tokens, free_gpu_memory_fraction (the fraction the plan ran with: scenario engine
+    tensorrt-llm, 0.9 by default) -> --kv_cache_free_gpu_memory_fraction. trtllm-serve has no
+    data-parallel flag: dp > 1 replicas are one server per tp-GPU group behind the load balancer, said
+    in the comment. `ep_size` adds --ep_size (expert parallel MoE layers); without it the flag is left
+    out. `attention_dp`: attention data-parallel over the tp ranks (enable_attention_dp in the YAML);
+    TensorRT-LLM's --max_batch_size is then per rank, so it is max_num_seqs / tp rounded up (the
+    group's cap over its ranks); --max_num_tokens stays as given.
+    What has no flag goes into the extra LLM API options YAML - chunked prefill (off by default, so
+    only when on), fp8 KV (kv_cache_config dtype fp8), a tiered policy's host KV cache for offloaded
+    reusable blocks (kv_cache_config host_cache_size: bytes per rank, host_offload_bytes / tp rounded
+    up) - and --extra_llm_api_options extra_llm_api_options.yaml is added only when the YAML has
+    something, its content written in the trailing comment (the command stays one line). A YAML
+    kv_cache_config replaces the flag's, so it repeats free_gpu_memory_fraction. Weights: the PyTorch
+    backend serves pre-quantized checkpoints and has no online quantisation flag, so fp8 / int8 / int4
+    weights are a note; what TensorRT-LLM cannot do of the policy is a note, as for vLLM.
+    """
+    kind, _ = _parse_policy(policy)
+    _check(tp, dp, max_num_seqs, max_num_batched_tokens, free_gpu_memory_fraction, weight_dtype, kv_dtype,
+           "free_gpu_memory_fraction")
+    batch = _ceil_div(max_num_seqs, int(tp)) if attention_dp else int(max_num_seqs)
+    args = ["trtllm-serve", shlex.quote(model_id), "--backend", "pytorch", "--tp_size", str(int(tp)), "--pp_size", "1"]
+    if ep_size is not None:
+        args += ["--ep_size", str(int(ep_size))]
+    args += ["--max_batch_size", str(batch), "--max_num_tokens", str(int(max_num_batched_tokens)),
+             "--kv_cache_free_gpu_memory_fraction", f"{free_gpu_memory_fraction:g}"]
+    notes: list[str] = []
+    kv_cache: dict = {}
+    if kv_dtype in FP8_KV_DTYPES:
+        kv_cache["dtype"] = "fp8"
+    if kind == "tiered" and host_offload_bytes and host_offload_bytes > 0:
+        kv_cache["host_cache_size"] = _ceil_div(host_offload_bytes, int(tp))
+    extra = {**({"enable_chunked_prefill": True} if chunked_prefill else {}),
+             **({"enable_attention_dp": True} if attention_dp else {}),
+             **({"kv_cache_config": {"free_gpu_memory_fraction": free_gpu_memory_fraction, **kv_cache}}
+                if kv_cache else {})}
+    if extra:
+        args += ["--extra_llm_api_options", EXTRA_OPTIONS_FILE]
+        notes.append(f"{EXTRA_OPTIONS_FILE}: {_flow_yaml(extra)}")
+    notes += _trtllm_dtype_notes(weight_dtype, kv_dtype) + _policy_notes("TensorRT-LLM", policy, host_offload_bytes)
+    return _line(args, notes + ([_replica_note(tp, dp)] if dp > 1 else []))
+
+
+# Pre-quantized checkpoints of each weight format, as examples for the note (TensorRT-LLM reads
+# hf_quant_config.json / the config's quantization_config of a ModelOpt, AWQ or GPTQ checkpoint).
+_TRTLLM_CHECKPOINTS = {"fp8": "ModelOpt FP8", "int8": "int8 weight-only, W8A16", "int4": "AWQ/GPTQ int4"}
+
+
+def _trtllm_dtype_notes(weight_dtype: str, kv_dtype: str) -> list[str]:
+    """What TensorRT-LLM's command cannot say of the dtypes: bf16 weights and 16-bit or fp8 KV need no note."""
+    notes = []
+    if weight_dtype == "fp16":
+        notes.append("weight_dtype fp16: no flag; TensorRT-LLM uses the checkpoint's dtype (serve a float16 one)")
+    elif weight_dtype in _TRTLLM_CHECKPOINTS:
+        notes.append(f"weight_dtype {weight_dtype}: TensorRT-LLM's PyTorch backend has no online quantization; serve "
+                     f"a checkpoint already quantized in {weight_dtype} (e.g. {_TRTLLM_CHECKPOINTS[weight_dtype]}); "
+                     f"the engine reads the method from the checkpoint's config, no flag added")
+    if kv_dtype == "int8":
+        notes.append("kv_dtype int8 (grouped, with scales): no matching kv_cache_config dtype verified; the engine "
+                     "keeps the KV cache in the model dtype")
+    return notes
+
+
+def _flow_yaml(mapping: dict) -> str:
+    """`mapping` as one line of YAML flow style: {key: value, key: {key: value}}; bools as true / false."""
+    def text(value) -> str:
+        if isinstance(value, dict):
+            return _flow_yaml(value)
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return f"{value:g}" if isinstance(value, float) else str(value)
+    return "{" + ", ".join(f"{key}: {text(value)}" for key, value in mapping.items()) + "}"
+
+
 def launch_commands(model_id: str, tp: int, dp: int, max_num_seqs: int, max_num_batched_tokens: int,
                     gpu_memory_utilization: float, chunked_prefill: bool, policy: str,
                     host_offload_bytes: float | None, weight_dtype: str, kv_dtype: str,
                     experts: str | None = None, moe: bool = False,
-                    mem_fraction_static: float | None = None) -> dict[str, str]:
+                    mem_fraction_static: float | None = None,
+                    trtllm_fraction: float | None = None) -> dict[str, str]:
     """{"vllm": vllm_serve_command(...), "sglang": sglang_launch_command(...)} for the same inputs;
     a mixture of experts' layout `experts` as `expert_commands` says. A mixture of experts (`moe`,
     or any `experts` layout) never takes --data-parallel-size for its replicas: vLLM runs the
     data-parallel ranks of an MoE model in lockstep as one expert group of dp x tp GPUs
     (docs/serving/data_parallel_deployment.md), not the independent replicas the plan simulates -
     so one server per replica, said in a comment. `mem_fraction_static`: SGLang's fraction where the plan
-    ran under `engine: sglang` (else SGLang's flag takes gpu_memory_utilization)."""
+    ran under `engine: sglang` (else SGLang's flag takes gpu_memory_utilization). `trtllm_fraction`:
+    TensorRT-LLM's free_gpu_memory_fraction where the plan ran under `engine: tensorrt-llm`, which adds
+    a "trtllm" entry (trtllm_serve_command); None (the default): no "trtllm" entry."""
     rest = (max_num_batched_tokens, gpu_memory_utilization, chunked_prefill, policy, host_offload_bytes, weight_dtype,
             kv_dtype)
     fraction = {"mem_fraction_static": mem_fraction_static}
     if experts:
-        return _replicas(expert_commands(model_id, tp, max_num_seqs, experts, rest, fraction), tp, dp)
-    if moe:
-        args = (model_id, tp, 1, max_num_seqs, *rest)
-        return _replicas({"vllm": vllm_serve_command(*args), "sglang": sglang_launch_command(*args, **fraction)}, tp, dp)
-    args = (model_id, tp, dp, max_num_seqs, *rest)
-    return {"vllm": vllm_serve_command(*args), "sglang": sglang_launch_command(*args, **fraction)}
+        return _replicas(expert_commands(model_id, tp, max_num_seqs, experts, rest, fraction, trtllm_fraction), tp, dp)
+    replica_dp = 1 if moe else dp
+    args = (model_id, tp, replica_dp, max_num_seqs, *rest)
+    out = {"vllm": vllm_serve_command(*args), "sglang": sglang_launch_command(*args, **fraction)}
+    if trtllm_fraction is not None:
+        out["trtllm"] = trtllm_serve_command(*_trtllm_args(args, trtllm_fraction))
+    return _replicas(out, tp, dp) if moe else out
+
+
+def _trtllm_args(args: tuple, trtllm_fraction: float) -> tuple:
+    """vllm_serve_command's positional inputs with TensorRT-LLM's fraction for gpu_memory_utilization."""
+    return (*args[:5], trtllm_fraction, *args[6:])
+
+
+def _replica_note(tp: int, dp: int) -> str:
+    return f"one server per {int(tp)}-GPU group: run {int(dp)} behind the load balancer"
 
 
 def _replicas(commands: dict[str, str], tp: int, dp: int) -> dict[str, str]:
     """`commands` for one of `dp` replicas, each a server of its own behind the load balancer."""
     if dp <= 1:
         return commands
-    note = f"one server per {int(tp)}-GPU group: run {int(dp)} behind the load balancer"
-    return {engine: _with_note(line, note) for engine, line in commands.items()}
+    return {engine: with_note(line, _replica_note(tp, dp)) for engine, line in commands.items()}
 
 
 def expert_commands(model_id: str, tp: int, max_num_seqs: int, experts: str, rest: tuple,
-                    fraction: dict | None = None) -> dict[str, str]:
+                    fraction: dict | None = None, trtllm_fraction: float | None = None) -> dict[str, str]:
     """One `tp`-GPU group's commands of a mixture of experts' layout (`rest`: launch_commands' inputs
     from max_num_batched_tokens on).
     "ep": the tensor-parallel commands with vLLM's --enable-expert-parallel (vllm/config/parallel.py
@@ -247,19 +357,25 @@ def expert_commands(model_id: str, tp: int, max_num_seqs: int, experts: str, res
     of one GPU each with --enable-expert-parallel, each rank an engine with its own scheduler and
     offload buffer, so --max-num-seqs, --max-num-batched-tokens and --kv-offloading-size are the
     group's / tp (rounded up); SGLang as --tp-size tp --dp-size tp --enable-dp-attention --ep-size tp,
-    whose --max-running-requests is divided over the dp ranks (the group's cap as is)."""
+    whose --max-running-requests is divided over the dp ranks (the group's cap as is).
+    `trtllm_fraction` (not None) adds TensorRT-LLM's: --ep_size tp for both, and for "ep+dpa"
+    enable_attention_dp in its YAML with --max_batch_size per rank (trtllm_serve_command attention_dp)."""
+    out = {}
     if experts == "ep":
-        vllm = with_flags(vllm_serve_command(model_id, tp, 1, max_num_seqs, *rest), "--enable-expert-parallel")
-        sglang = with_flags(sglang_launch_command(model_id, tp, 1, max_num_seqs, *rest, **(fraction or {})),
-                            f"--ep-size {int(tp)}")
-        return {"vllm": vllm, "sglang": sglang}
-    tokens, util, chunked, policy, host, weight_dtype, kv_dtype = rest
-    per_rank = (_ceil_div(tokens, tp), util, chunked, policy, host / tp if host else host, weight_dtype, kv_dtype)
-    vllm = with_flags(vllm_serve_command(model_id, 1, tp, _ceil_div(max_num_seqs, tp), *per_rank),
-                      "--enable-expert-parallel")
-    sglang = with_flags(sglang_launch_command(model_id, tp, tp, max_num_seqs, *rest, **(fraction or {})),
-                        f"--enable-dp-attention --ep-size {int(tp)}")
-    return {"vllm": vllm, "sglang": sglang}
+        out["vllm"] = with_flags(vllm_serve_command(model_id, tp, 1, max_num_seqs, *rest), "--enable-expert-parallel")
+        out["sglang"] = with_flags(sglang_launch_command(model_id, tp, 1, max_num_seqs, *rest, **(fraction or {})),
+                                   f"--ep-size {int(tp)}")
+    else:
+        tokens, util, chunked, policy, host, weight_dtype, kv_dtype = rest
+        per_rank = (_ceil_div(tokens, tp), util, chunked, policy, host / tp if host else host, weight_dtype, kv_dtype)
+        out["vllm"] = with_flags(vllm_serve_command(model_id, 1, tp, _ceil_div(max_num_seqs, tp), *per_rank),
+                                 "--enable-expert-parallel")
+        out["sglang"] = with_flags(sglang_launch_command(model_id, tp, tp, max_num_seqs, *rest, **(fraction or {})),
+                                   f"--enable-dp-attention --ep-size {int(tp)}")
+    if trtllm_fraction is not None:
+        out["trtllm"] = trtllm_serve_command(*_trtllm_args((model_id, tp, 1, max_num_seqs, *rest), trtllm_fraction),
+                                             ep_size=tp, attention_dp=experts != "ep")
+    return out
 
 
 def with_flags(line: str, flags: str) -> str:
@@ -268,7 +384,7 @@ def with_flags(line: str, flags: str) -> str:
     return f"{command} {flags}" + (f"  # {comment}" if sep else "")
 
 
-def _with_note(line: str, note: str) -> str:
+def with_note(line: str, note: str) -> str:
     """`line` with `note` added to its trailing comment."""
     command, sep, comment = line.partition("  # ")
     return f"{command}  # " + (f"{comment}; {note}" if sep else note)
