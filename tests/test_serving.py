@@ -80,9 +80,11 @@ def test_a_prompt_alone_costs_prefill_plus_the_step_overhead():
     cost = mixed_step_cost(*cost_args(ctx), "layerwise_async", 0, 0, 0, 0, ctx.kv_bytes_per_token_layer,
                            ctx.t2_bytes_per_token_layer, prefill_tokens=p, prefill_position_sum=p * (p + 1) // 2,
                            prefill_kv_tokens=p, prefill_seqs=1)
-    # prefill_s = L x (GEMMs + all-reduces + causal FLOP / attention FLOP/s + overhead) + LM head; a step adds
-    # its overhead (compute-bound attention: the prefill's FLOP term is the roofline's larger side)
-    expected = prefill_s(*cost_args(ctx), 1, p) - lm_head_s(model, hw, 1) + step_tail_s(model, hw, 1)
+    # prefill_s = L x (GEMMs + all-reduces + causal attention + overhead) + LM head; a step adds its
+    # overhead (attention from the measured context table where the run has one, else causal FLOP /
+    # attention FLOP/s: compute-bound, the roofline's larger side)
+    expected = (prefill_s(*cost_args(ctx), 1, p, ctx.kv_bytes_per_token_layer) - lm_head_s(model, hw, 1)
+                + step_tail_s(model, hw, 1))
     assert cost.compute_s == pytest.approx(expected, rel=1e-12)
 
 
@@ -153,7 +155,7 @@ def test_low_load_ttft_is_the_prefill_and_tpot_the_single_sequence_step():
     prefill_step = mixed_step_cost(*cost_args(ctx), "layerwise_async", 0, 0, 0, 0, kv, t2, prefill_tokens=p,
                                    prefill_position_sum=p * (p + 1) // 2, prefill_kv_tokens=p, prefill_seqs=1).compute_s
     assert req["ttft_s"].to_numpy() == pytest.approx(prefill_step, rel=1e-9)
-    assert req["ttft_s"].to_numpy() == pytest.approx(prefill_s(*cost_args(ctx), 1, p), rel=0.02)
+    assert req["ttft_s"].to_numpy() == pytest.approx(prefill_s(*cost_args(ctx), 1, p, kv), rel=0.02)
     steps = [decode_step_cost(*cost_args(ctx), "layerwise_async", 1, p + s + 1, 0, 0, kv, t2).compute_s
              for s in range(n - 1)]
     assert req["tpot_s"].to_numpy() == pytest.approx(np.mean(steps), rel=1e-9)

@@ -20,14 +20,15 @@ KERNELS_HELP = "datasheet, measured or both (measured: AIConfigurator's tables, 
 
 
 def ops(
-    op: Optional[str] = typer.Argument(None, help="gemm, attention or allreduce (or give --csv)"),
+    op: Optional[str] = typer.Argument(None, help="gemm, attention (decode), prefill (causal prefill attention) or allreduce (or give --csv)"),
     gpu: str = typer.Option("h200-sxm", "--gpu", help="catalog GPU (kvsim gpus)"),
     m: Optional[int] = typer.Option(None, "--m", help="gemm: rows (tokens)"),
     n: Optional[int] = typer.Option(None, "--n", help="gemm: output features per GPU"),
     k: Optional[int] = typer.Option(None, "--k", help="gemm: input features (the reduction)"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="gemm: weight dtype bf16, fp16, fp8, int8, int4"),
     batch: Optional[int] = typer.Option(None, "--batch", help="attention: sequences"),
-    kv_tokens: Optional[int] = typer.Option(None, "--kv-tokens", help="attention: cached tokens each attends"),
+    kv_tokens: Optional[int] = typer.Option(None, "--kv-tokens", help="attention: cached tokens each attends; "
+                                            "prefill: each prompt's tokens"),
     heads: Optional[int] = typer.Option(None, "--heads", help="attention: query heads per GPU"),
     kv_heads: Optional[int] = typer.Option(None, "--kv-heads", help="attention: KV heads per GPU"),
     head_dim: Optional[int] = typer.Option(None, "--head-dim", help="attention: head dimension"),
@@ -44,7 +45,7 @@ def ops(
                                            "on your own device, instead of AIConfigurator's tables"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
-    """Predicted time of one operator call (a GEMM, one layer's decode attention, an all-reduce)."""
+    """Predicted time of one operator call (a GEMM, one layer's decode or prefill attention, an all-reduce)."""
     from sim.device.kernels import KERNELS, predict, profile_kernels
     from sim.inputs import catalog
     from sim.inputs.kernel_tables import FRAMEWORKS
@@ -65,7 +66,7 @@ def ops(
         print(f"kvsim: ops: note: {mismatch}", file=sys.stderr)  # never a GPU number from a CPU
     if csv_in is None:
         if op is None:
-            raise ConfigError("give an operator (gemm, attention, allreduce) or --csv FILE", field="OP")
+            raise ConfigError("give an operator (gemm, attention, prefill, allreduce) or --csv FILE", field="OP")
         values = {"op": op, "gpu": gpu, "m": m, "n": n, "k": k, "dtype": dtype, "batch": batch, "kv_tokens": kv_tokens,
                   "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "kv_dtype": kv_dtype, "bytes": nbytes,
                   "gpus": gpus, "impl": impl}
@@ -113,6 +114,8 @@ def _print_one(q, result: dict, chosen: tuple[str, ...], as_json: bool) -> None:
 def _shape(q) -> str:
     if q.op == "gemm":
         return f"m {q.m} x n {q.n} x k {q.k}, {q.dtype} weights"
+    if q.op == "prefill":
+        return f"{q.batch} prompts x {q.kv_tokens} tokens, {q.heads} heads / {q.kv_heads} KV heads x {q.head_dim}, KV {q.kv_dtype}"
     if q.op == "attention":
         return f"batch {q.batch} x {q.kv_tokens} cached tokens, {q.heads} heads / {q.kv_heads} KV heads x {q.head_dim}, KV {q.kv_dtype}"
     return f"{q.bytes:,.0f} bytes over {q.gpus} GPUs ({q.impl})"

@@ -87,6 +87,8 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
                           framework=scenario.engine.kernel_framework if scenario.engine else FRAMEWORK)
     if scenario.engine is not None:
         hw = with_engine(hw, scenario, model)
+    if hw.kernels is not None and hw.kernels.tables.context_attention is not None:
+        hw = replace(hw, sources={**hw.sources, "prefill_attention": prefill_attention_source(model, hw)})
     moe_mla = source_line(model, hw, m.weight_dtype, m.weight_group_size, m.kv_dtype)
     if moe_mla:
         hw = replace(hw, sources={**hw.sources, "kernels_moe_mla": moe_mla})
@@ -101,6 +103,15 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
         weights_bytes=model.weight_bytes(m.weight_dtype, m.weight_group_size),
         profile_path=profile_path,
     )
+
+
+def prefill_attention_source(model: ModelSpec, hw: Hardware) -> str:
+    """Where this run's prefill attention comes from (`physics.measured_prefill_attention_s`)."""
+    if model.layer_kinds or model.attention_dp > 1:
+        why = "layer kinds" if model.layer_kinds else "attention data parallelism"
+        return f"datasheet: physics.prefill_attention_s (the context-attention table is not used with {why})"
+    return (hw.kernels.tables.source("context_attention") + ": each step's chunks as prompts of the length that "
+            "attends as many pairs")
 
 
 def with_engine(hw: Hardware, scenario: Scenario, model: ModelSpec) -> Hardware:

@@ -128,7 +128,7 @@ def _decode_figures(scenario: Scenario, ctx: RunContext, timing, steps: pd.DataF
     return dict(
         decode_s=decode_s,
         prefill_s=prefill_s(ctx.model, ctx.hw, scenario.model.weight_dtype, scenario.model.weight_group_size,
-                            scenario.workload.batch_size, scenario.workload.prompt_tokens),
+                            scenario.workload.batch_size, scenario.workload.prompt_tokens, ctx.kv_bytes_per_token_layer),
         throughput_tok_per_s=generated / decode_s if decode_s > 0 else None,
         tpot_p50_s=tpot_p50_s, tpot_p99_s=tpot_p99_s,
         h2d_bytes=float(steps["h2d_bytes"].sum()), d2h_bytes=float(steps["d2h_bytes"].sum()),

@@ -312,10 +312,12 @@ def with_measured_kernels(hw: Hardware, framework: str = FRAMEWORK) -> Hardware:
     borrowed = "".join(f" ({table} {said})" for table, said in tables.table_sources.items())
     measured = [d for d in ("bf16", "fp8", "int8", "int4") if d in kernels.gemm_dtypes()]
     weight_only = "" if {"int8", "int4"} <= set(measured) else " and weight-only"
+    context = tables.context_attention is not None and len(tables.context_attention) > 0
     what = (f"measured: {PACKAGE} {tables.package_version} {tables.system} ({tables.device}) "
             f"{tables.framework} {tables.framework_version}{borrowed}: dense GEMMs ({', '.join(measured)}), GQA decode "
-            f"attention, custom all-reduce; datasheet: prefill attention, MLA and linear-attention layers, MoE{weight_only} "
-            f"GEMMs, per-layer overheads")
+            f"{'and prefill ' if context else ''}attention, custom all-reduce; datasheet: "
+            f"{'' if context else 'prefill attention, '}MLA and linear-attention layers, MoE{weight_only} GEMMs, "
+            f"per-layer overheads")
     return replace(hw, kernels=kernels, sources={**hw.sources, "kernels": what})
 
 

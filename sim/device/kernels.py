@@ -1,6 +1,7 @@
 """The operator-cost seam: what a step's cost asks of the device, one operator at a time - a GEMM
 (m rows x n outputs x k inputs, a weight dtype), one layer's decode attention (batch, cached tokens
-per sequence, heads, KV heads, head dim, KV dtype) and an all-reduce (bytes over N GPUs, an
+per sequence, heads, KV heads, head dim, KV dtype), one layer's causal prefill attention (prompts,
+tokens each, the same heads) and an all-reduce (bytes over N GPUs, an
 implementation) - answered two ways:
 
 - `datasheet`: kvtier's own model, the formulas the step cost uses (`physics.weight_gemm_s`,
@@ -25,7 +26,7 @@ from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
 from .hardware import Hardware, resolve_hardware
 from .measured_kernels import MeasuredKernels, measured_kernels_for
-from .physics import attention_s, weight_gemm_s
+from .physics import attention_s, roofline_s, weight_gemm_s
 
 KERNELS = ("datasheet", "measured")
 DEFAULT_GROUP_SIZE = 128
@@ -50,13 +51,23 @@ class DecodeAttention:
 
 
 @dataclass(frozen=True)
+class PrefillAttention:
+    batch: int
+    prompt_tokens: int  # each prompt's tokens, nothing cached before them (causal: token i attends i)
+    heads: int  # query heads per GPU
+    kv_heads: int  # per GPU
+    head_dim: int
+    kv_dtype: str = "bf16"
+
+
+@dataclass(frozen=True)
 class AllReduce:
     nbytes: float
     gpus: int
     impl: str = "custom"  # custom (the engine's one-shot / two-shot kernel) or nccl
 
 
-Operator = Gemm | DecodeAttention | AllReduce
+Operator = Gemm | DecodeAttention | PrefillAttention | AllReduce
 
 
 @dataclass(frozen=True)
@@ -87,6 +98,13 @@ def datasheet_cost(gpu: str, op: Operator) -> OpCost:
         flop = ATTN_MATMULS * FLOP_PER_MAC * op.batch * op.kv_tokens * op.heads * op.head_dim
         kv_bytes = (op.batch * op.kv_tokens + op.batch) * kv_layer  # reads every cached token, writes the new one
         return OpCost(attention_s(flop, kv_bytes, hw), "datasheet: physics.attention_s")
+    if isinstance(op, PrefillAttention):
+        hw = datasheet_hardware(gpu)
+        kv_layer = 2 * op.kv_heads * op.head_dim * KV_DTYPES[op.kv_dtype].bytes_per_element
+        pairs = op.batch * op.prompt_tokens * (op.prompt_tokens + 1) / 2
+        flop = ATTN_MATMULS * FLOP_PER_MAC * op.heads * op.head_dim * pairs
+        return OpCost(roofline_s(flop, op.batch * op.prompt_tokens * kv_layer, hw.attention_flop_per_s,
+                                 hw.attention_hbm_bytes_per_s), "datasheet: physics.prefill_attention_s")
     hw = datasheet_hardware(gpu, tp=op.gpus)
     return OpCost(hw.allreduce_s(op.nbytes), "datasheet: Hardware.allreduce_s (ring: catalog interconnect busbw + per-hop latency)")
 
@@ -111,6 +129,11 @@ def measured_cost(gpu: str, op: Operator, mk: MeasuredKernels | None = None, fra
             d = datasheet_cost(gpu, op)
             return OpCost(d.seconds, d.source, False, "no measured attention points: the datasheet model")
         r = mk.decode_attention_s(op.batch, op.kv_tokens, op.heads, op.kv_heads, op.head_dim, op.kv_dtype)
+    elif isinstance(op, PrefillAttention):
+        if not mk.has_context_attention():
+            d = datasheet_cost(gpu, op)
+            return OpCost(d.seconds, d.source, False, "no measured prefill-attention table: the datasheet model")
+        r = mk.context_attention_s(op.batch, op.prompt_tokens, op.heads, op.kv_heads, op.head_dim, op.kv_dtype)
     elif not mk.allreduce_impls() and op.gpus > 1:
         d = datasheet_cost(gpu, op)
         return OpCost(d.seconds, d.source, False, "no measured all-reduce table: the datasheet model")
@@ -130,6 +153,8 @@ def operator_of(q) -> Operator:
         return Gemm(q.m, q.n, q.k, q.dtype)
     if q.op == "attention":
         return DecodeAttention(q.batch, q.kv_tokens, q.heads, q.kv_heads, q.head_dim, q.kv_dtype)
+    if q.op == "prefill":
+        return PrefillAttention(q.batch, q.kv_tokens, q.heads, q.kv_heads, q.head_dim, q.kv_dtype)
     return AllReduce(q.bytes, q.gpus, q.impl)
 
 

@@ -65,6 +65,16 @@ def attention_roofline_s(batch, kv_tokens, heads, kv_heads, head_dim, kv_bytes: 
     return np.maximum(flop / flop_per_s, moved / hbm_bytes_per_s)
 
 
+def context_roofline_s(batch, prompt_tokens, heads, kv_heads, head_dim, kv_bytes: float, flop_per_s: float,
+                       hbm_bytes_per_s: float):
+    """One causal prefill-attention call of b prompts of n tokens: max(4 H d b n (n + 1) / 2 / FLOP/s,
+    b n (2 Hkv d x KV bytes + 2 H d x 2) / HBM) - token i attends i tokens; Q read, O written, K/V written."""
+    b, n = np.asarray(batch, dtype=float), np.asarray(prompt_tokens, dtype=float)
+    flop = ATTN_MATMULS * FLOP_PER_MAC * heads * head_dim * b * n * (n + 1) / 2
+    moved = b * n * (2 * kv_heads * head_dim * kv_bytes + 2 * heads * head_dim * ACTIVATION_BYTES)
+    return np.maximum(flop / flop_per_s, moved / hbm_bytes_per_s)
+
+
 def mla_roofline_s(batch, kv_tokens, heads, kv_lora_rank: int, rope_dim: int, kv_bytes: float, flop_per_s: float,
                    hbm_bytes_per_s: float):
     """One absorbed MLA decode call, Dl = kv_lora_rank + rope (QK^T over the latent) and Dc =
@@ -174,20 +184,71 @@ class MeasuredKernels:
             self._slice_of[asked] = self._find_attention_slice(*asked)
         return self._slice_of[asked]
 
-    def _find_attention_slice(self, heads, kv_heads, head_dim, kv_dtype, window) -> tuple[tuple, str]:
+    def _find_attention_slice(self, heads, kv_heads, head_dim, kv_dtype, window, slices=None) -> tuple[tuple, str]:
+        slices = self._attention_slices if slices is None else slices
         measured_dtype = MEASURED_AS.get(kv_dtype)
         want = (measured_dtype or "bf16", 0 if kv_heads == heads else int(kv_heads), int(head_dim), int(window))
-        if measured_dtype and want in self._attention_slices:
+        if measured_dtype and want in slices:
             return want, ""
 
         def distance(s):
             return ((s[0] != want[0]) * 10 + abs(np.log2(max(s[1], 0.5) / max(want[1], 0.5)))
                     + abs(np.log2(s[2] / want[2])) + (s[3] != want[3]) * 5)
 
-        best = min(self._attention_slices, key=distance)
+        best = min(slices, key=distance)
         asked = f"kv {kv_dtype}, {kv_heads} KV heads, head dim {head_dim}, window {window}"
         used = f"kv {best[0]}, {best[1] or 'MHA'} KV heads, head dim {best[2]}, window {best[3]}"
         return best, f"not measured ({asked}): the ratio of ({used})"
+
+    # ---- prefill (context) attention --------------------------------------------------------------
+    @cached_property
+    def _context_slices(self) -> dict[tuple, RatioGrid]:
+        """The context-attention table as grids of measured / `context_roofline_s` over (heads, batch,
+        prompt tokens), per (KV dtype, KV heads, head dim, window); empty where the tables have none."""
+        grids, c = {}, self.tables.context_attention
+        if c is None:
+            return grids
+        for (kv_dtype, kv_heads, head_dim, window), t in c.groupby(["kv_dtype", "kv_heads", "head_dim", "window"]):
+            hkv = np.where(kv_heads == 0, t["heads"], kv_heads)
+            roof = context_roofline_s(t["batch"], t["kv_tokens"], t["heads"].to_numpy(), hkv, head_dim,
+                                      KV_FORMATS[kv_dtype].bytes_per_element, self.gpu.bf16_flop_per_s,
+                                      self.gpu.hbm_bytes_per_s)
+            grids[(kv_dtype, int(kv_heads), int(head_dim), int(window))] = RatioGrid.from_points(
+                t[["heads", "batch", "kv_tokens"]].to_numpy(), t["latency_s"].to_numpy() / roof)
+        return grids
+
+    def has_context_attention(self) -> bool:
+        return bool(self._context_slices)
+
+    def context_attention_s(self, batch, prompt_tokens, heads: int, kv_heads: int, head_dim: int,
+                            kv_dtype: str = "bf16") -> Lookup:
+        """`context_attention_one_s` over arrays of (batch, prompt tokens), with whether each lay inside."""
+        key, note = self._context_key(heads, kv_heads, head_dim, kv_dtype)
+        b, n = np.broadcast_arrays(np.atleast_1d(np.asarray(batch, dtype=float)),
+                                   np.atleast_1d(np.asarray(prompt_tokens, dtype=float)))
+        b, n = np.maximum(b, 1.0), np.maximum(n, 1.0)
+        ratio, inside = self._context_slices[key](np.column_stack([np.full(len(b), float(heads)), b, n]))
+        roof = context_roofline_s(b, n, heads, kv_heads, head_dim, KV_FORMATS[kv_dtype].bytes_per_element,
+                                  self.gpu.bf16_flop_per_s, self.gpu.hbm_bytes_per_s)
+        return Lookup(roof * ratio, inside & (note == ""), self.tables.source("context_attention"), note)
+
+    def _context_key(self, heads, kv_heads, head_dim, kv_dtype) -> tuple[tuple, str]:
+        asked = ("context", heads, kv_heads, head_dim, kv_dtype)
+        if asked not in self._slice_of:
+            self._slice_of[asked] = self._find_attention_slice(heads, kv_heads, head_dim, kv_dtype, 0, self._context_slices)
+        return self._slice_of[asked]
+
+    def context_attention_one_s(self, batch: float, prompt_tokens: float, heads: int, kv_heads: int, head_dim: int,
+                                kv_dtype: str = "bf16") -> float:
+        """One layer's causal prefill attention of `batch` prompts of `prompt_tokens` tokens each (the
+        table's query; a step's chunks come as their equivalent, `physics.prefill_attention_s`): the
+        table's ratio to `context_roofline_s`, interpolated log-log, at the edge's ratio outside it."""
+        key = self._context_key(heads, kv_heads, head_dim, kv_dtype)[0]
+        b, n = max(float(batch), 1.0), max(float(prompt_tokens), 1.0)
+        ratio, _ = self._context_slices[key]._at(np.array([float(heads), b, n]))
+        roof = context_roofline_s(b, n, heads, kv_heads, head_dim, KV_FORMATS[kv_dtype].bytes_per_element,
+                                  self.gpu.bf16_flop_per_s, self.gpu.hbm_bytes_per_s)
+        return float(roof) * ratio
 
     # ---- all-reduce -------------------------------------------------------------------------------
     def allreduce_impls(self) -> list[str]:

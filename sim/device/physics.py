@@ -403,12 +403,19 @@ def step_tail_s(model: ModelSpec, hw: Hardware, batch: int, step_kind: str = DEC
     return max(lm_head_s(model, hw, batch) + hw.step_overhead_s, host_times(hw, batch, step_kind)[1])
 
 
-def prefill_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, batch: int, prompt_tokens: int) -> float:
+def prefill_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, batch: int, prompt_tokens: int,
+              kv_bytes_per_token_layer: float | None = None) -> float:
     """Prefill of B prompts of P tokens: GEMMs over B*P rows plus causal attention
-    (sum over positions of 4 * i * H * d = 2 * P^2 * H * d per sequence per layer)."""
+    (sum over positions of 4 * i * H * d = 2 * P^2 * H * d per sequence per layer) at the attention
+    FLOP rate - or, given the KV bytes per token per layer, from a measured context-attention table
+    where the run has one (`measured_prefill_attention_s`)."""
     if prompt_tokens <= 0:
         return 0.0
     rows = batch * prompt_tokens
+    measured = None
+    if kv_bytes_per_token_layer is not None:
+        pairs = batch * prompt_tokens * (prompt_tokens + 1) / 2
+        measured = measured_prefill_attention_s(model, hw, pairs, batch, kv_bytes_per_token_layer)
     if model.layer_kinds:
         causal_flop = kinds_prefill_flop(model, batch, prompt_tokens)
     else:
@@ -418,7 +425,7 @@ def prefill_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int
     per_layer = (
         weight_kernel_s(model, hw, weight_dtype, group_size, rows)
         + layer_comm_s(model, hw, rows)
-        + causal_flop / hw.attention_flop_per_s
+        + (causal_flop / hw.attention_flop_per_s if measured is None else measured)
         + hw.layer_overhead_s
     )
     return model.num_layers * per_layer + lm_head_s(model, hw, batch)
@@ -688,7 +695,7 @@ def _sparse_fetch_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_
 
 
 def prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_tokens: float,
-                        kv_bytes_per_token_layer: float) -> float:
+                        kv_bytes_per_token_layer: float, seqs: int = 0) -> float:
     """Causal attention of one layer over a step's prefill chunks (one variable-length kernel): a
     chunk token at position i (1-based) attends i tokens, so
     FLOP = 4 * H * d * sum over chunk tokens of i  (a whole prompt of P: 2 * P (P + 1) * H * d, as `prefill_s`),
@@ -697,13 +704,34 @@ def prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_
     chunks behind a long prefix. With layer kinds: the tiered layers as above (`attention_flop`, the
     mean layer's), window layers at most min(position sum, kv tokens x W) tokens attended and linear
     layers at most kv tokens state updates - upper bounds, the chunk's own token count not being
-    known here."""
+    known here. Measured tables with a context-attention table (a dense GQA model, `seqs` chunks):
+    `measured_prefill_attention_s`."""
     if position_sum <= 0:
         return 0.0
+    measured = measured_prefill_attention_s(model, hw, position_sum, seqs, kv_bytes_per_token_layer)
+    if measured is not None:
+        return measured
     flop = attention_flop(model, position_sum)
     if model.layer_kinds:
         flop += _bounded_prefill_flop(model, position_sum, kv_tokens)
     return roofline_s(flop, kv_tokens * kv_bytes_per_token_layer, hw.attention_flop_per_s, hw.attention_hbm_bytes_per_s)
+
+
+def measured_prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, seqs: int,
+                                 kv_bytes_per_token_layer: float) -> float | None:
+    """A step's prefill attention from the measured context-attention table (`MeasuredKernels.
+    context_attention_one_s`): its `seqs` chunks as that many prompts of the length n that attends as
+    many (query, key) pairs, seqs x n (n + 1) / 2 = position sum, i.e. n = (sqrt(1 + 8 S / seqs) - 1) / 2 -
+    exact for whole prompts of one length; chunks behind a computed prefix and mixed lengths take the
+    table's efficiency at that equivalent length. None (the datasheet formula) without such a table,
+    with layer kinds or attention data parallelism."""
+    k = hw.kernels
+    if k is None or seqs <= 0 or model.layer_kinds or model.attention_dp > 1 or not k.has_context_attention():
+        return None
+    n = (math.sqrt(1.0 + 8.0 * position_sum / seqs) - 1.0) / 2.0
+    element = kv_bytes_per_token_layer / (2 * model.num_kv_heads * model.head_dim)
+    kv_dtype = "fp8" if element < 1.5 else "bf16"  # as `gqa_attention_s`
+    return k.context_attention_one_s(seqs, n, model.num_heads, model.num_kv_heads, model.head_dim, kv_dtype)
 
 
 def _bounded_prefill_flop(model: ModelSpec, position_sum: float, kv_tokens: float) -> float:
@@ -744,7 +772,8 @@ def mixed_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
     rows = decodes + prefill_tokens
     layer = replace(base.layer, gemm_s=weight_kernel_s(model, hw, weight_dtype, group_size, rows),
                     attention_s=base.layer.attention_s + prefill_attention_s(model, hw, prefill_position_sum,
-                                                                             prefill_kv_tokens, kv_bytes_per_token_layer),
+                                                                             prefill_kv_tokens, kv_bytes_per_token_layer,
+                                                                             prefill_seqs),
                     allreduce_s=layer_comm_s(model, hw, rows),
                     host_s=host_times(hw, rows, MIXED if decodes else PREFILL)[0])
     return replace(base, layer=layer, tail_s=step_tail_s(model, hw, decodes + prefill_seqs, MIXED if decodes else PREFILL))

@@ -92,6 +92,8 @@ class KernelTables:
     gemm: pd.DataFrame  # dtype (kvtier weight dtype), m, n, k, latency_s
     decode_attention: pd.DataFrame  # kv_dtype, kv_heads (0: MHA), head_dim, window, heads, batch, kv_tokens, latency_s
     allreduce: dict[str, pd.DataFrame] = field(default_factory=dict)  # impl -> gpus, bytes, latency_s
+    # prefill (context) attention: decode_attention's columns, kv_tokens the prompt length (None: no table)
+    context_attention: pd.DataFrame | None = None
     nccl_version: str | None = None
     # read on first use (`with_moe_mla`); None: not read yet
     mla_decode: pd.DataFrame | None = None  # MLA_COLUMNS: kv_dtype, heads, batch, kv_tokens (new one included), latency_s
@@ -160,6 +162,7 @@ def _load(system: str, framework: str = FRAMEWORK) -> KernelTables:
 
     gemm = _read(required("gemm", "gemm_perf.parquet", "gemm"))
     attn = _read(required("attention", "generation_attention_perf.parquet", "generation_attention"))
+    context = table("attention", "context_attention_perf.parquet", "context_attention")
     nccl_version = str((spec.get("misc") or {}).get("nccl_version") or "")
     custom = table("comm", "custom_allreduce_perf.parquet", "custom_allreduce")
     allreduce = {"custom": _allreduce_graphs(_read(custom)) if custom is not None else None}
@@ -169,6 +172,7 @@ def _load(system: str, framework: str = FRAMEWORK) -> KernelTables:
     return KernelTables(system=system, device=str(gemm["device"].iloc[0]), framework=framework, framework_version=ver,
                         package_version=version(PACKAGE), gemm=_gemm(gemm), decode_attention=_decode_attention(attn),
                         allreduce={k: v for k, v in allreduce.items() if v is not None}, nccl_version=nccl_version or None,
+                        context_attention=_context_attention(_read(context)) if context is not None else None,
                         table_sources=sources)
 
 
@@ -217,7 +221,9 @@ def _gemm(df: pd.DataFrame) -> pd.DataFrame:
                          "latency_s": df["latency"].to_numpy() * MS_TO_S})
 
 
-def _decode_attention(df: pd.DataFrame) -> pd.DataFrame:
+def _decode_attention(df: pd.DataFrame, tokens: str = "step") -> pd.DataFrame:
+    """Attention rows in kvtier's units, `tokens` the column of each sequence's tokens (decode: `step`
+    cached tokens; context: `isl`)."""
     by_dtype = {v: k for k, v in KV_DTYPES.items() if k != "fp16"}
     df = df.assign(**{c: df[c] if c in df else d for c, d in (("window_size", 0), ("beam_width", 1), ("attn_dtype", "bfloat16"))})
     df = df[df["kv_cache_dtype"].isin(by_dtype) & (df["attn_dtype"] == "bfloat16") & (df["beam_width"] == 1)]
@@ -228,8 +234,15 @@ def _decode_attention(df: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame({"kv_dtype": df["kv_cache_dtype"].map(by_dtype).to_numpy(), "kv_heads": kv_heads.to_numpy(),
                         "head_dim": df["head_dim"].to_numpy(), "window": df["window_size"].to_numpy(),
                         "heads": df["num_heads"].to_numpy(), "batch": df["batch_size"].to_numpy(),
-                        "kv_tokens": df["step"].to_numpy(), "latency_s": df["latency"].to_numpy() * MS_TO_S})
+                        "kv_tokens": df[tokens].to_numpy(), "latency_s": df["latency"].to_numpy() * MS_TO_S})
     return out.drop_duplicates(["kv_dtype", "kv_heads", "head_dim", "window", "heads", "batch", "kv_tokens"], keep="first")
+
+
+def _context_attention(df: pd.DataFrame) -> pd.DataFrame:
+    """`context_attention_perf`: one layer's causal prefill attention of `batch_size` prompts of `isl`
+    tokens each, nothing cached before them (`step` is always 0), heads per GPU; ms. Its bf16-attention
+    rows (TensorRT-LLM also times fp8 context FMHA), by KV dtype, as `_decode_attention` reads its own."""
+    return _decode_attention(df[df["step"] == 0], tokens="isl")
 
 
 def _allreduce_graphs(df: pd.DataFrame) -> pd.DataFrame:
@@ -332,7 +345,7 @@ def moe_quant_for(weight_dtype: str, group_size: int = 128) -> str | None:
 # ---- the held-out split ---------------------------------------------------------------------------
 # Whole grid lines are held out, so the held-out points test interpolation across a gap (a held-out
 # cell inside a kept line would only test the nearest-cell fill): every 4th value (from the 3rd) of
-# GEMM n and k, of attention kv_tokens and batch, and of all-reduce message size; of MLA decode
+# GEMM n and k, of decode and prefill attention tokens and batch, and of all-reduce message size; of MLA decode
 # kv_tokens and batch, and of MoE tokens (where the tables carry them: `with_moe_mla`).
 HELD_OUT_EVERY, HELD_OUT_FROM = 4, 2
 
@@ -348,6 +361,8 @@ def split_tables(tables: KernelTables) -> tuple[KernelTables, KernelTables]:
     g, a = tables.gemm, tables.decode_attention
     g_held = _held_lines(g["n"]) | _held_lines(g["k"])
     a_held = _held_lines(a["kv_tokens"]) | _held_lines(a["batch"])
+    c = tables.context_attention
+    c_held = (_held_lines(c["kv_tokens"]) | _held_lines(c["batch"])) if c is not None else None
     ar_held = {impl: t.groupby("gpus")["bytes"].transform(lambda s: _held_lines(s)).astype(bool)
                for impl, t in tables.allreduce.items()}
 
@@ -361,6 +376,7 @@ def split_tables(tables: KernelTables) -> tuple[KernelTables, KernelTables]:
     def part(held: bool) -> KernelTables:
         return replace(tables, gemm=g[g_held == held], decode_attention=a[a_held == held],
                        allreduce={impl: t[ar_held[impl] == held] for impl, t in tables.allreduce.items()},
-                       mla_decode=m[m_held == held], moe=e[e_held == held])
+                       mla_decode=m[m_held == held], moe=e[e_held == held],
+                       context_attention=c[c_held == held] if c is not None else None)
 
     return part(False), part(True)

@@ -23,6 +23,7 @@ MAX_OP_BYTES = 2**40
 OP_FIELDS = {
     "gemm": ("m", "n", "k"),
     "attention": ("batch", "kv_tokens", "heads", "kv_heads", "head_dim"),
+    "prefill": ("batch", "kv_tokens", "heads", "kv_heads", "head_dim"),  # kv_tokens: each prompt's tokens
     "allreduce": ("bytes", "gpus"),
 }
 INTEGER_COLUMNS = {"m", "n", "k", "batch", "kv_tokens", "heads", "kv_heads", "head_dim", "gpus"}
@@ -31,7 +32,7 @@ COLUMNS = ("op", "gpu", "m", "n", "k", "dtype", "batch", "kv_tokens", "heads", "
 
 
 class OpQuery(Strict):
-    op: Literal["gemm", "attention", "allreduce"]
+    op: Literal["gemm", "attention", "prefill", "allreduce"]
     gpu: str = Field("h200-sxm", max_length=64)
     m: int | None = Field(None, ge=1, le=MAX_DIM)  # GEMM rows (tokens)
     n: int | None = Field(None, ge=1, le=MAX_DIM)  # output features per GPU
@@ -62,7 +63,7 @@ def op_query(values: dict, source: str) -> OpQuery:
     if missing:
         raise ConfigError(f"{values['op']} needs {', '.join(needs)}; missing {', '.join(missing)}", source=source,
                           field=missing[0])
-    if values.get("op") == "attention" and values["heads"] % max(values["kv_heads"], 1):
+    if values.get("op") in ("attention", "prefill") and values["heads"] % max(values["kv_heads"], 1):
         raise ConfigError(f"heads ({values['heads']}) must be a multiple of kv_heads", source=source, field="kv_heads")
     try:
         q = OpQuery.model_validate({k: v for k, v in values.items() if v is not None})

@@ -33,7 +33,7 @@ from sim.runner.tasks import run_tasks
 from sim.serving.run import simulate_serving
 
 from .e2e_table import Measurement
-from .operator_accuracy import covered_gpus, held_out_points, summary
+from .operator_accuracy import FAMILY, covered_gpus, held_out_points, summary
 
 MODES = ("measured", "datasheet")  # hardware.kernels of each mode
 # a row's engine (the first phrase its free text holds) -> the kvtier engine whose rules it runs under and
@@ -301,13 +301,13 @@ def bands_text(points: pd.DataFrame, computed_at: dict) -> str:
 
 
 def operator_table(gpus: Iterable[str] | None = None) -> pd.DataFrame:
-    """Per GPU and operator family (gemm, decode attention, all-reduce), then per family over every
-    GPU: held-out points, median and worst |error| of the datasheet model and of the tables."""
+    """Per GPU and operator family (gemm, decode attention, prefill attention, all-reduce), then per
+    family over every GPU: held-out points, median and worst |error| of the datasheet model and of the tables."""
     gpus = list(covered_gpus() if gpus is None else gpus)
     if not gpus or not tables_available():
         return pd.DataFrame()
     points = pd.concat([held_out_points(g)[0] for g in gpus], ignore_index=True)
-    family = points["op"].str.extract(r"^(gemm|decode attention|all-reduce)")[0].to_numpy()
+    family = points["op"].str.extract(FAMILY)[0].to_numpy()
     per_gpu = summary(points.assign(op=family))
     overall = summary(points.assign(gpu="all", op=family))
     keep = ["gpu", "op", "points", "datasheet_median", "datasheet_worst", "tables_median", "tables_worst"]

@@ -4,8 +4,9 @@ model and by the measured tables with the held-out grid lines removed (so the me
 interpolation across a gap, never a table point itself). Error = predicted / measured - 1.
 
 The domain is what kvtier's step cost asks for: GEMMs of 1-8192 rows with n, k >= 256 (bf16, fp8),
-decode attention at head dim 128 without a sliding window over >= 16 cached tokens, and
-all-reduces up to 64 MiB over 2-8 GPUs (custom and NCCL). Every `STRIDE`-th point of the domain is
+decode attention at head dim 128 without a sliding window over >= 16 cached tokens, prefill
+attention at head dim 128 without a window over prompts of >= 16 tokens, and all-reduces up to 64 MiB
+over 2-8 GPUs (custom and NCCL). Every `STRIDE`-th point of the domain is
 kept, in table order, so a run is seconds, not minutes.
 """
 
@@ -13,12 +14,13 @@ from __future__ import annotations
 
 import pandas as pd
 
-from sim.device.kernels import AllReduce, DecodeAttention, Gemm, datasheet_cost
+from sim.device.kernels import AllReduce, DecodeAttention, Gemm, PrefillAttention, datasheet_cost
 from sim.device.measured_kernels import MeasuredKernels
 from sim.inputs import catalog
 from sim.inputs.kernel_tables import SYSTEMS, load_tables, split_tables
 
 STRIDE = 7
+FAMILY = r"^(gemm|decode attention|prefill attention|all-reduce)"  # an op's family, from its name
 MAX_ALLREDUCE_BYTES = 64 * 2**20
 
 
@@ -29,6 +31,8 @@ def held_out_points(gpu: str) -> tuple[pd.DataFrame, MeasuredKernels]:
     tune, held = split_tables(load_tables(gpu))
     mk = MeasuredKernels(tune, spec, catalog.interconnect(spec.interconnect).bus_bytes_per_s)
     frames = [_gemms(gpu, held.gemm, mk), _attention(gpu, held.decode_attention, mk)]
+    if held.context_attention is not None:
+        frames.append(_prefill(gpu, held.context_attention, mk))
     frames += [_allreduce(gpu, impl, t, mk) for impl, t in held.allreduce.items()]
     out = pd.concat([f for f in frames if len(f)], ignore_index=True)
     out["datasheet_err"] = out["datasheet_s"] / out["measured_s"] - 1
@@ -59,6 +63,19 @@ def _attention(gpu: str, a: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
                                                  int(r.head_dim), r.kv_dtype)).seconds
         rows.append({"op": f"decode attention kv {r.kv_dtype}", "measured_s": r.latency_s, "datasheet_s": ds,
                      "tables_s": float(tab.seconds[0]),
+                     "shape": f"b{r.batch} n{r.kv_tokens} H{r.heads}/{kv_heads}"})
+    return pd.DataFrame(rows)
+
+
+def _prefill(gpu: str, c: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
+    c = c[(c["head_dim"] == 128) & (c["window"] == 0) & (c["kv_tokens"] >= 15)].iloc[::STRIDE]
+    rows = []
+    for r in c.itertuples(index=False):
+        kv_heads = int(r.kv_heads or r.heads)
+        op = PrefillAttention(int(r.batch), int(r.kv_tokens), int(r.heads), kv_heads, int(r.head_dim), r.kv_dtype)
+        tab = mk.context_attention_s(r.batch, r.kv_tokens, int(r.heads), kv_heads, int(r.head_dim), r.kv_dtype)
+        rows.append({"op": f"prefill attention kv {r.kv_dtype}", "measured_s": r.latency_s,
+                     "datasheet_s": datasheet_cost(gpu, op).seconds, "tables_s": float(tab.seconds[0]),
                      "shape": f"b{r.batch} n{r.kv_tokens} H{r.heads}/{kv_heads}"})
     return pd.DataFrame(rows)
 
@@ -94,6 +111,6 @@ def covered_gpus() -> list[str]:
 
 
 def family_summary(points: pd.DataFrame) -> pd.DataFrame:
-    """Per operator family (gemm, decode attention, all-reduce) over every GPU."""
-    fam = points["op"].str.extract(r"^(gemm|decode attention|all-reduce)")[0]
+    """Per operator family (gemm, decode attention, prefill attention, all-reduce) over every GPU."""
+    fam = points["op"].str.extract(FAMILY)[0]
     return summary(points.assign(gpu="all", op=fam.to_numpy()))

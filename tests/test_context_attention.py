@@ -1,0 +1,82 @@
+"""Prefill (context) attention from the measured tables (issue #20: prefill attention was datasheet
+only, -74% at ISL <= 1024 and +35% above): AIConfigurator's `context_attention_perf` - one layer's
+causal attention of `batch_size` prompts of `isl` tokens, heads per GPU, ms - read per engine,
+interpolated as the decode table is, and used by a step's prefill chunks and a closed batch's prefill."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from sim.decode.context import build_context
+from sim.device.measured_kernels import context_roofline_s, measured_kernels_for
+from sim.device.physics import measured_prefill_attention_s, prefill_attention_s, prefill_s
+from sim.inputs.kernel_tables import load_tables, tables_available
+from sim.inputs.scenario import load_scenario
+from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
+
+from .conftest import SCENARIOS
+
+pytestmark = pytest.mark.skipif(not tables_available(), reason="aiconfigurator-core (the .[measured] extra) not installed")
+SERVING = SCENARIOS / "serving-h100-70b-tp4.yaml"
+
+
+def _row(gpu: str, heads: int, batch: int, isl: int, framework: str = "vllm") -> float:
+    c = load_tables(gpu, framework).context_attention
+    hit = c[(c.kv_dtype == "bf16") & (c.kv_heads == 8) & (c.head_dim == 128) & (c.window == 0) & (c.heads == heads)
+            & (c.batch == batch) & (c.kv_tokens == isl)]
+    assert len(hit) == 1
+    return float(hit["latency_s"].iloc[0])
+
+
+def test_at_a_measured_point_the_answer_is_the_measurement():
+    mk = measured_kernels_for("h200-sxm")
+    assert mk.context_attention_one_s(1, 1024, 64, 8, 128) == pytest.approx(_row("h200-sxm", 64, 1, 1024), rel=1e-9)
+    assert mk.context_attention_one_s(2, 512, 32, 8, 128) == pytest.approx(_row("h200-sxm", 32, 2, 512), rel=1e-9)
+    trt = measured_kernels_for("h200-sxm", "trtllm")  # each engine's own table
+    assert trt.context_attention_one_s(1, 1024, 64, 8, 128) == pytest.approx(_row("h200-sxm", 64, 1, 1024, "trtllm"), rel=1e-9)
+
+
+def test_the_roofline_by_hand():
+    # 1 prompt of 4 tokens, 2 heads of 8, 1 KV head, bf16: FLOP 4 x 2 x 8 x (1+2+3+4) = 640;
+    # bytes 4 tokens x (K and V: 2 x 1 x 8 x 2 B + Q and O: 2 x 2 x 8 x 2 B) = 4 x (32 + 64) = 384
+    assert ATTN_MATMULS * FLOP_PER_MAC == 4
+    assert context_roofline_s(1, 4, 2, 1, 8, 2.0, 640.0, 1e30) == pytest.approx(1.0)
+    assert context_roofline_s(1, 4, 2, 1, 8, 2.0, 1e30, 384.0) == pytest.approx(1.0)
+
+
+def test_a_steps_chunks_take_the_equivalent_prompt_length():
+    ctx = build_context(load_scenario(SERVING, ["model.name=llama-3.1-70b", "parallel.tp=1", "hardware.gpu=h200-sxm",
+                                                "hardware.kernels=measured"]))
+    kv = ctx.kv_bytes_per_token_layer
+    one = prefill_attention_s(ctx.model, ctx.hw, 1024 * 1025 / 2, 1024, kv, seqs=1)  # a whole prompt of 1024
+    assert one == pytest.approx(_row("h200-sxm", 64, 1, 1024), rel=1e-9)
+    two = prefill_attention_s(ctx.model, ctx.hw, 2 * 512 * 513 / 2, 1024, kv, seqs=2)  # two of 512
+    assert two == pytest.approx(ctx.hw.kernels.context_attention_one_s(2, 512, 64, 8, 128), rel=1e-12)
+    # a chunk of 512 behind a computed prefix of 512 attends sum 513..1024 pairs: the length n with n (n + 1) / 2 of them
+    pairs = 512 * 512 + 512 * 513 / 2
+    n = (math.sqrt(1 + 8 * pairs) - 1) / 2
+    assert prefill_attention_s(ctx.model, ctx.hw, pairs, 1024, kv, seqs=1) == pytest.approx(
+        ctx.hw.kernels.context_attention_one_s(1, n, 64, 8, 128), rel=1e-12)
+    assert "context_attention" in ctx.hw.sources["prefill_attention"]
+    assert "decode and prefill attention" in ctx.hw.sources["kernels"]
+
+
+def test_a_closed_batch_prefill_uses_the_table():
+    ctx = build_context(load_scenario(SCENARIOS / "h200-7b-batch.yaml", ["hardware.kernels=measured"]))
+    m, kv = ctx.model, ctx.kv_bytes_per_token_layer
+    with_table = prefill_s(m, ctx.hw, "bf16", 128, 4, 1000, kv)
+    formula = prefill_s(m, ctx.hw, "bf16", 128, 4, 1000)  # no KV bytes given: the datasheet FLOP rate
+    table = ctx.hw.kernels.context_attention_one_s(4, 1000, m.num_heads, m.num_kv_heads, m.head_dim)
+    causal = 4 * ATTN_MATMULS * FLOP_PER_MAC * m.num_heads * m.head_dim * 1000 * 1001 / 2
+    assert with_table - formula == pytest.approx(m.num_layers * (table - causal / ctx.hw.attention_flop_per_s), rel=1e-9)
+
+
+def test_datasheet_where_the_table_does_not_apply():
+    plain = build_context(load_scenario(SERVING, ["hardware.kernels=datasheet"]))
+    assert measured_prefill_attention_s(plain.model, plain.hw, 1e6, 2, plain.kv_bytes_per_token_layer) is None
+    assert "prefill_attention" not in plain.hw.sources
+    kinds = build_context(load_scenario(SCENARIOS / "serving-h200-gpt-oss-120b.yaml", ["hardware.kernels=measured"]))
+    assert measured_prefill_attention_s(kinds.model, kinds.hw, 1e6, 2, kinds.kv_bytes_per_token_layer) is None
+    assert kinds.hw.sources["prefill_attention"].startswith("datasheet")
