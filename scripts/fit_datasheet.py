@@ -9,6 +9,8 @@ measurements only - never on end-to-end figures, which are for validation:
   per weight dtype the tables measure (bf16, fp8 W8A8); FLOP efficiency(rows) is the catalog's default curve
   (efficiency.yaml gemm_flop_efficiency_by_rows) scaled to the fitted plateau `flop_efficiency`;
 - decode attention (one layer's call): floor + KV bytes / (HBM x efficiency), bf16 KV, head dim 128;
+- prefill attention (one layer's causal call over whole prompts): floor + max(FLOP / (bf16 peak x FLOP
+  efficiency), K/V bytes / (HBM x the decode fit's efficiency)), bf16 KV, head dim 128, prompts >= 15 tokens;
 - an all-reduce (the engine's custom kernel, and NCCL): floor + per-GPU floor x (N - 1) + ring bytes
   2 (N - 1) / N x bytes / bus bandwidth.
 Each fit minimises squared log error (soft-L1, so a few noisy table points do not steer it) over the
@@ -109,6 +111,33 @@ def _attention(gpu, tune, held) -> dict:
             "tune": _errors(_attention_model(p, *args), meas), "held_out": _errors(_attention_model(p, *h_args), h_meas)}
 
 
+def _prefill_model(p, flop, nbytes, peak, hbm):
+    floor, ef = p
+    return floor + np.maximum(flop / (peak * ef), nbytes / hbm)
+
+
+def _prefill(gpu, tune, held, attention: dict) -> dict | None:
+    """The prefill-attention floor and FLOP efficiency (`physics.prefill_attention_s`'s datasheet form),
+    the bytes side at the decode fit's HBM efficiency; None where the tables have no context table."""
+    if tune.context_attention is None:
+        return None
+    spec = catalog.gpu(gpu)
+
+    def domain(c):
+        c = c[(c["kv_dtype"] == "bf16") & (c["head_dim"] == 128) & (c["window"] == 0) & (c["kv_tokens"] >= 15)]
+        kv_heads = np.where(c["kv_heads"] == 0, c["heads"], c["kv_heads"])
+        b, n, h = (c[k].to_numpy().astype(float) for k in ("batch", "kv_tokens", "heads"))
+        flop = 4 * h * 128 * b * n * (n + 1) / 2
+        nbytes = b * n * 2 * kv_heads * 128 * 2.0
+        return (flop, nbytes, spec.bf16_flop_per_s, spec.hbm_bytes_per_s * attention["hbm_efficiency"]), c["latency_s"].to_numpy()
+
+    args, meas = domain(tune.context_attention)
+    p = _fit(_prefill_model, [1e-5, 0.5], [0.0, 0.05], [1e-3, 1.0], args, meas)
+    h_args, h_meas = domain(held.context_attention)
+    return {"floor_s": float(f"{p[0]:.4g}"), "flop_efficiency": round(float(p[1]), 4),
+            "tune": _errors(_prefill_model(p, *args), meas), "held_out": _errors(_prefill_model(p, *h_args), h_meas)}
+
+
 def _allreduce_model(p, nbytes, gpus):
     floor, per_gpu, bus = p
     return floor + per_gpu * (gpus - 1) + 2 * (gpus - 1) / gpus * nbytes / (bus * 1e9)
@@ -138,12 +167,16 @@ def fit() -> dict:
         tables = load_tables(gpu)
         versions.add(f"{tables.system}: {tables.framework} {tables.framework_version}, NCCL {tables.nccl_version}")
         tune, held = split_tables(tables)
-        gpus[gpu] = {"gemm": _gemm(gpu, tune, held), "attention": _attention(gpu, tune, held),
-                     "allreduce": _allreduce(tune, held)}
+        attention = _attention(gpu, tune, held)
+        gpus[gpu] = {"gemm": _gemm(gpu, tune, held), "attention": attention, "allreduce": _allreduce(tune, held)}
+        prefill = _prefill(gpu, tune, held, attention)
+        if prefill is not None:
+            gpus[gpu]["prefill_attention"] = prefill
     package = load_tables(next(iter(SYSTEMS))).package_version
     return {"source": (f"fitted: {PACKAGE} {package} (NVIDIA AIConfigurator kernel database, Apache-2.0), tune "
                        f"split of {'; '.join(sorted(versions))}; GEMMs of 1-8192 rows with n, k >= 256, decode "
-                       f"attention at head dim 128 over >= 15 cached tokens (bf16 KV), all-reduces to 64 MiB"),
+                       f"attention at head dim 128 over >= 15 cached tokens (bf16 KV), prefill attention at head "
+                       f"dim 128 over prompts of >= 15 tokens (bf16 KV), all-reduces to 64 MiB"),
             "gpus": gpus}
 
 

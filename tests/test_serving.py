@@ -101,8 +101,9 @@ def test_mixed_step_by_hand():
                            prefill_tokens=c, prefill_position_sum=pos, prefill_kv_tokens=a + c, prefill_seqs=1)
     rows = decodes + c
     decode_attn = attention_s(attention_flop(model, t0), (t0 + decodes) * kv, hw)
-    prefill_attn = roofline_s(4 * model.num_heads * model.head_dim * pos, (a + c) * kv, hw.attention_flop_per_s,
-                              hw.attention_hbm_bytes_per_s)
+    prefill_attn = hw.prefill_attention_floor_s + roofline_s(4 * model.num_heads * model.head_dim * pos, (a + c) * kv,
+                                                             hw.attention_flop_per_s, hw.attention_hbm_bytes_per_s)
+    assert hw.prefill_attention_floor_s > 0  # the floor fitted on measured prefill attention (fitted_kernels.yaml)
     assert cost.layer.gemm_s == weight_kernel_s(model, hw, wd, gs, rows)
     assert cost.layer.attention_s == pytest.approx(decode_attn + prefill_attn, rel=1e-12)
     assert cost.layer.allreduce_s == pytest.approx(ALLREDUCES_PER_LAYER * hw.allreduce_s(rows * model.hidden_size * 2))

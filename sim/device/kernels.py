@@ -103,8 +103,9 @@ def datasheet_cost(gpu: str, op: Operator) -> OpCost:
         kv_layer = 2 * op.kv_heads * op.head_dim * KV_DTYPES[op.kv_dtype].bytes_per_element
         pairs = op.batch * op.prompt_tokens * (op.prompt_tokens + 1) / 2
         flop = ATTN_MATMULS * FLOP_PER_MAC * op.heads * op.head_dim * pairs
-        return OpCost(roofline_s(flop, op.batch * op.prompt_tokens * kv_layer, hw.attention_flop_per_s,
-                                 hw.attention_hbm_bytes_per_s), "datasheet: physics.prefill_attention_s")
+        seconds = hw.prefill_attention_floor_s + roofline_s(flop, op.batch * op.prompt_tokens * kv_layer,
+                                                            hw.attention_flop_per_s, hw.attention_hbm_bytes_per_s)
+        return OpCost(seconds, "datasheet: physics.prefill_attention_s")
     hw = datasheet_hardware(gpu, tp=op.gpus)
     return OpCost(hw.allreduce_s(op.nbytes), "datasheet: Hardware.allreduce_s (ring: catalog interconnect busbw + per-hop latency)")
 

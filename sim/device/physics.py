@@ -425,7 +425,7 @@ def prefill_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int
     per_layer = (
         weight_kernel_s(model, hw, weight_dtype, group_size, rows)
         + layer_comm_s(model, hw, rows)
-        + (causal_flop / hw.attention_flop_per_s if measured is None else measured)
+        + (hw.prefill_attention_floor_s + causal_flop / hw.attention_flop_per_s if measured is None else measured)
         + hw.layer_overhead_s
     )
     return model.num_layers * per_layer + lm_head_s(model, hw, batch)
@@ -700,8 +700,9 @@ def prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_
     chunk token at position i (1-based) attends i tokens, so
     FLOP = 4 * H * d * sum over chunk tokens of i  (a whole prompt of P: 2 * P (P + 1) * H * d, as `prefill_s`),
     bytes = (prefix + chunk tokens) x KV bytes/token/layer (the prefix read, the chunk written),
-    time = max(FLOP / attention FLOP/s, bytes / attention bytes/s): compute-bound for all but short
-    chunks behind a long prefix. With layer kinds: the tiered layers as above (`attention_flop`, the
+    time = floor + max(FLOP / attention FLOP/s, bytes / attention bytes/s): compute-bound for all but
+    short chunks behind a long prefix (floor and FLOP efficiency fitted per GPU on the measured
+    context-attention tables where they cover it, `scripts/fit_datasheet.py`; else 0 and the default). With layer kinds: the tiered layers as above (`attention_flop`, the
     mean layer's), window layers at most min(position sum, kv tokens x W) tokens attended and linear
     layers at most kv tokens state updates - upper bounds, the chunk's own token count not being
     known here. Measured tables with a context-attention table (a dense GQA model, `seqs` chunks):
@@ -714,7 +715,8 @@ def prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_
     flop = attention_flop(model, position_sum)
     if model.layer_kinds:
         flop += _bounded_prefill_flop(model, position_sum, kv_tokens)
-    return roofline_s(flop, kv_tokens * kv_bytes_per_token_layer, hw.attention_flop_per_s, hw.attention_hbm_bytes_per_s)
+    return hw.prefill_attention_floor_s + roofline_s(flop, kv_tokens * kv_bytes_per_token_layer, hw.attention_flop_per_s,
+                                                     hw.attention_hbm_bytes_per_s)
 
 
 def measured_prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, seqs: int,

@@ -110,6 +110,7 @@ class EfficiencyDefaults(_Frozen):
     gemm_floor_s: float  # one GEMM call's floor
     gemm_flop_efficiency_by_rows: list[tuple[float, float]]
     attention_flop_efficiency: float
+    prefill_attention_floor_s: float  # one prefill-attention call's floor
     layer_overhead_s: float
     step_overhead_s: float
     host_pack_bytes_per_s: float
@@ -158,6 +159,11 @@ class FittedAttention(_Fitted):
     hbm_efficiency: float
 
 
+class FittedPrefill(_Fitted):
+    floor_s: float  # one prefill-attention call's floor
+    flop_efficiency: float  # of the bf16 peak
+
+
 class FittedAllReduce(_Fitted):
     floor_s: float
     floor_per_gpu_s: float
@@ -171,6 +177,7 @@ class FittedKernels(_Frozen):
     gemm: dict[str, FittedGemm]  # by the dtype of the GEMM: bf16, fp8
     attention: FittedAttention
     allreduce: dict[str, FittedAllReduce]  # custom, nccl
+    prefill_attention: FittedPrefill | None = None  # where the tables have a context-attention table
 
 
 class _ModelEntry(_Frozen):
