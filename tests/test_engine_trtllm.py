@@ -179,3 +179,17 @@ def test_weight_only_gemms_from_tensorrt_llms_tables_on_a100():
     res = run_cli("ops", "gemm", "--gpu", "a100-80gb-sxm", "--m", "1", "--n", "6144", "--k", "4096", "--dtype", "int4",
                   "--kernels", "measured", "--tables", "trtllm")
     assert res.returncode == 0 and "trtllm 1.0.0 gemm int4_wo" in res.stdout, res.stdout + res.stderr
+
+
+def test_the_plan_names_the_engine_it_assumed():
+    from sim.plan.answer import answer_sentence, engine_phrase
+
+    trt = load_scenario(SERVING, ["engine.name=tensorrt-llm"]).engine
+    assert engine_phrase(trt) == ("engine tensorrt-llm main@2026-12 (its KV memory rule, scheduler defaults, CUDA "
+                                  "graphs; its own kernel tables)")
+    borrowed = load_scenario(SERVING, ["engine.name=tensorrt-llm", "engine.kernel_tables=vllm"]).engine
+    assert engine_phrase(borrowed).endswith("CUDA graphs; vllm's kernel tables)")
+    assert engine_phrase(None).startswith("no engine: kvtier's flat HBM reserve")
+    said = answer_sentence([], 4.0, engine=engine_phrase(trt))
+    assert said.startswith("Nothing passes at 4 req/s") and said.endswith("Assumed: " + engine_phrase(trt) + ".")
+    assert answer_sentence([], 4.0) == said.removesuffix(" Assumed: " + engine_phrase(trt) + ".")

@@ -74,11 +74,11 @@ def band_lines(rows: list[dict], sc) -> list[str]:
 
 def print_plan(console: Console, result, sc, spec, all_rows: bool, wall_s: float, out: Path | None) -> None:
     """The answer first, then the launch commands, the accuracy bands, the table and the Pareto front."""
-    from sim.plan.answer import answer_sentence, launch_lines, pareto
+    from sim.plan.answer import answer_sentence, engine_phrase, launch_lines, pareto
     from sim.plan.search import mean_output_tokens
 
     rows = result.rows
-    console.print(answer_sentence(rows, spec.rate, spec.requests), soft_wrap=True)
+    console.print(answer_sentence(rows, spec.rate, spec.requests, engine_phrase(sc.engine)), soft_wrap=True)
     best = next((r for r in rows if r["rank"] == 1), None)
     if best is not None:
         for engine, line in launch_lines(best, sc, best.get("host_peak_bytes")).items():
@@ -111,6 +111,7 @@ def plan_doc(path: Path, sc, spec, gpus: list[str], counts: list[int], policies:
              price_overrides: list[str], seqs: list[int | None]):
     """plan.json: what `kvsim plan` was asked (sim.plan.files.PlanDoc)."""
     from sim import __version__
+    from sim.plan.answer import engine_phrase
     from sim.plan.files import PlanDoc
 
     ms = lambda s: None if s is None else s * 1e3  # noqa: E731
@@ -120,4 +121,5 @@ def plan_doc(path: Path, sc, spec, gpus: list[str], counts: list[int], policies:
                    policies=policies, replicas=layouts[0], disagg=layouts[1],
                    max_num_seqs=[s or sc.scheduler.max_num_seqs for s in seqs],
                    prices_source="sim/catalog/prices.yaml (assumed on-demand list prices, not quotes)",
-                   price_overrides=list(price_overrides), kvtier_version=__version__)
+                   price_overrides=list(price_overrides), kvtier_version=__version__,
+                   engine=engine_phrase(sc.engine))

@@ -20,7 +20,22 @@ def _ms(v: float | None) -> str:
     return f"{v / 1e3:.2g} s" if v >= 1000 else f"{v:.3g} ms"
 
 
-def answer_sentence(rows: list[dict], rate: float, fixed_requests: int | None = None) -> str:
+def engine_phrase(engine) -> str:
+    """The engine a plan assumed (a scenario's `EngineCfg`, or None), as the answer names it."""
+    if engine is None:
+        return ("no engine: kvtier's flat HBM reserve, vLLM-style scheduler and vLLM's kernel tables "
+                "(engine: in the scenario plans for one)")
+    tables = "its own kernel tables" if engine.kernel_tables == "own" else f"{engine.kernel_tables}'s kernel tables"
+    return f"engine {engine.name} {engine.version} (its KV memory rule, scheduler defaults, CUDA graphs; {tables})"
+
+
+def answer_sentence(rows: list[dict], rate: float, fixed_requests: int | None = None, engine: str | None = None) -> str:
+    """The plan's answer in one sentence (`_answer`), then "Assumed: `engine`." where given (`engine_phrase`)."""
+    said = _answer(rows, rate, fixed_requests)
+    return f"{said} Assumed: {engine}." if engine else said
+
+
+def _answer(rows: list[dict], rate: float, fixed_requests: int | None = None) -> str:
     """"Cheapest: 8 x H200 SXM as TP4 x 2, full_hbm (exact); sustains 5.1 req/s ...": the best
     passing row, or what came closest when none passes. `fixed_requests` (--requests): every run
     that long, which the sentence says is no steady-state verdict."""

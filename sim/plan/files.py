@@ -102,6 +102,7 @@ class PlanDoc(Document):
     prices_source: str
     price_overrides: list[str]
     kvtier_version: str
+    engine: str | None = None  # the engine the plan assumed (`answer.engine_phrase`); None in folders from before it
 
 
 def plan_json(doc: PlanDoc) -> str:

@@ -194,7 +194,7 @@ def plan_sentences(pf: PlanFiles) -> list[str]:
                f"{counts.get('pass', 0)} of {len(plan)} configurations pass, {counts.get('fail', 0)} fail, "
                f"{counts.get('unsearched', 0)} not simulated (cheaper ones pass), {counts.get('screened', 0)} ruled out "
                f"by the analytic screen, {counts.get('pruned', 0)} cannot hold the model; prices are assumptions.")
-    return [answer_sentence(rows, doc.rate_per_s, doc.requests), covered]
+    return [answer_sentence(rows, doc.rate_per_s, doc.requests, doc.engine), covered]
 
 
 def pareto_figure(pf: PlanFiles) -> go.Figure:
