@@ -193,3 +193,19 @@ def test_the_plan_names_the_engine_it_assumed():
     said = answer_sentence([], 4.0, engine=engine_phrase(trt))
     assert said.startswith("Nothing passes at 4 req/s") and said.endswith("Assumed: " + engine_phrase(trt) + ".")
     assert answer_sentence([], 4.0) == said.removesuffix(" Assumed: " + engine_phrase(trt) + ".")
+
+
+def test_the_planners_screen_sizes_no_evict_by_whole_lengths():
+    """The analytic screen's HBM cap: the mean running context per request on demand, the whole
+    length E[n (p + n)] / E[n] reserved per request under no_evict (fixed lengths: p + n)."""
+    from sim.plan.screen import curve, moments
+
+    over = ["workload.prompt_tokens=1000", "workload.reasoning_tokens=1000", "policy.kind=full_hbm"]
+    on_demand = load_scenario(SERVING, over)
+    no_evict = load_scenario(SERVING, over + ["scheduler.admission=no_evict"])
+    m = moments(no_evict)
+    assert m.reserved_tokens == pytest.approx(2000) and m.running_context_tokens == pytest.approx(1500)
+    ctx = build_context(no_evict)
+    mem = kv_memory(ctx, no_evict.scheduler.max_num_batched_tokens, no_evict.scheduler.max_num_seqs)
+    assert curve(no_evict).hbm_batch == pytest.approx(mem.kv_budget_bytes / (2000 * mem.kv_bytes_per_token))
+    assert curve(on_demand).hbm_batch == pytest.approx(mem.kv_budget_bytes / (1500 * mem.kv_bytes_per_token))

@@ -15,7 +15,8 @@ evaluates t(B) on a grid of batches, each step as the scheduler forms it in the 
   TPOT estimate is a short request's (10th percentile of outputs) whose share of mixed steps sits at
   its binomial 99th percentile (normal approximation).
 
-The batch is capped by what holds it: HBM for B requests' K/V at the mean context (`KvMemory`), host
+The batch is capped by what holds it: HBM for B requests' K/V at the mean context (`KvMemory`; under
+scheduler admission no_evict each holds its whole length, E[n (p + n)] / E[n] tokens, reserved), host
 memory for their T1/T2, `max_num_seqs`, and `max_num_batched_tokens` (B + c tokens a step). The
 estimates: TPOT ~ t(B) (the p99 as above), TTFT ~ the steps a prompt's chunks take, E2E = TTFT + N x TPOT. The max rate
 is the highest lambda(B) whose estimates meet the targets; what stops it is the binding resource.
@@ -97,6 +98,7 @@ class Moments:
     output_tokens: float
     running_context_tokens: float  # E[n (p + n/2)] / E[n]
     short_output_tokens: float  # the 10th percentile: the requests whose TPOT varies most
+    reserved_tokens: float = 0.0  # E[n (p + n)] / E[n]: what no_evict admission holds per running request
 
 
 def moments(scenario: Scenario) -> Moments:
@@ -116,7 +118,7 @@ def _moments(workload_json: str) -> Moments:
     reqs = build_requests(WorkloadCfg.model_validate_json(workload_json))
     p, n = reqs.prompt_tokens.astype(float), np.maximum(reqs.output_tokens.astype(float), 1.0)
     return Moments(float(p.mean()), float(n.mean()), float(np.sum(n * (p + n / 2)) / np.sum(n)),
-                   float(max(2.0, np.percentile(n, 10))))
+                   float(max(2.0, np.percentile(n, 10))), float(np.sum(n * (p + n)) / np.sum(n)))
 
 
 def tier_shares(policy, m: Moments) -> np.ndarray:
@@ -151,6 +153,8 @@ def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
     share = tier_shares(timing_policy, m)
     mem_share = tier_shares(memory_policy, m)
     per_request_hbm = memory.hbm_kv_bytes(m.running_context_tokens * mem_share[0], 0.0)
+    if sched.admission == "no_evict":  # each running request holds its whole length's reservation
+        per_request_hbm = memory.hbm_kv_bytes(m.reserved_tokens, 0.0)
     per_request_host = memory.host_bytes(m.running_context_tokens * mem_share[1], m.running_context_tokens * mem_share[2])
     caps = {"HBM capacity": memory.kv_budget_bytes / per_request_hbm if per_request_hbm > 0 else math.inf,
             "host memory": memory.host_capacity_bytes / per_request_host if per_request_host > 0 else math.inf,
