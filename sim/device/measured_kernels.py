@@ -141,13 +141,16 @@ class MeasuredKernels:
     # ---- decode attention -------------------------------------------------------------------------
     @cached_property
     def _attention_slices(self) -> dict[tuple, RatioGrid]:
+        return self._slice_grids(self.tables.decode_attention, attention_roofline_s)
+
+    def _slice_grids(self, table, roofline) -> dict[tuple, RatioGrid]:
+        """An attention table (decode or context) as grids of measured / `roofline` over (heads, batch,
+        tokens), one per (KV dtype, KV heads, head dim, window) slice."""
         grids = {}
-        a = self.tables.decode_attention
-        for (kv_dtype, kv_heads, head_dim, window), t in a.groupby(["kv_dtype", "kv_heads", "head_dim", "window"]):
+        for (kv_dtype, kv_heads, head_dim, window), t in table.groupby(["kv_dtype", "kv_heads", "head_dim", "window"]):
             hkv = np.where(kv_heads == 0, t["heads"], kv_heads)
-            roof = attention_roofline_s(t["batch"], t["kv_tokens"], t["heads"].to_numpy(), hkv, head_dim,
-                                        KV_FORMATS[kv_dtype].bytes_per_element, self.gpu.bf16_flop_per_s,
-                                        self.gpu.hbm_bytes_per_s)
+            roof = roofline(t["batch"], t["kv_tokens"], t["heads"].to_numpy(), hkv, head_dim,
+                            KV_FORMATS[kv_dtype].bytes_per_element, self.gpu.bf16_flop_per_s, self.gpu.hbm_bytes_per_s)
             grids[(kv_dtype, int(kv_heads), int(head_dim), int(window))] = RatioGrid.from_points(
                 t[["heads", "batch", "kv_tokens"]].to_numpy(), t["latency_s"].to_numpy() / roof)
         return grids
@@ -205,17 +208,8 @@ class MeasuredKernels:
     def _context_slices(self) -> dict[tuple, RatioGrid]:
         """The context-attention table as grids of measured / `context_roofline_s` over (heads, batch,
         prompt tokens), per (KV dtype, KV heads, head dim, window); empty where the tables have none."""
-        grids, c = {}, self.tables.context_attention
-        if c is None:
-            return grids
-        for (kv_dtype, kv_heads, head_dim, window), t in c.groupby(["kv_dtype", "kv_heads", "head_dim", "window"]):
-            hkv = np.where(kv_heads == 0, t["heads"], kv_heads)
-            roof = context_roofline_s(t["batch"], t["kv_tokens"], t["heads"].to_numpy(), hkv, head_dim,
-                                      KV_FORMATS[kv_dtype].bytes_per_element, self.gpu.bf16_flop_per_s,
-                                      self.gpu.hbm_bytes_per_s)
-            grids[(kv_dtype, int(kv_heads), int(head_dim), int(window))] = RatioGrid.from_points(
-                t[["heads", "batch", "kv_tokens"]].to_numpy(), t["latency_s"].to_numpy() / roof)
-        return grids
+        c = self.tables.context_attention
+        return {} if c is None else self._slice_grids(c, context_roofline_s)
 
     def has_context_attention(self) -> bool:
         return bool(self._context_slices)
