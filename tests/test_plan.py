@@ -132,6 +132,19 @@ def test_the_search_stops_once_top_exact_configurations_pass(base, result):
     assert left and all("not simulated" in r["reason"] and r["screen_max_rate_per_s"] for r in left)
     assert all(r["usd_per_hour"] >= first["usd_per_hour"] for r in left)
     assert len(one.probes) < len(result.probes)
+    two = P.search(base, replace(SPEC, top=1), GPUS, [1, 2], POLICIES, C.load_prices(), workers=2)
+    assert two.rows == one.rows and two.probes == one.probes  # the same rows whichever worker finished first
+
+
+def test_the_rows_kept_are_the_prefix_up_to_the_top_exact_pass(base):
+    order = [C.Candidate("h100-sxm", 1, p) for p in ("full_hbm", "evict_only", "full_hbm", "full_hbm")]
+    prefix = P._passes_prefix(order, base, top=2)
+    ok, no = {"status": "pass"}, {"status": "fail"}
+    assert prefix([ok, None, ok, None]) is None  # the second may yet pass: not known
+    assert prefix([ok, ok, no, ok]) == 4  # the lossy pass (evict_only) does not count
+    assert prefix([ok, no, ok, None]) == 3  # what comes after the second exact pass is not waited for
+    assert prefix([no, no, no, no]) == 4  # nothing more to wait for
+    assert P._passes_prefix(order, base, top=0)([ok, ok, ok, None]) is None  # top 0: every candidate
 
 
 def test_binding_names_the_resource_or_the_scheduler_setting():

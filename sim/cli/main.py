@@ -363,7 +363,7 @@ def _plan_run(path: Path, sc, spec, asked: tuple, layouts: tuple[bool, bool], ex
 
 
 def _plan_progress(show: bool):
-    """A progress bar with ETA over the plan's simulation waves, on stderr; `progress(done, total)`."""
+    """A progress bar with ETA over the plan's candidate simulations, on stderr; `progress(done, total)`."""
     import contextlib
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn

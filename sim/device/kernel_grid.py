@@ -117,7 +117,10 @@ def _fill_nearest(grid: np.ndarray) -> np.ndarray:
     if not len(known):
         raise ValueError("a measured table with no points")
     out = grid.copy()
-    for cell in np.argwhere(missing):
-        nearest = known[np.argmin(((known - cell) ** 2).sum(axis=1))]
-        out[tuple(cell)] = grid[tuple(nearest)]
+    cells = np.argwhere(missing)
+    chunk = max(1, 4_000_000 // len(known))  # distance rows per pass: a bounded matrix
+    for s in range(0, len(cells), chunk):
+        part = cells[s:s + chunk]
+        nearest = np.argmin(((part[:, None, :] - known[None, :, :]) ** 2).sum(axis=2), axis=1)  # first tie: C order
+        out[tuple(part.T)] = grid[tuple(known[nearest].T)]
     return out

@@ -2,25 +2,29 @@
 
 The window, the early stop and the intervals are `sim.serving.steady`'s. A probe starts from the
 screen's E2E estimate; when the run's own mean E2E says the measured window was shorter than
-MEASURE_E2E of them, or a target lies inside a p99's interval that has not converged, it runs again
-with the longer window (up to MAX_ATTEMPTS runs, MAX_PROBE_REQUESTS requests); so does one whose
-measured latencies still drift upwards (near capacity), and a pass whose run touched a capacity
-limit (a preemption, HBM within 5% of full, the batch at max_num_seqs) is run once more over
-SATURATED_SCALE times the window: near a memory edge a long request can start a cascade of
-preemptions a short window never sees. `--requests N` runs N
-requests once instead. A probe that stopped early has its verdict but no percentile worth printing:
+MEASURE_E2E of them, or a target lies inside a p99's interval that has not converged, its window
+grows (up to MAX_ATTEMPTS windows, MAX_PROBE_REQUESTS requests); so does one whose measured
+latencies still drift upwards (near capacity), and a pass whose run touched a capacity limit (a
+preemption, HBM within 5% of full, the batch at max_num_seqs) grows to SATURATED_SCALE times the
+window: near a memory edge a long request can start a cascade of preemptions a short window never
+sees. The probe is one run whose window grows while it runs (`GrowingStop`): its arrivals are a
+prefix of a longer Poisson stream (`sim.inputs.requests`: each quantity its own stream), so the next
+window continues the run rather than simulating its start again, and arrivals never stop while a
+measured request is still in the system. `--requests N` runs N requests once instead. A probe that stopped early has its verdict but no percentile worth printing:
 its p99 is known only to exceed the target (or, overloaded, the run).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Callable
 
 import numpy as np
 
 from sim.inputs.requests import build_requests
 from sim.inputs.scenario import Scenario
+from sim.serving.metrics import request_table
 from sim.serving.run import simulate_serving
 from sim.serving.steady import (
     MAX_PROBE_REQUESTS,
@@ -50,7 +54,7 @@ class Probe:
 
     rate_per_s: float
     summary: object  # ServingSummary of the last run (fits, memory, link figures for the binding)
-    requests: int = 0  # simulated in the last run
+    requests: int = 0  # the run's: its window's arrivals, and those that came while its measured requests finished
     measured: int = 0  # of them, in the measured window
     window_s: float = 0.0  # the measured arrivals' span
     duration_s: float = 0.0  # simulated time of the last run
@@ -121,6 +125,19 @@ def _good_share(requests, measured: np.ndarray, ttft_s: float | None, tpot_s: fl
     return float(good.mean())
 
 
+def _evaluate(probe: Probe, requests, measured: np.ndarray, ttft_s, tpot_s) -> Probe:
+    """`probe` (its run ended with `end`) with its figures over the measured requests and its misses."""
+    if probe.end == "measured":
+        probe.stats = _stats(requests, measured)
+        e2e = requests["e2e_s"].to_numpy(dtype=float)[measured]
+        probe.e2e_mean_s = float(np.nanmean(e2e)) if len(e2e) else None
+        probe.goodput_share = _good_share(requests, measured, ttft_s, tpot_s)
+        r = requests[measured]
+        probe.drifting = drifting(r["ttft_s"].to_numpy(dtype=float)) or drifting(r["tpot_s"].to_numpy(dtype=float))
+    probe.misses = _misses(probe, ttft_s, tpot_s)
+    return probe
+
+
 def run_once(scenario: Scenario, window, rate_per_s: float, ttft_s, tpot_s, e2e_s: float,
              prefilled: bool = False) -> Probe:
     """One run over `window` (its requests are the scenario's), stopped at its verdict; `prefilled`:
@@ -136,47 +153,92 @@ def run_once(scenario: Scenario, window, rate_per_s: float, ttft_s, tpot_s, e2e_
         probe.end, probe.misses = "does_not_fit", [(MISS_FIT, f"does not fit: {s.does_not_fit}")]
         return probe
     probe.end = stop.reason or "measured"
-    if probe.end == "measured":
-        probe.stats = _stats(res.requests, measured)
-        e2e = res.requests["e2e_s"].to_numpy(dtype=float)[measured]
-        probe.e2e_mean_s = float(np.nanmean(e2e)) if len(e2e) else None
-        probe.goodput_share = _good_share(res.requests, measured, ttft_s, tpot_s)
-        r = res.requests[measured]
-        probe.drifting = drifting(r["ttft_s"].to_numpy(dtype=float)) or drifting(r["tpot_s"].to_numpy(dtype=float))
-    probe.misses = _misses(probe, ttft_s, tpot_s)
-    return probe
+    return _evaluate(probe, res.requests, measured, ttft_s, tpot_s)
+
+
+class GrowingStop:
+    """`stop` for a probe's one run that grows its window while it runs (`steady_probe`): the current
+    window's `SteadyStop`; when its measured requests have all finished and the verdict does not yet
+    hold (`next_window`), the next window takes over and the run goes on - what was simulated is
+    not simulated again."""
+
+    def __init__(self, arrival_s: np.ndarray, rate_per_s: float, ttft_s, tpot_s, e2e_s: float, seqs: int | None):
+        self.arrival_s, self.rate_per_s, self.ttft_s, self.tpot_s, self.seqs = arrival_s, rate_per_s, ttft_s, tpot_s, seqs
+        self.windows = 0
+        self._start(e2e_s, 1.0)
+
+    def _start(self, e2e_s: float, scale: float) -> None:
+        self.e2e_s, self.scale, self.windows = e2e_s, scale, self.windows + 1
+        self.window = window_for(self.rate_per_s, e2e_s, scale)
+        self.n = min(len(self.arrival_s), self.window.requests(self.rate_per_s))
+        self.measured = self.window.measured(self.arrival_s)
+        self.stop = SteadyStop(self.measured, self.ttft_s, self.tpot_s, max(OVERLOAD_MIN_S, OVERLOAD_E2E * e2e_s))
+
+    @property
+    def reason(self) -> str | None:
+        return self.stop.reason
+
+    def __call__(self, sim) -> bool:
+        if not self.stop(sim):
+            return False
+        if self.stop.reason != "measured":
+            return True
+        probe = self._live(sim)
+        grown = next_window(probe, self.e2e_s, self.scale, self.seqs, self.n, self.windows, self.ttft_s, self.tpot_s)
+        if grown is None:
+            return True
+        self._start(*grown)
+        return False
+
+    def _live(self, sim) -> Probe:
+        """The current window's figures from the run so far (its measured requests have all finished)."""
+        trace = sim.trace
+        steps = trace.steps
+        summary = SimpleNamespace(preemptions=sim.scheduler.preemptions, max_running=max((r.running for r in steps), default=0),
+                                  hbm_peak_bytes=max((r.hbm_bytes for r in steps), default=None),
+                                  hbm_capacity_bytes=sim.scheduler.memory.hbm_capacity_bytes)
+        probe = Probe(self.rate_per_s, summary, requests=self.n, measured=int(self.measured.sum()),
+                      window_s=self.window.end_s - self.window.warmup_s, duration_s=sim.env.now, runs=self.windows)
+        return _evaluate(probe, request_table(trace), self.measured, self.ttft_s, self.tpot_s)
+
+
+def next_window(probe: Probe, e2e_s: float, scale: float, seqs: int | None, n: int, windows: int, ttft_s,
+                tpot_s) -> tuple[float, float] | None:
+    """(mean E2E, scale) of the window after this one, or None where its verdict stands (module
+    docstring): a window short against the run's own E2E, a target inside an unconverged interval,
+    a pass at a capacity limit; never past MAX_ATTEMPTS windows or MAX_PROBE_REQUESTS requests."""
+    if probe.e2e_mean_s is None or windows >= MAX_ATTEMPTS or n >= MAX_PROBE_REQUESTS:
+        return None
+    if probe.window_s < SHORT_WINDOW * MEASURE_E2E * probe.e2e_mean_s:
+        return probe.e2e_mean_s, scale  # the hint was short: size the window from the run's own E2E
+    if not probe.certain(ttft_s, tpot_s):
+        return e2e_s, scale * 2.0
+    if probe.passed and scale < SATURATED_SCALE and saturated(probe.summary, seqs):
+        return e2e_s, SATURATED_SCALE  # a pass at a capacity limit: rare long requests tip it over only in long runs
+    return None
 
 
 def steady_probe(make: Callable[[int], Scenario], rate_per_s: float, ttft_s: float | None, tpot_s: float | None,
                  e2e_hint_s: float, requests: int | None = None, prefilled: bool = False) -> Probe:
-    """`make(n)`: the candidate's scenario with n Poisson requests at `rate_per_s`. Runs until the
-    verdict holds (module docstring); `requests` fixes n (one run)."""
+    """`make(n)`: the candidate's scenario with n Poisson requests at `rate_per_s`. One run whose
+    window grows until the verdict holds (module docstring, `GrowingStop`); `requests` fixes n."""
     if requests is not None:
         sc = make(requests)
         return run_once(sc, window_of_requests(build_requests(sc.workload).arrival_s), rate_per_s, ttft_s, tpot_s,
                         e2e_hint_s, prefilled)
-    e2e, scale, runs, probe = max(HINT_MARGIN * e2e_hint_s, 1e-3), 1.0, 0, None
-    while runs < MAX_ATTEMPTS:
-        window = window_for(rate_per_s, e2e, scale)
-        n = window.requests(rate_per_s)
-        probe = run_once(make(n), window, rate_per_s, ttft_s, tpot_s, e2e, prefilled)
-        runs += 1
-        probe.runs = runs
-        if probe.end != "measured" or probe.e2e_mean_s is None:
-            return probe
-        if n >= MAX_PROBE_REQUESTS:
-            break
-        if probe.window_s < SHORT_WINDOW * MEASURE_E2E * probe.e2e_mean_s:
-            e2e = probe.e2e_mean_s  # the hint was short: size the window from the run's own E2E
-            continue
-        if not probe.certain(ttft_s, tpot_s):
-            scale *= 2.0
-            continue
-        if probe.passed and scale < SATURATED_SCALE and saturated(probe.summary, max_num_seqs(make)):
-            scale = SATURATED_SCALE  # a pass at a capacity limit: rare long requests tip it over only in long runs
-            continue
+    sc = make(MAX_PROBE_REQUESTS)
+    arrival = build_requests(sc.workload).arrival_s
+    grow = GrowingStop(arrival, rate_per_s, ttft_s, tpot_s, max(HINT_MARGIN * e2e_hint_s, 1e-3), sc.scheduler.max_num_seqs)
+    res = simulate_serving(sc, stop=grow, prefilled=prefilled)
+    s = res.summary
+    arrived = int(np.count_nonzero(~np.isnan(res.requests["arrival_s"].to_numpy(dtype=float))))
+    probe = Probe(rate_per_s, s, requests=max(grow.n, arrived), measured=int(grow.measured.sum()),
+                  window_s=grow.window.end_s - grow.window.warmup_s, duration_s=s.duration_s or 0.0, runs=grow.windows)
+    if not s.fits:
+        probe.end, probe.misses = "does_not_fit", [(MISS_FIT, f"does not fit: {s.does_not_fit}")]
         return probe
-    return _unsteady(probe)
+    probe.end = grow.reason or "measured"
+    return _unsteady(_evaluate(probe, res.requests, grow.measured, ttft_s, tpot_s))
 
 
 def saturated(summary, seqs: int | None) -> bool:

@@ -8,8 +8,9 @@ The search thinks before it simulates:
    a fraction of a second each. One whose estimated max rate is below rate / SCREEN_MARGIN is
    `screened`: not simulated, its row says what the screen found and what binds.
 3. The survivors in order - exact before lossy, then $/hour, then the screen's rate - are simulated
-   in waves of `workers` (`sim.plan.evaluate`: steady-state probes), until `spec.top` exact
-   configurations pass; the rest are `unsearched` (spec.top 0 searches every survivor).
+   (`sim.plan.evaluate`: steady-state probes), each worker taking the next as it frees, until the
+   prefix of the order up to the `spec.top`-th exact pass is in (`_passes_prefix`); the rest are
+   `unsearched` (spec.top 0 searches every survivor).
 
 Passing rows rank by output (exact first), $/hour, then max rate. Prices are applied after the
 simulations, so a result store (--cache) serves a rerun with another --price entirely.
@@ -17,7 +18,6 @@ simulations, so a result store (--cache) serves a rerun with another --price ent
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -140,27 +140,47 @@ def _order(base: Scenario, kept: dict, prices: dict) -> list[Candidate]:
                                        c.experts or ""))
 
 
-def _run_waves(base: Scenario, spec: PlanSpec, order: list[Candidate], kept: dict, execution: Execution,
-               progress: Callable[[int, int], None] | None) -> tuple[list[dict], list[Candidate], tuple[int, int, int]]:
-    """Simulate `order` wave by wave until spec.top exact configurations pass; the rows, the
-    candidates left unsearched, and (computed, stored, damaged)."""
-    size = max(1, execution.workers or os.cpu_count() or 1)  # a wave keeps every worker (or Ray CPU) busy
-    rows, passed, counts, i = [], 0, [0, 0, 0], 0
-    while i < len(order) and (spec.top == 0 or passed < spec.top):
-        wave = order[i:i + size]
-        i += len(wave)
-        try:
-            done = run_tasks([CandidateTask(base, c, spec, *kept[c]) for c in wave], execution.runner(),
-                             store=execution.store())
-        except Interrupted as err:  # counted over the whole search, not the wave
-            raise Interrupted(counts[0] + counts[1] + err.stored, len(order)) from None
-        for c, r in zip(wave, done.results):
-            rows.append({**r, "screen_max_rate_per_s": kept[c][1]})
-            passed += r["status"] == "pass" and not lossy(c.policy, base)
-        counts = [counts[0] + done.computed, counts[1] + done.stored_before, counts[2] + done.damaged]
+def _passes_prefix(order: list[Candidate], base: Scenario, top: int) -> Callable[[list], int | None]:
+    """The length of the shortest prefix of `order` whose results are all in and hold `top` exact
+    passes, or None while there is none (top 0: every candidate). The search keeps that prefix
+    whatever finished first, so its rows do not depend on the workers' timing."""
+    exact = [not lossy(c.policy, base) for c in order]
+
+    def prefix(results: list) -> int | None:
+        passed = 0
+        for n, r in enumerate(results, start=1):
+            if r is None:
+                return None
+            passed += r["status"] == "pass" and exact[n - 1]
+            if top and passed >= top:
+                return n
+        return len(results)
+
+    return prefix
+
+
+def _run_in_order(base: Scenario, spec: PlanSpec, order: list[Candidate], kept: dict, execution: Execution,
+                  progress: Callable[[int, int], None] | None) -> tuple[list[dict], list[Candidate], tuple[int, int, int]]:
+    """Simulate `order`, each worker (or Ray CPU) taking the next candidate as it frees, until the
+    candidates up to spec.top exact passes are all in (`_passes_prefix`); the rows of that prefix, the
+    candidates after it (unsearched, though some may have been simulated: their results are stored,
+    not shown), and (computed, stored, damaged)."""
+    prefix = _passes_prefix(order, base, spec.top)
+    finished = [0]
+
+    def advance(n: int) -> None:
+        finished[0] += n
         if progress:
-            progress(i, len(order))
-    return rows, order[i:], tuple(counts)
+            progress(finished[0], len(order))
+
+    try:
+        done = run_tasks([CandidateTask(base, c, spec, *kept[c]) for c in order], execution.runner(),
+                         store=execution.store(), advance=advance, enough=lambda rs: prefix(rs) is not None)
+    except Interrupted as err:
+        raise Interrupted(err.stored, len(order)) from None
+    n = prefix(done.results) if order else 0
+    rows = [{**r, "screen_max_rate_per_s": kept[c][1]} for c, r in zip(order[:n], done.results[:n])]
+    return rows, order[n:], (done.computed, done.stored_before, done.damaged)
 
 
 def search(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], policies: list[str],
@@ -171,7 +191,7 @@ def search(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], p
     """Every candidate's row (PLAN_COLUMNS), ranked, and the probes behind them (module docstring).
     `replicas`: every TP x DP layout (else one TP group of each count); `disagg`: prefill/decode splits too;
     `seqs`: max_num_seqs values to search. `progress(done, total)`
-    after each wave of simulations. A search past MAX_PLAN_STEPS is refused before any simulation
+    after each candidate simulated. A search past MAX_PLAN_STEPS is refused before any simulation
     unless `allow_large` (check_plan_cost)."""
     check_spec(spec)
     for g in gpus:
@@ -183,7 +203,7 @@ def search(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], p
     order = _order(base, kept, prices)
     check_plan_cost(base, len(order) if spec.top == 0 else min(len(order), spec.top), spec, allow=allow_large)
     execution = execution or Execution(workers=workers)
-    simulated, left, (computed, stored, damaged) = _run_waves(base, spec, order, kept, execution, progress)
+    simulated, left, (computed, stored, damaged) = _run_in_order(base, spec, order, kept, execution, progress)
     rows += simulated
     for c in left:
         rows.append({**_blank(c, "unsearched", f"not simulated: {spec.top} cheaper exact configurations pass "

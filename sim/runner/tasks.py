@@ -67,12 +67,15 @@ def damaged_line(count: int) -> str:
 
 def run_tasks(tasks: Sequence[Task], executor, *, store: ResultStore | None = None,
               batch: int | Callable[[int], int] = 1, advance: Callable[[int], None] | None = None,
-              found: Callable[[int], None] | None = None, meanwhile: Callable[[], None] | None = None) -> Computed:
+              found: Callable[[int], None] | None = None, meanwhile: Callable[[], None] | None = None,
+              enough: Callable[[list[Any]], bool] | None = None) -> Computed:
     """Every task's result: read from `store` where it holds one, the rest computed by `executor`
     in batches of `batch` tasks (or batch(number missing)), handed out in task order, and stored as
     they arrive, in any order. `advance(n)`: n more tasks are computed; `found(n)`: n were read from
     the store (called once, before any is computed; default: advance). `meanwhile()`: other work
-    for this process, done once the executor has the tasks (its workers started). Without a store
+    for this process, done once the executor has the tasks (its workers started). `enough(results)`
+    (None where not yet known), asked after each result: True stops the run there, the tasks still
+    running are ended and theirs are left None. Without a store
     nothing is hashed or written, and Ctrl-C raises KeyboardInterrupt; with one, Interrupted.
     Tests can stop it part-way at a known point: `TEST_PAUSE` (`_test_pause`)."""
     pause_after, pause_marker = _test_pause()
@@ -84,6 +87,8 @@ def run_tasks(tasks: Sequence[Task], executor, *, store: ResultStore | None = No
         found(stored_before)
     size = max(1, batch(len(todo)) if callable(batch) else batch)
     batches = [todo[j:j + size] for j in range(0, len(todo), size)]
+    if enough is not None and enough(results):  # the store held all it takes
+        batches = []
     stream = executor.start([[tasks[i] for i in b] for b in batches]) if batches else iter([])
     done = stored_before
     try:
@@ -99,6 +104,8 @@ def run_tasks(tasks: Sequence[Task], executor, *, store: ResultStore | None = No
                     _pause_for_test(done, pause_marker)
             if advance:
                 advance(len(batch_results))
+            if enough is not None and enough(results):
+                break
     except KeyboardInterrupt:
         if store is None:
             raise
@@ -106,7 +113,7 @@ def run_tasks(tasks: Sequence[Task], executor, *, store: ResultStore | None = No
     finally:
         if batches:
             stream.close()  # stops the workers where the run ends early
-    return Computed(results, len(todo), stored_before, damaged)
+    return Computed(results, done - stored_before, stored_before, damaged)
 
 
 TEST_PAUSE = "KVTIER_TEST_PAUSE_AFTER_TASKS"
