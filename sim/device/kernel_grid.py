@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 from bisect import bisect_right
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -105,6 +106,28 @@ class RatioGrid:
                 offset += min(lo_idx[d] + c, last[d]) * strides[d]
             out += w * flat[offset]
         return float(np.exp(out)), inside
+
+
+class LazyGrids(Mapping):
+    """Grids by key, each built on first use: a table holds many slices (KV dtypes, head counts, head
+    dims) and a run asks for one or two, so building every one up front cost seconds for nothing."""
+
+    def __init__(self, build: Callable[[object], RatioGrid], parts: dict):
+        self._build, self._parts, self._grids = build, parts, {}  # parts: key -> what build makes its grid of
+
+    def __getitem__(self, key) -> RatioGrid:
+        if key not in self._grids:
+            self._grids[key] = self._build(self._parts[key])
+        return self._grids[key]
+
+    def __contains__(self, key) -> bool:  # (Mapping's would build the grid to find out)
+        return key in self._parts
+
+    def __iter__(self) -> Iterator:
+        return iter(self._parts)
+
+    def __len__(self) -> int:
+        return len(self._parts)
 
 
 def _fill_nearest(grid: np.ndarray) -> np.ndarray:

@@ -30,7 +30,7 @@ from sim.model.dtypes import KV_DTYPES as KV_FORMATS
 from sim.model.experts import expected_experts_touched
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
-from .kernel_grid import RatioGrid
+from .kernel_grid import LazyGrids, RatioGrid
 
 ACTIVATION_BYTES = 2  # bf16 activations in and out of a GEMM, queries and outputs of attention
 MEASURED_AS = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8": "int8", "int4": "int4"}  # a dtype -> the measured table standing for it
@@ -121,12 +121,13 @@ class MeasuredKernels:
         return {d for d, m in MEASURED_AS.items() if m in self._gemm_grids}
 
     @cached_property
-    def _gemm_grids(self) -> dict[str, RatioGrid]:
-        grids = {}
-        for dtype, t in self.tables.gemm.groupby("dtype"):
+    def _gemm_grids(self) -> LazyGrids:
+        def build(part):
+            dtype, t = part
             roof = gemm_roofline_s(t["m"], t["n"], t["k"], _gemm_bytes(dtype), self._peak(dtype), self.gpu.hbm_bytes_per_s)
-            grids[dtype] = RatioGrid.from_points(t[["m", "n", "k"]].to_numpy(), t["latency_s"].to_numpy() / roof)
-        return grids
+            return RatioGrid.from_points(t[["m", "n", "k"]].to_numpy(), t["latency_s"].to_numpy() / roof)
+
+        return LazyGrids(build, {dtype: (dtype, t) for dtype, t in self.tables.gemm.groupby("dtype")})
 
     def gemm_s(self, m, n, k, dtype: str = "bf16") -> Lookup:
         """One `x[m, k] @ W[n, k]^T` call; `dtype` a weight dtype the table measured (`gemm_dtypes`)."""
@@ -140,20 +141,21 @@ class MeasuredKernels:
 
     # ---- decode attention -------------------------------------------------------------------------
     @cached_property
-    def _attention_slices(self) -> dict[tuple, RatioGrid]:
+    def _attention_slices(self) -> LazyGrids:
         return self._slice_grids(self.tables.decode_attention, attention_roofline_s)
 
-    def _slice_grids(self, table, roofline) -> dict[tuple, RatioGrid]:
+    def _slice_grids(self, table, roofline) -> LazyGrids:
         """An attention table (decode or context) as grids of measured / `roofline` over (heads, batch,
-        tokens), one per (KV dtype, KV heads, head dim, window) slice."""
-        grids = {}
-        for (kv_dtype, kv_heads, head_dim, window), t in table.groupby(["kv_dtype", "kv_heads", "head_dim", "window"]):
+        tokens), one per (KV dtype, KV heads, head dim, window) slice, each built on first use."""
+        def build(part):
+            (kv_dtype, kv_heads, head_dim, window), t = part
             hkv = np.where(kv_heads == 0, t["heads"], kv_heads)
             roof = roofline(t["batch"], t["kv_tokens"], t["heads"].to_numpy(), hkv, head_dim,
                             KV_FORMATS[kv_dtype].bytes_per_element, self.gpu.bf16_flop_per_s, self.gpu.hbm_bytes_per_s)
-            grids[(kv_dtype, int(kv_heads), int(head_dim), int(window))] = RatioGrid.from_points(
-                t[["heads", "batch", "kv_tokens"]].to_numpy(), t["latency_s"].to_numpy() / roof)
-        return grids
+            return RatioGrid.from_points(t[["heads", "batch", "kv_tokens"]].to_numpy(), t["latency_s"].to_numpy() / roof)
+
+        parts = table.groupby(["kv_dtype", "kv_heads", "head_dim", "window"])
+        return LazyGrids(build, {(d, int(h), int(hd), int(w)): ((d, h, hd, w), t) for (d, h, hd, w), t in parts})
 
     def decode_attention_s(self, batch, kv_tokens, heads: int, kv_heads: int, head_dim: int, kv_dtype: str = "bf16",
                            window: int = 0) -> Lookup:
@@ -205,11 +207,11 @@ class MeasuredKernels:
 
     # ---- prefill (context) attention --------------------------------------------------------------
     @cached_property
-    def _context_slices(self) -> dict[tuple, RatioGrid]:
+    def _context_slices(self) -> LazyGrids:
         """The context-attention table as grids of measured / `context_roofline_s` over (heads, batch,
         prompt tokens), per (KV dtype, KV heads, head dim, window); empty where the tables have none."""
         c = self.tables.context_attention
-        return {} if c is None else self._slice_grids(c, context_roofline_s)
+        return LazyGrids(None, {}) if c is None else self._slice_grids(c, context_roofline_s)
 
     def has_context_attention(self) -> bool:
         return bool(self._context_slices)
