@@ -80,9 +80,11 @@ class RatioGrid:
         strides = tuple(s // self.log_ratio.itemsize for s in np.ascontiguousarray(self.log_ratio).strides)
         return np.ascontiguousarray(self.log_ratio).ravel().tolist(), strides
 
-    def _at(self, point: np.ndarray) -> tuple[float, bool]:
+    def _at(self, point) -> tuple[float, bool]:
         """__call__ for one point, operation for operation (numpy's log and exp on scalars, IEEE
         products and sums in the same order), so it gives the same bits."""
+        if len(self.axes) == 3:
+            return self._at3(point)
         lo_idx, frac, inside = [], [], True
         for d, ax in enumerate(self._axes_lists):
             x = float(np.log(point[d]))
@@ -105,6 +107,39 @@ class RatioGrid:
                 w = w * (frac[d] if c else 1.0 - frac[d])
                 offset += min(lo_idx[d] + c, last[d]) * strides[d]
             out += w * flat[offset]
+        return float(np.exp(out)), inside
+
+    def _at3(self, point) -> tuple[float, bool]:
+        """`_at` of a three-dimensional grid written out (a serving step asks one per layer kind): the
+        same operations in the same order - weights ((1 x a0) x a1) x a2 over the corners in
+        itertools.product order."""
+        axes = self._axes_lists
+        lo, fr, inside = [0, 0, 0], [0.0, 0.0, 0.0], True
+        for d in range(3):
+            ax = axes[d]
+            x = float(np.log(point[d]))
+            inside = inside and (ax[0] - 1e-12 <= x <= ax[-1] + 1e-12)
+            x = min(max(x, ax[0]), ax[-1])
+            if len(ax) > 1:
+                i = min(max(bisect_right(ax, x) - 1, 0), len(ax) - 2)
+                lo[d], fr[d] = i, (x - ax[i]) / (ax[i + 1] - ax[i])
+        flat, (s0, s1, s2) = self._flat
+        n0, n1, n2 = (len(ax) - 1 for ax in axes)
+        i0, i1, i2 = lo
+        f0, f1, f2 = fr
+        r0, r1, r2 = 1.0 - f0, 1.0 - f1, 1.0 - f2
+        a0, b0 = i0 * s0, min(i0 + 1, n0) * s0
+        a1, b1 = i1 * s1, min(i1 + 1, n1) * s1
+        a2, b2 = i2 * s2, min(i2 + 1, n2) * s2
+        out = 0.0
+        out += r0 * r1 * r2 * flat[a0 + a1 + a2]
+        out += r0 * r1 * f2 * flat[a0 + a1 + b2]
+        out += r0 * f1 * r2 * flat[a0 + b1 + a2]
+        out += r0 * f1 * f2 * flat[a0 + b1 + b2]
+        out += f0 * r1 * r2 * flat[b0 + a1 + a2]
+        out += f0 * r1 * f2 * flat[b0 + a1 + b2]
+        out += f0 * f1 * r2 * flat[b0 + b1 + a2]
+        out += f0 * f1 * f2 * flat[b0 + b1 + b2]
         return float(np.exp(out)), inside
 
 

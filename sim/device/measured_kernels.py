@@ -117,8 +117,12 @@ class MeasuredKernels:
         return self.gpu.fp8_flop_per_s if dtype == "fp8" and self.gpu.fp8_flop_per_s else self.gpu.bf16_flop_per_s
 
     # ---- GEMM -------------------------------------------------------------------------------------
-    def gemm_dtypes(self) -> set[str]:
-        return {d for d, m in MEASURED_AS.items() if m in self._gemm_grids}
+    def gemm_dtypes(self) -> frozenset[str]:
+        return self._gemm_dtypes
+
+    @cached_property
+    def _gemm_dtypes(self) -> frozenset[str]:  # (asked every step)
+        return frozenset(d for d, m in MEASURED_AS.items() if m in self._gemm_grids)
 
     @cached_property
     def _gemm_grids(self) -> LazyGrids:
@@ -174,7 +178,7 @@ class MeasuredKernels:
         scalars (a serving step asks one at a time; the array machinery cost more than the lookup)."""
         key, _ = self._attention_slice(heads, kv_heads, head_dim, kv_dtype, window)
         b, n = float(batch), max(float(kv_tokens), 1.0)
-        ratio, _ = self._attention_slices[key]._at(np.array([float(heads), b, n]))
+        ratio, _ = self._attention_slices[key]._at((float(heads), b, n))
         kv_bytes = KV_FORMATS[kv_dtype].bytes_per_element
         flop = ATTN_MATMULS * FLOP_PER_MAC * b * n * heads * head_dim
         moved = b * n * 2 * kv_heads * head_dim * kv_bytes + b * heads * head_dim * ACTIVATION_BYTES * 2
@@ -241,7 +245,7 @@ class MeasuredKernels:
         table's ratio to `context_roofline_s`, interpolated log-log, at the edge's ratio outside it."""
         key = self._context_key(heads, kv_heads, head_dim, kv_dtype)[0]
         b, n = max(float(batch), 1.0), max(float(prompt_tokens), 1.0)
-        ratio, _ = self._context_slices[key]._at(np.array([float(heads), b, n]))
+        ratio, _ = self._context_slices[key]._at((float(heads), b, n))
         roof = context_roofline_s(b, n, heads, kv_heads, head_dim, KV_FORMATS[kv_dtype].bytes_per_element,
                                   self.gpu.bf16_flop_per_s, self.gpu.hbm_bytes_per_s)
         return float(roof) * ratio
@@ -327,7 +331,7 @@ class MeasuredKernels:
         if key not in self._mla_grids:
             return float(self.mla_decode_s(batch, kv_tokens, heads, kv_dtype).seconds[0])
         b, n = float(batch), max(float(kv_tokens), 1.0)
-        ratio, _ = self._mla_grids[key]._at(np.array([float(heads), b, n]))
+        ratio, _ = self._mla_grids[key]._at((float(heads), b, n))
         roof = mla_roofline_s(b, n, heads, *MEASURED_MLA, KV_FORMATS[kv_dtype].bytes_per_element, self._peak(key),
                               self.gpu.hbm_bytes_per_s)
         return float(roof) * ratio

@@ -234,12 +234,12 @@ def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
     grows with rows: a weight-only kernel turns compute-bound at a smaller batch on a GPU whose
     CUDA cores are slow against its memory (Marlin's speedup fades past batch 16-32 for this reason).
     A profile that timed the dtype's kernel across rows replaces the model: weight bytes / measured rate."""
-    w_bytes, params_read = _layer_weights_read(model, weight_dtype, group_size, rows)
-    measured_s = hw.measured_weight_kernel_s(w_bytes, rows)
-    if measured_s is not None:  # a profile timed this dtype's kernel across rows
-        return measured_s
-    if hw.kernels is not None and model.gqa_gemms and weight_dtype in hw.kernels.gemm_dtypes():
+    profiled = bool(hw.weight_kernel_bytes_per_s_by_rows)
+    if not profiled and hw.kernels is not None and model.gqa_gemms and weight_dtype in hw.kernels.gemm_dtypes():
         return _measured_gemms_s(hw.kernels, tuple(model.layer_gemm_shapes()), weight_dtype, int(rows))
+    w_bytes, params_read = _layer_weights_read(model, weight_dtype, group_size, rows)
+    if profiled:  # a profile timed this dtype's kernel across rows
+        return hw.measured_weight_kernel_s(w_bytes, rows)
     quant = moe_quant(model, hw, weight_dtype, group_size)
     if quant is not None:  # the routed experts from the measured MoE table, the rest of the layer datasheet
         r_bytes, r_params, r_flop = routed_work(model, weight_dtype, group_size, rows)
@@ -311,25 +311,44 @@ def gqa_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_b
         dp = model.attention_dp
         return gqa_attention_s(_one_rank(model), hw, batch / dp, attended_tokens / dp, kv_bytes,
                                kv_bytes_per_token_layer * dp, flop)
+    if hw.kernels is not None and _plain(batch) and _plain(attended_tokens) and _plain(kv_bytes) and batch > 0 \
+            and attended_tokens > 0:  # a serving step's one call: the scalar path below, without the array tests
+        return _measured_gqa_one_s(model, hw, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer)
     if hw.kernels is None or np.all(np.asarray(batch) <= 0) or np.all(np.asarray(attended_tokens) <= 0):
         # (no tokens attended: the fast level's per-batch costs, whose attention it computes apart)
         if np.ndim(kv_bytes):
             return attention_s_array(flop, kv_bytes, hw)
         return attention_s(flop, kv_bytes, hw)
-    element = kv_bytes_per_token_layer / (2 * model.num_kv_heads * model.head_dim)
-    kv_dtype = "fp8" if element < 1.5 else "bf16"  # int8 KV stands in as fp8: one byte + scales
     if not (np.ndim(batch) or np.ndim(attended_tokens) or np.ndim(kv_bytes)):  # one step: scalars, same bits
-        b1 = max(float(batch), 1.0)
-        t1 = hw.kernels.decode_attention_one_s(b1, max(float(attended_tokens) / b1, 1.0), model.num_heads,
-                                               model.num_kv_heads, model.head_dim, kv_dtype)
-        extra1 = max(float(kv_bytes) - (float(attended_tokens) + b1) * kv_bytes_per_token_layer, 0.0)
-        return float(t1 + extra1 / hw.attention_hbm_bytes_per_s)
+        return _measured_gqa_one_s(model, hw, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer)
+    kv_dtype = _measured_kv_dtype(model, kv_bytes_per_token_layer)
     b = np.maximum(np.asarray(batch, dtype=float), 1.0)
     per_seq = np.maximum(np.asarray(attended_tokens, dtype=float) / b, 1.0)
     t = hw.kernels.decode_attention_s(b, per_seq, model.num_heads, model.num_kv_heads, model.head_dim, kv_dtype).seconds
     extra = np.maximum(np.asarray(kv_bytes, dtype=float) - (np.asarray(attended_tokens) + b) * kv_bytes_per_token_layer, 0.0)
     out = t + extra / hw.attention_hbm_bytes_per_s
     return out if np.ndim(kv_bytes) else float(out[0])
+
+
+def _plain(x) -> bool:
+    return type(x) is int or type(x) is float
+
+
+def _measured_kv_dtype(model: ModelSpec, kv_bytes_per_token_layer: float) -> str:
+    element = kv_bytes_per_token_layer / (2 * model.num_kv_heads * model.head_dim)
+    return "fp8" if element < 1.5 else "bf16"  # int8 KV stands in as fp8: one byte + scales
+
+
+def _measured_gqa_one_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_bytes,
+                        kv_bytes_per_token_layer: float) -> float:
+    """`gqa_attention_s` of one step (scalars) from the measured table: the call at the batch's mean
+    context, plus the bytes its kernel does not move at the datasheet attention rate."""
+    b1 = max(float(batch), 1.0)
+    t1 = hw.kernels.decode_attention_one_s(b1, max(float(attended_tokens) / b1, 1.0), model.num_heads,
+                                           model.num_kv_heads, model.head_dim,
+                                           _measured_kv_dtype(model, kv_bytes_per_token_layer))
+    extra1 = max(float(kv_bytes) - (float(attended_tokens) + b1) * kv_bytes_per_token_layer, 0.0)
+    return float(t1 + extra1 / hw.attention_hbm_bytes_per_s)
 
 
 @lru_cache(maxsize=64)

@@ -68,17 +68,17 @@ class StepPlan:
 
     @property
     def prefill_tokens(self) -> int:
-        return int(self.chunk_tokens.sum())
+        return int(self.chunk_tokens.sum()) if len(self.chunk_tokens) else 0
 
     def prefill_position_sum(self) -> int:
         """sum over chunk tokens of the number of tokens each attends (its 1-based position):
         a chunk of c tokens after a computed prefix a: c * a + c (c + 1) / 2."""
         c, a = self.chunk_tokens, self.chunk_prefix
-        return int(np.sum(c * a + c * (c + 1) // 2))
+        return int(np.sum(c * a + c * (c + 1) // 2)) if len(c) else 0  # (most steps have no chunk)
 
     def prefill_kv_tokens(self) -> int:
         """K/V tokens the chunks' attention reads (prefix) and writes (chunk): sum of a + c."""
-        return int(np.sum(self.chunk_prefix + self.chunk_tokens))
+        return int(np.sum(self.chunk_prefix + self.chunk_tokens)) if len(self.chunk_tokens) else 0
 
 
 @dataclass
@@ -334,9 +334,12 @@ class Scheduler:
         """Apply a finished step: decodes sample a token, chunks advance (a prefill that completes
         samples one); finished requests leave the running set."""
         t = self.table
-        t.computed[plan.chunks] += plan.chunk_tokens
-        done_prefill = plan.chunks[t.computed[plan.chunks] >= t.target[plan.chunks]]
-        produced = np.concatenate([plan.decodes, done_prefill])
+        if len(plan.chunks):
+            t.computed[plan.chunks] += plan.chunk_tokens
+            done_prefill = plan.chunks[t.computed[plan.chunks] >= t.target[plan.chunks]]
+            produced = np.concatenate([plan.decodes, done_prefill])
+        else:  # a decode-only step (most of them)
+            produced = plan.decodes
         t.generated[produced] += 1
         first = t.generated[produced] == 1
         t.first_token_s[produced[first]] = now
