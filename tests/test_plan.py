@@ -247,6 +247,25 @@ def test_candidate_scenarios_carry_the_layout_auto_and_the_access_strategy(base)
     assert not C.lossy("full_hbm", base)
 
 
+def test_a_replica_sees_the_arrivals_a_round_robin_balancer_leaves_it(base):
+    import numpy as np
+
+    from sim.inputs.requests import build_requests
+
+    one = C.candidate_scenario(base, C.Candidate("h100-sxm", 1, "full_hbm"), 8.0, SPEC, requests=20_000)
+    assert one.workload.arrivals.kind == "poisson"
+    four = C.candidate_scenario(base, C.Candidate("h100-sxm", 4, "full_hbm", tp=1), 2.0, SPEC, requests=20_000)
+    assert four.workload.arrivals.kind == "gamma" and four.workload.arrivals.cv == 0.5  # 1 / sqrt(4)
+    # every 4th arrival of the Poisson stream: the same mean gap, a quarter of the variance
+    stream = np.diff(build_requests(one.workload).arrival_s)
+    dealt = np.diff(np.cumsum(stream)[::4])
+    gaps = np.diff(build_requests(four.workload).arrival_s)
+    for g in (dealt, gaps):
+        assert abs(g.mean() - 0.5) < 0.01 and abs(g.std() / g.mean() - 0.5) < 0.02
+    tp4 = C.candidate_scenario(base, C.Candidate("h100-sxm", 4, "full_hbm", tp=4), 8.0, SPEC)
+    assert tp4.workload.arrivals.kind == "poisson"  # one group: nothing to deal out
+
+
 # ---- the sweep machinery: result store, goodput over the measured window -----------------------
 
 SMALL_SPEC = C.PlanSpec(rate=4.0, ttft_s=0.5, tpot_s=0.02, requests=60, top=0)

@@ -1,9 +1,10 @@
 """What `kvsim plan` searches: the request (rate, SLO, search settings), its candidates and their scenarios.
 
-A candidate is a GPU kind x a GPU count N x a layout (tensor parallelism tp dividing N, N / tp
-data-parallel replicas behind a load balancer that spreads requests evenly, each simulated at rate /
-replicas) x a KV policy (full_hbm, evict_only, tiered at hbm_ratio 0.25/0.5 and auto - tiering only
-under memory pressure - with the scenario's other policy fields; with --access each tiered one also
+A candidate is a GPU kind x a GPU count N x a layout (tensor parallelism tp dividing N, N / tp = k
+data-parallel replicas behind a round-robin load balancer, each simulated at rate / k: every k-th
+arrival of the Poisson stream, Erlang-k gaps - gamma with CV 1 / sqrt(k), `replica_arrivals`) x a
+KV policy (full_hbm, evict_only, tiered at hbm_ratio 0.25/0.5 and auto - tiering only under memory
+pressure - with the scenario's other policy fields; with --access each tiered one also
 with host_attention or split access). Before anything is simulated a layout is pruned when the model
 cannot be sharded over tp GPUs (`ModelSpec.tp_problem`) or one GPU's weight shard plus the runtime
 reserve exceeds its memory. Cost is N x an assumed $/GPU-hour (sim/catalog/prices.yaml, `--price`
@@ -259,9 +260,19 @@ def check_spec(spec: PlanSpec) -> None:
 
 
 # ---- candidates --------------------------------------------------------------------------------
-def candidate_scenario(base: Scenario, cand: Candidate, rate: float, spec: PlanSpec, requests: int | None = None) -> Scenario:
-    """One replica of `cand` (tp = cand.tp_size) in the base scenario: Poisson arrivals at `rate` (the
-    replica's share), `requests` of them (default spec.requests, else 1), step detail and the plan's SLO. Hardware overrides that belong to the base GPU (link, host, copy engines) are kept
+def replica_arrivals(rate: float, spread: int, requests: int, seed: int | None) -> dict:
+    """The arrivals one of `spread` instances sees when a round-robin load balancer deals a Poisson
+    stream out in turn: every spread-th arrival, so gaps are the sum of `spread` exponentials (Erlang,
+    gamma with CV 1 / sqrt(spread)) at `rate` (its share); one instance sees the Poisson stream."""
+    kind = {"kind": "poisson"} if spread <= 1 else {"kind": "gamma", "cv": 1.0 / math.sqrt(spread)}
+    return {**kind, "rate_per_s": float(rate), "requests": requests, **({"seed": seed} if seed is not None else {})}
+
+
+def candidate_scenario(base: Scenario, cand: Candidate, rate: float, spec: PlanSpec, requests: int | None = None,
+                       spread: int | None = None) -> Scenario:
+    """One replica of `cand` (tp = cand.tp_size) in the base scenario: `replica_arrivals` at `rate` (the
+    replica's share) dealt over `spread` instances (default its replicas), `requests` of them (default
+    spec.requests, else 1), step detail and the plan's SLO. Hardware overrides that belong to the base GPU (link, host, copy engines) are kept
     only for that GPU; a measured profile is not used."""
     data = base.model_dump(mode="json")
     hw = dict(data.get("hardware") or {})
@@ -282,8 +293,8 @@ def candidate_scenario(base: Scenario, cand: Candidate, rate: float, spec: PlanS
     work = dict(data["workload"])
     old = base.workload.arrivals
     seed = getattr(old, "seed", None)
-    work["arrivals"] = {"kind": "poisson", "rate_per_s": float(rate), "requests": requests or spec.requests or 1,
-                        **({"seed": seed} if seed is not None else {})}
+    work["arrivals"] = replica_arrivals(rate, cand.replicas if spread is None else spread, requests or spec.requests or 1,
+                                        seed)
     slo = {k: v * 1000.0 for k, v in (("ttft_ms", spec.ttft_s), ("tpot_ms", spec.tpot_s)) if v is not None}
     if cand.max_num_seqs:
         data["scheduler"] = {**(data.get("scheduler") or {}), "max_num_seqs": cand.max_num_seqs}

@@ -10,9 +10,10 @@ request's prompt K/V moved from its prefill instance to its decode instance over
 - A decode instance serves requests that arrive prefilled (`simulate_serving(prefilled=True)`): they
   decode from their first step, holding their prompt's K/V, at rate / y, tiered as the policy says.
   Its TPOT - the wait for admission included - is the request's.
-- The pools are simulated apart, each a steady-state probe: the decode instance's arrivals are taken
-  as Poisson at rate / y (the prefill pool's output is a superposition of x streams, smoothed by
-  the transfer), and a request's TTFT target less the longest transfer is the prefill probe's target.
+- The pools are simulated apart, each a steady-state probe: the decode pool's arrivals are taken as
+  a Poisson stream (the prefill pool's output is a superposition of x streams, smoothed by the
+  transfer), each pool's dealt round-robin over its instances (`candidates.replica_arrivals`), and a
+  request's TTFT target less the longest transfer is the prefill probe's target.
 
 Costs are per GPU-hour as for any layout (x tp_p + y tp_d GPUs). Ranking puts an aggregated layout
 ahead of a disaggregated one at the same $/hour, so aggregated stays the answer where it wins.
@@ -103,7 +104,8 @@ def longest_transfer_s(base: Scenario, split: Split, gpu: str) -> float:
 # ---- probes and the screen of a disaggregated candidate ------------------------------------------
 def pool_scenarios(base: Scenario, cand, spec, rate: float):
     """(make_prefill(n), make_decode(n)) for one configuration at `rate`: a prefill instance at rate / x
-    (one output token, full_hbm: its K/V leaves for the decode pool), a decode instance at rate / y."""
+    (one output token, full_hbm: its K/V leaves for the decode pool), a decode instance at rate / y,
+    each dealt its pool's share round-robin (`candidates.replica_arrivals`)."""
     from .candidates import Candidate, candidate_scenario
 
     x, tp_p = cand.prefill
@@ -111,10 +113,11 @@ def pool_scenarios(base: Scenario, cand, spec, rate: float):
     dec = Candidate(cand.gpu, cand.tp_size, cand.policy, max_num_seqs=cand.max_num_seqs)
 
     def make_prefill(n: int) -> Scenario:
-        sc = candidate_scenario(base, pre, rate / x, spec, requests=n)
+        sc = candidate_scenario(base, pre, rate / x, spec, requests=n, spread=x)
         return sc.model_copy(update={"workload": sc.workload.model_copy(update={"reasoning_tokens": 1})})
 
-    return make_prefill, (lambda n: candidate_scenario(base, dec, rate / cand.replicas, spec, requests=n))
+    return make_prefill, (lambda n: candidate_scenario(base, dec, rate / cand.replicas, spec, requests=n,
+                                                       spread=cand.replicas))
 
 
 def split_of(cand) -> Split:
