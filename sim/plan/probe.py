@@ -10,8 +10,9 @@ window: near a memory edge a long request can start a cascade of preemptions a s
 sees. The probe is one run whose window grows while it runs (`GrowingStop`): its arrivals are a
 prefix of a longer Poisson stream (`sim.inputs.requests`: each quantity its own stream), so the next
 window continues the run rather than simulating its start again, and arrivals never stop while a
-measured request is still in the system. `--requests N` runs N requests once instead. A probe that stopped early has its verdict but no percentile worth printing:
-its p99 is known only to exceed the target (or, overloaded, the run).
+measured request is still in the system. `--requests N` runs N requests once instead. A probe that
+stopped early has its verdict but no percentile worth printing: its p99 is known only to exceed the
+target (or, overloaded, the run).
 """
 
 from __future__ import annotations
