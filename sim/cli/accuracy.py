@@ -114,10 +114,10 @@ def _print(points: pd.DataFrame, summary: pd.DataFrame, ops: pd.DataFrame, modes
 
 def _rows_table(points: pd.DataFrame, modes) -> Table:
     t = Table(title="end to end: predicted / measured - 1, per row")
-    for col in ("row", "metric", "measured"):
-        t.add_column(col, justify="right" if col == "measured" else "left")
-    for mode in modes:
-        t.add_column(f"{mode}", justify="right")
+    for col in ("row", "metric", "published"):  # the row's published figure, measured on its GPU
+        t.add_column(col, justify="right" if col == "published" else "left")
+    for mode in modes:  # kvtier's prediction with the measured kernel tables, with the datasheet model
+        t.add_column(f"{mode} kernels", justify="right")
         t.add_column("error", justify="right")
     for rid, p in points.groupby("id", sort=False):
         by_mode = {r["mode"]: r for r in p.to_dict("records")}

@@ -309,6 +309,9 @@ def plan(
                                                "to search, comma-separated (default: the scenario's scheduler)"),
     disagg: bool = typer.Option(True, "--disagg/--no-disagg", help="also every split into prefill and decode "
                                 "instances, the K/V moved over the interconnect (default on)"),
+    balancer: str = typer.Option("round-robin", "--balancer", help="how data-parallel replicas share the arrivals: "
+                                 "round-robin (each replica simulated alone on every k-th arrival) or least-outstanding "
+                                 "(to the replica with the fewest requests in it; the replicas simulated together)"),
     allow_large: bool = typer.Option(False, "--allow-large", help=ALLOW_LARGE_HELP),
 ) -> None:
     """Cheapest GPU kind x count x layout (TP x replicas) x KV policy meeting a p99 TTFT/TPOT SLO at --rate in
@@ -322,7 +325,7 @@ def plan(
         check_out_path(out, folder=True)
     execution = Execution(executor, address, workers, cache).check()
     sc = load_scenario(scenario, set_)
-    spec = _plan_spec(sc.slo, rate, ttft_p99_ms, tpot_p99_ms, requests, max_factor, top)
+    spec = _plan_spec(sc.slo, rate, ttft_p99_ms, tpot_p99_ms, requests, max_factor, top, balancer)
     access = access if access is not None else default_access(sc)
     names, ns, pols, prices = parse_gpus(gpus_), parse_counts(counts), parse_policies(policies, access), parse_prices(price)
     _plan_run(scenario, sc, spec, (names, ns, pols, prices, price, parse_seqs(max_num_seqs)), (replicas, disagg),
@@ -398,7 +401,7 @@ def _said_about_store(result, cache: Path | None) -> None:
 
 
 def _plan_spec(slo, rate: float, ttft_p99_ms: float | None, tpot_p99_ms: float | None, requests: int | None,
-               max_factor: float, top: int):
+               max_factor: float, top: int, balancer: str = "round-robin"):
     """What the search asks: the rate, and each SLO target from its option or else the scenario's."""
     from sim.plan.candidates import PlanSpec
 
@@ -407,7 +410,7 @@ def _plan_spec(slo, rate: float, ttft_p99_ms: float | None, tpot_p99_ms: float |
     return PlanSpec(rate=rate,
                     ttft_s=ttft_p99_ms / 1e3 if ttft_p99_ms is not None else (slo.ttft_s if slo else None),
                     tpot_s=tpot_p99_ms / 1e3 if tpot_p99_ms is not None else (slo.tpot_s if slo else None),
-                    requests=requests, max_factor=max_factor, top=top)
+                    requests=requests, max_factor=max_factor, top=top, balancer=balancer)
 
 
 def main() -> None:

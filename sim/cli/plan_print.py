@@ -10,6 +10,10 @@ from rich.console import Console
 from rich.table import Table
 
 TOP_ROWS = 5
+# how the replicas of a data-parallel layout share the rate (`PlanSpec.balancer`, sim/serving/fleet.py)
+SHARE = {"round-robin": "evenly (round-robin: each replica simulated alone on every k-th arrival)",
+         "least-outstanding": "least-outstanding (each arrival to the replica with the fewest in it; the replicas "
+                              "simulated together)"}
 
 
 def _ms(v, end: str | None = None, target_ms: float | None = None) -> str:
@@ -101,7 +105,7 @@ def print_plan(console: Console, result, sc, spec, all_rows: bool, wall_s: float
     console.print(f"[dim]{counts['pass']} pass, {counts['fail']} fail, {counts['unsearched']} not simulated (cheaper ones "
                   f"pass), {counts['screened']} ruled out by the screen, {counts['pruned']} cannot hold the model"
                   f"{'' if all_rows else ' (--all lists every row)'}; prices are assumptions (sim/catalog/prices.yaml, "
-                  f"--price GPU=$/h); replicas share the rate evenly (round-robin); {wall_s:.0f} s[/dim]")
+                  f"--price GPU=$/h); replicas share the rate {SHARE[spec.balancer]}; {wall_s:.0f} s[/dim]")
     if out is not None:
         console.print(f"[dim]wrote {out}/ (plan.csv, probes.csv: {len(result.probes)} probes, plan.json); "
                       f"kvsim report --plan {out} --only plan draws them[/dim]")

@@ -108,9 +108,10 @@ def timeline_window(plan: TierPlan) -> range:
 
 class DecodeSim:
     """One decode run of a batch on one GPU and its host link. `start_s`: the clock at the start (the
-    fast level walks windows of steps from the middle of a run, `run_window`)."""
+    fast level walks windows of steps from the middle of a run, `run_window`); `env`: a clock shared
+    with other GPUs (a serving fleet's replicas)."""
 
-    def __init__(self, ctx: RunContext, plan: TierPlan, start_s: float = 0.0):
+    def __init__(self, ctx: RunContext, plan: TierPlan, start_s: float = 0.0, env: simpy.Environment | None = None):
         self.ctx, self.plan = ctx, plan
         pol = ctx.scenario.policy
         self.prefetch, self.buffers, self.access = pol.prefetch, pol.staging_buffers, pol.access
@@ -118,7 +119,7 @@ class DecodeSim:
         self.blocking_offload = pol.prefetch == "sync_per_step" or not pol.pinned
         self.layer_detail = ctx.scenario.sim.detail == "layer"
         self.stride = ctx.scenario.sim.step_stride
-        self.env = simpy.Environment(initial_time=start_s)
+        self.env = env or simpy.Environment(initial_time=start_s)  # a fleet's replicas share one clock
         # with host access the host DRAM is shared by the attention stream and every bulk copy
         self.dram = HostDram(self.env, ctx.hw.host_cpu.shared_bytes_per_s) if ctx.hw.host_cpu is not None else None
         h2d_res = simpy.Resource(self.env, capacity=1)

@@ -1,8 +1,10 @@
 """What `kvsim plan` searches: the request (rate, SLO, search settings), its candidates and their scenarios.
 
 A candidate is a GPU kind x a GPU count N x a layout (tensor parallelism tp dividing N, N / tp = k
-data-parallel replicas behind a round-robin load balancer, each simulated at rate / k: every k-th
-arrival of the Poisson stream, Erlang-k gaps - gamma with CV 1 / sqrt(k), `replica_arrivals`) x a
+data-parallel replicas behind a load balancer: round-robin by default, each replica simulated alone
+at rate / k - every k-th arrival of the Poisson stream, Erlang-k gaps, gamma with CV 1 / sqrt(k),
+`replica_arrivals`; least-outstanding (`PlanSpec.balancer`) the k replicas simulated together as a
+fleet, `sim.serving.fleet`) x a
 KV policy (full_hbm, evict_only, tiered at hbm_ratio 0.25/0.5 and auto - tiering only under memory
 pressure - with the scenario's other policy fields; with --access each tiered one also
 with host_attention or split access). Before anything is simulated a layout is pruned when the model
@@ -31,6 +33,7 @@ from sim.inputs.limits import (
 )
 from sim.inputs.scenario import Scenario, scenario_from_dict
 from sim.model.units import GB
+from sim.serving.fleet import ROUND_ROBIN, check_balancer
 
 DEFAULT_COUNTS = (1, 2, 4, 8)
 TIERED_RATIOS = (0.25, 0.5, 0.75)
@@ -61,6 +64,7 @@ class PlanSpec:
     max_factor: float = 4.0  # the max-rate search stops at max_factor x rate
     tolerance: float = 0.1  # ... or when the bracket's upper end is within 10% of its lower
     top: int = 5  # stop once this many configurations pass (cheapest first); 0: search every one
+    balancer: str = ROUND_ROBIN  # how data-parallel replicas share the arrivals (sim.serving.fleet.BALANCERS)
 
 
 @dataclass(frozen=True)
@@ -244,6 +248,7 @@ def check_spec(spec: PlanSpec) -> None:
     for field, value in (("--ttft-p99-ms", ms(spec.ttft_s)), ("--tpot-p99-ms", ms(spec.tpot_s))):
         if value is not None and value > MAX_SECONDS * 1e3:
             raise ConfigError(f"expected at most {MAX_SECONDS * 1e3:,.0f} ms (an hour), got {value:g}", field=field)
+    check_balancer(spec.balancer)
     if spec.ttft_s is None and spec.tpot_s is None:
         raise ConfigError("give --ttft-p99-ms, --tpot-p99-ms or both (or a scenario with slo:)", field="--ttft-p99-ms")
     if spec.requests is not None and not 1 <= spec.requests <= MAX_REQUESTS_PLAN:

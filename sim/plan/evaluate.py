@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any, ClassVar
 
 from sim.inputs.errors import ConfigError
 from sim.inputs.scenario import Scenario
 from sim.outputs.schema import LINK_BOTTLENECK_UTILIZATION
 from sim.runner.store import NUMBER, OPTIONAL_NUMBER, OPTIONAL_TEXT, file_digests, has_fields, result_key
+from sim.serving.fleet import ROUND_ROBIN, simulate_fleet
 from sim.serving.steady import Percentile
 
 from .candidates import Candidate, PlanSpec, candidate_scenario
@@ -118,6 +120,12 @@ def probe_at(base: Scenario, cand: Candidate, spec: PlanSpec, rate: float, curve
     per = float(rate) / cand.replicas
     if cand.prefill:
         return disagg_probe(base, cand, spec, float(rate), e2e_hint_s(curve, per))
+    if cand.replicas > 1 and spec.balancer != ROUND_ROBIN:  # the replicas together, the fleet's arrivals
+        fleet = partial(simulate_fleet, replicas=cand.replicas, balancer=spec.balancer)
+        p = steady_probe(lambda n: candidate_scenario(base, cand, float(rate), spec, requests=n, spread=1), float(rate),
+                         spec.ttft_s, spec.tpot_s, e2e_hint_s(curve, per), spec.requests, simulate=fleet)
+        p.rate_per_s = per  # a replica's share, as `binding` reads the screen's curve
+        return p
     return steady_probe(lambda n: candidate_scenario(base, cand, per, spec, requests=n), per, spec.ttft_s, spec.tpot_s,
                         e2e_hint_s(curve, per), spec.requests)
 
@@ -233,7 +241,10 @@ class CandidateTask:
 
     def inputs(self) -> dict[str, Any]:
         base = {k: v for k, v in self.base.model_dump(mode="json").items() if k != "name"}
-        return {"base": base, "files": file_digests(self.base), "candidate": asdict(self.cand), "spec": asdict(self.spec),
+        spec = asdict(self.spec)
+        if spec["balancer"] == ROUND_ROBIN:  # the default: keys stored before there was a choice still hold
+            del spec["balancer"]
+        return {"base": base, "files": file_digests(self.base), "candidate": asdict(self.cand), "spec": spec,
                 "search": "steady-state probes, screen-bracketed"}
 
     @property

@@ -140,13 +140,13 @@ def _evaluate(probe: Probe, requests, measured: np.ndarray, ttft_s, tpot_s) -> P
 
 
 def run_once(scenario: Scenario, window, rate_per_s: float, ttft_s, tpot_s, e2e_s: float,
-             prefilled: bool = False) -> Probe:
+             prefilled: bool = False, simulate: Callable | None = None) -> Probe:
     """One run over `window` (its requests are the scenario's), stopped at its verdict; `prefilled`:
-    a decode instance's (`simulate_serving`)."""
+    a decode instance's (`simulate_serving`); `simulate(scenario, stop=)`: a fleet's instead."""
     arrival = build_requests(scenario.workload).arrival_s
     measured = window.measured(arrival)
     stop = SteadyStop(measured, ttft_s, tpot_s, max(OVERLOAD_MIN_S, OVERLOAD_E2E * e2e_s))
-    res = simulate_serving(scenario, stop=stop, prefilled=prefilled)
+    res = simulate(scenario, stop=stop) if simulate else simulate_serving(scenario, stop=stop, prefilled=prefilled)
     s = res.summary
     probe = Probe(rate_per_s, s, requests=len(arrival), measured=int(measured.sum()),
                   window_s=window.end_s - window.warmup_s, duration_s=s.duration_s or 0.0, runs=1)
@@ -220,17 +220,20 @@ def next_window(probe: Probe, e2e_s: float, scale: float, seqs: int | None, n: i
 
 
 def steady_probe(make: Callable[[int], Scenario], rate_per_s: float, ttft_s: float | None, tpot_s: float | None,
-                 e2e_hint_s: float, requests: int | None = None, prefilled: bool = False) -> Probe:
+                 e2e_hint_s: float, requests: int | None = None, prefilled: bool = False,
+                 simulate: Callable | None = None) -> Probe:
     """`make(n)`: the candidate's scenario with n Poisson requests at `rate_per_s`. One run whose
-    window grows until the verdict holds (module docstring, `GrowingStop`); `requests` fixes n."""
+    window grows until the verdict holds (module docstring, `GrowingStop`); `requests` fixes n.
+    `simulate(scenario, stop=)`: what runs it (default `simulate_serving`; a fleet's,
+    `sim.serving.fleet`)."""
     if requests is not None:
         sc = make(requests)
         return run_once(sc, window_of_requests(build_requests(sc.workload).arrival_s), rate_per_s, ttft_s, tpot_s,
-                        e2e_hint_s, prefilled)
+                        e2e_hint_s, prefilled, simulate)
     sc = make(MAX_PROBE_REQUESTS)
     arrival = build_requests(sc.workload).arrival_s
     grow = GrowingStop(arrival, rate_per_s, ttft_s, tpot_s, max(HINT_MARGIN * e2e_hint_s, 1e-3), sc.scheduler.max_num_seqs)
-    res = simulate_serving(sc, stop=grow, prefilled=prefilled)
+    res = simulate(sc, stop=grow) if simulate else simulate_serving(sc, stop=grow, prefilled=prefilled)
     s = res.summary
     arrived = int(np.count_nonzero(~np.isnan(res.requests["arrival_s"].to_numpy(dtype=float))))
     probe = Probe(rate_per_s, s, requests=max(grow.n, arrived), measured=int(grow.measured.sum()),

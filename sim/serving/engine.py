@@ -45,6 +45,14 @@ class StepRow:
 
 
 @dataclass
+class Tally:
+    """Requests finished so far: one replica's, or shared by a fleet's replicas (`sim.serving.fleet`),
+    whose step loops run until the fleet's last request has finished."""
+
+    finished: int = 0
+
+
+@dataclass
 class ServingTrace:
     """What the engine measured: every request's times (the table), one row per step, the
     inter-token gaps (each step's duration weighted by the tokens that came one step after their
@@ -71,16 +79,19 @@ class ServingTrace:
 class ServingSim:
     """Requests arriving at one GPU (one tensor-parallel group) and its host link."""
 
-    def __init__(self, ctx: RunContext, requests: RequestSet, scheduler: Scheduler, stop=None):
+    def __init__(self, ctx: RunContext, requests: RequestSet, scheduler: Scheduler, stop=None, env=None,
+                 tally: Tally | None = None):
+        """`env` and `tally`: a fleet's shared clock and finished count (`sim.serving.fleet`)."""
         self.ctx, self.specs, self.scheduler = ctx, requests, scheduler
-        self.stop = stop  # called after each step with this sim; True ends the run there (a steady-state probe)
+        self.stop = stop  # called after each step with `view`; True ends the run there (a steady-state probe)
+        self.view = self  # what `stop` looks at: this sim, or its fleet
         self.stopped = False
         self.table = scheduler.table
-        self.device = DecodeSim(ctx, plan=None)  # forward passes and re-tier transfers on the GPU's link
+        self.device = DecodeSim(ctx, plan=None, env=env)  # forward passes and re-tier transfers on the GPU's link
         self.env = self.device.env
         self.done: dict[int, object] = {}  # closed loop: the event each client waits on, by request
         self.sent = 0  # requests sent so far (closed loop: the next one to send)
-        self.finished = 0
+        self.tally = tally or Tally()
         self.wake = None  # event the idle step loop waits on
         self.in_system = 0
         self.area_s = 0.0
@@ -96,6 +107,10 @@ class ServingSim:
             self.env.process(self.arrivals())
         loop = self.env.process(self.step_loop())
         self.env.run(until=loop if self.stop is not None else None)  # stopped: the arrivals still due are dropped
+        return self.close()
+
+    def close(self) -> ServingTrace:
+        """The trace, with what the scheduler and the links counted, as the run ends."""
         self.trace.in_system_area_s, self.trace.end_s = self.area_s, self.env.now
         self.trace.preemptions = self.scheduler.preemptions
         self.trace.swap_mode = self.scheduler.swap is not None
@@ -120,7 +135,7 @@ class ServingSim:
             t.first_token_s[i] = t.last_token_s[i] = self.env.now
             if t.output[i] <= 1:
                 t.finish_s[i] = self.env.now
-                self.finished += 1
+                self.tally.finished += 1
                 return
         self._count(+1)
         self.scheduler.arrive(i)
@@ -180,7 +195,7 @@ class ServingSim:
         """Form a step, run its forward pass (and its decodes' re-tiers), hand out its tokens."""
         sched, env, fixed_bytes = self.scheduler, self.env, self.scheduler.memory.fixed_bytes
         step = 0
-        while self.finished < len(self.specs):
+        while self.tally.finished < len(self.specs):
             plan = sched.schedule(env.now)
             start = env.now
             yield from self.swap(plan)
@@ -207,12 +222,12 @@ class ServingSim:
                 self.trace.itl_other_s.append(out.gaps)
             step += 1
             if len(out.finished):
-                self.finished += len(out.finished)
+                self.tally.finished += len(out.finished)
                 self._count(-len(out.finished))
                 for i in out.finished:
                     if int(i) in self.done:
                         self.done.pop(int(i)).succeed()
-            if self.stop is not None and self.stop(self):
+            if self.stop is not None and self.stop(self.view):
                 self.stopped = True
                 return
             if len(out.finished) and self.specs.concurrency is not None:

@@ -71,7 +71,8 @@ def alone_shortfall(memory: KvMemory, counter: TierCounter, reqs: RequestSet) ->
     return None
 
 
-def _row_counts(ctx: RunContext, memory: KvMemory, reqs: RequestSet) -> FixedRows | PressureRows:
+def row_counts(ctx: RunContext, memory: KvMemory, reqs: RequestSet) -> FixedRows | PressureRows:
+    """One scheduler's tier counts (a fleet's replicas each have their own: `PressureRows` is state)."""
     if ctx.policy.auto:
         return PressureRows(ctx.policy, memory, reqs.prompt_tokens)
     return FixedRows(TierCounter(ctx.policy, reqs.prompt_tokens, reqs.output_tokens), reqs.prompt_tokens)
@@ -83,14 +84,9 @@ def simulate_serving(scenario: Scenario, profile: Profile | None = None, *, prof
     probe that has its verdict: `sim.serving.steady`); the summary's figures then cover the requests
     that finished, and `requests` still lists every one (the unfinished with empty times). `prefilled`:
     the requests arrive with their prompts' K/V (a decode instance: `sim.serving.request.RequestTable`)."""
-    ctx = build_context(scenario, profile, profile_path)
-    reqs = build_requests(scenario.workload)
+    ctx, reqs, memory, why = prepare(scenario, profile, profile_path)
     sched_cfg = scenario.scheduler
-    memory = kv_memory(ctx, sched_cfg.max_num_batched_tokens, sched_cfg.max_num_seqs)
-    counter = _row_counts(ctx, memory, reqs)
-    # a request that could not run alone: under hbm_ratio auto, even at the least T0 pressure can leave
-    least = ctx.policy.at_fraction(0.0) if ctx.policy.auto else ctx.policy
-    why = alone_shortfall(memory, TierCounter(least, reqs.prompt_tokens, reqs.output_tokens), reqs)
+    counter = row_counts(ctx, memory, reqs)
     swap = sched_cfg.preemption == "swap"
     figures, stopped = {}, False
     requests, timeline = pd.DataFrame(columns=request_columns(swap)), pd.DataFrame(columns=timeline_columns(swap))
@@ -102,12 +98,23 @@ def simulate_serving(scenario: Scenario, profile: Profile | None = None, *, prof
         figures = serving_figures(trace, done, timeline, scenario.slo) | swap_figures(trace)
         if trace.end_s > 0:
             figures.update(h2d_utilization=trace.h2d_busy_s / trace.end_s, d2h_utilization=trace.d2h_busy_s / trace.end_s)
-    summary = _summary(scenario, ctx, reqs, memory, why, figures, profile_path)
+    summary = serving_summary(scenario, ctx, reqs, memory, why, figures, profile_path)
     timeline = thin_timeline(timeline, scenario.sim.record_every)  # the summary used every row
     return ServingResult(summary=summary, requests=requests, timeline=timeline, scenario=scenario, stopped=stopped)
 
 
-def _summary(scenario: Scenario, ctx: RunContext, reqs: RequestSet, memory: KvMemory, why: str | None, figures: dict,
+def prepare(scenario: Scenario, profile: Profile | None = None,
+            profile_path: str | None = None) -> tuple[RunContext, RequestSet, KvMemory, str | None]:
+    """(context, requests, memory, why it cannot run or None) of a serving run."""
+    ctx = build_context(scenario, profile, profile_path)
+    reqs = build_requests(scenario.workload)
+    memory = kv_memory(ctx, scenario.scheduler.max_num_batched_tokens, scenario.scheduler.max_num_seqs)
+    # a request that could not run alone: under hbm_ratio auto, even at the least T0 pressure can leave
+    least = ctx.policy.at_fraction(0.0) if ctx.policy.auto else ctx.policy
+    return ctx, reqs, memory, alone_shortfall(memory, TierCounter(least, reqs.prompt_tokens, reqs.output_tokens), reqs)
+
+
+def serving_summary(scenario: Scenario, ctx: RunContext, reqs: RequestSet, memory: KvMemory, why: str | None, figures: dict,
              profile_path: str | None) -> ServingSummary:
     a, sc = scenario.workload.arrivals, scenario.scheduler
     return ServingSummary(
