@@ -13,7 +13,7 @@ from sim.inputs.errors import ConfigError
 from sim.inputs.requests import RequestSet
 from sim.inputs.scenario import load_scenario
 from sim.serving.engine import ServingSim
-from sim.serving.fleet import LEAST_OUTSTANDING, ROUND_ROBIN, pick_replica, simulate_fleet
+from sim.serving.fleet import LEAST_OUTSTANDING, ROUND_ROBIN, VLLM, pick_replica, simulate_fleet
 from sim.serving.request import RequestTable
 from sim.serving.run import prepare, row_counts
 from sim.serving.scheduler import Scheduler
@@ -51,8 +51,16 @@ def test_round_robin_fleet_is_each_replica_alone_exactly():
 
 
 def test_least_outstanding_sends_each_arrival_to_the_least_loaded_replica():
-    assert pick_replica(LEAST_OUTSTANDING, 7, [3, 1, 1, 2]) == 1  # the first of the least loaded
-    assert pick_replica(ROUND_ROBIN, 7, [3, 1, 1, 2]) == 3
+    from types import SimpleNamespace
+
+    def replica(in_system: int, waiting: int) -> SimpleNamespace:
+        running = np.arange(in_system - waiting)
+        return SimpleNamespace(in_system=in_system, scheduler=SimpleNamespace(waiting=[0] * waiting, running=running))
+
+    four = [replica(3, 0), replica(1, 1), replica(1, 0), replica(2, 0)]
+    assert pick_replica(LEAST_OUTSTANDING, 7, four) == 1  # the first of the least loaded
+    assert pick_replica(ROUND_ROBIN, 7, four) == 3
+    assert pick_replica(VLLM, 7, four) == 2  # scores 3, 4, 1, 2: a waiting request weighs 4
     sc = fleet_scenario(rate=6.0)
     res = simulate_fleet(sc, 3, LEAST_OUTSTANDING)
     r = res.requests
@@ -66,11 +74,13 @@ def test_least_outstanding_queues_less_than_round_robin_under_load():
     rr, lo = simulate_fleet(sc, 2, ROUND_ROBIN).summary, simulate_fleet(sc, 2, LEAST_OUTSTANDING).summary
     assert lo.queue_mean_s < rr.queue_mean_s
     assert lo.ttft_p99_s < rr.ttft_p99_s
+    vllm = simulate_fleet(sc, 2, VLLM).summary  # also balances on load
+    assert vllm.queue_mean_s < rr.queue_mean_s
 
 
 def test_fleet_refuses_bad_input():
     sc = fleet_scenario(rate=6.0)
-    with pytest.raises(ConfigError, match="unknown load balancer 'random'; expected one of round-robin, least-outstanding"):
+    with pytest.raises(ConfigError, match="unknown load balancer 'random'; expected one of round-robin, least-outstanding, vllm"):
         simulate_fleet(sc, 2, "random")
     with pytest.raises(ConfigError, match="at least 1 replica"):
         simulate_fleet(sc, 0)
@@ -130,4 +140,18 @@ def test_plan_cli_takes_a_balancer_and_refuses_an_unknown_one(plan_base):
     assert "TP1 x 2" in res.stdout and "least-outstanding" in res.stdout
     bad = run_cli(*args, "--balancer", "random")
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
-    assert "--balancer: unknown load balancer 'random'; expected one of round-robin, least-outstanding" in bad.stderr
+    assert "--balancer: unknown load balancer 'random'; expected one of round-robin, least-outstanding, vllm" in bad.stderr
+
+
+def test_launch_lines_say_the_engines_balancer_against_the_planned_one():
+    from sim.plan.answer import SGLANG_SHORTEST_QUEUE, balanced
+
+    dp2 = {"vllm": "vllm serve M --tensor-parallel-size 1 --data-parallel-size 2 --max-num-seqs 8",
+           "sglang": "python -m sglang.launch_server --tp-size 1 --dp-size 2  # a note"}
+    rr, lo, vl = (balanced(dp2, b) for b in (ROUND_ROBIN, LEAST_OUTSTANDING, VLLM))
+    assert "routes by load (4 x waiting + running), not round-robin as planned" in rr["vllm"]
+    assert rr["sglang"] == dp2["sglang"]  # SGLang's --dp-size deals round-robin by default
+    assert lo["sglang"] == f"python -m sglang.launch_server --tp-size 1 --dp-size 2 {SGLANG_SHORTEST_QUEUE}  # a note"
+    assert vl["vllm"] == dp2["vllm"]  # planned with vLLM's own balancer: nothing to say
+    one = {"vllm": "vllm serve M --tensor-parallel-size 2 --data-parallel-size 1", "sglang": "x --dp-size 1"}
+    assert balanced(one, LEAST_OUTSTANDING) == one  # one replica: no balancer

@@ -310,8 +310,9 @@ def plan(
     disagg: bool = typer.Option(True, "--disagg/--no-disagg", help="also every split into prefill and decode "
                                 "instances, the K/V moved over the interconnect (default on)"),
     balancer: str = typer.Option("round-robin", "--balancer", help="how data-parallel replicas share the arrivals: "
-                                 "round-robin (each replica simulated alone on every k-th arrival) or least-outstanding "
-                                 "(to the replica with the fewest requests in it; the replicas simulated together)"),
+                                 "round-robin (each replica simulated alone on every k-th arrival), least-outstanding "
+                                 "(to the replica with the fewest requests in it) or vllm (vLLM's data-parallel "
+                                 "balancer: the lowest 4 x waiting + running); the last two simulate the replicas together"),
     allow_large: bool = typer.Option(False, "--allow-large", help=ALLOW_LARGE_HELP),
 ) -> None:
     """Cheapest GPU kind x count x layout (TP x replicas) x KV policy meeting a p99 TTFT/TPOT SLO at --rate in

@@ -13,7 +13,9 @@ TOP_ROWS = 5
 # how the replicas of a data-parallel layout share the rate (`PlanSpec.balancer`, sim/serving/fleet.py)
 SHARE = {"round-robin": "evenly (round-robin: each replica simulated alone on every k-th arrival)",
          "least-outstanding": "least-outstanding (each arrival to the replica with the fewest in it; the replicas "
-                              "simulated together)"}
+                              "simulated together)",
+         "vllm": "as vLLM's data-parallel balancer (each arrival to the replica with the lowest 4 x waiting + running; "
+                 "the replicas simulated together)"}
 
 
 def _ms(v, end: str | None = None, target_ms: float | None = None) -> str:
@@ -85,7 +87,7 @@ def print_plan(console: Console, result, sc, spec, all_rows: bool, wall_s: float
     console.print(answer_sentence(rows, spec.rate, spec.requests, engine_phrase(sc.engine)), soft_wrap=True)
     best = next((r for r in rows if r["rank"] == 1), None)
     if best is not None:
-        for engine, line in launch_lines(best, sc, best.get("host_peak_bytes")).items():
+        for engine, line in launch_lines(best, sc, best.get("host_peak_bytes"), spec.balancer).items():
             console.print(f"  {engine}: {line}", soft_wrap=True, markup=False, highlight=False)
     for line in band_lines(rows, sc):
         console.print(line, soft_wrap=True, markup=False, highlight=False)

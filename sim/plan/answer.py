@@ -3,8 +3,11 @@ commands. Pure text and arithmetic over the ranked rows (sim.plan.files.PLAN_COL
 
 from __future__ import annotations
 
+import re
+
 from sim.inputs import catalog
 from sim.inputs.scenario import Scenario
+from sim.serving.fleet import LEAST_OUTSTANDING, ROUND_ROBIN
 
 from .files import parse_prefill_label
 from .launch import hf_model_id, launch_commands, with_flags, with_note
@@ -107,13 +110,15 @@ def _sglang_fraction(base: Scenario, best: dict, tp: int) -> float | None:
     return sglang_fraction(base.engine, base.scheduler, catalog.gpu(best["gpu"]).memory_bytes, tp, mla)[0]
 
 
-def launch_lines(best: dict, base: Scenario, host_peak_bytes_per_gpu: float | None = None) -> dict[str, str]:
+def launch_lines(best: dict, base: Scenario, host_peak_bytes_per_gpu: float | None = None,
+                 balancer: str = ROUND_ROBIN) -> dict[str, str]:
     """The engine commands for the best row (sim.plan.launch): {"vllm": ..., "sglang": ...}, plus
     "trtllm" where the base scenario runs under `engine: tensorrt-llm` (with the
     free_gpu_memory_fraction the plan ran with), or for a disaggregated one each engine's prefill and
     decode instances ("vllm prefill", ...). The host KV pool is the row's host peak (plan.csv
     host_peak_bytes, one GPU's, as every simulated figure) x the GPUs of an instance; a mixture of
-    experts' replicas launch one server each (`launch_commands` moe)."""
+    experts' replicas launch one server each (`launch_commands` moe). `balancer`: the one the plan
+    simulated (`balanced`)."""
     from sim.inputs.catalog import resolve_model
 
     model = hf_model_id(base.model.name or "") or (base.model.name or "MODEL")
@@ -131,7 +136,7 @@ def launch_lines(best: dict, base: Scenario, host_peak_bytes_per_gpu: float | No
                                _sglang_fraction(base, best, tp), trtllm_fraction)
 
     if not best.get("prefill"):
-        return commands(best["tp"], best["dp"], best["policy"], host_offload_bytes)
+        return balanced(commands(best["tp"], best["dp"], best["policy"], host_offload_bytes), balancer)
     x, tp_p = parse_prefill_label(best["prefill"])
     out = {}
     for role, cmds in (("prefill", commands(tp_p, x, "full_hbm", None)),
@@ -140,3 +145,30 @@ def launch_lines(best: dict, base: Scenario, host_peak_bytes_per_gpu: float | No
             out[f"{engine} {role}"] = (with_flags(line, DISAGG_FLAGS[engine].replace("{role}", role))
                                        if engine in DISAGG_FLAGS else with_note(line, DISAGG_NOTES[engine]))
     return out
+
+
+# the engines' own data-parallel balancers against the one the plan simulated (sim/serving/fleet.py):
+# vLLM's --data-parallel-size routes to the lowest 4 x waiting + running (vllm/v1/engine/core_client.py
+# DPLBAsyncMPClient); SGLang's --dp-size deals round-robin unless --load-balance-method shortest_queue
+# (python/sglang/srt/managers/data_parallel_controller.py LoadBalanceMethod)
+VLLM_DP_NOTE = {ROUND_ROBIN: "vLLM's --data-parallel-size balancer routes by load (4 x waiting + running), not "
+                             "round-robin as planned: kvsim plan --balancer vllm plans for it",
+                LEAST_OUTSTANDING: "vLLM's --data-parallel-size balancer routes to the lowest 4 x waiting + running, "
+                                   "near the least-outstanding one planned (kvsim plan --balancer vllm for its own)"}
+SGLANG_SHORTEST_QUEUE = "--load-balance-method shortest_queue"
+
+
+def balanced(commands: dict[str, str], balancer: str) -> dict[str, str]:
+    """The engines' lines with their data-parallel balancer set or said against `balancer`: only
+    where a line runs its replicas as one server (--data-parallel-size / --dp-size > 1)."""
+    out = dict(commands)
+    if _dp(out.get("vllm", ""), "--data-parallel-size") > 1 and balancer in VLLM_DP_NOTE:
+        out["vllm"] = with_note(out["vllm"], VLLM_DP_NOTE[balancer])
+    if _dp(out.get("sglang", ""), "--dp-size") > 1 and balancer != ROUND_ROBIN:
+        out["sglang"] = with_flags(out["sglang"], SGLANG_SHORTEST_QUEUE)  # the fewest queued requests: load-aware
+    return out
+
+
+def _dp(line: str, flag: str) -> int:
+    found = re.search(rf"{flag} (\d+)", line.partition("  # ")[0])
+    return int(found.group(1)) if found else 1

@@ -9,6 +9,11 @@ scheduler and KV cache) behind a load balancer, simulated together on one clock.
   finished; the lowest index among equals), as NGINX's `least_conn` and AWS ALB's
   `least_outstanding_requests` route. It needs the fleet: where a request goes depends on how far
   every replica has got.
+- vllm: vLLM's own data-parallel balancer (`--data-parallel-size`, internal load balancing): the
+  replica with the lowest 4 x waiting + running (vllm/v1/engine/core_client.py,
+  `DPLBAsyncMPClient.get_core_engine_for_request`; the lowest index among equals). vLLM reads those
+  counts from its coordinator, which publishes them at most every 100 ms; here they are the counts
+  of the moment, so the simulated balancer is a little better informed than vLLM's.
 
 The replicas share the request table (each request is one replica's) and the finished count
 (`engine.Tally`), so every step loop runs until the fleet's last request has finished, and a
@@ -34,15 +39,21 @@ from .request import RequestTable
 from .run import ServingResult, prepare, row_counts, serving_summary
 from .scheduler import Scheduler
 
-ROUND_ROBIN, LEAST_OUTSTANDING = "round-robin", "least-outstanding"
-BALANCERS = (ROUND_ROBIN, LEAST_OUTSTANDING)
+ROUND_ROBIN, LEAST_OUTSTANDING, VLLM = "round-robin", "least-outstanding", "vllm"
+BALANCERS = (ROUND_ROBIN, LEAST_OUTSTANDING, VLLM)
+VLLM_WAITING_WEIGHT = 4  # vLLM's score: 4 x waiting + running
 
 
-def pick_replica(balancer: str, i: int, in_system: list[int]) -> int:
-    """The replica arrival i goes to (module docstring), given each replica's requests in system."""
+def pick_replica(balancer: str, i: int, sims: list) -> int:
+    """The replica arrival i goes to (module docstring), given the replicas (`ServingSim`s: requests
+    in system, the scheduler's waiting and running)."""
     if balancer == ROUND_ROBIN:
-        return i % len(in_system)
-    return int(np.argmin(in_system))  # the first of the least loaded
+        return i % len(sims)
+    if balancer == LEAST_OUTSTANDING:
+        load = [s.in_system for s in sims]
+    else:
+        load = [VLLM_WAITING_WEIGHT * len(s.scheduler.waiting) + len(s.scheduler.running) for s in sims]
+    return int(np.argmin(load))  # the first of the least loaded
 
 
 def check_balancer(balancer: str, field: str = "--balancer") -> str:
@@ -108,7 +119,7 @@ def simulate_fleet(scenario: Scenario, replicas: int, balancer: str = LEAST_OUTS
     def arrivals():
         for i, t in enumerate(reqs.arrival_s):
             yield env.timeout(max(0.0, float(t) - env.now))
-            replica_of[i] = pick_replica(balancer, i, [s.in_system for s in sims])
+            replica_of[i] = pick_replica(balancer, i, sims)
             sims[replica_of[i]].arrive(i)
 
     env.process(arrivals())
