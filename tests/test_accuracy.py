@@ -156,7 +156,7 @@ def _level(summary, mode, by, key):
 def test_end_to_end_accuracy_with_measured_tables(full_summary):
     median, worst = _level(full_summary, "measured", "all", "all")
     assert median <= 0.10  # current level (9.2%); goal median <= 5% NOT met
-    assert worst <= 0.65  # current level (63.3%, 4 x L40S TP4 over PCIe); goal worst <= 15% NOT met
+    assert worst <= 0.55  # current level (53.9%, SGLang TTFT at 4 req/s; 4 x L40S TP4 over PCIe 52.6%); goal worst <= 15% NOT met
     assert _level(full_summary, "measured", "family", "served-itl")[0] <= 0.05  # 1.9%: the 5% goal met
     assert _level(full_summary, "measured", "family", "offline-throughput")[0] <= 0.10  # 9.4%; goal 5% not met
     assert _level(full_summary, "measured", "family", "served-ttft")[0] <= 0.10  # 9.7%; goal 5% not met

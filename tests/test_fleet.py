@@ -5,6 +5,7 @@ replica and, at the same load, queues less; bad input says what was expected."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -51,8 +52,6 @@ def test_round_robin_fleet_is_each_replica_alone_exactly():
 
 
 def test_least_outstanding_sends_each_arrival_to_the_least_loaded_replica():
-    from types import SimpleNamespace
-
     def replica(in_system: int, waiting: int) -> SimpleNamespace:
         running = np.arange(in_system - waiting)
         return SimpleNamespace(in_system=in_system, scheduler=SimpleNamespace(waiting=[0] * waiting, running=running))
@@ -61,6 +60,20 @@ def test_least_outstanding_sends_each_arrival_to_the_least_loaded_replica():
     assert pick_replica(LEAST_OUTSTANDING, 7, four) == 1  # the first of the least loaded
     assert pick_replica(ROUND_ROBIN, 7, four) == 3
     assert pick_replica(VLLM, 7, four) == 2  # scores 3, 4, 1, 2: a waiting request weighs 4
+
+
+def test_vllms_balancer_reads_published_counts_and_counts_what_it_sent():
+    import simpy
+
+    from sim.serving.fleet import VLLM_STATS_INTERVAL_S, VllmBalancer
+
+    idle = [SimpleNamespace(scheduler=SimpleNamespace(waiting=[], running=[])) for _ in range(3)]
+    env = simpy.Environment()
+    lb = VllmBalancer(idle, env)
+    assert [lb.pick(i) for i in range(4)] == [0, 1, 2, 0]  # each sent one raises its replica's waiting
+    idle[1].scheduler.running = [7]  # replica 1 takes a request: not seen until the next publication
+    env.run(until=VLLM_STATS_INTERVAL_S * 1.5)
+    assert lb.counts == [[0, 0], [0, 1], [0, 0]] and lb.pick(4) == 0
     sc = fleet_scenario(rate=6.0)
     res = simulate_fleet(sc, 3, LEAST_OUTSTANDING)
     r = res.requests

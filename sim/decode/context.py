@@ -84,7 +84,8 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
     hw = resolve_hardware(scenario.hardware, m.weight_dtype, p.pinned, profile,
                           staging=p.prefetch if stages else "none", with_host=p.host_access,
                           tp=scenario.parallel.tp,
-                          framework=scenario.engine.kernel_framework if scenario.engine else FRAMEWORK)
+                          framework=scenario.engine.kernel_framework if scenario.engine else FRAMEWORK,
+                          engine=scenario.engine.name if scenario.engine else "vllm")
     if scenario.engine is not None:
         hw = with_engine(hw, scenario, model)
     if hw.kernels is not None and hw.kernels.tables.context_attention is not None:

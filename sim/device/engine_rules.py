@@ -19,6 +19,13 @@ Read (stored copies of the public repositories):
   1..31, 32, 64, 128, then powers of two up to max_batch_size and max_batch_size itself,
   `_generate_cuda_graph_batch_sizes`) - a decode batch of another size runs eager;
   tensorrt_llm/_torch/pyexecutor/_util.py `KvCacheCreator` for the KV budget.
+- Which all-reduce runs (`engine_allreduce_impl`): vLLM
+  vllm/distributed/device_communicators/custom_all_reduce.py `CustomAllreduce.__init__` (custom
+  all-reduce disabled "because it's not supported on more than two PCIe-only GPUs": world size > 2
+  without NVLink between every pair, then NCCL through pynccl); SGLang's custom_all_reduce.py is
+  adapted from vLLM's, same rule; TensorRT-LLM cpp/tensorrt_llm/plugins/ncclPlugin/allreducePlugin.cpp
+  `AllreducePlugin::selectImplementation` (the TensorRT-engine flow; the PyTorch flow's AllReduce op
+  has the same test): strategy AUTO returns NCCL when the group lacks NVLink (or P2P), whatever its size.
 """
 
 from __future__ import annotations
@@ -46,6 +53,26 @@ VLLM_GRAPHS = "vllm/config/vllm.py _set_cudagraph_sizes, vllm/v1/cudagraph_dispa
 TRTLLM_MEMORY = "tensorrt_llm/_torch/pyexecutor/_util.py KvCacheCreator._cal_max_memory"
 TRTLLM_GRAPHS = "tensorrt_llm/llmapi/llm_args.py CudaGraphConfig._generate_cuda_graph_batch_sizes"
 TRTLLM_GRAPH_MAX_BATCH = 128  # CudaGraphConfig: max_batch_size 0 (unset) means 128
+
+
+CUSTOM_ALLREDUCE = "custom"  # the engine's own one-shot / two-shot kernel (AIConfigurator's custom_allreduce_perf)
+NCCL_ALLREDUCE = "nccl"  # NCCL's ring / tree all_reduce (nccl_perf)
+ENGINES = ("vllm", "sglang", "tensorrt-llm")
+VLLM_PCIE_CUSTOM_MAX_GPUS = 2  # custom_all_reduce.py: "not supported on more than two PCIe-only GPUs"
+
+
+def engine_allreduce_impl(engine: str, gpus: int, nvlink: bool) -> str:
+    """Which all-reduce `engine` runs over a group of `gpus` GPUs (see the module docstring):
+      NVLink between them: the engine's custom all-reduce (CUSTOM_ALLREDUCE);
+      PCIe only: vLLM and SGLang their custom kernel up to VLLM_PCIE_CUSTOM_MAX_GPUS GPUs, NCCL beyond;
+                 TensorRT-LLM (AUTO strategy) NCCL at any size."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if nvlink:
+        return CUSTOM_ALLREDUCE
+    if engine == "tensorrt-llm" or gpus > VLLM_PCIE_CUSTOM_MAX_GPUS:
+        return NCCL_ALLREDUCE
+    return CUSTOM_ALLREDUCE
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from sim.inputs.profile import ComputeProfile, CopyCurve, Profile
 from sim.model.dtypes import FP8_COMPUTE_WEIGHT_DTYPES, WEIGHT_DTYPES
 from sim.model.units import FLOP_PER_MAC, GB
 
-from .engine_rules import LaunchRule
+from .engine_rules import CUSTOM_ALLREDUCE, LaunchRule, engine_allreduce_impl
 from .measured_kernels import MeasuredKernels, measured_kernels_for
 
 T = TypeVar("T")
@@ -220,19 +220,23 @@ class Hardware:
     interconnect_bytes_per_s: float = float("inf")  # NCCL all-reduce busbw between them
     interconnect_hop_s: float = 0.0
     allreduce_floor_s: float = 0.0  # per all-reduce call, beside the per-hop latency
+    # which all-reduce the engine runs over the TP group (`engine_rules.engine_allreduce_impl`): custom or nccl
+    allreduce_impl: str = CUSTOM_ALLREDUCE
     alltoall_bytes_per_s: float = float("inf")  # expert-parallel dispatch/combine, bytes one GPU sends per second
     alltoall_floor_s: float = 0.0  # per dispatch or combine call
     kernels: MeasuredKernels | None = field(default=None, compare=False)  # hardware.kernels: measured
 
     def allreduce_s(self, nbytes: float, gpus: int | None = None) -> float:
         """All-reduce of `nbytes` over the TP group (or `gpus` of it): floor + 2(N-1) x per-hop latency
-        + ring bytes 2(N-1)/N x bytes / busbw (the floor and hop fitted on the engine's custom
-        all-reduce where measured tables cover the GPU); with measured kernels the table itself; 0 on one GPU."""
+        + ring bytes 2(N-1)/N x bytes / busbw (the floor and hop fitted on the measured tables of the
+        all-reduce the engine runs over this group, `allreduce_impl`, where they cover the GPU); with
+        measured kernels that table itself; 0 on one GPU. The implementation is the TP group's (an
+        attention-data-parallel subgroup takes the same one)."""
         n = self.tp if gpus is None else gpus
         if n <= 1 or nbytes <= 0:
             return 0.0
         if self.kernels is not None:
-            return _measured_allreduce_s(self.kernels, float(nbytes), n)
+            return _measured_allreduce_s(self.kernels, float(nbytes), n, self.allreduce_impl)
         return (self.allreduce_floor_s + 2 * (n - 1) / n * nbytes / self.interconnect_bytes_per_s
                 + 2 * (n - 1) * self.interconnect_hop_s)
 
@@ -260,12 +264,13 @@ class Hardware:
 
 def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile | None = None,
                      staging: str = "none", with_host: bool = False, tp: int = 1,
-                     framework: str = FRAMEWORK) -> Hardware:
+                     framework: str = FRAMEWORK, engine: str = "vllm") -> Hardware:
     """Datasheet figures x default efficiencies, scenario overrides, then profile measurements.
     `staging`: how T1/T2 reach attention ("none", or the prefetch mode), which picks the measured
     fixed costs of the decode loop. `with_host`: also the host CPU that attends T1/T2 (an access
     strategy other than prefetch). `framework`: whose measured tables apply (the scenario engine's,
-    `EngineCfg.kernel_framework`; vLLM's without one)."""
+    `EngineCfg.kernel_framework`; vLLM's without one). `engine`: whose rule picks the TP all-reduce
+    (`engine_rules.engine_allreduce_impl`; the scenario engine's name, vLLM's without one)."""
     gpu = catalog.gpu(hw_cfg.gpu)
     link_spec = catalog.link(hw_cfg.link or gpu.link)
     eff = catalog.efficiency_defaults()
@@ -276,7 +281,7 @@ def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile |
     d2h = _link_model(link_spec, "d2h", pinned, profile)
     hw = _assemble(gpu, link_spec, figs, h2d, d2h)
     if tp > 1:
-        hw = _with_interconnect(hw, gpu, tp)
+        hw = _with_interconnect(hw, gpu, tp, engine)
     if getattr(hw_cfg, "pcie_switch", None) is not None:
         hw = _shared_switch(hw, hw_cfg.pcie_switch, link_spec, tp)
     kernels = getattr(hw_cfg, "kernels", "datasheet")
@@ -289,20 +294,24 @@ def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile |
     return replace(hw, host_cpu=cpu, sources={**hw.sources, **host_sources})
 
 
-def _with_interconnect(hw: Hardware, gpu: GpuSpec, tp: int) -> Hardware:
-    """The TP group's all-reduce: the engine's custom all-reduce fitted on measured tables where they
-    cover the GPU, else the catalog fabric's NCCL ring figures."""
-    fit = catalog.fitted_kernels().get(gpu.name)
-    ar = fit.allreduce.get("custom") if fit else None
+def _with_interconnect(hw: Hardware, gpu: GpuSpec, tp: int, engine: str = "vllm") -> Hardware:
+    """The TP group's all-reduce: the one `engine` runs on this fabric (`engine_allreduce_impl`: its
+    custom kernel, or NCCL over PCIe beyond its limit), fitted on measured tables where they cover the
+    GPU (the custom fit where that implementation has none), else the catalog fabric's NCCL ring figures."""
     fabric = catalog.interconnect(gpu.interconnect)
+    impl = engine_allreduce_impl(engine, tp, fabric.nvlink)
+    fit = catalog.fitted_kernels().get(gpu.name)
+    ar = (fit.allreduce.get(impl) or fit.allreduce.get(CUSTOM_ALLREDUCE)) if fit else None
+    hw = replace(hw, allreduce_impl=impl)
     # (its source is named where a run uses it: sim/decode/context.py, attention data parallelism)
     hw = replace(hw, alltoall_bytes_per_s=fabric.alltoall_bytes_per_s, alltoall_floor_s=fabric.alltoall_floor_s)
     if ar is None:
         return replace(hw, tp=tp, interconnect_bytes_per_s=fabric.bus_bytes_per_s, interconnect_hop_s=fabric.per_hop_latency_s,
                        sources={**hw.sources, "interconnect": f"catalog {fabric.name}: {fabric.source}"})
+    fitted_on = ("custom all-reduces (vLLM)" if impl == CUSTOM_ALLREDUCE else
+                 "NCCL all-reduces (over PCIe the engine runs NCCL's: engine_rules.engine_allreduce_impl)")
     return replace(hw, tp=tp, interconnect_bytes_per_s=ar.bus_bytes_per_s, interconnect_hop_s=ar.floor_per_gpu_s / 2,
-                   allreduce_floor_s=ar.floor_s,
-                   sources={**hw.sources, "interconnect": ar.says("custom all-reduces (vLLM)")})
+                   allreduce_floor_s=ar.floor_s, sources={**hw.sources, "interconnect": ar.says(fitted_on)})
 
 
 def with_measured_kernels(hw: Hardware, framework: str = FRAMEWORK) -> Hardware:
@@ -314,17 +323,18 @@ def with_measured_kernels(hw: Hardware, framework: str = FRAMEWORK) -> Hardware:
     measured = [d for d in ("bf16", "fp8", "int8", "int4") if d in kernels.gemm_dtypes()]
     weight_only = "" if {"int8", "int4"} <= set(measured) else " and weight-only"
     context = tables.context_attention is not None and len(tables.context_attention) > 0
+    allreduce = "custom" if hw.allreduce_impl == CUSTOM_ALLREDUCE else f"NCCL {tables.nccl_version}"
     what = (f"measured: {PACKAGE} {tables.package_version} {tables.system} ({tables.device}) "
             f"{tables.framework} {tables.framework_version}{borrowed}: dense GEMMs ({', '.join(measured)}), GQA decode "
-            f"{'and prefill ' if context else ''}attention, custom all-reduce; datasheet: "
+            f"{'and prefill ' if context else ''}attention, {allreduce} all-reduce; datasheet: "
             f"{'' if context else 'prefill attention, '}MLA and linear-attention layers, MoE{weight_only} GEMMs, "
             f"per-layer overheads")
     return replace(hw, kernels=kernels, sources={**hw.sources, "kernels": what})
 
 
 @lru_cache(maxsize=4096)
-def _measured_allreduce_s(kernels: MeasuredKernels, nbytes: float, gpus: int) -> float:
-    return float(kernels.allreduce_s(nbytes, gpus, "custom").seconds[0])
+def _measured_allreduce_s(kernels: MeasuredKernels, nbytes: float, gpus: int, impl: str = CUSTOM_ALLREDUCE) -> float:
+    return float(kernels.allreduce_s(nbytes, gpus, impl).seconds[0])
 
 
 def _shared_switch(hw: Hardware, cfg, link_spec: LinkSpec, tp: int) -> Hardware:

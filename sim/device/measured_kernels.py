@@ -271,7 +271,8 @@ class MeasuredKernels:
             return Lookup(np.zeros(len(nbytes)), np.ones(len(nbytes), dtype=bool), "one GPU: no all-reduce")
         note = ""
         if impl not in self.tables.allreduce:
-            impl, note = "nccl", f"no {impl} all-reduce table: nccl's"
+            other = next(i for i in ("nccl", "custom") if i in self.tables.allreduce)
+            impl, note = other, f"no {impl} all-reduce table: {other}'s"
         measured = sorted(g for i, g in self._allreduce_curves if i == impl)
         use = min(measured, key=lambda g: abs(np.log2(g / gpus)))
         if use != gpus:

@@ -80,6 +80,7 @@ class InterconnectSpec(_Frozen):
     source: str
     bus_bytes_per_s: float  # NCCL all_reduce busbw, ring, large messages
     per_hop_latency_s: float
+    nvlink: bool  # the GPUs reach each other over NVLink (else PCIe): which all-reduce an engine runs
     alltoall_bytes_per_s: float  # expert-parallel dispatch/combine: bytes one GPU sends per second
     alltoall_floor_s: float  # per dispatch or combine call
     alltoall_source: str

@@ -81,7 +81,8 @@ def probe_rows(cand: Candidate, number: int, step: str, rate: float, probe: Prob
 def probe_row(cand: Candidate, number: int, step: str, rate: float, probe: Probe, ttft_s: float | None,
               tpot_s: float | None, pool: str = "aggregated", ttft_stats: dict | None = None) -> dict:
     """One probe as a probes.csv row (sim.plan.files.PROBE_COLUMNS): rates and goodput are the
-    configuration's, latencies one replica's (one pool's); a p99 a stopped probe never measured is
+    configuration's, latencies and requests one replica's (one pool's; with a load-aware balancer the
+    fleet's, `sim.serving.fleet`); a p99 a stopped probe never measured is
     empty. `ttft_stats`: a prefill pool's TTFT with the K/V transfer added."""
     ms = lambda v: None if v is None else v * 1e3  # noqa: E731
     st = dict(probe.stats)

@@ -11,9 +11,10 @@ scheduler and KV cache) behind a load balancer, simulated together on one clock.
   every replica has got.
 - vllm: vLLM's own data-parallel balancer (`--data-parallel-size`, internal load balancing): the
   replica with the lowest 4 x waiting + running (vllm/v1/engine/core_client.py,
-  `DPLBAsyncMPClient.get_core_engine_for_request`; the lowest index among equals). vLLM reads those
-  counts from its coordinator, which publishes them at most every 100 ms; here they are the counts
-  of the moment, so the simulated balancer is a little better informed than vLLM's.
+  `DPLBAsyncMPClient.get_core_engine_for_request`; the lowest index among equals), on the counts
+  its coordinator last published - every 100 ms (vllm/v1/engine/coordinator.py
+  min_stats_update_interval_ms) - each raised by one waiting request for every arrival sent since, as
+  the client does between updates (`VllmBalancer`).
 
 The replicas share the request table (each request is one replica's) and the finished count
 (`engine.Tally`), so every step loop runs until the fleet's last request has finished, and a
@@ -42,11 +43,13 @@ from .scheduler import Scheduler
 ROUND_ROBIN, LEAST_OUTSTANDING, VLLM = "round-robin", "least-outstanding", "vllm"
 BALANCERS = (ROUND_ROBIN, LEAST_OUTSTANDING, VLLM)
 VLLM_WAITING_WEIGHT = 4  # vLLM's score: 4 x waiting + running
+VLLM_STATS_INTERVAL_S = 0.1  # the coordinator publishes the engines' counts every 100 ms
 
 
 def pick_replica(balancer: str, i: int, sims: list) -> int:
     """The replica arrival i goes to (module docstring), given the replicas (`ServingSim`s: requests
-    in system, the scheduler's waiting and running)."""
+    in system, the scheduler's waiting and running) as they are now (vllm: `VllmBalancer` reads them
+    as vLLM's coordinator publishes them)."""
     if balancer == ROUND_ROBIN:
         return i % len(sims)
     if balancer == LEAST_OUTSTANDING:
@@ -54,6 +57,30 @@ def pick_replica(balancer: str, i: int, sims: list) -> int:
     else:
         load = [VLLM_WAITING_WEIGHT * len(s.scheduler.waiting) + len(s.scheduler.running) for s in sims]
     return int(np.argmin(load))  # the first of the least loaded
+
+
+class VllmBalancer:
+    """vLLM's data-parallel balancer over `sims` (module docstring): counts published every
+    VLLM_STATS_INTERVAL_S by a process on the fleet's clock, the chosen replica's waiting raised by
+    one per request sent until the next publication."""
+
+    def __init__(self, sims: list, env: simpy.Environment):
+        self.sims = sims
+        self.counts = self._read()
+        env.process(self._publish(env))
+
+    def _read(self) -> list[list[int]]:
+        return [[len(s.scheduler.waiting), len(s.scheduler.running)] for s in self.sims]
+
+    def _publish(self, env: simpy.Environment):
+        while True:
+            yield env.timeout(VLLM_STATS_INTERVAL_S)
+            self.counts = self._read()
+
+    def pick(self, i: int) -> int:
+        j = int(np.argmin([VLLM_WAITING_WEIGHT * w + r for w, r in self.counts]))
+        self.counts[j][0] += 1  # core_client.py: current_counts[eng_index][0] += client_count (one client)
+        return j
 
 
 def check_balancer(balancer: str, field: str = "--balancer") -> str:
@@ -115,11 +142,12 @@ def simulate_fleet(scenario: Scenario, replicas: int, balancer: str = LEAST_OUTS
     for s in sims:
         s.view = view
     replica_of = np.full(len(reqs), -1, dtype=np.int64)
+    pick = VllmBalancer(sims, env).pick if balancer == VLLM else (lambda i: pick_replica(balancer, i, sims))
 
     def arrivals():
         for i, t in enumerate(reqs.arrival_s):
             yield env.timeout(max(0.0, float(t) - env.now))
-            replica_of[i] = pick_replica(balancer, i, sims)
+            replica_of[i] = pick(i)
             sims[replica_of[i]].arrive(i)
 
     env.process(arrivals())
