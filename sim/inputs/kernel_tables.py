@@ -160,19 +160,19 @@ def _load(system: str, framework: str = FRAMEWORK) -> KernelTables:
             raise ConfigError(f"no measured {label} table for {system} in {PACKAGE}", field="hardware.kernels")
         return path
 
-    gemm = _read(required("gemm", "gemm_perf.parquet", "gemm"))
-    attn = _read(required("attention", "generation_attention_perf.parquet", "generation_attention"))
+    gemm = _read(required("gemm", "gemm_perf.parquet", "gemm"), GEMM_READ)
+    attn = _read(required("attention", "generation_attention_perf.parquet", "generation_attention"), ATTENTION_READ)
     context = table("attention", "context_attention_perf.parquet", "context_attention")
     nccl_version = str((spec.get("misc") or {}).get("nccl_version") or "")
     custom = table("comm", "custom_allreduce_perf.parquet", "custom_allreduce")
-    allreduce = {"custom": _allreduce_graphs(_read(custom)) if custom is not None else None}
+    allreduce = {"custom": _allreduce_graphs(_read(custom, ALLREDUCE_READ)) if custom is not None else None}
     nccl = data / "comm" / "nccl" / nccl_version / "nccl_perf.parquet"
     if nccl_version and nccl.is_file():
         allreduce["nccl"] = _nccl_allreduce(nccl)
     return KernelTables(system=system, device=str(gemm["device"].iloc[0]), framework=framework, framework_version=ver,
                         package_version=version(PACKAGE), gemm=_gemm(gemm), decode_attention=_decode_attention(attn),
                         allreduce={k: v for k, v in allreduce.items() if v is not None}, nccl_version=nccl_version or None,
-                        context_attention=_context_attention(_read(context)) if context is not None else None,
+                        context_attention=_context_attention(_read(context, ATTENTION_READ)) if context is not None else None,
                         table_sources=sources)
 
 
@@ -206,8 +206,22 @@ def _query_version(root: Path, system: str, framework: str = FRAMEWORK) -> str:
     return str(slot["current"])
 
 
-def _read(path: Path) -> pd.DataFrame:
+# the columns each reader uses (of those the file has): the tables' other string columns (framework,
+# version, op_name) would become a Python object per row, most of the time of reading them
+GEMM_READ = ("device", "gemm_dtype", "m", "n", "k", "latency")
+ATTENTION_READ = ("kernel_source", "batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "window_size",
+                  "beam_width", "attn_dtype", "kv_cache_dtype", "step", "latency")
+ALLREDUCE_READ = ("op_name", "kernel_source", "backend", "nccl_dtype", "num_gpus", "message_size", "latency")
+
+
+def _read(path: Path, columns: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """The table at `path`; `columns`: only those of them it has (default every column)."""
     try:
+        if columns is not None:
+            import pyarrow.parquet as pq  # (pandas reads parquet with it too; imported when a table is)
+
+            have = set(pq.read_schema(path).names)
+            return pd.read_parquet(path, columns=[c for c in columns if c in have])
         return pd.read_parquet(path)
     except (OSError, ValueError) as err:
         raise ConfigError(f"cannot read measured table {path}: {err}", field="hardware.kernels") from None
@@ -267,7 +281,7 @@ def _version_key(v: str) -> tuple:
 
 
 def _nccl_allreduce(path: Path) -> pd.DataFrame:
-    df = _read(path)
+    df = _read(path, ALLREDUCE_READ)
     return _allreduce(df[(df["op_name"] == "all_reduce") & (df["nccl_dtype"] == "half")])
 
 
