@@ -161,10 +161,10 @@ def test_launch_lines_say_the_engines_balancer_against_the_planned_one():
 
     dp2 = {"vllm": "vllm serve M --tensor-parallel-size 1 --data-parallel-size 2 --max-num-seqs 8",
            "sglang": "python -m sglang.launch_server --tp-size 1 --dp-size 2  # a note"}
-    rr, lo, vl = (balanced(dp2, b) for b in (ROUND_ROBIN, LEAST_OUTSTANDING, VLLM))
+    rr, lo, vl = (balanced(dp2, b, 2) for b in (ROUND_ROBIN, LEAST_OUTSTANDING, VLLM))
     assert "routes by load (4 x waiting + running), not round-robin as planned" in rr["vllm"]
     assert rr["sglang"] == dp2["sglang"]  # SGLang's --dp-size deals round-robin by default
     assert lo["sglang"] == f"python -m sglang.launch_server --tp-size 1 --dp-size 2 {SGLANG_SHORTEST_QUEUE}  # a note"
     assert vl["vllm"] == dp2["vllm"]  # planned with vLLM's own balancer: nothing to say
     one = {"vllm": "vllm serve M --tensor-parallel-size 2 --data-parallel-size 1", "sglang": "x --dp-size 1"}
-    assert balanced(one, LEAST_OUTSTANDING) == one  # one replica: no balancer
+    assert balanced(one, LEAST_OUTSTANDING, 1) == one  # one replica: no balancer

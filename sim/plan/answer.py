@@ -3,8 +3,6 @@ commands. Pure text and arithmetic over the ranked rows (sim.plan.files.PLAN_COL
 
 from __future__ import annotations
 
-import re
-
 from sim.inputs import catalog
 from sim.inputs.scenario import Scenario
 from sim.serving.fleet import LEAST_OUTSTANDING, ROUND_ROBIN
@@ -136,7 +134,8 @@ def launch_lines(best: dict, base: Scenario, host_peak_bytes_per_gpu: float | No
                                _sglang_fraction(base, best, tp), trtllm_fraction)
 
     if not best.get("prefill"):
-        return balanced(commands(best["tp"], best["dp"], best["policy"], host_offload_bytes), balancer)
+        one_server = 1 if moe or best.get("experts") else best["dp"]  # else a server per replica (`launch_commands`)
+        return balanced(commands(best["tp"], best["dp"], best["policy"], host_offload_bytes), balancer, one_server)
     x, tp_p = parse_prefill_label(best["prefill"])
     out = {}
     for role, cmds in (("prefill", commands(tp_p, x, "full_hbm", None)),
@@ -158,17 +157,14 @@ VLLM_DP_NOTE = {ROUND_ROBIN: "vLLM's --data-parallel-size balancer routes by loa
 SGLANG_SHORTEST_QUEUE = "--load-balance-method shortest_queue"
 
 
-def balanced(commands: dict[str, str], balancer: str) -> dict[str, str]:
-    """The engines' lines with their data-parallel balancer set or said against `balancer`: only
-    where a line runs its replicas as one server (--data-parallel-size / --dp-size > 1)."""
+def balanced(commands: dict[str, str], balancer: str, dp: int) -> dict[str, str]:
+    """The engines' lines with their data-parallel balancer set or said against `balancer`, where
+    they run `dp` > 1 replicas as one server (--data-parallel-size / --dp-size)."""
     out = dict(commands)
-    if _dp(out.get("vllm", ""), "--data-parallel-size") > 1 and balancer in VLLM_DP_NOTE:
+    if dp <= 1:
+        return out
+    if "vllm" in out and balancer in VLLM_DP_NOTE:
         out["vllm"] = with_note(out["vllm"], VLLM_DP_NOTE[balancer])
-    if _dp(out.get("sglang", ""), "--dp-size") > 1 and balancer != ROUND_ROBIN:
+    if "sglang" in out and balancer != ROUND_ROBIN:
         out["sglang"] = with_flags(out["sglang"], SGLANG_SHORTEST_QUEUE)  # the fewest queued requests: load-aware
     return out
-
-
-def _dp(line: str, flag: str) -> int:
-    found = re.search(rf"{flag} (\d+)", line.partition("  # ")[0])
-    return int(found.group(1)) if found else 1

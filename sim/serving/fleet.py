@@ -35,9 +35,9 @@ from sim.inputs.errors import ConfigError
 from sim.inputs.scenario import Scenario
 
 from .engine import ServingSim, ServingTrace, Tally
-from .metrics import request_table, serving_figures, swap_figures, thin_timeline, time_average, timeline_table
+from .metrics import thin_timeline, time_average
 from .request import RequestTable
-from .run import ServingResult, prepare, row_counts, serving_summary
+from .run import ServingResult, prepare, row_counts, serving_summary, trace_figures
 from .scheduler import Scheduler
 
 ROUND_ROBIN, LEAST_OUTSTANDING, VLLM = "round-robin", "least-outstanding", "vllm"
@@ -52,11 +52,17 @@ def pick_replica(balancer: str, i: int, sims: list) -> int:
     as vLLM's coordinator publishes them)."""
     if balancer == ROUND_ROBIN:
         return i % len(sims)
-    if balancer == LEAST_OUTSTANDING:
-        load = [s.in_system for s in sims]
-    else:
-        load = [VLLM_WAITING_WEIGHT * len(s.scheduler.waiting) + len(s.scheduler.running) for s in sims]
+    load = [s.in_system for s in sims] if balancer == LEAST_OUTSTANDING else vllm_scores(vllm_counts(sims))
     return int(np.argmin(load))  # the first of the least loaded
+
+
+def vllm_counts(sims: list) -> list[list[int]]:
+    """[waiting, running] of each replica, as vLLM's engines report them."""
+    return [[len(s.scheduler.waiting), len(s.scheduler.running)] for s in sims]
+
+
+def vllm_scores(counts: list[list[int]]) -> list[int]:
+    return [VLLM_WAITING_WEIGHT * w + r for w, r in counts]
 
 
 class VllmBalancer:
@@ -66,19 +72,16 @@ class VllmBalancer:
 
     def __init__(self, sims: list, env: simpy.Environment):
         self.sims = sims
-        self.counts = self._read()
+        self.counts = vllm_counts(sims)
         env.process(self._publish(env))
-
-    def _read(self) -> list[list[int]]:
-        return [[len(s.scheduler.waiting), len(s.scheduler.running)] for s in self.sims]
 
     def _publish(self, env: simpy.Environment):
         while True:
             yield env.timeout(VLLM_STATS_INTERVAL_S)
-            self.counts = self._read()
+            self.counts = vllm_counts(self.sims)
 
     def pick(self, i: int) -> int:
-        j = int(np.argmin([VLLM_WAITING_WEIGHT * w + r for w, r in self.counts]))
+        j = int(np.argmin(vllm_scores(self.counts)))
         self.counts[j][0] += 1  # core_client.py: current_counts[eng_index][0] += client_count (one client)
         return j
 
@@ -159,15 +162,12 @@ def _result(scenario: Scenario, ctx, reqs, memory, sims: list[ServingSim], repli
     traces = [s.close() for s in sims]
     trace = merged_trace(traces, sims[0].env.now)
     stopped = any(s.stopped for s in sims)
-    requests, timeline = request_table(trace), timeline_table(trace)
+    requests, timeline, figures = trace_figures(trace, stopped, scenario.slo)
     requests["replica"] = replica_of[requests["id"].to_numpy()]
-    done = requests[requests["finish_s"].notna()] if stopped else requests
-    figures = serving_figures(trace, done, timeline, scenario.slo) | swap_figures(trace)
-    if trace.end_s > 0:
+    if trace.end_s > 0:  # a replica's mean, not a time average over the replicas' interleaved rows
         figures["mean_running"] = float(np.mean([time_average(
             np.array([r.t_s for r in t.steps]), np.array([r.running for r in t.steps]), trace.end_s)
             for t in traces if t.steps]))
-        figures.update(h2d_utilization=trace.h2d_busy_s / trace.end_s, d2h_utilization=trace.d2h_busy_s / trace.end_s)
     summary = serving_summary(scenario, ctx, reqs, memory, None, figures, None)
     return ServingResult(summary=summary, requests=requests, timeline=thin_timeline(timeline, scenario.sim.record_every),
                          scenario=scenario, stopped=stopped)

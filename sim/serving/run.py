@@ -17,7 +17,7 @@ from sim.model.units import GB
 from sim.outputs.schema import ServingSummary
 from sim.tiering.tiers import T0, T1, T2
 
-from .engine import ServingSim
+from .engine import ServingSim, ServingTrace
 from .kv_memory import KvMemory, kv_memory
 from .metrics import (
     request_columns,
@@ -93,14 +93,22 @@ def simulate_serving(scenario: Scenario, profile: Profile | None = None, *, prof
     if why is None:
         sim = ServingSim(ctx, reqs, Scheduler(sched_cfg, memory, counter, RequestTable(reqs, prefilled)), stop)
         trace = sim.run()
-        requests, timeline, stopped = request_table(trace), timeline_table(trace), sim.stopped
-        done = requests[requests["finish_s"].notna()] if stopped else requests
-        figures = serving_figures(trace, done, timeline, scenario.slo) | swap_figures(trace)
-        if trace.end_s > 0:
-            figures.update(h2d_utilization=trace.h2d_busy_s / trace.end_s, d2h_utilization=trace.d2h_busy_s / trace.end_s)
+        stopped = sim.stopped
+        requests, timeline, figures = trace_figures(trace, stopped, scenario.slo)
     summary = serving_summary(scenario, ctx, reqs, memory, why, figures, profile_path)
     timeline = thin_timeline(timeline, scenario.sim.record_every)  # the summary used every row
     return ServingResult(summary=summary, requests=requests, timeline=timeline, scenario=scenario, stopped=stopped)
+
+
+def trace_figures(trace: ServingTrace, stopped: bool, slo) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """(requests, timeline, the summary's timing figures) of a finished trace; a `stopped` run's
+    figures cover the requests that finished."""
+    requests, timeline = request_table(trace), timeline_table(trace)
+    done = requests[requests["finish_s"].notna()] if stopped else requests
+    figures = serving_figures(trace, done, timeline, slo) | swap_figures(trace)
+    if trace.end_s > 0:
+        figures.update(h2d_utilization=trace.h2d_busy_s / trace.end_s, d2h_utilization=trace.d2h_busy_s / trace.end_s)
+    return requests, timeline, figures
 
 
 def prepare(scenario: Scenario, profile: Profile | None = None,
