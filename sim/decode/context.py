@@ -76,8 +76,9 @@ class RunContext:
 
 def build_context(scenario: Scenario, profile: Profile | None = None, profile_path: str | None = None) -> RunContext:
     """Everything is per GPU: with tensor parallelism `model` is one GPU's shard, so weights, KV
-    bytes per token, FLOP and memory are one GPU's, and the batch is the whole group's."""
-    model = catalog.resolve_model(scenario.model).shard(*scenario.parallel.layout)
+    bytes per token, FLOP and memory are one GPU's, and the batch is the whole group's; with pipeline
+    parallelism it is the largest stage's shard (`ModelSpec.stage`)."""
+    model = catalog.resolve_model(scenario.model).shard(*scenario.parallel.layout).stage(scenario.parallel.pp)
     m, p = scenario.model, scenario.policy
     policy = TierPolicy.from_config(p)
     stages = policy.tiering and (policy.auto or policy.hbm_ratio < 1.0 - policy.evict_ratio)  # T1/T2 may hold tokens

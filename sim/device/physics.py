@@ -826,6 +826,22 @@ class RetierTraffic:
     d2h_copies: int
 
 
+def pipeline_send_s(rows: int, hidden_size: int, bytes_per_s: float, floor_s: float) -> float:
+    """One pipeline stage's hidden states to the next (vLLM's send of its intermediate tensors):
+    rows x hidden x 2 B (bf16) at the fabric's per-GPU rate, plus one call's floor. Each tensor-parallel
+    rank sends to its peer in the next stage, in parallel, so the group's time is one GPU's."""
+    return floor_s + rows * hidden_size * ACTIVATION_BYTES / bytes_per_s
+
+
+def pipeline_stage_s(cost: StepCost, pp: int, send_s: float) -> list[float]:
+    """Each stage's time for one batch in flight, from the cost of the largest stage (`ModelSpec.stage`:
+    its L / pp layers): every stage runs that many layers; stages 0..pp-2 then send their hidden states
+    on (`pipeline_send_s`), the last runs the tail (LM head, sampling). Nothing staged from the host
+    (pipeline runs keep their K/V in HBM: scenario `_check_pipeline`)."""
+    layers_s = cost.num_layers * cost.layer.total_s
+    return [layers_s + send_s] * (pp - 1) + [layers_s + cost.tail_s]
+
+
 def retier_traffic(prefetch: str, num_layers: int, kv_bytes_per_token_layer: float, t2_bytes_per_token_layer: float,
                    to_t1: int, to_t2: int, from_t1: int, from_t2: int,
                    resident_t1: int = 0, resident_t2: int = 0) -> RetierTraffic:

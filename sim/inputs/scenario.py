@@ -220,6 +220,8 @@ class SimCfg(Strict):
 class ParallelCfg(Strict, QuietDefaults):
     """Tensor parallelism: weights, query heads and KV heads sharded over `tp` GPUs (KV heads
     replicated where the model has fewer than `tp`, as vLLM does), two all-reduces per layer.
+    Pipeline parallelism (`pp`, vLLM --pipeline-parallel-size): the layers split into pp stages of tp
+    GPUs each, up to pp batches in flight (`sim.serving.pipeline`); serving runs only.
     A mixture-of-experts model may split its experts whole over the group instead (`ep: tp`, vLLM
     --enable-expert-parallel, SGLang --ep-size) and run attention data-parallel (`attention_dp`: D
     ranks each holding its own sequences' KV, attention tensor-parallel over tp / D GPUs; SGLang
@@ -229,8 +231,9 @@ class ParallelCfg(Strict, QuietDefaults):
     tp: int = Field(1, ge=1, le=64)
     ep: int = Field(1, ge=1, le=64)  # 1: experts split by tensor parallelism; tp: E / tp whole experts per GPU
     attention_dp: int = Field(1, ge=1, le=64)  # attention data-parallel ranks within the tp group
+    pp: int = Field(1, ge=1, le=8)  # pipeline stages, each a tp group holding ceil(L / pp) layers (serving runs)
 
-    QUIET_DEFAULTS = {"ep": 1, "attention_dp": 1}
+    QUIET_DEFAULTS = {"ep": 1, "attention_dp": 1, "pp": 1}
 
     @property
     def layout(self) -> tuple[int, int, int]:
@@ -505,12 +508,34 @@ def _check_against_model(scenario: Scenario, source: str) -> None:
         problem = spec.parallel_problem(*scenario.parallel.layout)
         if problem:
             raise ConfigError(problem[1], source=source, field=problem[0])
+    if scenario.parallel.pp > 1:
+        _check_pipeline(scenario, source, spec)
     if scenario.model.routing_skew and not spec.is_moe:
         raise ConfigError(f"routing_skew applies to a mixture-of-experts model; {spec.name} is dense", source=source,
                           field="model.routing_skew")
     if scenario.policy.access == "sparse_fetch" and SPARSE not in spec.kind_counts:
         raise ConfigError(f"sparse_fetch needs a sparse-attention model (config.json index_topk, e.g. deepseek-v3.2); "
                           f"{spec.name} attends every token", source=source, field="policy.access")
+
+
+def _check_pipeline(scenario: Scenario, source: str, spec) -> None:
+    """Pipeline parallelism as `sim.serving.pipeline` models it: a serving run, one node, stages of
+    alike layers, and no K/V on the host (each stage's own link traffic is not modelled)."""
+    pp, tp, p = scenario.parallel.pp, scenario.parallel.tp, scenario.policy
+    if scenario.workload.arrivals is None:
+        raise ConfigError("pipeline parallelism is modelled for serving runs (give workload.arrivals): a closed batch "
+                          "would go through the stages one at a time", source=source, field="parallel.pp")
+    if tp * pp > NODE_GPUS:
+        raise ConfigError(f"tp {tp} x pp {pp} spans more than one {NODE_GPUS}-GPU node: stages across nodes "
+                          f"(sends over InfiniBand) are not modelled", source=source, field="parallel.pp")
+    problem = spec.pipeline_problem(pp)
+    if problem:
+        raise ConfigError(problem, source=source, field="parallel.pp")
+    host = p.kind == "tiered" and (p.hbm_ratio == "auto" or p.hbm_ratio < 1.0 - p.evict_ratio)
+    if host or scenario.scheduler.preemption == "swap":
+        what = "a tiered policy's host tiers" if host else "swap preemption"
+        raise ConfigError(f"pipeline parallelism with {what}: each stage's own host-link traffic is not modelled; "
+                          f"use full_hbm or evict_only (and recompute preemption)", source=source, field="parallel.pp")
 
 
 def check_measured_kernels(gpu: str, source: str) -> None:

@@ -81,6 +81,7 @@ class ModelSpec:
     expert_parallel: int = 1  # the routed experts are split whole over this many GPUs: num_experts / it per GPU
     attention_dp: int = 1  # attention data-parallel ranks: a GPU holds the KV of 1 / this of the group's sequences
     routing_skew: float = 0.0  # Zipf exponent of expert popularity (sim/model/experts.py); 0: uniform routing
+    pipeline_stages: int = 1  # one pipeline stage of a model split over this many (`stage`); 1 = every layer
 
     def __post_init__(self):
         """Layer kinds all `full` are the plain model (normalised to ()); each kind used needs its shape."""
@@ -234,6 +235,31 @@ class ModelSpec:
                        vocab_size=-(-self.vocab_size // tp), explicit_head_dim=self.head_dim,
                        linear=self.linear.shard(a_tp) if self.linear is not None else None,
                        expert_parallel=ep, attention_dp=attention_dp)
+
+    # ---- pipeline parallelism -----------------------------------------------------------
+    def pipeline_problem(self, pp: int) -> str | None:
+        """Why this model cannot be split into `pp` pipeline stages as kvtier models them, or None:
+        a stage is ceil(L / pp) alike layers, so the layers must all be alike and at least pp."""
+        if pp == 1:
+            return None
+        if not self.uniform:
+            return (f"pipeline stages of {self.name} ({self.describe_kinds()}) would differ in kind: only models whose "
+                    f"layers are all alike are split into stages (not modelled)")
+        if self.num_layers < pp:
+            return f"{self.num_layers} layers cannot make {pp} pipeline stages"
+        return None
+
+    def stage(self, pp: int) -> "ModelSpec":
+        """The largest of `pp` pipeline stages (vLLM's get_pp_indices splits the layers evenly, the
+        remainder to some stages): ceil(L / pp) layers. The end stages hold the embedding (first) and
+        the final norm and LM head (last; with tied embeddings, the same matrix again), so a stage's
+        non-layer weights are one vocab x hidden matrix (`non_layer_weight_bytes`). pp = 1 is the
+        model itself. Only for models whose layers are all alike (`pipeline_problem`)."""
+        if pp == 1:
+            return self
+        from dataclasses import replace
+
+        return replace(self, num_layers=-(-self.num_layers // pp), pipeline_stages=pp)
 
     # ---- KV -----------------------------------------------------------------------------
     def kind_kv_bytes_per_token_layer(self, kind: str, kv_dtype: str = "bf16") -> float:
@@ -501,8 +527,11 @@ class ModelSpec:
         return b + self.num_layers * NORMS_PER_LAYER * self.hidden_size * hp
 
     def non_layer_weight_bytes(self) -> float:
-        """Embedding, final norm and LM head, kept in bf16."""
+        """Embedding, final norm and LM head, kept in bf16; a pipeline stage (`stage`) holds one vocab
+        x hidden matrix (the first stage its embedding, the last its LM head) and the norm."""
         hp = HIGH_PRECISION_BITS / 8
+        if self.pipeline_stages > 1:
+            return (self.embedding_params() + self.hidden_size) * hp
         return (self.embedding_params() + self.hidden_size + self.lm_head_params()) * hp
 
     def lm_head_bytes(self) -> float:

@@ -8,7 +8,7 @@ from sim.inputs.scenario import Scenario
 from sim.serving.fleet import LEAST_OUTSTANDING, ROUND_ROBIN
 
 from .files import parse_prefill_label
-from .launch import hf_model_id, launch_commands, with_flags, with_note
+from .launch import hf_model_id, launch_commands, with_flags, with_note, with_pipeline
 
 
 def gpu_name(gpu: str) -> str:
@@ -135,7 +135,8 @@ def launch_lines(best: dict, base: Scenario, host_peak_bytes_per_gpu: float | No
 
     if not best.get("prefill"):
         one_server = 1 if moe or best.get("experts") else best["dp"]  # else a server per replica (`launch_commands`)
-        return balanced(commands(best["tp"], best["dp"], best["policy"], host_offload_bytes), balancer, one_server)
+        lines = balanced(commands(best["tp"], best["dp"], best["policy"], host_offload_bytes), balancer, one_server)
+        return {e: with_pipeline(e, line, int(best.get("pp") or 1)) for e, line in lines.items()}
     x, tp_p = parse_prefill_label(best["prefill"])
     out = {}
     for role, cmds in (("prefill", commands(tp_p, x, "full_hbm", None)),

@@ -76,6 +76,7 @@ class Candidate:
     prefill: tuple[int, int] | None = None  # disaggregated: (prefill instances, GPUs each); None: aggregated
     max_num_seqs: int | None = None  # the scheduler's cap per instance; None: the scenario's
     experts: str | None = None  # a mixture of experts' layout (`EXPERT_LAYOUTS`); None: experts split by TP
+    pp: int = 1  # pipeline stages per replica, each of tp GPUs (`pipeline_layouts`)
 
     @property
     def tp_size(self) -> int:
@@ -89,21 +90,28 @@ class Candidate:
             return {"tp": tp, "ep": tp}
         if self.experts == EP_DPA:
             return {"tp": tp, "ep": tp, "attention_dp": tp}
-        return {"tp": tp}
+        return {"tp": tp, "pp": self.pp} if self.pp > 1 else {"tp": tp}
+
+    @property
+    def group(self) -> int:
+        """GPUs per replica (per decode instance): tp x pp."""
+        return self.tp_size * self.pp
 
     @property
     def replicas(self) -> int:
         """Replicas; disaggregated: decode instances."""
-        return (self.count - (self.prefill[0] * self.prefill[1] if self.prefill else 0)) // self.tp_size
+        return (self.count - (self.prefill[0] * self.prefill[1] if self.prefill else 0)) // self.group
 
     @property
     def layout(self) -> str:
-        """"TP4 x 2": two replicas of a 4-GPU tensor-parallel group; "TP8": one; "1P(TP2) + 3D(TP2)":
+        """"TP4 x 2": two replicas of a 4-GPU tensor-parallel group; "TP8": one; "TP2 PP2 x 2": two
+        replicas of two pipeline stages of two GPUs each; "1P(TP2) + 3D(TP2)":
         one prefill instance and three decode instances of two GPUs each."""
         if self.prefill:
             return f"{self.prefill[0]}P(TP{self.prefill[1]}) + {self.replicas}D(TP{self.tp_size})"
         tp = self.tp_size
         group = {EP: f"TP{tp}+EP{tp}", EP_DPA: f"DPA{tp}+EP{tp}"}.get(self.experts, f"TP{tp}")
+        group += f" PP{self.pp}" if self.pp > 1 else ""
         return group + (f" x {self.replicas}" if self.replicas > 1 else "")
 
 
@@ -306,18 +314,20 @@ def candidate_scenario(base: Scenario, cand: Candidate, rate: float, spec: PlanS
     data.update(hardware=hw, policy=policy, workload=work, parallel=cand.parallel,
                 sim={**(data.get("sim") or {}), "detail": "step"}, slo=slo)
     experts = f"-{cand.experts.replace('+', '-')}" if cand.experts else ""
-    data["name"] = f"plan-{cand.gpu}-x{cand.count}-tp{cand.tp_size}{experts}-{cand.policy.replace(':', '-').replace('/', '-')}"
+    stages = f"-pp{cand.pp}" if cand.pp > 1 else ""
+    data["name"] = f"plan-{cand.gpu}-x{cand.count}-tp{cand.tp_size}{stages}{experts}-{cand.policy.replace(':', '-').replace('/', '-')}"
     return scenario_from_dict(data, "plan")
 
 
-def prune(base: Scenario, gpu: str, count: int, experts: str | None = None) -> str | None:
-    """Why `count` x `gpu` (tp = count, the experts' layout `experts`) cannot hold the model at all, or None."""
+def prune(base: Scenario, gpu: str, count: int, experts: str | None = None, pp: int = 1) -> str | None:
+    """Why `count` x `gpu` (tp = count, the experts' layout `experts`; `pp` stages of them) cannot hold
+    the model at all, or None."""
     from sim.decode.context import build_context
     from sim.inputs.catalog import resolve_model
 
     if count > NODE_GPUS:
         return f"cannot shard: tp {count} spans more than one {NODE_GPUS}-GPU node (not modelled)"
-    cand = Candidate(gpu, count, "full_hbm", experts=experts)
+    cand = Candidate(gpu, count * pp, "full_hbm", count, experts=experts, pp=pp)
     problem = resolve_model(base.model).parallel_problem(*(cand.parallel.get(k, 1) for k in ("tp", "ep", "attention_dp")))
     if problem:
         return f"cannot shard: {problem[1]}"
@@ -338,6 +348,29 @@ def feasible_splits(base: Scenario, gpu: str, count: int) -> list[int] | str:
     if why_all:
         return why_all if largest == count else f"{why_all} (a group is at most one {NODE_GPUS}-GPU node)"
     return [tp for tp in range(1, largest + 1) if count % tp == 0 and (tp == largest or prune(base, gpu, tp) is None)]
+
+
+def pipeline_layouts(base: Scenario, gpu: str, count: int) -> list[tuple[int, int]]:
+    """(tp, pp) layouts with pipeline stages to search for `count` GPUs: only where the GPUs reach each
+    other over PCIe alone, as vLLM's docs advise (docs/serving/parallelism_scaling.md: pipeline
+    parallelism "is also preferable on GPUs without NVLink, such as L40S", tensor parallelism having
+    the heavier communication); pp >= 2 stages of tp GPUs, tp x pp dividing `count` within one node,
+    for a model whose layers split into stages (`ModelSpec.pipeline_problem`), where a stage holds its
+    weights (`prune`)."""
+    from sim.inputs.catalog import interconnect, resolve_model
+
+    if interconnect(catalog.gpu(gpu).interconnect).nvlink or base.scheduler.preemption == "swap":
+        return []
+    spec = resolve_model(base.model)
+    out = []
+    for pp in (2, 4, 8):
+        for tp in (1, 2, 4, 8):
+            group = tp * pp
+            if group > min(count, NODE_GPUS) or count % group or spec.pipeline_problem(pp) or spec.tp_problem(tp):
+                continue
+            if prune(base, gpu, tp, pp=pp) is None:
+                out.append((tp, pp))
+    return out
 
 
 def expert_layouts(base: Scenario, gpu: str, tp: int) -> list[str | None]:

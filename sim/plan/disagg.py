@@ -93,7 +93,7 @@ def model_kv_bytes_per_token(base: Scenario) -> float:
     """The whole model's K/V per token (every layer and KV head, unsharded): what a request moves."""
     from sim.decode.context import build_context
 
-    return build_context(base.model_copy(update={"parallel": base.parallel.model_copy(update={"tp": 1})})).kv_bytes_per_token
+    return build_context(base.model_copy(update={"parallel": base.parallel.model_copy(update={"tp": 1, "pp": 1})})).kv_bytes_per_token
 
 
 def longest_transfer_s(base: Scenario, split: Split, gpu: str) -> float:

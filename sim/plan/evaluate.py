@@ -65,7 +65,7 @@ def binding(probe: Probe, scenario: Scenario, curve: Curve | None) -> str:
 
 def key_of(cand: Candidate) -> str:
     return candidate_key(cand.gpu, cand.count, cand.tp_size, cand.policy, prefill_label(cand.prefill), cand.max_num_seqs,
-                         cand.experts)
+                         cand.experts, cand.pp)
 
 
 def probe_rows(cand: Candidate, number: int, step: str, rate: float, probe: Probe, ttft_s: float | None,
@@ -148,7 +148,8 @@ def evaluate(base: Scenario, cand: Candidate, spec: PlanSpec, curve: Curve | Non
 
 def blank_row(cand: Candidate) -> dict:
     """A candidate's row before any figure (a failure until the search says otherwise)."""
-    return dict(gpu=cand.gpu, gpus=cand.count, tp=cand.tp_size, dp=cand.replicas, prefill=prefill_label(cand.prefill),
+    stages = {"pp": cand.pp} if cand.pp > 1 else {}  # (a row without pp has none: as stored before pipelines)
+    return dict(gpu=cand.gpu, gpus=cand.count, tp=cand.tp_size, **stages, dp=cand.replicas, prefill=prefill_label(cand.prefill),
                 experts=cand.experts, max_num_seqs=cand.max_num_seqs, policy=cand.policy, status="fail",
                 ttft_p99_ms=None, tpot_p99_ms=None, max_rate_per_s=None, max_rate_capped=None, next_rate_per_s=None,
                 binding=None, reason=None, verdict_requests=None, verdict_duration_s=None, host_peak_bytes=None)
@@ -245,7 +246,10 @@ class CandidateTask:
         spec = asdict(self.spec)
         if spec["balancer"] == ROUND_ROBIN:  # the default: keys stored before there was a choice still hold
             del spec["balancer"]
-        return {"base": base, "files": file_digests(self.base), "candidate": asdict(self.cand), "spec": spec,
+        cand = asdict(self.cand)
+        if cand["pp"] == 1:  # no pipeline: keys stored before there were pipeline layouts still hold
+            del cand["pp"]
+        return {"base": base, "files": file_digests(self.base), "candidate": cand, "spec": spec,
                 "search": "steady-state probes, screen-bracketed"}
 
     @property
@@ -257,12 +261,15 @@ class CandidateTask:
 
     def accepts(self, result: Any) -> bool:
         """A stored result is this candidate's search: evaluate's row and probes, of this candidate."""
-        if not has_fields(result, CANDIDATE_RESULT) or result["status"] not in ("pass", "fail"):
+        if not isinstance(result, dict) or not isinstance(result.get("pp", 1), int):
+            return False
+        row = {k: v for k, v in result.items() if k != "pp"}  # pp: only a pipeline's row has it
+        if not has_fields(row, CANDIDATE_RESULT) or result["status"] not in ("pass", "fail"):
             return False
         c = self.cand
         mine = (c.gpu, c.count, c.tp_size, c.replicas, prefill_label(c.prefill), c.experts, c.max_num_seqs, c.policy)
         got = ("gpu", "gpus", "tp", "dp", "prefill", "experts", "max_num_seqs", "policy")
-        if tuple(result[k] for k in got) != mine:
+        if tuple(result[k] for k in got) != mine or result.get("pp", 1) != c.pp:  # (stored before pp: 1)
             return False
         name = key_of(c)
         return all(has_fields(p, PROBE_RESULT) and p["candidate"] == name for p in result["probes"])

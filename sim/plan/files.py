@@ -29,7 +29,7 @@ PLAN_FILES = (PLAN_CSV, PROBES_CSV, PLAN_JSON)
 # over the output tokens an hour at the rate asked. `verdict_requests` and `verdict_duration_s`: the
 # run length of the probe at the rate asked (one replica); `host_peak_bytes`: its host memory peak (the
 # host KV pool a tiered launch command asks for).
-PLAN_COLUMNS = ["rank", "gpu", "gpus", "tp", "dp", "prefill", "experts", "layout", "max_num_seqs", "policy", "output", "status", "usd_per_hour",
+PLAN_COLUMNS = ["rank", "gpu", "gpus", "tp", "pp", "dp", "prefill", "experts", "layout", "max_num_seqs", "policy", "output", "status", "usd_per_hour",
                 "usd_per_million_tokens", "ttft_p99_ms", "tpot_p99_ms", "max_rate_per_s", "max_rate_capped",
                 "next_rate_per_s", "screen_max_rate_per_s", "binding", "reason", "verdict_requests",
                 "verdict_duration_s", "host_peak_bytes", "price_source"]
@@ -60,10 +60,10 @@ MISS_KEYS = (MISS_TTFT, MISS_TPOT, MISS_FIT, MISS_OVERLOAD)
 
 
 def candidate_key(gpu: str, gpus: int, tp: int, policy: str, prefill: str | None = None,
-                  max_num_seqs: int | None = None, experts: str | None = None) -> str:
-    """One candidate's name in probes.csv; plan.csv's gpu, gpus, tp, policy, prefill, max_num_seqs and
-    experts columns give the same."""
-    return (f"{gpu} x{int(gpus)} tp{int(tp)}" + (f" {experts}" if experts else "") + f" {policy}"
+                  max_num_seqs: int | None = None, experts: str | None = None, pp: int = 1) -> str:
+    """One candidate's name in probes.csv; plan.csv's gpu, gpus, tp, pp, policy, prefill, max_num_seqs
+    and experts columns give the same."""
+    return (f"{gpu} x{int(gpus)} tp{int(tp)}" + (f" pp{int(pp)}" if pp > 1 else "") + (f" {experts}" if experts else "") + f" {policy}"
             + (f" prefill {prefill}" if prefill else "") + (f" seqs {int(max_num_seqs)}" if max_num_seqs else ""))
 
 

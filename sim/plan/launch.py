@@ -384,6 +384,20 @@ def with_flags(line: str, flags: str) -> str:
     return f"{command} {flags}" + (f"  # {comment}" if sep else "")
 
 
+# each engine's pipeline-parallel flag: vLLM arg_utils.py --pipeline-parallel-size, SGLang server_args.py
+# --pp-size, trtllm-serve --pp_size (already on its line as 1)
+PIPELINE_FLAGS = {"vllm": "--pipeline-parallel-size {pp}", "sglang": "--pp-size {pp}"}
+
+
+def with_pipeline(engine: str, line: str, pp: int) -> str:
+    """`line` of `engine` ("vllm", "sglang", "trtllm") with `pp` pipeline stages."""
+    if pp <= 1:
+        return line
+    if engine == "trtllm":
+        return line.replace("--pp_size 1", f"--pp_size {int(pp)}", 1)
+    return with_flags(line, PIPELINE_FLAGS[engine].format(pp=int(pp)))
+
+
 def with_note(line: str, note: str) -> str:
     """`line` with `note` added to its trailing comment."""
     command, sep, comment = line.partition("  # ")

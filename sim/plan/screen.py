@@ -33,7 +33,8 @@ from functools import lru_cache
 import numpy as np
 
 from sim.decode.context import build_context
-from sim.device.physics import mixed_step_cost
+from sim.device.physics import mixed_step_cost, pipeline_send_s
+from sim.inputs import catalog
 from sim.inputs.requests import build_requests
 from sim.inputs.scenario import Scenario, WorkloadCfg
 from sim.serving.kv_memory import kv_memory
@@ -163,8 +164,14 @@ def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
                 sched.max_num_batched_tokens / (1.0 + m.prompt_tokens / m.output_tokens)}
     cap_name = min(caps, key=caps.get)
     top = max(1.0, caps[cap_name])
+    pp = scenario.parallel.pp
+    if pp > 1:  # each of pp batches in flight is one engine step's
+        caps[f"scheduler: max_num_batched_tokens={sched.max_num_batched_tokens}"] *= pp
+        cap_name = min(caps, key=caps.get)
+        top = max(1.0, caps[cap_name])
     batches = np.unique(np.geomspace(1.0, top, GRID))
     ridge = ctx.hw.peak_flop_per_s / ctx.hw.weight_hbm_bytes_per_s  # rows where a bf16 GEMM turns compute-bound
+    token_s = pipeline_token_s(ctx, pp)
 
     def cost(b: int, chunk: int):
         ctx_tokens = b * m.running_context_tokens
@@ -173,15 +180,16 @@ def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
                             int(ctx_tokens * share[2]), ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer,
                             chunk, chunk * (chunk + 1) / 2, chunk, 1 if chunk else 0, ctx.policy.tiering,
                             pol.access, pol.staging_buffers)
-        return c, c.closed_form_s(ctx.hw, c.prefetch_copy_s(ctx.hw.h2d), pol.staging_buffers)
+        step_s = c.closed_form_s(ctx.hw, c.prefetch_copy_s(ctx.hw.h2d), pol.staging_buffers)
+        return c, token_s(c, b + chunk, step_s), step_s
 
     rates, steps, tails, ttfts, binds = [], [], [], [], []
     for b in batches:
-        bi = max(1, round(b))
+        bi = max(1, round(b / pp))  # one step's decodes: each of pp batches in flight holds 1 / pp of them
         chunk = max(1, min(round(m.prompt_tokens), sched.max_num_batched_tokens - bi))
-        plain, plain_s = cost(bi, 0)
-        mixed, mixed_s = cost(bi, chunk)
-        share_mixed = 0.0 if decode_only else min(1.0, b * m.prompt_tokens / m.output_tokens / chunk)  # per step
+        plain, plain_s, plain_step_s = cost(bi, 0)
+        mixed, mixed_s, mixed_step_s = cost(bi, chunk)
+        share_mixed = 0.0 if decode_only else min(1.0, b / pp * m.prompt_tokens / m.output_tokens / chunk)  # per step
         t = (1 - share_mixed) * plain_s + share_mixed * mixed_s
         # a short request's share of mixed steps is binomial over its steps: its 99th percentile
         tail = min(1.0, share_mixed + Z99 * math.sqrt(share_mixed * (1 - share_mixed) / m.short_output_tokens))
@@ -189,10 +197,26 @@ def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
         steps.append(t)
         tails.append((1 - tail) * plain_s + tail * mixed_s)
         ttfts.append(0.0 if decode_only else mixed_s * math.ceil(m.prompt_tokens / chunk) + t)  # chunks + a wait
-        binds.append(step_binds(mixed if share_mixed >= 0.5 else plain, mixed_s if share_mixed >= 0.5 else plain_s,
+        binds.append(step_binds(mixed if share_mixed >= 0.5 else plain, mixed_step_s if share_mixed >= 0.5 else plain_step_s,
                                 bi + share_mixed * chunk, ridge))
     return Curve(tuple(float(b) for b in batches), tuple(rates), tuple(steps), tuple(tails), tuple(ttfts), m.output_tokens,
                  cap_name, caps["HBM capacity"], tuple(binds))
+
+
+def pipeline_token_s(ctx, pp: int):
+    """(cost, rows, step seconds) -> the time between two tokens of one request. pp = 1: the step.
+    Pipeline parallelism (`sim.serving.pipeline`), in the full pipeline the screen assumes: pp batches
+    of the same size in flight, each token pp x the slowest stage (the last: its layers and the LM head)
+    apart, stages that send their hidden states on (`physics.pipeline_send_s`) at most as slow."""
+    if pp == 1:
+        return lambda cost, rows, step_s: step_s
+    fabric = catalog.interconnect(ctx.hw.gpu.interconnect)
+
+    def token_s(cost, rows, step_s):
+        send_s = pipeline_send_s(rows, ctx.model.hidden_size, fabric.bus_bytes_per_s, fabric.alltoall_floor_s)
+        return pp * max(step_s, cost.num_layers * cost.layer.total_s + send_s)
+
+    return token_s
 
 
 def prefill_rate(scenario: Scenario, ttft_s: float | None) -> tuple[float, float, str]:

@@ -3,7 +3,8 @@
 The search thinks before it simulates:
 
 1. Candidates (`sim.plan.candidates`): GPU kind x count x every tensor-parallel layout that divides
-   the count and holds the model x policy; a count that cannot hold the model is pruned.
+   the count and holds the model (and, where the GPUs lack NVLink, every tp x pp pipeline layout:
+   `pipeline_layouts`) x policy; a count that cannot hold the model is pruned.
 2. The screen (`sim.plan.screen`): each candidate's steady-state curve from the step cost alone,
    a fraction of a second each. One whose estimated max rate is below rate / SCREEN_MARGIN is
    `screened`: not simulated, its row says what the screen found and what binds.
@@ -31,13 +32,23 @@ from sim.runner.options import Execution
 from sim.runner.tasks import Interrupted, run_tasks
 from sim.serving.steady import MIN_MEASURED
 
-from .candidates import Candidate, PlanSpec, candidate_scenario, check_spec, expert_layouts, feasible_splits, lossy
+from .candidates import (
+    Candidate,
+    PlanSpec,
+    candidate_scenario,
+    check_spec,
+    expert_layouts,
+    feasible_splits,
+    lossy,
+    pipeline_layouts,
+)
 from .disagg import screen_disagg, splits
 from .evaluate import CandidateTask, blank_row
 from .files import PLAN_COLUMNS, parse_prefill_label
 from .screen import Curve, curve
 
 SCREEN_MARGIN = 1.5  # the screen overstates; one this far below the rate cannot pass (benchmarks/plan_speed.py)
+IN_HBM = ("full_hbm", "evict_only")  # the policies that hold no K/V on the host
 STATUS_ORDER = {"pass": 0, "fail": 1, "unsearched": 2, "screened": 3, "pruned": 4}
 
 
@@ -60,7 +71,8 @@ def candidates(base: Scenario, gpus: list[str], counts: list[int], policies: lis
                layouts: bool = True, disagg: bool = True,
                seqs: list[int | None] | None = None) -> tuple[list[Candidate], list[dict]]:
     """Every candidate to screen, and a pruned row for each (count, policy) that cannot hold the
-    model. `layouts`: every TP x DP split of each count (else tp = count only); `disagg`: also every
+    model. `layouts`: every TP x DP split of each count, and TP x PP x DP ones where the GPUs lack
+    NVLink (policies that keep K/V in HBM; else tp = count only); `disagg`: also every
     split into prefill and decode instances (`sim.plan.disagg.splits`); `seqs`: the max_num_seqs
     values to try (default: the scenario's)."""
     todo, pruned = [], []
@@ -69,7 +81,10 @@ def candidates(base: Scenario, gpus: list[str], counts: list[int], policies: lis
         moe: dict[int, list[str | None]] = {}  # tp -> the experts' layouts it holds (`expert_layouts`)
         for n in counts:
             tps = feasible_splits(base, g, n)
+            stages = pipeline_layouts(base, g, n) if layouts else []
             for p in policies:
+                if p in IN_HBM:  # a pipeline's stages keep their K/V in HBM (sim.serving.pipeline)
+                    todo += [Candidate(g, n, p, tp, max_num_seqs=m, pp=pp) for tp, pp in stages for m in caps]
                 if isinstance(tps, str):
                     pruned.append(_blank(Candidate(g, n, p, max_num_seqs=caps[0]), "pruned", tps))
                     continue
@@ -87,7 +102,7 @@ def _screen_one(base: Scenario, c: Candidate, spec: PlanSpec, curves: dict) -> t
     try:
         if c.prefill:
             return screen_disagg(base, c, spec, curves)
-        key = (c.gpu, c.tp_size, c.policy, c.max_num_seqs, c.experts)
+        key = (c.gpu, c.tp_size, c.policy, c.max_num_seqs, c.experts, c.pp)
         if key not in curves:
             curves[key] = curve(candidate_scenario(base, c, spec.rate / c.replicas, spec))
     except ConfigError as err:  # e.g. the scenario's other policy ratios and this hbm_ratio exceed 1
@@ -136,7 +151,7 @@ def check_plan_cost(base: Scenario, count: int, spec: PlanSpec, *, allow: bool) 
 def _order(base: Scenario, kept: dict, prices: dict) -> list[Candidate]:
     """Exact first, then $/hour, aggregated before disaggregated, then the screen's rate."""
     return sorted(kept, key=lambda c: (lossy(c.policy, base), c.count * prices[c.gpu][0], c.prefill is not None,
-                                       -kept[c][1], c.gpu, c.tp_size, c.prefill or (0, 0), c.max_num_seqs or 0,
+                                       -kept[c][1], c.gpu, c.tp_size, c.pp, c.prefill or (0, 0), c.max_num_seqs or 0,
                                        c.experts or ""))
 
 
@@ -223,8 +238,9 @@ def rank(rows: list[dict], base: Scenario, spec: PlanSpec, prices: dict) -> list
                  layout=row_candidate(r).layout,
                  output="lossy" if lossy(r["policy"], base) else "exact")
         r.setdefault("screen_max_rate_per_s", None)
+        r.setdefault("pp", 1)  # a result stored before pipeline layouts
     rows.sort(key=lambda r: (STATUS_ORDER[r["status"]], r["output"] != "exact", r["usd_per_hour"], r["prefill"] is not None,
-                             -(r["max_rate_per_s"] or r["screen_max_rate_per_s"] or 0.0), r["gpu"], r["gpus"], r["tp"],
+                             -(r["max_rate_per_s"] or r["screen_max_rate_per_s"] or 0.0), r["gpu"], r["gpus"], r["tp"], r["pp"],
                              r["prefill"] or "", r["max_num_seqs"] or 0, r["experts"] or ""))
     n = 0
     for r in rows:
@@ -236,7 +252,7 @@ def rank(rows: list[dict], base: Scenario, spec: PlanSpec, prices: dict) -> list
 def row_candidate(r: dict) -> Candidate:
     """The candidate a plan row describes."""
     return Candidate(r["gpu"], r["gpus"], r["policy"], r["tp"], parse_prefill_label(r.get("prefill")), r.get("max_num_seqs"),
-                     r.get("experts") or None)
+                     r.get("experts") or None, int(r.get("pp") or 1))
 
 
 def mean_output_tokens(base: Scenario) -> float:

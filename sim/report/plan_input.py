@@ -30,7 +30,7 @@ from .validation_table import _numbers, _read_csv
 
 EXPECTED = f"the folder `kvsim plan --out DIR` writes ({', '.join(PLAN_FILES)})"
 STATUSES = ("pass", "fail", "unsearched", "screened", "pruned")
-PLAN_NUMBERS = ("rank", "gpus", "tp", "dp", "max_num_seqs", "usd_per_hour", "usd_per_million_tokens", "ttft_p99_ms", "tpot_p99_ms",
+PLAN_NUMBERS = ("rank", "gpus", "tp", "pp", "dp", "max_num_seqs", "usd_per_hour", "usd_per_million_tokens", "ttft_p99_ms", "tpot_p99_ms",
                 "max_rate_per_s", "next_rate_per_s", "screen_max_rate_per_s", "verdict_requests", "verdict_duration_s",
                 "host_peak_bytes")
 PROBE_NUMBERS = ("gpus", "tp", "dp", "probe", "offered_rate_per_s", "requests", "measured", "window_s", "duration_s",
@@ -90,6 +90,8 @@ def _table(path: Path, columns: list[str], numbers: tuple[str, ...]) -> pd.DataF
         raise ConfigError(f"empty file; expected {EXPECTED}", source=source) from None
     if "experts" in columns and "experts" not in frame.columns:  # plan folders written before expert layouts
         frame["experts"] = None
+    if "pp" in columns and "pp" not in frame.columns:  # ... and before pipeline layouts: no pipeline
+        frame["pp"] = 1
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise ConfigError(f"missing column(s) {', '.join(missing)}; expected {', '.join(columns)}", source=source)

@@ -79,6 +79,8 @@ class ServingTrace:
 class ServingSim:
     """Requests arriving at one GPU (one tensor-parallel group) and its host link."""
 
+    row_type = StepRow  # what `sim.serving.pipeline` records its steps as
+
     def __init__(self, ctx: RunContext, requests: RequestSet, scheduler: Scheduler, stop=None, env=None,
                  tally: Tally | None = None):
         """`env` and `tally`: a fleet's shared clock and finished count (`sim.serving.fleet`)."""
@@ -98,6 +100,12 @@ class ServingSim:
         self.t_changed = 0.0
         self.trace = ServingTrace(self.table, [])
         self.unrecorded = [0.0, 0.0]  # swap bytes out, in not yet in a timeline row
+        self.pipeline = None
+        if ctx.scenario.parallel.pp > 1:  # batches in flight through the stages (`sim.serving.pipeline`)
+            from .pipeline import Pipeline
+
+            self.pipeline = Pipeline(self, ctx.scenario.parallel.pp)
+            scheduler.pipelined()
 
     def run(self) -> ServingTrace:
         if self.specs.concurrency is not None:
@@ -118,6 +126,8 @@ class ServingSim:
         d = self.device
         self.trace.h2d_busy_s = busy_union_s(d.h2d.busy, d.h2d_partials.busy, until=self.env.now)
         self.trace.d2h_busy_s = busy_union_s(d.d2h.busy, d.d2h_queries.busy, until=self.env.now)
+        if self.pipeline is not None:  # batches in flight overlap: rows are recorded as each comes back
+            self.trace.steps.sort(key=lambda r: r.t_s)
         return self.trace
 
     # ---- requests ------------------------------------------------------------------------------
@@ -191,8 +201,20 @@ class ServingSim:
             (row.swap_out_bytes, row.swap_in_bytes), self.unrecorded = self.unrecorded, [0.0, 0.0]
         self.trace.steps.append(row)
 
+    def finish(self, finished) -> None:
+        """Requests that got their last token leave the system; a closed-loop client sends its next."""
+        if len(finished):
+            self.tally.finished += len(finished)
+            self._count(-len(finished))
+            for i in finished:
+                if int(i) in self.done:
+                    self.done.pop(int(i)).succeed()
+
     def step_loop(self):
         """Form a step, run its forward pass (and its decodes' re-tiers), hand out its tokens."""
+        if self.pipeline is not None:
+            yield from self.pipeline.run()
+            return
         sched, env, fixed_bytes = self.scheduler, self.env, self.scheduler.memory.fixed_bytes
         step = 0
         while self.tally.finished < len(self.specs):
@@ -221,12 +243,7 @@ class ServingSim:
             if len(out.gaps):
                 self.trace.itl_other_s.append(out.gaps)
             step += 1
-            if len(out.finished):
-                self.tally.finished += len(out.finished)
-                self._count(-len(out.finished))
-                for i in out.finished:
-                    if int(i) in self.done:
-                        self.done.pop(int(i)).succeed()
+            self.finish(out.finished)
             if self.stop is not None and self.stop(self.view):
                 self.stopped = True
                 return

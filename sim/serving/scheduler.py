@@ -111,10 +111,11 @@ class _Draft:
     dec_att: np.ndarray = field(default_factory=lambda: _EMPTY)
     dec_aft: np.ndarray = field(default_factory=lambda: _EMPTY)
 
-    def keep(self, n: int) -> None:
-        """Only the first n running requests stay (the rest were preempted)."""
-        self.run, self.decoding, self.att, self.aft = self.run[:n], self.decoding[:n], self.att[:n], self.aft[:n]
-        self.hbm, self.host = self.hbm[:n], self.host[:n]
+    def keep(self, n) -> None:
+        """Only the first n running requests stay (the rest were preempted); or those a mask keeps."""
+        rows = slice(None, n) if isinstance(n, int) else n
+        self.run, self.decoding, self.att, self.aft = self.run[rows], self.decoding[rows], self.att[rows], self.aft[rows]
+        self.hbm, self.host = self.hbm[rows], self.host[rows]
 
 
 class Scheduler:
@@ -126,6 +127,17 @@ class Scheduler:
         self.swap = SwapSpace(cfg.swap_space_bytes or np.inf) if cfg.preemption == "swap" else None
         self.swaps = 0
         self.swap_fallbacks = 0  # preemptions recomputed because the swap had no room
+        self.in_flight = None  # pipeline parallelism (`pipelined`): the requests of the batches in flight
+
+    def pipelined(self) -> None:
+        """Batches overlap (pipeline parallelism, vLLM's batch queue): a request in a batch in flight
+        holds its memory but is not scheduled again, nor preempted, until its batch is back."""
+        self.in_flight = np.zeros(len(self.table.prompt), dtype=bool)
+
+    def dispatch(self, plan: "StepPlan", flying: bool) -> None:
+        """Mark (True) or clear (False) a batch's requests as in flight."""
+        self.in_flight[plan.decodes] = flying
+        self.in_flight[plan.chunks] = flying
 
     def arrive(self, i: int) -> None:
         self.waiting.append(i)
@@ -169,6 +181,9 @@ class Scheduler:
         then the step's memory totals and what admission counts (auto: all in T0)."""
         m = self.memory
         host_free = m.host_capacity_bytes - self._held_host_bytes()  # swapped K/V holds its host memory
+        if self.in_flight is not None:
+            self._preempt_idle_until_fits(d, plan, host_free)
+            return self._totals(d)
         keep = len(d.run)
         cum_hbm, cum_host = np.cumsum(d.hbm), np.cumsum(d.host)
         if keep and (cum_hbm[-1] > m.kv_budget_bytes or cum_host[-1] > host_free):  # all fit unless the last does not
@@ -177,18 +192,40 @@ class Scheduler:
             self._preempt(d.run[keep:][::-1], m.host_capacity_bytes - float(d.host[:keep].sum()), plan)
             d.keep(keep)
             self.running = d.run
+        self._totals(d)
+
+    def _totals(self, d: _Draft) -> None:
         d.total_hbm, d.total_host = float(d.hbm.sum()), float(d.host.sum()) + self._held_host_bytes()
         d.admit_hbm = float(self.counter.admission_bytes(d.att, d.hbm).sum())
+
+    def _preempt_idle_until_fits(self, d: _Draft, plan: StepPlan, host_free: float) -> None:
+        """(1) with batches in flight: preempt the newest requests not in flight until the rest fits; a
+        request in flight is never preempted (its batch is computing), so memory may stay over until it is back."""
+        m, idle = self.memory, ~self.in_flight[d.run]
+        hbm, host = float(d.hbm.sum()), float(d.host.sum())
+        keep = np.ones(len(d.run), dtype=bool)
+        for k in np.flatnonzero(idle)[::-1]:
+            if hbm <= m.kv_budget_bytes and host <= host_free:
+                break
+            keep[k] = False
+            hbm, host = hbm - float(d.hbm[k]), host - float(d.host[k])
+        if not keep.all():
+            self._preempt(d.run[~keep][::-1], m.host_capacity_bytes - float(d.host[keep].sum()), plan)
+            d.keep(keep)
+            self.running = d.run
 
     def _schedule_running(self, d: _Draft, plan: StepPlan) -> None:
         """(2) The running requests in admission order: a decode takes one token of the budget, an
         unfinished prefill its next chunk."""
         t, run, decoding = self.table, d.run, d.decoding
         budget = self.cfg.max_num_batched_tokens
-        if decoding.all() and len(run) <= budget:  # every running request decodes one token, within the budget
+        flying = self.in_flight is not None and self.in_flight[run].any()
+        if decoding.all() and len(run) <= budget and not flying:  # every running request decodes one token, within the budget
             want = take = np.ones(len(run), dtype=np.int64)
         else:
             want = np.where(decoding, 1, t.target[run] - t.computed[run])
+            if flying:  # a request in a batch in flight has nothing to schedule until it is back
+                want = np.where(self.in_flight[run], 0, want)
             take = np.minimum(want, np.maximum(budget - (np.cumsum(want) - want), 0))
         sched = take > 0
         dec = sched & decoding
@@ -330,9 +367,10 @@ class Scheduler:
             self.swap_fallbacks += 1
         return freed
 
-    def complete(self, plan: StepPlan, now: float, step: int) -> StepTokens:
+    def complete(self, plan: StepPlan, now: float, step: int, consecutive: bool = True) -> StepTokens:
         """Apply a finished step: decodes sample a token, chunks advance (a prefill that completes
-        samples one); finished requests leave the running set."""
+        samples one); finished requests leave the running set. `consecutive` False (batches in
+        flight overlap): no gap is one step's time, each is counted as it is."""
         t = self.table
         if len(plan.chunks):
             t.computed[plan.chunks] += plan.chunk_tokens
@@ -344,7 +382,7 @@ class Scheduler:
         first = t.generated[produced] == 1
         t.first_token_s[produced[first]] = now
         later = produced[~first]
-        regular = t.last_token_step[later] == step - 1
+        regular = t.last_token_step[later] == step - 1 if consecutive else np.zeros(len(later), dtype=bool)
         gaps = now - t.last_token_s[later[~regular]]
         t.last_token_s[produced] = now
         t.last_token_step[produced] = step
