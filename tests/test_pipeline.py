@@ -151,3 +151,11 @@ def test_a_pipelined_row_launches_with_each_engines_pipeline_flag():
     assert "--tp-size 2" in lines["sglang"] and "--pp-size 2" in lines["sglang"]
     assert "--tp_size 2 --pp_size 2" in lines["trtllm"]
     assert math.isclose(row["usd_per_hour"], 4.8)
+
+
+def test_a_pipelined_runs_summary_names_its_gpus_and_stages():
+    from sim.outputs.run_folder import serving_summary_rows
+
+    sc = load_scenario(SCENARIO, L40S_FP8 + ["parallel.tp=2", "parallel.pp=2", "workload.arrivals.requests=40"])
+    where = dict(serving_summary_rows(simulate_serving(sc).summary))["scenario"]
+    assert "on 4 x l40s (pipeline of 2 stages x TP2; memory figures per GPU)" in where

@@ -282,7 +282,8 @@ def plan(
     ttft_p99_ms: Optional[float] = typer.Option(None, "--ttft-p99-ms", help="p99 time-to-first-token target (default: the scenario's slo.ttft_ms)"),
     tpot_p99_ms: Optional[float] = typer.Option(None, "--tpot-p99-ms", help="p99 time-per-output-token target (default: the scenario's slo.tpot_ms)"),
     gpus_: Optional[str] = typer.Option(None, "--gpus", help="GPU kinds, comma-separated (default: every catalog GPU)"),
-    counts: Optional[str] = typer.Option(None, "--counts", help="GPU counts, each tried as every TP x DP layout (default 1,2,4,8)"),
+    counts: Optional[str] = typer.Option(None, "--counts", help="GPU counts, each tried as every TP x DP layout, TP x PP x DP without "
+                                                                      "NVLink (default 1,2,4,8)"),
     policies: Optional[str] = typer.Option(None, "--policies", help="full_hbm, evict_only, tiered, tiered:RATIO, tiered:auto, a tiered one "
                                            "also as tiered:X/ACCESS (default: full_hbm,evict_only,tiered:0.25,tiered:0.5,tiered:auto; tiered: 0.25,0.5,0.75,auto)"),
     access: Optional[str] = typer.Option(None, "--access", help="access strategies every tiered policy is tried with: prefetch, "
@@ -303,7 +304,7 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="print the rows as JSON on stdout"),
     out: Optional[Path] = typer.Option(None, "--out", help="folder to write plan.csv, probes.csv (every simulation) and "
                                        "plan.json (the search asked) into; `kvsim report --plan DIR` draws them"),
-    replicas: bool = typer.Option(True, "--replicas/--no-replicas", help="every TP x DP layout of each count (default), "
+    replicas: bool = typer.Option(True, "--replicas/--no-replicas", help="every TP x DP (and TP x PP x DP without NVLink) layout of each count (default), "
                                   "or one TP group of all the GPUs"),
     max_num_seqs: Optional[str] = typer.Option(None, "--max-num-seqs", help="caps on running sequences per instance "
                                                "to search, comma-separated (default: the scenario's scheduler)"),
@@ -315,7 +316,7 @@ def plan(
                                  "balancer: the lowest 4 x waiting + running); the last two simulate the replicas together"),
     allow_large: bool = typer.Option(False, "--allow-large", help=ALLOW_LARGE_HELP),
 ) -> None:
-    """Cheapest GPU kind x count x layout (TP x replicas) x KV policy meeting a p99 TTFT/TPOT SLO at --rate in
+    """Cheapest GPU kind x count x layout (TP x PP x replicas) x KV policy meeting a p99 TTFT/TPOT SLO at --rate in
     steady state, with each one's max sustainable rate; exit 1 when none does."""
     from sim.inputs.scenario import load_scenario
     from sim.outputs.run_folder import check_out_path

@@ -128,6 +128,9 @@ def parallel_words(parallel: dict) -> str:
     attention_tp = parallel.get("tp", 1) // dp
     words = (f"attention data-parallel x{dp}" + (f" (TP{attention_tp} each)" if attention_tp > 1 else "")
              if dp > 1 else "tensor parallel")
+    pp = parallel.get("pp", 1)
+    if pp > 1:  # "pipeline of 2 stages x TP2": memory figures are the largest stage's GPU's
+        words = f"pipeline of {pp} stages x TP{parallel.get('tp', 1)}"
     return words + (f", experts EP{ep}" if ep > 1 else "")
 
 
@@ -215,7 +218,8 @@ def _load(s) -> str:
 def serving_summary_rows(s) -> list[tuple[str, str]]:
     """(label, value) rows of a ServingSummary, in reading order; a figure the run left None is "-"."""
     parallel = s.resolved_scenario.get("parallel", {})
-    where = s.gpu if s.tp == 1 else f"{s.tp} x {s.gpu} ({parallel_words(parallel)}; memory figures per GPU)"
+    gpus = s.tp * parallel.get("pp", 1)
+    where = s.gpu if gpus == 1 else f"{gpus} x {s.gpu} ({parallel_words(parallel)}; memory figures per GPU)"
     rows = [("scenario", f"{s.scenario}: {s.model} on {where}, {s.policy}, {_f(s.requests, ',')} requests, {_load(s)}"),
             ("scheduler", f"max_num_seqs {s.max_num_seqs}, max_num_batched_tokens {_f(s.max_num_batched_tokens, ',')}, "
                           f"chunked prefill {'on' if s.chunked_prefill else 'off'}")]

@@ -10,7 +10,9 @@ are left and memory holds the newcomer's reservation - the head of the queue tha
 stops admission (no overtaking). Without chunked prefill a prompt is scheduled whole or waits.
 With admission no_evict (TensorRT-LLM's GUARANTEED_NO_EVICT) a request is admitted only while the
 whole length - prompt + output tokens, in HBM - of every running request and its own fits the KV
-budget, so the running ones never outgrow memory and none is preempted.
+budget, so the running ones never outgrow memory and none is preempted. Pipelined (`pipelined`,
+`sim.serving.pipeline`): batches overlap, and a request in a batch in flight keeps its memory but is
+neither scheduled nor preempted until its batch is back.
 
 Memory is tier-aware (`kv_memory`, `row_counts`): a decoding request holds its T0 tokens (+ staging
 for the T1/T2 it attends, + its window and linear layers' bounded bytes) in HBM and its T1/T2 in host
@@ -183,7 +185,8 @@ class Scheduler:
         host_free = m.host_capacity_bytes - self._held_host_bytes()  # swapped K/V holds its host memory
         if self.in_flight is not None:
             self._preempt_idle_until_fits(d, plan, host_free)
-            return self._totals(d)
+            self._totals(d)
+            return
         keep = len(d.run)
         cum_hbm, cum_host = np.cumsum(d.hbm), np.cumsum(d.host)
         if keep and (cum_hbm[-1] > m.kv_budget_bytes or cum_host[-1] > host_free):  # all fit unless the last does not
