@@ -159,3 +159,12 @@ def test_a_pipelined_runs_summary_names_its_gpus_and_stages():
     sc = load_scenario(SCENARIO, L40S_FP8 + ["parallel.tp=2", "parallel.pp=2", "workload.arrivals.requests=40"])
     where = dict(serving_summary_rows(simulate_serving(sc).summary))["scenario"]
     assert "on 4 x l40s (pipeline of 2 stages x TP2; memory figures per GPU)" in where
+
+
+def test_pipelined_replicas_behind_a_load_balancer_finish_every_request():
+    from sim.serving.fleet import simulate_fleet
+
+    sc = load_scenario(SCENARIO, L40S_FP8 + ["parallel.tp=2", "parallel.pp=2", "workload.arrivals.requests=120",
+                                             "workload.arrivals.rate_per_s=2"])
+    r = simulate_fleet(sc, 2, "least-outstanding").requests
+    assert len(r) == 120 and r["finish_s"].notna().all() and set(r["replica"]) == {0, 1}

@@ -257,3 +257,10 @@ def test_the_pareto_figure_draws_every_passing_configuration_per_gpu_count(searc
     for t in points:  # tokens/s per user = 1000 / p99 TPOT at the rate
         n = int(t.name.split()[0])
         assert sorted(t.x) == pytest.approx(sorted(1e3 / passing[passing.gpus == n].tpot_p99_ms))
+
+
+def test_a_plan_folder_written_before_pipeline_layouts_reads_as_no_pipeline(searched, tmp_path):
+    folder = _broken(searched, tmp_path, "plan.csv", lambda t: _drop_column(t, "pp"))
+    assert "pp" not in pd.read_csv(folder / "plan.csv").columns
+    plan = load_plan(folder).plan
+    assert (plan["pp"] == 1).all() and len(plan) == len(pd.read_csv(searched[0] / "plan.csv"))
