@@ -133,6 +133,11 @@ def test_the_planner_tries_pipeline_stages_only_where_gpus_lack_nvlink():
     base = load_scenario(SCENARIO, ["model.weight_dtype=fp8"])
     assert pipeline_layouts(base, "h100-sxm", 8) == []
     assert pipeline_layouts(base, "l40s", 4) == [(1, 2), (2, 2), (1, 4)]  # 70B fp8: a 48 GB GPU holds half of it
+    # 8 x L40S: TP4 leaves 64% of each GPU to K/V (weights 17.5 of 48 GB): replicas of it, not stages
+    assert (4, 2) not in pipeline_layouts(base, "l40s", 8) and (2, 4) in pipeline_layouts(base, "l40s", 8)
+    small = load_scenario(SCENARIO, ["model.name=deepseek-r1-distill-llama-8b", "parallel.tp=1"])
+    assert pipeline_layouts(small, "l40s", 4) == []  # 16 GB of weights on a 48 GB GPU
+    assert pipeline_layouts(small, "rtx-4090", 4) == [(1, 2), (1, 4)]  # ... on a 24 GB one
     todo, _ = candidates(base, ["l40s"], [4], ["full_hbm", "tiered:0.5"])
     layouts = {(c.policy, c.layout) for c in todo if c.pp > 1}
     assert layouts == {("full_hbm", "TP1 PP2 x 2"), ("full_hbm", "TP2 PP2"), ("full_hbm", "TP1 PP4")}  # no host tiers

@@ -356,21 +356,38 @@ def pipeline_layouts(base: Scenario, gpu: str, count: int) -> list[tuple[int, in
     parallelism "is also preferable on GPUs without NVLink, such as L40S", tensor parallelism having
     the heavier communication); pp >= 2 stages of tp GPUs, tp x pp dividing `count` within one node,
     for a model whose layers split into stages (`ModelSpec.pipeline_problem`), where a stage holds its
-    weights (`prune`)."""
+    weights (`prune`), and where stages help capacity: one group of tp GPUs alone would give its
+    weights at least PIPELINE_WEIGHT_SHARE of its HBM (or cannot hold them). A model that leaves most
+    of a tp group's memory to K/V runs as replicas of it instead (a replica reads its weights once a
+    step, a stage once per batch in flight)."""
     from sim.inputs.catalog import interconnect, resolve_model
 
     if interconnect(catalog.gpu(gpu).interconnect).nvlink or base.scheduler.preemption == "swap":
         return []
     spec = resolve_model(base.model)
     out = []
-    for pp in (2, 4, 8):
-        for tp in (1, 2, 4, 8):
+    for tp in (1, 2, 4, 8):
+        if tp > min(count, NODE_GPUS) // 2 or spec.tp_problem(tp) or _weights_share(base, gpu, tp) < PIPELINE_WEIGHT_SHARE:
+            continue
+        for pp in (2, 4, 8):
             group = tp * pp
-            if group > min(count, NODE_GPUS) or count % group or spec.pipeline_problem(pp) or spec.tp_problem(tp):
+            if group > min(count, NODE_GPUS) or count % group or spec.pipeline_problem(pp):
                 continue
             if prune(base, gpu, tp, pp=pp) is None:
                 out.append((tp, pp))
-    return out
+    return sorted(out, key=lambda x: (x[1], x[0]))
+
+
+PIPELINE_WEIGHT_SHARE = 0.5  # stages are tried where one tp group's weights take at least half its HBM
+
+
+def _weights_share(base: Scenario, gpu: str, tp: int) -> float:
+    """Weights per GPU of one `tp`-GPU group over its HBM (above 1: it cannot hold them)."""
+    from sim.decode.context import build_context
+
+    sc = candidate_scenario(base, Candidate(gpu, tp, "full_hbm", tp), 1.0, PlanSpec(1.0, 1.0, None, requests=1))
+    ctx = build_context(sc)
+    return ctx.weights_bytes / ctx.hw.memory_bytes
 
 
 def expert_layouts(base: Scenario, gpu: str, tp: int) -> list[str | None]:
