@@ -33,7 +33,7 @@ from functools import lru_cache
 import numpy as np
 
 from sim.decode.context import build_context
-from sim.device.physics import mixed_step_cost, pipeline_send_s
+from sim.device.physics import mixed_step_cost, pipeline_send_s, pipeline_stage_s
 from sim.inputs import catalog
 from sim.inputs.requests import build_requests
 from sim.inputs.scenario import Scenario, WorkloadCfg
@@ -157,18 +157,14 @@ def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
     if sched.admission == "no_evict":  # each running request holds its whole length's reservation
         per_request_hbm = memory.hbm_kv_bytes(m.reserved_tokens, 0.0)
     per_request_host = memory.host_bytes(m.running_context_tokens * mem_share[1], m.running_context_tokens * mem_share[2])
+    pp = scenario.parallel.pp  # each of pp batches in flight is one engine step's (token budget included)
     caps = {"HBM capacity": memory.kv_budget_bytes / per_request_hbm if per_request_hbm > 0 else math.inf,
             "host memory": memory.host_capacity_bytes / per_request_host if per_request_host > 0 else math.inf,
             f"scheduler: max_num_seqs={sched.max_num_seqs}": float(sched.max_num_seqs),
             f"scheduler: max_num_batched_tokens={sched.max_num_batched_tokens}":
-                sched.max_num_batched_tokens / (1.0 + m.prompt_tokens / m.output_tokens)}
+                pp * sched.max_num_batched_tokens / (1.0 + m.prompt_tokens / m.output_tokens)}
     cap_name = min(caps, key=caps.get)
     top = max(1.0, caps[cap_name])
-    pp = scenario.parallel.pp
-    if pp > 1:  # each of pp batches in flight is one engine step's
-        caps[f"scheduler: max_num_batched_tokens={sched.max_num_batched_tokens}"] *= pp
-        cap_name = min(caps, key=caps.get)
-        top = max(1.0, caps[cap_name])
     batches = np.unique(np.geomspace(1.0, top, GRID))
     ridge = ctx.hw.peak_flop_per_s / ctx.hw.weight_hbm_bytes_per_s  # rows where a bf16 GEMM turns compute-bound
     token_s = pipeline_token_s(ctx, pp)
@@ -206,15 +202,15 @@ def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
 def pipeline_token_s(ctx, pp: int):
     """(cost, rows, step seconds) -> the time between two tokens of one request. pp = 1: the step.
     Pipeline parallelism (`sim.serving.pipeline`), in the full pipeline the screen assumes: pp batches
-    of the same size in flight, each token pp x the slowest stage (the last: its layers and the LM head)
-    apart, stages that send their hidden states on (`physics.pipeline_send_s`) at most as slow."""
+    of the same size in flight, each token pp x the slowest stage (`physics.pipeline_stage_s`) apart.
+    Nothing is staged from the host in a pipeline, so a step's closed form is its compute."""
     if pp == 1:
         return lambda cost, rows, step_s: step_s
     fabric = catalog.interconnect(ctx.hw.gpu.interconnect)
 
     def token_s(cost, rows, step_s):
         send_s = pipeline_send_s(rows, ctx.model.hidden_size, fabric.bus_bytes_per_s, fabric.alltoall_floor_s)
-        return pp * max(step_s, cost.num_layers * cost.layer.total_s + send_s)
+        return pp * max(pipeline_stage_s(cost, pp, send_s))
 
     return token_s
 
