@@ -392,12 +392,28 @@ def decode_layer_cost(
     `attended_tokens` = sum over the batch of T0 + staged T1/T2 tokens.
     """
     gemm_s = weight_kernel_s(model, hw, weight_dtype, group_size, batch)
-    dequant_bytes = t2_staged_tokens * (t2_bytes_per_token_layer + kv_bytes_per_token_layer)
-    kv_bytes = (attended_tokens + batch) * kv_bytes_per_token_layer + dequant_bytes
-    attn_s = decode_attention_s(model, hw, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer)
+    attn_s = decode_layer_attention_s(model, hw, batch, attended_tokens, kv_bytes_per_token_layer, t2_staged_tokens,
+                                      t2_bytes_per_token_layer)
     allreduce_s = layer_comm_s(model, hw, batch)
     return LayerCost(gemm_s, attn_s, hw.layer_overhead_s, allreduce_s=allreduce_s, qkv_share=qkv_share(model),
                      host_s=host_times(hw, batch, DECODE)[0])
+
+
+def decode_layer_attention_s(model: ModelSpec, hw: Hardware, batch: int, attended_tokens: int,
+                             kv_bytes_per_token_layer: float, t2_staged_tokens: int = 0,
+                             t2_bytes_per_token_layer: float = 0.0) -> float:
+    """`decode_layer_cost`'s attention: `decode_attention_s` reading the attended KV, the staged T2's
+    dequantisation read + write and writing the new K/V."""
+    dequant_bytes = t2_staged_tokens * (t2_bytes_per_token_layer + kv_bytes_per_token_layer)
+    kv_bytes = (attended_tokens + batch) * kv_bytes_per_token_layer + dequant_bytes
+    return decode_attention_s(model, hw, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer)
+
+
+def with_decode_attention(cost: StepCost, attention_s: float) -> StepCost:
+    """A decode step's cost with its layers' attention replaced: every other part of a decode step
+    whose decodes attend T0 only depends on the batch alone, so a run that costs many steps of one
+    batch (`sim.serving.engine`) computes those parts once and the attention per step - the same floats."""
+    return replace(cost, layer=replace(cost.layer, attention_s=attention_s))
 
 
 @lru_cache(maxsize=64)

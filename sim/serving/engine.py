@@ -19,7 +19,14 @@ import numpy as np
 from sim.decode.context import RunContext
 from sim.decode.engine import DecodeSim
 from sim.device.intervals import busy_union_s
-from sim.device.physics import RetierTraffic, StepCost, mixed_step_cost, retier_traffic
+from sim.device.physics import (
+    RetierTraffic,
+    StepCost,
+    decode_layer_attention_s,
+    mixed_step_cost,
+    retier_traffic,
+    with_decode_attention,
+)
 from sim.inputs.requests import RequestSet
 
 from .request import RequestTable
@@ -100,6 +107,7 @@ class ServingSim:
         self.t_changed = 0.0
         self.trace = ServingTrace(self.table, [])
         self.unrecorded = [0.0, 0.0]  # swap bytes out, in not yet in a timeline row
+        self.decode_costs: dict[int, StepCost] = {}  # decode-only steps' costs by batch (`decode_cost`)
         self.pipeline = None
         if ctx.scenario.parallel.pp > 1:  # batches in flight through the stages (`sim.serving.pipeline`)
             from .pipeline import Pipeline
@@ -170,11 +178,28 @@ class ServingSim:
     def step_cost(self, plan: StepPlan) -> StepCost:
         ctx, m, pol = self.ctx, self.ctx.scenario.model, self.ctx.scenario.policy
         a = plan.attended
+        n = len(plan.decodes)
+        if n and not len(plan.chunks) and not a[1] and not a[2] and ctx.sparse_fetch is None:
+            return self.decode_cost(n, int(a[0]))
         return mixed_step_cost(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, pol.prefetch,
                                len(plan.decodes), int(a[0]), int(a[1]), int(a[2]), ctx.kv_bytes_per_token_layer,
                                ctx.t2_bytes_per_token_layer, plan.prefill_tokens, plan.prefill_position_sum(),
                                plan.prefill_kv_tokens(), len(plan.chunks), self.device.staged, pol.access,
                                pol.staging_buffers, fetch=ctx.sparse_fetch)
+
+    def decode_cost(self, n: int, t0: int) -> StepCost:
+        """A decode-only step attending T0 alone (most steps): the parts that depend on the batch
+        alone computed once per batch size, the attention per step (`physics.with_decode_attention`)."""
+        ctx = self.ctx
+        base = self.decode_costs.get(n)
+        if base is None:
+            m, pol = ctx.scenario.model, ctx.scenario.policy
+            base = self.decode_costs[n] = mixed_step_cost(
+                ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, pol.prefetch, n, t0, 0, 0,
+                ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer, staged=self.device.staged,
+                access=pol.access, buffers=pol.staging_buffers)
+        attention_s = decode_layer_attention_s(ctx.model, ctx.hw, n, t0, ctx.kv_bytes_per_token_layer)
+        return with_decode_attention(base, attention_s)
 
     def retier_traffic(self, plan: StepPlan) -> RetierTraffic:
         ctx = self.ctx

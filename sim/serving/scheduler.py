@@ -130,11 +130,15 @@ class Scheduler:
         self.swaps = 0
         self.swap_fallbacks = 0  # preemptions recomputed because the swap had no room
         self.in_flight = None  # pipeline parallelism (`pipelined`): the requests of the batches in flight
+        # every token in T0 and nothing swapped (full_hbm, recompute): counts are one column, prompt +
+        # generated, and the host holds nothing - the same figures with fewer array passes (`_dense_needs`)
+        self.dense = isinstance(counter, FixedRows) and not counter.counter.tiering and self.swap is None
 
     def pipelined(self) -> None:
         """Batches overlap (pipeline parallelism, vLLM's batch queue): a request in a batch in flight
         holds its memory but is not scheduled again, nor preempted, until its batch is back."""
         self.in_flight = np.zeros(len(self.table.prompt), dtype=bool)
+        self.dense = False
 
     def dispatch(self, plan: "StepPlan", flying: bool) -> None:
         """Mark (True) or clear (False) a batch's requests as in flight."""
@@ -173,10 +177,20 @@ class Scheduler:
         t = self.table
         run = self.running
         decoding = t.computed[run] >= t.target[run]
+        if self.dense:
+            tokens, hbm = self._dense_needs(run)
+            return _Draft(run, decoding, tokens, tokens, hbm, np.zeros(len(run)))
         self.counter.begin_step(run, t.generated[run], decoding)
         att, aft = self.counter.step_counts(run, t.generated[run], decoding)
         hbm, host = self._needs(att, aft, decoding)
         return _Draft(run, decoding, att, aft, hbm, host)
+
+    def _dense_needs(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens, HBM KV bytes) per request when every token is in T0: prompt + generated tokens
+        (`TierCounter.step_counts` without tiering, during and after the step alike), nothing staged.
+        The draft's counts are then this one column (T0)."""
+        tokens = self.table.prompt[rows] + self.table.generated[rows]
+        return tokens, self.memory.hbm_kv_bytes(tokens, 0, tokens)
 
     def _preempt_until_fits(self, d: _Draft, plan: StepPlan) -> None:
         """(1) Preempt the newest until the rest fits (cumulative sums grow, so what fits is a prefix);
@@ -287,7 +301,10 @@ class Scheduler:
             self.running = np.concatenate([d.run, np.asarray(admitted, dtype=np.int64)])
         if resumed:
             r = np.asarray(resumed, dtype=np.int64)
-            a, b = self.counter.step_counts(r, t.generated[r], np.ones(len(r), dtype=bool))
+            if self.dense:
+                a = b = self._dense_needs(r)[0]
+            else:
+                a, b = self.counter.step_counts(r, t.generated[r], np.ones(len(r), dtype=bool))
             plan.decodes = np.concatenate([plan.decodes, r])
             d.dec_att, d.dec_aft = np.concatenate([d.dec_att, a]), np.concatenate([d.dec_aft, b])
 
@@ -301,6 +318,9 @@ class Scheduler:
         """(HBM bytes, host bytes, HBM bytes admission counts) waiting request i needs: a swapped
         decode this step's needs; any other what it will hold once prefilled."""
         t, m = self.table, self.memory
+        if self.dense:  # what it holds once prefilled, or decoding now: prompt + generated tokens either way
+            h = float(self._dense_needs(np.array([i]))[1][0])
+            return h, 0.0, h
         if resumes_decoding:  # a decode whose K/V comes back: this step's needs
             a, b = self.counter.step_counts(np.array([i]), t.generated[[i]], np.array([True]))
             h, ho = (float(x[0]) for x in self._needs(a, b, np.array([True])))
@@ -318,6 +338,9 @@ class Scheduler:
         if not len(plan.decodes):
             return
         a, b = d.dec_att, d.dec_aft
+        if self.dense:  # one column, T0; nothing re-tiers
+            plan.attended = np.array([a.sum(), 0, 0, 0], dtype=np.int64)
+            return
         plan.attended = a.sum(axis=0)
         steps = t.generated[plan.decodes] - 1
         due = self.counter.retier_due(steps)
