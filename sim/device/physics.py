@@ -804,6 +804,15 @@ def mixed_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
         base = StepCost(LayerCost(0.0, 0.0, hw.layer_overhead_s, qkv_share=qkv_share(model),
                                   host_s=host_times(hw, prefill_tokens, PREFILL)[0]),
                         model.num_layers, 0.0, 0.0, 0)
+    return with_prefill(model, hw, weight_dtype, group_size, base, decodes, kv_bytes_per_token_layer, prefill_tokens,
+                        prefill_position_sum, prefill_kv_tokens, prefill_seqs)
+
+
+def with_prefill(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, base: StepCost, decodes: int,
+                 kv_bytes_per_token_layer: float, prefill_tokens: int, prefill_position_sum: float,
+                 prefill_kv_tokens: float, prefill_seqs: int) -> StepCost:
+    """`mixed_step_cost` from its decodes' step (`base`): the GEMMs, collectives and host time over
+    every row, the chunks' attention added to the decodes', the tail over the rows that sample."""
     if prefill_tokens <= 0:
         return base
     rows = decodes + prefill_tokens

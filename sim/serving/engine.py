@@ -26,6 +26,7 @@ from sim.device.physics import (
     mixed_step_cost,
     retier_traffic,
     with_decode_attention,
+    with_prefill,
 )
 from sim.inputs.requests import RequestSet
 
@@ -179,8 +180,10 @@ class ServingSim:
         ctx, m, pol = self.ctx, self.ctx.scenario.model, self.ctx.scenario.policy
         a = plan.attended
         n = len(plan.decodes)
-        if n and not len(plan.chunks) and not a[1] and not a[2] and ctx.sparse_fetch is None:
-            return self.decode_cost(n, int(a[0]))
+        if n and not a[1] and not a[2] and ctx.sparse_fetch is None:  # the decodes attend T0 alone
+            return with_prefill(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, self.decode_cost(n, int(a[0])), n,
+                                ctx.kv_bytes_per_token_layer, plan.prefill_tokens, plan.prefill_position_sum(),
+                                plan.prefill_kv_tokens(), len(plan.chunks))
         return mixed_step_cost(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, pol.prefetch,
                                len(plan.decodes), int(a[0]), int(a[1]), int(a[2]), ctx.kv_bytes_per_token_layer,
                                ctx.t2_bytes_per_token_layer, plan.prefill_tokens, plan.prefill_position_sum(),
@@ -188,8 +191,9 @@ class ServingSim:
                                pol.staging_buffers, fetch=ctx.sparse_fetch)
 
     def decode_cost(self, n: int, t0: int) -> StepCost:
-        """A decode-only step attending T0 alone (most steps): the parts that depend on the batch
-        alone computed once per batch size, the attention per step (`physics.with_decode_attention`)."""
+        """The decodes' step where they attend T0 alone (most steps; a mixed step adds its chunks to it,
+        `physics.with_prefill`): the parts that depend on the batch alone computed once per batch
+        size, the attention per step (`physics.with_decode_attention`)."""
         ctx = self.ctx
         base = self.decode_costs.get(n)
         if base is None:
