@@ -5,6 +5,7 @@ the search stopping at --top, the answer sentence and launch commands, exit code
 from __future__ import annotations
 
 import csv
+import math
 import json
 from dataclasses import replace
 
@@ -339,3 +340,31 @@ def test_the_screen_reads_the_length_distribution_not_one_request(base):
     # a running request is length-biased: prompt + E[n^2] / (2 E[n]) = 256 + (64^2 + 128^2) / 256 = 336
     assert m.running_context_tokens == pytest.approx(336, rel=0.05) and m.short_output_tokens < m.output_tokens
     assert MOMENT_SAMPLES >= 4096
+
+
+def _probes_to_close(lo, hi, true_max, tol, choose):
+    n = 0
+    while hi / lo > 1 + tol:
+        x = choose(lo, hi, tol)
+        n += 1
+        lo, hi = (x, hi) if x <= true_max else (lo, x)
+    return n
+
+
+def test_the_max_rate_search_walks_down_from_a_failure_only_where_it_never_costs_a_probe():
+    from sim.plan.evaluate import next_rate
+
+    x, step = next_rate(10.0, 12.216, 0.1)  # 1.21 < 1.2216 <= 1.331: just under the failure
+    assert step == "below failed" and x == pytest.approx(12.216 / 1.1, rel=1e-5) and 12.216 / x < 1.1
+    assert next_rate(10.0, 11.5, 0.1) == (math.sqrt(115.0), "bisect")  # within 1.21: one bisection closes it anyway
+    assert next_rate(10.0, 20.0, 0.1) == (math.sqrt(200.0), "bisect")
+    ours = lambda lo, hi, tol: next_rate(lo, hi, tol)[0]  # noqa: E731
+    bisect = lambda lo, hi, tol: math.sqrt(lo * hi)  # noqa: E731
+    fewer = 0
+    for ratio in (1.15, 1.25, 1.3, 1.33, 1.5, 2.0, 4.0):
+        for k in range(1, 200):
+            true_max = 10.0 * ratio ** (k / 200)
+            a, b = (_probes_to_close(10.0, 10.0 * ratio, true_max, 0.1, f) for f in (ours, bisect))
+            assert a <= b, (ratio, true_max)
+            fewer += a < b
+    assert fewer > 0
