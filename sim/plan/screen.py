@@ -33,7 +33,7 @@ from functools import lru_cache
 import numpy as np
 
 from sim.decode.context import build_context
-from sim.device.physics import mixed_step_cost, pipeline_send_s, pipeline_stage_s
+from sim.device.physics import mixed_step_cost, pipeline_send_s, pipeline_stage_s, with_prefill
 from sim.inputs import catalog
 from sim.inputs.requests import build_requests
 from sim.inputs.scenario import Scenario, WorkloadCfg
@@ -169,22 +169,28 @@ def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
     ridge = ctx.hw.peak_flop_per_s / ctx.hw.weight_hbm_bytes_per_s  # rows where a bf16 GEMM turns compute-bound
     token_s = pipeline_token_s(ctx, pp)
 
-    def cost(b: int, chunk: int):
-        ctx_tokens = b * m.running_context_tokens
-        c = mixed_step_cost(ctx.model, ctx.hw, scenario.model.weight_dtype, scenario.model.weight_group_size,
-                            pol.prefetch, b, int(ctx_tokens * share[0]), int(ctx_tokens * share[1]),
-                            int(ctx_tokens * share[2]), ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer,
-                            chunk, chunk * (chunk + 1) / 2, chunk, 1 if chunk else 0, ctx.policy.tiering,
-                            pol.access, pol.staging_buffers)
+    w_dtype, group = scenario.model.weight_dtype, scenario.model.weight_group_size
+
+    def timed(c, rows: int):
         step_s = c.closed_form_s(ctx.hw, c.prefetch_copy_s(ctx.hw.h2d), pol.staging_buffers)
-        return c, token_s(c, b + chunk, step_s), step_s
+        return c, token_s(c, rows, step_s), step_s
+
+    def costs(b: int, chunk: int):
+        """(decode-only step, the same step with one prompt chunk of `chunk` tokens), each timed."""
+        ctx_tokens = b * m.running_context_tokens
+        plain = mixed_step_cost(ctx.model, ctx.hw, w_dtype, group, pol.prefetch, b, int(ctx_tokens * share[0]),
+                                int(ctx_tokens * share[1]), int(ctx_tokens * share[2]), ctx.kv_bytes_per_token_layer,
+                                ctx.t2_bytes_per_token_layer, 0, 0, 0, 0, ctx.policy.tiering, pol.access,
+                                pol.staging_buffers)
+        mixed = with_prefill(ctx.model, ctx.hw, w_dtype, group, plain, b, ctx.kv_bytes_per_token_layer, chunk,
+                             chunk * (chunk + 1) / 2, chunk, 1)  # (mixed_step_cost's own composition)
+        return timed(plain, b), timed(mixed, b + chunk)
 
     rates, steps, tails, ttfts, binds = [], [], [], [], []
     for b in batches:
         bi = max(1, round(b / pp))  # one step's decodes: each of pp batches in flight holds 1 / pp of them
         chunk = max(1, min(round(m.prompt_tokens), sched.max_num_batched_tokens - bi))
-        plain, plain_s, plain_step_s = cost(bi, 0)
-        mixed, mixed_s, mixed_step_s = cost(bi, chunk)
+        (plain, plain_s, plain_step_s), (mixed, mixed_s, mixed_step_s) = costs(bi, chunk)
         share_mixed = 0.0 if decode_only else min(1.0, b / pp * m.prompt_tokens / m.output_tokens / chunk)  # per step
         t = (1 - share_mixed) * plain_s + share_mixed * mixed_s
         # a short request's share of mixed steps is binomial over its steps: its 99th percentile
