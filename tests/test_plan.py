@@ -5,8 +5,8 @@ the search stopping at --top, the answer sentence and launch commands, exit code
 from __future__ import annotations
 
 import csv
-import math
 import json
+import math
 from dataclasses import replace
 
 import pytest
