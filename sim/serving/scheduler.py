@@ -202,9 +202,14 @@ class Scheduler:
             self._totals(d)
             return
         keep = len(d.run)
-        cum_hbm, cum_host = np.cumsum(d.hbm), np.cumsum(d.host)
-        if keep and (cum_hbm[-1] > m.kv_budget_bytes or cum_host[-1] > host_free):  # all fit unless the last does not
-            keep = int(np.count_nonzero((cum_hbm <= m.kv_budget_bytes) & (cum_host <= host_free)))
+        cum_hbm = np.cumsum(d.hbm)
+        if self.dense:  # nothing on the host
+            if keep and cum_hbm[-1] > m.kv_budget_bytes:
+                keep = int(np.count_nonzero(cum_hbm <= m.kv_budget_bytes))
+        else:
+            cum_host = np.cumsum(d.host)
+            if keep and (cum_hbm[-1] > m.kv_budget_bytes or cum_host[-1] > host_free):  # all fit unless the last does not
+                keep = int(np.count_nonzero((cum_hbm <= m.kv_budget_bytes) & (cum_host <= host_free)))
         if keep < len(d.run):
             self._preempt(d.run[keep:][::-1], m.host_capacity_bytes - float(d.host[:keep].sum()), plan)
             d.keep(keep)
@@ -212,6 +217,10 @@ class Scheduler:
         self._totals(d)
 
     def _totals(self, d: _Draft) -> None:
+        if self.dense:  # admission counts HBM as it is (FixedRows); the host holds nothing
+            d.total_hbm = d.admit_hbm = float(d.hbm.sum())
+            d.total_host = 0.0
+            return
         d.total_hbm, d.total_host = float(d.hbm.sum()), float(d.host.sum()) + self._held_host_bytes()
         d.admit_hbm = float(self.counter.admission_bytes(d.att, d.hbm).sum())
 
@@ -238,12 +247,14 @@ class Scheduler:
         budget = self.cfg.max_num_batched_tokens
         flying = self.in_flight is not None and self.in_flight[run].any()
         if decoding.all() and len(run) <= budget and not flying:  # every running request decodes one token, within the budget
-            want = take = np.ones(len(run), dtype=np.int64)
-        else:
-            want = np.where(decoding, 1, t.target[run] - t.computed[run])
-            if flying:  # a request in a batch in flight has nothing to schedule until it is back
-                want = np.where(self.in_flight[run], 0, want)
-            take = np.minimum(want, np.maximum(budget - (np.cumsum(want) - want), 0))
+            plan.decodes, d.dec_att, d.dec_aft = run, d.att, d.aft
+            d.chunks, d.chunk_tokens = [_EMPTY], [_EMPTY]
+            d.tokens = budget - len(run)
+            return
+        want = np.where(decoding, 1, t.target[run] - t.computed[run])
+        if flying:  # a request in a batch in flight has nothing to schedule until it is back
+            want = np.where(self.in_flight[run], 0, want)
+        take = np.minimum(want, np.maximum(budget - (np.cumsum(want) - want), 0))
         sched = take > 0
         dec = sched & decoding
         plan.decodes = run[dec]
