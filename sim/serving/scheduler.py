@@ -415,15 +415,18 @@ class Scheduler:
             produced = np.concatenate([plan.decodes, done_prefill])
         else:  # a decode-only step (most of them)
             produced = plan.decodes
-        t.generated[produced] += 1
-        first = t.generated[produced] == 1
-        t.first_token_s[produced[first]] = now
-        later = produced[~first]
+        generated = t.generated[produced] + 1  # (a request is produced once a step: no index repeats)
+        t.generated[produced] = generated
+        first = generated == 1
+        later = produced
+        if first.any():
+            t.first_token_s[produced[first]] = now
+            later = produced[~first]
         regular = t.last_token_step[later] == step - 1 if consecutive else np.zeros(len(later), dtype=bool)
         gaps = now - t.last_token_s[later[~regular]]
         t.last_token_s[produced] = now
         t.last_token_step[produced] = step
-        finished = produced[t.generated[produced] >= t.output[produced]]
+        finished = produced[generated >= t.output[produced]]
         if len(finished):
             t.finish_s[finished] = now
             self.running = self.running[~np.isin(self.running, finished)]
