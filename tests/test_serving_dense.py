@@ -118,3 +118,18 @@ def test_swap_preemption_keeps_the_general_path(monkeypatch):
     data = scenario(scheduler={"preemption": "swap"})
     _, _, dense = runs(data, monkeypatch)
     assert not dense
+
+
+def test_fields_replaced_is_dataclasses_replace():
+    """The step cost's fast copy is `dataclasses.replace` for these classes (nothing runs after __init__)."""
+    import dataclasses
+
+    from sim.device.physics import LayerCost, StepCost, fields_replaced
+
+    layer = LayerCost(1e-4, 2e-4, 5e-6, qkv_share=0.2, host_s=1e-5, allreduce_s=3e-5)
+    cost = StepCost(layer, 80, 1e-3, 0.0, 0)
+    assert not hasattr(LayerCost, "__post_init__") and not hasattr(StepCost, "__post_init__")
+    got = fields_replaced(cost, layer=fields_replaced(layer, attention_s=7e-4), tail_s=2e-3)
+    want = dataclasses.replace(cost, layer=dataclasses.replace(layer, attention_s=7e-4), tail_s=2e-3)
+    assert got == want and type(got.layer) is LayerCost and got.layer.total_s == want.layer.total_s
+    assert layer.attention_s == 2e-4  # the original is untouched

@@ -413,7 +413,17 @@ def with_decode_attention(cost: StepCost, attention_s: float) -> StepCost:
     """A decode step's cost with its layers' attention replaced: every other part of a decode step
     whose decodes attend T0 only depends on the batch alone, so a run that costs many steps of one
     batch (`sim.serving.engine`) computes those parts once and the attention per step - the same floats."""
-    return replace(cost, layer=replace(cost.layer, attention_s=attention_s))
+    return fields_replaced(cost, layer=fields_replaced(cost.layer, attention_s=attention_s))
+
+
+def fields_replaced(cost, **changes):
+    """`dataclasses.replace` of a LayerCost or StepCost, without running its generated __init__ again
+    (they have no __post_init__, so the result is the same): every field copied, `changes` set. A
+    serving run replaces tens of thousands of times, and replace took a sixth of a decode step's cost."""
+    out = object.__new__(type(cost))
+    out.__dict__.update(cost.__dict__)
+    out.__dict__.update(changes)
+    return out
 
 
 @lru_cache(maxsize=64)
@@ -816,13 +826,13 @@ def with_prefill(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: 
     if prefill_tokens <= 0:
         return base
     rows = decodes + prefill_tokens
-    layer = replace(base.layer, gemm_s=weight_kernel_s(model, hw, weight_dtype, group_size, rows),
-                    attention_s=base.layer.attention_s + prefill_attention_s(model, hw, prefill_position_sum,
-                                                                             prefill_kv_tokens, kv_bytes_per_token_layer,
-                                                                             prefill_seqs),
-                    allreduce_s=layer_comm_s(model, hw, rows),
-                    host_s=host_times(hw, rows, MIXED if decodes else PREFILL)[0])
-    return replace(base, layer=layer, tail_s=step_tail_s(model, hw, decodes + prefill_seqs, MIXED if decodes else PREFILL))
+    attention_s = base.layer.attention_s + prefill_attention_s(model, hw, prefill_position_sum, prefill_kv_tokens,
+                                                               kv_bytes_per_token_layer, prefill_seqs)
+    kind = MIXED if decodes else PREFILL
+    layer = fields_replaced(base.layer, gemm_s=weight_kernel_s(model, hw, weight_dtype, group_size, rows),
+                            attention_s=attention_s, allreduce_s=layer_comm_s(model, hw, rows),
+                            host_s=host_times(hw, rows, kind)[0])
+    return fields_replaced(base, layer=layer, tail_s=step_tail_s(model, hw, decodes + prefill_seqs, kind))
 
 
 def _host_split_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, prefetch: str, batch: int,
