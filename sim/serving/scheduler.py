@@ -429,5 +429,5 @@ class Scheduler:
         finished = produced[generated >= t.output[produced]]
         if len(finished):
             t.finish_s[finished] = now
-            self.running = self.running[~np.isin(self.running, finished)]
+            self.running = self.running[np.isnan(t.finish_s[self.running])]  # (only the finished have a finish time)
         return StepTokens(finished, int(np.count_nonzero(regular)), gaps)
