@@ -181,6 +181,8 @@ class ServingSim:
         a = plan.attended
         n = len(plan.decodes)
         if n and not a[1] and not a[2] and ctx.sparse_fetch is None:  # the decodes attend T0 alone
+            if not len(plan.chunks):
+                return self.decode_cost(n, int(a[0]))
             return with_prefill(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, self.decode_cost(n, int(a[0])), n,
                                 ctx.kv_bytes_per_token_layer, plan.prefill_tokens, plan.prefill_position_sum(),
                                 plan.prefill_kv_tokens(), len(plan.chunks))
