@@ -7,6 +7,7 @@ clients, a decode instance's prefilled requests and a model with window layers."
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -133,3 +134,17 @@ def test_fields_replaced_is_dataclasses_replace():
     want = dataclasses.replace(cost, layer=dataclasses.replace(layer, attention_s=7e-4), tail_s=2e-3)
     assert got == want and type(got.layer) is LayerCost and got.layer.total_s == want.layer.total_s
     assert layer.attention_s == 2e-4  # the original is untouched
+
+
+def test_the_uniform_pipeline_end_is_the_layerwise_pipeline_end():
+    """`uniform_pipeline_finish_s` (the closed form of a tiered step) ends where `layerwise_pipeline`'s
+    last layer ends, bit for bit: copies shorter and longer than a layer, one to four buffers, none staged."""
+    from sim.device.physics import layerwise_pipeline, uniform_pipeline_finish_s
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        pre, rest = (float(x) for x in rng.uniform(1e-6, 1e-3, 2))
+        copy = float(rng.choice([0.0, rng.uniform(1e-7, 3e-3)]))
+        layers, buffers = int(rng.integers(1, 96)), int(rng.integers(1, 5))
+        _, spans = layerwise_pipeline([pre] * layers, [rest] * layers, [copy] * layers, buffers)
+        assert uniform_pipeline_finish_s(pre, rest, copy, layers, buffers) == spans[-1][1]

@@ -13,6 +13,7 @@ No SimPy here: the engine only schedules what these compute. Formulas are in the
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -557,6 +558,28 @@ def layerwise_pipeline(pre_s: list[float], rest_s: list[float], copy_s: list[flo
     return copies, layers
 
 
+def uniform_pipeline_finish_s(pre_s: float, rest_s: float, copy_s: float, layers: int, buffers: int) -> float:
+    """When the last layer of `layerwise_pipeline` ends, every one of `layers` layers alike: the same
+    operations in the same order, without the per-layer lists (the screen and the closed form of every
+    tiered step ask only for the end)."""
+    held: deque[float] = deque(maxlen=max(buffers, 1))  # the last `buffers` layers' take times
+    link_free = end = 0.0
+    for _ in range(layers):
+        taken = end + pre_s
+        if copy_s > 0:
+            start = link_free
+            if len(held) >= buffers and held[0] > start:  # (held[0] is held[-buffers] of the full list)
+                start = held[0]
+            link_free = start + copy_s
+            if link_free > taken:
+                taken = link_free
+            held.append(taken)
+        elif 0.0 > taken:
+            taken = 0.0
+        end = taken + rest_s
+    return end
+
+
 def on_demand_pipeline(pre_s: float, rest_s: float, copy_s: float, layers: int) -> tuple[list, list]:
     """sparse_fetch's step: layer l runs its pre-attention (norm, projections, the indexer), then
     fetches the rows its indexer chose (`copy_s`), then the rest; the next layer needs its output.
@@ -670,8 +693,9 @@ class StepCost:
             return self.compute_s
         if self.on_demand:  # every layer waits for its own fetch: nothing overlaps it
             return self.compute_s + self.num_layers * copy_s
-        _, layers = self.layerwise_pipeline(copy_s, buffers)
-        return layers[-1][1] + self.tail_s
+        layer = self.layer
+        return uniform_pipeline_finish_s(layer.pre_attention_s, layer.post_attention_s, copy_s, self.num_layers,
+                                         buffers) + self.tail_s
 
     @property
     def stages(self) -> bool:
