@@ -368,3 +368,27 @@ def test_the_max_rate_search_walks_down_from_a_failure_only_where_it_never_costs
             assert a <= b, (ratio, true_max)
             fewer += a < b
     assert fewer > 0
+
+
+@pytest.mark.parametrize("true_over_screen, steps", [
+    (1.05, ["rate", "screen", "above screen"]),  # the screen a little low: one probe above it closes the bracket
+    (1.15, ["rate", "screen", "above screen", "above screen", "bisect"]),  # x 1.1 passes, x 1.21 more fails
+    (0.95, ["rate", "screen", "below screen"]),  # the screen a little high: one probe under it
+])
+def test_the_max_rate_search_starts_next_to_the_screens_estimate(base, monkeypatch, true_over_screen, steps):
+    """Each probe passes exactly when its rate is at most the true max rate; the search's steps and
+    its bracket, against the screen's estimate of 20 req/s (the rate asked: 16)."""
+    from types import SimpleNamespace
+
+    from sim.plan import evaluate as E
+
+    monkeypatch.setattr(E, "binding", lambda *a: "-")
+    true_max, seen = 20.0 * true_over_screen, []
+
+    def run(rate, step):
+        seen.append((step, rate))
+        return Probe(rate, SimpleNamespace(fits=True, host_peak_bytes=None), misses=[] if rate <= true_max else [("x", "x")])
+
+    row = E._search(base, C.Candidate("h100-sxm", 1, "full_hbm", 1), SPEC, run, None, 20.0)
+    assert [s for s, _ in seen] == steps
+    assert row["max_rate_per_s"] <= true_max < row["next_rate_per_s"] <= row["max_rate_per_s"] * 1.1

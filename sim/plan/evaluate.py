@@ -3,8 +3,11 @@
 Every simulation is a steady-state probe (`sim.plan.probe`), sized from the screen's E2E estimate at
 its rate (`sim.plan.screen.Curve.at`). The max rate: the screen's estimate is probed first (it
 usually overstates by a few percent, so this probe usually fails, and fast), then a rate just
-under it by the tolerance (which usually passes and closes the bracket); a pass doubles until a rate fails or the
-cap (max_factor x the rate) passes; then geometric bisection until the bracket is within `tolerance`.
+under it by the tolerance (which usually passes and closes the bracket); where the screen's rate
+passes, rates above it by 1 + tolerance, then its square, its fourth power, ... (the screen
+underestimates by a little where it does at all); without a screen's rate, doubling - each until a
+rate fails or the cap (max_factor x the rate) passes; then bisection (`next_rate`) until the bracket
+is within `tolerance`.
 Every passing rate becomes the bracket's `lo` and every failing one its `hi`, so the max rate is the
 highest passing probe and next_rate_per_s the lowest failing one. Each candidate's search is one
 task of the sweep machinery (`CandidateTask`, sim.runner.tasks): local processes or Ray, and with a
@@ -174,13 +177,18 @@ def _search(base: Scenario, cand: Candidate, spec: PlanSpec, run, curve: Curve |
     screen = estimate if estimate is not None else _screen_rate(curve, cand, spec)
     guess = min(cap, max(screen, spec.rate * (1 + spec.tolerance) * 1.05))
     x, step = (guess, "screen") if guess > spec.rate * (1 + spec.tolerance) else (min(cap, spec.rate * 2), "double")
+    growth = 1.0 + spec.tolerance
     while x <= cap and lo < cap:
         p = run(x, step)
         if p.passed:
             lo = x
             if hi is not None:
                 break
-            x, step = min(cap, x * 2.0), "double"
+            if step in ("screen", "above screen"):  # the screen underestimated, most likely by a little:
+                x, step = min(cap, x * growth / (1.0 + 1e-6)), "above screen"  # x 1.1, 1.21, 1.46, ... above it
+                growth *= growth
+            else:
+                x, step = min(cap, x * 2.0), "double"
             if lo >= cap:
                 break
         else:
@@ -263,7 +271,7 @@ class CandidateTask:
         if cand["pp"] == 1:  # no pipeline: keys stored before there were pipeline layouts still hold
             del cand["pp"]
         return {"base": base, "files": file_digests(self.base), "candidate": cand, "spec": spec,
-                "search": "steady-state probes, screen-bracketed, below the lowest failure"}
+                "search": "steady-state probes, screen-bracketed, above a passing screen, below the lowest failure"}
 
     @property
     def key(self) -> str:

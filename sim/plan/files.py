@@ -41,7 +41,7 @@ PLAN_COLUMNS = ["rank", "gpu", "gpus", "tp", "pp", "dp", "prefill", "experts", "
 # share of measured requests that met every target - one definition, used everywhere in the plan.
 # `pool`: aggregated, or prefill / decode (a disaggregated candidate probes both pools at each rate; its
 # prefill row's TTFT includes the K/V transfer). `step`: rate (the rate asked), screen (the screen's max rate), below screen (that over 1 + the
-# tolerance), double, below failed (the lowest failing rate over 1 + the tolerance: `evaluate.next_rate`)
+# tolerance), above screen (a passing screen rate x (1 + tolerance), then x its square, ...), double, below failed (the lowest failing rate over 1 + the tolerance: `evaluate.next_rate`)
 # or bisect. `end`: how the run
 # ended - measured (every measured request finished), ttft_p99 / tpot_p99 (so many were already past
 # the target that the p99 must be: its percentiles are left empty), overloaded (the queue diverged),
@@ -55,7 +55,7 @@ PROBE_COLUMNS = ["candidate", "gpu", "gpus", "tp", "dp", "policy", "pool", "prob
                  "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "ttft_p99_lo_ms", "ttft_p99_hi_ms",
                  "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "tpot_p99_lo_ms", "tpot_p99_hi_ms",
                  "e2e_p99_ms", "e2e_mean_ms", "goodput_req_per_s", "reason"]
-PROBE_STEPS = ("rate", "screen", "below screen", "double", "below failed", "bisect")
+PROBE_STEPS = ("rate", "screen", "below screen", "above screen", "double", "below failed", "bisect")
 MISS_TTFT, MISS_TPOT, MISS_FIT, MISS_OVERLOAD = "ttft_p99", "tpot_p99", "does_not_fit", "overloaded"
 MISS_KEYS = (MISS_TTFT, MISS_TPOT, MISS_FIT, MISS_OVERLOAD)
 
