@@ -142,6 +142,20 @@ def step_binds(cost, closed_s: float, rows: float, ridge_rows: float) -> str:
     return "HBM bandwidth"
 
 
+def concurrency_caps(memory, sched, m, mem_share, pp: int) -> dict[str, float]:
+    """The running requests each limit allows: HBM and host capacity at the mean running request's
+    footprint (`mem_share`: its tier shares), and the scheduler's two settings, named with their values."""
+    per_request_hbm = memory.hbm_kv_bytes(m.running_context_tokens * mem_share[0], 0.0)
+    if sched.admission == "no_evict":  # each running request holds its whole length's reservation
+        per_request_hbm = memory.hbm_kv_bytes(m.reserved_tokens, 0.0)
+    per_request_host = memory.host_bytes(m.running_context_tokens * mem_share[1], m.running_context_tokens * mem_share[2])
+    return {"HBM capacity": memory.kv_budget_bytes / per_request_hbm if per_request_hbm > 0 else math.inf,
+            "host memory": memory.host_capacity_bytes / per_request_host if per_request_host > 0 else math.inf,
+            f"scheduler: max_num_seqs={sched.max_num_seqs}": float(sched.max_num_seqs),
+            f"scheduler: max_num_batched_tokens={sched.max_num_batched_tokens}":
+                pp * sched.max_num_batched_tokens / (1.0 + m.prompt_tokens / m.output_tokens)}
+
+
 def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
     """The steady states of one replica of `scenario` (its parallel.tp, policy and scheduler);
     `decode_only`: a decode instance behind prefill instances (no prefill mixed in its steps)."""
@@ -152,17 +166,8 @@ def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
     timing_policy = ctx.policy.at_fraction(1.0) if ctx.policy.auto else ctx.policy  # auto: tiers only when full
     memory_policy = ctx.policy.at_fraction(0.0) if ctx.policy.auto else ctx.policy
     share = tier_shares(timing_policy, m)
-    mem_share = tier_shares(memory_policy, m)
-    per_request_hbm = memory.hbm_kv_bytes(m.running_context_tokens * mem_share[0], 0.0)
-    if sched.admission == "no_evict":  # each running request holds its whole length's reservation
-        per_request_hbm = memory.hbm_kv_bytes(m.reserved_tokens, 0.0)
-    per_request_host = memory.host_bytes(m.running_context_tokens * mem_share[1], m.running_context_tokens * mem_share[2])
     pp = scenario.parallel.pp  # each of pp batches in flight is one engine step's (token budget included)
-    caps = {"HBM capacity": memory.kv_budget_bytes / per_request_hbm if per_request_hbm > 0 else math.inf,
-            "host memory": memory.host_capacity_bytes / per_request_host if per_request_host > 0 else math.inf,
-            f"scheduler: max_num_seqs={sched.max_num_seqs}": float(sched.max_num_seqs),
-            f"scheduler: max_num_batched_tokens={sched.max_num_batched_tokens}":
-                pp * sched.max_num_batched_tokens / (1.0 + m.prompt_tokens / m.output_tokens)}
+    caps = concurrency_caps(memory, sched, m, tier_shares(memory_policy, m), pp)
     cap_name = min(caps, key=caps.get)
     top = max(1.0, caps[cap_name])
     batches = np.unique(np.geomspace(1.0, top, GRID))
