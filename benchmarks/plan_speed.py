@@ -1,5 +1,5 @@
 """Planner speed benchmark (not a test), against issue #21's targets: the default 70B and 8B plans
-give steady-state answers in at most 20 s on 2 cores, and a full Pareto sweep (--top 0) in at most 60 s.
+give steady-state answers in at most 20 s on 2 cores, and a full Pareto sweep in at most 60 s.
 
     .venv/bin/python benchmarks/plan_speed.py            # every case, the Pareto sweep too (minutes)
     .venv/bin/python benchmarks/plan_speed.py --quick    # without the Pareto sweep
@@ -11,9 +11,9 @@ local processes, --workers default: all cores):
 1. Wall seconds (time.monotonic) of each plan - the default 70B plan (scenarios/serving-h100-70b-tp4.yaml
    at 10 req/s, every catalog GPU, counts 1,2,4,8, default policies, top 5), the default 8B plan (the
    same scenario with deepseek-r1-distill-llama-8b at TP1, 20 req/s), the 70B long-output case
-   (reasoning_tokens 2048, 4 req/s, H200 only) and the Pareto sweep (the 70B plan with top 0, GPUs
-   limited to H100, H200 and B200) - with its candidates screened, simulated and passing, its probes
-   and its answer sentence. CPU simulation time: no GPU runs; other processes' load stretches it.
+   (reasoning_tokens 2048, 4 req/s, H200 only) and the Pareto sweep (the 70B plan with --pareto: every
+   candidate that may lie on its GPU count's front, GPUs limited to H100, H200 and B200) - with its
+   candidates screened, simulated and passing, its probes and its answer sentence (and the sweep's front). CPU simulation time: no GPU runs; other processes' load stretches it.
 2. The screen's accuracy: for every passing row whose max rate was bracketed (not capped), the
    screen's estimated max rate over the probed one, against the search's SCREEN_MARGIN.
 3. Confirmation: each rank-1 row of the first three plans simulated again with 3x its verdict run's
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from sim.inputs.scenario import load_scenario
-from sim.plan.answer import answer_sentence
+from sim.plan.answer import answer_sentence, pareto
 from sim.plan.candidates import (
     Candidate,
     PlanSpec,
@@ -46,18 +46,19 @@ from sim.plan.candidates import (
 from sim.plan.disagg import screen_disagg
 from sim.plan.evaluate import probe_at
 from sim.plan.screen import curve
-from sim.plan.search import SCREEN_MARGIN, row_candidate, search
+from sim.plan.search import SCREEN_MARGIN, mean_output_tokens, row_candidate, search
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO = REPO / "scenarios" / "serving-h100-70b-tp4.yaml"
 MODEL_8B = ["model.name=deepseek-r1-distill-llama-8b", "parallel.tp=1"]
 PARETO_GPUS = "h100-sxm,h200-sxm,b200"
-# label: (--set overrides, --rate, --gpus (None: every catalog GPU), --top, target seconds or None, confirm rank 1)
+# label: (--set overrides, --rate, --gpus (None: every catalog GPU), --top, target seconds or None, confirm rank 1,
+#         --pareto)
 PLANS = {
-    "(a) default 70B plan": ([], 10.0, None, 5, 20.0, True),
-    "(b) default 8B plan": (MODEL_8B, 20.0, None, 5, 20.0, True),
-    "(c) 70B long output (reasoning_tokens=2048)": (["workload.reasoning_tokens=2048"], 4.0, "h200-sxm", 5, None, True),
-    f"(d) Pareto sweep: plan (a) with --top 0, --gpus {PARETO_GPUS} only": ([], 10.0, PARETO_GPUS, 0, 60.0, False),
+    "(a) default 70B plan": ([], 10.0, None, 5, 20.0, True, False),
+    "(b) default 8B plan": (MODEL_8B, 20.0, None, 5, 20.0, True, False),
+    "(c) 70B long output (reasoning_tokens=2048)": (["workload.reasoning_tokens=2048"], 4.0, "h200-sxm", 5, None, True, False),
+    f"(d) Pareto sweep: plan (a) with --pareto, --gpus {PARETO_GPUS} only": ([], 10.0, PARETO_GPUS, 5, 60.0, False, True),
 }
 CONFIRM_FACTOR = 3  # the confirmation runs this many times the verdict run's requests
 
@@ -91,13 +92,14 @@ def progress_printer(every_s: float = 60.0):
 
 
 def run_plan(label: str, case: tuple, workers: int | None) -> Done:
-    overrides, rate, gpus, top, target, confirm = case
+    overrides, rate, gpus, top, target, confirm, front = case
     base = load_scenario(SCENARIO, overrides)
     spec = plan_spec(base, rate, top)
     names, counts, policies = parse_gpus(gpus), parse_counts(None), parse_policies(None)
     print(f"\n{label}: running", flush=True)
     t0 = time.monotonic()
-    result = search(base, spec, names, counts, policies, load_prices(), workers=workers, progress=progress_printer())
+    result = search(base, spec, names, counts, policies, load_prices(), workers=workers, progress=progress_printer(),
+                    front=front)
     wall_s = time.monotonic() - t0
     done = Done(label, overrides, base, spec, result, wall_s, confirm)
     print_plan(done, target)
@@ -120,6 +122,11 @@ def print_plan(d: Done, target: float | None) -> None:
           f"{ruled_out} ruled out by the screen; {simulated} simulated ({by('pass')} pass, {by('fail')} fail); "
           f"{by('unsearched')} unsearched; {len(d.result.probes)} probes run")
     print(f"  answer: {answer_sentence(rows, d.spec.rate)}")
+    if d.result.front:
+        for n, points in pareto(rows, mean_output_tokens(d.base)).items():
+            print(f"  Pareto, {n} GPUs: " + "; ".join(
+                f"{p['gpu']} {p['layout']} {p['policy']} {p['tokens_per_s_per_gpu']:,.0f} tok/s/GPU "
+                f"{p['tokens_per_s_per_user']:,.0f} tok/s/user" for p in points))
 
 
 def accuracy_rows(plans: list[Done], start: int) -> list[tuple[str, dict]]:
@@ -215,7 +222,7 @@ def main() -> None:
           f"Python {platform.python_version()}; workers: {args.workers or os.cpu_count()}; 1-minute load average "
           f"{os.getloadavg()[0]:.1f}")
     print("These are CPU simulation times of the planner (kvsim plan's search, in-process), not GPU figures.")
-    sweeps = {k: v for k, v in PLANS.items() if v[3] == 0}
+    sweeps = {k: v for k, v in PLANS.items() if v[6]}
     plans = [run_plan(label, case, args.workers) for label, case in PLANS.items() if label not in sweeps]
     print(f"\n1-minute load average after the plans: {os.getloadavg()[0]:.1f}")
     screen_accuracy(plans)

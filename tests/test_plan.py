@@ -137,6 +137,24 @@ def test_the_search_stops_once_top_exact_configurations_pass(base, result):
     assert two.rows == one.rows and two.probes == one.probes  # the same rows whichever worker finished first
 
 
+def test_the_front_search_finds_the_exhaustive_front_for_less(base, result):
+    from sim.plan.answer import pareto
+
+    front = P.search(base, replace(SPEC, top=1), GPUS, [1, 2], POLICIES, C.load_prices(), workers=1, front=True)
+    assert front.front and not P.search.__defaults__[-1]  # off by default
+    out = P.mean_output_tokens(base)
+    assert pareto(front.rows, out) == pareto(result.rows, out) and pareto(result.rows, out)
+    off = [r for r in front.rows if r["status"] == "unsearched"]
+    assert off and all("not simulated for the Pareto front of 2 GPUs: off it" in r["reason"] and "1.25 x" in r["reason"]
+                       for r in off)
+    assert front.computed < result.computed
+    for r in off:  # each was beaten, in the simulation that was skipped, by a passing one of its count
+        full = next(f for f in result.rows if P.row_candidate(f) == P.row_candidate(r))
+        assert full["status"] != "pass" or any(
+            q["status"] == "pass" and q["gpus"] == r["gpus"] and q["max_rate_per_s"] >= full["max_rate_per_s"]
+            and q["tpot_p99_ms"] <= full["tpot_p99_ms"] for q in front.rows)
+
+
 def test_the_rows_kept_are_the_prefix_up_to_the_top_exact_pass(base):
     order = [C.Candidate("h100-sxm", 1, p) for p in ("full_hbm", "evict_only", "full_hbm", "full_hbm")]
     prefix = P._passes_prefix(order, base, top=2)
@@ -290,6 +308,23 @@ def test_cache_reuses_stored_candidates_and_their_probes(base, tmp_path):
     other = P.search(base, replace(SMALL_SPEC, tpot_s=0.03), *args[2:], C.load_prices(),
                      execution=Execution(workers=1, cache=cache), disagg=False)
     assert other.computed == 3  # another SLO is another search
+
+
+def test_cli_pareto_searches_the_front_and_says_so(scenario_path, tmp_path):
+    args = ["plan", str(scenario_path), "--rate", "4", "--ttft-p99-ms", "500", "--tpot-p99-ms", "20", "--gpus",
+            "h100-sxm", "--counts", "2", "--policies", "full_hbm", "--requests", "60", "--top", "1"]
+    plain = run_cli(*args, "--out", str(tmp_path / "a"))
+    assert plain.returncode == 0 and "over the configurations simulated: the cheapest; --pareto" in plain.stdout
+    front = run_cli(*args, "--pareto", "--out", str(tmp_path / "p"))
+    assert front.returncode == 0, front.stderr
+    assert "every configuration that may lie on it simulated" in front.stdout
+    assert json.loads((tmp_path / "p" / "plan.json").read_text())["pareto"] is True
+    assert json.loads((tmp_path / "a" / "plan.json").read_text())["pareto"] is False
+    rows = {k: list(csv.DictReader((tmp_path / k / "plan.csv").open())) for k in ("a", "p")}
+    left = [r for r in rows["p"] if r["status"] == "unsearched"]
+    assert all("for the Pareto front" in r["reason"] for r in left)  # none left for being dearer than the answer
+    passed = {k: sum(r["status"] == "pass" for r in v) for k, v in rows.items()}
+    assert passed["a"] == 1 and passed["p"] > 1
 
 
 def test_cli_cache_says_what_it_searched(scenario_path, tmp_path):

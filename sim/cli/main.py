@@ -294,7 +294,10 @@ def plan(
                                            "probes size their own run from the mean latency)"),
     max_factor: float = typer.Option(4.0, "--max-factor", help="the max-rate search stops at this multiple of --rate"),
     top: int = typer.Option(5, "--top", help="stop once this many exact configurations pass, cheapest first; 0 searches "
-                            "every one the screen keeps (the full Pareto)"),
+                            "every one the screen keeps"),
+    pareto: bool = typer.Option(False, "--pareto", help="also search every configuration that may lie on its GPU count's "
+                                "Pareto front (tokens/s per GPU vs per user); the rest are skipped where a simulated one "
+                                "beats their screen estimates by the margin (docs/planning.md)"),
     all_rows: bool = typer.Option(False, "--all", help="list every row, failing, screened and pruned ones too"),
     executor: str = typer.Option("local", "--executor", help=f"where the candidates run: {EXECUTOR_HELP}"),
     address: Optional[str] = typer.Option(None, "--address", help=ADDRESS_HELP),
@@ -330,11 +333,11 @@ def plan(
     spec = _plan_spec(sc.slo, rate, ttft_p99_ms, tpot_p99_ms, requests, max_factor, top, balancer)
     access = access if access is not None else default_access(sc)
     names, ns, pols, prices = parse_gpus(gpus_), parse_counts(counts), parse_policies(policies, access), parse_prices(price)
-    _plan_run(scenario, sc, spec, (names, ns, pols, prices, price, parse_seqs(max_num_seqs)), (replicas, disagg),
+    _plan_run(scenario, sc, spec, (names, ns, pols, prices, price, parse_seqs(max_num_seqs)), (replicas, disagg, pareto),
               execution, allow_large, as_json, all_rows, out, cache)
 
 
-def _plan_run(path: Path, sc, spec, asked: tuple, layouts: tuple[bool, bool], execution, allow_large: bool,
+def _plan_run(path: Path, sc, spec, asked: tuple, layouts: tuple[bool, bool, bool], execution, allow_large: bool,
               as_json: bool, all_rows: bool, out: Path | None, cache: Path | None) -> None:
     """The search, its files and what it prints; exit 1 when nothing passes."""
     import time
@@ -347,12 +350,13 @@ def _plan_run(path: Path, sc, spec, asked: tuple, layouts: tuple[bool, bool], ex
     from .plan_print import plan_doc, print_plan
 
     names, ns, pols, prices, overrides, seqs = asked
-    replicas, disagg = layouts
+    replicas, disagg, front = layouts
     t0 = time.monotonic()
     try:
         with _plan_progress(not as_json) as progress:
             result = search(sc, spec, names, ns, pols, prices, replicas=replicas, execution=execution,
-                            allow_large=allow_large, progress=progress, disagg=disagg, seqs=seqs)
+                            allow_large=allow_large, progress=progress, disagg=disagg, seqs=seqs,
+                            front=front)
     except Interrupted as err:
         _interrupted(err, cache)
     rows, wall = result.rows, time.monotonic() - t0

@@ -81,6 +81,7 @@ def band_lines(rows: list[dict], sc) -> list[str]:
 def print_plan(console: Console, result, sc, spec, all_rows: bool, wall_s: float, out: Path | None) -> None:
     """The answer first, then the launch commands, the accuracy bands, the table and the Pareto front."""
     from sim.plan.answer import answer_sentence, engine_phrase, launch_lines, pareto
+    from sim.plan.front import OFF_FRONT
     from sim.plan.search import mean_output_tokens
 
     rows = result.rows
@@ -98,14 +99,20 @@ def print_plan(console: Console, result, sc, spec, all_rows: bool, wall_s: float
     console.print(plan_table(shown, spec, f"{sc.model.name or 'model'}: {spec.rate:g} req/s, {slo} ({runs})", all_rows))
     front = pareto(rows, mean_output_tokens(sc))
     if front:
-        console.print("Pareto per GPU count (output tokens/s per GPU at the max rate vs tokens/s per user at the rate):")
+        whole = ("every configuration that may lie on it simulated" if result.front else
+                 "over the configurations simulated: the cheapest; --pareto searches the whole front")
+        console.print(f"Pareto per GPU count (output tokens/s per GPU at the max rate vs tokens/s per user at the rate; "
+                      f"{whole}):", soft_wrap=True)
         for n, points in front.items():
             text = "; ".join(f"{p['layout']} {p['gpu']} {p['policy']}: {p['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, "
                              f"{p['tokens_per_s_per_user']:,.0f} tok/s/user" for p in points)
             console.print(f"  {n} GPUs: {text}", soft_wrap=True, highlight=False)
     counts = {s: sum(r["status"] == s for r in rows) for s in ("pass", "fail", "unsearched", "screened", "pruned")}
-    console.print(f"[dim]{counts['pass']} pass, {counts['fail']} fail, {counts['unsearched']} not simulated (cheaper ones "
-                  f"pass), {counts['screened']} ruled out by the screen, {counts['pruned']} cannot hold the model"
+    off = sum(r["status"] == "unsearched" and OFF_FRONT in (r["reason"] or "") for r in rows)
+    skipped = f"{counts['unsearched'] - off} not simulated (cheaper ones pass), " if counts["unsearched"] > off else ""
+    skipped += f"{off} not simulated for the Pareto front (beaten by or tied with a simulated one), " if off else ""
+    console.print(f"[dim]{counts['pass']} pass, {counts['fail']} fail, {skipped}"
+                  f"{counts['screened']} ruled out by the screen, {counts['pruned']} cannot hold the model"
                   f"{'' if all_rows else ' (--all lists every row)'}; prices are assumptions (sim/catalog/prices.yaml, "
                   f"--price GPU=$/h); replicas share the rate {SHARE[spec.balancer]}; {wall_s:.0f} s[/dim]")
     if out is not None:
@@ -113,7 +120,7 @@ def print_plan(console: Console, result, sc, spec, all_rows: bool, wall_s: float
                       f"kvsim report --plan {out} --only plan draws them[/dim]")
 
 
-def plan_doc(path: Path, sc, spec, gpus: list[str], counts: list[int], policies: list[str], layouts: tuple[bool, bool],
+def plan_doc(path: Path, sc, spec, gpus: list[str], counts: list[int], policies: list[str], layouts: tuple[bool, bool, bool],
              price_overrides: list[str], seqs: list[int | None]):
     """plan.json: what `kvsim plan` was asked (sim.plan.files.PlanDoc)."""
     from sim import __version__
@@ -124,7 +131,7 @@ def plan_doc(path: Path, sc, spec, gpus: list[str], counts: list[int], policies:
     return PlanDoc(scenario=sc.name, scenario_path=str(path), model=sc.model.name or str(sc.model.hf_config), rate_per_s=spec.rate,
                    ttft_p99_ms=ms(spec.ttft_s), tpot_p99_ms=ms(spec.tpot_s), requests=spec.requests,
                    max_factor=spec.max_factor, tolerance=spec.tolerance, top=spec.top, gpus=gpus, counts=counts,
-                   policies=policies, replicas=layouts[0], disagg=layouts[1],
+                   policies=policies, replicas=layouts[0], disagg=layouts[1], pareto=layouts[2],
                    max_num_seqs=[s or sc.scheduler.max_num_seqs for s in seqs],
                    prices_source="sim/catalog/prices.yaml (assumed on-demand list prices, not quotes)",
                    price_overrides=list(price_overrides), kvtier_version=__version__,

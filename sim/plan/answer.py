@@ -64,8 +64,11 @@ def _answer(rows: list[dict], rate: float, fixed_requests: int | None = None) ->
 
 def pareto(rows: list[dict], mean_output_tokens: float) -> dict[int, list[dict]]:
     """Per GPU count, the passing configurations no other of that count beats on both output
-    tokens/s per GPU (at its max rate) and tokens/s per user (1 / its p99 TPOT at the rate asked):
-    {count: [{layout, gpu, policy, tokens_per_s_per_gpu, tokens_per_s_per_user, max_rate_per_s}]}."""
+    tokens/s per GPU (at its max rate) and tokens/s per user (1 / its p99 TPOT at the rate asked),
+    a lossy one never beating an exact one (`sim.plan.front.Point.beats`):
+    {count: [{layout, gpu, policy, output, tokens_per_s_per_gpu, tokens_per_s_per_user, max_rate_per_s}]}."""
+    from .front import Point
+
     points: dict[int, list[dict]] = {}
     for r in rows:
         if r["status"] != "pass" or not r["tpot_p99_ms"]:
@@ -76,10 +79,8 @@ def pareto(rows: list[dict], mean_output_tokens: float) -> dict[int, list[dict]]
             tokens_per_s_per_user=1e3 / r["tpot_p99_ms"]))
     front = {}
     for n, ps in sorted(points.items()):
-        keep = [p for p in ps if not any(q["tokens_per_s_per_gpu"] >= p["tokens_per_s_per_gpu"]
-                                         and q["tokens_per_s_per_user"] >= p["tokens_per_s_per_user"] and q != p
-                                         and (q["tokens_per_s_per_gpu"], q["tokens_per_s_per_user"])
-                                         != (p["tokens_per_s_per_gpu"], p["tokens_per_s_per_user"]) for q in ps)]
+        at = [Point(p["tokens_per_s_per_gpu"], p["tokens_per_s_per_user"], p["output"] == "exact") for p in ps]
+        keep = [p for p, a in zip(ps, at) if not any(b.beats(a) for b in at)]
         front[n] = sorted(keep, key=lambda p: -p["tokens_per_s_per_gpu"])
     return front
 

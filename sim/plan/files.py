@@ -99,6 +99,7 @@ class PlanDoc(Document):
     policies: list[str]
     replicas: bool  # every TP x DP layout was searched
     disagg: bool = False  # ... and every prefill/decode split
+    pareto: bool = False  # ... and every candidate that may lie on a GPU count's Pareto front (--pareto)
     max_num_seqs: list[int] = []  # the caps on running sequences searched
     prices_source: str
     price_overrides: list[str]

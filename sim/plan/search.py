@@ -45,6 +45,7 @@ from .candidates import (
 from .disagg import screen_disagg, splits
 from .evaluate import CandidateTask, blank_row
 from .files import PLAN_COLUMNS, parse_prefill_label
+from .front import FRONT_MARGIN, OFF_FRONT, beaten_by, estimate, measured, screen_front
 from .screen import Curve, curve
 
 SCREEN_MARGIN = 1.5  # the screen overstates; one this far below the rate cannot pass (benchmarks/plan_speed.py)
@@ -60,6 +61,7 @@ class PlanResult:
     stored: int = 0  # candidates found in the result store
     damaged: int = 0  # entries the store held but could not verify: searched again
     screened: int = 0  # candidates the screen ruled out
+    front: bool = False  # every candidate that may lie on a GPU count's Pareto front was searched
 
 
 def _blank(cand: Candidate, status: str, reason: str | None) -> dict:
@@ -175,18 +177,20 @@ def _passes_prefix(order: list[Candidate], base: Scenario, top: int) -> Callable
 
 
 def _run_in_order(base: Scenario, spec: PlanSpec, order: list[Candidate], kept: dict, execution: Execution,
-                  progress: Callable[[int, int], None] | None) -> tuple[list[dict], list[Candidate], tuple[int, int, int]]:
+                  progress: Callable[[int, int], None] | None, before: int = 0,
+                  top: int | None = None) -> tuple[list[dict], list[Candidate], tuple[int, int, int]]:
     """Simulate `order`, each worker (or Ray CPU) taking the next candidate as it frees, until the
     candidates up to spec.top exact passes are all in (`_passes_prefix`); the rows of that prefix, the
     candidates after it (unsearched, though some may have been simulated: their results are stored,
-    not shown), and (computed, stored, damaged)."""
-    prefix = _passes_prefix(order, base, spec.top)
-    finished = [0]
+    not shown), and (computed, stored, damaged). `before`: candidates simulated by earlier rounds,
+    for the progress count; `top`: in place of spec.top (which stays part of each result's key)."""
+    prefix = _passes_prefix(order, base, spec.top if top is None else top)
+    finished = [before]
 
     def advance(n: int) -> None:
         finished[0] += n
         if progress:
-            progress(finished[0], len(order))
+            progress(finished[0], before + len(order))
 
     try:
         done = run_tasks([CandidateTask(base, c, spec, *kept[c]) for c in order], execution.runner(),
@@ -198,14 +202,68 @@ def _run_in_order(base: Scenario, spec: PlanSpec, order: list[Candidate], kept: 
     return rows, order[n:], (done.computed, done.stored_before, done.damaged)
 
 
+def _front_rounds(base: Scenario, spec: PlanSpec, left: list[Candidate], kept: dict, simulated: list[dict],
+                  execution: Execution, progress) -> tuple[list[dict], set[Candidate], tuple[int, int, int]]:
+    """After the cheapest prefix (`simulated`), the candidates `left` that may lie on their GPU count's
+    Pareto front (`sim.plan.front`), simulated in rounds: each round the ones no other remaining
+    candidate beats on the screen's estimates, until every one left is simulated, beaten by FRONT_MARGIN
+    by a simulated pass of its count, or tied with one (`sim.plan.front.beaten_by`). (Their rows,
+    simulated or not; the candidates they are; (computed, stored, damaged).)"""
+    est = {c: estimate(kept[c][0], kept[c][1], spec.rate, c.replicas, not lossy(c.policy, base)) for c in kept}
+    points: dict[int, list] = {}
+    rows, off, done, tally = [], [], set(), (0, 0, 0)
+
+    def add(got: list[dict]) -> None:
+        for r in got:
+            c = row_candidate(r)
+            if (p := measured(r, not lossy(r["policy"], base))) is not None:
+                points.setdefault(r["gpus"], []).append((c, p, est.get(c)))
+
+    add(simulated)
+    todo = list(left)
+    while todo:
+        open_ = []
+        for c in todo:
+            if (why := beaten_by(est[c], points.get(c.count, []), spec.max_factor * spec.rate)) is None:
+                open_.append(c)
+                continue
+            done.add(c)
+            off.append({**_blank(c, "unsearched", off_front_reason(c, est[c], *why)),
+                        "screen_max_rate_per_s": kept[c][1]})
+        nxt = {c for n in {c.count for c in open_} for c in screen_front({c: est[c] for c in open_ if c.count == n})}
+        order = [c for c in open_ if c in nxt]  # cheapest first, as the prefix
+        if not order:
+            break
+        got, _, counts = _run_in_order(base, spec, order, kept, execution, progress,
+                                       before=len(simulated) + len(rows), top=0)
+        rows += got
+        tally = tuple(a + b for a, b in zip(tally, counts))
+        add(got)
+        done |= nxt
+        todo = [c for c in open_ if c not in nxt]
+    return rows + off, done, tally
+
+
+def off_front_reason(c: Candidate, e, why: str, q: Candidate, p) -> str:
+    """Why a candidate was not simulated for the front (`sim.plan.front.beaten_by`)."""
+    them = (f"{q.gpu} {q.layout} {q.policy} (passes with max {p.rate_per_s:.3g} req/s and "
+            f"{p.tokens_per_s_per_user:,.0f} tokens/s per user)")
+    mine = f"({e.rate_per_s:.3g} req/s, {e.tokens_per_s_per_user:,.0f} tokens/s per user)"
+    head = f"not simulated {OFF_FRONT} of {c.count} GPUs"
+    if why == "ties":
+        return f"{head}: ties with {them} - the screen gives both the same estimate {mine}"
+    return f"{head}: off it - {them} is over {FRONT_MARGIN:g} x this one's screen estimate {mine}"
+
+
 def search(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], policies: list[str],
            prices: dict[str, tuple[float, str]], workers: int | None = None, replicas: bool = True,
            execution: Execution | None = None, allow_large: bool = False,
            progress: Callable[[int, int], None] | None = None, disagg: bool = True,
-           seqs: list[int | None] | None = None) -> PlanResult:
+           seqs: list[int | None] | None = None, front: bool = False) -> PlanResult:
     """Every candidate's row (PLAN_COLUMNS), ranked, and the probes behind them (module docstring).
     `replicas`: every TP x DP layout (else one TP group of each count); `disagg`: prefill/decode splits too;
-    `seqs`: max_num_seqs values to search. `progress(done, total)`
+    `seqs`: max_num_seqs values to search; `front`: after the cheapest prefix, every candidate that
+    may lie on its GPU count's Pareto front (`_front_rounds`). `progress(done, total)`
     after each candidate simulated. A search past MAX_PLAN_STEPS is refused before any simulation
     unless `allow_large` (check_plan_cost)."""
     check_spec(spec)
@@ -219,12 +277,17 @@ def search(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], p
     check_plan_cost(base, len(order) if spec.top == 0 else min(len(order), spec.top), spec, allow=allow_large)
     execution = execution or Execution(workers=workers)
     simulated, left, (computed, stored, damaged) = _run_in_order(base, spec, order, kept, execution, progress)
+    if front and left:
+        more, done, (c2, s2, d2) = _front_rounds(base, spec, left, kept, simulated, execution, progress)
+        simulated, computed, stored, damaged = simulated + more, computed + c2, stored + s2, damaged + d2
+        left = [c for c in left if c not in done]
     rows += simulated
     for c in left:
         rows.append({**_blank(c, "unsearched", f"not simulated: {spec.top} cheaper exact configurations pass "
                                                f"(--top 0 searches every one)"), "screen_max_rate_per_s": kept[c][1]})
     probes = [p for r in rows for p in r.pop("probes", [])]
-    return PlanResult(rank(rows, base, spec, prices), probes, computed, stored, damaged, len(screened))
+    return PlanResult(rank(rows, base, spec, prices), probes, computed, stored, damaged, len(screened),
+                      front or spec.top == 0)
 
 
 def rank(rows: list[dict], base: Scenario, spec: PlanSpec, prices: dict) -> list[dict]:

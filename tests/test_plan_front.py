@@ -1,0 +1,68 @@
+"""The Pareto front per GPU count (issue #21): which points beat which (exact before lossy), the
+screen's front, and the pruning rule the front search applies (sim.plan.front)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from sim.plan.answer import pareto
+from sim.plan.front import FRONT_MARGIN, Point, beaten_by, estimate, measured, screen_front
+
+
+def test_a_point_beats_another_only_on_both_axes_and_as_exact():
+    a, b = Point(10.0, 50.0), Point(8.0, 40.0)
+    assert a.beats(b) and not b.beats(a)
+    assert not Point(10.0, 30.0).beats(b)  # faster per GPU, slower per user: both on the front
+    assert not a.beats(a) and not a.beats(Point(10.0, 50.0))  # the same point beats nothing
+    assert not Point(10.0, 50.0, exact=False).beats(b)  # a lossy policy never beats an exact one
+    assert a.beats(Point(8.0, 40.0, exact=False))
+    assert a.beats(b, margin=1.25) and not a.beats(b, margin=1.26)  # 10 / 8 = 1.25
+
+
+def test_screen_front_keeps_the_points_nothing_beats_in_order_and_one_of_equal_points():
+    pts = {"slow": Point(5.0, 20.0), "fast_user": Point(6.0, 90.0), "wide": Point(12.0, 30.0),
+           "twin": Point(12.0, 30.0), "beaten": Point(11.0, 29.0), "lossy": Point(20.0, 100.0, exact=False)}
+    # twin ties with wide (the screen cannot tell them apart); lossy beats nothing exact and nothing beats it
+    assert screen_front(pts) == ["fast_user", "wide", "lossy"]
+
+
+def test_beaten_by_needs_the_margin_on_both_axes_up_to_the_cap():
+    q = Point(12.5, 100.0)
+    sim = [("q", q, Point(14.0, 120.0))]
+    assert beaten_by(Point(10.0, 80.0), sim, 40.0) == ("beaten", "q", q)  # 1.25 x on both
+    assert beaten_by(Point(10.0, 81.0), sim, 40.0) is None
+    assert beaten_by(Point(10.1, 80.0), sim, 40.0) is None
+    assert beaten_by(Point(10.1, 80.0), sim, 12.5) == ("beaten", "q", q)  # no max rate goes past the search's cap
+    assert beaten_by(Point(10.0, 80.0, exact=False), [("q", Point(12.5, 100.0, False), q)], 40.0)[0] == "beaten"
+    assert beaten_by(Point(10.0, 80.0), [("q", Point(12.5, 100.0, False), q)], 40.0) is None  # lossy: not over exact
+    assert beaten_by(Point(14.0, 120.0), sim, 40.0) == ("ties", "q", q)  # the same screen estimate as q's
+    assert FRONT_MARGIN == 1.25
+
+
+def test_estimate_reads_the_mean_step_at_the_rate_and_batch_one_past_the_curve():
+    cv = SimpleNamespace(at=lambda r: (0.1, 0.02, 1.0) if r <= 4 else None, step_s=(0.01, 0.02))
+    assert estimate(cv, 9.0, 8.0, 2, True) == Point(9.0, 50.0)  # 8 req/s over 2 replicas: 4 each, a 20 ms step
+    assert estimate(cv, 9.0, 16.0, 2, False) == Point(9.0, 100.0, False)  # past it: the batch-1 step bounds it
+
+
+def test_measured_is_a_passing_row_only():
+    assert measured({"status": "pass", "max_rate_per_s": 3.0, "tpot_p99_ms": 25.0}, True) == Point(3.0, 40.0)
+    assert measured({"status": "fail", "max_rate_per_s": None, "tpot_p99_ms": 25.0}, True) is None
+    assert measured({"status": "pass", "max_rate_per_s": 3.0, "tpot_p99_ms": None}, True) is None
+
+
+def _row(gpus, layout, policy, output, rate, tpot_ms, status="pass"):
+    return dict(gpu="h100-sxm", gpus=gpus, layout=layout, policy=policy, output=output, status=status,
+                max_rate_per_s=rate, tpot_p99_ms=tpot_ms)
+
+
+def test_pareto_per_count_keeps_exact_rows_a_lossy_one_would_beat():
+    rows = [_row(2, "TP2", "full_hbm", "exact", 10.0, 20.0), _row(2, "TP2", "evict_only", "lossy", 10.0, 19.0),
+            _row(2, "TP1 x 2", "full_hbm", "exact", 12.0, 25.0), _row(2, "TP1 x 2", "tiered", "exact", 11.0, 26.0),
+            _row(1, "TP1", "full_hbm", "exact", 5.0, 30.0), _row(1, "TP1", "tiered", "exact", 9.0, 30.0, "fail")]
+    front = pareto(rows, mean_output_tokens=100.0)
+    assert list(front) == [1, 2]
+    assert [(p["layout"], p["policy"]) for p in front[2]] == [("TP1 x 2", "full_hbm"), ("TP2", "full_hbm"),
+                                                             ("TP2", "evict_only")]
+    assert front[2][0]["tokens_per_s_per_gpu"] == 12.0 * 100.0 / 2 and front[2][0]["tokens_per_s_per_user"] == 40.0
+    assert [p["policy"] for p in front[1]] == ["full_hbm"]  # a failing row is on no front
