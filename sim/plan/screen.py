@@ -6,8 +6,8 @@ tokens, one a step), so a batch of B is what the rate lambda(B) = B / (N x t(B))
 evaluates t(B) on a grid of batches, each step as the scheduler forms it in the mean:
 
 - B decodes, each at the mean context of a running request, E[n (p + n/2)] / E[n] tokens (a request
-  seen at a random moment of its decode is length-biased), in tiers as the policy puts a request of
-  mean prompt and output (`TierCounter`);
+  seen at a random moment of its decode is length-biased), in tiers with the shares the policy gives
+  a running request, weighted by step as the context is (`tier_shares`, `TierCounter`);
 - the prefill that keeps pace, c = B x P / N prompt tokens a step, as whole chunks: a share c / chunk of
   the steps carries one chunk of min(P, max_num_batched_tokens - B) tokens (a mixed step costs more
   than the mean rows would: a GEMM is flat in rows below its ridge);
@@ -42,6 +42,7 @@ from sim.serving.tier_counts import TierCounter
 from sim.tiering.tiers import T0, T1, T2
 
 MOMENT_SAMPLES = 4096  # requests drawn for the mean prompt, output and running context
+SHARE_SAMPLES = 256  # of them, those whose every decode step gives the tier shares (`tier_shares`)
 GRID = 28  # batches from 1 to the cap, log-spaced
 Z99 = 2.326  # the standard normal's 99th percentile
 ALLREDUCE_BINDS = 0.3  # all-reduces this share of a step: the interconnect binds
@@ -100,6 +101,7 @@ class Moments:
     running_context_tokens: float  # E[n (p + n/2)] / E[n]
     short_output_tokens: float  # the 10th percentile: the requests whose TPOT varies most
     reserved_tokens: float = 0.0  # E[n (p + n)] / E[n]: what no_evict admission holds per running request
+    sample: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # SHARE_SAMPLES (prompt, output) draws for tier_shares
 
 
 def moments(scenario: Scenario) -> Moments:
@@ -118,16 +120,27 @@ def moments(scenario: Scenario) -> Moments:
 def _moments(workload_json: str) -> Moments:
     reqs = build_requests(WorkloadCfg.model_validate_json(workload_json))
     p, n = reqs.prompt_tokens.astype(float), np.maximum(reqs.output_tokens.astype(float), 1.0)
+    sample = (tuple(int(x) for x in p[:SHARE_SAMPLES]), tuple(int(x) for x in n[:SHARE_SAMPLES]))
     return Moments(float(p.mean()), float(n.mean()), float(np.sum(n * (p + n / 2)) / np.sum(n)),
-                   float(max(2.0, np.percentile(n, 10))), float(np.sum(n * (p + n)) / np.sum(n)))
+                   float(max(2.0, np.percentile(n, 10))), float(np.sum(n * (p + n)) / np.sum(n)), sample)
 
 
 def tier_shares(policy, m: Moments) -> np.ndarray:
-    """Shares of a request's context attended in T0, T1, T2 over its decode (mean request)."""
-    p, n = max(1, round(m.prompt_tokens)), max(1, round(m.output_tokens))
-    counts = TierCounter(policy, np.array([p]), np.array([n])).attended(p, np.arange(n))
-    total = counts.sum(axis=1, keepdims=True)
-    return (counts[:, [T0, T1, T2]] / np.maximum(total, 1)).mean(axis=0)
+    """Shares of a running request's context in T0, T1, T2, as a step sees its batch: the tokens
+    attended at every decode step of every sampled request, summed, over all their tokens (T3's too). Weighting by
+    step is what a steady-state batch does (a request is in it one step per output token, so long
+    ones count for more), as `Moments.running_context_tokens` is; the host share grows faster than
+    the context, so the mean request's shares understate it (a 70B tiered:0.25 on 8 B200s: T1 8.6%
+    of the context by the mean request, 19.2% by step; the screen's link time had been hidden where
+    the simulation's link bound)."""
+    prompts, outputs = (np.asarray(x, dtype=np.int64) for x in m.sample)
+    if not len(prompts):  # no sample: the mean request alone
+        prompts = np.array([max(1, round(m.prompt_tokens))])
+        outputs = np.array([max(1, round(m.output_tokens))])
+    outputs = np.maximum(outputs, 1)
+    counts = TierCounter(policy, prompts, outputs).attended(np.repeat(prompts, outputs),
+                                                            np.concatenate([np.arange(k) for k in outputs]))
+    return counts[:, [T0, T1, T2]].sum(axis=0) / max(float(counts.sum()), 1.0)  # of every token, deleted ones too
 
 
 def step_binds(cost, closed_s: float, rows: float, ridge_rows: float) -> str:
