@@ -11,7 +11,7 @@ it, beats its estimates on both axes by FRONT_MARGIN: the screen's estimate of a
 0.87-1.21 of the simulated one (benchmarks/plan_speed.py), so a candidate whose rate the screen
 underestimates most still cannot reach a point FRONT_MARGIN above its estimate (nor a max rate above
 the search's cap, max_factor x the rate). A candidate whose screen estimate equals a simulated one's
-(prefill/decode splits whose decode pool binds, say) ties with it: the front lists the one simulated.
+(prefill/decode splits whose decode pool binds, say) ties with it: the one simulated stands for both.
 The rest are simulated in rounds, each round the ones no other remaining candidate beats on its
 estimates (`screen_front`), until every candidate is simulated, beaten or tied (`sim.plan.search`).
 """
