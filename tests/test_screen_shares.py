@@ -23,15 +23,19 @@ def test_no_tiering_is_all_hbm():
 def test_shares_are_the_tokens_of_every_step_over_all_their_tokens():
     pol = TierPolicy(kind="tiered", hbm_ratio=0.25, evict_ratio=0.1, recent_window=16, sink_tokens=0,
                      protect_prompt=False, retier_interval=8)
-    prompts, outputs = [32, 32], [40, 400]
-    counter = TierCounter(pol, np.array(prompts), np.array(outputs))
-    total, by_tier = 0.0, np.zeros(3)
-    for p, n in zip(prompts, outputs):  # step by step: what a batch holding these requests attends
-        c = counter.attended(p, np.arange(n))
-        by_tier += c[:, [T0, T1, T2]].sum(axis=0)
-        total += c.sum()
-    got = tier_shares(pol, _moments(prompts, outputs))
-    assert np.allclose(got, by_tier / total) and got[1] > 0 and got.sum() < 1.0  # T3 (deleted) is not attended
+    def every_step(prompts, outputs):  # step by step: what a batch holding these requests attends
+        counter = TierCounter(pol, np.array(prompts), np.array(outputs))
+        total, by_tier = 0.0, np.zeros(3)
+        for p, n in zip(prompts, outputs):
+            c = counter.attended(p, np.arange(n))
+            by_tier += c[:, [T0, T1, T2]].sum(axis=0)
+            total += c.sum()
+        return by_tier / total
+
+    short = tier_shares(pol, _moments([32, 32], [40, 120]))  # up to SHARE_STEPS: every step
+    assert np.allclose(short, every_step([32, 32], [40, 120])) and short[1] > 0 and short.sum() < 1.0  # T3 not attended
+    long = tier_shares(pol, _moments([32, 32], [40, 4000]))  # past it: evenly spaced steps stand for the rest
+    assert np.allclose(long, every_step([32, 32], [40, 4000]), atol=0.01)
 
 
 def test_a_spread_of_lengths_puts_more_on_the_host_than_the_mean_request():

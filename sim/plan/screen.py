@@ -42,7 +42,8 @@ from sim.serving.tier_counts import TierCounter
 from sim.tiering.tiers import T0, T1, T2
 
 MOMENT_SAMPLES = 4096  # requests drawn for the mean prompt, output and running context
-SHARE_SAMPLES = 256  # of them, those whose every decode step gives the tier shares (`tier_shares`)
+SHARE_SAMPLES = 64  # of them, those whose decode steps give the tier shares (`tier_shares`)
+SHARE_STEPS = 128  # steps of each, evenly spaced (a long output would be millions of rows)
 GRID = 28  # batches from 1 to the cap, log-spaced
 Z99 = 2.326  # the standard normal's 99th percentile
 ALLREDUCE_BINDS = 0.3  # all-reduces this share of a step: the interconnect binds
@@ -127,8 +128,8 @@ def _moments(workload_json: str) -> Moments:
 
 def tier_shares(policy, m: Moments) -> np.ndarray:
     """Shares of a running request's context in T0, T1, T2, as a step sees its batch: the tokens
-    attended at every decode step of every sampled request, summed, over all their tokens (T3's too). Weighting by
-    step is what a steady-state batch does (a request is in it one step per output token, so long
+    attended at the decode steps of the sampled requests (up to SHARE_STEPS a request, each weighted
+    by the steps it stands for), summed, over all their tokens (T3's too). Weighting by step is what a steady-state batch does (a request is in it one step per output token, so long
     ones count for more), as `Moments.running_context_tokens` is; the host share grows faster than
     the context, so the mean request's shares understate it (a 70B tiered:0.25 on 8 B200s: T1 8.6%
     of the context by the mean request, 19.2% by step; the screen's link time had been hidden where
@@ -138,8 +139,11 @@ def tier_shares(policy, m: Moments) -> np.ndarray:
         prompts = np.array([max(1, round(m.prompt_tokens))])
         outputs = np.array([max(1, round(m.output_tokens))])
     outputs = np.maximum(outputs, 1)
-    counts = TierCounter(policy, prompts, outputs).attended(np.repeat(prompts, outputs),
-                                                            np.concatenate([np.arange(k) for k in outputs]))
+    # each request's steps at up to SHARE_STEPS evenly spaced points, each standing for n / points steps
+    steps = [np.unique(np.linspace(0, k - 1, min(int(k), SHARE_STEPS)).astype(np.int64)) for k in outputs]
+    weights = np.concatenate([np.full(len(st), k / len(st)) for st, k in zip(steps, outputs)])
+    counts = TierCounter(policy, prompts, outputs).attended(np.repeat(prompts, [len(st) for st in steps]),
+                                                            np.concatenate(steps)) * weights[:, None]
     return counts[:, [T0, T1, T2]].sum(axis=0) / max(float(counts.sum()), 1.0)  # of every token, deleted ones too
 
 
