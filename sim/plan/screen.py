@@ -134,6 +134,18 @@ def tier_shares(policy, m: Moments) -> np.ndarray:
     the context, so the mean request's shares understate it (a 70B tiered:0.25 on 8 B200s: T1 8.6%
     of the context by the mean request, 19.2% by step; the screen's link time had been hidden where
     the simulation's link bound)."""
+    key = (repr(policy), m)  # every candidate of a plan with this policy asks the same
+    if key not in _SHARES:
+        if len(_SHARES) >= 256:  # a long-lived process's plans: keep it bounded
+            _SHARES.clear()
+        _SHARES[key] = _step_weighted_shares(policy, m)
+    return _SHARES[key].copy()
+
+
+_SHARES: dict = {}
+
+
+def _step_weighted_shares(policy, m: Moments) -> np.ndarray:
     prompts, outputs = (np.asarray(x, dtype=np.int64) for x in m.sample)
     if not len(prompts):  # no sample: the mean request alone
         prompts = np.array([max(1, round(m.prompt_tokens))])
