@@ -19,7 +19,9 @@ local processes, --workers default: all cores):
 3. Confirmation: each rank-1 row of the first three plans simulated again with 3x its verdict run's
    requests, at the rate asked and at its max rate.
 
-The Pareto sweep runs last (after 2 and 3 have printed), with a progress line a minute.
+The Pareto sweep runs last (after 2 and 3 have printed), with a progress line a minute, then its own
+screen accuracy and, for the front search's user axis, the screen's p99 TPOT at the rate asked over
+the simulated one on every passing row (`tpot_accuracy`, against sim.plan.front.USER_MARGIN).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from sim.plan.candidates import (
 )
 from sim.plan.disagg import screen_disagg
 from sim.plan.evaluate import probe_at
+from sim.plan.front import USER_MARGIN
 from sim.plan.screen import curve
 from sim.plan.search import SCREEN_MARGIN, mean_output_tokens, row_candidate, search
 
@@ -172,6 +175,23 @@ def screen_accuracy(plans: list[Done], start: int = 0) -> None:
           + (" - the screen COULD wrongly rule out a configuration" if under else ""))
 
 
+def tpot_accuracy(d: Done) -> None:
+    """The front search's user axis: the screen's p99 TPOT at the rate asked over the simulated p99, for
+    every passing row (above 1 the screen overstates the p99, understating the user's speed: the
+    direction sim.plan.front.USER_MARGIN must cover)."""
+    ratios = []
+    for r in d.result.rows:
+        if r["status"] != "pass" or not r["tpot_p99_ms"]:
+            continue
+        cand = row_candidate(r)
+        est = hint_curve(d.base, cand, d.spec).tpot_p99_at(d.spec.rate / cand.replicas)
+        if est is not None:
+            ratios.append(est * 1e3 / r["tpot_p99_ms"])
+    if ratios:
+        print(f"  screen p99 TPOT / simulated p99 TPOT at the rate, {len(ratios)} passing rows: min {min(ratios):.3f} / "
+              f"median {statistics.median(ratios):.3f} / max {max(ratios):.3f} (USER_MARGIN = {USER_MARGIN:g})")
+
+
 def hint_curve(base, cand: Candidate, spec: PlanSpec):
     """The screen's curve the search gave the candidate's probes (their E2E hint), as `search` makes it."""
     if cand.prefill:
@@ -234,6 +254,7 @@ def main() -> None:
         plans.append(run_plan(label, case, args.workers))
         print(f"1-minute load average after it: {os.getloadavg()[0]:.1f}")
         screen_accuracy(plans, len(plans) - 1)
+        tpot_accuracy(plans[-1])
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from sim.plan.answer import pareto
-from sim.plan.front import FRONT_MARGIN, Point, beaten_by, estimate, measured, screen_front
+from sim.plan.front import FRONT_MARGIN, NEAR_TIE, USER_MARGIN, Point, beaten_by, estimate, measured, screen_front
 
 
 def test_a_point_beats_another_only_on_both_axes_and_as_exact():
@@ -19,30 +21,55 @@ def test_a_point_beats_another_only_on_both_axes_and_as_exact():
     assert a.beats(b, margin=1.25) and not a.beats(b, margin=1.26)  # 10 / 8 = 1.25
 
 
-def test_screen_front_keeps_the_points_nothing_beats_in_order_and_one_of_equal_points():
+def test_screen_front_keeps_the_points_nothing_beats_in_order_and_one_of_points_it_cannot_tell_apart():
     pts = {"slow": Point(5.0, 20.0), "fast_user": Point(6.0, 90.0), "wide": Point(12.0, 30.0),
-           "twin": Point(12.0, 30.0), "beaten": Point(11.0, 29.0), "lossy": Point(20.0, 100.0, exact=False)}
-    # twin ties with wide (the screen cannot tell them apart); lossy beats nothing exact and nothing beats it
+           "twin": Point(12.0, 30.0), "near": Point(12.1, 29.9), "beaten": Point(11.0, 29.0),
+           "lossy": Point(20.0, 100.0, exact=False), "lossy_twin": Point(20.1, 99.9, exact=False)}
+    # twin and near (within 1% on both axes) tie with wide; lossy beats nothing exact and nothing beats it
     assert screen_front(pts) == ["fast_user", "wide", "lossy"]
+    # a lossy point does not stand for an exact one the screen cannot tell from it: both go
+    assert screen_front({"lossy": Point(12.0, 30.0, exact=False), "exact": Point(11.95, 30.1)}) == ["lossy", "exact"]
 
 
-def test_beaten_by_needs_the_margin_on_both_axes_up_to_the_cap():
-    q = Point(12.5, 100.0)
+def test_a_point_stands_for_another_within_one_percent_on_both_axes_and_as_exact():
+    a = Point(100.0, 50.0)
+    assert NEAR_TIE == 0.01
+    assert a.stands_for(Point(101.0, 50.5)) and a.stands_for(Point(99.01, 49.51)) and a.stands_for(a)
+    assert not a.stands_for(Point(102.0, 50.0)) and not a.stands_for(Point(100.0, 48.0))
+    assert a.stands_for(Point(100.0, 50.0, exact=False))  # an exact one stands for a lossy one
+    assert not Point(100.0, 50.0, exact=False).stands_for(a)  # ... not the other way
+
+
+def test_beaten_by_needs_each_axis_margin_up_to_the_cap():
+    q = Point(12.5, 111.0)
     sim = [("q", q, Point(14.0, 120.0))]
-    assert beaten_by(Point(10.0, 80.0), sim, 40.0) == ("beaten", "q", q)  # 1.25 x on both
-    assert beaten_by(Point(10.0, 81.0), sim, 40.0) is None
-    assert beaten_by(Point(10.1, 80.0), sim, 40.0) is None
-    assert beaten_by(Point(10.1, 80.0), sim, 12.5) == ("beaten", "q", q)  # no max rate goes past the search's cap
-    assert beaten_by(Point(10.0, 80.0, exact=False), [("q", Point(12.5, 100.0, False), q)], 40.0)[0] == "beaten"
-    assert beaten_by(Point(10.0, 80.0), [("q", Point(12.5, 100.0, False), q)], 40.0) is None  # lossy: not over exact
+    assert (FRONT_MARGIN, USER_MARGIN) == (1.25, 1.10)
+    assert beaten_by(Point(10.0, 100.0), sim, 40.0) == ("beaten", "q", q)  # 1.25 x in rate, 1.1 x per user
+    assert beaten_by(Point(10.0, 101.0), sim, 40.0) is None  # 111 / 101 < 1.1
+    assert beaten_by(Point(10.1, 100.0), sim, 40.0) is None
+    assert beaten_by(Point(10.1, 100.0), sim, 12.5) == ("beaten", "q", q)  # no max rate goes past the search's cap
+    assert beaten_by(Point(10.0, 100.0, exact=False), [("q", Point(12.5, 111.0, False), q)], 40.0)[0] == "beaten"
+    assert beaten_by(Point(10.0, 100.0), [("q", Point(12.5, 111.0, False), q)], 40.0) is None  # lossy: not over exact
     assert beaten_by(Point(14.0, 120.0), sim, 40.0) == ("ties", "q", q)  # the same screen estimate as q's
-    assert FRONT_MARGIN == 1.25
+    assert beaten_by(Point(13.9, 121.0), sim, 40.0) == ("ties", "q", q)  # within 1%: the screen cannot tell them apart
+    assert beaten_by(Point(13.5, 120.0), sim, 40.0) is None
 
 
-def test_estimate_reads_the_mean_step_at_the_rate_and_batch_one_past_the_curve():
-    cv = SimpleNamespace(at=lambda r: (0.1, 0.02, 1.0) if r <= 4 else None, step_s=(0.01, 0.02))
-    assert estimate(cv, 9.0, 8.0, 2, True) == Point(9.0, 50.0)  # 8 req/s over 2 replicas: 4 each, a 20 ms step
+def test_estimate_reads_the_p99_tpot_at_the_rate_and_the_batch_one_step_past_the_curve():
+    cv = SimpleNamespace(tpot_p99_at=lambda r: 0.025 if r <= 4 else None, step_s=(0.01, 0.02))
+    assert estimate(cv, 9.0, 8.0, 2, True) == Point(9.0, 40.0)  # 8 req/s over 2 replicas: 4 each, a 25 ms p99
     assert estimate(cv, 9.0, 16.0, 2, False) == Point(9.0, 100.0, False)  # past it: the batch-1 step bounds it
+
+
+def test_the_curves_p99_tpot_at_a_rate_interpolates_as_its_mean_step_does():
+    from sim.plan.screen import Curve
+
+    cv = Curve(batch=(1.0, 10.0, 20.0), rate_per_s=(1.0, 5.0, 9.0), step_s=(0.01, 0.02, 0.04),
+               tpot_p99_s=(0.02, 0.03, 0.05), ttft_s=(0.1, 0.2, 0.3), output_tokens=100.0, cap="x",
+               hbm_batch=20.0, step_binds=("compute",) * 3)
+    assert cv.tpot_p99_at(0.5) == 0.02 and cv.tpot_p99_at(9.5) is None
+    assert cv.tpot_p99_at(7.0) == pytest.approx(0.04) and cv.at(7.0)[1] == pytest.approx(0.03)  # half way from 5 to 9
+    assert cv.at(3.0) == pytest.approx((0.15, 0.015, 0.15 + 100 * 0.015))
 
 
 def test_measured_is_a_passing_row_only():

@@ -65,17 +65,31 @@ class Curve:
 
     def at(self, rate_per_s: float) -> tuple[float, float, float] | None:
         """(TTFT, TPOT, E2E) estimates at one replica's rate, None past the cap (overloaded)."""
+        where = self._where(rate_per_s)
+        if where is None:
+            return None
+        ttft, tpot = self._between(self.ttft_s, *where), self._between(self.step_s, *where)
+        return ttft, tpot, ttft + self.output_tokens * tpot
+
+    def tpot_p99_at(self, rate_per_s: float) -> float | None:
+        """The p99 TPOT estimate at one replica's rate, None past the cap."""
+        where = self._where(rate_per_s)
+        return None if where is None else self._between(self.tpot_p99_s, *where)
+
+    def _where(self, rate_per_s: float) -> tuple[int, float] | None:
+        """(k, w): the rate lies w of the way from batch k - 1 to batch k (k = 0: at or below the
+        first); None past the cap."""
         r = np.asarray(self.rate_per_s)
         if rate_per_s > r.max():
             return None
         k = int(np.argmax(r >= rate_per_s))
         if k == 0:
-            ttft, tpot = self.ttft_s[0], self.step_s[0]
-        else:
-            w = (rate_per_s - r[k - 1]) / (r[k] - r[k - 1]) if r[k] > r[k - 1] else 1.0
-            ttft = self.ttft_s[k - 1] + w * (self.ttft_s[k] - self.ttft_s[k - 1])
-            tpot = self.step_s[k - 1] + w * (self.step_s[k] - self.step_s[k - 1])
-        return ttft, tpot, ttft + self.output_tokens * tpot
+            return 0, 0.0
+        return k, (rate_per_s - r[k - 1]) / (r[k] - r[k - 1]) if r[k] > r[k - 1] else 1.0
+
+    @staticmethod
+    def _between(values: tuple[float, ...], k: int, w: float) -> float:
+        return values[0] if k == 0 else values[k - 1] + w * (values[k] - values[k - 1])
 
     def max_rate(self, ttft_s: float | None, tpot_s: float | None) -> tuple[float, str]:
         """The highest rate whose estimates meet the targets, and what stops it there."""

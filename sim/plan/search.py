@@ -45,7 +45,7 @@ from .candidates import (
 from .disagg import screen_disagg, splits
 from .evaluate import CandidateTask, blank_row
 from .files import PLAN_COLUMNS, parse_prefill_label
-from .front import FRONT_MARGIN, OFF_FRONT, beaten_by, estimate, measured, screen_front
+from .front import FRONT_MARGIN, NEAR_TIE, OFF_FRONT, USER_MARGIN, beaten_by, estimate, measured, screen_front
 from .screen import Curve, curve
 
 SCREEN_MARGIN = 1.5  # the screen overstates; one this far below the rate cannot pass (benchmarks/plan_speed.py)
@@ -178,11 +178,12 @@ def _passes_prefix(order: list[Candidate], base: Scenario, top: int) -> Callable
 
 def _run_in_order(base: Scenario, spec: PlanSpec, order: list[Candidate], kept: dict, execution: Execution,
                   progress: Callable[[int, int], None] | None, before: int = 0,
-                  top: int | None = None) -> tuple[list[dict], list[Candidate], tuple[int, int, int]]:
+                  top: int | None = None) -> tuple[list[dict], list[Candidate], tuple[int, int, int], dict]:
     """Simulate `order`, each worker (or Ray CPU) taking the next candidate as it frees, until the
     candidates up to spec.top exact passes are all in (`_passes_prefix`); the rows of that prefix, the
     candidates after it (unsearched, though some may have been simulated: their results are stored,
-    not shown), and (computed, stored, damaged). `before`: candidates simulated by earlier rounds,
+    not shown), (computed, stored, damaged), and the rows of those after it that were simulated or
+    read all the same ({candidate: row}: the front search uses them rather than simulate them again). `before`: candidates simulated by earlier rounds,
     for the progress count; `top`: in place of spec.top (which stays part of each result's key)."""
     prefix = _passes_prefix(order, base, spec.top if top is None else top)
     finished = [before]
@@ -198,15 +199,16 @@ def _run_in_order(base: Scenario, spec: PlanSpec, order: list[Candidate], kept: 
     except Interrupted as err:
         raise Interrupted(err.stored, len(order)) from None
     n = prefix(done.results) if order else 0
-    rows = [{**r, "screen_max_rate_per_s": kept[c][1]} for c, r in zip(order[:n], done.results[:n])]
-    return rows, order[n:], (done.computed, done.stored_before, done.damaged)
+    rows = [r and {**r, "screen_max_rate_per_s": kept[c][1]} for c, r in zip(order, done.results)]
+    spare = {c: r for c, r in zip(order[n:], rows[n:]) if r is not None}
+    return rows[:n], order[n:], (done.computed, done.stored_before, done.damaged), spare
 
 
 def _front_rounds(base: Scenario, spec: PlanSpec, left: list[Candidate], kept: dict, simulated: list[dict],
-                  execution: Execution, progress) -> tuple[list[dict], set[Candidate], tuple[int, int, int]]:
+                  execution: Execution, progress, spare: dict) -> tuple[list[dict], set[Candidate], tuple[int, int, int]]:
     """After the cheapest prefix (`simulated`), the candidates `left` that may lie on their GPU count's
     Pareto front (`sim.plan.front`), simulated in rounds: each round the ones no other remaining
-    candidate beats on the screen's estimates, until every one left is simulated, beaten by FRONT_MARGIN
+    candidate beats on the screen's estimates, until every one left is simulated, beaten (by the margins)
     by a simulated pass of its count, or tied with one (`sim.plan.front.beaten_by`). (Their rows,
     simulated or not; the candidates they are; (computed, stored, damaged).)"""
     est = {c: estimate(kept[c][0], kept[c][1], spec.rate, c.replicas, not lossy(c.policy, base)) for c in kept}
@@ -234,8 +236,10 @@ def _front_rounds(base: Scenario, spec: PlanSpec, left: list[Candidate], kept: d
         order = [c for c in open_ if c in nxt]  # cheapest first, as the prefix
         if not order:
             break
-        got, _, counts = _run_in_order(base, spec, order, kept, execution, progress,
-                                       before=len(simulated) + len(rows), top=0)
+        fresh = [c for c in order if c not in spare]  # (the rest were simulated after the prefix)
+        got, _, counts, _ = _run_in_order(base, spec, fresh, kept, execution, progress,
+                                          before=len(simulated) + len(rows), top=0)
+        got += [spare[c] for c in order if c in spare]
         rows += got
         tally = tuple(a + b for a, b in zip(tally, counts))
         add(got)
@@ -251,8 +255,9 @@ def off_front_reason(c: Candidate, e, why: str, q: Candidate, p) -> str:
     mine = f"({e.rate_per_s:.3g} req/s, {e.tokens_per_s_per_user:,.0f} tokens/s per user)"
     head = f"not simulated {OFF_FRONT} of {c.count} GPUs"
     if why == "ties":
-        return f"{head}: ties with {them} - the screen gives both the same estimate {mine}"
-    return f"{head}: off it - {them} is over {FRONT_MARGIN:g} x this one's screen estimate {mine}"
+        return f"{head}: ties with {them} - the screen's estimates of both are within {NEAR_TIE:.0%} {mine}"
+    return (f"{head}: off it - {them} is over {FRONT_MARGIN:g} x this one's screen estimate in max rate and "
+            f"{USER_MARGIN:g} x in tokens/s per user {mine}")
 
 
 def search(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], policies: list[str],
@@ -276,9 +281,9 @@ def search(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], p
     order = _order(base, kept, prices)
     check_plan_cost(base, len(order) if spec.top == 0 else min(len(order), spec.top), spec, allow=allow_large)
     execution = execution or Execution(workers=workers)
-    simulated, left, (computed, stored, damaged) = _run_in_order(base, spec, order, kept, execution, progress)
+    simulated, left, (computed, stored, damaged), spare = _run_in_order(base, spec, order, kept, execution, progress)
     if front and left:
-        more, done, (c2, s2, d2) = _front_rounds(base, spec, left, kept, simulated, execution, progress)
+        more, done, (c2, s2, d2) = _front_rounds(base, spec, left, kept, simulated, execution, progress, spare)
         simulated, computed, stored, damaged = simulated + more, computed + c2, stored + s2, damaged + d2
         left = [c for c in left if c not in done]
     rows += simulated
