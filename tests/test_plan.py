@@ -200,6 +200,9 @@ def test_cli_leads_with_the_answer_and_the_launch_commands(scenario_path, tmp_pa
     assert "steady state:" in lines[0] and "per million output tokens" in lines[0]
     assert lines[1].strip().startswith("vllm: vllm serve deepseek-ai/DeepSeek-R1-Distill-Qwen-14B --tensor-parallel-size 1")
     assert "sglang: python -m sglang.launch_server" in lines[2]
+    fewest = next(x for x in lines if x.startswith("Fewest GPUs"))
+    assert fewest.startswith("Fewest GPUs for 4 req/s: 1 x H100 SXM as TP1, full_hbm (exact); sustains ")
+    assert "of those simulated" not in fewest  # nothing with fewer GPUs was left unsimulated
     with open(out / "plan.csv") as fh:
         table = list(csv.DictReader(fh))
     assert table[0]["rank"] == "1" and table[0]["layout"] == "TP1" and table[0]["output"] == "exact"

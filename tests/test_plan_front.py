@@ -93,3 +93,23 @@ def test_pareto_per_count_keeps_exact_rows_a_lossy_one_would_beat():
                                                              ("TP2", "evict_only")]
     assert front[2][0]["tokens_per_s_per_gpu"] == 12.0 * 100.0 / 2 and front[2][0]["tokens_per_s_per_user"] == 40.0
     assert [p["policy"] for p in front[1]] == ["full_hbm"]  # a failing row is on no front
+
+
+def _ranked(gpus, policy, output, rank, status="pass", usd=10.0):
+    return dict(gpu="b200", gpus=gpus, layout=f"TP{gpus}", policy=policy, output=output, status=status, rank=rank,
+                max_rate_per_s=5.0 * gpus, max_rate_capped=False, usd_per_hour=usd * gpus)
+
+
+def test_fewest_gpus_is_the_smallest_count_with_an_exact_pass_and_says_when_a_smaller_one_went_unsimulated():
+    from sim.plan.answer import fewest_sentence
+
+    rows = [_ranked(4, "full_hbm", "exact", 1), _ranked(2, "full_hbm", "exact", 3, usd=20.0),
+            _ranked(2, "tiered:auto", "exact", 2, usd=20.0), _ranked(1, "evict_only", "lossy", 4),
+            _ranked(1, "full_hbm", "exact", None, status="fail")]
+    said = fewest_sentence(rows, 8.0, whole=True)
+    assert said == "Fewest GPUs for 8 req/s: 2 x B200 as TP2, tiered:auto (exact); sustains 10 req/s; $40.00/h."
+    rows.append(_ranked(1, "tiered:0.5", "exact", None, status="unsearched"))
+    assert fewest_sentence(rows, 8.0, whole=True) == said  # every count's front searched: nothing was left
+    assert fewest_sentence(rows, 8.0, whole=False).endswith(
+        " - of those simulated: 1 configuration of fewer GPUs was not (cheaper ones passed; --pareto searches every count).")
+    assert fewest_sentence([_ranked(1, "evict_only", "lossy", 1)], 8.0, whole=True) is None  # nothing exact passes

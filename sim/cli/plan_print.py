@@ -79,8 +79,8 @@ def band_lines(rows: list[dict], sc) -> list[str]:
 
 
 def print_plan(console: Console, result, sc, spec, all_rows: bool, wall_s: float, out: Path | None) -> None:
-    """The answer first, then the launch commands, the accuracy bands, the table and the Pareto front."""
-    from sim.plan.answer import answer_sentence, engine_phrase, launch_lines, pareto
+    """The answer first, then the launch commands, the fewest GPUs, the accuracy bands, the table and the Pareto front."""
+    from sim.plan.answer import answer_sentence, engine_phrase, fewest_sentence, launch_lines, pareto
     from sim.plan.front import OFF_FRONT
     from sim.plan.search import mean_output_tokens
 
@@ -90,6 +90,8 @@ def print_plan(console: Console, result, sc, spec, all_rows: bool, wall_s: float
     if best is not None:
         for engine, line in launch_lines(best, sc, best.get("host_peak_bytes"), spec.balancer).items():
             console.print(f"  {engine}: {line}", soft_wrap=True, markup=False, highlight=False)
+    if (fewest := fewest_sentence(rows, spec.rate, result.front)) is not None:
+        console.print(fewest, soft_wrap=True, highlight=False)
     for line in band_lines(rows, sc):
         console.print(line, soft_wrap=True, markup=False, highlight=False)
     slo = " and ".join(t for t in (f"p99 TTFT <= {spec.ttft_s * 1e3:g} ms" if spec.ttft_s else "",

@@ -62,6 +62,25 @@ def _answer(rows: list[dict], rate: float, fixed_requests: int | None = None) ->
             f"sustains {capped}{best['max_rate_per_s']:.3g} req/s; ${best['usd_per_hour']:.2f}/h{per_m}; binds: {binds}.")
 
 
+def fewest_sentence(rows: list[dict], rate: float, whole: bool) -> str | None:
+    """"Fewest GPUs: 2 x B200 as TP2, full_hbm (exact) ...": the smallest count with an exact pass, its
+    best-ranked row (None where nothing exact passes). `whole`: every count's front was searched
+    (--pareto or --top 0); otherwise a count smaller than it whose candidates were left unsimulated
+    (cheaper ones passed) may hold one, and the sentence says so."""
+    exact = [r for r in rows if r["status"] == "pass" and r["output"] == "exact"]
+    if not exact:
+        return None
+    n = min(r["gpus"] for r in exact)
+    r = min((r for r in exact if r["gpus"] == n), key=lambda r: r["rank"])
+    said = (f"Fewest GPUs for {rate:g} req/s: {n} x {gpu_name(r['gpu'])} as {r['layout']}, {r['policy']} (exact); "
+            f"sustains {'>= ' if r['max_rate_capped'] else ''}{r['max_rate_per_s']:.3g} req/s; ${r['usd_per_hour']:.2f}/h")
+    fewer = sum(x["gpus"] < n and x["status"] == "unsearched" for x in rows)
+    if fewer and not whole:
+        them = f"{fewer} configurations of fewer GPUs were" if fewer > 1 else "1 configuration of fewer GPUs was"
+        return said + f" - of those simulated: {them} not (cheaper ones passed; --pareto searches every count)."
+    return said + "."
+
+
 def pareto(rows: list[dict], mean_output_tokens: float) -> dict[int, list[dict]]:
     """Per GPU count, the passing configurations no other of that count beats on both output
     tokens/s per GPU (at its max rate) and tokens/s per user (1 / its p99 TPOT at the rate asked),

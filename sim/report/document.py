@@ -156,7 +156,7 @@ def _paper_section(check: PaperCheck) -> Section:
 def _serving_section(pf: PlanFiles) -> Section:
     doc = pf.doc
     runs = f"{doc.requests} requests a simulation" if doc.requests else "steady-state probes"
-    body = h.paragraph(plan_sentences(pf)[0])
+    body = "".join(h.paragraph(t) for t in plan_sentences(pf)[:-1])  # the answer, and the fewest GPUs
     body += h.paragraph(
         f"From {pf.folder} (kvsim plan on {doc.scenario}: {doc.rate_per_s:g} req/s, {slo_text(pf)}, {runs}): every "
         f"configuration the analytic screen kept, cheapest first, was simulated at the target rate, then at the screen's "

@@ -185,16 +185,21 @@ def plan_rows(pf: PlanFiles) -> list[dict]:
 
 def plan_sentences(pf: PlanFiles) -> list[str]:
     """The answer sentence `kvsim plan` printed first, then what the search covered."""
-    from sim.plan.answer import answer_sentence
+    from sim.plan.answer import answer_sentence, fewest_sentence
+    from sim.plan.front import OFF_FRONT
 
     doc, plan = pf.doc, pf.plan
     rows = plan_rows(pf)
     counts = plan.status.value_counts()
+    off = sum(r["status"] == "unsearched" and OFF_FRONT in (r["reason"] or "") for r in rows)
+    front = f"{off} not simulated for the Pareto front (beaten by or tied with a simulated one), " if off else ""
     covered = (f"Serving plan for {doc.model} at {doc.rate_per_s:g} req/s with {slo_text(pf)}: "
                f"{counts.get('pass', 0)} of {len(plan)} configurations pass, {counts.get('fail', 0)} fail, "
-               f"{counts.get('unsearched', 0)} not simulated (cheaper ones pass), {counts.get('screened', 0)} ruled out "
-               f"by the analytic screen, {counts.get('pruned', 0)} cannot hold the model; prices are assumptions.")
-    return [answer_sentence(rows, doc.rate_per_s, doc.requests, doc.engine), covered]
+               f"{counts.get('unsearched', 0) - off} not simulated (cheaper ones pass), {front}"
+               f"{counts.get('screened', 0)} ruled out by the analytic screen, {counts.get('pruned', 0)} cannot hold "
+               f"the model; prices are assumptions.")
+    fewest = fewest_sentence(rows, doc.rate_per_s, doc.pareto or doc.top == 0)
+    return [answer_sentence(rows, doc.rate_per_s, doc.requests, doc.engine)] + ([fewest] if fewest else []) + [covered]
 
 
 def pareto_figure(pf: PlanFiles) -> go.Figure:
