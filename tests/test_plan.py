@@ -5,6 +5,7 @@ the search stopping at --top, the answer sentence and launch commands, exit code
 from __future__ import annotations
 
 import csv
+import inspect
 import json
 import math
 from dataclasses import replace
@@ -141,7 +142,7 @@ def test_the_front_search_finds_the_exhaustive_front_for_less(base, result):
     from sim.plan.answer import pareto
 
     front = P.search(base, replace(SPEC, top=1), GPUS, [1, 2], POLICIES, C.load_prices(), workers=1, front=True)
-    assert front.front and not P.search.__defaults__[-1]  # off by default
+    assert front.front and inspect.signature(P.search).parameters["front"].default is False  # off by default
     out = P.mean_output_tokens(base)
     off = [r for r in front.rows if r["status"] == "unsearched"]
     tied = [r for r in off if "ties with" in r["reason"]]
@@ -376,6 +377,48 @@ def test_max_num_seqs_is_a_searched_dimension(base, scenario_path):
     assert res.returncode == 2 and "--max-num-seqs" in res.stderr
 
 
+def test_max_num_batched_tokens_is_a_searched_dimension(base, scenario_path, tmp_path):
+    from sim.plan.answer import launch_lines
+
+    spec = C.PlanSpec(rate=8.0, ttft_s=0.5, tpot_s=0.015, requests=150, top=0)
+    res = P.search(base, spec, ["h100-sxm"], [1], ["full_hbm"], C.load_prices(), workers=1, disagg=False, budgets=[64, 4096])
+    by_budget = {r["max_num_batched_tokens"]: r for r in res.rows}
+    assert set(by_budget) == {64, 4096} and all(r["status"] in ("pass", "fail") for r in res.rows)
+    assert {p["candidate"] for p in res.probes} == {"h100-sxm x1 tp1 full_hbm seqs 64 tokens 64",
+                                                    "h100-sxm x1 tp1 full_hbm seqs 64 tokens 4096"}
+    small = by_budget[64]
+    assert C.candidate_scenario(base, P.row_candidate(small), 8.0, spec).scheduler.max_num_batched_tokens == 64
+    if small["status"] == "pass":
+        assert "--max-num-batched-tokens 64 " in launch_lines(small, base)["vllm"]
+    # 64 tokens a step: a 256-token prompt takes four chunks or more, so its first token comes later
+    assert small["ttft_p99_ms"] > by_budget[4096]["ttft_p99_ms"]
+    plain = P.search(base, spec, ["h100-sxm"], [1], ["full_hbm"], C.load_prices(), workers=1, disagg=False)
+    assert [r["max_num_batched_tokens"] for r in plain.rows] == [None]  # not searched: the scenario's, no column value
+    task = CandidateTask(base, C.Candidate("h100-sxm", 1, "full_hbm", max_num_seqs=64), spec)
+    assert "token_budget" not in task.inputs()["candidate"]  # keys stored before budgets were searched still hold
+    other = CandidateTask(base, C.Candidate("h100-sxm", 1, "full_hbm", max_num_seqs=64, token_budget=64), spec)
+    assert other.inputs()["candidate"]["token_budget"] == 64 and other.key != task.key
+    stored = {k: v for k, v in small.items() if k in evaluate(base, other.cand, spec)}
+    assert other.accepts({**stored, "probes": []}) and not task.accepts({**stored, "probes": []})
+    assert C.parse_budgets(None, [None], base) == [None]
+    assert C.parse_budgets("4096,64,4096", [None], base) == [64, 4096]
+    for text, say in (("0,8", "expected whole numbers from 1"), ("32", "32 is below max_num_seqs 64")):
+        out = run_cli("plan", str(scenario_path), "--rate", "4", "--ttft-p99-ms", "500", "--max-num-batched-tokens", text)
+        assert out.returncode == 2 and "--max-num-batched-tokens" in out.stderr and say in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
+    folder = tmp_path / "plan"
+    out = run_cli("plan", str(scenario_path), "--rate", "8", "--ttft-p99-ms", "500", "--tpot-p99-ms", "15", "--gpus",
+                  "h100-sxm", "--counts", "1", "--policies", "full_hbm", "--no-disagg", "--requests", "150", "--top", "0",
+                  "--max-num-batched-tokens", "64,4096", "--workers", "1", "--out", str(folder))
+    assert out.returncode == 0, out.stderr
+    assert "tokens" in out.stdout and json.loads((folder / "plan.json").read_text())["max_num_batched_tokens"] == [64, 4096]
+    from sim.report.figures_serving import max_rate_figure
+    from sim.report.plan_input import load_plan
+
+    assert {x for b in max_rate_figure(load_plan(folder)).data for x in b.x} == {"1 x h100-sxm (TP1, 64 tokens)",
+                                                                                 "1 x h100-sxm (TP1, 4096 tokens)"}
+
+
 def test_the_screen_reads_the_length_distribution_not_one_request(base):
     """A candidate scenario asks for one request (the probes size their own runs); the screen's
     moments still come from thousands of draws of the workload's distribution."""
@@ -441,3 +484,18 @@ def test_the_max_rate_search_starts_next_to_the_screens_estimate(base, monkeypat
     row = E._search(base, C.Candidate("h100-sxm", 1, "full_hbm", 1), SPEC, run, None, 20.0)
     assert [s for s, _ in seen] == steps
     assert row["max_rate_per_s"] <= true_max < row["next_rate_per_s"] <= row["max_rate_per_s"] * 1.1
+
+
+def test_the_reports_row_names_are_the_probes_names_for_pipelines_and_token_budgets():
+    from collections import namedtuple
+
+    from sim.plan.evaluate import key_of
+    from sim.report.plan_input import row_key
+
+    Row = namedtuple("Row", "gpu gpus tp policy prefill max_num_seqs experts pp max_num_batched_tokens")
+    for cand in (C.Candidate("l40s", 4, "full_hbm", 2, max_num_seqs=256, pp=2),
+                 C.Candidate("h100-sxm", 2, "full_hbm", 1, (1, 1), 64, token_budget=2048),
+                 C.Candidate("h100-sxm", 1, "evict_only", max_num_seqs=64)):
+        row = Row(cand.gpu, cand.count, cand.tp_size, cand.policy, "1xTP1" if cand.prefill else float("nan"),
+                  cand.max_num_seqs, float("nan"), cand.pp, cand.token_budget or float("nan"))
+        assert row_key(row) == key_of(cand)

@@ -311,6 +311,8 @@ def plan(
                                   "or one TP group of all the GPUs"),
     max_num_seqs: Optional[str] = typer.Option(None, "--max-num-seqs", help="caps on running sequences per instance "
                                                "to search, comma-separated (default: the scenario's scheduler)"),
+    max_num_batched_tokens: Optional[str] = typer.Option(None, "--max-num-batched-tokens", help="token budgets per step "
+                                                         "per instance to search, comma-separated (default: the scenario's)"),
     disagg: bool = typer.Option(True, "--disagg/--no-disagg", help="also every split into prefill and decode "
                                 "instances, the K/V moved over the interconnect (default on)"),
     balancer: str = typer.Option("round-robin", "--balancer", help="how data-parallel replicas share the arrivals: "
@@ -323,7 +325,6 @@ def plan(
     steady state, with each one's max sustainable rate; exit 1 when none does."""
     from sim.inputs.scenario import load_scenario
     from sim.outputs.run_folder import check_out_path
-    from sim.plan.candidates import default_access, parse_counts, parse_gpus, parse_policies, parse_prices, parse_seqs
     from sim.runner.options import Execution
 
     if out is not None:
@@ -331,10 +332,20 @@ def plan(
     execution = Execution(executor, address, workers, cache).check()
     sc = load_scenario(scenario, set_)
     spec = _plan_spec(sc.slo, rate, ttft_p99_ms, tpot_p99_ms, requests, max_factor, top, balancer)
-    access = access if access is not None else default_access(sc)
-    names, ns, pols, prices = parse_gpus(gpus_), parse_counts(counts), parse_policies(policies, access), parse_prices(price)
-    _plan_run(scenario, sc, spec, (names, ns, pols, prices, price, parse_seqs(max_num_seqs)), (replicas, disagg, pareto),
-              execution, allow_large, as_json, all_rows, out, cache)
+    asked = _plan_asked(sc, gpus_, counts, policies, access, price, max_num_seqs, max_num_batched_tokens)
+    _plan_run(scenario, sc, spec, asked, (replicas, disagg, pareto), execution, allow_large, as_json, all_rows, out, cache)
+
+
+def _plan_asked(sc, gpus: str | None, counts: str | None, policies: str | None, access: str | None, price: list[str],
+                max_num_seqs: str | None, max_num_batched_tokens: str | None) -> tuple:
+    """What the plan searches, parsed (one clear line for each bad flag): (GPUs, counts, policies, prices,
+    the --price overrides, max_num_seqs values, token budgets)."""
+    from sim.plan import candidates as c
+
+    access = access if access is not None else c.default_access(sc)
+    seqs = c.parse_seqs(max_num_seqs)
+    return (c.parse_gpus(gpus), c.parse_counts(counts), c.parse_policies(policies, access), c.parse_prices(price), price,
+            seqs, c.parse_budgets(max_num_batched_tokens, seqs, sc))
 
 
 def _plan_run(path: Path, sc, spec, asked: tuple, layouts: tuple[bool, bool, bool], execution, allow_large: bool,
@@ -349,20 +360,21 @@ def _plan_run(path: Path, sc, spec, asked: tuple, layouts: tuple[bool, bool, boo
 
     from .plan_print import plan_doc, print_plan
 
-    names, ns, pols, prices, overrides, seqs = asked
+    names, ns, pols, prices, overrides, seqs, budgets = asked
     replicas, disagg, front = layouts
     t0 = time.monotonic()
     try:
         with _plan_progress(not as_json) as progress:
             result = search(sc, spec, names, ns, pols, prices, replicas=replicas, execution=execution,
                             allow_large=allow_large, progress=progress, disagg=disagg, seqs=seqs,
-                            front=front)
+                            front=front, budgets=budgets)
     except Interrupted as err:
         _interrupted(err, cache)
     rows, wall = result.rows, time.monotonic() - t0
     _said_about_store(result, cache)
     if out is not None:  # the three files replaced together
-        write_dir_atomic(out, plan_dir_files(rows, result.probes, plan_doc(path, sc, spec, names, ns, pols, layouts, overrides, seqs)))
+        write_dir_atomic(out, plan_dir_files(rows, result.probes, plan_doc(path, sc, spec, names, ns, pols, layouts, overrides, seqs,
+                                                                                   budgets)))
     if as_json:
         print(to_json(rows))
     else:

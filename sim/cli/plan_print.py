@@ -45,17 +45,23 @@ def _latency(r: dict, metric: str, spec) -> str:
     return "-"
 
 
+def _tokens(r: dict) -> str:
+    """" (2048 tokens)" where a token budget was searched."""
+    return f" ({int(r['max_num_batched_tokens'])} tokens)" if r.get("max_num_batched_tokens") else ""
+
+
 def plan_table(rows: list[dict], spec, title: str, reasons: bool) -> Table:
     """The rows as a table; `reasons`: with the "why not" column (failing rows are shown)."""
     t = Table(title=title)
-    cols = ["#", "GPUs", "layout", "seqs", "policy", "output", "$/h", "$/M tok", "TTFT p99", "TPOT p99", "max rate",
-            "binding"]
+    budgets = any(r.get("max_num_batched_tokens") for r in rows)  # a column only where budgets were searched
+    cols = ["#", "GPUs", "layout", "seqs"] + (["tokens"] if budgets else []) + [
+        "policy", "output", "$/h", "$/M tok", "TTFT p99", "TPOT p99", "max rate", "binding"]
     for col in cols + (["why not"] if reasons else []):
         t.add_column(col, justify="left" if col in ("GPUs", "layout", "policy", "output", "binding", "why not") else "right")
     for r in rows:
         per_m = "-" if r["usd_per_million_tokens"] is None else f"{r['usd_per_million_tokens']:.2f}"
-        cells = [str(r["rank"] or ""), f"{r['gpus']} x {r['gpu']}", r["layout"], str(r["max_num_seqs"] or ""),
-                 r["policy"], r["output"],
+        cells = [str(r["rank"] or ""), f"{r['gpus']} x {r['gpu']}", r["layout"], str(r["max_num_seqs"] or "")] + (
+                 [str(r.get("max_num_batched_tokens") or "")] if budgets else []) + [r["policy"], r["output"],
                  f"{r['usd_per_hour']:.2f}", per_m, _latency(r, "ttft", spec), _latency(r, "tpot", spec), _rate(r),
                  r["binding"] or ""]
         t.add_row(*cells, *([r["reason"] or ""] if reasons else []), style=None if r["status"] == "pass" else "dim")
@@ -106,7 +112,7 @@ def print_plan(console: Console, result, sc, spec, all_rows: bool, wall_s: float
         console.print(f"Pareto per GPU count (output tokens/s per GPU at the max rate vs tokens/s per user at the rate; "
                       f"{whole}):", soft_wrap=True)
         for n, points in front.items():
-            text = "; ".join(f"{p['layout']} {p['gpu']} {p['policy']}: {p['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, "
+            text = "; ".join(f"{p['layout']} {p['gpu']} {p['policy']}{_tokens(p)}: {p['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, "
                              f"{p['tokens_per_s_per_user']:,.0f} tok/s/user" for p in points)
             console.print(f"  {n} GPUs: {text}", soft_wrap=True, highlight=False)
     counts = {s: sum(r["status"] == s for r in rows) for s in ("pass", "fail", "unsearched", "screened", "pruned")}
@@ -123,7 +129,7 @@ def print_plan(console: Console, result, sc, spec, all_rows: bool, wall_s: float
 
 
 def plan_doc(path: Path, sc, spec, gpus: list[str], counts: list[int], policies: list[str], layouts: tuple[bool, bool, bool],
-             price_overrides: list[str], seqs: list[int | None]):
+             price_overrides: list[str], seqs: list[int | None], budgets: list[int | None] = (None,)):
     """plan.json: what `kvsim plan` was asked (sim.plan.files.PlanDoc)."""
     from sim import __version__
     from sim.plan.answer import engine_phrase
@@ -135,6 +141,7 @@ def plan_doc(path: Path, sc, spec, gpus: list[str], counts: list[int], policies:
                    max_factor=spec.max_factor, tolerance=spec.tolerance, top=spec.top, gpus=gpus, counts=counts,
                    policies=policies, replicas=layouts[0], disagg=layouts[1], pareto=layouts[2],
                    max_num_seqs=[s or sc.scheduler.max_num_seqs for s in seqs],
+                   max_num_batched_tokens=[b for b in budgets if b],
                    prices_source="sim/catalog/prices.yaml (assumed on-demand list prices, not quotes)",
                    price_overrides=list(price_overrides), kvtier_version=__version__,
                    engine=engine_phrase(sc.engine))

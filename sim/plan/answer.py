@@ -85,7 +85,8 @@ def pareto(rows: list[dict], mean_output_tokens: float) -> dict[int, list[dict]]
     """Per GPU count, the passing configurations no other of that count beats on both output
     tokens/s per GPU (at its max rate) and tokens/s per user (1 / its p99 TPOT at the rate asked),
     a lossy one never beating an exact one (`sim.plan.front.Point.beats`):
-    {count: [{layout, gpu, policy, output, tokens_per_s_per_gpu, tokens_per_s_per_user, max_rate_per_s}]}."""
+    {count: [{layout, gpu, policy, output, tokens_per_s_per_gpu, tokens_per_s_per_user, max_rate_per_s,
+    max_num_batched_tokens (None: the scenario's)}]}."""
     from .front import Point
 
     points: dict[int, list[dict]] = {}
@@ -94,6 +95,7 @@ def pareto(rows: list[dict], mean_output_tokens: float) -> dict[int, list[dict]]
             continue
         points.setdefault(r["gpus"], []).append(dict(
             gpu=r["gpu"], layout=r["layout"], policy=r["policy"], output=r["output"], max_rate_per_s=r["max_rate_per_s"],
+            max_num_batched_tokens=r.get("max_num_batched_tokens"),
             tokens_per_s_per_gpu=r["max_rate_per_s"] * mean_output_tokens / r["gpus"],
             tokens_per_s_per_user=1e3 / r["tpot_p99_ms"]))
     front = {}
@@ -144,12 +146,13 @@ def launch_lines(best: dict, base: Scenario, host_peak_bytes_per_gpu: float | No
     s, m = base.scheduler, base.model
     moe = resolve_model(base.model).is_moe
     seqs = best.get("max_num_seqs") or s.max_num_seqs
+    budget = best.get("max_num_batched_tokens") or s.max_num_batched_tokens
     host_offload_bytes = host_peak_bytes_per_gpu * best["tp"] if host_peak_bytes_per_gpu else host_peak_bytes_per_gpu
     trtllm = base.engine is not None and base.engine.name == "tensorrt-llm"
     trtllm_fraction = base.engine.free_gpu_memory_fraction if trtllm else None
 
     def commands(tp: int, dp: int, policy: str, offload: float | None) -> dict[str, str]:
-        return launch_commands(model, tp, dp, seqs, s.max_num_batched_tokens, util, s.chunked_prefill,
+        return launch_commands(model, tp, dp, seqs, budget, util, s.chunked_prefill,
                                policy, offload, m.weight_dtype, m.kv_dtype, best.get("experts"), moe,
                                _sglang_fraction(base, best, tp), trtllm_fraction)
 

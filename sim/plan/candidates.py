@@ -28,6 +28,7 @@ from sim.inputs.limits import (
     MAX_RATE_FACTOR,
     MAX_RATE_PER_S,
     MAX_SECONDS,
+    MAX_TOKENS,
     MAX_USD_PER_GPU_HOUR,
     NODE_GPUS,
 )
@@ -77,6 +78,7 @@ class Candidate:
     max_num_seqs: int | None = None  # the scheduler's cap per instance; None: the scenario's
     experts: str | None = None  # a mixture of experts' layout (`EXPERT_LAYOUTS`); None: experts split by TP
     pp: int = 1  # pipeline stages per replica, each of tp GPUs (`pipeline_layouts`)
+    token_budget: int | None = None  # its max_num_batched_tokens per step (--max-num-batched-tokens); None: the scenario's
 
     @property
     def tp_size(self) -> int:
@@ -165,6 +167,25 @@ def parse_seqs(text: str | None) -> list[int | None]:
         if not item.isdigit() or not 1 <= int(item) <= MAX_SEQS:
             raise ConfigError(f"expected whole numbers from 1 to {MAX_SEQS:,}, got {item!r}", field="--max-num-seqs")
         out += [int(item)] if int(item) not in out else []
+    return sorted(out)
+
+
+def parse_budgets(text: str | None, seqs: list[int | None], base: Scenario) -> list[int | None]:
+    """--max-num-batched-tokens: token budgets per step to search, or [None] (the scenario's). Each must be
+    at least every max_num_seqs searched, as vLLM requires (vllm/config/scheduler.py: max_num_batched_tokens
+    >= max_num_seqs): a step schedules one token of every running decode."""
+    if text is None:
+        return [None]
+    out = []
+    for item in parse_list(text, "--max-num-batched-tokens"):
+        if not item.isdigit() or not 1 <= int(item) <= MAX_TOKENS:
+            raise ConfigError(f"expected whole numbers from 1 to {MAX_TOKENS:,}, got {item!r}",
+                              field="--max-num-batched-tokens")
+        out += [int(item)] if int(item) not in out else []
+    caps = max(s or base.scheduler.max_num_seqs for s in seqs)
+    if min(out) < caps:
+        raise ConfigError(f"{min(out):,} is below max_num_seqs {caps:,}: a step must have a token for every running "
+                          f"request (vLLM refuses max_num_batched_tokens < max_num_seqs)", field="--max-num-batched-tokens")
     return sorted(out)
 
 
@@ -311,6 +332,8 @@ def candidate_scenario(base: Scenario, cand: Candidate, rate: float, spec: PlanS
     slo = {k: v * 1000.0 for k, v in (("ttft_ms", spec.ttft_s), ("tpot_ms", spec.tpot_s)) if v is not None}
     if cand.max_num_seqs:
         data["scheduler"] = {**(data.get("scheduler") or {}), "max_num_seqs": cand.max_num_seqs}
+    if cand.token_budget:
+        data["scheduler"] = {**(data.get("scheduler") or {}), "max_num_batched_tokens": cand.token_budget}
     data.update(hardware=hw, policy=policy, workload=work, parallel=cand.parallel,
                 sim={**(data.get("sim") or {}), "detail": "step"}, slo=slo)
     experts = f"-{cand.experts.replace('+', '-')}" if cand.experts else ""

@@ -109,8 +109,8 @@ def pool_scenarios(base: Scenario, cand, spec, rate: float):
     from .candidates import Candidate, candidate_scenario
 
     x, tp_p = cand.prefill
-    pre = Candidate(cand.gpu, tp_p, "full_hbm", max_num_seqs=cand.max_num_seqs)
-    dec = Candidate(cand.gpu, cand.tp_size, cand.policy, max_num_seqs=cand.max_num_seqs)
+    pre = Candidate(cand.gpu, tp_p, "full_hbm", max_num_seqs=cand.max_num_seqs, token_budget=cand.token_budget)
+    dec = Candidate(cand.gpu, cand.tp_size, cand.policy, max_num_seqs=cand.max_num_seqs, token_budget=cand.token_budget)
 
     def make_prefill(n: int) -> Scenario:
         sc = candidate_scenario(base, pre, rate / x, spec, requests=n, spread=x)
@@ -168,15 +168,15 @@ def screen_disagg(base: Scenario, cand, spec, curves: dict) -> tuple[object, flo
         curves["kv_transfer"] = (model_kv_bytes_per_token(base), float(build_requests(base.workload).prompt_tokens.max()))
     per_token, prompt = curves["kv_transfer"]
     transfer = kv_transfer_s(per_token, prompt, split_of(cand), fabric(cand.gpu, cand.count))
-    key_p = ("prefill", cand.gpu, tp_p, transfer, cand.max_num_seqs)
-    key_d = ("decode", cand.gpu, cand.tp_size, cand.policy, cand.max_num_seqs)
+    key_p = ("prefill", cand.gpu, tp_p, transfer, cand.max_num_seqs, cand.token_budget)
+    key_d = ("decode", cand.gpu, cand.tp_size, cand.policy, cand.max_num_seqs, cand.token_budget)
     if key_p not in curves:
-        sc = candidate_scenario(base, Candidate(cand.gpu, tp_p, "full_hbm", max_num_seqs=cand.max_num_seqs),
-                                spec.rate / x, spec)
+        sc = candidate_scenario(base, Candidate(cand.gpu, tp_p, "full_hbm", max_num_seqs=cand.max_num_seqs,
+                                                token_budget=cand.token_budget), spec.rate / x, spec)
         ttft = None if spec.ttft_s is None else spec.ttft_s - transfer
         curves[key_p] = (0.0, 0.0, "interconnect (K/V transfer)") if ttft is not None and ttft <= 0 else prefill_rate(sc, ttft)
     if key_d not in curves:
-        dec = Candidate(cand.gpu, cand.tp_size, cand.policy, max_num_seqs=cand.max_num_seqs)
+        dec = Candidate(cand.gpu, cand.tp_size, cand.policy, max_num_seqs=cand.max_num_seqs, token_budget=cand.token_budget)
         curves[key_d] = curve(candidate_scenario(base, dec, spec.rate / cand.replicas, spec), decode_only=True)
     pre_rate, _, pre_binds = curves[key_p]
     dec = curves[key_d]

@@ -68,7 +68,7 @@ def binding(probe: Probe, scenario: Scenario, curve: Curve | None) -> str:
 
 def key_of(cand: Candidate) -> str:
     return candidate_key(cand.gpu, cand.count, cand.tp_size, cand.policy, prefill_label(cand.prefill), cand.max_num_seqs,
-                         cand.experts, cand.pp)
+                         cand.experts, cand.pp, cand.token_budget)
 
 
 def probe_rows(cand: Candidate, number: int, step: str, rate: float, probe: Probe, ttft_s: float | None,
@@ -152,8 +152,9 @@ def evaluate(base: Scenario, cand: Candidate, spec: PlanSpec, curve: Curve | Non
 def blank_row(cand: Candidate) -> dict:
     """A candidate's row before any figure (a failure until the search says otherwise)."""
     stages = {"pp": cand.pp} if cand.pp > 1 else {}  # (a row without pp has none: as stored before pipelines)
+    budget = {"max_num_batched_tokens": cand.token_budget} if cand.token_budget else {}  # (... nor one without a budget)
     return dict(gpu=cand.gpu, gpus=cand.count, tp=cand.tp_size, **stages, dp=cand.replicas, prefill=prefill_label(cand.prefill),
-                experts=cand.experts, max_num_seqs=cand.max_num_seqs, policy=cand.policy, status="fail",
+                experts=cand.experts, max_num_seqs=cand.max_num_seqs, **budget, policy=cand.policy, status="fail",
                 ttft_p99_ms=None, tpot_p99_ms=None, max_rate_per_s=None, max_rate_capped=None, next_rate_per_s=None,
                 binding=None, reason=None, verdict_requests=None, verdict_duration_s=None, host_peak_bytes=None)
 
@@ -270,6 +271,8 @@ class CandidateTask:
         cand = asdict(self.cand)
         if cand["pp"] == 1:  # no pipeline: keys stored before there were pipeline layouts still hold
             del cand["pp"]
+        if cand["token_budget"] is None:  # the scenario's budget: ... and before budgets were searched
+            del cand["token_budget"]
         return {"base": base, "files": file_digests(self.base), "candidate": cand, "spec": spec,
                 "search": "steady-state probes, screen-bracketed, above a passing screen, below the lowest failure"}
 
@@ -282,15 +285,17 @@ class CandidateTask:
 
     def accepts(self, result: Any) -> bool:
         """A stored result is this candidate's search: evaluate's row and probes, of this candidate."""
-        if not isinstance(result, dict) or not isinstance(result.get("pp", 1), int):
+        if not isinstance(result, dict) or not isinstance(result.get("pp", 1), int) \
+                or not isinstance(result.get("max_num_batched_tokens", 0), int):
             return False
-        row = {k: v for k, v in result.items() if k != "pp"}  # pp: only a pipeline's row has it
+        row = {k: v for k, v in result.items() if k not in ("pp", "max_num_batched_tokens")}  # only some rows have them
         if not has_fields(row, CANDIDATE_RESULT) or result["status"] not in ("pass", "fail"):
             return False
         c = self.cand
         mine = (c.gpu, c.count, c.tp_size, c.replicas, prefill_label(c.prefill), c.experts, c.max_num_seqs, c.policy)
         got = ("gpu", "gpus", "tp", "dp", "prefill", "experts", "max_num_seqs", "policy")
-        if tuple(result[k] for k in got) != mine or result.get("pp", 1) != c.pp:  # (stored before pp: 1)
+        if tuple(result[k] for k in got) != mine or result.get("pp", 1) != c.pp \
+                or result.get("max_num_batched_tokens") != c.token_budget:  # (stored before pp: 1; no budget: None)
             return False
         name = key_of(c)
         return all(has_fields(p, PROBE_RESULT) and p["candidate"] == name for p in result["probes"])

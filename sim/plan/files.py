@@ -22,14 +22,16 @@ PLAN_FILES = (PLAN_CSV, PROBES_CSV, PLAN_JSON)
 # instances', `prefill` "1xTP2": the prefill instances; empty for an aggregated layout). `experts`: a
 # mixture of experts' layout - empty (experts split by tensor parallelism), ep (whole experts split over
 # the group, layout "TP8+EP8") or ep+dpa (and attention data-parallel, "DPA8+EP8"). `max_num_seqs`:
-# the scheduler's cap on running sequences per instance (a searched dimension: --max-num-seqs). `output`: exact, or lossy for a policy that deletes tokens. `status`: pass,
+# the scheduler's cap on running sequences per instance (a searched dimension: --max-num-seqs);
+# `max_num_batched_tokens`: its token budget per step where --max-num-batched-tokens searched one
+# (empty: the scenario's). `output`: exact, or lossy for a policy that deletes tokens. `status`: pass,
 # fail (simulated), screened (the analytic screen's max rate is far below the rate: not simulated),
 # unsearched (cheaper configurations already passed: not simulated), pruned (cannot hold the model).
 # `screen_max_rate_per_s`: the screen's estimate (sim.plan.screen). `usd_per_million_tokens`: $/hour
 # over the output tokens an hour at the rate asked. `verdict_requests` and `verdict_duration_s`: the
 # run length of the probe at the rate asked (one replica); `host_peak_bytes`: its host memory peak (the
 # host KV pool a tiered launch command asks for).
-PLAN_COLUMNS = ["rank", "gpu", "gpus", "tp", "pp", "dp", "prefill", "experts", "layout", "max_num_seqs", "policy", "output", "status", "usd_per_hour",
+PLAN_COLUMNS = ["rank", "gpu", "gpus", "tp", "pp", "dp", "prefill", "experts", "layout", "max_num_seqs", "max_num_batched_tokens", "policy", "output", "status", "usd_per_hour",
                 "usd_per_million_tokens", "ttft_p99_ms", "tpot_p99_ms", "max_rate_per_s", "max_rate_capped",
                 "next_rate_per_s", "screen_max_rate_per_s", "binding", "reason", "verdict_requests",
                 "verdict_duration_s", "host_peak_bytes", "price_source"]
@@ -61,11 +63,13 @@ MISS_KEYS = (MISS_TTFT, MISS_TPOT, MISS_FIT, MISS_OVERLOAD)
 
 
 def candidate_key(gpu: str, gpus: int, tp: int, policy: str, prefill: str | None = None,
-                  max_num_seqs: int | None = None, experts: str | None = None, pp: int = 1) -> str:
-    """One candidate's name in probes.csv; plan.csv's gpu, gpus, tp, pp, policy, prefill, max_num_seqs
-    and experts columns give the same."""
+                  max_num_seqs: int | None = None, experts: str | None = None, pp: int = 1,
+                  max_num_batched_tokens: int | None = None) -> str:
+    """One candidate's name in probes.csv; plan.csv's gpu, gpus, tp, pp, policy, prefill, max_num_seqs,
+    experts and max_num_batched_tokens columns give the same."""
     return (f"{gpu} x{int(gpus)} tp{int(tp)}" + (f" pp{int(pp)}" if pp > 1 else "") + (f" {experts}" if experts else "") + f" {policy}"
-            + (f" prefill {prefill}" if prefill else "") + (f" seqs {int(max_num_seqs)}" if max_num_seqs else ""))
+            + (f" prefill {prefill}" if prefill else "") + (f" seqs {int(max_num_seqs)}" if max_num_seqs else "")
+            + (f" tokens {int(max_num_batched_tokens)}" if max_num_batched_tokens else ""))
 
 
 def prefill_label(prefill: tuple[int, int] | None) -> str | None:
@@ -101,6 +105,7 @@ class PlanDoc(Document):
     disagg: bool = False  # ... and every prefill/decode split
     pareto: bool = False  # ... and every candidate that may lie on a GPU count's Pareto front (--pareto)
     max_num_seqs: list[int] = []  # the caps on running sequences searched
+    max_num_batched_tokens: list[int] = []  # the token budgets searched (empty: the scenario's)
     prices_source: str
     price_overrides: list[str]
     kvtier_version: str

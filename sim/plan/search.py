@@ -70,15 +70,17 @@ def _blank(cand: Candidate, status: str, reason: str | None) -> dict:
 
 
 def candidates(base: Scenario, gpus: list[str], counts: list[int], policies: list[str],
-               layouts: bool = True, disagg: bool = True,
-               seqs: list[int | None] | None = None) -> tuple[list[Candidate], list[dict]]:
+               layouts: bool = True, disagg: bool = True, seqs: list[int | None] | None = None,
+               budgets: list[int | None] | None = None) -> tuple[list[Candidate], list[dict]]:
     """Every candidate to screen, and a pruned row for each (count, policy) that cannot hold the
     model. `layouts`: every TP x DP split of each count, and TP x PP x DP ones where the GPUs lack
     NVLink (policies that keep K/V in HBM; else tp = count only); `disagg`: also every
     split into prefill and decode instances (`sim.plan.disagg.splits`); `seqs`: the max_num_seqs
-    values to try (default: the scenario's)."""
+    values to try (default: the scenario's); `budgets`: the max_num_batched_tokens values (default:
+    the scenario's, the candidates' token_budget None)."""
     todo, pruned = [], []
     caps = [s or base.scheduler.max_num_seqs for s in (seqs or [None])]
+    settings = [(m, b) for m in caps for b in (budgets or [None])]
     for g in gpus:
         moe: dict[int, list[str | None]] = {}  # tp -> the experts' layouts it holds (`expert_layouts`)
         for n in counts:
@@ -86,16 +88,17 @@ def candidates(base: Scenario, gpus: list[str], counts: list[int], policies: lis
             stages = pipeline_layouts(base, g, n) if layouts else []
             for p in policies:
                 if p in IN_HBM:  # a pipeline's stages keep their K/V in HBM (sim.serving.pipeline)
-                    todo += [Candidate(g, n, p, tp, max_num_seqs=m, pp=pp) for tp, pp in stages for m in caps]
+                    todo += [Candidate(g, n, p, tp, max_num_seqs=m, token_budget=b, pp=pp) for tp, pp in stages
+                             for m, b in settings]
                 if isinstance(tps, str):
-                    pruned.append(_blank(Candidate(g, n, p, max_num_seqs=caps[0]), "pruned", tps))
+                    pruned.append(_blank(Candidate(g, n, p, max_num_seqs=caps[0], token_budget=settings[0][1]), "pruned", tps))
                     continue
                 held = [tp for tp in tps if tp < n]  # a TP that holds the model with room for the other pool
-                for m in caps:
-                    todo += [Candidate(g, n, p, tp, max_num_seqs=m, experts=e) for tp in (tps if layouts else [n])
+                for m, b in settings:
+                    todo += [Candidate(g, n, p, tp, max_num_seqs=m, token_budget=b, experts=e) for tp in (tps if layouts else [n])
                              for e in moe.setdefault(tp, expert_layouts(base, g, tp))]
                     if disagg:
-                        todo += [Candidate(g, n, p, s.tp_d, (s.prefill, s.tp_p), m) for s in splits(held, n)]
+                        todo += [Candidate(g, n, p, s.tp_d, (s.prefill, s.tp_p), m, token_budget=b) for s in splits(held, n)]
     return todo, pruned
 
 
@@ -104,7 +107,7 @@ def _screen_one(base: Scenario, c: Candidate, spec: PlanSpec, curves: dict) -> t
     try:
         if c.prefill:
             return screen_disagg(base, c, spec, curves)
-        key = (c.gpu, c.tp_size, c.policy, c.max_num_seqs, c.experts, c.pp)
+        key = (c.gpu, c.tp_size, c.policy, c.max_num_seqs, c.token_budget, c.experts, c.pp)
         if key not in curves:
             curves[key] = curve(candidate_scenario(base, c, spec.rate / c.replicas, spec))
     except ConfigError as err:  # e.g. the scenario's other policy ratios and this hbm_ratio exceed 1
@@ -154,7 +157,7 @@ def _order(base: Scenario, kept: dict, prices: dict) -> list[Candidate]:
     """Exact first, then $/hour, aggregated before disaggregated, then the screen's rate."""
     return sorted(kept, key=lambda c: (lossy(c.policy, base), c.count * prices[c.gpu][0], c.prefill is not None,
                                        -kept[c][1], c.gpu, c.tp_size, c.pp, c.prefill or (0, 0), c.max_num_seqs or 0,
-                                       c.experts or ""))
+                                       c.token_budget or 0, c.experts or ""))
 
 
 def _passes_prefix(order: list[Candidate], base: Scenario, top: int) -> Callable[[list], int | None]:
@@ -264,10 +267,11 @@ def search(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], p
            prices: dict[str, tuple[float, str]], workers: int | None = None, replicas: bool = True,
            execution: Execution | None = None, allow_large: bool = False,
            progress: Callable[[int, int], None] | None = None, disagg: bool = True,
-           seqs: list[int | None] | None = None, front: bool = False) -> PlanResult:
+           seqs: list[int | None] | None = None, front: bool = False,
+           budgets: list[int | None] | None = None) -> PlanResult:
     """Every candidate's row (PLAN_COLUMNS), ranked, and the probes behind them (module docstring).
     `replicas`: every TP x DP layout (else one TP group of each count); `disagg`: prefill/decode splits too;
-    `seqs`: max_num_seqs values to search; `front`: after the cheapest prefix, every candidate that
+    `seqs`: max_num_seqs values to search; `budgets`: max_num_batched_tokens values; `front`: after the cheapest prefix, every candidate that
     may lie on its GPU count's Pareto front (`_front_rounds`). `progress(done, total)`
     after each candidate simulated. A search past MAX_PLAN_STEPS is refused before any simulation
     unless `allow_large` (check_plan_cost)."""
@@ -275,7 +279,7 @@ def search(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], p
     for g in gpus:
         if g not in prices:
             raise ConfigError(f"no price for {g} in sim/catalog/prices.yaml; give --price {g}=DOLLARS_PER_HOUR", field="--price")
-    cands, rows = candidates(base, gpus, counts, policies, replicas, disagg, seqs)
+    cands, rows = candidates(base, gpus, counts, policies, replicas, disagg, seqs, budgets)
     kept, screened = screen_all(base, cands, spec)
     rows += screened
     order = _order(base, kept, prices)
@@ -307,9 +311,11 @@ def rank(rows: list[dict], base: Scenario, spec: PlanSpec, prices: dict) -> list
                  output="lossy" if lossy(r["policy"], base) else "exact")
         r.setdefault("screen_max_rate_per_s", None)
         r.setdefault("pp", 1)  # a result stored before pipeline layouts
+        r.setdefault("max_num_batched_tokens", None)  # ... or before token budgets were searched
     rows.sort(key=lambda r: (STATUS_ORDER[r["status"]], r["output"] != "exact", r["usd_per_hour"], r["prefill"] is not None,
                              -(r["max_rate_per_s"] or r["screen_max_rate_per_s"] or 0.0), r["gpu"], r["gpus"], r["tp"], r["pp"],
-                             r["prefill"] or "", r["max_num_seqs"] or 0, r["experts"] or ""))
+                             r["prefill"] or "", r["max_num_seqs"] or 0, r.get("max_num_batched_tokens") or 0,
+                             r["experts"] or ""))
     n = 0
     for r in rows:
         n += r["status"] == "pass"
@@ -320,7 +326,7 @@ def rank(rows: list[dict], base: Scenario, spec: PlanSpec, prices: dict) -> list
 def row_candidate(r: dict) -> Candidate:
     """The candidate a plan row describes."""
     return Candidate(r["gpu"], r["gpus"], r["policy"], r["tp"], parse_prefill_label(r.get("prefill")), r.get("max_num_seqs"),
-                     r.get("experts") or None, int(r.get("pp") or 1))
+                     r.get("experts") or None, int(r.get("pp") or 1), r.get("max_num_batched_tokens") or None)
 
 
 def mean_output_tokens(base: Scenario) -> float:

@@ -14,9 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from sim.plan.files import candidate_key
-
-from .plan_input import PlanFiles
+from .plan_input import PlanFiles, row_key
 from .style import BASE_LAYOUT, policy_color
 
 LATENCY_PANELS = (("ttft_p99_ms", "p99 TTFT"), ("tpot_p99_ms", "p99 TPOT"))
@@ -27,16 +25,6 @@ ALL_CONFIGS = "every configuration"
 LATENCY_HEIGHT_PX = 540
 MENU_TOP_MARGIN_PX = 130  # room for the title, the configuration menu and the panel titles
 MISS_TEXT = "misses"
-
-
-def _count(v) -> int | None:
-    """A whole-number cell: None where empty."""
-    return None if pd.isna(v) else int(v)
-
-
-def _text(v) -> str | None:
-    """A text cell: None where empty (pandas reads it as NaN)."""
-    return None if not isinstance(v, str) and pd.isna(v) else v
 
 
 def config_label(gpu: str, gpus: int, tp: int, dp: int) -> str:
@@ -56,11 +44,19 @@ def _slo_ms(pf: PlanFiles) -> dict[str, float | None]:
     return {"ttft_p99_ms": pf.doc.ttft_p99_ms, "tpot_p99_ms": pf.doc.tpot_p99_ms}
 
 
+def _config(r, seqs: bool) -> str:
+    """A row's configuration label: GPUs and layout, and the scheduler settings where the plan searched them."""
+    label = f"{r.gpus} x {r.gpu} ({r.layout}"
+    label += f", {int(r.max_num_seqs)} seqs" if seqs and not pd.isna(r.max_num_seqs) else ""
+    label += f", {int(r.max_num_batched_tokens)} tokens" if not pd.isna(r.max_num_batched_tokens) else ""
+    return label + ")"
+
+
 def simulated(pf: PlanFiles) -> pd.DataFrame:
     """plan.csv's rows that have probes (not pruned, not invalid), with their key and configuration
     label, ordered by policy (plan.json's order) then cost."""
-    rows = pf.plan.assign(candidate=[candidate_key(r.gpu, r.gpus, r.tp, r.policy, _text(r.prefill), _count(r.max_num_seqs), _text(r.experts)) for r in pf.plan.itertuples()],
-                          config=[f"{r.gpus} x {r.gpu} ({r.layout})" for r in pf.plan.itertuples()])
+    rows = pf.plan.assign(candidate=[row_key(r) for r in pf.plan.itertuples()],
+                          config=[_config(r, len(pf.doc.max_num_seqs) > 1) for r in pf.plan.itertuples()])
     rows = rows[rows.candidate.isin(set(pf.probes.candidate))]
     order = {p: i for i, p in enumerate(pf.doc.policies)}
     rows = rows.assign(policy_order=[order.get(p, len(order)) for p in rows.policy])
@@ -216,7 +212,8 @@ def pareto_figure(pf: PlanFiles) -> go.Figure:
         pts = [r for r in rows if r["status"] == "pass" and r["tpot_p99_ms"] and r["gpus"] == n]
         fig.add_trace(go.Scatter(
             x=[1e3 / r["tpot_p99_ms"] for r in pts], y=[r["max_rate_per_s"] * mean_out / n for r in pts],
-            mode="markers", name=f"{n} GPUs", text=[f"{r['gpu']} {r['layout']} {r['policy']}" for r in pts],
+            mode="markers", name=f"{n} GPUs", text=[f"{r['gpu']} {r['layout']} {r['policy']}" + (f" ({int(r['max_num_batched_tokens'])} tokens)"
+                                                                   if r.get("max_num_batched_tokens") else "") for r in pts],
             hovertemplate="%{text}<br>%{x:.0f} tok/s/user, %{y:,.0f} tok/s/GPU<extra></extra>"))
         edge = sorted(front.get(n, []), key=lambda p: p["tokens_per_s_per_user"])
         fig.add_trace(go.Scatter(x=[p["tokens_per_s_per_user"] for p in edge], y=[p["tokens_per_s_per_gpu"] for p in edge],

@@ -30,7 +30,7 @@ from .validation_table import _numbers, _read_csv
 
 EXPECTED = f"the folder `kvsim plan --out DIR` writes ({', '.join(PLAN_FILES)})"
 STATUSES = ("pass", "fail", "unsearched", "screened", "pruned")
-PLAN_NUMBERS = ("rank", "gpus", "tp", "pp", "dp", "max_num_seqs", "usd_per_hour", "usd_per_million_tokens", "ttft_p99_ms", "tpot_p99_ms",
+PLAN_NUMBERS = ("rank", "gpus", "tp", "pp", "dp", "max_num_seqs", "max_num_batched_tokens", "usd_per_hour", "usd_per_million_tokens", "ttft_p99_ms", "tpot_p99_ms",
                 "max_rate_per_s", "next_rate_per_s", "screen_max_rate_per_s", "verdict_requests", "verdict_duration_s",
                 "host_peak_bytes")
 PROBE_NUMBERS = ("gpus", "tp", "dp", "probe", "offered_rate_per_s", "requests", "measured", "window_s", "duration_s",
@@ -56,6 +56,12 @@ def _count(v) -> int | None:
 def _text(v) -> str | None:
     """A text cell: None where empty (pandas reads it as NaN)."""
     return None if not isinstance(v, str) and pd.isna(v) else v
+
+
+def row_key(r) -> str:
+    """A plan.csv row's (a namedtuple of itertuples) candidate name, as probes.csv names it."""
+    return candidate_key(r.gpu, r.gpus, r.tp, r.policy, _text(r.prefill), _count(r.max_num_seqs), _text(r.experts),
+                         int(r.pp), _count(r.max_num_batched_tokens))
 
 
 def load_plan(path: str | Path) -> PlanFiles:
@@ -92,6 +98,8 @@ def _table(path: Path, columns: list[str], numbers: tuple[str, ...]) -> pd.DataF
         frame["experts"] = None
     if "pp" in columns and "pp" not in frame.columns:  # ... and before pipeline layouts: no pipeline
         frame["pp"] = 1
+    if "max_num_batched_tokens" in columns and "max_num_batched_tokens" not in frame.columns:  # ... before token
+        frame["max_num_batched_tokens"] = None  # budgets were searched: the scenario's
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise ConfigError(f"missing column(s) {', '.join(missing)}; expected {', '.join(columns)}", source=source)
@@ -123,7 +131,7 @@ def _check_plan(plan: pd.DataFrame, source: str) -> None:
     _require(plan, "status", source, lambda v: v in STATUSES, " or ".join(STATUSES))
     _require(plan, "usd_per_hour", source, lambda v: v >= 0, "a cost of at least 0")
     _flags(plan, "max_rate_capped", source, empty_ok=True)
-    keys = pd.Series([candidate_key(r.gpu, r.gpus, r.tp, r.policy, _text(r.prefill), _count(r.max_num_seqs), _text(r.experts)) for r in plan.itertuples()])
+    keys = pd.Series([row_key(r) for r in plan.itertuples()])
     twice = keys.duplicated().to_numpy()
     if twice.any():
         i = int(twice.argmax())
@@ -140,6 +148,6 @@ def _check_probes(probes: pd.DataFrame, plan: pd.DataFrame, source: str) -> None
              f"empty or some of {', '.join(MISS_KEYS)} joined by ';'")
     _flags(probes, "passed", source, empty_ok=False)
     _flags(probes, "certain", source, empty_ok=False)
-    keys = {candidate_key(r.gpu, r.gpus, r.tp, r.policy, _text(r.prefill), _count(r.max_num_seqs), _text(r.experts)) for r in plan.itertuples()}
+    keys = {row_key(r) for r in plan.itertuples()}
     _require(probes, "candidate", source, lambda v: v in keys, f"a candidate of {PLAN_CSV} in the same folder "
              "(are the files from one search?)")
