@@ -232,13 +232,24 @@ def confirm(plans: list[Done]) -> None:
         confirm_one(d, best, best["max_rate_per_s"], "at its max rate")
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux): VMs of one size differ by 2-3x in speed between kinds."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="skip the full Pareto sweep (d)")
     ap.add_argument("--workers", type=int, default=None,
                     help="local worker processes (default: all cores, as kvsim plan)")
     args = ap.parse_args()
-    print(f"machine: {os.cpu_count()} cores, {platform.platform()}, {platform.processor() or platform.machine()}, "
+    print(f"machine: {os.cpu_count()} cores, {platform.platform()}, {cpu_model()}, "
           f"Python {platform.python_version()}; workers: {args.workers or os.cpu_count()}; 1-minute load average "
           f"{os.getloadavg()[0]:.1f}")
     print("These are CPU simulation times of the planner (kvsim plan's search, in-process), not GPU figures.")
