@@ -186,8 +186,9 @@ def _run_in_order(base: Scenario, spec: PlanSpec, order: list[Candidate], kept: 
     candidates up to spec.top exact passes are all in (`_passes_prefix`); the rows of that prefix, the
     candidates after it (unsearched, though some may have been simulated: their results are stored,
     not shown), (computed, stored, damaged), and the rows of those after it that were simulated or
-    read all the same ({candidate: row}: the front search uses them rather than simulate them again). `before`: candidates simulated by earlier rounds,
-    for the progress count; `top`: in place of spec.top (which stays part of each result's key)."""
+    read all the same ({candidate: row}: the front search uses them rather than simulate them again).
+    `before`: candidates simulated by earlier rounds, for the progress count; `top`: in place of
+    spec.top (which stays part of each result's key)."""
     prefix = _passes_prefix(order, base, spec.top if top is None else top)
     finished = [before]
 
@@ -271,8 +272,8 @@ def search(base: Scenario, spec: PlanSpec, gpus: list[str], counts: list[int], p
            budgets: list[int | None] | None = None) -> PlanResult:
     """Every candidate's row (PLAN_COLUMNS), ranked, and the probes behind them (module docstring).
     `replicas`: every TP x DP layout (else one TP group of each count); `disagg`: prefill/decode splits too;
-    `seqs`: max_num_seqs values to search; `budgets`: max_num_batched_tokens values; `front`: after the cheapest prefix, every candidate that
-    may lie on its GPU count's Pareto front (`_front_rounds`). `progress(done, total)`
+    `seqs`: max_num_seqs values to search; `budgets`: max_num_batched_tokens values; `front`: after the
+    cheapest prefix, every candidate that may lie on its GPU count's Pareto front (`_front_rounds`). `progress(done, total)`
     after each candidate simulated. A search past MAX_PLAN_STEPS is refused before any simulation
     unless `allow_large` (check_plan_cost)."""
     check_spec(spec)
