@@ -1,8 +1,8 @@
 """The serving engine's shortcuts for runs that hold every token in HBM: the scheduler's dense counts
-(`Scheduler.dense`: full_hbm without swap, one column of prompt + generated tokens) and the decode
+(`Scheduler.dense`: full_hbm, one column of prompt + generated tokens) and the decode
 steps costed once per batch size (`ServingSim.decode_cost`). Each must give exactly what the general
 path gives - every request's times and every timeline row, bit for bit - in every regime it covers:
-an open queue, preemption, TensorRT-LLM's no-evict admission, unchunked prefill, closed-loop
+an open queue, preemption (recompute and swap), TensorRT-LLM's no-evict admission, unchunked prefill, closed-loop
 clients, a decode instance's prefilled requests and a model with window layers."""
 
 from __future__ import annotations
@@ -115,10 +115,19 @@ def test_policies_that_move_tokens_keep_the_general_path(policy, monkeypatch):
     pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
 
 
-def test_swap_preemption_keeps_the_general_path(monkeypatch):
-    data = scenario(scheduler={"preemption": "swap"})
-    _, _, dense = runs(data, monkeypatch)
-    assert not dense
+@pytest.mark.parametrize("swap_space_bytes", [None, 3e8])
+def test_swapped_requests_come_back_alike(swap_space_bytes, monkeypatch):
+    """Swap preemption: K/V out to the host and back, and (a small swap space) recomputed where it has no room."""
+    data = scenario(scheduler={"preemption": "swap", "swap_space_bytes": swap_space_bytes},
+                    arrivals={"kind": "poisson", "rate_per_s": 60.0, "requests": 300})
+    data["hardware"] = tight_hardware(data, 24)
+    fast, slow, dense = runs(data, monkeypatch)
+    assert dense and fast.summary.preemptions > 0 and fast.summary.swaps > 0
+    if swap_space_bytes:
+        assert fast.summary.swap_fallbacks > 0
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.timeline, slow.timeline, check_exact=True)
+    assert fast.summary == slow.summary
 
 
 def test_fields_replaced_is_dataclasses_replace():

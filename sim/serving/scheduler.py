@@ -130,9 +130,10 @@ class Scheduler:
         self.swaps = 0
         self.swap_fallbacks = 0  # preemptions recomputed because the swap had no room
         self.in_flight = None  # pipeline parallelism (`pipelined`): the requests of the batches in flight
-        # every token in T0 and nothing swapped (full_hbm, recompute): counts are one column, prompt +
-        # generated, and the host holds nothing - the same figures with fewer array passes (`_dense_needs`)
-        self.dense = isinstance(counter, FixedRows) and not counter.counter.tiering and self.swap is None
+        # every token in T0 (full_hbm): counts are one column, prompt + generated, and the host holds
+        # nothing of the running requests (only swapped K/V) - the same figures with fewer array passes
+        # (`_dense_needs`)
+        self.dense = isinstance(counter, FixedRows) and not counter.counter.tiering
 
     def pipelined(self) -> None:
         """Batches overlap (pipeline parallelism, vLLM's batch queue): a request in a batch in flight
@@ -203,9 +204,9 @@ class Scheduler:
             return
         keep = len(d.run)
         cum_hbm = np.cumsum(d.hbm)
-        if self.dense:  # nothing on the host
-            if keep and cum_hbm[-1] > m.kv_budget_bytes:
-                keep = int(np.count_nonzero(cum_hbm <= m.kv_budget_bytes))
+        if self.dense:  # nothing of theirs on the host (host_free < 0 only where swapped K/V overfills it)
+            if keep and (cum_hbm[-1] > m.kv_budget_bytes or host_free < 0):
+                keep = 0 if host_free < 0 else int(np.count_nonzero(cum_hbm <= m.kv_budget_bytes))
         else:
             cum_host = np.cumsum(d.host)
             if keep and (cum_hbm[-1] > m.kv_budget_bytes or cum_host[-1] > host_free):  # all fit unless the last does not
@@ -217,9 +218,9 @@ class Scheduler:
         self._totals(d)
 
     def _totals(self, d: _Draft) -> None:
-        if self.dense:  # admission counts HBM as it is (FixedRows); the host holds nothing
+        if self.dense:  # admission counts HBM as it is (FixedRows); the host holds swapped K/V alone
             d.total_hbm = d.admit_hbm = float(d.hbm.sum())
-            d.total_host = 0.0
+            d.total_host = 0.0 + self._held_host_bytes()
             return
         d.total_hbm, d.total_host = float(d.hbm.sum()), float(d.host.sum()) + self._held_host_bytes()
         d.admit_hbm = float(self.counter.admission_bytes(d.att, d.hbm).sum())
