@@ -31,6 +31,13 @@ def test_screen_front_keeps_the_points_nothing_beats_in_order_and_one_of_points_
     assert screen_front({"lossy": Point(12.0, 30.0, exact=False), "exact": Point(11.95, 30.1)}) == ["lossy", "exact"]
 
 
+def test_screen_front_takes_rates_past_the_cap_at_the_cap():
+    pts = {"wide": Point(350.0, 250.0), "fast_user": Point(160.0, 340.0), "slow": Point(60.0, 400.0)}
+    assert screen_front(pts) == ["wide", "fast_user", "slow"]
+    # no max rate exceeds the cap (80): past it the faster one per user beats the wider one
+    assert screen_front(pts, 80.0) == ["fast_user", "slow"]
+
+
 def test_a_point_stands_for_another_within_one_percent_on_both_axes_and_as_exact():
     a = Point(100.0, 50.0)
     assert NEAR_TIE == 0.01

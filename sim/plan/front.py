@@ -19,7 +19,8 @@ barely tells apart (full_hbm, tiered:auto and evict_only where HBM holds the bat
 within a few tenths of a percent - far inside the tolerance (10%) to which the search knows any
 simulated max rate, so simulating both would not tell them apart either.
 The rest are simulated in rounds, each round the ones no other remaining candidate beats on its
-estimates (`screen_front`), until every candidate is simulated, beaten or tied (`sim.plan.search`).
+estimates, rates past the search's cap taken at the cap (`screen_front`), until every candidate is
+simulated, beaten or tied (`sim.plan.search`).
 """
 
 from __future__ import annotations
@@ -82,12 +83,14 @@ def beaten_by(est: Point, simulated: list[tuple[object, Point, Point]], cap_rate
     return next((("ties", label, p) for label, p, e in simulated if e is not None and e.stands_for(est)), None)
 
 
-def screen_front(points: dict) -> list:
-    """The keys of `points` ({key: Point}) no other point beats, in the dict's order; of points the
-    screen cannot tell apart, the first only (the rest tie with it once it is simulated: `beaten_by`;
-    if it fails, a later round takes them)."""
+def screen_front(points: dict, cap_rate_per_s: float = float("inf")) -> list:
+    """The keys of `points` ({key: Point}) no other point beats, in the dict's order, each rate taken
+    at most `cap_rate_per_s` (no simulated max rate exceeds the search's cap, so estimates past it
+    are alike); of points the screen cannot tell apart, the first only (the rest tie with it once it
+    is simulated: `beaten_by`; if it fails, a later round takes them)."""
+    at = {k: Point(min(p.rate_per_s, cap_rate_per_s), p.tokens_per_s_per_user, p.exact) for k, p in points.items()}
     front = []
-    for k, p in points.items():
-        if not any(q.beats(p) for j, q in points.items() if j != k) and not any(points[j].stands_for(p) for j in front):
+    for k, p in at.items():
+        if not any(q.beats(p) for j, q in at.items() if j != k) and not any(at[j].stands_for(p) for j in front):
             front.append(k)
     return front

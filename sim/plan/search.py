@@ -236,7 +236,8 @@ def _front_rounds(base: Scenario, spec: PlanSpec, left: list[Candidate], kept: d
             done.add(c)
             off.append({**_blank(c, "unsearched", off_front_reason(c, est[c], *why)),
                         "screen_max_rate_per_s": kept[c][1]})
-        nxt = {c for n in {c.count for c in open_} for c in screen_front({c: est[c] for c in open_ if c.count == n})}
+        nxt = {c for n in {c.count for c in open_}
+               for c in screen_front({c: est[c] for c in open_ if c.count == n}, spec.max_factor * spec.rate)}
         order = [c for c in open_ if c in nxt]  # cheapest first, as the prefix
         if not order:
             break
