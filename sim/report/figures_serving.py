@@ -180,7 +180,8 @@ def plan_rows(pf: PlanFiles) -> list[dict]:
 
 
 def plan_sentences(pf: PlanFiles) -> list[str]:
-    """The answer sentence `kvsim plan` printed first, then what the search covered."""
+    """The answer sentence `kvsim plan` printed first, the fewest GPUs (where an exact configuration
+    passes), then what the search covered."""
     from sim.plan.answer import answer_sentence, fewest_sentence
     from sim.plan.front import OFF_FRONT
 
