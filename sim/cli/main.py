@@ -297,7 +297,8 @@ def plan(
                             "every one the screen keeps"),
     pareto: bool = typer.Option(False, "--pareto", help="also search every configuration that may lie on its GPU count's "
                                 "Pareto front (tokens/s per GPU vs per user); the rest are skipped where a simulated one "
-                                "beats their screen estimates by the margin (docs/planning.md)"),
+                                "beats their screen estimates by the margins or its estimates are within 1% of theirs "
+                                "(docs/planning.md)"),
     all_rows: bool = typer.Option(False, "--all", help="list every row, failing, screened and pruned ones too"),
     executor: str = typer.Option("local", "--executor", help=f"where the candidates run: {EXECUTOR_HELP}"),
     address: Optional[str] = typer.Option(None, "--address", help=ADDRESS_HELP),
