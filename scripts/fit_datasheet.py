@@ -9,8 +9,10 @@ measurements only - never on end-to-end figures, which are for validation:
   per weight dtype the tables measure (bf16, fp8 W8A8); FLOP efficiency(rows) is the catalog's default curve
   (efficiency.yaml gemm_flop_efficiency_by_rows) scaled to the fitted plateau `flop_efficiency`;
 - decode attention (one layer's call): floor + KV bytes / (HBM x efficiency), bf16 KV, head dim 128;
-- prefill attention (one layer's causal call over whole prompts): floor + max(FLOP / (bf16 peak x FLOP
-  efficiency), K/V bytes / (HBM x the decode fit's efficiency)), bf16 KV, head dim 128, prompts >= 15 tokens;
+- prefill attention (one layer's causal call over whole prompts of n tokens): floor + max(FLOP / (bf16
+  peak x FLOP efficiency x n / (n + half_tokens)), K/V bytes / (HBM x the decode fit's efficiency)), bf16
+  KV, head dim 128, prompts >= 15 tokens (short prompts fill the kernel's tiles poorly: one flat
+  efficiency left a 21-31% held-out median, this shape 9-16%);
 - an all-reduce (the engine's custom kernel, and NCCL): floor + per-GPU floor x (N - 1) + ring bytes
   2 (N - 1) / N x bytes / bus bandwidth.
 Each fit minimises squared log error (soft-L1, so a few noisy table points do not steer it) over the
@@ -111,14 +113,15 @@ def _attention(gpu, tune, held) -> dict:
             "tune": _errors(_attention_model(p, *args), meas), "held_out": _errors(_attention_model(p, *h_args), h_meas)}
 
 
-def _prefill_model(p, flop, nbytes, peak, hbm):
-    floor, ef = p
-    return floor + np.maximum(flop / (peak * ef), nbytes / hbm)
+def _prefill_model(p, flop, nbytes, n, peak, hbm):
+    floor, ef, half = p
+    return floor + np.maximum(flop / (peak * ef * n / (n + half)), nbytes / hbm)
 
 
 def _prefill(gpu, tune, held, attention: dict) -> dict | None:
-    """The prefill-attention floor and FLOP efficiency (`physics.prefill_attention_s`'s datasheet form),
-    the bytes side at the decode fit's HBM efficiency; None where the tables have no context table."""
+    """The prefill-attention floor, FLOP efficiency plateau and the prompt length at half of it
+    (`physics.prefill_attention_s`'s datasheet form), the bytes side at the decode fit's HBM
+    efficiency; None where the tables have no context table."""
     if tune.context_attention is None:
         return None
     spec = catalog.gpu(gpu)
@@ -129,12 +132,13 @@ def _prefill(gpu, tune, held, attention: dict) -> dict | None:
         b, n, h = (c[k].to_numpy().astype(float) for k in ("batch", "kv_tokens", "heads"))
         flop = 4 * h * 128 * b * n * (n + 1) / 2
         nbytes = b * n * 2 * kv_heads * 128 * 2.0
-        return (flop, nbytes, spec.bf16_flop_per_s, spec.hbm_bytes_per_s * attention["hbm_efficiency"]), c["latency_s"].to_numpy()
+        return (flop, nbytes, n, spec.bf16_flop_per_s, spec.hbm_bytes_per_s * attention["hbm_efficiency"]), \
+            c["latency_s"].to_numpy()
 
     args, meas = domain(tune.context_attention)
-    p = _fit(_prefill_model, [1e-5, 0.5], [0.0, 0.05], [1e-3, 1.0], args, meas)
+    p = _fit(_prefill_model, [1e-5, 0.6, 500.0], [0.0, 0.05, 1.0], [1e-3, 1.0, 1e5], args, meas)
     h_args, h_meas = domain(held.context_attention)
-    return {"floor_s": float(f"{p[0]:.4g}"), "flop_efficiency": round(float(p[1]), 4),
+    return {"floor_s": float(f"{p[0]:.4g}"), "flop_efficiency": round(float(p[1]), 4), "half_tokens": float(f"{p[2]:.4g}"),
             "tune": _errors(_prefill_model(p, *args), meas), "held_out": _errors(_prefill_model(p, *h_args), h_meas)}
 
 

@@ -5,6 +5,7 @@ errors for bad serving inputs."""
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -101,8 +102,10 @@ def test_mixed_step_by_hand():
                            prefill_tokens=c, prefill_position_sum=pos, prefill_kv_tokens=a + c, prefill_seqs=1)
     rows = decodes + c
     decode_attn = attention_s(attention_flop(model, t0), (t0 + decodes) * kv, hw)
+    n = (math.sqrt(1 + 8 * pos) - 1) / 2  # the one chunk's equivalent prompt length: n (n + 1) / 2 = pos
+    rate = hw.attention_flop_per_s * n / (n + hw.prefill_attention_half_tokens)
     prefill_attn = hw.prefill_attention_floor_s + roofline_s(4 * model.num_heads * model.head_dim * pos, (a + c) * kv,
-                                                             hw.attention_flop_per_s, hw.attention_hbm_bytes_per_s)
+                                                             rate, hw.attention_hbm_bytes_per_s)
     assert hw.prefill_attention_floor_s > 0  # the floor fitted on measured prefill attention (fitted_kernels.yaml)
     assert cost.layer.gemm_s == weight_kernel_s(model, hw, wd, gs, rows)
     assert cost.layer.attention_s == pytest.approx(decode_attn + prefill_attn, rel=1e-12)

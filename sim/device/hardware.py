@@ -211,6 +211,7 @@ class Hardware:
     dequant_op_per_s: float = float("inf")  # CUDA-core lane operations per second (FP32 rate / 2)
     attention_latency_s: float = 0.0  # floor of one decode-attention call (its time = this + bytes / rate)
     prefill_attention_floor_s: float = 0.0  # floor of one prefill-attention call (datasheet: this + roofline)
+    prefill_attention_half_tokens: float = 0.0  # prompt length at half the attention FLOP rate (datasheet; 0: flat)
     gemm_floor_s: float = 0.0  # floor of one GEMM call, added to its roofline time
     held_activation_bytes: float = 0.0  # activations an engine holds whatever the step (scenario engine:)
     # measured (rows, weight bytes / kernel time) of this weight dtype's kernel: replaces the model
@@ -381,6 +382,7 @@ class _Figures:
     attention_flop_efficiency: Sourced[float]
     attention_latency_s: Sourced[float]
     prefill_attention_floor_s: Sourced[float]
+    prefill_attention_half_tokens: Sourced[float]
     dequant_ops_per_weight: Sourced[float]
     weight_kernel: Sourced[str]
     weight_kernel_by_rows: Sourced[list | None]
@@ -401,15 +403,18 @@ class _Figures:
         return {name: v.source for name, v in values.items() if isinstance(v, Sourced)}
 
 
-def _prefill_figures(fit, eff: EfficiencyDefaults, ov) -> tuple[Sourced, Sourced]:
-    """(attention FLOP efficiency, prefill-attention floor): fitted on the measured context-attention
-    tables where they cover the GPU, the catalog default elsewhere; the efficiency overridable."""
+def _prefill_figures(fit, eff: EfficiencyDefaults, ov) -> tuple[Sourced, Sourced, Sourced]:
+    """(attention FLOP efficiency, prefill-attention floor, the prompt length at half that efficiency):
+    fitted on the measured context-attention tables where they cover the GPU, the catalog default
+    (flat) elsewhere; the efficiency overridable (an override is flat too)."""
     pf = fit.prefill_attention if fit else None
     f_eff = (Sourced(pf.flop_efficiency, pf.says("prefill attention")) if pf else
              Sourced(eff.attention_flop_efficiency, "default efficiency")).override(ov.attention_flop_efficiency)
     floor = Sourced(pf.floor_s, pf.says("prefill attention")) if pf else Sourced(eff.prefill_attention_floor_s,
                                                                                   "default (derived)")
-    return f_eff, floor
+    flat = not pf or ov.attention_flop_efficiency is not None
+    half = Sourced(0.0, "flat: one efficiency at every length") if flat else Sourced(pf.half_tokens, pf.says("prefill attention"))
+    return f_eff, floor, half
 
 
 def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyDefaults) -> _Figures:
@@ -425,7 +430,7 @@ def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyD
              Sourced(eff.weight_hbm_efficiency[weight_dtype], "default efficiency")).override(ov.weight_hbm_efficiency)
     a_eff = (Sourced(a.hbm_efficiency, a.says("decode attention")) if a else
              Sourced(eff.attention_hbm_efficiency, "default efficiency")).override(ov.attention_hbm_efficiency)
-    f_eff, p_floor = _prefill_figures(fit, eff, ov)
+    f_eff, p_floor, p_half = _prefill_figures(fit, eff, ov)
     gemm = Sourced(_Gemm(peak, eff.gemm_flop_efficiency_by_rows),
                    f"datasheet {gpu.name} {peak_name} peak x default efficiency by rows")
     if g:  # the default curve's shape, scaled to this GPU's fitted plateau
@@ -453,6 +458,7 @@ def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyD
         attention_flop_efficiency=f_eff,
         attention_latency_s=latency.override(ov.attention_latency_s),
         prefill_attention_floor_s=p_floor,
+        prefill_attention_half_tokens=p_half,
         dequant_ops_per_weight=dequant.override(ov.dequant_ops_per_weight),
         weight_kernel=kernel,
         weight_kernel_by_rows=Sourced(None, "modelled: weight streaming vs dequantisation + MMA"),
@@ -626,4 +632,5 @@ def _assemble(gpu: GpuSpec, link_spec: LinkSpec, figs: _Figures, h2d: LinkModel,
         weight_kernel_bytes_per_s_by_rows=figs.weight_kernel_by_rows.value,
         dequant_op_per_s=gpu.fp32_flop_per_s / FLOP_PER_MAC, attention_latency_s=figs.attention_latency_s.value,
         gemm_floor_s=figs.gemm_floor_s.value, prefill_attention_floor_s=figs.prefill_attention_floor_s.value,
+        prefill_attention_half_tokens=figs.prefill_attention_half_tokens.value,
     )

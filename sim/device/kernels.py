@@ -26,7 +26,7 @@ from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
 from .hardware import Hardware, resolve_hardware
 from .measured_kernels import MeasuredKernels, measured_kernels_for
-from .physics import attention_s, roofline_s, weight_gemm_s
+from .physics import attention_s, prefill_attention_flop_per_s, roofline_s, weight_gemm_s
 
 KERNELS = ("datasheet", "measured")
 DEFAULT_GROUP_SIZE = 128
@@ -104,7 +104,8 @@ def datasheet_cost(gpu: str, op: Operator) -> OpCost:
         pairs = op.batch * op.prompt_tokens * (op.prompt_tokens + 1) / 2
         flop = ATTN_MATMULS * FLOP_PER_MAC * op.heads * op.head_dim * pairs
         seconds = hw.prefill_attention_floor_s + roofline_s(flop, op.batch * op.prompt_tokens * kv_layer,
-                                                            hw.attention_flop_per_s, hw.attention_hbm_bytes_per_s)
+                                                            prefill_attention_flop_per_s(hw, op.prompt_tokens),
+                                                            hw.attention_hbm_bytes_per_s)
         return OpCost(seconds, "datasheet: physics.prefill_attention_s")
     hw = datasheet_hardware(gpu, tp=op.gpus)
     return OpCost(hw.allreduce_s(op.nbytes), "datasheet: Hardware.allreduce_s (ring: catalog interconnect busbw + per-hop latency)")

@@ -471,7 +471,8 @@ def prefill_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int
     per_layer = (
         weight_kernel_s(model, hw, weight_dtype, group_size, rows)
         + layer_comm_s(model, hw, rows)
-        + (hw.prefill_attention_floor_s + causal_flop / hw.attention_flop_per_s if measured is None else measured)
+        + (hw.prefill_attention_floor_s + causal_flop / prefill_attention_flop_per_s(hw, prompt_tokens) if measured is None
+           else measured)
         + hw.layer_overhead_s
     )
     return model.num_layers * per_layer + lm_head_s(model, hw, batch)
@@ -769,7 +770,8 @@ def prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_
     chunk token at position i (1-based) attends i tokens, so
     FLOP = 4 * H * d * sum over chunk tokens of i  (a whole prompt of P: 2 * P (P + 1) * H * d, as `prefill_s`),
     bytes = (prefix + chunk tokens) x KV bytes/token/layer (the prefix read, the chunk written),
-    time = floor + max(FLOP / attention FLOP/s, bytes / attention bytes/s): compute-bound for all but
+    time = floor + max(FLOP / attention FLOP/s at the chunks' equivalent prompt length
+    (`prefill_attention_flop_per_s`), bytes / attention bytes/s): compute-bound for all but
     short chunks behind a long prefix (floor and FLOP efficiency fitted per GPU on the measured
     context-attention tables where they cover it, `scripts/fit_datasheet.py`; else 0 and the default). With layer kinds: the tiered layers as above (`attention_flop`, the
     mean layer's), window layers at most min(position sum, kv tokens x W) tokens attended and linear
@@ -784,8 +786,25 @@ def prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_
     flop = attention_flop(model, position_sum)
     if model.layer_kinds:
         flop += _bounded_prefill_flop(model, position_sum, kv_tokens)
-    return hw.prefill_attention_floor_s + roofline_s(flop, kv_tokens * kv_bytes_per_token_layer, hw.attention_flop_per_s,
+    rate = prefill_attention_flop_per_s(hw, equivalent_prompt_tokens(position_sum, seqs))
+    return hw.prefill_attention_floor_s + roofline_s(flop, kv_tokens * kv_bytes_per_token_layer, rate,
                                                      hw.attention_hbm_bytes_per_s)
+
+
+def prefill_attention_flop_per_s(hw: Hardware, prompt_tokens: float) -> float:
+    """The datasheet model's attention FLOP rate for prompts of `prompt_tokens`: the fitted plateau x
+    n / (n + half_tokens) - short prompts fill the kernel's query and key tiles poorly (fitted on the
+    measured context-attention tables, `scripts/fit_datasheet.py`; flat where there is no fit)."""
+    half = hw.prefill_attention_half_tokens
+    if half <= 0 or prompt_tokens <= 0:
+        return hw.attention_flop_per_s
+    return hw.attention_flop_per_s * prompt_tokens / (prompt_tokens + half)
+
+
+def equivalent_prompt_tokens(position_sum: float, seqs: int) -> float:
+    """The prompt length n of `seqs` whole prompts attending as many (query, key) pairs: seqs x n (n + 1) / 2
+    = position sum (exact for whole prompts of one length; chunks behind a prefix take that length's rate)."""
+    return (math.sqrt(1.0 + 8.0 * position_sum / seqs) - 1.0) / 2.0 if seqs > 0 else 0.0
 
 
 def measured_prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, seqs: int,
@@ -799,7 +818,7 @@ def measured_prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: f
     k = hw.kernels
     if k is None or seqs <= 0 or model.layer_kinds or model.attention_dp > 1 or not k.has_context_attention():
         return None
-    n = (math.sqrt(1.0 + 8.0 * position_sum / seqs) - 1.0) / 2.0
+    n = equivalent_prompt_tokens(position_sum, seqs)
     element = kv_bytes_per_token_layer / (2 * model.num_kv_heads * model.head_dim)
     kv_dtype = "fp8" if element < 1.5 else "bf16"  # as `gqa_attention_s`
     return k.context_attention_one_s(seqs, n, model.num_heads, model.num_kv_heads, model.head_dim, kv_dtype)

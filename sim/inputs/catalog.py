@@ -162,7 +162,8 @@ class FittedAttention(_Fitted):
 
 class FittedPrefill(_Fitted):
     floor_s: float  # one prefill-attention call's floor
-    flop_efficiency: float  # of the bf16 peak
+    flop_efficiency: float  # of the bf16 peak, its plateau over long prompts
+    half_tokens: float = 0.0  # the prompt length at which it is half the plateau (0: flat)
 
 
 class FittedAllReduce(_Fitted):
