@@ -45,11 +45,6 @@ def _latency(r: dict, metric: str, spec) -> str:
     return "-"
 
 
-def _tokens(r: dict) -> str:
-    """" (2048 tokens)" where a token budget was searched."""
-    return f" ({int(r['max_num_batched_tokens'])} tokens)" if r.get("max_num_batched_tokens") else ""
-
-
 def plan_table(rows: list[dict], spec, title: str, reasons: bool) -> Table:
     """The rows as a table; `reasons`: with the "why not" column (failing rows are shown)."""
     t = Table(title=title)
@@ -86,7 +81,7 @@ def band_lines(rows: list[dict], sc) -> list[str]:
 
 def print_plan(console: Console, result, sc, spec, all_rows: bool, wall_s: float, out: Path | None) -> None:
     """The answer first, then the launch commands, the fewest GPUs, the accuracy bands, the table and the Pareto front."""
-    from sim.plan.answer import answer_sentence, engine_phrase, fewest_sentence, launch_lines, pareto
+    from sim.plan.answer import answer_sentence, budget_label, engine_phrase, fewest_sentence, launch_lines, pareto
     from sim.plan.front import OFF_FRONT
     from sim.plan.search import mean_output_tokens
 
@@ -112,7 +107,7 @@ def print_plan(console: Console, result, sc, spec, all_rows: bool, wall_s: float
         console.print(f"Pareto per GPU count (output tokens/s per GPU at the max rate vs tokens/s per user at the rate; "
                       f"{whole}):", soft_wrap=True)
         for n, points in front.items():
-            text = "; ".join(f"{p['layout']} {p['gpu']} {p['policy']}{_tokens(p)}: {p['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, "
+            text = "; ".join(f"{p['layout']} {p['gpu']} {p['policy']}{budget_label(p)}: {p['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, "
                              f"{p['tokens_per_s_per_user']:,.0f} tok/s/user" for p in points)
             console.print(f"  {n} GPUs: {text}", soft_wrap=True, highlight=False)
     counts = {s: sum(r["status"] == s for r in rows) for s in ("pass", "fail", "unsearched", "screened", "pruned")}

@@ -81,6 +81,11 @@ def fewest_sentence(rows: list[dict], rate: float, whole: bool) -> str | None:
     return said + "."
 
 
+def budget_label(r: dict) -> str:
+    """" (2048 tokens)" for a row or front point whose token budget was searched, else ""."""
+    return f" ({int(r['max_num_batched_tokens'])} tokens)" if r.get("max_num_batched_tokens") else ""
+
+
 def pareto(rows: list[dict], mean_output_tokens: float) -> dict[int, list[dict]]:
     """Per GPU count, the passing configurations no other of that count beats on both output
     tokens/s per GPU (at its max rate) and tokens/s per user (1 / its p99 TPOT at the rate asked),

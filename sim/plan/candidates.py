@@ -158,16 +158,19 @@ def parse_counts(text: str | None) -> list[int]:
     return sorted(out)
 
 
-def parse_seqs(text: str | None) -> list[int | None]:
-    """--max-num-seqs: caps on running sequences to search, or [None] (the scenario's)."""
-    if text is None:
-        return [None]
+def _whole_numbers(text: str, field: str, most: int) -> list[int]:
+    """A flag's comma-separated whole numbers from 1 to `most`, each once, sorted."""
     out = []
-    for item in parse_list(text, "--max-num-seqs"):
-        if not item.isdigit() or not 1 <= int(item) <= MAX_SEQS:
-            raise ConfigError(f"expected whole numbers from 1 to {MAX_SEQS:,}, got {item!r}", field="--max-num-seqs")
+    for item in parse_list(text, field):
+        if not item.isdigit() or not 1 <= int(item) <= most:
+            raise ConfigError(f"expected whole numbers from 1 to {most:,}, got {item!r}", field=field)
         out += [int(item)] if int(item) not in out else []
     return sorted(out)
+
+
+def parse_seqs(text: str | None) -> list[int | None]:
+    """--max-num-seqs: caps on running sequences to search, or [None] (the scenario's)."""
+    return [None] if text is None else _whole_numbers(text, "--max-num-seqs", MAX_SEQS)
 
 
 def parse_budgets(text: str | None, seqs: list[int | None], base: Scenario) -> list[int | None]:
@@ -176,17 +179,12 @@ def parse_budgets(text: str | None, seqs: list[int | None], base: Scenario) -> l
     >= max_num_seqs): a step schedules one token of every running decode."""
     if text is None:
         return [None]
-    out = []
-    for item in parse_list(text, "--max-num-batched-tokens"):
-        if not item.isdigit() or not 1 <= int(item) <= MAX_TOKENS:
-            raise ConfigError(f"expected whole numbers from 1 to {MAX_TOKENS:,}, got {item!r}",
-                              field="--max-num-batched-tokens")
-        out += [int(item)] if int(item) not in out else []
+    out = _whole_numbers(text, "--max-num-batched-tokens", MAX_TOKENS)
     caps = max(s or base.scheduler.max_num_seqs for s in seqs)
-    if min(out) < caps:
-        raise ConfigError(f"{min(out):,} is below max_num_seqs {caps:,}: a step must have a token for every running "
+    if out[0] < caps:
+        raise ConfigError(f"{out[0]:,} is below max_num_seqs {caps:,}: a step must have a token for every running "
                           f"request (vLLM refuses max_num_batched_tokens < max_num_seqs)", field="--max-num-batched-tokens")
-    return sorted(out)
+    return out
 
 
 def default_access(base: Scenario) -> str | None:

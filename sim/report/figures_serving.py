@@ -203,7 +203,7 @@ def pareto_figure(pf: PlanFiles) -> go.Figure:
     """Per GPU count, every passing configuration as output tokens/s per GPU (at its max rate)
     against tokens/s per user (1 / its p99 TPOT at the rate asked); the front joined by a line
     (`sim.plan.answer.pareto`)."""
-    from sim.plan.answer import pareto
+    from sim.plan.answer import budget_label, pareto
 
     rows = plan_rows(pf)
     mean_out = _mean_output_tokens(pf)
@@ -213,8 +213,7 @@ def pareto_figure(pf: PlanFiles) -> go.Figure:
         pts = [r for r in rows if r["status"] == "pass" and r["tpot_p99_ms"] and r["gpus"] == n]
         fig.add_trace(go.Scatter(
             x=[1e3 / r["tpot_p99_ms"] for r in pts], y=[r["max_rate_per_s"] * mean_out / n for r in pts],
-            mode="markers", name=f"{n} GPUs", text=[f"{r['gpu']} {r['layout']} {r['policy']}" + (f" ({int(r['max_num_batched_tokens'])} tokens)"
-                                                                   if r.get("max_num_batched_tokens") else "") for r in pts],
+            mode="markers", name=f"{n} GPUs", text=[f"{r['gpu']} {r['layout']} {r['policy']}{budget_label(r)}" for r in pts],
             hovertemplate="%{text}<br>%{x:.0f} tok/s/user, %{y:,.0f} tok/s/GPU<extra></extra>"))
         edge = sorted(front.get(n, []), key=lambda p: p["tokens_per_s_per_user"])
         fig.add_trace(go.Scatter(x=[p["tokens_per_s_per_user"] for p in edge], y=[p["tokens_per_s_per_gpu"] for p in edge],

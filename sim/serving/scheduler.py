@@ -220,7 +220,7 @@ class Scheduler:
     def _totals(self, d: _Draft) -> None:
         if self.dense:  # admission counts HBM as it is (FixedRows); the host holds swapped K/V alone
             d.total_hbm = d.admit_hbm = float(d.hbm.sum())
-            d.total_host = 0.0 + self._held_host_bytes()
+            d.total_host = self._held_host_bytes()
             return
         d.total_hbm, d.total_host = float(d.hbm.sum()), float(d.host.sum()) + self._held_host_bytes()
         d.admit_hbm = float(self.counter.admission_bytes(d.att, d.hbm).sum())
