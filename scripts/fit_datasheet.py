@@ -13,8 +13,10 @@ measurements only - never on end-to-end figures, which are for validation:
   peak x FLOP efficiency x n / (n + half_tokens)), K/V bytes / (HBM x the decode fit's efficiency)), bf16
   KV, head dim 128, prompts >= 15 tokens (short prompts fill the kernel's tiles poorly: one flat
   efficiency left a 21-31% held-out median, this shape 9-16%);
-- an all-reduce (the engine's custom kernel, and NCCL): floor + per-GPU floor x (N - 1) + ring bytes
-  2 (N - 1) / N x bytes / bus bandwidth.
+- an all-reduce (the engine's custom kernel, and NCCL), per group size N the tables measure: the faster of
+  two protocols, each floor + ring bytes 2 (N - 1) / N x bytes / its bus bandwidth (a latency protocol and a
+  bandwidth one: NCCL's LL and Simple, a custom kernel's one-shot and two-shot; one floor and busbw for
+  every N left a 19-31% held-out median, NCCL's floors taken from the custom fit 42-56%).
 Each fit minimises squared log error (soft-L1, so a few noisy table points do not steer it) over the
 domain a decode step asks for; the held-out lines (`split_tables`) are only scored, never fitted.
 `--check` fits and compares with the committed file instead of writing it (exit 1 if they differ).
@@ -143,11 +145,14 @@ def _prefill(gpu, tune, held, attention: dict) -> dict | None:
 
 
 def _allreduce_model(p, nbytes, gpus):
-    floor, per_gpu, bus = p
-    return floor + per_gpu * (gpus - 1) + 2 * (gpus - 1) / gpus * nbytes / (bus * 1e9)
+    """`collectives.two_protocol_allreduce_s`: the faster of a latency protocol and a bandwidth one."""
+    ring = 2 * (gpus - 1) / gpus * nbytes
+    return np.minimum(p[0] + ring / (p[1] * 1e9), p[2] + ring / (p[3] * 1e9))
 
 
 def _allreduce(tune, held) -> dict:
+    """Per implementation and group size the tables measure: two (floor, busbw) protocols, the faster
+    one taken at each size (NCCL's LL / Simple protocols, a custom kernel's one-shot / two-shot)."""
     out = {}
     for impl, t in tune.allreduce.items():
         def domain(c):
@@ -155,12 +160,20 @@ def _allreduce(tune, held) -> dict:
             return (c["bytes"].to_numpy(), c["gpus"].to_numpy().astype(float)), c["latency_s"].to_numpy()
 
         args, meas = domain(t)
-        p = _fit(_allreduce_model, [5e-6, 1e-6, 300.0], [0.0, 0.0, 1.0], [1e-4, 1e-4, 5000.0], args, meas)
         h_args, h_meas = domain(held.allreduce[impl])
-        out[impl] = {"floor_s": float(f"{p[0]:.4g}"), "floor_per_gpu_s": float(f"{p[1]:.4g}"),
-                     "bus_bytes_per_s": float(f"{p[2] * 1e9:.4g}"),
-                     "tune": _errors(_allreduce_model(p, *args), meas),
-                     "held_out": _errors(_allreduce_model(p, *h_args), h_meas)}
+        by_gpus, pred, h_pred = {}, np.empty_like(meas), np.empty_like(h_meas)
+        for n in sorted(set(args[1].astype(int))):
+            at, h_at = args[1] == n, h_args[1] == n
+            p = _fit(_allreduce_model, [5e-6, 50.0, 2e-5, 300.0], [0.0, 0.1, 0.0, 0.1], [1e-3, 5000.0, 1e-3, 5000.0],
+                     (args[0][at], float(n)), meas[at])
+            lat, bw = sorted([(p[0], p[1]), (p[2], p[3])])  # the latency protocol: the lower floor
+            p = [lat[0], lat[1], bw[0], bw[1]]
+            pred[at] = _allreduce_model(p, args[0][at], float(n))
+            h_pred[h_at] = _allreduce_model(p, h_args[0][h_at], float(n))
+            by_gpus[int(n)] = {"latency_floor_s": float(f"{p[0]:.4g}"), "latency_bus_bytes_per_s": float(f"{p[1] * 1e9:.4g}"),
+                               "bandwidth_floor_s": float(f"{p[2]:.4g}"),
+                               "bandwidth_bus_bytes_per_s": float(f"{p[3] * 1e9:.4g}")}
+        out[impl] = {"by_gpus": by_gpus, "tune": _errors(pred, meas), "held_out": _errors(h_pred, h_meas)}
     return out
 
 

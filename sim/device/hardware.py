@@ -18,6 +18,7 @@ from sim.inputs.profile import ComputeProfile, CopyCurve, Profile
 from sim.model.dtypes import FP8_COMPUTE_WEIGHT_DTYPES, WEIGHT_DTYPES
 from sim.model.units import FLOP_PER_MAC, GB
 
+from .collectives import Protocols, nearest_protocols, ring_bytes, two_protocol_allreduce_s
 from .engine_rules import CUSTOM_ALLREDUCE, LaunchRule, engine_allreduce_impl
 from .measured_kernels import MeasuredKernels, measured_kernels_for
 
@@ -218,9 +219,10 @@ class Hardware:
     weight_kernel_bytes_per_s_by_rows: list[tuple[float, float]] | None = None
     host_cpu: HostCpu | None = None  # attends T1/T2 on the host (policy.access host_attention / split)
     tp: int = 1  # GPUs in the tensor-parallel group
-    interconnect_bytes_per_s: float = float("inf")  # NCCL all-reduce busbw between them
+    interconnect_bytes_per_s: float = float("inf")  # NCCL all-reduce busbw between them (catalog fabric)
     interconnect_hop_s: float = 0.0
-    allreduce_floor_s: float = 0.0  # per all-reduce call, beside the per-hop latency
+    # the all-reduce fitted on measured tables, per group size (collectives.Protocols); () : the fabric's ring
+    allreduce_protocols: tuple[Protocols, ...] = ()
     # which all-reduce the engine runs over the TP group (`engine_rules.engine_allreduce_impl`): custom or nccl
     allreduce_impl: str = CUSTOM_ALLREDUCE
     alltoall_bytes_per_s: float = float("inf")  # expert-parallel dispatch/combine, bytes one GPU sends per second
@@ -228,18 +230,19 @@ class Hardware:
     kernels: MeasuredKernels | None = field(default=None, compare=False)  # hardware.kernels: measured
 
     def allreduce_s(self, nbytes: float, gpus: int | None = None) -> float:
-        """All-reduce of `nbytes` over the TP group (or `gpus` of it): floor + 2(N-1) x per-hop latency
-        + ring bytes 2(N-1)/N x bytes / busbw (the floor and hop fitted on the measured tables of the
-        all-reduce the engine runs over this group, `allreduce_impl`, where they cover the GPU); with
-        measured kernels that table itself; 0 on one GPU. The implementation is the TP group's (an
-        attention-data-parallel subgroup takes the same one)."""
+        """All-reduce of `nbytes` over the TP group (or `gpus` of it). With measured kernels the table of
+        the all-reduce the engine runs over this group (`allreduce_impl`); where a fit of that table covers
+        the GPU, its two protocols at the nearest measured group size (`collectives`); else the catalog
+        fabric's ring, 2(N-1)/N x bytes / busbw + 2(N-1) x per-hop latency. 0 on one GPU. The
+        implementation is the TP group's (an attention-data-parallel subgroup takes the same one)."""
         n = self.tp if gpus is None else gpus
         if n <= 1 or nbytes <= 0:
             return 0.0
         if self.kernels is not None:
             return _measured_allreduce_s(self.kernels, float(nbytes), n, self.allreduce_impl)
-        return (self.allreduce_floor_s + 2 * (n - 1) / n * nbytes / self.interconnect_bytes_per_s
-                + 2 * (n - 1) * self.interconnect_hop_s)
+        if self.allreduce_protocols:
+            return two_protocol_allreduce_s(nbytes, n, *nearest_protocols(self.allreduce_protocols, n)[1:])
+        return ring_bytes(nbytes, n) / self.interconnect_bytes_per_s + 2 * (n - 1) * self.interconnect_hop_s
 
     def alltoall_s(self, nbytes_out: float) -> float:
         """One expert-parallel dispatch or combine over the TP group, each GPU sending `nbytes_out` to
@@ -297,22 +300,32 @@ def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile |
 
 def _with_interconnect(hw: Hardware, gpu: GpuSpec, tp: int, engine: str = "vllm") -> Hardware:
     """The TP group's all-reduce: the one `engine` runs on this fabric (`engine_allreduce_impl`: its
-    custom kernel, or NCCL over PCIe beyond its limit), fitted on measured tables where they cover the
-    GPU (the custom fit where that implementation has none), else the catalog fabric's NCCL ring figures."""
+    custom kernel, or NCCL over PCIe beyond its limit), as `with_allreduce` costs it."""
     fabric = catalog.interconnect(gpu.interconnect)
     impl = engine_allreduce_impl(engine, tp, fabric.nvlink)
+    # (its source is named where a run uses it: sim/decode/context.py, attention data parallelism)
+    hw = replace(hw, tp=tp, alltoall_bytes_per_s=fabric.alltoall_bytes_per_s, alltoall_floor_s=fabric.alltoall_floor_s)
+    return with_allreduce(hw, impl)
+
+
+def with_allreduce(hw: Hardware, impl: str) -> Hardware:
+    """`hw` running the all-reduce `impl` (custom or nccl): fitted on the measured tables of that
+    implementation where they cover the GPU (the custom fit where that one has none), per group size;
+    else the catalog fabric's NCCL ring figures."""
+    gpu = hw.gpu
+    fabric = catalog.interconnect(gpu.interconnect)
     fit = catalog.fitted_kernels().get(gpu.name)
     ar = (fit.allreduce.get(impl) or fit.allreduce.get(CUSTOM_ALLREDUCE)) if fit else None
     hw = replace(hw, allreduce_impl=impl)
-    # (its source is named where a run uses it: sim/decode/context.py, attention data parallelism)
-    hw = replace(hw, alltoall_bytes_per_s=fabric.alltoall_bytes_per_s, alltoall_floor_s=fabric.alltoall_floor_s)
     if ar is None:
-        return replace(hw, tp=tp, interconnect_bytes_per_s=fabric.bus_bytes_per_s, interconnect_hop_s=fabric.per_hop_latency_s,
-                       sources={**hw.sources, "interconnect": f"catalog {fabric.name}: {fabric.source}"})
+        return replace(hw, interconnect_bytes_per_s=fabric.bus_bytes_per_s, interconnect_hop_s=fabric.per_hop_latency_s,
+                       allreduce_protocols=(), sources={**hw.sources, "interconnect": f"catalog {fabric.name}: {fabric.source}"})
     fitted_on = ("custom all-reduces (vLLM)" if impl == CUSTOM_ALLREDUCE else
                  "NCCL all-reduces (over PCIe the engine runs NCCL's: engine_rules.engine_allreduce_impl)")
-    return replace(hw, tp=tp, interconnect_bytes_per_s=ar.bus_bytes_per_s, interconnect_hop_s=ar.floor_per_gpu_s / 2,
-                   allreduce_floor_s=ar.floor_s, sources={**hw.sources, "interconnect": ar.says(fitted_on)})
+    protocols = tuple((n, *p.as_tuple()) for n, p in sorted(ar.by_gpus.items()))
+    said = (f"{ar.says(fitted_on)}; the faster of a latency and a bandwidth protocol per group size "
+            f"({', '.join(str(n) for n, *_ in protocols)} GPUs measured; another size takes the nearest)")
+    return replace(hw, allreduce_protocols=protocols, sources={**hw.sources, "interconnect": said})
 
 
 def with_measured_kernels(hw: Hardware, framework: str = FRAMEWORK) -> Hardware:

@@ -1,6 +1,9 @@
-"""Interpolation of measured kernel times: each table becomes a grid of log(measured / roofline) over
-log coordinates (sizes, batch, tokens, heads), so between measured points the roofline carries the
-physics and the grid only its smooth correction (a latency floor, a kernel's efficiency).
+"""Interpolation of measured kernel times: each table becomes a grid of log(measured / baseline) over
+log coordinates (sizes, batch, tokens, heads), so between measured points the baseline carries the
+physics and the grid only its smooth correction (a kernel's efficiency). The baseline is the
+roofline plus `floor_s`, the table's smallest time (`floored`): a kernel's launch floor, which a bare
+roofline would leave to the grid to bend around at the knee (the held-out interpolation median fell
+from 4.5-6.8% to 3.1-4.4% for decode attention with it).
 
 - Inside the grid: multilinear in the log coordinates (log-log in size).
 - Outside it: the nearest edge's ratio is held and the roofline scales it - the datasheet model
@@ -24,16 +27,24 @@ import numpy as np
 class RatioGrid:
     axes: tuple[np.ndarray, ...]  # log coordinates of each dimension, increasing
     log_ratio: np.ndarray  # shape = lengths of the axes, no NaN
+    floor_s: float = 0.0  # added to the roofline to make the baseline the ratio is taken over
 
     @classmethod
-    def from_points(cls, coords: np.ndarray, ratio: np.ndarray) -> RatioGrid:
-        """`coords` (points, dims) > 0 and `ratio` (points,) > 0: measured / roofline at each point."""
+    def from_points(cls, coords: np.ndarray, ratio: np.ndarray, floor_s: float = 0.0) -> RatioGrid:
+        """`coords` (points, dims) > 0 and `ratio` (points,) > 0: measured / baseline at each point."""
         logs = np.log(np.asarray(coords, dtype=float))
         axes = tuple(np.unique(logs[:, d]) for d in range(logs.shape[1]))
         index = tuple(np.searchsorted(ax, logs[:, d]) for d, ax in enumerate(axes))
         grid = np.full(tuple(len(ax) for ax in axes), np.nan)
         grid[index] = np.log(np.asarray(ratio, dtype=float))
-        return cls(axes, _fill_nearest(grid))
+        return cls(axes, _fill_nearest(grid), float(floor_s))
+
+    @classmethod
+    def floored(cls, coords: np.ndarray, seconds: np.ndarray, roofline_s: np.ndarray) -> RatioGrid:
+        """The grid of measured `seconds` over (their smallest + `roofline_s`) at each point."""
+        seconds = np.asarray(seconds, dtype=float)
+        floor = float(seconds.min())
+        return cls.from_points(coords, seconds / (np.asarray(roofline_s, dtype=float) + floor), floor)
 
     def __call__(self, coords: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(ratio, inside) at each row of `coords` (points, dims): the interpolated measured /

@@ -5,7 +5,8 @@ tokens each, the same heads) and an all-reduce (bytes over N GPUs, an
 implementation) - answered two ways:
 
 - `datasheet`: kvtier's own model, the formulas the step cost uses (`physics.weight_gemm_s`,
-  `physics.attention_s`, `Hardware.allreduce_s`) on the catalog GPU at its default efficiencies;
+  `physics.attention_s`, `Hardware.allreduce_s` of the operator's implementation) on the catalog GPU at
+  its default efficiencies;
 - `measured`: AIConfigurator's kernel tables (`measured_kernels`), where they cover the GPU.
 
 `kvsim ops` and benchmarks/operator_accuracy.py ask through here; the step cost asks the same
@@ -24,7 +25,7 @@ from sim.inputs.scenario import HardwareCfg
 from sim.model.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
-from .hardware import Hardware, resolve_hardware
+from .hardware import Hardware, resolve_hardware, with_allreduce
 from .measured_kernels import MeasuredKernels, measured_kernels_for
 from .physics import attention_s, prefill_attention_flop_per_s, roofline_s, weight_gemm_s
 
@@ -107,8 +108,9 @@ def datasheet_cost(gpu: str, op: Operator) -> OpCost:
                                                             prefill_attention_flop_per_s(hw, op.prompt_tokens),
                                                             hw.attention_hbm_bytes_per_s)
         return OpCost(seconds, "datasheet: physics.prefill_attention_s")
-    hw = datasheet_hardware(gpu, tp=op.gpus)
-    return OpCost(hw.allreduce_s(op.nbytes), "datasheet: Hardware.allreduce_s (ring: catalog interconnect busbw + per-hop latency)")
+    hw = with_allreduce(datasheet_hardware(gpu, tp=op.gpus), op.impl)
+    how = ("fitted protocols per group size" if hw.allreduce_protocols else "ring: catalog interconnect busbw + per-hop latency")
+    return OpCost(hw.allreduce_s(op.nbytes), f"datasheet: Hardware.allreduce_s ({op.impl}; {how})")
 
 
 def measured_kernels(gpu: str, framework: str = FRAMEWORK) -> MeasuredKernels:

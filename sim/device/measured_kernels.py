@@ -1,7 +1,8 @@
 """Operator times from measured kernel tables (`sim.inputs.kernel_tables`): a GEMM, one layer's decode
 attention, an all-reduce, one layer's MLA decode attention and one GPU's fused MoE experts, each as
-the table's roofline ratio interpolated (`kernel_grid`) times the operator's roofline on the GPU's
-datasheet peaks. At a measured point the answer is the
+the table's ratio to a baseline interpolated (`kernel_grid`) times that baseline: the operator's
+roofline on the GPU's datasheet peaks, plus (GEMMs, GQA attention, all-reduces) the table's smallest
+time as a floor. At a measured point the answer is the
 measurement; between points the ratio is interpolated in log coordinates; outside the table the
 edge's ratio is held (the datasheet roofline scaled to the table's edge). Every answer says whether
 it fell inside the table and which slice it used.
@@ -129,7 +130,7 @@ class MeasuredKernels:
         def build(part):
             dtype, t = part
             roof = gemm_roofline_s(t["m"], t["n"], t["k"], _gemm_bytes(dtype), self._peak(dtype), self.gpu.hbm_bytes_per_s)
-            return RatioGrid.from_points(t[["m", "n", "k"]].to_numpy(), t["latency_s"].to_numpy() / roof)
+            return RatioGrid.floored(t[["m", "n", "k"]].to_numpy(), t["latency_s"].to_numpy(), roof)
 
         return LazyGrids(build, {dtype: (dtype, t) for dtype, t in self.tables.gemm.groupby("dtype")})
 
@@ -139,9 +140,10 @@ class MeasuredKernels:
         if key not in self._gemm_grids:
             raise KeyError(f"no measured {dtype} GEMM table for {self.tables.system}")
         m, n, k = np.broadcast_arrays(*(np.atleast_1d(np.asarray(x, dtype=float)) for x in (m, n, k)))
-        ratio, inside = self._gemm_grids[key](np.column_stack([m, n, k]))
+        grid = self._gemm_grids[key]
+        ratio, inside = grid(np.column_stack([m, n, k]))
         roof = gemm_roofline_s(m, n, k, _gemm_bytes(key), self._peak(key), self.gpu.hbm_bytes_per_s)
-        return Lookup(roof * ratio, inside, self.tables.source(f"gemm {GEMM_DTYPES[key]}"))
+        return Lookup((roof + grid.floor_s) * ratio, inside, self.tables.source(f"gemm {GEMM_DTYPES[key]}"))
 
     # ---- decode attention -------------------------------------------------------------------------
     @cached_property
@@ -156,7 +158,7 @@ class MeasuredKernels:
             hkv = np.where(kv_heads == 0, t["heads"], kv_heads)
             roof = roofline(t["batch"], t["kv_tokens"], t["heads"].to_numpy(), hkv, head_dim,
                             KV_FORMATS[kv_dtype].bytes_per_element, self.gpu.bf16_flop_per_s, self.gpu.hbm_bytes_per_s)
-            return RatioGrid.from_points(t[["heads", "batch", "kv_tokens"]].to_numpy(), t["latency_s"].to_numpy() / roof)
+            return RatioGrid.floored(t[["heads", "batch", "kv_tokens"]].to_numpy(), t["latency_s"].to_numpy(), roof)
 
         parts = table.groupby(["kv_dtype", "kv_heads", "head_dim", "window"])
         return LazyGrids(build, {(d, int(h), int(hd), int(w)): ((d, h, hd, w), t) for (d, h, hd, w), t in parts})
@@ -167,10 +169,11 @@ class MeasuredKernels:
         key, note = self._attention_slice(heads, kv_heads, head_dim, kv_dtype, window)
         b, n = np.broadcast_arrays(np.atleast_1d(np.asarray(batch, dtype=float)), np.atleast_1d(np.asarray(kv_tokens, dtype=float)))
         n = np.maximum(n, 1.0)
-        ratio, inside = self._attention_slices[key](np.column_stack([np.full(len(b), float(heads)), b, n]))
+        grid = self._attention_slices[key]
+        ratio, inside = grid(np.column_stack([np.full(len(b), float(heads)), b, n]))
         kv_bytes = KV_FORMATS[kv_dtype].bytes_per_element
         roof = attention_roofline_s(b, n, heads, kv_heads, head_dim, kv_bytes, self.gpu.bf16_flop_per_s, self.gpu.hbm_bytes_per_s)
-        return Lookup(roof * ratio, inside & (note == ""), self.tables.source("generation_attention"), note)
+        return Lookup((roof + grid.floor_s) * ratio, inside & (note == ""), self.tables.source("generation_attention"), note)
 
     def decode_attention_one_s(self, batch: float, kv_tokens: float, heads: int, kv_heads: int, head_dim: int,
                                kv_dtype: str = "bf16", window: int = 0) -> float:
@@ -178,12 +181,13 @@ class MeasuredKernels:
         scalars (a serving step asks one at a time; the array machinery cost more than the lookup)."""
         key, _ = self._attention_slice(heads, kv_heads, head_dim, kv_dtype, window)
         b, n = float(batch), max(float(kv_tokens), 1.0)
-        ratio, _ = self._attention_slices[key]._at((float(heads), b, n))
+        grid = self._attention_slices[key]
+        ratio, _ = grid._at((float(heads), b, n))
         kv_bytes = KV_FORMATS[kv_dtype].bytes_per_element
         flop = ATTN_MATMULS * FLOP_PER_MAC * b * n * heads * head_dim
         moved = b * n * 2 * kv_heads * head_dim * kv_bytes + b * heads * head_dim * ACTIVATION_BYTES * 2
         roof = max(flop / self.gpu.bf16_flop_per_s, moved / self.gpu.hbm_bytes_per_s)
-        return roof * ratio
+        return (roof + grid.floor_s) * ratio
 
     def _attention_slice(self, heads, kv_heads, head_dim, kv_dtype, window) -> tuple[tuple, str]:
         """The measured slice for these shapes; where the table lacks it, the one nearest in log
@@ -227,10 +231,11 @@ class MeasuredKernels:
         b, n = np.broadcast_arrays(np.atleast_1d(np.asarray(batch, dtype=float)),
                                    np.atleast_1d(np.asarray(prompt_tokens, dtype=float)))
         b, n = np.maximum(b, 1.0), np.maximum(n, 1.0)
-        ratio, inside = self._context_slices[key](np.column_stack([np.full(len(b), float(heads)), b, n]))
+        grid = self._context_slices[key]
+        ratio, inside = grid(np.column_stack([np.full(len(b), float(heads)), b, n]))
         roof = context_roofline_s(b, n, heads, kv_heads, head_dim, KV_FORMATS[kv_dtype].bytes_per_element,
                                   self.gpu.bf16_flop_per_s, self.gpu.hbm_bytes_per_s)
-        return Lookup(roof * ratio, inside & (note == ""), self.tables.source("context_attention"), note)
+        return Lookup((roof + grid.floor_s) * ratio, inside & (note == ""), self.tables.source("context_attention"), note)
 
     def _context_key(self, heads, kv_heads, head_dim, kv_dtype) -> tuple[tuple, str]:
         asked = ("context", heads, kv_heads, head_dim, kv_dtype)
@@ -245,10 +250,11 @@ class MeasuredKernels:
         table's ratio to `context_roofline_s`, interpolated log-log, at the edge's ratio outside it."""
         key = self._context_key(heads, kv_heads, head_dim, kv_dtype)[0]
         b, n = max(float(batch), 1.0), max(float(prompt_tokens), 1.0)
-        ratio, _ = self._context_slices[key]._at((float(heads), b, n))
+        grid = self._context_slices[key]
+        ratio, _ = grid._at((float(heads), b, n))
         roof = context_roofline_s(b, n, heads, kv_heads, head_dim, KV_FORMATS[kv_dtype].bytes_per_element,
                                   self.gpu.bf16_flop_per_s, self.gpu.hbm_bytes_per_s)
-        return float(roof) * ratio
+        return (float(roof) + grid.floor_s) * ratio
 
     # ---- all-reduce -------------------------------------------------------------------------------
     def allreduce_impls(self) -> list[str]:
@@ -260,7 +266,7 @@ class MeasuredKernels:
         for impl, t in self.tables.allreduce.items():
             for gpus, c in t.groupby("gpus"):
                 roof = allreduce_roofline_s(c["bytes"], int(gpus), self.bus_bytes_per_s)
-                curves[(impl, int(gpus))] = RatioGrid.from_points(c[["bytes"]].to_numpy(), c["latency_s"].to_numpy() / roof)
+                curves[(impl, int(gpus))] = RatioGrid.floored(c[["bytes"]].to_numpy(), c["latency_s"].to_numpy(), roof)
         return curves
 
     def allreduce_s(self, nbytes, gpus: int, impl: str = "custom") -> Lookup:
@@ -277,9 +283,10 @@ class MeasuredKernels:
         use = min(measured, key=lambda g: abs(np.log2(g / gpus)))
         if use != gpus:
             note = (note + "; " if note else "") + f"{gpus} GPUs not measured: the ratio of {use}"
-        ratio, inside = self._allreduce_curves[(impl, use)](nbytes[:, None])
+        curve = self._allreduce_curves[(impl, use)]
+        ratio, inside = curve(nbytes[:, None])
         table = "nccl all_reduce" if impl == "nccl" else "custom_allreduce"
-        return Lookup(allreduce_roofline_s(nbytes, gpus, self.bus_bytes_per_s) * ratio, inside & (note == ""),
+        return Lookup((allreduce_roofline_s(nbytes, gpus, self.bus_bytes_per_s) + curve.floor_s) * ratio, inside & (note == ""),
                       self.tables.source(table), note)
 
 

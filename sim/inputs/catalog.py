@@ -166,10 +166,22 @@ class FittedPrefill(_Fitted):
     half_tokens: float = 0.0  # the prompt length at which it is half the plateau (0: flat)
 
 
+class AllReduceProtocols(_Frozen):
+    """One group size's all-reduce: a latency protocol and a bandwidth protocol, each a floor and a bus
+    bandwidth (`collectives.two_protocol_allreduce_s` takes the faster)."""
+
+    latency_floor_s: float
+    latency_bus_bytes_per_s: float
+    bandwidth_floor_s: float
+    bandwidth_bus_bytes_per_s: float
+
+    def as_tuple(self) -> tuple[float, float, float, float]:
+        return (self.latency_floor_s, self.latency_bus_bytes_per_s, self.bandwidth_floor_s,
+                self.bandwidth_bus_bytes_per_s)
+
+
 class FittedAllReduce(_Fitted):
-    floor_s: float
-    floor_per_gpu_s: float
-    bus_bytes_per_s: float
+    by_gpus: dict[int, AllReduceProtocols]  # per group size the tables measure
 
 
 class FittedKernels(_Frozen):
