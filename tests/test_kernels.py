@@ -67,8 +67,15 @@ def test_datasheet_attention_and_allreduce_by_hand():
     gpu, fit = catalog.gpu("h100-sxm"), catalog.fitted_kernels()["h100-sxm"]
     c = datasheet_cost("h100-sxm", DecodeAttention(32, 4096, 32, 8, 128, "bf16"))
     kv_bytes = (32 * 4096 + 32) * 2 * 8 * 128 * 2
-    a = fit.attention
-    assert c.seconds == pytest.approx(a.floor_s + kv_bytes / (gpu.hbm_bytes_per_s * a.hbm_efficiency))
+    a = fit.attention  # 32 x 8 = 256 thread blocks: the grid streams at 256 / (256 + half_ctas) of the rate
+    rate = gpu.hbm_bytes_per_s * a.hbm_efficiency * 256 / (256 + a.half_ctas)
+    assert c.seconds == pytest.approx(a.floor_s + max(kv_bytes / rate, 256 * a.per_cta_s))
+    thin = datasheet_cost("h100-sxm", DecodeAttention(2048, 16, 32, 8, 128, "bf16"))  # 16,384 blocks of 17 tokens
+    assert thin.seconds == pytest.approx(a.floor_s + 16384 * a.per_cta_s)  # each block's serial cost binds
+    fp8 = datasheet_cost("h100-sxm", DecodeAttention(32, 4096, 32, 8, 128, "fp8"))  # half the bytes at fp8's rate
+    rate8 = gpu.hbm_bytes_per_s * a.fp8_hbm_efficiency * 256 / (256 + a.half_ctas)
+    assert fp8.seconds == pytest.approx(a.floor_s + kv_bytes / 2 / rate8)
+    assert a.fp8_hbm_efficiency < a.hbm_efficiency  # fp8 KV dequantises as it streams: not twice as fast
     p = fit.allreduce["custom"].by_gpus[4]  # the faster of the two fitted protocols, ring bytes 1.5 MB
     got = datasheet_cost("h100-sxm", AllReduce(1e6, 4)).seconds
     assert got == pytest.approx(min(p.latency_floor_s + 1.5e6 / p.latency_bus_bytes_per_s,

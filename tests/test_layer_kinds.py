@@ -18,6 +18,7 @@ from sim.device.physics import (
     attention_flop,
     attention_s,
     decode_attention_s,
+    gqa_datasheet_attention_s,
     kind_attention_flop_per_token,
     kinds_prefill_flop,
 )
@@ -272,8 +273,8 @@ def test_decode_attention_by_kind_by_hand():
     batch, attended = 8, 8 * 3000
     full_layer = 2 * 8 * 64 * BF16
     kv_bytes = (attended + batch) * ctx.kv_bytes_per_token_layer  # the mean layer's, as the engines pass it
-    t_full = attention_s(4 * 3000 * 8 * 64 * 64, (attended + batch) * full_layer, hw)
-    t_window = attention_s(4 * 8 * 128 * 64 * 64, (8 * 128 + batch) * full_layer, hw)
+    t_full = gqa_datasheet_attention_s(hw, batch, 8, 4 * 3000 * 8 * 64 * 64, (attended + batch) * full_layer, False)
+    t_window = gqa_datasheet_attention_s(hw, batch, 8, 4 * 8 * 128 * 64 * 64, (8 * 128 + batch) * full_layer, False)
     got = decode_attention_s(m, hw, batch, attended, kv_bytes, ctx.kv_bytes_per_token_layer)
     assert got == pytest.approx((18 * t_full + 18 * t_window) / 36)
     arrays = decode_attention_s(m, hw, np.array([batch, batch]), np.array([attended, attended]),
@@ -288,7 +289,7 @@ def test_linear_layers_read_and_write_their_state_each_step(tmp_path):
     m, hw = ctx.model, ctx.hw
     state = m.linear.state_bytes
     t_lin = attention_s(4 * m.linear.state_flop_per_token, 2 * 4 * state, hw)
-    t_full = attention_s(4 * 1000 * 16 * 256, (1000 + 4) * 2 * 2 * 256 * BF16, hw)
+    t_full = gqa_datasheet_attention_s(hw, 4, 2, 4 * 1000 * 16 * 256, (1000 + 4) * 2 * 2 * 256 * BF16, False)
     kv = (1000 + 4) * ctx.kv_bytes_per_token_layer
     assert decode_attention_s(m, hw, 4, 1000, kv, ctx.kv_bytes_per_token_layer) == pytest.approx((6 * t_lin + 2 * t_full) / 8)
     assert m.linear.state_flop_per_token == 7 * 32 * 128 * 128
@@ -397,8 +398,8 @@ def test_dense_models_are_uniform_and_sized_as_before(name, tmp_path):
                                                                           "hardware.kernels=datasheet"]))
     assert ctx.staged_bytes_per_token_layer is ctx.kv_bytes_per_token_layer and ctx.bounded_bytes(100, 1) == 0.0
     kvl = ctx.kv_bytes_per_token_layer
-    old = attention_s(4 * 5000 * m.num_heads * m.head_dim, 5008 * kvl, ctx.hw)  # the formula as it was
-    assert decode_attention_s(m, ctx.hw, 8, 5000, 5008 * kvl, kvl) == old
+    old = gqa_datasheet_attention_s(ctx.hw, 8, m.num_kv_heads, 4 * 5000 * m.num_heads * m.head_dim, 5008 * kvl, False)
+    assert decode_attention_s(m, ctx.hw, 8, 5000, 5008 * kvl, kvl) == old  # the GQA formula, whatever the kinds code
 
 
 def test_policy_baselines_still_fit_a_kinds_model():

@@ -99,8 +99,11 @@ def test_datasheet_attention_path_is_unchanged_by_the_seam():
     cost = decode_layer_cost(m, ctx.hw, "bf16", 128, 32, 32 * 1024, ctx.kv_bytes_per_token_layer)
     flop = 4 * 32 * 1024 * m.num_heads * m.head_dim
     kv = (32 * 1024 + 32) * ctx.kv_bytes_per_token_layer
-    hw = ctx.hw
-    assert cost.attention_s == max(flop / hw.attention_flop_per_s, hw.attention_latency_s + kv / hw.attention_hbm_bytes_per_s)
+    hw, shape, blocks = ctx.hw, ctx.hw.attention_shape, 32 * m.num_kv_heads  # a block per (sequence, KV head)
+    stream = kv / (hw.attention_hbm_bytes_per_s * blocks / (blocks + shape.half_ctas))
+    assert shape.half_ctas > 0 and shape.per_cta_s > 0  # the fitted shape (sim/catalog/fitted_kernels.yaml)
+    assert cost.attention_s == pytest.approx(max(flop / hw.attention_flop_per_s,
+                                                 hw.attention_latency_s + max(stream, blocks * shape.per_cta_s)))
     assert np.isfinite(cost.gemm_s)
 
 

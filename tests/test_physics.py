@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from sim.device.hardware import LinkModel, interp_log2, resolve_hardware
@@ -48,8 +49,9 @@ def test_decode_layer_cost_hand_arithmetic():
     assert c.gemm_s == pytest.approx(gemm_s)  # four GEMM calls (qkv, o, gate_up, down), each with its floor
     assert attention_flop(m, n) == 4 * n * 28 * 128
     attn_bytes = (n + B) * kv_layer  # read every attended token, write the new ones
-    assert c.attention_s == pytest.approx(max(4 * n * 28 * 128 / (989e12 * 0.40),
-                                              a.floor_s + attn_bytes / (4.8e12 * a.hbm_efficiency)))
+    blocks = B * 4  # one thread block per (sequence, KV head): a small grid streams at 16 / (16 + half_ctas)
+    assert c.attention_s == pytest.approx(max(4 * n * 28 * 128 / (989e12 * 0.40), a.floor_s + max(
+        attn_bytes / (4.8e12 * a.hbm_efficiency * blocks / (blocks + a.half_ctas)), blocks * a.per_cta_s)))
     assert c.total_s == pytest.approx(c.gemm_s + c.attention_s + 2e-5)
     qkv = 3584 * (3584 + 2 * 512)
     assert c.pre_attention_s == pytest.approx(c.gemm_s * qkv / params)
@@ -237,3 +239,18 @@ def test_a_measured_host_packing_rate_replaces_the_assumed_one():
     h = resolve_hardware(HardwareCfg(gpu="h200-sxm"), "bf16", pinned=False, profile=prof)
     assert h.host_pack_bytes_per_s == 3e9 and h.sources["host_pack_bytes_per_s"].startswith("profile")
     assert host_pack_s(h, 6e9) == pytest.approx(2.0)
+
+
+def test_gqa_datasheet_attention_scalars_equal_arrays_and_the_flat_form_without_a_fit():
+    from sim.device.physics import attention_s, gqa_datasheet_attention_s
+    h = hw()
+    points = [(1, 8, 4.0e8, 1.7e7), (32, 8, 1.6e10, 6.7e7), (2048, 8, 5.4e9, 1.3e8), (0, 8, 0.0, 0.0)]
+    scalars = [gqa_datasheet_attention_s(h, b, kvh, f, nb, False) for b, kvh, f, nb in points]
+    arrays = gqa_datasheet_attention_s(h, np.array([p[0] for p in points]), 8, np.array([p[2] for p in points]),
+                                       np.array([p[3] for p in points]), False)
+    assert arrays.tolist() == pytest.approx(scalars)
+    assert scalars[3] == pytest.approx(h.attention_latency_s)  # nothing attended: the floor
+    rtx = resolve_hardware(HardwareCfg(gpu="rtx-4090", kernels="datasheet"), "bf16", pinned=True)  # no fit: flat
+    assert gqa_datasheet_attention_s(rtx, 32, 8, 1.6e10, 6.7e7, True) == attention_s(1.6e10, 6.7e7, rtx)
+    pinned = hw(efficiency={"attention_hbm_efficiency": 0.7})  # a scenario's rate stands alone: flat
+    assert gqa_datasheet_attention_s(pinned, 32, 8, 1.6e10, 6.7e7, False) == attention_s(1.6e10, 6.7e7, pinned)

@@ -60,6 +60,16 @@ class Sourced(Generic[T]):
 
 
 @dataclass(frozen=True)
+class AttentionShape:
+    """GQA decode attention beyond floor + KV bytes / rate (`physics.gqa_datasheet_attention_s`),
+    fitted on the measured tables where they cover the GPU; the defaults are the flat form."""
+
+    fp8_hbm_bytes_per_s: float = 0.0  # fp8 (and int8) KV's streaming rate, dequantising as it reads; 0: the bf16 rate
+    half_ctas: float = 0.0  # thread blocks (batch x KV heads) at which the grid streams at half its rate; 0: always full
+    per_cta_s: float = 0.0  # each block's serial cost: a long thin grid (large batch, short contexts) pays it
+
+
+@dataclass(frozen=True)
 class LinkModel:
     """One direction's copy time: measured curve if profiled, else latency + bytes / bandwidth."""
 
@@ -211,6 +221,7 @@ class Hardware:
     dequant_ops_per_weight: float = 0.0  # CUDA-core lane operations per weight (weight-only kernels)
     dequant_op_per_s: float = float("inf")  # CUDA-core lane operations per second (FP32 rate / 2)
     attention_latency_s: float = 0.0  # floor of one decode-attention call (its time = this + bytes / rate)
+    attention_shape: AttentionShape = AttentionShape()  # GQA decode attention's fitted shape (flat by default)
     prefill_attention_floor_s: float = 0.0  # floor of one prefill-attention call (datasheet: this + roofline)
     prefill_attention_half_tokens: float = 0.0  # prompt length at half the attention FLOP rate (datasheet; 0: flat)
     gemm_floor_s: float = 0.0  # floor of one GEMM call, added to its roofline time
@@ -394,6 +405,7 @@ class _Figures:
     gemm_floor_s: Sourced[float]
     attention_flop_efficiency: Sourced[float]
     attention_latency_s: Sourced[float]
+    attention_shape: Sourced[AttentionShape]
     prefill_attention_floor_s: Sourced[float]
     prefill_attention_half_tokens: Sourced[float]
     dequant_ops_per_weight: Sourced[float]
@@ -470,6 +482,7 @@ def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyD
         gemm_floor_s=floor.override(ov.gemm_floor_s),
         attention_flop_efficiency=f_eff,
         attention_latency_s=latency.override(ov.attention_latency_s),
+        attention_shape=_attention_shape(gpu, a, ov),
         prefill_attention_floor_s=p_floor,
         prefill_attention_half_tokens=p_half,
         dequant_ops_per_weight=dequant.override(ov.dequant_ops_per_weight),
@@ -488,6 +501,18 @@ def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyD
         copy_engines=hw_cfg.copy_engines or gpu.copy_engines,
         fp8=fp8,
     )
+
+
+def _attention_shape(gpu: GpuSpec, a, ov) -> Sourced[AttentionShape]:
+    """The fitted decode-attention shape (fp8 KV's rate, small grids, the per-block cost); flat where no
+    fit covers the GPU or the scenario sets the decode-attention rate or floor (its figures stand alone)."""
+    if a is None:
+        return Sourced(AttentionShape(), "default: flat (no measured table to fit it on)")
+    if ov.attention_hbm_efficiency is not None or ov.attention_latency_s is not None:
+        return Sourced(AttentionShape(), f"flat: {SCENARIO} sets the decode-attention rate or floor", pinned=True)
+    shape = AttentionShape(gpu.hbm_bytes_per_s * a.fp8_hbm_efficiency, a.half_ctas, a.per_cta_s)
+    return Sourced(shape, a.says("decode attention") + f" (fp8 KV at {a.fp8_hbm_efficiency:g} of HBM, half rate at "
+                          f"{a.half_ctas:.3g} blocks, {a.per_cta_s * 1e9:.3g} ns a block)")
 
 
 def _weight_kernel(gpu: GpuSpec, weight_dtype: str, fp8: bool, eff: EfficiencyDefaults) -> tuple[Sourced[str], Sourced[float]]:
@@ -530,6 +555,9 @@ def _measured_figures(figs: _Figures, profile: Profile, gpu: GpuSpec, hw_cfg, we
                                                      weight_dtype, eff, label),
         attention_hbm_bytes_per_s=figs.attention_hbm_bytes_per_s.measure(c.attention_hbm_bytes_per_s, label),
         attention_latency_s=figs.attention_latency_s.measure(c.attention_latency_s, f"{label}, fit over context"),
+        attention_shape=figs.attention_shape.measure(
+            AttentionShape() if c.attention_hbm_bytes_per_s is not None else None,
+            f"{label}: flat, one rate and floor over context"),
         host_pack_bytes_per_s=figs.host_pack_bytes_per_s.measure(
             profile.link.host_pack_bytes_per_s if profile.link is not None else None, label),
         runtime_reserve_bytes=_measured_reserve(figs.runtime_reserve_bytes, profile, label),
@@ -644,6 +672,7 @@ def _assemble(gpu: GpuSpec, link_spec: LinkSpec, figs: _Figures, h2d: LinkModel,
         weight_kernel=figs.weight_kernel.value, dequant_ops_per_weight=figs.dequant_ops_per_weight.value,
         weight_kernel_bytes_per_s_by_rows=figs.weight_kernel_by_rows.value,
         dequant_op_per_s=gpu.fp32_flop_per_s / FLOP_PER_MAC, attention_latency_s=figs.attention_latency_s.value,
+        attention_shape=figs.attention_shape.value,
         gemm_floor_s=figs.gemm_floor_s.value, prefill_attention_floor_s=figs.prefill_attention_floor_s.value,
         prefill_attention_half_tokens=figs.prefill_attention_half_tokens.value,
     )

@@ -27,7 +27,7 @@ from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
 from .hardware import Hardware, resolve_hardware, with_allreduce
 from .measured_kernels import MeasuredKernels, measured_kernels_for
-from .physics import attention_s, prefill_attention_flop_per_s, roofline_s, weight_gemm_s
+from .physics import gqa_datasheet_attention_s, prefill_attention_flop_per_s, roofline_s, weight_gemm_s
 
 KERNELS = ("datasheet", "measured")
 DEFAULT_GROUP_SIZE = 128
@@ -98,7 +98,9 @@ def datasheet_cost(gpu: str, op: Operator) -> OpCost:
         kv_layer = 2 * op.kv_heads * op.head_dim * KV_DTYPES[op.kv_dtype].bytes_per_element
         flop = ATTN_MATMULS * FLOP_PER_MAC * op.batch * op.kv_tokens * op.heads * op.head_dim
         kv_bytes = (op.batch * op.kv_tokens + op.batch) * kv_layer  # reads every cached token, writes the new one
-        return OpCost(attention_s(flop, kv_bytes, hw), "datasheet: physics.attention_s")
+        fp8 = KV_DTYPES[op.kv_dtype].bytes_per_element < 1.5  # int8 KV streams as fp8 does (the step cost's rule)
+        return OpCost(gqa_datasheet_attention_s(hw, op.batch, op.kv_heads, flop, kv_bytes, fp8),
+                      "datasheet: physics.gqa_datasheet_attention_s")
     if isinstance(op, PrefillAttention):
         hw = datasheet_hardware(gpu)
         kv_layer = 2 * op.kv_heads * op.head_dim * KV_DTYPES[op.kv_dtype].bytes_per_element

@@ -278,6 +278,34 @@ def attention_s_array(flop: np.ndarray, kv_bytes: np.ndarray, hw: Hardware) -> n
     return np.maximum(flop / hw.attention_flop_per_s, hw.attention_latency_s + kv_bytes / hw.attention_hbm_bytes_per_s)
 
 
+def gqa_datasheet_attention_s(hw: Hardware, batch, kv_heads: int, flop, kv_bytes, fp8_kv: bool):
+    """One GQA layer's decode attention, datasheet (scalars, or arrays over steps): the kernel's grid is
+    one thread block per (sequence, KV head), c = batch x KV heads, and
+
+        time = max(FLOP / attention FLOP/s, floor + max(bytes / (rate x c / (c + half)), c x per block))
+
+    rate: HBM x the streaming efficiency of the KV dtype (fp8 dequantises as it reads: 0.59-0.90 of HBM
+    where bf16 KV streams at 0.74-0.94); a grid of few blocks cannot keep HBM busy (half the rate at
+    `half_ctas` blocks, 0.5-2.2 fitted); a long thin grid (thousands of sequences of short contexts) pays
+    each block's serial cost (11-40 ns). `hw.attention_shape` holds the fitted figures; its defaults (no
+    fit, a profile, a scenario override) leave `attention_s`. Example, H100 with (12.9 us, 0.906, half 0.76,
+    30.7 ns): 1 sequence x 8 KV heads x 4,096 bf16 tokens, 16.8 MB: 12.9 us + 16.8 MB / (3.35 TB/s x 0.906
+    x 8 / 8.76) = 19.0 us; 2,048 x 8 KV heads x 16 tokens: 12.9 us + 16,384 x 30.7 ns = 516 us."""
+    shape = hw.attention_shape
+    rate = shape.fp8_hbm_bytes_per_s if fp8_kv and shape.fp8_hbm_bytes_per_s else hw.attention_hbm_bytes_per_s
+    if np.ndim(batch) or np.ndim(kv_bytes) or np.ndim(flop):
+        ctas = np.asarray(batch, dtype=float) * kv_heads
+        occupancy = ctas / (ctas + shape.half_ctas) if shape.half_ctas else 1.0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            stream = np.where(ctas > 0, np.asarray(kv_bytes, dtype=float) / (rate * occupancy), 0.0) \
+                if shape.half_ctas else np.asarray(kv_bytes, dtype=float) / rate
+        return np.maximum(np.asarray(flop, dtype=float) / hw.attention_flop_per_s,
+                          hw.attention_latency_s + np.maximum(stream, shape.per_cta_s * ctas))
+    ctas = float(batch) * kv_heads
+    stream = kv_bytes / rate if not shape.half_ctas else (kv_bytes / (rate * ctas / (ctas + shape.half_ctas)) if ctas > 0 else 0.0)
+    return max(flop / hw.attention_flop_per_s, hw.attention_latency_s + max(stream, shape.per_cta_s * ctas))
+
+
 def decode_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer: float):
     """One layer's decode attention of `batch` sequences attending `attended_tokens` in all, reading
     and writing `kv_bytes` (scalars, or arrays over steps). Datasheet: `attention_s`. Measured
@@ -317,9 +345,8 @@ def gqa_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_b
         return _measured_gqa_one_s(model, hw, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer)
     if hw.kernels is None or np.all(np.asarray(batch) <= 0) or np.all(np.asarray(attended_tokens) <= 0):
         # (no tokens attended: the fast level's per-batch costs, whose attention it computes apart)
-        if np.ndim(kv_bytes):
-            return attention_s_array(flop, kv_bytes, hw)
-        return attention_s(flop, kv_bytes, hw)
+        return gqa_datasheet_attention_s(hw, batch, model.num_kv_heads, flop, kv_bytes,
+                                         _measured_kv_dtype(model, kv_bytes_per_token_layer) == "fp8")
     if not (np.ndim(batch) or np.ndim(attended_tokens) or np.ndim(kv_bytes)):  # one step: scalars, same bits
         return _measured_gqa_one_s(model, hw, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer)
     kv_dtype = _measured_kv_dtype(model, kv_bytes_per_token_layer)

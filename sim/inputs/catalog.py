@@ -157,7 +157,10 @@ class FittedGemm(_Fitted):
 
 class FittedAttention(_Fitted):
     floor_s: float
-    hbm_efficiency: float
+    hbm_efficiency: float  # bf16 KV
+    fp8_hbm_efficiency: float  # fp8 KV (the bf16 one where the tables time no fp8 KV)
+    half_ctas: float  # thread blocks (batch x KV heads) at half the streaming rate
+    per_cta_s: float  # each block's serial cost
 
 
 class FittedPrefill(_Fitted):
