@@ -5,9 +5,11 @@ kernel tables (issue #20 item 3), and write them to sim/catalog/fitted_kernels.y
 
 The model's shape (sim/device/physics.py), fitted here constant by constant on operator-level
 measurements only - never on end-to-end figures, which are for validation:
-- a GEMM call:   floor + max(weight bytes / (HBM x streaming efficiency), FLOP / (peak x FLOP efficiency(rows))),
-  per weight dtype the tables measure (bf16, fp8 W8A8); FLOP efficiency(rows) is the catalog's default curve
-  (efficiency.yaml gemm_flop_efficiency_by_rows) scaled to the fitted plateau `flop_efficiency`;
+- a GEMM call:   floor + max((weight + activation bytes) / (HBM x streaming efficiency), FLOP / (peak x FLOP
+  efficiency(rows))) + output elements / (HBM x output efficiency) [+ fp8 W8A8: rows x per-row quantisation +
+  input elements / (HBM x quantisation efficiency)], per weight dtype the tables measure (bf16, fp8); FLOP
+  efficiency(rows) is the catalog's default curve (efficiency.yaml gemm_flop_efficiency_by_rows) scaled to the
+  fitted plateau `flop_efficiency` (weights alone left fp8 at a 19-22% held-out median, this shape 9-12%);
 - decode attention (one layer's call), bf16 and fp8 KV, head dim 128: floor + max(KV bytes / (HBM x efficiency(KV
   dtype) x c / (c + half_ctas)), c x per-block cost), c = batch x KV heads the kernel's thread blocks (small grids
   cannot keep HBM busy; long thin grids pay each block's serial cost; fp8 KV dequantises as it streams) - one
@@ -49,11 +51,14 @@ HEADER = """\
 """
 
 
-def _gemm_model(p, W, F, shape, peak, hbm):
-    """`shape`: the default efficiency-by-rows curve over its plateau at each point's rows (the small-row
-    tile waste a weight-only kernel's MMA pays); the fit scales it to this GPU's plateau `ef`."""
-    floor, ew, ef = p
-    return floor + np.maximum(W / (hbm * ew), F / (peak * ef * shape))
+def _gemm_model(p, W, F, shape, A, O, M, K, peak, hbm, fp8):
+    """`physics.weight_gemm_s` of one call: floor + max((weights + activations) / (HBM x ew), FLOP / (peak x ef x
+    shape)) + output elements / (HBM x eo) [+ W8A8: rows x per-row quantisation + input elements / (HBM x eq)].
+    `shape`: the default efficiency-by-rows curve over its plateau at each point's rows (the small-row tile waste
+    a weight-only kernel's MMA pays); the fit scales it to this GPU's plateau `ef`."""
+    floor, ew, ef, eo = p[:4]
+    t = floor + np.maximum((W + A) / (hbm * ew), F / (peak * ef * shape)) + O / (hbm * eo)
+    return t + M * p[4] + K / (hbm * p[5]) if fp8 else t
 
 
 def _row_shape(m: np.ndarray) -> np.ndarray:
@@ -79,20 +84,25 @@ def _gemm(gpu, tune, held) -> dict:
     out = {}
     for dtype in sorted(set(tune.gemm["dtype"])):
         peak = spec.fp8_flop_per_s if dtype == "fp8" else spec.bf16_flop_per_s
-        if not peak:
+        if not peak or dtype not in ELEMENT_BYTES:
             continue
+        fp8, eb = dtype == "fp8", ELEMENT_BYTES[dtype]
 
         def domain(t):
             t = t[(t["dtype"] == dtype) & (t["m"] <= 8192) & (t["n"] >= 256) & (t["k"] >= 256)]
-            W = t["n"].to_numpy() * t["k"].to_numpy() * ELEMENT_BYTES[dtype]
-            F = 2.0 * t["m"].to_numpy() * t["n"].to_numpy() * t["k"].to_numpy()
-            return (W, F, _row_shape(t["m"].to_numpy().astype(float)), peak, spec.hbm_bytes_per_s), t["latency_s"].to_numpy()
+            m, n, k = (t[c].to_numpy().astype(float) for c in ("m", "n", "k"))
+            return (n * k * eb, 2.0 * m * n * k, _row_shape(m), m * k * eb, m * n, m, m * k, peak, spec.hbm_bytes_per_s,
+                    fp8), t["latency_s"].to_numpy()
 
         args, meas = domain(tune.gemm)
-        p = _fit(_gemm_model, [5e-6, 0.85, 0.8], [0.0, 0.2, 0.1], [1e-4, 1.0, 1.0], args, meas)
+        x0, lo, hi = [5e-6, 0.85, 0.6, 0.5], [0.0, 0.2, 0.1, 0.01], [1e-4, 1.0, 1.0, 20.0]
+        if fp8:
+            x0, lo, hi = x0 + [5e-9, 0.2], lo + [0.0, 0.01], hi + [1e-6, 5.0]
+        p = _fit(_gemm_model, x0, lo, hi, args, meas)
         h_args, h_meas = domain(held.gemm)
         out[dtype] = {"floor_s": float(f"{p[0]:.4g}"), "weight_hbm_efficiency": round(float(p[1]), 4),
-                      "flop_efficiency": round(float(p[2]), 4),
+                      "flop_efficiency": round(float(p[2]), 4), "output_hbm_efficiency": round(float(p[3]), 4),
+                      **({"quant_row_s": float(f"{p[4]:.4g}"), "quant_hbm_efficiency": round(float(p[5]), 4)} if fp8 else {}),
                       "tune": _errors(_gemm_model(p, *args), meas), "held_out": _errors(_gemm_model(p, *h_args), h_meas)}
     return out
 

@@ -53,9 +53,17 @@ def test_grid_fills_an_unmeasured_cell_from_its_nearest_measured_one():
 def test_datasheet_gemm_is_floor_plus_weight_streaming_at_one_row():
     """Fitted constants where the tables cover the GPU, the catalog's defaults elsewhere."""
     fit = catalog.fitted_kernels()["h200-sxm"].gemm["bf16"]
+    hbm = catalog.gpu("h200-sxm").hbm_bytes_per_s
     c = datasheet_cost("h200-sxm", Gemm(1, 4096, 4096, "bf16"))
     weights = 4096 * 4096 * 2
-    assert c.seconds == pytest.approx(fit.floor_s + weights / (catalog.gpu("h200-sxm").hbm_bytes_per_s * fit.weight_hbm_efficiency))
+    streamed = weights + 1 * 4096 * 2  # the weights and the one row of bf16 input
+    assert c.seconds == pytest.approx(fit.floor_s + streamed / (hbm * fit.weight_hbm_efficiency)
+                                      + 4096 / (hbm * fit.output_hbm_efficiency))  # and its 4,096 outputs written
+    f8 = catalog.fitted_kernels()["h200-sxm"].gemm["fp8"]  # W8A8: the input quantised, then the fp8 MMA
+    big = datasheet_cost("h200-sxm", Gemm(8192, 8192, 8192, "fp8")).seconds
+    mma = 2 * 8192**3 / (catalog.gpu("h200-sxm").fp8_flop_per_s * f8.flop_efficiency)  # 8,192 rows: the curve's plateau
+    quant = 8192 * f8.quant_row_s + 8192 * 8192 / (hbm * f8.quant_hbm_efficiency)
+    assert big == pytest.approx(f8.floor_s + mma + 8192 * 8192 / (hbm * f8.output_hbm_efficiency) + quant)
     eff = catalog.efficiency_defaults()
     rtx = datasheet_cost("rtx-4090", Gemm(1, 4096, 4096, "bf16"))
     assert "rtx-4090" not in catalog.fitted_kernels()

@@ -45,8 +45,13 @@ def test_decode_layer_cost_hand_arithmetic():
     assert m.layer_weight_bytes("bf16") == weight_bytes
     fit = catalog.fitted_kernels()["h200-sxm"]  # the constants fitted on measured tables
     g, a = fit.gemm["bf16"], fit.attention
-    gemm_s = 4 * g.floor_s + max(2 * params * B / h.gemm_flop_per_s(B), weight_bytes / (4.8e12 * g.weight_hbm_efficiency))
-    assert c.gemm_s == pytest.approx(gemm_s)  # four GEMM calls (qkv, o, gate_up, down), each with its floor
+    # four GEMM calls (qkv, o, gate_up, down), each with its floor; their inputs (sum of k: 3,584 x 3 + 3,584 = h, h,
+    # h, I) streamed with the weights, their outputs (sum of n: 3,584 + 2 x 512 + h + 2 I + h) written
+    sum_k, sum_n = 3 * 3584 + 18944, (3584 + 2 * 512) + 3584 + 2 * 18944 + 3584
+    streamed = weight_bytes + B * sum_k * 2
+    gemm_s = (4 * g.floor_s + max(2 * params * B / h.gemm_flop_per_s(B), streamed / (4.8e12 * g.weight_hbm_efficiency))
+              + B * sum_n / (4.8e12 * g.output_hbm_efficiency))
+    assert c.gemm_s == pytest.approx(gemm_s)
     assert attention_flop(m, n) == 4 * n * 28 * 128
     attn_bytes = (n + B) * kv_layer  # read every attended token, write the new ones
     blocks = B * 4  # one thread block per (sequence, KV head): a small grid streams at 16 / (16 + half_ctas)

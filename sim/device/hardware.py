@@ -60,6 +60,17 @@ class Sourced(Generic[T]):
 
 
 @dataclass(frozen=True)
+class GemmIO:
+    """A GEMM call's activation traffic beside its weights (`physics.weight_gemm_s`), fitted on the measured
+    tables where they cover the GPU; zero by default (weights alone, as before the fit had these terms)."""
+
+    activation_bytes: float = 0.0  # bytes per input element streamed with the weights (bf16 2, fp8 1); 0: not counted
+    output_element_s: float = 0.0  # per output element written (m x n)
+    quant_row_s: float = 0.0  # W8A8's dynamic activation quantisation: per row ...
+    quant_element_s: float = 0.0  # ... and per input element (m x k)
+
+
+@dataclass(frozen=True)
 class AttentionShape:
     """GQA decode attention beyond floor + KV bytes / rate (`physics.gqa_datasheet_attention_s`),
     fitted on the measured tables where they cover the GPU; the defaults are the flat form."""
@@ -225,6 +236,7 @@ class Hardware:
     prefill_attention_floor_s: float = 0.0  # floor of one prefill-attention call (datasheet: this + roofline)
     prefill_attention_half_tokens: float = 0.0  # prompt length at half the attention FLOP rate (datasheet; 0: flat)
     gemm_floor_s: float = 0.0  # floor of one GEMM call, added to its roofline time
+    gemm_io: GemmIO = GemmIO()  # a GEMM call's activation traffic (fitted; none by default)
     held_activation_bytes: float = 0.0  # activations an engine holds whatever the step (scenario engine:)
     # measured (rows, weight bytes / kernel time) of this weight dtype's kernel: replaces the model
     weight_kernel_bytes_per_s_by_rows: list[tuple[float, float]] | None = None
@@ -403,6 +415,7 @@ class _Figures:
     attention_hbm_bytes_per_s: Sourced[float]
     gemm_flop_per_s: Sourced[_Gemm]
     gemm_floor_s: Sourced[float]
+    gemm_io: Sourced[GemmIO]
     attention_flop_efficiency: Sourced[float]
     attention_latency_s: Sourced[float]
     attention_shape: Sourced[AttentionShape]
@@ -480,6 +493,7 @@ def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyD
         attention_hbm_bytes_per_s=_hbm_rate(gpu, a_eff),
         gemm_flop_per_s=gemm,
         gemm_floor_s=floor.override(ov.gemm_floor_s),
+        gemm_io=_gemm_io(gpu, g, peak_name, ov),
         attention_flop_efficiency=f_eff,
         attention_latency_s=latency.override(ov.attention_latency_s),
         attention_shape=_attention_shape(gpu, a, ov),
@@ -501,6 +515,21 @@ def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyD
         copy_engines=hw_cfg.copy_engines or gpu.copy_engines,
         fp8=fp8,
     )
+
+
+def _gemm_io(gpu: GpuSpec, g, peak_name: str, ov) -> Sourced[GemmIO]:
+    """The fitted GEMM's activation traffic (input streamed, output written, W8A8's quantisation pass);
+    none where no fit covers the GPU or the scenario sets a GEMM figure (its figures stand alone)."""
+    if g is None:
+        return Sourced(GemmIO(), "default: weights alone (no measured table to fit activations on)")
+    if any(v is not None for v in (ov.weight_hbm_efficiency, ov.gemm_flop_efficiency, ov.gemm_floor_s)):
+        return Sourced(GemmIO(), f"weights alone: {SCENARIO} sets a GEMM figure", pinned=True)
+    hbm = gpu.hbm_bytes_per_s
+    io = GemmIO(1.0 if peak_name == "fp8" else 2.0, 1 / (hbm * g.output_hbm_efficiency), g.quant_row_s,
+                1 / (hbm * g.quant_hbm_efficiency) if g.quant_hbm_efficiency else 0.0)
+    quant = (f", quantising activations {g.quant_row_s * 1e9:.3g} ns a row + an m x k pass at "
+             f"{g.quant_hbm_efficiency:g} of HBM" if g.quant_hbm_efficiency else "")
+    return Sourced(io, g.says(f"{peak_name} GEMMs") + f" (output at {g.output_hbm_efficiency:g} of HBM{quant})")
 
 
 def _attention_shape(gpu: GpuSpec, a, ov) -> Sourced[AttentionShape]:
@@ -673,6 +702,6 @@ def _assemble(gpu: GpuSpec, link_spec: LinkSpec, figs: _Figures, h2d: LinkModel,
         weight_kernel_bytes_per_s_by_rows=figs.weight_kernel_by_rows.value,
         dequant_op_per_s=gpu.fp32_flop_per_s / FLOP_PER_MAC, attention_latency_s=figs.attention_latency_s.value,
         attention_shape=figs.attention_shape.value,
-        gemm_floor_s=figs.gemm_floor_s.value, prefill_attention_floor_s=figs.prefill_attention_floor_s.value,
+        gemm_floor_s=figs.gemm_floor_s.value, gemm_io=figs.gemm_io.value, prefill_attention_floor_s=figs.prefill_attention_floor_s.value,
         prefill_attention_half_tokens=figs.prefill_attention_half_tokens.value,
     )

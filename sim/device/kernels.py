@@ -91,7 +91,7 @@ def datasheet_cost(gpu: str, op: Operator) -> OpCost:
         hw = datasheet_hardware(gpu, op.dtype)
         params = op.n * op.k
         w_bytes = WEIGHT_DTYPES[op.dtype].bytes_for(params, DEFAULT_GROUP_SIZE)
-        seconds = weight_gemm_s(hw, w_bytes, params, FLOP_PER_MAC * op.m * params, op.m)
+        seconds = weight_gemm_s(hw, w_bytes, params, FLOP_PER_MAC * op.m * params, op.m, features=(op.n, op.k))
         return OpCost(seconds, f"datasheet: physics.weight_gemm_s ({hw.weight_kernel})")
     if isinstance(op, DecodeAttention):
         hw = datasheet_hardware(gpu)

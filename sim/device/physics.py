@@ -247,7 +247,15 @@ def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
         rest = weight_gemm_s(hw, w_bytes - r_bytes, params_read - r_params, gemm_flop(model, rows) - r_flop, rows,
                              GEMM_CALLS_PER_LAYER)
         return rest + measured_moe_s(model, hw, quant, rows)
-    return weight_gemm_s(hw, w_bytes, params_read, gemm_flop(model, rows), rows, GEMM_CALLS_PER_LAYER)
+    return weight_gemm_s(hw, w_bytes, params_read, gemm_flop(model, rows), rows, GEMM_CALLS_PER_LAYER,
+                         _layer_features(model) if model.gqa_gemms else (0.0, 0.0))
+
+
+@lru_cache(maxsize=64)
+def _layer_features(model: ModelSpec) -> tuple[float, float]:
+    """(sum of n, sum of k) over a dense layer's fused GEMMs (`ModelSpec.layer_gemm_shapes`)."""
+    shapes = model.layer_gemm_shapes()
+    return float(sum(n for n, _ in shapes)), float(sum(k for _, k in shapes))
 
 
 @lru_cache(maxsize=8192)
@@ -257,12 +265,26 @@ def _measured_gemms_s(kernels, shapes: tuple[tuple[int, int], ...], weight_dtype
     return float(kernels.gemm_s(np.full(len(n), rows), n, k, weight_dtype).seconds.sum())
 
 
-def weight_gemm_s(hw: Hardware, weight_bytes: float, params: float, flop: float, rows: int, calls: int = 1) -> float:
+def weight_gemm_s(hw: Hardware, weight_bytes: float, params: float, flop: float, rows: int, calls: int = 1,
+                  features: tuple[float, float] = (0.0, 0.0)) -> float:
     """The datasheet weight kernel (`weight_kernel_s`) of any weight matrix or set of them, in `calls`
-    kernel calls: calls x GEMM floor + max(weight bytes / streaming rate, params x dequant ops /
-    CUDA-core rate + FLOP / GEMM FLOP/s(rows))."""
+    kernel calls, `features` = (sum of n outputs, sum of k inputs) over the calls:
+
+        calls x floor + max((weight bytes + rows x k x activation bytes) / streaming rate,
+                            params x dequant ops / CUDA-core rate + FLOP / GEMM FLOP/s(rows))
+        + rows x n x per output element + calls x rows x per-row quantisation + rows x k x per input element
+
+    The activation terms (`hw.gemm_io`) are fitted with the rest on the measured tables: the output
+    write, and W8A8's dynamic per-tensor quantisation of its input (a reduction, then a pass over m x k,
+    before the fp8 MMA) - without them one FLOP efficiency had to average fp8's small-matrix,
+    many-row calls (slow) with its large ones (fast), a 19-22% held-out median. `features` (0, 0): weights
+    alone (a layer whose matrices are not given, e.g. an MoE layer's rest)."""
+    io = hw.gemm_io
+    n, k = features
     dequant_s = params * hw.dequant_ops_per_weight / hw.dequant_op_per_s
-    return calls * hw.gemm_floor_s + max(weight_bytes / hw.weight_hbm_bytes_per_s, dequant_s + flop / hw.gemm_flop_per_s(rows))
+    stream_s = (weight_bytes + rows * k * io.activation_bytes) / hw.weight_hbm_bytes_per_s
+    activation_s = rows * (n * io.output_element_s + calls * io.quant_row_s + k * io.quant_element_s)
+    return calls * hw.gemm_floor_s + max(stream_s, dequant_s + flop / hw.gemm_flop_per_s(rows)) + activation_s
 
 
 def attention_s(flop: float, kv_bytes: float, hw: Hardware) -> float:

@@ -151,8 +151,11 @@ class _Fitted(_Frozen):
 
 class FittedGemm(_Fitted):
     floor_s: float
-    weight_hbm_efficiency: float
+    weight_hbm_efficiency: float  # weights and activations streamed
     flop_efficiency: float  # plateau of the default curve by rows
+    output_hbm_efficiency: float  # the m x n output written, as a fraction of HBM per element (may exceed 1: it overlaps)
+    quant_row_s: float = 0.0  # W8A8: the activation's dynamic per-tensor quantisation, per row
+    quant_hbm_efficiency: float = 0.0  # ... its pass over the m x k activation, per element as a fraction of HBM (0: none)
 
 
 class FittedAttention(_Fitted):
