@@ -14,10 +14,12 @@ measurements only - never on end-to-end figures, which are for validation:
   dtype) x c / (c + half_ctas)), c x per-block cost), c = batch x KV heads the kernel's thread blocks (small grids
   cannot keep HBM busy; long thin grids pay each block's serial cost; fp8 KV dequantises as it streams) - one
   floor and one bf16 efficiency for both dtypes left a 7.7-20% held-out median, this shape 7-9% (L40S 15%);
-- prefill attention (one layer's causal call over whole prompts of n tokens): floor + max(FLOP / (bf16
-  peak x FLOP efficiency x n / (n + half_tokens)), K/V bytes / (HBM x the decode fit's efficiency)), bf16
-  KV, head dim 128, prompts >= 15 tokens (short prompts fill the kernel's tiles poorly: one flat
-  efficiency left a 21-31% held-out median, this shape 9-16%);
+- prefill attention (one layer's causal call over b whole prompts of n tokens), per KV dtype (bf16, fp8), head
+  dim 128, prompts >= 15 tokens: floor + max(FLOP / (bf16 peak x FLOP efficiency x n / (n + half_tokens) x
+  tiles / (tiles + half_tiles)), K/V bytes / (HBM x the decode fit's efficiency)) + b n x KV heads x cache
+  write, tiles = b x heads x ceil(n / 128) (short prompts fill the kernel's tiles poorly, few tiles leave SMs
+  idle, each new token's K/V is rotated, quantised and stored: one flat efficiency left a 21-31% held-out
+  median, the length alone 9-16% for bf16 KV and 17-20% for fp8 KV);
 - an all-reduce (the engine's custom kernel, and NCCL), per group size N the tables measure: the faster of
   two protocols, each floor + ring bytes 2 (N - 1) / N x bytes / its bus bandwidth (a latency protocol and a
   bandwidth one: NCCL's LL and Simple, a custom kernel's one-shot and two-shot; one floor and busbw for
@@ -143,33 +145,42 @@ def _attention(gpu, tune, held) -> dict:
             "tune": _errors(_attention_model(p, *args), meas), "held_out": _errors(_attention_model(p, *h_args), h_meas)}
 
 
-def _prefill_model(p, flop, nbytes, n, peak, hbm):
-    floor, ef, half = p
-    return floor + np.maximum(flop / (peak * ef * n / (n + half)), nbytes / hbm)
+def _prefill_model(p, flop, nbytes, n, tiles, token_heads, peak, hbm):
+    """`physics.datasheet_prefill_attention_s` of whole prompts."""
+    floor, ef, half, half_tiles, kv_write = p
+    return floor + np.maximum(flop / (peak * ef * n / (n + half) * tiles / (tiles + half_tiles)), nbytes / hbm) \
+        + kv_write * token_heads
 
 
 def _prefill(gpu, tune, held, attention: dict) -> dict | None:
-    """The prefill-attention floor, FLOP efficiency plateau and the prompt length at half of it
-    (`physics.prefill_attention_s`'s datasheet form), the bytes side at the decode fit's HBM
-    efficiency; None where the tables have no context table."""
+    """Per KV dtype the context table times (bf16, fp8): the floor, the FLOP efficiency plateau, the prompt
+    length and the query-tile count at half of it, and each new token's cache write per KV head; the
+    bytes side at the decode fit's bf16 HBM efficiency. None where the tables have no context table."""
     if tune.context_attention is None:
         return None
     spec = catalog.gpu(gpu)
+    out = {}
+    for dtype in ("bf16", "fp8"):
+        def domain(c):
+            c = c[(c["kv_dtype"] == dtype) & (c["head_dim"] == 128) & (c["window"] == 0) & (c["kv_tokens"] >= 15)]
+            kv_heads = np.where(c["kv_heads"] == 0, c["heads"], c["kv_heads"])
+            b, n, h = (c[k].to_numpy().astype(float) for k in ("batch", "kv_tokens", "heads"))
+            flop = 4 * h * 128 * b * n * (n + 1) / 2
+            tiles = b * h * np.ceil(n / 128)
+            return (flop, b * n * 2 * kv_heads * 128 * ELEMENT_BYTES[dtype], n, tiles, b * n * kv_heads, spec.bf16_flop_per_s,
+                    spec.hbm_bytes_per_s * attention["hbm_efficiency"]), c["latency_s"].to_numpy()
 
-    def domain(c):
-        c = c[(c["kv_dtype"] == "bf16") & (c["head_dim"] == 128) & (c["window"] == 0) & (c["kv_tokens"] >= 15)]
-        kv_heads = np.where(c["kv_heads"] == 0, c["heads"], c["kv_heads"])
-        b, n, h = (c[k].to_numpy().astype(float) for k in ("batch", "kv_tokens", "heads"))
-        flop = 4 * h * 128 * b * n * (n + 1) / 2
-        nbytes = b * n * 2 * kv_heads * 128 * 2.0
-        return (flop, nbytes, n, spec.bf16_flop_per_s, spec.hbm_bytes_per_s * attention["hbm_efficiency"]), \
-            c["latency_s"].to_numpy()
-
-    args, meas = domain(tune.context_attention)
-    p = _fit(_prefill_model, [1e-5, 0.6, 500.0], [0.0, 0.05, 1.0], [1e-3, 1.0, 1e5], args, meas)
-    h_args, h_meas = domain(held.context_attention)
-    return {"floor_s": float(f"{p[0]:.4g}"), "flop_efficiency": round(float(p[1]), 4), "half_tokens": float(f"{p[2]:.4g}"),
-            "tune": _errors(_prefill_model(p, *args), meas), "held_out": _errors(_prefill_model(p, *h_args), h_meas)}
+        args, meas = domain(tune.context_attention)
+        if not len(meas):
+            continue
+        p = _fit(_prefill_model, [1e-5, 0.6, 500.0, 50.0, 1e-12], [0.0, 0.05, 1.0, 0.0, 0.0], [1e-3, 1.0, 1e5, 1e5, 1e-8],
+                 args, meas)
+        h_args, h_meas = domain(held.context_attention)
+        out[dtype] = {"floor_s": float(f"{p[0]:.4g}"), "flop_efficiency": round(float(p[1]), 4),
+                      "half_tokens": float(f"{p[2]:.4g}"), "half_tiles": float(f"{p[3]:.4g}"),
+                      "kv_write_s": float(f"{p[4]:.4g}"),
+                      "tune": _errors(_prefill_model(p, *args), meas), "held_out": _errors(_prefill_model(p, *h_args), h_meas)}
+    return out or None
 
 
 def _allreduce_model(p, nbytes, gpus):
@@ -220,8 +231,8 @@ def fit() -> dict:
     package = load_tables(next(iter(SYSTEMS))).package_version
     return {"source": (f"fitted: {PACKAGE} {package} (NVIDIA AIConfigurator kernel database, Apache-2.0), tune "
                        f"split of {'; '.join(sorted(versions))}; GEMMs of 1-8192 rows with n, k >= 256, decode "
-                       f"attention at head dim 128 over >= 15 cached tokens (bf16 KV), prefill attention at head "
-                       f"dim 128 over prompts of >= 15 tokens (bf16 KV), all-reduces to 64 MiB"),
+                       f"attention at head dim 128 over >= 15 cached tokens (bf16 and fp8 KV), prefill attention at "
+                       f"head dim 128 over prompts of >= 15 tokens (bf16 and fp8 KV), all-reduces to 64 MiB"),
             "gpus": gpus}
 
 

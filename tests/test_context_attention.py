@@ -70,8 +70,10 @@ def test_a_closed_batch_prefill_uses_the_table():
     formula = prefill_s(m, ctx.hw, "bf16", 128, 4, 1000)  # no KV bytes given: the datasheet FLOP rate
     table = ctx.hw.kernels.context_attention_one_s(4, 1000, m.num_heads, m.num_kv_heads, m.head_dim)
     causal = 4 * ATTN_MATMULS * FLOP_PER_MAC * m.num_heads * m.head_dim * 1000 * 1001 / 2
-    rate = ctx.hw.attention_flop_per_s * 1000 / (1000 + ctx.hw.prefill_attention_half_tokens)  # the fitted rate at 1000
-    datasheet = ctx.hw.prefill_attention_floor_s + causal / rate  # one layer, fitted floor + FLOP
+    p = ctx.hw.prefill_attention_shape.bf16  # the fitted rate at 1000 tokens, 4 x 28 heads x 8 query tiles
+    tiles = 4 * m.num_heads * 8
+    rate = ctx.hw.attention_flop_per_s * 1000 / (1000 + p.half_tokens) * tiles / (tiles + p.half_tiles)
+    datasheet = p.floor_s + causal / rate + 4000 * m.num_kv_heads * p.kv_write_s  # one layer: floor + FLOP + cache writes
     assert with_table - formula == pytest.approx(m.num_layers * (table - datasheet), rel=1e-9)
 
 
@@ -85,25 +87,39 @@ def test_datasheet_where_the_table_does_not_apply():
 
 
 def test_the_datasheet_prefill_by_hand():
-    """floor + max(FLOP / (bf16 peak x fitted efficiency x n / (n + half_tokens)), K/V bytes / (HBM x
-    attention efficiency)), the floor, plateau and half_tokens fitted on the context tables
-    (fitted_kernels.yaml prefill_attention)."""
+    """floor + max(FLOP / (bf16 peak x fitted efficiency x n / (n + half_tokens) x tiles / (tiles + half_tiles)),
+    K/V bytes / (HBM x attention efficiency)) + new tokens x KV heads x cache write, tiles = b x heads x ceil(n /
+    128), each figure fitted per KV dtype on the context tables (fitted_kernels.yaml prefill_attention)."""
     from sim.device.kernels import PrefillAttention, datasheet_cost
     from sim.inputs import catalog
 
-    fit = catalog.fitted_kernels()["h200-sxm"].prefill_attention
+    fit = catalog.fitted_kernels()["h200-sxm"].prefill_attention["bf16"]
     assert 5e-6 < fit.floor_s < 5e-5 and 0.3 < fit.flop_efficiency < 0.8 and 100 < fit.half_tokens < 5000
     gpu = catalog.gpu("h200-sxm")
     b, n, h, hkv, d = 2, 1000, 64, 8, 128
     flop = 4 * h * d * b * n * (n + 1) / 2
     nbytes = b * n * 2 * hkv * d * 2
     a_eff = catalog.fitted_kernels()["h200-sxm"].attention.hbm_efficiency
-    rate = gpu.bf16_flop_per_s * fit.flop_efficiency * n / (n + fit.half_tokens)
-    by_hand = fit.floor_s + max(flop / rate, nbytes / (gpu.hbm_bytes_per_s * a_eff))
+    tiles = b * h * 8  # ceil(1000 / 128) query tiles per prompt and head
+    rate = gpu.bf16_flop_per_s * fit.flop_efficiency * n / (n + fit.half_tokens) * tiles / (tiles + fit.half_tiles)
+    by_hand = fit.floor_s + max(flop / rate, nbytes / (gpu.hbm_bytes_per_s * a_eff)) + b * n * hkv * fit.kv_write_s
     assert datasheet_cost("h200-sxm", PrefillAttention(b, n, h, hkv, d)).seconds == pytest.approx(by_hand, rel=1e-12)
+    # fp8 KV: its own fit (the cache write quantises), half the K/V bytes
+    f8 = catalog.fitted_kernels()["h200-sxm"].prefill_attention["fp8"]
+    rate8 = gpu.bf16_flop_per_s * f8.flop_efficiency * n / (n + f8.half_tokens) * tiles / (tiles + f8.half_tiles)
+    by_hand8 = f8.floor_s + max(flop / rate8, nbytes / 2 / (gpu.hbm_bytes_per_s * a_eff)) + b * n * hkv * f8.kv_write_s
+    assert datasheet_cost("h200-sxm", PrefillAttention(b, n, h, hkv, d, "fp8")).seconds == pytest.approx(by_hand8, rel=1e-12)
     # short prompts run at a lower FLOP rate: per (query, key) pair a 64-token prompt costs more than a 4096-token one
-    pair = lambda p: (datasheet_cost("h200-sxm", PrefillAttention(1, p, h, hkv, d)).seconds - fit.floor_s) / (p * (p + 1) / 2)  # noqa: E731
-    assert pair(64) / pair(4096) == pytest.approx((64 + fit.half_tokens) / 64 * 4096 / (4096 + fit.half_tokens), rel=1e-9)
+    def pair(p):
+        c = datasheet_cost("h200-sxm", PrefillAttention(16, p, h, hkv, d)).seconds
+        return (c - fit.floor_s - 16 * p * hkv * fit.kv_write_s) / (p * (p + 1) / 2)
+
+    def tile_share(p):
+        t = 16 * h * math.ceil(p / 128)
+        return t / (t + fit.half_tiles)
+
+    assert pair(64) / pair(4096) == pytest.approx((64 + fit.half_tokens) / 64 * 4096 / (4096 + fit.half_tokens)
+                                                  * tile_share(4096) / tile_share(64), rel=1e-9)
     # a GPU the tables do not cover takes the medians of the fitted ones (efficiency.yaml)
     eff = catalog.efficiency_defaults()
     assert (eff.prefill_attention_floor_s, eff.attention_flop_efficiency) == (1.8e-5, 0.46)

@@ -71,15 +71,33 @@ def _gemm_constants(gpu: str, mma: str = "bf16") -> tuple[float, float]:
     return fit.gemm[mma].floor_s, fit.gemm[mma].weight_hbm_efficiency
 
 
+SUM_K = 3 * 3584 + 18944  # the 7B layer's GEMM inputs: qkv, o and gate_up read h = 3,584, down reads I = 18,944
+SUM_N = (3584 + 2 * 512) + 3584 + 2 * 18944 + 3584  # its outputs: q + k + v, o, gate + up, down
+
+
+def _activations(gpu: str, mma: str, rows: int) -> tuple[float, float]:
+    """(input bytes streamed with the weights, the output write + W8A8's quantisation in seconds) of the
+    7B layer's four GEMMs: fitted where the tables cover the GPU, none elsewhere."""
+    fit = catalog.fitted_kernels().get(gpu)
+    if fit is None:
+        return 0.0, 0.0
+    g, hbm = fit.gemm[mma], catalog.gpu(gpu).hbm_bytes_per_s
+    out_s = rows * SUM_N / (hbm * g.output_hbm_efficiency)
+    if mma == "fp8":  # quantised per call: a per-row cost four times, and a pass over every input element
+        return rows * SUM_K * 1.0, out_s + 4 * rows * g.quant_row_s + rows * SUM_K / (hbm * g.quant_hbm_efficiency)
+    return rows * SUM_K * 2.0, out_s
+
+
 def _by_hand(gpu: str, dtype: str, rows: int, ops_per_weight: float) -> float:
     m, spec = catalog.model(SEVEN_B), catalog.gpu(gpu)
     h = hw(gpu, dtype)
     floor, w_eff = _gemm_constants(gpu)
+    extra_bytes, extra_s = _activations(gpu, "bf16", rows)  # weight-only kernels: bf16 activations
     params = m.attention_linear_params_layer() + m.mlp_linear_params_layer()
-    bytes_s = m.layer_weight_bytes(dtype, 128) / (spec.hbm_bytes_per_s * w_eff)
+    bytes_s = (m.layer_weight_bytes(dtype, 128) + extra_bytes) / (spec.hbm_bytes_per_s * w_eff)
     dequant_s = params * ops_per_weight / (spec.fp32_flop_per_s / 2)
     mma_s = 2 * params * rows / h.gemm_flop_per_s(rows)
-    return 4 * floor + max(bytes_s, dequant_s + mma_s)  # four GEMM calls a layer, each with its floor
+    return 4 * floor + max(bytes_s, dequant_s + mma_s) + extra_s  # four GEMM calls a layer, each with its floor
 
 
 @pytest.mark.parametrize("gpu", ["a100-80gb-sxm", "h200-sxm", "rtx-4090"])
@@ -97,7 +115,9 @@ def test_bf16_kernel_is_the_floors_plus_the_plain_roofline():
     assert h.dequant_ops_per_weight == 0.0 and h.gemm_floor_s == floor
     for rows in (1, 64, 512):
         flop = 2 * (m.attention_linear_params_layer() + m.mlp_linear_params_layer()) * rows
-        expect = 4 * floor + max(flop / h.gemm_flop_per_s(rows), m.layer_weight_bytes("bf16") / (4.8e12 * w_eff))
+        extra_bytes, extra_s = _activations("h200-sxm", "bf16", rows)
+        expect = 4 * floor + max(flop / h.gemm_flop_per_s(rows), (m.layer_weight_bytes("bf16") + extra_bytes)
+                                 / (4.8e12 * w_eff)) + extra_s
         assert weight_kernel_s(m, h, "bf16", 128, rows) == pytest.approx(expect, rel=1e-14)
 
 
@@ -107,12 +127,14 @@ def _effective_fraction(gpu: str, dtype: str, rows: int) -> float:
     return m.layer_weight_bytes_read(dtype, rows, 128) / weight_kernel_s(m, h, dtype, 128, rows) / catalog.gpu(gpu).hbm_bytes_per_s
 
 
-def _streaming_fraction(gpu: str, dtype: str) -> float:
-    """The fraction a kernel set by its weight stream alone reaches: bytes / (floors + stream)."""
+def _streaming_fraction(gpu: str, dtype: str, rows: int = 1) -> float:
+    """The fraction a kernel set by its weight stream reaches: bytes / (floors + stream with the
+    activations + their output write)."""
     m, spec = catalog.model(SEVEN_B), catalog.gpu(gpu)
     floor, w_eff = _gemm_constants(gpu)
+    extra_bytes, extra_s = _activations(gpu, "bf16", rows)
     wb = m.layer_weight_bytes(dtype, 128)
-    return wb / (4 * floor + wb / (spec.hbm_bytes_per_s * w_eff)) / spec.hbm_bytes_per_s
+    return wb / (4 * floor + (wb + extra_bytes) / (spec.hbm_bytes_per_s * w_eff) + extra_s) / spec.hbm_bytes_per_s
 
 
 def test_effective_bandwidth_comes_out_per_gpu_dtype_and_batch():
@@ -124,7 +146,7 @@ def test_effective_bandwidth_comes_out_per_gpu_dtype_and_batch():
     # 3.35 TB/s) at batch 16
     assert _effective_fraction("a100-80gb-sxm", "int4", 1) <= _streaming_fraction("a100-80gb-sxm", "int4")
     assert _effective_fraction("a100-80gb-sxm", "int4", 16) < 0.60
-    assert _effective_fraction("h100-sxm", "int4", 16) == pytest.approx(_streaming_fraction("h100-sxm", "int4"))
+    assert _effective_fraction("h100-sxm", "int4", 16) == pytest.approx(_streaming_fraction("h100-sxm", "int4", 16))
     # growth with batch: the fraction only falls as rows are added
     fractions = [_effective_fraction("a100-80gb-sxm", "int4", b) for b in (1, 8, 16, 32, 64)]
     assert fractions == sorted(fractions, reverse=True)
@@ -139,8 +161,9 @@ def test_fp8_runs_w8a8_at_fp8_peak_on_hopper():
     rows = 256
     flop = 2 * (m.attention_linear_params_layer() + m.mlp_linear_params_layer()) * rows
     floor, w_eff = _gemm_constants("h100-sxm", "fp8")  # the fp8 GEMM fit
+    extra_bytes, extra_s = _activations("h100-sxm", "fp8", rows)  # fp8 inputs after their quantisation pass
     expect = 4 * floor + max(flop / (1979e12 * h.gemm_flop_per_s(rows) / 1979e12),
-                             m.layer_weight_bytes("fp8") / (3.35e12 * w_eff))
+                             (m.layer_weight_bytes("fp8") + extra_bytes) / (3.35e12 * w_eff)) + extra_s
     assert weight_kernel_s(m, h, "fp8", 128, rows) == pytest.approx(expect)
 
 

@@ -111,8 +111,10 @@ def _logs(sim):
 def test_engine_host_attention_shares_the_dram_with_the_offload():
     """Step 0's re-tier offloads L x 40 tokens at 1 GB/s beside step 1, which attends those 40 tokens
     per layer on the host: a stream of X = 40 x kv bytes per layer at 2.5 GB/s from a 3 GB/s DRAM.
-    While the offload is in flight the stream gets 3 - 1 = 2 GB/s; after it lands, 2.5."""
+    While the offload is in flight the stream gets 3 - 1 = 2 GB/s; after it lands, 2.5. The GPU's own
+    attention is made free (no floor) so that the host's stream, not the GPU, sets each layer."""
     ctx = _host_context(3 * GB, 2.5 * GB)
+    ctx = dataclasses.replace(ctx, hw=dataclasses.replace(ctx.hw, kernels=None, attention_latency_s=0.0))
     sim = run(ctx, two_step_plan())
     L, kv = ctx.num_layers, ctx.kv_bytes_per_token_layer
     X = MOVED * kv

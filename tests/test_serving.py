@@ -15,7 +15,6 @@ from sim.decode.simulate import simulate
 from sim.device.physics import (
     ALLREDUCES_PER_LAYER,
     attention_flop,
-    attention_s,
     decode_step_cost,
     lm_head_s,
     mixed_step_cost,
@@ -101,12 +100,17 @@ def test_mixed_step_by_hand():
     cost = mixed_step_cost(model, hw, wd, gs, "layerwise_async", decodes, t0, 0, 0, kv, ctx.t2_bytes_per_token_layer,
                            prefill_tokens=c, prefill_position_sum=pos, prefill_kv_tokens=a + c, prefill_seqs=1)
     rows = decodes + c
-    decode_attn = attention_s(attention_flop(model, t0), (t0 + decodes) * kv, hw)
+    # the decodes: 8 x 4 KV heads (8 over TP 2) = 32 thread blocks, streaming at 32 / (32 + half_ctas) of the rate
+    shape, blocks = hw.attention_shape, decodes * model.num_kv_heads
+    decode_attn = max(attention_flop(model, t0) / hw.attention_flop_per_s, hw.attention_latency_s + max(
+        (t0 + decodes) * kv / (hw.attention_hbm_bytes_per_s * blocks / (blocks + shape.half_ctas)), blocks * shape.per_cta_s))
     n = (math.sqrt(1 + 8 * pos) - 1) / 2  # the one chunk's equivalent prompt length: n (n + 1) / 2 = pos
-    rate = hw.attention_flop_per_s * n / (n + hw.prefill_attention_half_tokens)
-    prefill_attn = hw.prefill_attention_floor_s + roofline_s(4 * model.num_heads * model.head_dim * pos, (a + c) * kv,
-                                                             rate, hw.attention_hbm_bytes_per_s)
-    assert hw.prefill_attention_floor_s > 0  # the floor fitted on measured prefill attention (fitted_kernels.yaml)
+    p = hw.prefill_attention_shape.bf16  # fitted on measured prefill attention (fitted_kernels.yaml)
+    tiles = 1 * model.num_heads * math.ceil(c / 128)  # the chunk's 1,000 queries in 8 tiles of 128, per head
+    rate = hw.attention_flop_per_s * n / (n + p.half_tokens) * tiles / (tiles + p.half_tiles)
+    prefill_attn = (p.floor_s + roofline_s(4 * model.num_heads * model.head_dim * pos, (a + c) * kv, rate,
+                                           hw.attention_hbm_bytes_per_s) + c * model.num_kv_heads * p.kv_write_s)
+    assert p.floor_s > 0 and p.kv_write_s > 0
     assert cost.layer.gemm_s == weight_kernel_s(model, hw, wd, gs, rows)
     assert cost.layer.attention_s == pytest.approx(decode_attn + prefill_attn, rel=1e-12)
     assert cost.layer.allreduce_s == pytest.approx(ALLREDUCES_PER_LAYER * hw.allreduce_s(rows * model.hidden_size * 2))

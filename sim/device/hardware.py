@@ -71,6 +71,31 @@ class GemmIO:
 
 
 @dataclass(frozen=True)
+class PrefillKV:
+    """One KV dtype's prefill attention (`physics.datasheet_prefill_attention_s`): a call's floor, its FLOP
+    rate as a multiple of `Hardware.attention_flop_per_s` (the bf16-KV plateau) at long prompts, the prompt
+    length and the query-tile count at which that rate halves (0: no such loss), and the cache write
+    of each new token's K/V per KV head (RoPE, quantise, store)."""
+
+    floor_s: float = 0.0
+    flop_scale: float = 1.0
+    half_tokens: float = 0.0
+    half_tiles: float = 0.0
+    kv_write_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class PrefillShapes:
+    """Prefill attention's figures by KV dtype: bf16 (and fp16), and fp8 (int8 KV takes it)."""
+
+    bf16: PrefillKV = PrefillKV()
+    fp8: PrefillKV = PrefillKV()
+
+    def of(self, fp8_kv: bool) -> PrefillKV:
+        return self.fp8 if fp8_kv else self.bf16
+
+
+@dataclass(frozen=True)
 class AttentionShape:
     """GQA decode attention beyond floor + KV bytes / rate (`physics.gqa_datasheet_attention_s`),
     fitted on the measured tables where they cover the GPU; the defaults are the flat form."""
@@ -233,8 +258,7 @@ class Hardware:
     dequant_op_per_s: float = float("inf")  # CUDA-core lane operations per second (FP32 rate / 2)
     attention_latency_s: float = 0.0  # floor of one decode-attention call (its time = this + bytes / rate)
     attention_shape: AttentionShape = AttentionShape()  # GQA decode attention's fitted shape (flat by default)
-    prefill_attention_floor_s: float = 0.0  # floor of one prefill-attention call (datasheet: this + roofline)
-    prefill_attention_half_tokens: float = 0.0  # prompt length at half the attention FLOP rate (datasheet; 0: flat)
+    prefill_attention_shape: PrefillShapes = PrefillShapes()  # datasheet prefill attention by KV dtype (flat: no floor)
     gemm_floor_s: float = 0.0  # floor of one GEMM call, added to its roofline time
     gemm_io: GemmIO = GemmIO()  # a GEMM call's activation traffic (fitted; none by default)
     held_activation_bytes: float = 0.0  # activations an engine holds whatever the step (scenario engine:)
@@ -419,8 +443,7 @@ class _Figures:
     attention_flop_efficiency: Sourced[float]
     attention_latency_s: Sourced[float]
     attention_shape: Sourced[AttentionShape]
-    prefill_attention_floor_s: Sourced[float]
-    prefill_attention_half_tokens: Sourced[float]
+    prefill_attention_shape: Sourced[PrefillShapes]
     dequant_ops_per_weight: Sourced[float]
     weight_kernel: Sourced[str]
     weight_kernel_by_rows: Sourced[list | None]
@@ -441,18 +464,30 @@ class _Figures:
         return {name: v.source for name, v in values.items() if isinstance(v, Sourced)}
 
 
-def _prefill_figures(fit, eff: EfficiencyDefaults, ov) -> tuple[Sourced, Sourced, Sourced]:
-    """(attention FLOP efficiency, prefill-attention floor, the prompt length at half that efficiency):
-    fitted on the measured context-attention tables where they cover the GPU, the catalog default
-    (flat) elsewhere; the efficiency overridable (an override is flat too)."""
+def _prefill_figures(fit, eff: EfficiencyDefaults, ov) -> tuple[Sourced, Sourced]:
+    """(attention FLOP efficiency - the bf16-KV prefill plateau, `Hardware.attention_flop_per_s` - and the
+    prefill-attention shape by KV dtype): fitted on the measured context-attention tables where they
+    cover the GPU, the catalog default (one floor, flat) elsewhere; the efficiency overridable (an
+    override is flat too: the fitted floor, nothing by length, tiles or written token)."""
     pf = fit.prefill_attention if fit else None
-    f_eff = (Sourced(pf.flop_efficiency, pf.says("prefill attention")) if pf else
+    bf = pf.get("bf16") if pf else None
+    f_eff = (Sourced(bf.flop_efficiency, bf.says("prefill attention")) if bf else
              Sourced(eff.attention_flop_efficiency, "default efficiency")).override(ov.attention_flop_efficiency)
-    floor = Sourced(pf.floor_s, pf.says("prefill attention")) if pf else Sourced(eff.prefill_attention_floor_s,
-                                                                                  "default (derived)")
-    flat = not pf or ov.attention_flop_efficiency is not None
-    half = Sourced(0.0, "flat: one efficiency at every length") if flat else Sourced(pf.half_tokens, pf.says("prefill attention"))
-    return f_eff, floor, half
+    if not bf:
+        flat = PrefillKV(floor_s=eff.prefill_attention_floor_s)
+        return f_eff, Sourced(PrefillShapes(flat, flat), "default (derived): one floor, one efficiency at every length")
+    if ov.attention_flop_efficiency is not None:
+        flat = PrefillKV(floor_s=bf.floor_s)
+        return f_eff, Sourced(PrefillShapes(flat, flat), f"flat: {SCENARIO} sets the attention FLOP efficiency; the "
+                                                         f"floor {bf.says('prefill attention')}", pinned=True)
+
+    def kv(p) -> PrefillKV:
+        return PrefillKV(p.floor_s, p.flop_efficiency / bf.flop_efficiency, p.half_tokens, p.half_tiles, p.kv_write_s)
+
+    f8 = pf.get("fp8", bf)
+    said = (f"{bf.says('prefill attention')} (bf16 KV); fp8 KV "
+            + (f"held-out median {f8.held_out.median:.1%}" if f8 is not bf else "takes bf16's (no fp8 KV timed)"))
+    return f_eff, Sourced(PrefillShapes(kv(bf), kv(f8)), said)
 
 
 def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyDefaults) -> _Figures:
@@ -468,7 +503,7 @@ def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyD
              Sourced(eff.weight_hbm_efficiency[weight_dtype], "default efficiency")).override(ov.weight_hbm_efficiency)
     a_eff = (Sourced(a.hbm_efficiency, a.says("decode attention")) if a else
              Sourced(eff.attention_hbm_efficiency, "default efficiency")).override(ov.attention_hbm_efficiency)
-    f_eff, p_floor, p_half = _prefill_figures(fit, eff, ov)
+    f_eff, p_shape = _prefill_figures(fit, eff, ov)
     gemm = Sourced(_Gemm(peak, eff.gemm_flop_efficiency_by_rows),
                    f"datasheet {gpu.name} {peak_name} peak x default efficiency by rows")
     if g:  # the default curve's shape, scaled to this GPU's fitted plateau
@@ -497,8 +532,7 @@ def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyD
         attention_flop_efficiency=f_eff,
         attention_latency_s=latency.override(ov.attention_latency_s),
         attention_shape=_attention_shape(gpu, a, ov),
-        prefill_attention_floor_s=p_floor,
-        prefill_attention_half_tokens=p_half,
+        prefill_attention_shape=p_shape,
         dequant_ops_per_weight=dequant.override(ov.dequant_ops_per_weight),
         weight_kernel=kernel,
         weight_kernel_by_rows=Sourced(None, "modelled: weight streaming vs dequantisation + MMA"),
@@ -702,6 +736,6 @@ def _assemble(gpu: GpuSpec, link_spec: LinkSpec, figs: _Figures, h2d: LinkModel,
         weight_kernel_bytes_per_s_by_rows=figs.weight_kernel_by_rows.value,
         dequant_op_per_s=gpu.fp32_flop_per_s / FLOP_PER_MAC, attention_latency_s=figs.attention_latency_s.value,
         attention_shape=figs.attention_shape.value,
-        gemm_floor_s=figs.gemm_floor_s.value, gemm_io=figs.gemm_io.value, prefill_attention_floor_s=figs.prefill_attention_floor_s.value,
-        prefill_attention_half_tokens=figs.prefill_attention_half_tokens.value,
+        gemm_floor_s=figs.gemm_floor_s.value, gemm_io=figs.gemm_io.value,
+        prefill_attention_shape=figs.prefill_attention_shape.value,
     )

@@ -27,7 +27,7 @@ from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
 from .hardware import Hardware, resolve_hardware, with_allreduce
 from .measured_kernels import MeasuredKernels, measured_kernels_for
-from .physics import gqa_datasheet_attention_s, prefill_attention_flop_per_s, roofline_s, weight_gemm_s
+from .physics import datasheet_prefill_attention_s, gqa_datasheet_attention_s, weight_gemm_s
 
 KERNELS = ("datasheet", "measured")
 DEFAULT_GROUP_SIZE = 128
@@ -106,10 +106,11 @@ def datasheet_cost(gpu: str, op: Operator) -> OpCost:
         kv_layer = 2 * op.kv_heads * op.head_dim * KV_DTYPES[op.kv_dtype].bytes_per_element
         pairs = op.batch * op.prompt_tokens * (op.prompt_tokens + 1) / 2
         flop = ATTN_MATMULS * FLOP_PER_MAC * op.heads * op.head_dim * pairs
-        seconds = hw.prefill_attention_floor_s + roofline_s(flop, op.batch * op.prompt_tokens * kv_layer,
-                                                            prefill_attention_flop_per_s(hw, op.prompt_tokens),
-                                                            hw.attention_hbm_bytes_per_s)
-        return OpCost(seconds, "datasheet: physics.prefill_attention_s")
+        tokens = op.batch * op.prompt_tokens
+        fp8 = KV_DTYPES[op.kv_dtype].bytes_per_element < 1.5
+        seconds = datasheet_prefill_attention_s(hw, flop, tokens * kv_layer, op.prompt_tokens, op.batch, tokens, op.heads,
+                                                op.kv_heads, fp8)
+        return OpCost(seconds, "datasheet: physics.datasheet_prefill_attention_s")
     hw = with_allreduce(datasheet_hardware(gpu, tp=op.gpus), op.impl)
     how = ("fitted protocols per group size" if hw.allreduce_protocols else "ring: catalog interconnect busbw + per-hop latency")
     return OpCost(hw.allreduce_s(op.nbytes), f"datasheet: Hardware.allreduce_s ({op.impl}; {how})")

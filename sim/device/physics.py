@@ -517,11 +517,15 @@ def prefill_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int
         causal_flop = batch * ATTN_MATMULS * FLOP_PER_MAC * model.num_heads * model.head_dim * prompt_tokens * (prompt_tokens + 1) / 2
         if model.attention_dp > 1:
             causal_flop /= model.attention_dp
+    if measured is None:
+        kv_bytes = rows * (kv_bytes_per_token_layer or 0.0)
+        fp8 = kv_bytes_per_token_layer is not None and _fp8_kv(model, kv_bytes_per_token_layer)
+        measured = datasheet_prefill_attention_s(hw, causal_flop, kv_bytes, prompt_tokens, batch, rows, model.num_heads,
+                                                 model.num_kv_heads, fp8)
     per_layer = (
         weight_kernel_s(model, hw, weight_dtype, group_size, rows)
         + layer_comm_s(model, hw, rows)
-        + (hw.prefill_attention_floor_s + causal_flop / prefill_attention_flop_per_s(hw, prompt_tokens) if measured is None
-           else measured)
+        + measured
         + hw.layer_overhead_s
     )
     return model.num_layers * per_layer + lm_head_s(model, hw, batch)
@@ -814,19 +818,18 @@ def _sparse_fetch_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_
 
 
 def prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_tokens: float,
-                        kv_bytes_per_token_layer: float, seqs: int = 0) -> float:
+                        kv_bytes_per_token_layer: float, seqs: int = 0, new_tokens: float = 0.0) -> float:
     """Causal attention of one layer over a step's prefill chunks (one variable-length kernel): a
     chunk token at position i (1-based) attends i tokens, so
     FLOP = 4 * H * d * sum over chunk tokens of i  (a whole prompt of P: 2 * P (P + 1) * H * d, as `prefill_s`),
     bytes = (prefix + chunk tokens) x KV bytes/token/layer (the prefix read, the chunk written),
-    time = floor + max(FLOP / attention FLOP/s at the chunks' equivalent prompt length
-    (`prefill_attention_flop_per_s`), bytes / attention bytes/s): compute-bound for all but
-    short chunks behind a long prefix (floor and FLOP efficiency fitted per GPU on the measured
-    context-attention tables where they cover it, `scripts/fit_datasheet.py`; else 0 and the default). With layer kinds: the tiered layers as above (`attention_flop`, the
-    mean layer's), window layers at most min(position sum, kv tokens x W) tokens attended and linear
-    layers at most kv tokens state updates - upper bounds, the chunk's own token count not being
-    known here. Measured tables with a context-attention table (a dense GQA model, `seqs` chunks):
-    `measured_prefill_attention_s`."""
+    time = `datasheet_prefill_attention_s` at the chunks' equivalent prompt length
+    (`equivalent_prompt_tokens`) over `new_tokens` chunk tokens (0: seqs x that length): compute-bound for
+    all but short chunks behind a long prefix. With layer kinds: the tiered layers as above
+    (`attention_flop`, the mean layer's), window layers at most min(position sum, kv tokens x W) tokens
+    attended and linear layers at most kv tokens state updates - upper bounds, the chunk's own token
+    count not being known here. Measured tables with a context-attention table (a dense GQA model,
+    `seqs` chunks): `measured_prefill_attention_s`."""
     if position_sum <= 0:
         return 0.0
     measured = measured_prefill_attention_s(model, hw, position_sum, seqs, kv_bytes_per_token_layer)
@@ -835,19 +838,41 @@ def prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_
     flop = attention_flop(model, position_sum)
     if model.layer_kinds:
         flop += _bounded_prefill_flop(model, position_sum, kv_tokens)
-    rate = prefill_attention_flop_per_s(hw, equivalent_prompt_tokens(position_sum, seqs))
-    return hw.prefill_attention_floor_s + roofline_s(flop, kv_tokens * kv_bytes_per_token_layer, rate,
-                                                     hw.attention_hbm_bytes_per_s)
+    n = equivalent_prompt_tokens(position_sum, seqs)
+    return datasheet_prefill_attention_s(hw, flop, kv_tokens * kv_bytes_per_token_layer, n, seqs, new_tokens or seqs * n,
+                                         model.num_heads, model.num_kv_heads, _fp8_kv(model, kv_bytes_per_token_layer))
 
 
-def prefill_attention_flop_per_s(hw: Hardware, prompt_tokens: float) -> float:
-    """The datasheet model's attention FLOP rate for prompts of `prompt_tokens`: the fitted plateau x
-    n / (n + half_tokens) - short prompts fill the kernel's query and key tiles poorly (fitted on the
-    measured context-attention tables, `scripts/fit_datasheet.py`; flat where there is no fit)."""
-    half = hw.prefill_attention_half_tokens
-    if half <= 0 or prompt_tokens <= 0:
-        return hw.attention_flop_per_s
-    return hw.attention_flop_per_s * prompt_tokens / (prompt_tokens + half)
+PREFILL_TILE_TOKENS = 128  # query rows of one attention tile (FlashAttention's block)
+
+
+def datasheet_prefill_attention_s(hw: Hardware, flop: float, kv_bytes: float, prompt_tokens: float, seqs: float,
+                                  new_tokens: float, heads: int, kv_heads: int, fp8_kv: bool) -> float:
+    """One layer's causal prefill attention, datasheet, over `seqs` prompts (or chunks) of `prompt_tokens`
+    (their equivalent length), `new_tokens` in all:
+
+        floor + max(FLOP / rate, K/V bytes / attention bytes/s) + new tokens x KV heads x cache write,
+        rate = plateau x n / (n + half_tokens) x tiles / (tiles + half_tiles),
+        tiles = seqs x heads x ceil(new tokens / seqs / 128)
+
+    Short prompts fill the kernel's query and key tiles poorly (half the rate at 350-1,250 tokens); few
+    query tiles leave SMs idle (B200: half at ~170 tiles; 5-60 elsewhere); each new token's K/V is
+    rotated, (fp8: quantised,) and stored. The figures are the KV dtype's (`hw.prefill_attention_shape`),
+    fitted per GPU on the measured context-attention tables (`scripts/fit_datasheet.py`); one floor and
+    one flat rate where no fit covers the GPU or the scenario sets the attention FLOP efficiency."""
+    p = hw.prefill_attention_shape.of(fp8_kv)
+    rate = hw.attention_flop_per_s * p.flop_scale
+    if p.half_tokens > 0 and prompt_tokens > 0:
+        rate *= prompt_tokens / (prompt_tokens + p.half_tokens)
+    if p.half_tiles > 0 and seqs > 0:
+        tiles = seqs * heads * math.ceil(new_tokens / seqs / PREFILL_TILE_TOKENS)
+        rate *= tiles / (tiles + p.half_tiles)
+    return p.floor_s + max(flop / rate, kv_bytes / hw.attention_hbm_bytes_per_s) + p.kv_write_s * new_tokens * kv_heads
+
+
+def _fp8_kv(model: ModelSpec, kv_bytes_per_token_layer: float) -> bool:
+    """The run's KV is one byte an element (fp8, or int8 which streams as it does)."""
+    return kv_dtype_of(model, kv_bytes_per_token_layer) in ("fp8", "int8")
 
 
 def equivalent_prompt_tokens(position_sum: float, seqs: int) -> float:
@@ -919,7 +944,7 @@ def with_prefill(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: 
         return base
     rows = decodes + prefill_tokens
     attention_s = base.layer.attention_s + prefill_attention_s(model, hw, prefill_position_sum, prefill_kv_tokens,
-                                                               kv_bytes_per_token_layer, prefill_seqs)
+                                                               kv_bytes_per_token_layer, prefill_seqs, prefill_tokens)
     kind = MIXED if decodes else PREFILL
     layer = fields_replaced(base.layer, gemm_s=weight_kernel_s(model, hw, weight_dtype, group_size, rows),
                             attention_s=attention_s, allreduce_s=layer_comm_s(model, hw, rows),

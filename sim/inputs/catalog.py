@@ -170,6 +170,8 @@ class FittedPrefill(_Fitted):
     floor_s: float  # one prefill-attention call's floor
     flop_efficiency: float  # of the bf16 peak, its plateau over long prompts
     half_tokens: float = 0.0  # the prompt length at which it is half the plateau (0: flat)
+    half_tiles: float = 0.0  # the query tiles (prompts x heads x ceil(n / 128)) at which it is half (0: none)
+    kv_write_s: float = 0.0  # each new token's K/V written to the cache, per KV head
 
 
 class AllReduceProtocols(_Frozen):
@@ -197,7 +199,7 @@ class FittedKernels(_Frozen):
     gemm: dict[str, FittedGemm]  # by the dtype of the GEMM: bf16, fp8
     attention: FittedAttention
     allreduce: dict[str, FittedAllReduce]  # custom, nccl
-    prefill_attention: FittedPrefill | None = None  # where the tables have a context-attention table
+    prefill_attention: dict[str, FittedPrefill] | None = None  # by KV dtype, where the tables have a context table
 
 
 class _ModelEntry(_Frozen):
