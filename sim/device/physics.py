@@ -306,9 +306,9 @@ def gqa_datasheet_attention_s(hw: Hardware, batch, kv_heads: int, flop, kv_bytes
 
         time = max(FLOP / attention FLOP/s, floor + max(bytes / (rate x c / (c + half)), c x per block))
 
-    rate: HBM x the streaming efficiency of the KV dtype (fp8 dequantises as it reads: 0.59-0.90 of HBM
-    where bf16 KV streams at 0.74-0.94); a grid of few blocks cannot keep HBM busy (half the rate at
-    `half_ctas` blocks, 0.5-2.2 fitted); a long thin grid (thousands of sequences of short contexts) pays
+    rate: HBM x the streaming efficiency of the KV dtype (fp8 dequantises as it reads: 0.56-0.90 of HBM
+    where bf16 KV streams at 0.73-0.94); a grid of few blocks cannot keep HBM busy (half the rate at
+    `half_ctas` blocks, 0-2.2 fitted); a long thin grid (thousands of sequences of short contexts) pays
     each block's serial cost (11-40 ns). `hw.attention_shape` holds the fitted figures; its defaults (no
     fit, a profile, a scenario override) leave `attention_s`. Example, H100 with (12.9 us, 0.906, half 0.76,
     30.7 ns): 1 sequence x 8 KV heads x 4,096 bf16 tokens, 16.8 MB: 12.9 us + 16.8 MB / (3.35 TB/s x 0.906
@@ -855,8 +855,8 @@ def datasheet_prefill_attention_s(hw: Hardware, flop: float, kv_bytes: float, pr
         rate = plateau x n / (n + half_tokens) x tiles / (tiles + half_tiles),
         tiles = seqs x heads x ceil(new tokens / seqs / 128)
 
-    Short prompts fill the kernel's query and key tiles poorly (half the rate at 350-1,250 tokens); few
-    query tiles leave SMs idle (B200: half at ~170 tiles; 5-60 elsewhere); each new token's K/V is
+    Short prompts fill the kernel's query and key tiles poorly (half the rate at 170-1,250 tokens); few
+    query tiles leave SMs idle (B200: half at ~170 tiles; 5-95 elsewhere); each new token's K/V is
     rotated, (fp8: quantised,) and stored. The figures are the KV dtype's (`hw.prefill_attention_shape`),
     fitted per GPU on the measured context-attention tables (`scripts/fit_datasheet.py`); one floor and
     one flat rate where no fit covers the GPU or the scenario sets the attention FLOP efficiency."""
