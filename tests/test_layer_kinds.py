@@ -405,3 +405,20 @@ def test_dense_models_are_uniform_and_sized_as_before(name, tmp_path):
 def test_policy_baselines_still_fit_a_kinds_model():
     ctx = build_context(_scenario("gpt-oss-120b"))
     assert max_batch(ctx, policy=TierPolicy(kind="full_hbm")) < max_batch(ctx)
+
+
+def test_mla_prefill_attends_unabsorbed_and_decode_absorbed():
+    """DeepSeek-V3 shapes (128 heads, qk 128 + 64, v 128, latent 512 + 64): a prefill (query, key) pair
+    costs 2 x 128 x (192 + 128) = 81,920 FLOP, as vLLM's MLA prefill runs it (the latent up-projected);
+    a decode token 2 x 128 x (576 + 512) = 278,528, absorbed."""
+    from sim.device.physics import kind_prefill_flop_per_pair, prefill_attention_flop
+
+    m = catalog.model("deepseek-r1")
+    assert (m.num_heads, m.mla.qk_head_dim, m.mla.v_head_dim) == (128, 192, 128)
+    assert kind_prefill_flop_per_pair(m, MLA) == 2 * 128 * (192 + 128) == 81_920
+    assert kind_attention_flop_per_token(m, MLA) == 2 * 128 * (576 + 512) == 278_528
+    P = 1024
+    dense = m.kind_counts[MLA]  # every layer MLA: the mean layer's FLOP is the MLA layer's
+    assert dense == m.num_layers
+    assert kinds_prefill_flop(m, 2, P) == pytest.approx(2 * 81_920 * P * (P + 1) / 2)
+    assert prefill_attention_flop(m, P * (P + 1) / 2) == pytest.approx(81_920 * P * (P + 1) / 2)

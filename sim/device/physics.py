@@ -126,6 +126,28 @@ def kind_attention_flop_per_token(model: ModelSpec, kind: str) -> float:
     return flop / model.attention_dp if model.attention_dp > 1 else flop
 
 
+def kind_prefill_flop_per_pair(model: ModelSpec, kind: str) -> float:
+    """FLOP one (query, key) pair costs one layer of `kind` in prefill. MLA layers run unabsorbed there,
+    as engines prefill them (vLLM's MLA backend up-projects the latent to K and V and runs plain
+    attention): 2 * H * (qk_nope + qk_rope) for QK^T + 2 * H * v_head_dim for PV - DeepSeek-V3: 640 H,
+    where the absorbed decode form costs 2,176 H. Sparse (DeepSeek sparse attention) layers keep the
+    absorbed form: DSA runs in MLA's MQA mode in prefill too. Other kinds: `kind_attention_flop_per_token`."""
+    if kind != MLA:
+        return kind_attention_flop_per_token(model, kind)
+    a = model.mla
+    flop = FLOP_PER_MAC * model.num_heads * (a.qk_head_dim + a.v_head_dim)
+    return flop / model.attention_dp if model.attention_dp > 1 else flop
+
+
+def prefill_attention_flop(model: ModelSpec, position_sum: float) -> float:
+    """Prefill attention FLOP of one (mean) layer whose chunk tokens attend `position_sum` pairs in all:
+    `attention_flop` with each tiered kind at its prefill cost (`kind_prefill_flop_per_pair`)."""
+    if not model.layer_kinds:
+        return attention_flop(model, position_sum)
+    per_pair = sum(n * kind_prefill_flop_per_pair(model, k) for k, n in model.kind_counts.items() if k in TIERED_KINDS)
+    return per_pair * position_sum / model.num_layers
+
+
 def linear_state_flop(model: ModelSpec) -> float:
     """One sequence's decode FLOP in one linear layer (`LinearShape.state_flop_per_token`), / attention_dp
     in an attention-data-parallel shard (a GPU updates the states of its rank's sequences only)."""
@@ -534,7 +556,8 @@ def prefill_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int
 def kinds_prefill_flop(model: ModelSpec, batch: int, prompt_tokens: int) -> float:
     """Causal attention FLOP of B prompts of P tokens in the mean layer of a model with kinds: tiered
     layers sum_{i<=P} i tokens attended (P (P + 1) / 2), window layers sum_{i<=P} min(i, W), linear
-    layers P state updates; each at its kind's FLOP, summed over the layers / L."""
+    layers P state updates; each at its kind's prefill FLOP (`kind_prefill_flop_per_pair`: MLA
+    unabsorbed), summed over the layers / L."""
     P, W = prompt_tokens, model.sliding_window
     flop = 0.0
     for kind, n in model.kind_counts.items():
@@ -547,7 +570,7 @@ def kinds_prefill_flop(model: ModelSpec, batch: int, prompt_tokens: int) -> floa
             flop += n * model.sparse.flop_per_token / model.attention_dp * P * (P + 1) / 2
         else:
             pairs = P * (P + 1) / 2 if kind != WINDOW else (min(P, W) * (min(P, W) + 1) / 2 + max(P - W, 0) * W)
-        flop += n * kind_attention_flop_per_token(model, kind) * pairs
+        flop += n * kind_prefill_flop_per_pair(model, kind) * pairs
     return batch * flop / model.num_layers
 
 
@@ -835,7 +858,7 @@ def prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_
     measured = measured_prefill_attention_s(model, hw, position_sum, seqs, kv_bytes_per_token_layer)
     if measured is not None:
         return measured
-    flop = attention_flop(model, position_sum)
+    flop = prefill_attention_flop(model, position_sum)
     if model.layer_kinds:
         flop += _bounded_prefill_flop(model, position_sum, kv_tokens)
     n = equivalent_prompt_tokens(position_sum, seqs)
