@@ -20,6 +20,9 @@ measurements only - never on end-to-end figures, which are for validation:
   write, tiles = b x heads x ceil(n / 128) (short prompts fill the kernel's tiles poorly, few tiles leave SMs
   idle, each new token's K/V is rotated, quantised and stored: one flat efficiency left a 21-31% held-out
   median, the length alone 9-16% for bf16 KV and 17-20% for fp8 KV);
+- absorbed MLA decode attention (the tables' generation_mla, TensorRT-LLM's kernel, DeepSeek-V3's latent):
+  floor + max(latent bytes / (HBM x efficiency(KV dtype) x blocks / (blocks + half_blocks)), FLOP / (bf16 peak
+  x FLOP efficiency)), blocks = batch x ceil(heads / 64) (the GQA fit it took before: 10-66% held-out median);
 - an all-reduce (the engine's custom kernel, and NCCL), per group size N the tables measure: the faster of
   two protocols, each floor + ring bytes 2 (N - 1) / N x bytes / its bus bandwidth (a latency protocol and a
   bandwidth one: NCCL's LL and Simple, a custom kernel's one-shot and two-shot; one floor and busbw for
@@ -41,7 +44,8 @@ import yaml
 from scipy.optimize import least_squares
 
 from sim.inputs import catalog
-from sim.inputs.kernel_tables import PACKAGE, SYSTEMS, load_tables, split_tables
+from sim.inputs.kernel_tables import PACKAGE, SYSTEMS, load_tables, split_tables, with_moe_mla
+from sim.model.units import FLOP_PER_MAC
 
 OUT = Path(__file__).resolve().parents[1] / "sim" / "catalog" / "fitted_kernels.yaml"
 ELEMENT_BYTES = {"bf16": 2.0, "fp8": 1.0}
@@ -183,6 +187,42 @@ def _prefill(gpu, tune, held, attention: dict) -> dict | None:
     return out or None
 
 
+MLA_BLOCK_HEADS = 64  # query heads one block of the absorbed MLA kernel takes (FlashMLA's tile)
+
+
+def _mla_model(p, flop, nbytes, fp8, blocks, peak, hbm):
+    """`physics.mla_datasheet_attention_s`: floor + max(latent bytes / (HBM x efficiency(KV dtype) x
+    blocks / (blocks + half_blocks)), FLOP / (bf16 peak x FLOP efficiency))."""
+    floor, e, e8, ef, half = p
+    return floor + np.maximum(nbytes / (hbm * np.where(fp8, e8, e) * blocks / (blocks + half)), flop / (peak * ef))
+
+
+def _mla(gpu, tune, held) -> dict | None:
+    """The absorbed MLA decode kernel (the tables' generation_mla, DeepSeek-V3's 512 + 64 latent, heads
+    per GPU as TP leaves them), bf16 and fp8 latents; None where the tables time none."""
+    if tune.mla_decode is None or not len(tune.mla_decode):
+        return None
+    spec = catalog.gpu(gpu)
+    r1 = catalog.model("deepseek-r1")
+    mla = r1.mla
+
+    def domain(m):
+        h, b, n = (m[k].to_numpy().astype(float) for k in ("heads", "batch", "kv_tokens"))
+        fp8 = (m["kv_dtype"] == "fp8").to_numpy()
+        flop = FLOP_PER_MAC * h * (mla.latent_dim + mla.kv_lora_rank) * b * n  # absorbed: QK over the latent, PV
+        nbytes = (b * n + b) * mla.latent_dim * np.where(fp8, 1.0, 2.0)
+        return (flop, nbytes, fp8, b * np.ceil(h / MLA_BLOCK_HEADS), spec.bf16_flop_per_s, spec.hbm_bytes_per_s), \
+            m["latency_s"].to_numpy()
+
+    args, meas = domain(tune.mla_decode[tune.mla_decode["kv_dtype"].isin(["bf16", "fp8"])])
+    p = _fit(_mla_model, [1e-5, 0.8, 0.8, 0.5, 1.0], [0.0, 0.1, 0.1, 0.05, 0.0], [1e-3, 1.0, 1.0, 1.0, 1e4], args, meas)
+    h_args, h_meas = domain(held.mla_decode[held.mla_decode["kv_dtype"].isin(["bf16", "fp8"])])
+    return {"floor_s": float(f"{p[0]:.4g}"), "hbm_efficiency": round(float(p[1]), 4),
+            "fp8_hbm_efficiency": round(float(p[2]), 4), "flop_efficiency": round(float(p[3]), 4),
+            "half_blocks": float(f"{p[4]:.4g}"),
+            "tune": _errors(_mla_model(p, *args), meas), "held_out": _errors(_mla_model(p, *h_args), h_meas)}
+
+
 def _allreduce_model(p, nbytes, gpus):
     """`collectives.two_protocol_allreduce_s`: the faster of a latency protocol and a bandwidth one."""
     ring = 2 * (gpus - 1) / gpus * nbytes
@@ -220,7 +260,7 @@ def fit() -> dict:
     gpus = {}
     versions = set()
     for gpu in SYSTEMS:
-        tables = load_tables(gpu)
+        tables = with_moe_mla(load_tables(gpu))
         versions.add(f"{tables.system}: {tables.framework} {tables.framework_version}, NCCL {tables.nccl_version}")
         tune, held = split_tables(tables)
         attention = _attention(gpu, tune, held)
@@ -228,6 +268,9 @@ def fit() -> dict:
         prefill = _prefill(gpu, tune, held, attention)
         if prefill is not None:
             gpus[gpu]["prefill_attention"] = prefill
+        mla = _mla(gpu, tune, held)
+        if mla is not None:
+            gpus[gpu]["mla_attention"] = mla
     package = load_tables(next(iter(SYSTEMS))).package_version
     return {"source": (f"fitted: {PACKAGE} {package} (NVIDIA AIConfigurator kernel database, Apache-2.0), tune "
                        f"split of {'; '.join(sorted(versions))}; GEMMs of 1-8192 rows with n, k >= 256, decode "

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from sim.inputs import catalog
 from sim.inputs.kernel_tables import moe_quant_for
 from sim.studies.moe_mla_accuracy import balanced_rank0
 
@@ -180,11 +181,17 @@ def test_datasheet_calls_by_hand():
     from sim.studies.moe_mla_accuracy import mla_datasheet_s, moe_datasheet_s
 
     hw = datasheet_hardware("h200-sxm")
-    # R1 at TP8: 16 heads, 2 x 16 x (576 + 512) FLOP and 576 x 2 B per attended token
+    # R1 at TP8: 16 heads, 2 x 16 x (576 + 512) FLOP and 576 x 2 B per attended token, on the MLA fit
+    # (fitted_kernels.yaml mla_attention): 32 sequences x ceil(16 / 64) = 32 blocks
+    m = catalog.fitted_kernels()["h200-sxm"].mla_attention
+    gpu = catalog.gpu("h200-sxm")
     b, n = 32, 4096
-    want = max(2 * 16 * 1088 * b * n / hw.attention_flop_per_s,
-               hw.attention_latency_s + (b * n + b) * 1152 / hw.attention_hbm_bytes_per_s)
+    stream = (b * n + b) * 1152 / (gpu.hbm_bytes_per_s * m.hbm_efficiency * 32 / (32 + m.half_blocks))
+    want = m.floor_s + max(stream, 2 * 16 * 1088 * b * n / (gpu.bf16_flop_per_s * m.flop_efficiency))
     assert mla_datasheet_s("h200-sxm", b, n, 16, "bf16") == pytest.approx(want, rel=1e-12)
+    # a GPU without the MLA fit keeps the generic form
+    rtx = datasheet_hardware("rtx-4090")
+    assert rtx.mla_fit is None
     # qwen3-30b-a3b's experts in bf16 on one GPU, 8 tokens: E (1 - (1 - k/E)^T) experts streamed
     touched = 128 * (1 - (1 - 8 / 128) ** 8)
     expert = 3 * 2048 * 768

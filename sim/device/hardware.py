@@ -96,6 +96,17 @@ class PrefillShapes:
 
 
 @dataclass(frozen=True)
+class MlaFit:
+    """The absorbed MLA decode kernel, fitted on the measured MLA tables (`physics.mla_datasheet_attention_s`)."""
+
+    floor_s: float
+    bytes_per_s: float  # bf16 latents streamed
+    fp8_bytes_per_s: float
+    flop_per_s: float
+    half_blocks: float  # thread blocks (batch x ceil(heads / 64)) at half the stream rate
+
+
+@dataclass(frozen=True)
 class AttentionShape:
     """GQA decode attention beyond floor + KV bytes / rate (`physics.gqa_datasheet_attention_s`),
     fitted on the measured tables where they cover the GPU; the defaults are the flat form."""
@@ -258,6 +269,7 @@ class Hardware:
     dequant_op_per_s: float = float("inf")  # CUDA-core lane operations per second (FP32 rate / 2)
     attention_latency_s: float = 0.0  # floor of one decode-attention call (its time = this + bytes / rate)
     attention_shape: AttentionShape = AttentionShape()  # GQA decode attention's fitted shape (flat by default)
+    mla_fit: MlaFit | None = None  # absorbed MLA decode, fitted; None: the generic `attention_s`
     prefill_attention_shape: PrefillShapes = PrefillShapes()  # datasheet prefill attention by KV dtype (flat: no floor)
     gemm_floor_s: float = 0.0  # floor of one GEMM call, added to its roofline time
     gemm_io: GemmIO = GemmIO()  # a GEMM call's activation traffic (fitted; none by default)
@@ -443,6 +455,7 @@ class _Figures:
     attention_flop_efficiency: Sourced[float]
     attention_latency_s: Sourced[float]
     attention_shape: Sourced[AttentionShape]
+    mla_fit: Sourced[MlaFit | None]
     prefill_attention_shape: Sourced[PrefillShapes]
     dequant_ops_per_weight: Sourced[float]
     weight_kernel: Sourced[str]
@@ -532,6 +545,7 @@ def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyD
         attention_flop_efficiency=f_eff,
         attention_latency_s=latency.override(ov.attention_latency_s),
         attention_shape=_attention_shape(gpu, a, ov),
+        mla_fit=_mla_fit(gpu, fit.mla_attention if fit else None, ov),
         prefill_attention_shape=p_shape,
         dequant_ops_per_weight=dequant.override(ov.dequant_ops_per_weight),
         weight_kernel=kernel,
@@ -564,6 +578,19 @@ def _gemm_io(gpu: GpuSpec, g, peak_name: str, ov) -> Sourced[GemmIO]:
     quant = (f", quantising activations {g.quant_row_s * 1e9:.3g} ns a row + an m x k pass at "
              f"{g.quant_hbm_efficiency:g} of HBM" if g.quant_hbm_efficiency else "")
     return Sourced(io, g.says(f"{peak_name} GEMMs") + f" (output at {g.output_hbm_efficiency:g} of HBM{quant})")
+
+
+def _mla_fit(gpu: GpuSpec, m, ov) -> Sourced[MlaFit | None]:
+    """The absorbed MLA decode kernel fitted on the measured MLA tables; None (the generic `attention_s`)
+    where none covers the GPU or the scenario sets the decode-attention rate or floor."""
+    if m is None:
+        return Sourced(None, "default: the generic decode-attention form (no measured MLA table to fit on)")
+    if ov.attention_hbm_efficiency is not None or ov.attention_latency_s is not None:
+        return Sourced(None, f"the generic decode-attention form: {SCENARIO} sets its rate or floor", pinned=True)
+    hbm = gpu.hbm_bytes_per_s
+    fitted = MlaFit(m.floor_s, hbm * m.hbm_efficiency, hbm * m.fp8_hbm_efficiency, gpu.bf16_flop_per_s * m.flop_efficiency,
+                    m.half_blocks)
+    return Sourced(fitted, m.says("MLA decode attention (TensorRT-LLM's generation_mla, DeepSeek-V3's latent)"))
 
 
 def _attention_shape(gpu: GpuSpec, a, ov) -> Sourced[AttentionShape]:
@@ -621,6 +648,8 @@ def _measured_figures(figs: _Figures, profile: Profile, gpu: GpuSpec, hw_cfg, we
         attention_shape=figs.attention_shape.measure(
             AttentionShape() if c.attention_hbm_bytes_per_s is not None else None,
             f"{label}: flat, one rate and floor over context"),
+        mla_fit=(figs.mla_fit if c.attention_hbm_bytes_per_s is None or figs.mla_fit.pinned else
+                 Sourced(None, f"{label}: the generic decode-attention form at its measured rate")),
         host_pack_bytes_per_s=figs.host_pack_bytes_per_s.measure(
             profile.link.host_pack_bytes_per_s if profile.link is not None else None, label),
         runtime_reserve_bytes=_measured_reserve(figs.runtime_reserve_bytes, profile, label),
@@ -735,7 +764,7 @@ def _assemble(gpu: GpuSpec, link_spec: LinkSpec, figs: _Figures, h2d: LinkModel,
         weight_kernel=figs.weight_kernel.value, dequant_ops_per_weight=figs.dequant_ops_per_weight.value,
         weight_kernel_bytes_per_s_by_rows=figs.weight_kernel_by_rows.value,
         dequant_op_per_s=gpu.fp32_flop_per_s / FLOP_PER_MAC, attention_latency_s=figs.attention_latency_s.value,
-        attention_shape=figs.attention_shape.value,
+        attention_shape=figs.attention_shape.value, mla_fit=figs.mla_fit.value,
         gemm_floor_s=figs.gemm_floor_s.value, gemm_io=figs.gemm_io.value,
         prefill_attention_shape=figs.prefill_attention_shape.value,
     )

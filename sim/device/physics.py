@@ -206,11 +206,31 @@ def _mla_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, nbytes, flop,
     datasheet attention rate, else the datasheet `attention_s` of its FLOP and bytes."""
     measured = measured_mla_s(model, hw, batch, attended_tokens, kv_dtype)
     if measured is None:
+        if hw.mla_fit is not None:
+            return mla_datasheet_attention_s(hw, batch, model.num_heads, flop, nbytes, kv_dtype in ("fp8", "int8"))
         return call(flop if arrays else float(flop), nbytes, hw)
     latent = model.kind_kv_bytes_per_token_layer(MLA, kv_dtype)
     extra = np.maximum(np.asarray(nbytes, dtype=float) - (np.asarray(attended_tokens, dtype=float) + batch) * latent, 0.0)
     out = measured + extra / hw.attention_hbm_bytes_per_s
     return out if arrays else float(out)
+
+
+MLA_BLOCK_HEADS = 64  # query heads one block of the absorbed MLA decode kernel takes (FlashMLA's tile)
+
+
+def mla_datasheet_attention_s(hw: Hardware, batch, heads: int, flop, kv_bytes, fp8_kv: bool):
+    """One MLA layer's absorbed decode attention, datasheet, fitted on the measured MLA tables
+    (`hw.mla_fit`; scalars, or arrays over steps): floor + max(latent bytes / (rate(KV dtype) x b /
+    (b + half_blocks)), FLOP / FLOP rate), b = batch x ceil(heads / 64) the kernel's blocks. Absorbed MLA
+    with many heads per GPU is compute-bound (DeepSeek-V3 at 128 heads: 484 FLOP a byte), so its own
+    FLOP rate matters: 0.21-0.62 of the bf16 peak fitted, where the generic form took the prefill plateau."""
+    f = hw.mla_fit
+    rate = f.fp8_bytes_per_s if fp8_kv else f.bytes_per_s
+    blocks = np.asarray(batch, dtype=float) * math.ceil(heads / MLA_BLOCK_HEADS)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        stream = np.where(blocks > 0, np.asarray(kv_bytes, dtype=float) * (blocks + f.half_blocks) / (rate * blocks), 0.0)
+    out = f.floor_s + np.maximum(stream, np.asarray(flop, dtype=float) / f.flop_per_s)
+    return out if np.ndim(out) else float(out)
 
 
 def _sparse_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_dtype: str, call, arrays: bool):

@@ -188,6 +188,14 @@ class AllReduceProtocols(_Frozen):
                 self.bandwidth_bus_bytes_per_s)
 
 
+class FittedMla(_Fitted):
+    floor_s: float
+    hbm_efficiency: float  # bf16 latents
+    fp8_hbm_efficiency: float
+    flop_efficiency: float  # of the bf16 peak: absorbed MLA with many heads per GPU is compute-bound
+    half_blocks: float  # thread blocks (batch x ceil(heads / 64)) at which the latent stream runs at half rate
+
+
 class FittedAllReduce(_Fitted):
     by_gpus: dict[int, AllReduceProtocols]  # per group size the tables measure
 
@@ -200,6 +208,7 @@ class FittedKernels(_Frozen):
     attention: FittedAttention
     allreduce: dict[str, FittedAllReduce]  # custom, nccl
     prefill_attention: dict[str, FittedPrefill] | None = None  # by KV dtype, where the tables have a context table
+    mla_attention: FittedMla | None = None  # absorbed MLA decode, where the tables time it
 
 
 class _ModelEntry(_Frozen):

@@ -4,10 +4,11 @@ holds out) predicted by the datasheet model kvtier uses today and by the measure
 held-out lines removed. Error = predicted / measured - 1 (negative: kvtier too fast, optimistic).
 
 - MLA decode (`kernel_tables` generation_mla, TensorRT-LLM's absorbed MLA kernel, DeepSeek-V3 shapes):
-  the datasheet call is what `physics.kinds_attention_s` makes for an MLA layer - `attention_s` of
+  the datasheet call is what `physics.kinds_attention_s` makes for an MLA layer - of
   `kind_attention_flop_per_token(MLA)` x attended tokens and (attended + new) latents x
-  `kind_kv_bytes_per_token_layer(MLA)` - on deepseek-r1 sharded to the row's heads per GPU (every
-  row is R1 at TP 128 / heads).
+  `kind_kv_bytes_per_token_layer(MLA)`: `mla_datasheet_attention_s` where the GPU has an MLA fit (on
+  the tune split of these tables), else `attention_s` - on deepseek-r1 sharded to the row's heads
+  per GPU (every row is R1 at TP 128 / heads).
 - MoE (vLLM's fused experts): the datasheet call is `physics.weight_gemm_s` of the routed experts'
   terms of `ModelSpec.layer_weight_bytes_read` / `layer_linear_params_read` /
   `active_linear_params_layer` for the row's shape: experts touched x 3 h I/tp x bytes per weight
@@ -32,7 +33,7 @@ import pandas as pd
 
 from sim.device.kernels import datasheet_hardware
 from sim.device.measured_kernels import MeasuredKernels
-from sim.device.physics import attention_s, kind_attention_flop_per_token, weight_gemm_s
+from sim.device.physics import attention_s, kind_attention_flop_per_token, mla_datasheet_attention_s, weight_gemm_s
 from sim.inputs import catalog
 from sim.inputs.kernel_tables import MOE_SLICE, SYSTEMS, load_tables, split_tables, with_moe_mla
 from sim.model.dtypes import WEIGHT_DTYPES
@@ -84,7 +85,10 @@ def mla_datasheet_s(gpu: str, batch: int, kv_tokens: int, heads: int, kv_dtype: 
     model = _mla_model(heads)
     flop = kind_attention_flop_per_token(model, MLA) * batch * kv_tokens
     kv_bytes = (batch * kv_tokens + batch) * model.kind_kv_bytes_per_token_layer(MLA, kv_dtype)
-    return attention_s(flop, kv_bytes, datasheet_hardware(gpu))
+    hw = datasheet_hardware(gpu)
+    if hw.mla_fit is not None:  # fitted on the tune split of these tables (scripts/fit_datasheet.py)
+        return mla_datasheet_attention_s(hw, batch, heads, flop, kv_bytes, kv_dtype in ("fp8", "int8"))
+    return attention_s(flop, kv_bytes, hw)
 
 
 def _mla(gpu: str, m: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
