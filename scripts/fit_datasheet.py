@@ -23,6 +23,11 @@ measurements only - never on end-to-end figures, which are for validation:
 - absorbed MLA decode attention (the tables' generation_mla, TensorRT-LLM's kernel, DeepSeek-V3's latent):
   floor + max(latent bytes / (HBM x efficiency(KV dtype) x blocks / (blocks + half_blocks)), FLOP / (bf16 peak
   x FLOP efficiency)), blocks = batch x ceil(heads / 64) (the GQA fit it took before: 10-66% held-out median);
+- one GPU's fused routed experts (the tables' vLLM fused_experts), per weight format, balanced routing at the
+  benchmark's own experts and pairs on the GPU it timed: floor + touched x per-expert cost + max(touched experts'
+  weights / (HBM x ew), 2 x pairs x expert params / (peak x ef x r / (r + half_rows))) + routed rows gathered and
+  scattered + tokens entering, r = pairs / touched (a grouped GEMM's efficiency follows its rows per expert, not
+  the tokens: the dense GEMM fit indexed by tokens left a 25-80% held-out median, this shape 3-23%);
 - an all-reduce (the engine's custom kernel, and NCCL), per group size N the tables measure: the faster of
   two protocols, each floor + ring bytes 2 (N - 1) / N x bytes / its bus bandwidth (a latency protocol and a
   bandwidth one: NCCL's LL and Simple, a custom kernel's one-shot and two-shot; one floor and busbw for
@@ -45,7 +50,9 @@ from scipy.optimize import least_squares
 
 from sim.inputs import catalog
 from sim.inputs.kernel_tables import PACKAGE, SYSTEMS, load_tables, split_tables, with_moe_mla
+from sim.model.dtypes import WEIGHT_DTYPES
 from sim.model.units import FLOP_PER_MAC
+from sim.studies.moe_mla_accuracy import QUANT_AS, balanced_rank0
 
 OUT = Path(__file__).resolve().parents[1] / "sim" / "catalog" / "fitted_kernels.yaml"
 ELEMENT_BYTES = {"bf16": 2.0, "fp8": 1.0}
@@ -223,6 +230,58 @@ def _mla(gpu, tune, held) -> dict | None:
             "tune": _errors(_mla_model(p, *args), meas), "held_out": _errors(_mla_model(p, *h_args), h_meas)}
 
 
+MOE_FP8 = {"fp8", "fp8_block"}  # table formats whose MMA runs at the fp8 peak (the W4A16 ones run bf16)
+
+
+def _moe_model(p, touched, pairs, expert, wb, hidden, inter, tokens, peak, hbm):
+    """`physics.datasheet_moe_s`: floor + touched x per-expert cost + max(touched experts' weights / (HBM x ew),
+    2 x pairs x expert params / (peak x ef x r / (r + half_rows))) + routed rows gathered and scattered (pairs x (h +
+    I) x 2 B / (HBM x ea)) + the tokens entering (tokens x h x 2 B / (HBM x et)), r = pairs / touched rows per expert."""
+    floor, per_expert, ew, ef, half, ea, et = p
+    r = pairs / np.maximum(touched, 1e-9)
+    return (floor + touched * per_expert
+            + np.maximum(touched * expert * wb / (hbm * ew), 2 * pairs * expert / (peak * ef * r / (r + half)))
+            + pairs * (hidden + inter) * 2.0 / (hbm * ea) + tokens * hidden * 2.0 / (hbm * et))
+
+
+def _moe(gpu, tune, held) -> dict | None:
+    """One GPU's fused routed experts (the tables' vLLM fused_experts), per weight format, on the rows of
+    balanced routing at the experts and token-expert pairs the benchmark put on the GPU it timed
+    (`moe_mla_accuracy.balanced_rank0`); None where the tables time no MoE."""
+    if tune.moe is None or not len(tune.moe):
+        return None
+    spec = catalog.gpu(gpu)
+    out = {}
+    for quant in sorted(set(tune.moe["quant"])):
+        if quant not in QUANT_AS:
+            continue
+        dtype, group = QUANT_AS[quant]
+        wb = WEIGHT_DTYPES[dtype].bytes_for(2**20, group) / 2**20
+        peak = spec.fp8_flop_per_s if quant in MOE_FP8 and spec.fp8_flop_per_s else spec.bf16_flop_per_s
+
+        def domain(m):
+            m = m[(m["quant"] == quant) & (m["distribution"] == "balanced")]
+            routed = [balanced_rank0(int(t), int(e), int(k), int(ep))
+                      for t, e, k, ep in m[["tokens", "experts", "top_k", "ep"]].itertuples(index=False)]
+            touched, pairs = (np.array(routed, dtype=float).T if routed else (np.zeros(0), np.zeros(0)))
+            h, inter = m["hidden"].to_numpy(float), (m["inter"] // m["tp"]).to_numpy(float)
+            return (touched, pairs, 3.0 * h * inter, wb, h, inter, m["tokens"].to_numpy(float), peak,
+                    spec.hbm_bytes_per_s), m["latency_s"].to_numpy()
+
+        args, meas = domain(tune.moe)
+        h_args, h_meas = domain(held.moe)
+        if not len(meas) or not len(h_meas):
+            continue
+        p = _fit(_moe_model, [1e-5, 1e-7, 0.7, 0.5, 16.0, 0.5, 0.5], [0.0, 0.0, 0.05, 0.01, 0.0, 0.005, 0.005],
+                 [2e-4, 1e-4, 1.0, 1.0, 2048.0, 50.0, 50.0], args, meas)
+        out[quant] = {"floor_s": float(f"{p[0]:.4g}"), "per_expert_s": float(f"{p[1]:.4g}"),
+                      "weight_hbm_efficiency": round(float(p[2]), 4), "flop_efficiency": round(float(p[3]), 4),
+                      "half_rows": float(f"{p[4]:.4g}"), "pair_hbm_efficiency": round(float(p[5]), 4),
+                      "token_hbm_efficiency": round(float(p[6]), 4),
+                      "tune": _errors(_moe_model(p, *args), meas), "held_out": _errors(_moe_model(p, *h_args), h_meas)}
+    return out or None
+
+
 def _allreduce_model(p, nbytes, gpus):
     """`collectives.two_protocol_allreduce_s`: the faster of a latency protocol and a bandwidth one."""
     ring = 2 * (gpus - 1) / gpus * nbytes
@@ -271,6 +330,9 @@ def fit() -> dict:
         mla = _mla(gpu, tune, held)
         if mla is not None:
             gpus[gpu]["mla_attention"] = mla
+        moe = _moe(gpu, tune, held)
+        if moe is not None:
+            gpus[gpu]["moe"] = moe
     package = load_tables(next(iter(SYSTEMS))).package_version
     return {"source": (f"fitted: {PACKAGE} {package} (NVIDIA AIConfigurator kernel database, Apache-2.0), tune "
                        f"split of {'; '.join(sorted(versions))}; GEMMs of 1-8192 rows with n, k >= 256, decode "

@@ -166,15 +166,14 @@ def test_end_to_end_accuracy_with_measured_tables(full_summary):
 
 def test_end_to_end_accuracy_in_datasheet_mode(full_summary):
     median, worst = _level(full_summary, "datasheet", "all", "all")
-    assert median <= 0.15  # current level (11.5%; 15.5% before the 2026-12-05 fits); goal median <= 10% NOT met
-    # current level (139.3%, DeepSeek-R1 DEP8: its routed experts cost as dense fp8 GEMMs at the fitted plateau, 0.77 of
-    # peak, where the engines' MoE kernels reach far less; 127.4% before its MLA prefill ran unabsorbed, as engines run
-    # it - the correct, cheaper prefill leaves the too-fast experts more of the run - and 145.5% before MLA decode took
-    # its own fit; docs/accuracy.md); no worst-case goal
-    assert worst <= 1.50
+    assert median <= 0.15  # current level (11.2%; 15.5% before the 2026-12-05 fits); goal median <= 10% NOT met
+    # current level (70.4%, DeepSeek-R1 DEP8: its routed experts at the fused-experts fit, whose table rows for R1's exact
+    # shape run 3.4-4.4x slower than that fit predicts - not what its stated balanced routing gives; 139.3% with the
+    # experts as dense fp8 GEMMs; docs/accuracy.md); no worst-case goal
+    assert worst <= 0.75
     assert _level(full_summary, "datasheet", "family", "served-itl")[0] <= 0.10  # 6.0%: the 10% goal met
     assert _level(full_summary, "datasheet", "family", "served-ttft")[0] <= 0.25  # 20.7% (46% before the fp8 GEMM shape); goal 10%
-    assert _level(full_summary, "datasheet", "family", "offline-throughput")[0] <= 0.15  # 11.5%; goal 10% not met
+    assert _level(full_summary, "datasheet", "family", "offline-throughput")[0] <= 0.15  # 10.8%; goal 10% not met
 
 
 # ---- the committed bands (sim/catalog/accuracy_bands.yaml) -------------------------------------

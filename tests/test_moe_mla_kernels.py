@@ -180,7 +180,7 @@ def test_datasheet_calls_by_hand():
     from sim.device.kernels import datasheet_hardware
     from sim.studies.moe_mla_accuracy import mla_datasheet_s, moe_datasheet_s
 
-    hw = datasheet_hardware("h200-sxm")
+    assert datasheet_hardware("h200-sxm").mla_fit is not None
     # R1 at TP8: 16 heads, 2 x 16 x (576 + 512) FLOP and 576 x 2 B per attended token, on the MLA fit
     # (fitted_kernels.yaml mla_attention): 32 sequences x ceil(16 / 64) = 32 blocks
     m = catalog.fitted_kernels()["h200-sxm"].mla_attention
@@ -192,12 +192,45 @@ def test_datasheet_calls_by_hand():
     # a GPU without the MLA fit keeps the generic form
     rtx = datasheet_hardware("rtx-4090")
     assert rtx.mla_fit is None
-    # qwen3-30b-a3b's experts in bf16 on one GPU, 8 tokens: E (1 - (1 - k/E)^T) experts streamed
+    # qwen3-30b-a3b's experts in bf16 on one GPU, 8 tokens: E (1 - (1 - k/E)^T) experts streamed, 64 pairs
+    # routed, at the fused-experts fit (fitted_kernels.yaml moe bfloat16): r = 64 / touched rows per expert
+    f = catalog.fitted_kernels()["h200-sxm"].moe["bfloat16"]
     touched = 128 * (1 - (1 - 8 / 128) ** 8)
     expert = 3 * 2048 * 768
-    flop = 2 * 8 * 8 * expert
-    want = 2 * hw.gemm_floor_s + max(touched * expert * 2 / hw.weight_hbm_bytes_per_s, flop / hw.gemm_flop_per_s(8))
+    r = 64 / touched
+    stream = touched * expert * 2 / (gpu.hbm_bytes_per_s * f.weight_hbm_efficiency)
+    mma = 2 * 64 * expert / (gpu.bf16_flop_per_s * f.flop_efficiency * r / (r + f.half_rows))
+    moved = (64 * (2048 + 768) * 2 / (gpu.hbm_bytes_per_s * f.pair_hbm_efficiency)
+             + 8 * 2048 * 2 / (gpu.hbm_bytes_per_s * f.token_hbm_efficiency))
+    want = f.floor_s + touched * f.per_expert_s + max(stream, mma) + moved
     assert moe_datasheet_s("h200-sxm", 8, 128, 8, 2048, 768, 1, 1, "bfloat16") == pytest.approx(want, rel=1e-12)
+    # where no MoE table was fitted (A100: its tables time only power-law routing), the dense GEMM model stays
+    a100 = datasheet_hardware("a100-80gb-sxm")
+    assert a100.moe_fits == ()
+    flop = 2 * 8 * 8 * expert
+    dense = 2 * a100.gemm_floor_s + max(touched * expert * 2 / a100.weight_hbm_bytes_per_s, flop / a100.gemm_flop_per_s(8))
+    assert moe_datasheet_s("a100-80gb-sxm", 8, 128, 8, 2048, 768, 1, 1, "bfloat16") == pytest.approx(dense, rel=1e-12)
+
+
+def test_a_datasheet_moe_layer_is_its_dense_rest_plus_the_fitted_experts():
+    """qwen3-30b-a3b (128 experts, top-8, every layer MoE) in bf16 on one H200, datasheet: the routed experts'
+    bytes, params and FLOP leave the dense GEMM model, the fused-experts fit costs them at 64 tokens, 512 pairs."""
+    from sim.device.kernels import datasheet_hardware
+    from sim.device.moe_fit import datasheet_moe_s
+    from sim.device.moe_mla_costs import routed_work
+    from sim.device.physics import GEMM_CALLS_PER_LAYER, gemm_flop, weight_gemm_s, weight_kernel_s
+
+    m, hw = catalog.model("qwen3-30b-a3b"), datasheet_hardware("h200-sxm")
+    assert m.moe_layers == m.num_layers and hw.kernels is None
+    rows = 64
+    w_bytes, params = m.layer_weight_bytes_read("bf16", rows, 128), m.layer_linear_params_read(rows)
+    r_bytes, r_params, r_flop = routed_work(m, "bf16", 128, rows)
+    rest = weight_gemm_s(hw, w_bytes - r_bytes, params - r_params, gemm_flop(m, rows) - r_flop, rows, GEMM_CALLS_PER_LAYER)
+    expert = 3 * 2048 * 768
+    experts = dict(hw.moe_fits)["bfloat16"]
+    routed = datasheet_moe_s(experts, m.expected_experts_touched(rows), rows * 8, expert, 2.0, 2048, 768, rows)
+    assert weight_kernel_s(m, hw, "bf16", 128, rows) == pytest.approx(rest + routed, rel=1e-12)
+    assert routed > 0 and rest > 0
 
 
 def test_the_comparison_runs_with_finite_errors_and_the_tables_track_the_held_out_points():

@@ -21,6 +21,7 @@ from sim.model.units import FLOP_PER_MAC, GB
 from .collectives import Protocols, nearest_protocols, ring_bytes, two_protocol_allreduce_s
 from .engine_rules import CUSTOM_ALLREDUCE, LaunchRule, engine_allreduce_impl
 from .measured_kernels import MeasuredKernels, measured_kernels_for
+from .moe_fit import MoeFit
 
 T = TypeVar("T")
 SCENARIO = "scenario override"  # the source of an overridden figure; sim/outputs/run_folder.py lists them by it
@@ -270,6 +271,7 @@ class Hardware:
     attention_latency_s: float = 0.0  # floor of one decode-attention call (its time = this + bytes / rate)
     attention_shape: AttentionShape = AttentionShape()  # GQA decode attention's fitted shape (flat by default)
     mla_fit: MlaFit | None = None  # absorbed MLA decode, fitted; None: the generic `attention_s`
+    moe_fits: tuple[tuple[str, MoeFit], ...] = ()  # fused routed experts by table weight format, fitted
     prefill_attention_shape: PrefillShapes = PrefillShapes()  # datasheet prefill attention by KV dtype (flat: no floor)
     gemm_floor_s: float = 0.0  # floor of one GEMM call, added to its roofline time
     gemm_io: GemmIO = GemmIO()  # a GEMM call's activation traffic (fitted; none by default)
@@ -456,6 +458,7 @@ class _Figures:
     attention_latency_s: Sourced[float]
     attention_shape: Sourced[AttentionShape]
     mla_fit: Sourced[MlaFit | None]
+    moe_fits: Sourced[tuple]
     prefill_attention_shape: Sourced[PrefillShapes]
     dequant_ops_per_weight: Sourced[float]
     weight_kernel: Sourced[str]
@@ -546,6 +549,7 @@ def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyD
         attention_latency_s=latency.override(ov.attention_latency_s),
         attention_shape=_attention_shape(gpu, a, ov),
         mla_fit=_mla_fit(gpu, fit.mla_attention if fit else None, ov),
+        moe_fits=_moe_fits(gpu, fit.moe if fit else None, ov),
         prefill_attention_shape=p_shape,
         dequant_ops_per_weight=dequant.override(ov.dequant_ops_per_weight),
         weight_kernel=kernel,
@@ -578,6 +582,26 @@ def _gemm_io(gpu: GpuSpec, g, peak_name: str, ov) -> Sourced[GemmIO]:
     quant = (f", quantising activations {g.quant_row_s * 1e9:.3g} ns a row + an m x k pass at "
              f"{g.quant_hbm_efficiency:g} of HBM" if g.quant_hbm_efficiency else "")
     return Sourced(io, g.says(f"{peak_name} GEMMs") + f" (output at {g.output_hbm_efficiency:g} of HBM{quant})")
+
+
+MOE_FP8_FORMATS = ("fp8", "fp8_block")  # fused-experts formats whose MMA runs at the fp8 peak
+
+
+def _moe_fits(gpu: GpuSpec, moe, ov) -> Sourced[tuple]:
+    """The fused routed experts fitted per weight format on the measured MoE tables; none (the dense
+    GEMM model for the experts) where none covers the GPU or the scenario sets a GEMM figure."""
+    if not moe:
+        return Sourced((), "default: the experts as dense GEMMs (no measured MoE table to fit on)")
+    if any(v is not None for v in (ov.weight_hbm_efficiency, ov.gemm_flop_efficiency, ov.gemm_floor_s)):
+        return Sourced((), f"the experts as dense GEMMs: {SCENARIO} sets a GEMM figure", pinned=True)
+    hbm = gpu.hbm_bytes_per_s
+    fits = tuple((quant, MoeFit(m.floor_s, m.per_expert_s, hbm * m.weight_hbm_efficiency,
+                                (gpu.fp8_flop_per_s if quant in MOE_FP8_FORMATS and gpu.fp8_flop_per_s else gpu.bf16_flop_per_s)
+                                * m.flop_efficiency, m.half_rows, hbm * m.pair_hbm_efficiency, hbm * m.token_hbm_efficiency))
+                 for quant, m in sorted(moe.items()))
+    said = "; ".join(f"{q} median {m.held_out.median:.1%}" for q, m in sorted(moe.items()))
+    return Sourced(fits, f"fitted on measured fused routed experts (vLLM fused_experts, balanced routing; "
+                         f"fitted_kernels.yaml), held-out |error|: {said}")
 
 
 def _mla_fit(gpu: GpuSpec, m, ov) -> Sourced[MlaFit | None]:
@@ -764,7 +788,7 @@ def _assemble(gpu: GpuSpec, link_spec: LinkSpec, figs: _Figures, h2d: LinkModel,
         weight_kernel=figs.weight_kernel.value, dequant_ops_per_weight=figs.dequant_ops_per_weight.value,
         weight_kernel_bytes_per_s_by_rows=figs.weight_kernel_by_rows.value,
         dequant_op_per_s=gpu.fp32_flop_per_s / FLOP_PER_MAC, attention_latency_s=figs.attention_latency_s.value,
-        attention_shape=figs.attention_shape.value, mla_fit=figs.mla_fit.value,
+        attention_shape=figs.attention_shape.value, mla_fit=figs.mla_fit.value, moe_fits=figs.moe_fits.value,
         gemm_floor_s=figs.gemm_floor_s.value, gemm_io=figs.gemm_io.value,
         prefill_attention_shape=figs.prefill_attention_shape.value,
     )

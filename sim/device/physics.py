@@ -19,6 +19,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from sim.inputs.kernel_tables import moe_quant_for
 from sim.model.dtypes import KV_DTYPES
 from sim.model.experts import expected_remote_ranks
 from sim.model.layers import FULL, LINEAR, MLA, SPARSE, TIERED_KINDS, WINDOW
@@ -28,6 +29,7 @@ from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 from .engine_rules import DECODE, MIXED, PREFILL, host_times
 from .hardware import Hardware
 from .host_pipeline import HostLayer, HostStepTimes, host_pipeline
+from .moe_fit import model_moe_s
 from .moe_mla_costs import measured_mla_s, measured_moe_s, moe_quant, routed_work
 from .sparse_fetch import SparseFetch, fetch_layer, mean_layer_share
 
@@ -284,11 +286,14 @@ def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
     if profiled:  # a profile timed this dtype's kernel across rows
         return hw.measured_weight_kernel_s(w_bytes, rows)
     quant = moe_quant(model, hw, weight_dtype, group_size)
-    if quant is not None:  # the routed experts from the measured MoE table, the rest of the layer datasheet
+    fitted = _moe_fit(model, hw, weight_dtype, group_size) if quant is None else None
+    if quant is not None or fitted is not None:  # the routed experts from the MoE table or its fit, the rest datasheet
         r_bytes, r_params, r_flop = routed_work(model, weight_dtype, group_size, rows)
         rest = weight_gemm_s(hw, w_bytes - r_bytes, params_read - r_params, gemm_flop(model, rows) - r_flop, rows,
                              GEMM_CALLS_PER_LAYER)
-        return rest + measured_moe_s(model, hw, quant, rows)
+        if quant is not None:
+            return rest + measured_moe_s(model, hw, quant, rows)
+        return rest + model_moe_s(model, fitted, weight_dtype, group_size, rows)
     return weight_gemm_s(hw, w_bytes, params_read, gemm_flop(model, rows), rows, GEMM_CALLS_PER_LAYER,
                          _layer_features(model) if model.gqa_gemms else (0.0, 0.0))
 
@@ -298,6 +303,14 @@ def _layer_features(model: ModelSpec) -> tuple[float, float]:
     """(sum of n, sum of k) over a dense layer's fused GEMMs (`ModelSpec.layer_gemm_shapes`)."""
     shapes = model.layer_gemm_shapes()
     return float(sum(n for n, _ in shapes)), float(sum(k for _, k in shapes))
+
+
+def _moe_fit(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int):
+    """The fitted fused-experts constants for this run's weight format (`hw.moe_fits`), or None."""
+    if not model.moe_layers or not hw.moe_fits:
+        return None
+    quant = moe_quant_for(weight_dtype, group_size)
+    return next((f for q, f in hw.moe_fits if q == quant), None)
 
 
 @lru_cache(maxsize=8192)

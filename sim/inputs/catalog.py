@@ -196,6 +196,16 @@ class FittedMla(_Fitted):
     half_blocks: float  # thread blocks (batch x ceil(heads / 64)) at which the latent stream runs at half rate
 
 
+class FittedMoe(_Fitted):
+    floor_s: float
+    per_expert_s: float  # each expert the call touches
+    weight_hbm_efficiency: float
+    flop_efficiency: float  # of the format's MMA peak (fp8 formats: fp8; W4A16: bf16)
+    half_rows: float  # rows per touched expert at half that efficiency
+    pair_hbm_efficiency: float  # routed rows gathered and scattered; may exceed 1 (50: the term is off)
+    token_hbm_efficiency: float  # tokens entering the layer (top-k, alignment, output): a per-token cost
+
+
 class FittedAllReduce(_Fitted):
     by_gpus: dict[int, AllReduceProtocols]  # per group size the tables measure
 
@@ -209,6 +219,7 @@ class FittedKernels(_Frozen):
     allreduce: dict[str, FittedAllReduce]  # custom, nccl
     prefill_attention: dict[str, FittedPrefill] | None = None  # by KV dtype, where the tables have a context table
     mla_attention: FittedMla | None = None  # absorbed MLA decode, where the tables time it
+    moe: dict[str, FittedMoe] | None = None  # fused routed experts by the table's weight format (bfloat16, fp8_block, ...)
 
 
 class _ModelEntry(_Frozen):

@@ -9,8 +9,9 @@ held-out lines removed. Error = predicted / measured - 1 (negative: kvtier too f
   `kind_kv_bytes_per_token_layer(MLA)`: `mla_datasheet_attention_s` where the GPU has an MLA fit (on
   the tune split of these tables), else `attention_s` - on deepseek-r1 sharded to the row's heads
   per GPU (every row is R1 at TP 128 / heads).
-- MoE (vLLM's fused experts): the datasheet call is `physics.weight_gemm_s` of the routed experts'
-  terms of `ModelSpec.layer_weight_bytes_read` / `layer_linear_params_read` /
+- MoE (vLLM's fused experts): the datasheet call is `moe_fit.datasheet_moe_s` where the GPU has a fit
+  for the row's format (on the tune split of these tables), else `physics.weight_gemm_s` of the routed
+  experts' terms of `ModelSpec.layer_weight_bytes_read` / `layer_linear_params_read` /
   `active_linear_params_layer` for the row's shape: experts touched x 3 h I/tp x bytes per weight
   (uniform routing: `expected_experts_touched`; under EP the busiest GPU's,
   `busiest_rank_experts_touched`), FLOP 2 x T x k / ep x 3 h I/tp, over rows = T tokens, two of the
@@ -33,6 +34,7 @@ import pandas as pd
 
 from sim.device.kernels import datasheet_hardware
 from sim.device.measured_kernels import MeasuredKernels
+from sim.device.moe_fit import datasheet_moe_s
 from sim.device.physics import attention_s, kind_attention_flop_per_token, mla_datasheet_attention_s, weight_gemm_s
 from sim.inputs import catalog
 from sim.inputs.kernel_tables import MOE_SLICE, SYSTEMS, load_tables, split_tables, with_moe_mla
@@ -120,7 +122,12 @@ def moe_datasheet_s(gpu: str, tokens: int, experts: int, top_k: int, hidden: int
         touched, share = expected_experts_touched(experts, top_k, tokens), 1.0
     flop = FLOP_PER_MAC * tokens * top_k / ep * expert * share
     w_bytes = touched * WEIGHT_DTYPES[weight_dtype].bytes_for(expert, group)
-    return weight_gemm_s(datasheet_hardware(gpu, weight_dtype), w_bytes, touched * expert, flop, tokens, MOE_CALLS)
+    hw = datasheet_hardware(gpu, weight_dtype)
+    fit = dict(hw.moe_fits).get(quant)
+    if fit is not None:  # fitted on the tune split of these tables (scripts/fit_datasheet.py `_moe`)
+        return datasheet_moe_s(fit, touched, tokens * top_k / ep * share, expert, w_bytes / touched / expert if touched
+                               else 1.0, hidden, inter // tp, tokens)
+    return weight_gemm_s(hw, w_bytes, touched * expert, flop, tokens, MOE_CALLS)
 
 
 @lru_cache(maxsize=4096)
@@ -144,8 +151,13 @@ def moe_routed_datasheet_s(gpu: str, tokens: int, experts: int, top_k: int, hidd
     expert = MLP_MATRICES * hidden * (inter // tp)
     touched, pairs = balanced_rank0(tokens, experts, top_k, ep)
     w_bytes = touched * WEIGHT_DTYPES[weight_dtype].bytes_for(expert, group)
-    routed = weight_gemm_s(datasheet_hardware(gpu, weight_dtype), w_bytes, touched * expert,
-                           FLOP_PER_MAC * pairs * expert, tokens, MOE_CALLS)
+    hw = datasheet_hardware(gpu, weight_dtype)
+    fit = dict(hw.moe_fits).get(quant)
+    if fit is not None:
+        routed = datasheet_moe_s(fit, touched, pairs, expert, WEIGHT_DTYPES[weight_dtype].bytes_for(expert, group) / expert,
+                                 hidden, inter // tp, tokens)
+    else:
+        routed = weight_gemm_s(hw, w_bytes, touched * expert, FLOP_PER_MAC * pairs * expert, tokens, MOE_CALLS)
     return routed, w_bytes / catalog.gpu(gpu).hbm_bytes_per_s
 
 
