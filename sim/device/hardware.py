@@ -532,9 +532,8 @@ def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyD
                        f"datasheet {gpu.name} {peak_name} peak x {SCENARIO}", pinned=True)
     floor = Sourced(g.floor_s, g.says(f"{peak_name} GEMMs")) if g else Sourced(eff.gemm_floor_s, "default (derived)")
     latency = Sourced(a.floor_s, a.says("decode attention")) if a else Sourced(eff.attention_latency_s, "default (derived)")
-    host_memory = Sourced(eff.default_host_memory_bytes, "default")
-    if gpu.host_memory_bytes:
-        host_memory = Sourced(gpu.host_memory_bytes, "datasheet")
+    host_memory = (Sourced(gpu.host_memory_bytes, "datasheet") if gpu.host_memory_bytes else
+                   Sourced(eff.default_host_memory_bytes, "default"))
     hidden = "default: 0 (launches hidden, e.g. CUDA graphs)"
     kernel, dequant = _weight_kernel(gpu, weight_dtype, fp8, eff)
     return _Figures(
