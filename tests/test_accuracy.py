@@ -108,7 +108,7 @@ def test_the_study_on_a_subset_gives_finite_errors():
 @NEEDS_TABLES
 def test_the_operator_table_per_family_and_gpu():
     ops = operator_table(["h100-sxm"])
-    assert set(ops["family"]) == {"gemm", "decode attention", "prefill attention", "all-reduce"}
+    assert set(ops["family"]) == {"gemm", "decode attention", "prefill attention", "all-reduce", "mla decode", "moe experts"}
     assert set(ops["gpu"]) == {"h100-sxm", "all"}
     assert (ops["tables_median"] < ops["datasheet_median"]).all()  # the tables are the closer model
 

@@ -33,6 +33,7 @@ from sim.runner.tasks import run_tasks
 from sim.serving.run import simulate_serving
 
 from .e2e_table import Measurement
+from .moe_mla_accuracy import held_out_points as moe_mla_points
 from .operator_accuracy import FAMILY, covered_gpus, held_out_points, summary
 
 MODES = ("measured", "datasheet")  # hardware.kernels of each mode
@@ -301,13 +302,19 @@ def bands_text(points: pd.DataFrame, computed_at: dict) -> str:
 
 
 def operator_table(gpus: Iterable[str] | None = None) -> pd.DataFrame:
-    """Per GPU and operator family (gemm, decode attention, prefill attention, all-reduce), then per
-    family over every GPU: held-out points, median and worst |error| of the datasheet model and of the tables."""
+    """Per GPU and operator family (gemm, decode attention, prefill attention, all-reduce, and the MLA
+    decode and MoE experts of `moe_mla_accuracy`, every routing its tables time), then per family over
+    every GPU: held-out points, median and worst |error| of the datasheet model and of the tables."""
     gpus = list(covered_gpus() if gpus is None else gpus)
     if not gpus or not tables_available():
         return pd.DataFrame()
-    points = pd.concat([held_out_points(g)[0] for g in gpus], ignore_index=True)
-    family = points["op"].str.extract(FAMILY)[0].to_numpy()
+    dense = pd.concat([held_out_points(g)[0] for g in gpus], ignore_index=True)
+    dense["op"] = dense["op"].str.extract(FAMILY)[0].to_numpy()
+    moe_mla = pd.concat([moe_mla_points(g)[0] for g in gpus], ignore_index=True)
+    moe_mla["op"] = np.where(moe_mla["family"].str.startswith("moe"), "moe experts", moe_mla["family"])
+    cols = ["gpu", "op", "datasheet_err", "tables_err"]
+    points = pd.concat([dense[cols], moe_mla[cols]], ignore_index=True)
+    family = points["op"].to_numpy()
     per_gpu = summary(points.assign(op=family))
     overall = summary(points.assign(gpu="all", op=family))
     keep = ["gpu", "op", "points", "datasheet_median", "datasheet_worst", "tables_median", "tables_worst"]
