@@ -156,9 +156,13 @@ def _level(summary, mode, by, key):
 def test_end_to_end_accuracy_with_measured_tables(full_summary):
     median, worst = _level(full_summary, "measured", "all", "all")
     assert median <= 0.10  # current level (9.3%); goal median <= 5% NOT met
-    assert worst <= 0.55  # current level (53.8%, SGLang TTFT at 4 req/s; 4 x L40S TP4 over PCIe 52.5%); goal worst <= 15% NOT met
+    # current level (74.2%, DeepSeek-R1 DEP8 on TensorRT-LLM's own fused-experts table since 2026-12-05 - with vLLM's,
+    # whose rows for R1's shape are slower than streaming the experts allows, -29.8%; then SGLang TTFT at 4 req/s 53.8%,
+    # 4 x L40S TP4 over PCIe 52.5%); goal worst <= 15% NOT met
+    assert worst <= 0.75
     assert _level(full_summary, "measured", "family", "served-itl")[0] <= 0.05  # 1.3%: the 5% goal met
-    # 10.0% (9.1% before the tables' floor baseline and the datasheet GEMM shape, which its MoE layers' rest takes); goal 5%
+    # 10.3% (9.1% before the tables' floor baseline, the datasheet GEMM shape, which its MoE layers' rest takes, and
+    # the engines' own MoE tables); goal 5%
     assert _level(full_summary, "measured", "family", "offline-throughput")[0] <= 0.15
     assert _level(full_summary, "measured", "family", "served-ttft")[0] <= 0.10  # 9.8%; goal 5% not met
     assert _level(full_summary, "measured", "family", "batch-latency")[0] <= 0.20  # 15.8%; goal 5% not met

@@ -344,6 +344,10 @@ class MeasuredKernels:
                               self.gpu.hbm_bytes_per_s)
         return float(roof) * ratio
 
+    def moe_table(self) -> str:
+        """Whose fused-experts table the MoE costs come from ("vllm 0.24.0", "trtllm 1.3.0rc20", ...)."""
+        return self._moe_mla_tables.table_sources.get(MOE_TABLE, "")
+
     def moe_quants(self) -> set[str]:
         """The MoE weight formats the table measured (`kernel_tables.MOE_QUANTS`; `moe_quant_for`)."""
         return {k[0] for k in self._moe_slices}

@@ -1,8 +1,9 @@
 """AIConfigurator's measured MoE-experts and MLA-decode kernels in the step cost (`physics`), where
 the run has measured tables (`hardware.kernels`) that hold the operator:
 
-- MoE: one GPU's fused routed experts (vLLM's `fused_experts`, both grouped GEMMs; no router,
-  shared expert or collective) from `MeasuredKernels.moe_one_s`, for the rows entering the layer
+- MoE: one GPU's fused routed experts (the engine's: vLLM's `fused_experts`, SGLang's and TensorRT-LLM's
+  own MoE tables where the scenario's engine has them, `kernel_tables.with_moe_mla`; both grouped GEMMs;
+  no router, shared expert or collective) from `MeasuredKernels.moe_one_s`, for the rows entering the layer
   (the group's batch), the experts' full width split tp ways under tensor parallelism or whole ep
   ways under expert parallelism, in the table's format for the weight dtype
   (`kernel_tables.moe_quant_for`) and its balanced routing - so not with a routing skew, whose
@@ -109,7 +110,8 @@ def source_line(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: i
     parts = []
     if model.moe_layers:
         quant = moe_quant(model, hw, weight_dtype, group_size)
-        parts.append(f"routed experts measured (vLLM fused_experts, {quant}, {BALANCED} routing)" if quant else
+        parts.append(f"routed experts measured ({hw.kernels.moe_table()} fused-experts table, {quant}, {BALANCED} routing)"
+                     if quant else
                      "routed experts datasheet (no measured table for this format or a routing skew)")
     if model.mla is not None:
         measured = (model.mla.kv_lora_rank, model.mla.qk_rope_head_dim) == MEASURED_MLA and kv_dtype in _mla_dtypes(hw.kernels)

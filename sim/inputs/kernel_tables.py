@@ -294,27 +294,32 @@ def _allreduce(df: pd.DataFrame) -> pd.DataFrame:
 # ---- MLA decode and MoE (read on first use) --------------------------------------------------------
 def with_moe_mla(tables: KernelTables) -> KernelTables:
     """`tables` with their system's MLA decode and MoE tables read (empty where the package has none,
-    and for a profile's tables: `hwprobe calibrate` times neither). Tables that carry them already
-    (a split's parts) come back as they are."""
+    and for a profile's tables: `hwprobe calibrate` times neither): the MoE table of the tables'
+    framework (the engine's fused experts), vLLM's where that framework times none for the system.
+    Tables that carry them already (a split's parts) come back as they are."""
     if tables.mla_decode is not None and tables.moe is not None:
         return tables
     if tables.framework == PROFILE_SOURCE or tables.system not in SYSTEMS.values() or not tables_available():
         return replace(tables, mla_decode=pd.DataFrame(columns=MLA_COLUMNS), moe=pd.DataFrame(columns=MOE_COLUMNS))
-    mla, moe, sources = _moe_mla(tables.system)
+    mla, moe, sources = _moe_mla(tables.system, tables.framework)
     return replace(tables, mla_decode=mla, moe=moe, table_sources={**tables.table_sources, **sources})
 
 
 @lru_cache(maxsize=8)
-def _moe_mla(system: str) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, str]]:
+def _moe_mla(system: str, framework: str = FRAMEWORK) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, str]]:
     root = _package_root() / "systems"
     data = root / "data" / system
-    mla_ver, moe_ver = _query_version(root, system, MLA_FRAMEWORK), _query_version(root, system)
+    mla_ver = _query_version(root, system, MLA_FRAMEWORK)
     mla_path = _backfilled(data / "mla" / MLA_FRAMEWORK, mla_ver, "generation_mla_perf.parquet")
-    moe_path = _backfilled(data / "moe" / FRAMEWORK, moe_ver, "moe_perf.parquet")
+    moe_fw = framework if framework in FRAMEWORKS else FRAMEWORK
+    moe_path = _backfilled(data / "moe" / moe_fw, _query_version(root, system, moe_fw), "moe_perf.parquet")
+    if moe_path is None and moe_fw != FRAMEWORK:  # this engine times no MoE here: vLLM's fused experts
+        moe_fw = FRAMEWORK
+        moe_path = _backfilled(data / "moe" / moe_fw, _query_version(root, system, moe_fw), "moe_perf.parquet")
     mla = _mla_decode(_read(mla_path)) if mla_path else pd.DataFrame(columns=MLA_COLUMNS)
     moe = _moe(_read(moe_path)) if moe_path else pd.DataFrame(columns=MOE_COLUMNS)
     sources = {table: f"{fw} {path.parent.name}" for table, fw, path in
-               ((MLA_TABLE, MLA_FRAMEWORK, mla_path), (MOE_TABLE, FRAMEWORK, moe_path)) if path is not None}
+               ((MLA_TABLE, MLA_FRAMEWORK, mla_path), (MOE_TABLE, moe_fw, moe_path)) if path is not None}
     return mla, moe, sources
 
 
