@@ -5,8 +5,9 @@ tokens each, the same heads) and an all-reduce (bytes over N GPUs, an
 implementation) - answered two ways:
 
 - `datasheet`: kvtier's own model, the formulas the step cost uses (`physics.weight_gemm_s`,
-  `physics.attention_s`, `Hardware.allreduce_s` of the operator's implementation) on the catalog GPU at
-  its default efficiencies;
+  `physics.gqa_datasheet_attention_s`, `physics.datasheet_prefill_attention_s`, `Hardware.allreduce_s` of
+  the operator's implementation) on the catalog GPU, with the constants fitted on the measured tables
+  where they cover it (sim/catalog/fitted_kernels.yaml), the catalog's defaults elsewhere;
 - `measured`: AIConfigurator's kernel tables (`measured_kernels`), where they cover the GPU.
 
 `kvsim ops` and benchmarks/operator_accuracy.py ask through here; the step cost asks the same
