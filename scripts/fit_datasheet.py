@@ -34,7 +34,9 @@ measurements only - never on end-to-end figures, which are for validation:
   every N left a 19-31% held-out median, NCCL's floors taken from the custom fit 42-56%).
 Each fit minimises squared log error (soft-L1, so a few noisy table points do not steer it) over the
 domain a decode step asks for; the held-out lines (`split_tables`) are only scored, never fitted.
-`--check` fits and compares with the committed file instead of writing it (exit 1 if they differ).
+One file per framework whose tables are fitted (`catalog.fitted_kernels_file`: vLLM's fitted_kernels.yaml,
+fitted_kernels.sglang.yaml, fitted_kernels.trtllm.yaml): a run's datasheet constants are its engine's.
+`--check` fits and compares with the committed files instead of writing them (exit 1 if one differs).
 Needs the `.[measured]` extra (aiconfigurator-core, and scipy which it brings).
 """
 
@@ -49,7 +51,7 @@ import yaml
 from scipy.optimize import least_squares
 
 from sim.inputs import catalog
-from sim.inputs.kernel_tables import PACKAGE, SYSTEMS, load_tables, split_tables, with_moe_mla
+from sim.inputs.kernel_tables import FRAMEWORK, FRAMEWORKS, PACKAGE, SYSTEMS, load_tables, split_tables, with_moe_mla
 from sim.model.dtypes import WEIGHT_DTYPES
 from sim.model.units import FLOP_PER_MAC
 from sim.studies.moe_mla_accuracy import QUANT_AS, balanced_rank0
@@ -315,11 +317,13 @@ def _allreduce(tune, held) -> dict:
     return out
 
 
-def fit() -> dict:
+def fit(framework: str = FRAMEWORK) -> dict:
+    """Every GPU's constants fitted on `framework`'s tables (the engine's kernels: vLLM's, SGLang's,
+    TensorRT-LLM's)."""
     gpus = {}
     versions = set()
     for gpu in SYSTEMS:
-        tables = with_moe_mla(load_tables(gpu))
+        tables = with_moe_mla(load_tables(gpu, framework))
         versions.add(f"{tables.system}: {tables.framework} {tables.framework_version}, NCCL {tables.nccl_version}")
         tune, held = split_tables(tables)
         attention = _attention(gpu, tune, held)
@@ -333,7 +337,7 @@ def fit() -> dict:
         moe = _moe(gpu, tune, held)
         if moe is not None:
             gpus[gpu]["moe"] = moe
-    package = load_tables(next(iter(SYSTEMS))).package_version
+    package = load_tables(next(iter(SYSTEMS)), framework).package_version
     return {"source": (f"fitted: {PACKAGE} {package} (NVIDIA AIConfigurator kernel database, Apache-2.0), tune "
                        f"split of {'; '.join(sorted(versions))}; GEMMs of 1-8192 rows with n, k >= 256, decode "
                        f"attention at head dim 128 over >= 15 cached tokens (bf16 and fp8 KV), prefill attention at "
@@ -355,19 +359,23 @@ def _differences(committed, fitted, path: str = "", rel: float = 5e-3) -> list[s
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="compare with the committed file instead of writing it")
+    ap.add_argument("--check", action="store_true", help="compare with the committed files instead of writing them")
     args = ap.parse_args()
-    fitted = fit()
-    text = HEADER + yaml.safe_dump(fitted, sort_keys=False, width=120)
-    if args.check:
-        differ = _differences(yaml.safe_load(OUT.read_text()) if OUT.is_file() else {}, fitted)
-        print(f"{OUT}: " + ("matches the fit" if not differ else "differs from the fit (rerun scripts/fit_datasheet.py): "
-                             + "; ".join(differ[:5])))
-        sys.exit(1 if differ else 0)
-    tmp = OUT.with_suffix(".yaml.tmp")
-    tmp.write_text(text)
-    tmp.replace(OUT)
-    print(f"wrote {OUT}")
+    failed = False
+    for framework in FRAMEWORKS:  # one file per engine whose kernels the tables time
+        out = OUT.with_name(catalog.fitted_kernels_file(framework))
+        fitted = fit(framework)
+        if args.check:
+            differ = _differences(yaml.safe_load(out.read_text()) if out.is_file() else {}, fitted)
+            print(f"{out}: " + ("matches the fit" if not differ else "differs from the fit (rerun "
+                                "scripts/fit_datasheet.py): " + "; ".join(differ[:5])))
+            failed = failed or bool(differ)
+            continue
+        tmp = out.with_suffix(".yaml.tmp")
+        tmp.write_text(HEADER + yaml.safe_dump(fitted, sort_keys=False, width=120))
+        tmp.replace(out)
+        print(f"wrote {out}")
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

@@ -286,6 +286,7 @@ class Hardware:
     allreduce_protocols: tuple[Protocols, ...] = ()
     # which all-reduce the engine runs over the TP group (`engine_rules.engine_allreduce_impl`): custom or nccl
     allreduce_impl: str = CUSTOM_ALLREDUCE
+    fitted_framework: str = FRAMEWORK  # whose tables the datasheet constants were fitted on (the engine's)
     alltoall_bytes_per_s: float = float("inf")  # expert-parallel dispatch/combine, bytes one GPU sends per second
     alltoall_floor_s: float = 0.0  # per dispatch or combine call
     kernels: MeasuredKernels | None = field(default=None, compare=False)  # hardware.kernels: measured
@@ -339,12 +340,12 @@ def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile |
     gpu = catalog.gpu(hw_cfg.gpu)
     link_spec = catalog.link(hw_cfg.link or gpu.link)
     eff = catalog.efficiency_defaults()
-    figs = _datasheet_figures(gpu, hw_cfg, weight_dtype, eff)
+    figs = _datasheet_figures(gpu, hw_cfg, weight_dtype, eff, framework)
     if profile is not None:
         figs = _measured_figures(figs, profile, gpu, hw_cfg, weight_dtype, eff, staging)
     h2d = _link_model(link_spec, "h2d", pinned, profile)
     d2h = _link_model(link_spec, "d2h", pinned, profile)
-    hw = _assemble(gpu, link_spec, figs, h2d, d2h)
+    hw = replace(_assemble(gpu, link_spec, figs, h2d, d2h), fitted_framework=framework)
     if tp > 1:
         hw = _with_interconnect(hw, gpu, tp, engine)
     if getattr(hw_cfg, "pcie_switch", None) is not None:
@@ -375,7 +376,7 @@ def with_allreduce(hw: Hardware, impl: str) -> Hardware:
     else the catalog fabric's NCCL ring figures."""
     gpu = hw.gpu
     fabric = catalog.interconnect(gpu.interconnect)
-    fit = catalog.fitted_kernels().get(gpu.name)
+    fit = catalog.fitted_kernels(hw.fitted_framework).get(gpu.name)
     ar = (fit.allreduce.get(impl) or fit.allreduce.get(CUSTOM_ALLREDUCE)) if fit else None
     hw = replace(hw, allreduce_impl=impl)
     if ar is None:
@@ -506,15 +507,15 @@ def _prefill_figures(fit, eff: EfficiencyDefaults, ov) -> tuple[Sourced, Sourced
     return f_eff, Sourced(PrefillShapes(kv(bf), kv(f8)), said)
 
 
-def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyDefaults) -> _Figures:
-    """Datasheet x efficiency - fitted on measured kernel tables where they cover the GPU
+def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyDefaults,
+                       framework: str = FRAMEWORK) -> _Figures:
+    """Datasheet x efficiency - fitted on `framework`'s measured kernel tables where they cover the GPU
     (`catalog.fitted_kernels`), the default elsewhere - or the scenario's override of each."""
     ov = hw_cfg.efficiency
     fp8 = bool(weight_dtype in FP8_COMPUTE_WEIGHT_DTYPES and gpu.fp8_flop_per_s)
     peak, peak_name = (gpu.fp8_flop_per_s, "fp8") if fp8 else (gpu.bf16_flop_per_s, "bf16")
-    fit = catalog.fitted_kernels().get(gpu.name)
-    g = fit.gemm.get(peak_name) if fit else None  # weight-only int8/int4 run a bf16 MMA: the bf16 fit
-    a = fit.attention if fit else None
+    fit = catalog.fitted_kernels(framework).get(gpu.name)  # weight-only int8/int4 run a bf16 MMA: the bf16 fit
+    g, a = (fit.gemm.get(peak_name), fit.attention) if fit else (None, None)
     w_eff = (Sourced(g.weight_hbm_efficiency, g.says(f"{peak_name} GEMMs")) if g else
              Sourced(eff.weight_hbm_efficiency[weight_dtype], "default efficiency")).override(ov.weight_hbm_efficiency)
     a_eff = (Sourced(a.hbm_efficiency, a.says("decode attention")) if a else

@@ -311,10 +311,22 @@ def links() -> dict[str, LinkSpec]:
     return {e["name"]: LinkSpec(**e) for e in _read_catalog("links.yaml")["links"]}
 
 
+FITTED_FRAMEWORK = "vllm"  # whose tables fitted_kernels.yaml was fitted on; the others' have files of their own
+
+
+def fitted_kernels_file(framework: str = FITTED_FRAMEWORK) -> str:
+    """The catalog file of the constants fitted on `framework`'s tables (vLLM's: fitted_kernels.yaml)."""
+    return "fitted_kernels.yaml" if framework == FITTED_FRAMEWORK else f"fitted_kernels.{framework}.yaml"
+
+
 @lru_cache(maxsize=None)
-def fitted_kernels() -> dict[str, FittedKernels]:
-    """{catalog GPU: its fitted kernel constants}; GPUs the measured tables do not cover are absent."""
-    data = _read_catalog("fitted_kernels.yaml")
+def fitted_kernels(framework: str = FITTED_FRAMEWORK) -> dict[str, FittedKernels]:
+    """{catalog GPU: its kernel constants fitted on `framework`'s measured tables (the engine whose
+    kernels a run assumes, `EngineCfg.kernel_framework`)}; GPUs the tables do not cover are absent, and
+    a framework with no fitted file takes vLLM's."""
+    if not resources.files("sim").joinpath("catalog", fitted_kernels_file(framework)).is_file():
+        framework = FITTED_FRAMEWORK
+    data = _read_catalog(fitted_kernels_file(framework))
     return {gpu: FittedKernels(source=data["source"], **entry) for gpu, entry in data["gpus"].items()}
 
 
