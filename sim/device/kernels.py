@@ -81,21 +81,23 @@ class OpCost:
 
 
 @lru_cache(maxsize=64)
-def datasheet_hardware(gpu: str, weight_dtype: str = "bf16", tp: int = 1) -> Hardware:
-    """The catalog GPU as a run resolves it with no scenario overrides and no profile."""
-    return resolve_hardware(HardwareCfg(gpu=gpu, kernels="datasheet"), weight_dtype, pinned=True, tp=tp)
+def datasheet_hardware(gpu: str, weight_dtype: str = "bf16", tp: int = 1, framework: str = FRAMEWORK) -> Hardware:
+    """The catalog GPU as a run resolves it with no scenario overrides and no profile, its datasheet
+    constants those fitted on `framework`'s tables."""
+    return resolve_hardware(HardwareCfg(gpu=gpu, kernels="datasheet"), weight_dtype, pinned=True, tp=tp,
+                            framework=framework)
 
 
-def datasheet_cost(gpu: str, op: Operator) -> OpCost:
-    """kvtier's datasheet model of one operator."""
+def datasheet_cost(gpu: str, op: Operator, framework: str = FRAMEWORK) -> OpCost:
+    """kvtier's datasheet model of one operator, its constants fitted on `framework`'s tables."""
     if isinstance(op, Gemm):
-        hw = datasheet_hardware(gpu, op.dtype)
+        hw = datasheet_hardware(gpu, op.dtype, framework=framework)
         params = op.n * op.k
         w_bytes = WEIGHT_DTYPES[op.dtype].bytes_for(params, DEFAULT_GROUP_SIZE)
         seconds = weight_gemm_s(hw, w_bytes, params, FLOP_PER_MAC * op.m * params, op.m, features=(op.n, op.k))
         return OpCost(seconds, f"datasheet: physics.weight_gemm_s ({hw.weight_kernel})")
     if isinstance(op, DecodeAttention):
-        hw = datasheet_hardware(gpu)
+        hw = datasheet_hardware(gpu, framework=framework)
         kv_layer = 2 * op.kv_heads * op.head_dim * KV_DTYPES[op.kv_dtype].bytes_per_element
         flop = ATTN_MATMULS * FLOP_PER_MAC * op.batch * op.kv_tokens * op.heads * op.head_dim
         kv_bytes = (op.batch * op.kv_tokens + op.batch) * kv_layer  # reads every cached token, writes the new one
@@ -103,7 +105,7 @@ def datasheet_cost(gpu: str, op: Operator) -> OpCost:
         return OpCost(gqa_datasheet_attention_s(hw, op.batch, op.kv_heads, flop, kv_bytes, fp8),
                       "datasheet: physics.gqa_datasheet_attention_s")
     if isinstance(op, PrefillAttention):
-        hw = datasheet_hardware(gpu)
+        hw = datasheet_hardware(gpu, framework=framework)
         kv_layer = 2 * op.kv_heads * op.head_dim * KV_DTYPES[op.kv_dtype].bytes_per_element
         pairs = op.batch * op.prompt_tokens * (op.prompt_tokens + 1) / 2
         flop = ATTN_MATMULS * FLOP_PER_MAC * op.heads * op.head_dim * pairs
@@ -112,7 +114,7 @@ def datasheet_cost(gpu: str, op: Operator) -> OpCost:
         seconds = datasheet_prefill_attention_s(hw, flop, tokens * kv_layer, op.prompt_tokens, op.batch, tokens, op.heads,
                                                 op.kv_heads, fp8)
         return OpCost(seconds, "datasheet: physics.datasheet_prefill_attention_s")
-    hw = with_allreduce(datasheet_hardware(gpu, tp=op.gpus), op.impl)
+    hw = with_allreduce(datasheet_hardware(gpu, tp=op.gpus, framework=framework), op.impl)
     how = ("fitted protocols per group size" if hw.allreduce_protocols else "ring: catalog interconnect busbw + per-hop latency")
     return OpCost(hw.allreduce_s(op.nbytes), f"datasheet: Hardware.allreduce_s ({op.impl}; {how})")
 
@@ -129,21 +131,21 @@ def measured_cost(gpu: str, op: Operator, mk: MeasuredKernels | None = None, fra
     mk = mk or measured_kernels(gpu, framework)
     if isinstance(op, Gemm):
         if op.dtype not in mk.gemm_dtypes() or not len(mk.tables.gemm):
-            d = datasheet_cost(gpu, op)
+            d = datasheet_cost(gpu, op, framework)
             return OpCost(d.seconds, d.source, False, f"no measured {op.dtype} GEMM table: the datasheet model")
         r = mk.gemm_s(op.m, op.n, op.k, op.dtype)
     elif isinstance(op, DecodeAttention):
         if not len(mk.tables.decode_attention):
-            d = datasheet_cost(gpu, op)
+            d = datasheet_cost(gpu, op, framework)
             return OpCost(d.seconds, d.source, False, "no measured attention points: the datasheet model")
         r = mk.decode_attention_s(op.batch, op.kv_tokens, op.heads, op.kv_heads, op.head_dim, op.kv_dtype)
     elif isinstance(op, PrefillAttention):
         if not mk.has_context_attention():
-            d = datasheet_cost(gpu, op)
+            d = datasheet_cost(gpu, op, framework)
             return OpCost(d.seconds, d.source, False, "no measured prefill-attention table: the datasheet model")
         r = mk.context_attention_s(op.batch, op.prompt_tokens, op.heads, op.kv_heads, op.head_dim, op.kv_dtype)
     elif not mk.allreduce_impls() and op.gpus > 1:
-        d = datasheet_cost(gpu, op)
+        d = datasheet_cost(gpu, op, framework)
         return OpCost(d.seconds, d.source, False, "no measured all-reduce table: the datasheet model")
     else:
         r = mk.allreduce_s(op.nbytes, op.gpus, op.impl)
@@ -152,7 +154,7 @@ def measured_cost(gpu: str, op: Operator, mk: MeasuredKernels | None = None, fra
 
 
 def cost(gpu: str, op: Operator, kernels: str, mk: MeasuredKernels | None = None, framework: str = FRAMEWORK) -> OpCost:
-    return measured_cost(gpu, op, mk, framework) if kernels == "measured" else datasheet_cost(gpu, op)
+    return measured_cost(gpu, op, mk, framework) if kernels == "measured" else datasheet_cost(gpu, op, framework)
 
 
 def operator_of(q) -> Operator:
