@@ -39,8 +39,9 @@ def ops(
     csv_in: Optional[Path] = typer.Option(None, "--csv", help="operators, one per row (columns as the flags: op, gpu, m, n, k, ...)"),
     out: Optional[Path] = typer.Option(None, "--out", help="with --csv: write the predictions here (default stdout)"),
     kernels: str = typer.Option("both", "--kernels", help=KERNELS_HELP),
-    framework: str = typer.Option("vllm", "--tables", help="measured: whose tables - vllm, sglang or trtllm (as "
-                               "AIConfigurator measured each engine's kernels)"),
+    framework: str = typer.Option("vllm", "--tables", help="whose kernels - vllm, sglang or trtllm: the tables "
+                               "AIConfigurator measured of that engine (measured), and the datasheet constants fitted "
+                               "on them (datasheet)"),
     profile: Optional[Path] = typer.Option(None, "--profile", help="measured: the kernels a hwprobe calibrate profile timed "
                                            "on your own device, instead of AIConfigurator's tables"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
