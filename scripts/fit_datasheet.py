@@ -50,6 +50,7 @@ import numpy as np
 import yaml
 from scipy.optimize import least_squares
 
+from sim.device.measured_kernels import MOE_FP8_COMPUTE
 from sim.inputs import catalog
 from sim.inputs.kernel_tables import FRAMEWORK, FRAMEWORKS, PACKAGE, SYSTEMS, load_tables, split_tables, with_moe_mla
 from sim.model.dtypes import WEIGHT_DTYPES
@@ -232,9 +233,6 @@ def _mla(gpu, tune, held) -> dict | None:
             "tune": _errors(_mla_model(p, *args), meas), "held_out": _errors(_mla_model(p, *h_args), h_meas)}
 
 
-MOE_FP8 = {"fp8", "fp8_block"}  # table formats whose MMA runs at the fp8 peak (the W4A16 ones run bf16)
-
-
 def _moe_model(p, touched, pairs, expert, wb, hidden, inter, tokens, peak, hbm):
     """`physics.datasheet_moe_s`: floor + touched x per-expert cost + max(touched experts' weights / (HBM x ew),
     2 x pairs x expert params / (peak x ef x r / (r + half_rows))) + routed rows gathered and scattered (pairs x (h +
@@ -259,7 +257,7 @@ def _moe(gpu, tune, held) -> dict | None:
             continue
         dtype, group = QUANT_AS[quant]
         wb = WEIGHT_DTYPES[dtype].bytes_for(2**20, group) / 2**20
-        peak = spec.fp8_flop_per_s if quant in MOE_FP8 and spec.fp8_flop_per_s else spec.bf16_flop_per_s
+        peak = spec.fp8_flop_per_s if quant in MOE_FP8_COMPUTE and spec.fp8_flop_per_s else spec.bf16_flop_per_s
 
         def domain(m):
             m = m[(m["quant"] == quant) & (m["distribution"] == "balanced")]

@@ -20,7 +20,7 @@ from sim.model.units import FLOP_PER_MAC, GB
 
 from .collectives import Protocols, nearest_protocols, ring_bytes, two_protocol_allreduce_s
 from .engine_rules import CUSTOM_ALLREDUCE, LaunchRule, engine_allreduce_impl
-from .measured_kernels import MeasuredKernels, measured_kernels_for
+from .measured_kernels import MOE_FP8_COMPUTE, MeasuredKernels, measured_kernels_for
 from .moe_fit import MoeFit
 
 T = TypeVar("T")
@@ -569,12 +569,22 @@ def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyD
     )
 
 
+def _sets_gemm(ov) -> bool:
+    """The scenario sets a GEMM figure: the fitted shapes beyond it (activations, MoE experts) stand down."""
+    return any(v is not None for v in (ov.weight_hbm_efficiency, ov.gemm_flop_efficiency, ov.gemm_floor_s))
+
+
+def _sets_attention(ov) -> bool:
+    """The scenario sets the decode-attention rate or floor: the fitted attention shapes stand down."""
+    return ov.attention_hbm_efficiency is not None or ov.attention_latency_s is not None
+
+
 def _gemm_io(gpu: GpuSpec, g, peak_name: str, ov) -> Sourced[GemmIO]:
     """The fitted GEMM's activation traffic (input streamed, output written, W8A8's quantisation pass);
     none where no fit covers the GPU or the scenario sets a GEMM figure (its figures stand alone)."""
     if g is None:
         return Sourced(GemmIO(), "default: weights alone (no measured table to fit activations on)")
-    if any(v is not None for v in (ov.weight_hbm_efficiency, ov.gemm_flop_efficiency, ov.gemm_floor_s)):
+    if _sets_gemm(ov):
         return Sourced(GemmIO(), f"weights alone: {SCENARIO} sets a GEMM figure", pinned=True)
     hbm = gpu.hbm_bytes_per_s
     io = GemmIO(1.0 if peak_name == "fp8" else 2.0, 1 / (hbm * g.output_hbm_efficiency), g.quant_row_s,
@@ -584,19 +594,16 @@ def _gemm_io(gpu: GpuSpec, g, peak_name: str, ov) -> Sourced[GemmIO]:
     return Sourced(io, g.says(f"{peak_name} GEMMs") + f" (output at {g.output_hbm_efficiency:g} of HBM{quant})")
 
 
-MOE_FP8_FORMATS = ("fp8", "fp8_block")  # fused-experts formats whose MMA runs at the fp8 peak
-
-
 def _moe_fits(gpu: GpuSpec, moe, ov) -> Sourced[tuple]:
     """The fused routed experts fitted per weight format on the measured MoE tables; none (the dense
     GEMM model for the experts) where none covers the GPU or the scenario sets a GEMM figure."""
     if not moe:
         return Sourced((), "default: the experts as dense GEMMs (no measured MoE table to fit on)")
-    if any(v is not None for v in (ov.weight_hbm_efficiency, ov.gemm_flop_efficiency, ov.gemm_floor_s)):
+    if _sets_gemm(ov):
         return Sourced((), f"the experts as dense GEMMs: {SCENARIO} sets a GEMM figure", pinned=True)
     hbm = gpu.hbm_bytes_per_s
     fits = tuple((quant, MoeFit(m.floor_s, m.per_expert_s, hbm * m.weight_hbm_efficiency,
-                                (gpu.fp8_flop_per_s if quant in MOE_FP8_FORMATS and gpu.fp8_flop_per_s else gpu.bf16_flop_per_s)
+                                (gpu.fp8_flop_per_s if quant in MOE_FP8_COMPUTE and gpu.fp8_flop_per_s else gpu.bf16_flop_per_s)
                                 * m.flop_efficiency, m.half_rows, hbm * m.pair_hbm_efficiency, hbm * m.token_hbm_efficiency))
                  for quant, m in sorted(moe.items()))
     said = "; ".join(f"{q} median {m.held_out.median:.1%}" for q, m in sorted(moe.items()))
@@ -609,7 +616,7 @@ def _mla_fit(gpu: GpuSpec, m, ov) -> Sourced[MlaFit | None]:
     where none covers the GPU or the scenario sets the decode-attention rate or floor."""
     if m is None:
         return Sourced(None, "default: the generic decode-attention form (no measured MLA table to fit on)")
-    if ov.attention_hbm_efficiency is not None or ov.attention_latency_s is not None:
+    if _sets_attention(ov):
         return Sourced(None, f"the generic decode-attention form: {SCENARIO} sets its rate or floor", pinned=True)
     hbm = gpu.hbm_bytes_per_s
     fitted = MlaFit(m.floor_s, hbm * m.hbm_efficiency, hbm * m.fp8_hbm_efficiency, gpu.bf16_flop_per_s * m.flop_efficiency,
@@ -622,7 +629,7 @@ def _attention_shape(gpu: GpuSpec, a, ov) -> Sourced[AttentionShape]:
     fit covers the GPU or the scenario sets the decode-attention rate or floor (its figures stand alone)."""
     if a is None:
         return Sourced(AttentionShape(), "default: flat (no measured table to fit it on)")
-    if ov.attention_hbm_efficiency is not None or ov.attention_latency_s is not None:
+    if _sets_attention(ov):
         return Sourced(AttentionShape(), f"flat: {SCENARIO} sets the decode-attention rate or floor", pinned=True)
     shape = AttentionShape(gpu.hbm_bytes_per_s * a.fp8_hbm_efficiency, a.half_ctas, a.per_cta_s)
     return Sourced(shape, a.says("decode attention") + f" (fp8 KV at {a.fp8_hbm_efficiency:g} of HBM, half rate at "

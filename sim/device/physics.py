@@ -36,6 +36,7 @@ from .sparse_fetch import SparseFetch, fetch_layer, mean_layer_share
 ALLREDUCES_PER_LAYER = 2  # tensor parallelism: after the attention output and after the MLP down projection
 GEMM_CALLS_PER_LAYER = 4  # qkv, o, gate_up, down as engines fuse them (an MoE layer's experts: counted as these)
 ACTIVATION_BYTES = 2  # bf16 activations all-reduced
+ONE_BYTE_KV = ("fp8", "int8")  # KV dtypes the datasheet streams at the fp8 rate (int8 as fp8, as the tables stand in)
 
 
 def roofline_s(flop: float, bytes_moved: float, flop_per_s: float, bytes_per_s: float) -> float:
@@ -209,7 +210,7 @@ def _mla_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, nbytes, flop,
     measured = measured_mla_s(model, hw, batch, attended_tokens, kv_dtype)
     if measured is None:
         if hw.mla_fit is not None:
-            return mla_datasheet_attention_s(hw, batch, model.num_heads, flop, nbytes, kv_dtype in ("fp8", "int8"))
+            return mla_datasheet_attention_s(hw, batch, model.num_heads, flop, nbytes, kv_dtype in ONE_BYTE_KV)
         return call(flop if arrays else float(flop), nbytes, hw)
     latent = model.kind_kv_bytes_per_token_layer(MLA, kv_dtype)
     extra = np.maximum(np.asarray(nbytes, dtype=float) - (np.asarray(attended_tokens, dtype=float) + batch) * latent, 0.0)
@@ -228,6 +229,10 @@ def mla_datasheet_attention_s(hw: Hardware, batch, heads: int, flop, kv_bytes, f
     FLOP rate matters: 0.21-0.62 of the bf16 peak fitted, where the generic form took the prefill plateau."""
     f = hw.mla_fit
     rate = f.fp8_bytes_per_s if fp8_kv else f.bytes_per_s
+    if not (np.ndim(batch) or np.ndim(kv_bytes) or np.ndim(flop)):  # a serving step's one call: plain floats
+        blocks = float(batch) * math.ceil(heads / MLA_BLOCK_HEADS)
+        stream = kv_bytes * (blocks + f.half_blocks) / (rate * blocks) if blocks > 0 else 0.0
+        return f.floor_s + max(stream, flop / f.flop_per_s)
     blocks = np.asarray(batch, dtype=float) * math.ceil(heads / MLA_BLOCK_HEADS)
     with np.errstate(divide="ignore", invalid="ignore"):
         stream = np.where(blocks > 0, np.asarray(kv_bytes, dtype=float) * (blocks + f.half_blocks) / (rate * blocks), 0.0)
@@ -286,14 +291,14 @@ def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
     if profiled:  # a profile timed this dtype's kernel across rows
         return hw.measured_weight_kernel_s(w_bytes, rows)
     quant = moe_quant(model, hw, weight_dtype, group_size)
-    fitted = _moe_fit(model, hw, weight_dtype, group_size) if quant is None else None
+    fitted = None if quant is not None else _moe_fit(model, hw, weight_dtype, group_size)
     if quant is not None or fitted is not None:  # the routed experts from the MoE table or its fit, the rest datasheet
         r_bytes, r_params, r_flop = routed_work(model, weight_dtype, group_size, rows)
         rest = weight_gemm_s(hw, w_bytes - r_bytes, params_read - r_params, gemm_flop(model, rows) - r_flop, rows,
                              GEMM_CALLS_PER_LAYER)
-        if quant is not None:
-            return rest + measured_moe_s(model, hw, quant, rows)
-        return rest + model_moe_s(model, fitted, weight_dtype, group_size, rows)
+        routed = (measured_moe_s(model, hw, quant, rows) if quant is not None
+                  else model_moe_s(model, fitted, weight_dtype, group_size, rows))
+        return rest + routed
     return weight_gemm_s(hw, w_bytes, params_read, gemm_flop(model, rows), rows, GEMM_CALLS_PER_LAYER,
                          _layer_features(model) if model.gqa_gemms else (0.0, 0.0))
 
@@ -371,11 +376,11 @@ def gqa_datasheet_attention_s(hw: Hardware, batch, kv_heads: int, flop, kv_bytes
     shape = hw.attention_shape
     rate = shape.fp8_hbm_bytes_per_s if fp8_kv and shape.fp8_hbm_bytes_per_s else hw.attention_hbm_bytes_per_s
     if np.ndim(batch) or np.ndim(kv_bytes) or np.ndim(flop):
-        ctas = np.asarray(batch, dtype=float) * kv_heads
-        occupancy = ctas / (ctas + shape.half_ctas) if shape.half_ctas else 1.0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            stream = np.where(ctas > 0, np.asarray(kv_bytes, dtype=float) / (rate * occupancy), 0.0) \
-                if shape.half_ctas else np.asarray(kv_bytes, dtype=float) / rate
+        ctas, nbytes = np.asarray(batch, dtype=float) * kv_heads, np.asarray(kv_bytes, dtype=float)
+        stream = nbytes / rate
+        if shape.half_ctas:  # a small grid streams at c / (c + half) of the rate; an empty one reads nothing
+            with np.errstate(divide="ignore", invalid="ignore"):
+                stream = np.where(ctas > 0, nbytes / (rate * (ctas / (ctas + shape.half_ctas))), 0.0)
         return np.maximum(np.asarray(flop, dtype=float) / hw.attention_flop_per_s,
                           hw.attention_latency_s + np.maximum(stream, shape.per_cta_s * ctas))
     ctas = float(batch) * kv_heads
@@ -928,7 +933,7 @@ def datasheet_prefill_attention_s(hw: Hardware, flop: float, kv_bytes: float, pr
 
 def _fp8_kv(model: ModelSpec, kv_bytes_per_token_layer: float) -> bool:
     """The run's KV is one byte an element (fp8, or int8 which streams as it does)."""
-    return kv_dtype_of(model, kv_bytes_per_token_layer) in ("fp8", "int8")
+    return kv_dtype_of(model, kv_bytes_per_token_layer) in ONE_BYTE_KV
 
 
 def equivalent_prompt_tokens(position_sum: float, seqs: int) -> float:

@@ -311,11 +311,11 @@ def _moe_mla(system: str, framework: str = FRAMEWORK) -> tuple[pd.DataFrame, pd.
     data = root / "data" / system
     mla_ver = _query_version(root, system, MLA_FRAMEWORK)
     mla_path = _backfilled(data / "mla" / MLA_FRAMEWORK, mla_ver, "generation_mla_perf.parquet")
-    moe_fw = framework if framework in FRAMEWORKS else FRAMEWORK
-    moe_path = _backfilled(data / "moe" / moe_fw, _query_version(root, system, moe_fw), "moe_perf.parquet")
-    if moe_path is None and moe_fw != FRAMEWORK:  # this engine times no MoE here: vLLM's fused experts
-        moe_fw = FRAMEWORK
+    moe_path = None
+    for moe_fw in dict.fromkeys((framework if framework in FRAMEWORKS else FRAMEWORK, FRAMEWORK)):  # vLLM's after
         moe_path = _backfilled(data / "moe" / moe_fw, _query_version(root, system, moe_fw), "moe_perf.parquet")
+        if moe_path is not None:
+            break
     mla = _mla_decode(_read(mla_path)) if mla_path else pd.DataFrame(columns=MLA_COLUMNS)
     moe = _moe(_read(moe_path)) if moe_path else pd.DataFrame(columns=MOE_COLUMNS)
     sources = {table: f"{fw} {path.parent.name}" for table, fw, path in

@@ -125,8 +125,8 @@ def moe_datasheet_s(gpu: str, tokens: int, experts: int, top_k: int, hidden: int
     hw = datasheet_hardware(gpu, weight_dtype)
     fit = dict(hw.moe_fits).get(quant)
     if fit is not None:  # fitted on the tune split of these tables (scripts/fit_datasheet.py `_moe`)
-        return datasheet_moe_s(fit, touched, tokens * top_k / ep * share, expert, w_bytes / touched / expert if touched
-                               else 1.0, hidden, inter // tp, tokens)
+        return datasheet_moe_s(fit, touched, tokens * top_k / ep * share, expert,
+                               WEIGHT_DTYPES[weight_dtype].bytes_for(expert, group) / expert, hidden, inter // tp, tokens)
     return weight_gemm_s(hw, w_bytes, touched * expert, flop, tokens, MOE_CALLS)
 
 
