@@ -607,8 +607,10 @@ def _moe_fits(gpu: GpuSpec, moe, ov) -> Sourced[tuple]:
                                 * m.flop_efficiency, m.half_rows, hbm * m.pair_hbm_efficiency, hbm * m.token_hbm_efficiency))
                  for quant, m in sorted(moe.items()))
     said = "; ".join(f"{q} median {m.held_out.median:.1%}" for q, m in sorted(moe.items()))
-    return Sourced(fits, f"fitted on measured fused routed experts (vLLM fused_experts, balanced routing; "
-                         f"fitted_kernels.yaml), held-out |error|: {said}")
+    file = next(iter(moe.values())).file  # fitted_kernels.yaml (vLLM's) or fitted_kernels.<engine>.yaml
+    kernel = "vLLM fused_experts" if file == catalog.fitted_kernels_file() else f"{file.split('.')[1]} fused experts"
+    return Sourced(fits, f"fitted on measured fused routed experts ({kernel}, balanced routing; {file}), "
+                         f"held-out |error|: {said}")
 
 
 def _mla_fit(gpu: GpuSpec, m, ov) -> Sourced[MlaFit | None]:

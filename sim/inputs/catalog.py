@@ -141,11 +141,12 @@ class FitErrors(_Frozen):
 class _Fitted(_Frozen):
     tune: FitErrors
     held_out: FitErrors
+    file: str = "fitted_kernels.yaml"  # the catalog file it was read from (`fitted_kernels_file`: one per engine)
 
     def says(self, what: str) -> str:
         """The figure's source line: what it was fitted on and how well it predicts held-out points."""
         h = self.held_out
-        return (f"fitted on measured {what} (fitted_kernels.yaml): held-out |error| median {h.median:.1%}, "
+        return (f"fitted on measured {what} ({self.file}): held-out |error| median {h.median:.1%}, "
                 f"worst {h.worst:.0%}")
 
 
@@ -326,8 +327,18 @@ def fitted_kernels(framework: str = FITTED_FRAMEWORK) -> dict[str, FittedKernels
     a framework with no fitted file takes vLLM's."""
     if not resources.files("sim").joinpath("catalog", fitted_kernels_file(framework)).is_file():
         framework = FITTED_FRAMEWORK
-    data = _read_catalog(fitted_kernels_file(framework))
-    return {gpu: FittedKernels(source=data["source"], **entry) for gpu, entry in data["gpus"].items()}
+    name = fitted_kernels_file(framework)
+    data = _read_catalog(name)
+    return {gpu: FittedKernels(source=data["source"], **_with_file(entry, name)) for gpu, entry in data["gpus"].items()}
+
+
+def _with_file(node, name: str):
+    """`node` with `file: name` in every fitted figure (a mapping with held-out errors), so its source line
+    names the engine's file."""
+    if not isinstance(node, dict):
+        return node
+    out = {k: _with_file(v, name) for k, v in node.items()}
+    return {**out, "file": name} if "held_out" in node else out
 
 
 @lru_cache(maxsize=None)
