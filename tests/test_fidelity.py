@@ -63,8 +63,8 @@ def test_every_default_says_how_it_was_obtained():
 # ---- 2. weight-only kernels: the slower of bytes and dequantisation + MMA ------------------------
 def _gemm_constants(gpu: str, mma: str = "bf16") -> tuple[float, float]:
     """(GEMM floor, weight streaming efficiency): fitted on measured tables where they cover the GPU
-    (weight-only kernels run a bf16 MMA: the bf16 fit), the catalog's defaults elsewhere."""
-    fit = catalog.fitted_kernels().get(gpu)
+    or its sibling (weight-only kernels run a bf16 MMA: the bf16 fit), the catalog's defaults elsewhere."""
+    fit = catalog.fitted_kernels_for(gpu)
     if fit is None:
         eff = catalog.efficiency_defaults()
         return eff.gemm_floor_s, eff.weight_hbm_efficiency["bf16"]
@@ -77,8 +77,8 @@ SUM_N = (3584 + 2 * 512) + 3584 + 2 * 18944 + 3584  # its outputs: q + k + v, o,
 
 def _activations(gpu: str, mma: str, rows: int) -> tuple[float, float]:
     """(input bytes streamed with the weights, the output write + W8A8's quantisation in seconds) of the
-    7B layer's four GEMMs: fitted where the tables cover the GPU, none elsewhere."""
-    fit = catalog.fitted_kernels().get(gpu)
+    7B layer's four GEMMs: fitted where the tables cover the GPU or its sibling, none elsewhere."""
+    fit = catalog.fitted_kernels_for(gpu)
     if fit is None:
         return 0.0, 0.0
     g, hbm = fit.gemm[mma], catalog.gpu(gpu).hbm_bytes_per_s

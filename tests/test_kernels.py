@@ -51,7 +51,7 @@ def test_grid_fills_an_unmeasured_cell_from_its_nearest_measured_one():
 
 # ---- the datasheet model by hand ------------------------------------------------------------------
 def test_datasheet_gemm_is_floor_plus_weight_streaming_at_one_row():
-    """Fitted constants where the tables cover the GPU, the catalog's defaults elsewhere."""
+    """Fitted constants where the tables cover the GPU or its sibling, the catalog's defaults without a fit."""
     fit = catalog.fitted_kernels()["h200-sxm"].gemm["bf16"]
     hbm = catalog.gpu("h200-sxm").hbm_bytes_per_s
     c = datasheet_cost("h200-sxm", Gemm(1, 4096, 4096, "bf16"))
@@ -64,11 +64,16 @@ def test_datasheet_gemm_is_floor_plus_weight_streaming_at_one_row():
     mma = 2 * 8192**3 / (catalog.gpu("h200-sxm").fp8_flop_per_s * f8.flop_efficiency)  # 8,192 rows: the curve's plateau
     quant = 8192 * f8.quant_row_s + 8192 * 8192 / (hbm * f8.quant_hbm_efficiency)
     assert big == pytest.approx(f8.floor_s + mma + 8192 * 8192 / (hbm * f8.output_hbm_efficiency) + quant)
-    eff = catalog.efficiency_defaults()
-    rtx = datasheet_cost("rtx-4090", Gemm(1, 4096, 4096, "bf16"))
+    # no table measures the RTX 4090: it takes L40S's fit (the same AD102 die) at its own datasheet peaks
     assert "rtx-4090" not in catalog.fitted_kernels()
-    assert rtx.seconds == pytest.approx(eff.gemm_floor_s + weights / (catalog.gpu("rtx-4090").hbm_bytes_per_s
-                                                                        * eff.weight_hbm_efficiency["bf16"]))
+    sib, rtx_hbm = catalog.fitted_kernels()["l40s"].gemm["bf16"], catalog.gpu("rtx-4090").hbm_bytes_per_s
+    rtx = datasheet_cost("rtx-4090", Gemm(1, 4096, 4096, "bf16"))
+    assert rtx.seconds == pytest.approx(sib.floor_s + streamed / (rtx_hbm * sib.weight_hbm_efficiency)
+                                        + 4096 / (rtx_hbm * sib.output_hbm_efficiency))
+    # without any fit (catalog.NO_FIT): the catalog's defaults, no activation terms
+    eff = catalog.efficiency_defaults()
+    flat = datasheet_cost("rtx-4090", Gemm(1, 4096, 4096, "bf16"), fit_from=catalog.NO_FIT)
+    assert flat.seconds == pytest.approx(eff.gemm_floor_s + weights / (rtx_hbm * eff.weight_hbm_efficiency["bf16"]))
 
 
 def test_datasheet_attention_and_allreduce_by_hand():
@@ -93,7 +98,8 @@ def test_datasheet_attention_and_allreduce_by_hand():
     assert nccl.seconds == pytest.approx(min(q.latency_floor_s + 2 * 7 / 8 * 4096 / q.latency_bus_bytes_per_s,
                                              q.bandwidth_floor_s + 2 * 7 / 8 * 4096 / q.bandwidth_bus_bytes_per_s))
     assert "nccl" in nccl.source and nccl.seconds > got  # NCCL's 8-GPU floor (~16 us) over custom's (~5 us)
-    fabric = catalog.interconnect(catalog.gpu("rtx-4090").interconnect)  # no tables: the catalog's ring
+    # no tables, and its sibling's (L40S's) all-reduce is another fabric's: the catalog's ring
+    fabric = catalog.interconnect(catalog.gpu("rtx-4090").interconnect)
     rtx = datasheet_cost("rtx-4090", AllReduce(1e6, 4)).seconds
     assert rtx == pytest.approx(2 * 3 / 4 * 1e6 / fabric.bus_bytes_per_s + 2 * 3 * fabric.per_hop_latency_s)
     assert datasheet_cost("h100-sxm", AllReduce(1e6, 1)).seconds == 0.0

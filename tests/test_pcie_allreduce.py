@@ -41,7 +41,8 @@ def test_an_unknown_engine_is_refused():
 
 def test_the_catalog_says_which_fabrics_are_nvlink():
     assert {n: s.nvlink for n, s in catalog.interconnects().items()} == {
-        "nvlink4": True, "nvlink3": True, "nvlink5": True, "pcie-gen4-p2p": False, "pcie-host": False}
+        "nvlink4": True, "nvlink3": True, "nvlink5": True, "pcie-gen4-p2p": False, "pcie-gen5-p2p": False,
+        "pcie-host": False}
 
 
 def test_datasheet_l40s_tp4_takes_the_nccl_fit_by_hand():

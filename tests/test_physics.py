@@ -255,7 +255,8 @@ def test_gqa_datasheet_attention_scalars_equal_arrays_and_the_flat_form_without_
                                        np.array([p[3] for p in points]), False)
     assert arrays.tolist() == pytest.approx(scalars)
     assert scalars[3] == pytest.approx(h.attention_latency_s)  # nothing attended: the floor
-    rtx = resolve_hardware(HardwareCfg(gpu="rtx-4090", kernels="datasheet"), "bf16", pinned=True)  # no fit: flat
+    rtx = resolve_hardware(HardwareCfg(gpu="rtx-4090", kernels="datasheet"), "bf16", pinned=True,
+                           fit_from=catalog.NO_FIT)  # no fit: flat
     assert gqa_datasheet_attention_s(rtx, 32, 8, 1.6e10, 6.7e7, True) == attention_s(1.6e10, 6.7e7, rtx)
     pinned = hw(efficiency={"attention_hbm_efficiency": 0.7})  # a scenario's rate stands alone: flat
     assert gqa_datasheet_attention_s(pinned, 32, 8, 1.6e10, 6.7e7, False) == attention_s(1.6e10, 6.7e7, pinned)

@@ -287,6 +287,7 @@ class Hardware:
     # which all-reduce the engine runs over the TP group (`engine_rules.engine_allreduce_impl`): custom or nccl
     allreduce_impl: str = CUSTOM_ALLREDUCE
     fitted_framework: str = FRAMEWORK  # whose tables the datasheet constants were fitted on (the engine's)
+    fit_from: str | None = None  # whose fit instead of the GPU's own or its sibling's (`catalog.fitted_kernels_for`)
     alltoall_bytes_per_s: float = float("inf")  # expert-parallel dispatch/combine, bytes one GPU sends per second
     alltoall_floor_s: float = 0.0  # per dispatch or combine call
     kernels: MeasuredKernels | None = field(default=None, compare=False)  # hardware.kernels: measured
@@ -330,22 +331,23 @@ class Hardware:
 
 def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile | None = None,
                      staging: str = "none", with_host: bool = False, tp: int = 1,
-                     framework: str = FRAMEWORK, engine: str = "vllm") -> Hardware:
+                     framework: str = FRAMEWORK, engine: str = "vllm", fit_from: str | None = None) -> Hardware:
     """Datasheet figures x default efficiencies, scenario overrides, then profile measurements.
     `staging`: how T1/T2 reach attention ("none", or the prefetch mode), which picks the measured
     fixed costs of the decode loop. `with_host`: also the host CPU that attends T1/T2 (an access
     strategy other than prefetch). `framework`: whose measured tables apply (the scenario engine's,
     `EngineCfg.kernel_framework`; vLLM's without one). `engine`: whose rule picks the TP all-reduce
-    (`engine_rules.engine_allreduce_impl`; the scenario engine's name, vLLM's without one)."""
+    (`engine_rules.engine_allreduce_impl`; the scenario engine's name, vLLM's without one). `fit_from`:
+    the GPU whose fitted constants to take (`catalog.fitted_kernels_for`; a study of how fits carry over)."""
     gpu = catalog.gpu(hw_cfg.gpu)
     link_spec = catalog.link(hw_cfg.link or gpu.link)
     eff = catalog.efficiency_defaults()
-    figs = _datasheet_figures(gpu, hw_cfg, weight_dtype, eff, framework)
+    figs = _datasheet_figures(gpu, hw_cfg, weight_dtype, eff, framework, fit_from)
     if profile is not None:
         figs = _measured_figures(figs, profile, gpu, hw_cfg, weight_dtype, eff, staging)
     h2d = _link_model(link_spec, "h2d", pinned, profile)
     d2h = _link_model(link_spec, "d2h", pinned, profile)
-    hw = replace(_assemble(gpu, link_spec, figs, h2d, d2h), fitted_framework=framework)
+    hw = replace(_assemble(gpu, link_spec, figs, h2d, d2h), fitted_framework=framework, fit_from=fit_from)
     if tp > 1:
         hw = _with_interconnect(hw, gpu, tp, engine)
     if getattr(hw_cfg, "pcie_switch", None) is not None:
@@ -376,7 +378,7 @@ def with_allreduce(hw: Hardware, impl: str) -> Hardware:
     else the catalog fabric's NCCL ring figures."""
     gpu = hw.gpu
     fabric = catalog.interconnect(gpu.interconnect)
-    fit = catalog.fitted_kernels(hw.fitted_framework).get(gpu.name)
+    fit = catalog.fitted_kernels_for(gpu.name, hw.fitted_framework, hw.fit_from)
     ar = (fit.allreduce.get(impl) or fit.allreduce.get(CUSTOM_ALLREDUCE)) if fit else None
     hw = replace(hw, allreduce_impl=impl)
     if ar is None:
@@ -508,13 +510,13 @@ def _prefill_figures(fit, eff: EfficiencyDefaults, ov) -> tuple[Sourced, Sourced
 
 
 def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyDefaults,
-                       framework: str = FRAMEWORK) -> _Figures:
+                       framework: str = FRAMEWORK, fit_from: str | None = None) -> _Figures:
     """Datasheet x efficiency - fitted on `framework`'s measured kernel tables where they cover the GPU
-    (`catalog.fitted_kernels`), the default elsewhere - or the scenario's override of each."""
+    or its sibling (`catalog.fitted_kernels_for`), the default elsewhere - or the scenario's override of each."""
     ov = hw_cfg.efficiency
     fp8 = bool(weight_dtype in FP8_COMPUTE_WEIGHT_DTYPES and gpu.fp8_flop_per_s)
     peak, peak_name = (gpu.fp8_flop_per_s, "fp8") if fp8 else (gpu.bf16_flop_per_s, "bf16")
-    fit = catalog.fitted_kernels(framework).get(gpu.name)  # weight-only int8/int4 run a bf16 MMA: the bf16 fit
+    fit = catalog.fitted_kernels_for(gpu.name, framework, fit_from)  # weight-only int8/int4 run a bf16 MMA: the bf16 fit
     g, a = (fit.gemm.get(peak_name), fit.attention) if fit else (None, None)
     w_eff = (Sourced(g.weight_hbm_efficiency, g.says(f"{peak_name} GEMMs")) if g else
              Sourced(eff.weight_hbm_efficiency[weight_dtype], "default efficiency")).override(ov.weight_hbm_efficiency)

@@ -81,23 +81,25 @@ class OpCost:
 
 
 @lru_cache(maxsize=64)
-def datasheet_hardware(gpu: str, weight_dtype: str = "bf16", tp: int = 1, framework: str = FRAMEWORK) -> Hardware:
+def datasheet_hardware(gpu: str, weight_dtype: str = "bf16", tp: int = 1, framework: str = FRAMEWORK,
+                       fit_from: str | None = None) -> Hardware:
     """The catalog GPU as a run resolves it with no scenario overrides and no profile, its datasheet
-    constants those fitted on `framework`'s tables."""
+    constants those fitted on `framework`'s tables (`fit_from`: another GPU's, `catalog.fitted_kernels_for`)."""
     return resolve_hardware(HardwareCfg(gpu=gpu, kernels="datasheet"), weight_dtype, pinned=True, tp=tp,
-                            framework=framework)
+                            framework=framework, fit_from=fit_from)
 
 
-def datasheet_cost(gpu: str, op: Operator, framework: str = FRAMEWORK) -> OpCost:
-    """kvtier's datasheet model of one operator, its constants fitted on `framework`'s tables."""
+def datasheet_cost(gpu: str, op: Operator, framework: str = FRAMEWORK, fit_from: str | None = None) -> OpCost:
+    """kvtier's datasheet model of one operator, its constants fitted on `framework`'s tables (`fit_from`:
+    on another GPU's, `catalog.fitted_kernels_for`)."""
     if isinstance(op, Gemm):
-        hw = datasheet_hardware(gpu, op.dtype, framework=framework)
+        hw = datasheet_hardware(gpu, op.dtype, framework=framework, fit_from=fit_from)
         params = op.n * op.k
         w_bytes = WEIGHT_DTYPES[op.dtype].bytes_for(params, DEFAULT_GROUP_SIZE)
         seconds = weight_gemm_s(hw, w_bytes, params, FLOP_PER_MAC * op.m * params, op.m, features=(op.n, op.k))
         return OpCost(seconds, f"datasheet: physics.weight_gemm_s ({hw.weight_kernel})")
     if isinstance(op, DecodeAttention):
-        hw = datasheet_hardware(gpu, framework=framework)
+        hw = datasheet_hardware(gpu, framework=framework, fit_from=fit_from)
         kv_layer = 2 * op.kv_heads * op.head_dim * KV_DTYPES[op.kv_dtype].bytes_per_element
         flop = ATTN_MATMULS * FLOP_PER_MAC * op.batch * op.kv_tokens * op.heads * op.head_dim
         kv_bytes = (op.batch * op.kv_tokens + op.batch) * kv_layer  # reads every cached token, writes the new one
@@ -105,7 +107,7 @@ def datasheet_cost(gpu: str, op: Operator, framework: str = FRAMEWORK) -> OpCost
         return OpCost(gqa_datasheet_attention_s(hw, op.batch, op.kv_heads, flop, kv_bytes, fp8),
                       "datasheet: physics.gqa_datasheet_attention_s")
     if isinstance(op, PrefillAttention):
-        hw = datasheet_hardware(gpu, framework=framework)
+        hw = datasheet_hardware(gpu, framework=framework, fit_from=fit_from)
         kv_layer = 2 * op.kv_heads * op.head_dim * KV_DTYPES[op.kv_dtype].bytes_per_element
         pairs = op.batch * op.prompt_tokens * (op.prompt_tokens + 1) / 2
         flop = ATTN_MATMULS * FLOP_PER_MAC * op.heads * op.head_dim * pairs
@@ -114,7 +116,7 @@ def datasheet_cost(gpu: str, op: Operator, framework: str = FRAMEWORK) -> OpCost
         seconds = datasheet_prefill_attention_s(hw, flop, tokens * kv_layer, op.prompt_tokens, op.batch, tokens, op.heads,
                                                 op.kv_heads, fp8)
         return OpCost(seconds, "datasheet: physics.datasheet_prefill_attention_s")
-    hw = with_allreduce(datasheet_hardware(gpu, tp=op.gpus, framework=framework), op.impl)
+    hw = with_allreduce(datasheet_hardware(gpu, tp=op.gpus, framework=framework, fit_from=fit_from), op.impl)
     how = ("fitted protocols per group size" if hw.allreduce_protocols else "ring: catalog interconnect busbw + per-hop latency")
     return OpCost(hw.allreduce_s(op.nbytes), f"datasheet: Hardware.allreduce_s ({op.impl}; {how})")
 

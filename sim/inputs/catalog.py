@@ -40,6 +40,10 @@ class GpuSpec(_Frozen):
     interconnect: str = "nvlink4"  # GPU-to-GPU fabric for tensor parallelism
     copy_engines: int = 2
     host_memory_bytes: float | None = None
+    # a catalog GPU of the same silicon whose fitted kernel constants this one takes where no table
+    # measures it (`fitted_kernels_for`), and why it is a sibling
+    fit_sibling: str | None = None
+    fit_sibling_why: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -142,12 +146,15 @@ class _Fitted(_Frozen):
     tune: FitErrors
     held_out: FitErrors
     file: str = "fitted_kernels.yaml"  # the catalog file it was read from (`fitted_kernels_file`: one per engine)
+    borrowed: str = ""  # a sibling GPU's fit (`fitted_kernels_for`): "<sibling>: <why>"; "" for the GPU's own
 
     def says(self, what: str) -> str:
         """The figure's source line: what it was fitted on and how well it predicts held-out points."""
         h = self.held_out
-        return (f"fitted on measured {what} ({self.file}): held-out |error| median {h.median:.1%}, "
-                f"worst {h.worst:.0%}")
+        sibling, _, why = self.borrowed.partition(": ")
+        on, taken = (f"{sibling}'s ", f"; taken as its sibling's: {why}") if self.borrowed else ("", "")
+        return (f"fitted on {on}measured {what} ({self.file}): held-out |error| {'there ' if on else ''}median "
+                f"{h.median:.1%}, worst {h.worst:.0%}{taken}")
 
 
 class FittedGemm(_Fitted):
@@ -304,7 +311,13 @@ def _model_aliases() -> dict[str, str]:
 
 @lru_cache(maxsize=None)
 def gpus() -> dict[str, GpuSpec]:
-    return {e["name"]: GpuSpec(**e) for e in _read_catalog("gpus.yaml")["gpus"]}
+    out = {e["name"]: GpuSpec(**e) for e in _read_catalog("gpus.yaml")["gpus"]}
+    for g in out.values():  # a sibling is a catalog GPU with a fit of its own, and says why it is one
+        sib = out.get(g.fit_sibling) if g.fit_sibling else None
+        if g.fit_sibling and (sib is None or sib.fit_sibling or not g.fit_sibling_why):
+            raise ValueError(f"gpus.yaml: {g.name}.fit_sibling: expected a catalog GPU without a sibling of its "
+                             f"own, and fit_sibling_why; got {g.fit_sibling!r}")
+    return out
 
 
 @lru_cache(maxsize=None)
@@ -330,6 +343,37 @@ def fitted_kernels(framework: str = FITTED_FRAMEWORK) -> dict[str, FittedKernels
     name = fitted_kernels_file(framework)
     data = _read_catalog(name)
     return {gpu: FittedKernels(source=data["source"], **_with_file(entry, name)) for gpu, entry in data["gpus"].items()}
+
+
+NO_FIT = "none"  # `fitted_kernels_for(..., fit_from=NO_FIT)`: the flat defaults, as for a GPU without tables or sibling
+
+
+@lru_cache(maxsize=256)
+def fitted_kernels_for(gpu: str, framework: str = FITTED_FRAMEWORK, fit_from: str | None = None) -> FittedKernels | None:
+    """The constants fitted on `framework`'s tables that the datasheet model of catalog GPU `gpu` takes:
+    its own, else its sibling's (gpus.yaml `fit_sibling`: the same silicon, which no table measures,
+    e.g. RTX 4090 takes L40S's), or None (the flat defaults of efficiency.yaml). A fit is fractions of
+    the datasheet peaks and per-call floors, so it carries over to a sibling's own peaks; its all-reduce
+    only over the same fabric. `fit_from` names the GPU whose fit to take instead (a study of how well
+    fits carry over; NO_FIT: none)."""
+    fits, spec = fitted_kernels(framework), gpus()[gpu]
+    source = fit_from or (gpu if gpu in fits else spec.fit_sibling)
+    if source == gpu or source is None or source == NO_FIT:
+        return fits.get(gpu) if source == gpu else None
+    why = spec.fit_sibling_why if source == spec.fit_sibling else "a study of how fits carry over"
+    said = f"{source}: {why}"
+    fit = fits[source].model_dump()
+    if gpus()[source].interconnect != spec.interconnect:  # the all-reduce is the fabric's, not the die's
+        fit["allreduce"] = {}
+    return FittedKernels(**_with_borrowed(fit, said))
+
+
+def _with_borrowed(node, said: str):
+    """`node` with `borrowed: said` in every fitted figure (a mapping with held-out errors)."""
+    if not isinstance(node, dict):
+        return node
+    out = {k: _with_borrowed(v, said) for k, v in node.items()}
+    return {**out, "borrowed": said} if "held_out" in node else out
 
 
 def _with_file(node, name: str):

@@ -12,9 +12,12 @@ kept, in table order, so a run is seconds, not minutes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import pandas as pd
 
-from sim.device.kernels import AllReduce, DecodeAttention, Gemm, PrefillAttention, datasheet_cost
+from sim.device.kernels import AllReduce, DecodeAttention, Gemm, OpCost, Operator, PrefillAttention, datasheet_cost
 from sim.device.measured_kernels import MeasuredKernels
 from sim.inputs import catalog
 from sim.inputs.kernel_tables import SYSTEMS, load_tables, split_tables
@@ -22,18 +25,21 @@ from sim.inputs.kernel_tables import SYSTEMS, load_tables, split_tables
 STRIDE = 7
 FAMILY = r"^(gemm|decode attention|prefill attention|all-reduce)"  # an op's family, from its name
 MAX_ALLREDUCE_BYTES = 64 * 2**20
+Costing = Callable[[Operator], OpCost]  # one GPU's datasheet cost of an operator
 
 
-def held_out_points(gpu: str) -> tuple[pd.DataFrame, MeasuredKernels]:
+def held_out_points(gpu: str, fit_from: str | None = None) -> tuple[pd.DataFrame, MeasuredKernels]:
     """(one row per held-out point: op, shape, measured_s, datasheet_s, tables_s), and the measured
-    kernels built from the tune split alone."""
+    kernels built from the tune split alone. `fit_from`: the datasheet model takes that GPU's fitted
+    constants (`catalog.fitted_kernels_for`: how well a fit carries over to a sibling)."""
     spec = catalog.gpu(gpu)
     tune, held = split_tables(load_tables(gpu))
     mk = MeasuredKernels(tune, spec, catalog.interconnect(spec.interconnect).bus_bytes_per_s)
-    frames = [_gemms(gpu, held.gemm, mk), _attention(gpu, held.decode_attention, mk)]
+    ds = partial(datasheet_cost, gpu, fit_from=fit_from)
+    frames = [_gemms(ds, held.gemm, mk), _attention(ds, held.decode_attention, mk)]
     if held.context_attention is not None:
-        frames.append(_prefill(gpu, held.context_attention, mk))
-    frames += [_allreduce(gpu, impl, t, mk) for impl, t in held.allreduce.items()]
+        frames.append(_prefill(ds, held.context_attention, mk))
+    frames += [_allreduce(ds, impl, t, mk) for impl, t in held.allreduce.items()]
     out = pd.concat([f for f in frames if len(f)], ignore_index=True)
     out["datasheet_err"] = out["datasheet_s"] / out["measured_s"] - 1
     out["tables_err"] = out["tables_s"] / out["measured_s"] - 1
@@ -41,33 +47,32 @@ def held_out_points(gpu: str) -> tuple[pd.DataFrame, MeasuredKernels]:
     return out, mk
 
 
-def _gemms(gpu: str, g: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
+def _gemms(ds: Costing, g: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
     g = g[(g["m"] <= 8192) & (g["n"] >= 256) & (g["k"] >= 256)].iloc[::STRIDE]
     rows = []
     for dtype, t in g.groupby("dtype"):
         tables = mk.gemm_s(t["m"], t["n"], t["k"], dtype).seconds
         for (m, n, k, meas), tab in zip(t[["m", "n", "k", "latency_s"]].itertuples(index=False), tables):
-            ds = datasheet_cost(gpu, Gemm(int(m), int(n), int(k), dtype)).seconds
-            rows.append({"op": f"gemm {dtype}", "shape": f"m{m} n{n} k{k}", "measured_s": meas, "datasheet_s": ds,
+            rows.append({"op": f"gemm {dtype}", "shape": f"m{m} n{n} k{k}", "measured_s": meas,
+                         "datasheet_s": ds(Gemm(int(m), int(n), int(k), dtype)).seconds,
                          "tables_s": tab})
     return pd.DataFrame(rows)
 
 
-def _attention(gpu: str, a: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
+def _attention(ds: Costing, a: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
     a = a[(a["head_dim"] == 128) & (a["window"] == 0) & (a["kv_tokens"] >= 15)].iloc[::STRIDE]
     rows = []
     for r in a.itertuples(index=False):
         kv_heads = r.kv_heads or r.heads
         tab = mk.decode_attention_s(r.batch, r.kv_tokens, int(r.heads), int(kv_heads), int(r.head_dim), r.kv_dtype)
-        ds = datasheet_cost(gpu, DecodeAttention(int(r.batch), int(r.kv_tokens), int(r.heads), int(kv_heads),
-                                                 int(r.head_dim), r.kv_dtype)).seconds
-        rows.append({"op": f"decode attention kv {r.kv_dtype}", "measured_s": r.latency_s, "datasheet_s": ds,
+        op = DecodeAttention(int(r.batch), int(r.kv_tokens), int(r.heads), int(kv_heads), int(r.head_dim), r.kv_dtype)
+        rows.append({"op": f"decode attention kv {r.kv_dtype}", "measured_s": r.latency_s, "datasheet_s": ds(op).seconds,
                      "tables_s": float(tab.seconds[0]),
                      "shape": f"b{r.batch} n{r.kv_tokens} H{r.heads}/{kv_heads}"})
     return pd.DataFrame(rows)
 
 
-def _prefill(gpu: str, c: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
+def _prefill(ds: Costing, c: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
     c = c[(c["head_dim"] == 128) & (c["window"] == 0) & (c["kv_tokens"] >= 15)].iloc[::STRIDE]
     rows = []
     for r in c.itertuples(index=False):
@@ -75,19 +80,18 @@ def _prefill(gpu: str, c: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
         op = PrefillAttention(int(r.batch), int(r.kv_tokens), int(r.heads), kv_heads, int(r.head_dim), r.kv_dtype)
         tab = mk.context_attention_s(r.batch, r.kv_tokens, int(r.heads), kv_heads, int(r.head_dim), r.kv_dtype)
         rows.append({"op": f"prefill attention kv {r.kv_dtype}", "measured_s": r.latency_s,
-                     "datasheet_s": datasheet_cost(gpu, op).seconds, "tables_s": float(tab.seconds[0]),
+                     "datasheet_s": ds(op).seconds, "tables_s": float(tab.seconds[0]),
                      "shape": f"b{r.batch} n{r.kv_tokens} H{r.heads}/{kv_heads}"})
     return pd.DataFrame(rows)
 
 
-def _allreduce(gpu: str, impl: str, t: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
+def _allreduce(ds: Costing, impl: str, t: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
     t = t[t["bytes"] <= MAX_ALLREDUCE_BYTES]
     rows = []
     for r in t.itertuples(index=False):
         tab = mk.allreduce_s(r.bytes, int(r.gpus), impl).seconds[0]
-        ds = datasheet_cost(gpu, AllReduce(float(r.bytes), int(r.gpus), impl)).seconds
         rows.append({"op": f"all-reduce {impl}", "shape": f"{int(r.bytes)} B x{r.gpus}", "measured_s": r.latency_s,
-                     "datasheet_s": ds, "tables_s": float(tab)})
+                     "datasheet_s": ds(AllReduce(float(r.bytes), int(r.gpus), impl)).seconds, "tables_s": float(tab)})
     return pd.DataFrame(rows)
 
 
