@@ -10,6 +10,9 @@ measurements only - never on end-to-end figures, which are for validation:
   input elements / (HBM x quantisation efficiency)], per weight dtype the tables measure (bf16, fp8); FLOP
   efficiency(rows) is the catalog's default curve (efficiency.yaml gemm_flop_efficiency_by_rows) scaled to the
   fitted plateau `flop_efficiency` (weights alone left fp8 at a 19-22% held-out median, this shape 9-12%);
+  fp8 W8A8's tiles too: each further 128-row output tile re-reads a share of the weights, and the weight
+  stream runs at B / (B + half_tiles) of its rate over B = ceil(m / 128) x ceil(n / 128) output tiles, the
+  small-M kernels (m <= 64) at their own half point (without them: 9.7 / 11.6% on H100 / H200);
 - decode attention (one layer's call), bf16 and fp8 KV, head dim 128: floor + max(KV bytes / (HBM x efficiency(KV
   dtype) x c / (c + half_ctas)), c x per-block cost), c = batch x KV heads the kernel's thread blocks (small grids
   cannot keep HBM busy; long thin grids pay each block's serial cost; fp8 KV dequantises as it streams) - one
@@ -67,13 +70,22 @@ HEADER = """\
 """
 
 
-def _gemm_model(p, W, F, shape, A, O, M, K, peak, hbm, fp8):
+def _gemm_model(p, W, F, shape, A, O, M, K, N, peak, hbm, fp8):
     """`physics.weight_gemm_s` of one call: floor + max((weights + activations) / (HBM x ew), FLOP / (peak x ef x
     shape)) + output elements / (HBM x eo) [+ W8A8: rows x per-row quantisation + input elements / (HBM x eq)].
     `shape`: the default efficiency-by-rows curve over its plateau at each point's rows (the small-row tile waste
-    a weight-only kernel's MMA pays); the fit scales it to this GPU's plateau `ef`."""
+    a weight-only kernel's MMA pays); the fit scales it to this GPU's plateau `ef`. W8A8 also has its tiles
+    (`physics.weight_stream_s`): each further 128-row tile re-reads a share of the weights, and the stream runs
+    at B / (B + half) of its rate over B = ceil(m / 128) x ceil(n / 128) output tiles, the small-M kernels
+    (m <= 64) at their own half point."""
     floor, ew, ef, eo = p[:4]
-    t = floor + np.maximum((W + A) / (hbm * ew), F / (peak * ef * shape)) + O / (hbm * eo)
+    stream = (W + A) / (hbm * ew)
+    if fp8:
+        tiles_m = np.ceil(M / 128)
+        tiles = tiles_m * np.ceil(N / 128)
+        half = np.where(M <= 64, p[8], p[7])
+        stream = (W * (1 + p[6] * (tiles_m - 1)) + A) / (hbm * ew * tiles / (tiles + half))
+    t = floor + np.maximum(stream, F / (peak * ef * shape)) + O / (hbm * eo)
     return t + M * p[4] + K / (hbm * p[5]) if fp8 else t
 
 
@@ -107,18 +119,21 @@ def _gemm(gpu, tune, held) -> dict:
         def domain(t):
             t = t[(t["dtype"] == dtype) & (t["m"] <= 8192) & (t["n"] >= 256) & (t["k"] >= 256)]
             m, n, k = (t[c].to_numpy().astype(float) for c in ("m", "n", "k"))
-            return (n * k * eb, 2.0 * m * n * k, _row_shape(m), m * k * eb, m * n, m, m * k, peak, spec.hbm_bytes_per_s,
-                    fp8), t["latency_s"].to_numpy()
+            return (n * k * eb, 2.0 * m * n * k, _row_shape(m), m * k * eb, m * n, m, m * k, n, peak,
+                    spec.hbm_bytes_per_s, fp8), t["latency_s"].to_numpy()
 
         args, meas = domain(tune.gemm)
         x0, lo, hi = [5e-6, 0.85, 0.6, 0.5], [0.0, 0.2, 0.1, 0.01], [1e-4, 1.0, 1.0, 20.0]
-        if fp8:
-            x0, lo, hi = x0 + [5e-9, 0.2], lo + [0.0, 0.01], hi + [1e-6, 5.0]
+        if fp8:  # + quantisation (per row, per input element), re-read, half tiles (m > 64, m <= 64)
+            x0, lo, hi = x0 + [5e-9, 0.2, 0.3, 10.0, 10.0], lo + [0.0, 0.01, 0.0, 0.0, 0.0], hi + [1e-6, 5.0, 1.0, 1e4, 1e4]
         p = _fit(_gemm_model, x0, lo, hi, args, meas)
         h_args, h_meas = domain(held.gemm)
+        tiles = {"weight_reread": round(float(p[6]), 4), "half_tiles": float(f"{p[7]:.4g}"),
+                 "half_tiles_decode": float(f"{p[8]:.4g}")} if fp8 else {}
         out[dtype] = {"floor_s": float(f"{p[0]:.4g}"), "weight_hbm_efficiency": round(float(p[1]), 4),
                       "flop_efficiency": round(float(p[2]), 4), "output_hbm_efficiency": round(float(p[3]), 4),
                       **({"quant_row_s": float(f"{p[4]:.4g}"), "quant_hbm_efficiency": round(float(p[5]), 4)} if fp8 else {}),
+                      **tiles,
                       "tune": _errors(_gemm_model(p, *args), meas), "held_out": _errors(_gemm_model(p, *h_args), h_meas)}
     return out
 

@@ -3,8 +3,9 @@ study that holds kvtier against it, the command, and an accuracy assertion on th
 
 The assertion is an accuracy check, not a timed test. Issue #20 item 5 sets the goals: end to end,
 median |error| <= 5% and worst <= 15% with the measured kernel tables, median <= 10% in datasheet
-mode. kvtier does not meet them today; the thresholds below are the level it reaches now, rounded up
-to the next 5%, each labelled with its goal, so a regression fails them."""
+mode. kvtier meets the datasheet one (since 2026-12-05), not the two with measured tables; the
+thresholds below are the level it reaches now, rounded up to the next 5%, each labelled with its goal,
+so a regression fails them."""
 
 from __future__ import annotations
 
@@ -156,28 +157,31 @@ def _level(summary, mode, by, key):
 def test_end_to_end_accuracy_with_measured_tables(full_summary):
     median, worst = _level(full_summary, "measured", "all", "all")
     assert median <= 0.10  # current level (9.3%); goal median <= 5% NOT met
-    # current level (82.2%, DeepSeek-R1 DEP8 on TensorRT-LLM's own fused-experts table since 2026-12-05, its datasheet
-    # parts on TensorRT-LLM's fits - with vLLM's table, whose rows for R1's shape are slower than streaming the experts
-    # allows, -29.8%; then SGLang TTFT at 4 req/s 53.8%, 4 x L40S TP4 over PCIe 52.5%); goal worst <= 15% NOT met
-    assert worst <= 0.85
+    # current level (53.8%, SGLang TTFT at 4 req/s; then 4 x L40S TP4 over PCIe 52.5%, DeepSeek-R1 DEP8 +53.1% -
+    # 82.2% before the fp8 GEMM tiles of 2026-12-05 (its non-expert fp8 GEMMs are datasheet: at ~375 rows a rank
+    # each further 128-row tile re-reads a share of the weights), -29.8% on vLLM's MoE table, whose rows for R1's
+    # shape are slower than streaming the experts allows); goal worst <= 15% NOT met
+    assert worst <= 0.55
     assert _level(full_summary, "measured", "family", "served-itl")[0] <= 0.05  # 1.3%: the 5% goal met
-    # 10.5% (9.1% before the tables' floor baseline, the datasheet GEMM shape, which its MoE layers' rest takes, and
-    # the engines' own MoE tables and fits); goal 5%
-    assert _level(full_summary, "measured", "family", "offline-throughput")[0] <= 0.15
+    # 9.6% (10.5% before the fp8 GEMM tiles, 9.1% before the tables' floor baseline, the datasheet GEMM shape, which its
+    # MoE layers' rest takes, and the engines' own MoE tables and fits); goal 5%
+    assert _level(full_summary, "measured", "family", "offline-throughput")[0] <= 0.10
     assert _level(full_summary, "measured", "family", "served-ttft")[0] <= 0.10  # 9.8%; goal 5% not met
     assert _level(full_summary, "measured", "family", "batch-latency")[0] <= 0.20  # 15.8%; goal 5% not met
 
 
 def test_end_to_end_accuracy_in_datasheet_mode(full_summary):
     median, worst = _level(full_summary, "datasheet", "all", "all")
-    assert median <= 0.15  # current level (11.5%; 15.5% before the 2026-12-05 fits); goal median <= 10% NOT met
-    # current level (88.8%, DeepSeek-R1 DEP8: its routed experts at TensorRT-LLM's fused-experts fit, its engine's, where
-    # measured mode says +74% with the same kernels - what is left is not the kernels; 70.4% with vLLM's fit, whose
-    # table rows for R1's shape are inconsistent; 139.3% with the experts as dense fp8 GEMMs; docs/accuracy.md)
-    assert worst <= 0.90
-    assert _level(full_summary, "datasheet", "family", "served-itl")[0] <= 0.10  # 6.0%: the 10% goal met
-    assert _level(full_summary, "datasheet", "family", "served-ttft")[0] <= 0.25  # 20.7% (46% before the fp8 GEMM shape); goal 10%
-    assert _level(full_summary, "datasheet", "family", "offline-throughput")[0] <= 0.15  # 11.5%; goal 10% not met
+    # current level (9.3%: the 10% goal met since the fp8 GEMM tiles of 2026-12-05; 11.5% before them, 15.5% before
+    # that day's fits)
+    assert median <= 0.10
+    # current level (57.7%, DeepSeek-R1 DEP8: its routed experts at TensorRT-LLM's fused-experts fit, its engine's, where
+    # measured mode says +53% with the same kernels - what is left is not the kernels; 88.8% before the fp8 GEMM tiles,
+    # 139.3% with the experts as dense fp8 GEMMs; docs/accuracy.md)
+    assert worst <= 0.60
+    assert _level(full_summary, "datasheet", "family", "served-itl")[0] <= 0.05  # 4.5% (6.0% before the fp8 tiles)
+    assert _level(full_summary, "datasheet", "family", "served-ttft")[0] <= 0.25  # 20.1% (46% before the fp8 GEMM shape); goal 10%
+    assert _level(full_summary, "datasheet", "family", "offline-throughput")[0] <= 0.10  # 9.3% (11.5% before the fp8 tiles)
 
 
 # ---- the committed bands (sim/catalog/accuracy_bands.yaml) -------------------------------------

@@ -63,7 +63,16 @@ def test_datasheet_gemm_is_floor_plus_weight_streaming_at_one_row():
     big = datasheet_cost("h200-sxm", Gemm(8192, 8192, 8192, "fp8")).seconds
     mma = 2 * 8192**3 / (catalog.gpu("h200-sxm").fp8_flop_per_s * f8.flop_efficiency)  # 8,192 rows: the curve's plateau
     quant = 8192 * f8.quant_row_s + 8192 * 8192 / (hbm * f8.quant_hbm_efficiency)
-    assert big == pytest.approx(f8.floor_s + mma + 8192 * 8192 / (hbm * f8.output_hbm_efficiency) + quant)
+    # its tiles: 64 x 64 output tiles of 128 x 128; each of the 63 further row tiles re-reads a share of the weights
+    fill = 64 * 64 / (64 * 64 + f8.half_tiles)
+    stream = (8192 * 8192 * (1 + f8.weight_reread * 63) + 8192 * 8192) / (hbm * f8.weight_hbm_efficiency * fill)
+    assert big == pytest.approx(f8.floor_s + max(mma, stream) + 8192 * 8192 / (hbm * f8.output_hbm_efficiency) + quant)
+    # one row through a 5,120 x 8,192 fp8 matrix: the small-M kernel's grid of 40 tiles streams at 40 / (40 + half)
+    one = datasheet_cost("h200-sxm", Gemm(1, 5120, 8192, "fp8")).seconds
+    fill = 40 / (40 + f8.half_tiles_decode)
+    stream = (5120 * 8192 + 8192) / (hbm * f8.weight_hbm_efficiency * fill)
+    assert one == pytest.approx(f8.floor_s + stream + 5120 / (hbm * f8.output_hbm_efficiency) + f8.quant_row_s
+                                + 8192 / (hbm * f8.quant_hbm_efficiency))
     # no table measures the RTX 4090: it takes L40S's fit (the same AD102 die) at its own datasheet peaks
     assert "rtx-4090" not in catalog.fitted_kernels()
     sib, rtx_hbm = catalog.fitted_kernels()["l40s"].gemm["bf16"], catalog.gpu("rtx-4090").hbm_bytes_per_s

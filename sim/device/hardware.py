@@ -62,13 +62,19 @@ class Sourced(Generic[T]):
 
 @dataclass(frozen=True)
 class GemmIO:
-    """A GEMM call's activation traffic beside its weights (`physics.weight_gemm_s`), fitted on the measured
-    tables where they cover the GPU; zero by default (weights alone, as before the fit had these terms)."""
+    """A GEMM call's traffic beside streaming its weights once (`physics.weight_gemm_s`), fitted on the
+    measured tables where they cover the GPU; zero by default (weights alone, as before the fit had these terms)."""
 
     activation_bytes: float = 0.0  # bytes per input element streamed with the weights (bf16 2, fp8 1); 0: not counted
     output_element_s: float = 0.0  # per output element written (m x n)
     quant_row_s: float = 0.0  # W8A8's dynamic activation quantisation: per row ...
     quant_element_s: float = 0.0  # ... and per input element (m x k)
+    # fp8 W8A8's tiles (`physics.weight_stream_s`): the share of the weights each further 128-row tile
+    # streams again, and the output tiles at which the stream runs at half rate (small-M kernels, m <= 64,
+    # apart); 0: none
+    weight_reread: float = 0.0
+    half_tiles: float = 0.0
+    half_tiles_decode: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -590,10 +596,13 @@ def _gemm_io(gpu: GpuSpec, g, peak_name: str, ov) -> Sourced[GemmIO]:
         return Sourced(GemmIO(), f"weights alone: {SCENARIO} sets a GEMM figure", pinned=True)
     hbm = gpu.hbm_bytes_per_s
     io = GemmIO(1.0 if peak_name == "fp8" else 2.0, 1 / (hbm * g.output_hbm_efficiency), g.quant_row_s,
-                1 / (hbm * g.quant_hbm_efficiency) if g.quant_hbm_efficiency else 0.0)
+                1 / (hbm * g.quant_hbm_efficiency) if g.quant_hbm_efficiency else 0.0,
+                g.weight_reread, g.half_tiles, g.half_tiles_decode)
     quant = (f", quantising activations {g.quant_row_s * 1e9:.3g} ns a row + an m x k pass at "
              f"{g.quant_hbm_efficiency:g} of HBM" if g.quant_hbm_efficiency else "")
-    return Sourced(io, g.says(f"{peak_name} GEMMs") + f" (output at {g.output_hbm_efficiency:g} of HBM{quant})")
+    tiles = (f"; each further 128-row tile re-reads {g.weight_reread:.2g} of the weights, the stream at half rate "
+             f"at {g.half_tiles:.3g} output tiles ({g.half_tiles_decode:.3g} up to 64 rows)" if g.half_tiles else "")
+    return Sourced(io, g.says(f"{peak_name} GEMMs") + f" (output at {g.output_hbm_efficiency:g} of HBM{quant}{tiles})")
 
 
 def _moe_fits(gpu: GpuSpec, moe, ov) -> Sourced[tuple]:

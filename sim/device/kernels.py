@@ -96,7 +96,7 @@ def datasheet_cost(gpu: str, op: Operator, framework: str = FRAMEWORK, fit_from:
         hw = datasheet_hardware(gpu, op.dtype, framework=framework, fit_from=fit_from)
         params = op.n * op.k
         w_bytes = WEIGHT_DTYPES[op.dtype].bytes_for(params, DEFAULT_GROUP_SIZE)
-        seconds = weight_gemm_s(hw, w_bytes, params, FLOP_PER_MAC * op.m * params, op.m, features=(op.n, op.k))
+        seconds = weight_gemm_s(hw, w_bytes, params, FLOP_PER_MAC * op.m * params, op.m, shapes=((op.n, op.k),))
         return OpCost(seconds, f"datasheet: physics.weight_gemm_s ({hw.weight_kernel})")
     if isinstance(op, DecodeAttention):
         hw = datasheet_hardware(gpu, framework=framework, fit_from=fit_from)

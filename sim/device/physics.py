@@ -300,14 +300,13 @@ def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
                   else model_moe_s(model, fitted, weight_dtype, group_size, rows))
         return rest + routed
     return weight_gemm_s(hw, w_bytes, params_read, gemm_flop(model, rows), rows, GEMM_CALLS_PER_LAYER,
-                         _layer_features(model) if model.gqa_gemms else (0.0, 0.0))
+                         _layer_shapes(model) if model.gqa_gemms else ())
 
 
 @lru_cache(maxsize=64)
-def _layer_features(model: ModelSpec) -> tuple[float, float]:
-    """(sum of n, sum of k) over a dense layer's fused GEMMs (`ModelSpec.layer_gemm_shapes`)."""
-    shapes = model.layer_gemm_shapes()
-    return float(sum(n for n, _ in shapes)), float(sum(k for _, k in shapes))
+def _layer_shapes(model: ModelSpec) -> tuple[tuple[float, float], ...]:
+    """(n, k) of a dense layer's fused GEMMs (`ModelSpec.layer_gemm_shapes`)."""
+    return tuple((float(n), float(k)) for n, k in model.layer_gemm_shapes())
 
 
 def _moe_fit(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int):
@@ -325,26 +324,55 @@ def _measured_gemms_s(kernels, shapes: tuple[tuple[int, int], ...], weight_dtype
     return float(kernels.gemm_s(np.full(len(n), rows), n, k, weight_dtype).seconds.sum())
 
 
-def weight_gemm_s(hw: Hardware, weight_bytes: float, params: float, flop: float, rows: int, calls: int = 1,
-                  features: tuple[float, float] = (0.0, 0.0)) -> float:
-    """The datasheet weight kernel (`weight_kernel_s`) of any weight matrix or set of them, in `calls`
-    kernel calls, `features` = (sum of n outputs, sum of k inputs) over the calls:
+TILE_ROWS = 128  # rows of a W8A8 output tile (vLLM's sm90 fp8 dispatch past 64 rows: 128 x 128)
+SMALL_M_ROWS = 64  # up to here the small-M (swap-AB) kernels run, with their own grid
 
-        calls x floor + max((weight bytes + rows x k x activation bytes) / streaming rate,
+
+def weight_gemm_s(hw: Hardware, weight_bytes: float, params: float, flop: float, rows: int, calls: int = 1,
+                  shapes: tuple[tuple[float, float], ...] = ()) -> float:
+    """The datasheet weight kernel (`weight_kernel_s`) of any weight matrix or set of them, in `calls`
+    kernel calls, `shapes` = (n outputs, k inputs) of each call:
+
+        calls x floor + max(weight stream (`weight_stream_s`),
                             params x dequant ops / CUDA-core rate + FLOP / GEMM FLOP/s(rows))
-        + rows x n x per output element + calls x rows x per-row quantisation + rows x k x per input element
+        + rows x sum n x per output element + calls x rows x per-row quantisation + rows x sum k x per input element
 
     The activation terms (`hw.gemm_io`) are fitted with the rest on the measured tables: the output
     write, and W8A8's dynamic per-tensor quantisation of its input (a reduction, then a pass over m x k,
     before the fp8 MMA) - without them one FLOP efficiency had to average fp8's small-matrix,
-    many-row calls (slow) with its large ones (fast), a 19-22% held-out median. `features` (0, 0): weights
+    many-row calls (slow) with its large ones (fast), a 19-22% held-out median. `shapes` (): weights
     alone (a layer whose matrices are not given, e.g. an MoE layer's rest)."""
     io = hw.gemm_io
-    n, k = features
+    n, k = sum(s[0] for s in shapes), sum(s[1] for s in shapes)
     dequant_s = params * hw.dequant_ops_per_weight / hw.dequant_op_per_s
-    stream_s = (weight_bytes + rows * k * io.activation_bytes) / hw.weight_hbm_bytes_per_s
     activation_s = rows * (n * io.output_element_s + calls * io.quant_row_s + k * io.quant_element_s)
-    return calls * hw.gemm_floor_s + max(stream_s, dequant_s + flop / hw.gemm_flop_per_s(rows)) + activation_s
+    return (calls * hw.gemm_floor_s + max(weight_stream_s(hw, weight_bytes, rows, shapes),
+                                          dequant_s + flop / hw.gemm_flop_per_s(rows)) + activation_s)
+
+
+def weight_stream_s(hw: Hardware, weight_bytes: float, rows: int, shapes: tuple[tuple[float, float], ...] = ()) -> float:
+    """The weights and the rows x k input streamed at the weight rate, each call (its share n k of the
+    bytes) at its grid's fill. fp8 W8A8's fitted tiles (`hw.gemm_io`; none elsewhere): each output
+    tile of 128 rows streams the weights of its columns, so each further tile re-reads a share
+    `weight_reread` that L2 misses (0.12-0.80 fitted across GPUs and engines); and a grid of few output tiles, B = ceil(m /
+    128) x ceil(n / 128), cannot keep HBM busy: the rate x B / (B + half tiles), the small-M
+    kernels (m <= 64, one 64-wide tile a block) at their own half point. Example, H100 (0.61 re-read,
+    11.6 half tiles up to 64 rows): m = 1, n = 5,120: B = 40, the stream at 40 / 51.6 of its rate.
+    Without shapes only the re-read (no n: a full grid)."""
+    io = hw.gemm_io
+    tiles_m = math.ceil(rows / TILE_ROWS) if rows > 0 else 1
+    reread = 1.0 + io.weight_reread * (tiles_m - 1)
+    rate = hw.weight_hbm_bytes_per_s
+    if not shapes:
+        return weight_bytes * reread / rate
+    half = io.half_tiles_decode if rows <= SMALL_M_ROWS else io.half_tiles
+    nk = sum(n * k for n, k in shapes)
+    total = 0.0
+    for n, k in shapes:
+        tiles = tiles_m * math.ceil(n / TILE_ROWS)
+        fill = tiles / (tiles + half) if half else 1.0
+        total += (weight_bytes * n * k / nk * reread + rows * k * io.activation_bytes) / (rate * fill)
+    return total
 
 
 def attention_s(flop: float, kv_bytes: float, hw: Hardware) -> float:

@@ -164,6 +164,9 @@ class FittedGemm(_Fitted):
     output_hbm_efficiency: float  # the m x n output written, as a fraction of HBM per element (may exceed 1: it overlaps)
     quant_row_s: float = 0.0  # W8A8: the activation's dynamic per-tensor quantisation, per row
     quant_hbm_efficiency: float = 0.0  # ... its pass over the m x k activation, per element as a fraction of HBM (0: none)
+    weight_reread: float = 0.0  # W8A8 tiles: the share of the weights each further 128-row tile streams again
+    half_tiles: float = 0.0  # ... the output tiles at which the weight stream runs at half rate (0: none)
+    half_tiles_decode: float = 0.0  # ... the same for the small-M kernels (m <= 64)
 
 
 class FittedAttention(_Fitted):
