@@ -230,3 +230,20 @@ def test_profile_measurements_replace_the_four_models():
     quiet = prof.model_copy(update={"device_memory_free_bytes": 149.5e9})
     h = resolve_hardware(HardwareCfg(gpu="h200-sxm"), "int8", pinned=True, profile=quiet)
     assert h.runtime_reserve_bytes == 1.5e9 and h.weight_kernel_bytes_per_s_by_rows is None
+
+
+def test_an_fp8_runs_lm_head_stays_bf16():
+    """Engines leave the LM head unquantised: in an fp8 W8A8 run it takes the bf16 GEMM's fit and peak."""
+    from sim.device.physics import lm_head_s
+
+    m, h = catalog.model("llama-3.1-8b"), hw("h100-sxm", "fp8")
+    g = catalog.fitted_kernels()["h100-sxm"].gemm["bf16"]
+    eff = catalog.efficiency_defaults()
+    top = max(e for _, e in eff.gemm_flop_efficiency_by_rows)
+    batch = 1024  # the default curve's plateau: the bf16 fit's FLOP efficiency at the bf16 peak
+    flop = 2 * 128256 * 4096 * batch
+    weights = 128256 * 4096 * 2
+    expect = g.floor_s + max(flop / (989e12 * 0.80 * g.flop_efficiency / top), weights / (3.35e12 * g.weight_hbm_efficiency))
+    assert lm_head_s(m, h, batch) == pytest.approx(expect)
+    assert h.sources["lm_head"].startswith("bf16 (engines leave the LM head unquantised): fitted on measured bf16 GEMMs")
+    assert hw("h100-sxm").lm_head_gemm is None and "lm_head" not in hw("h100-sxm").sources  # bf16 runs: the layers' GEMM

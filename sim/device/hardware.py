@@ -78,6 +78,20 @@ class GemmIO:
 
 
 @dataclass(frozen=True)
+class LmHeadGemm:
+    """The LM head's GEMM where it runs in another precision than the layers' (fp8 W8A8 runs keep it in
+    bf16): its floor, weight streaming rate, and FLOP/s by rows (peak x efficiency curve)."""
+
+    floor_s: float
+    bytes_per_s: float
+    peak_flop_per_s: float
+    efficiency_by_rows: tuple[tuple[float, float], ...]
+
+    def flop_per_s(self, rows: int) -> float:
+        return self.peak_flop_per_s * interp_log2(list(self.efficiency_by_rows), rows)
+
+
+@dataclass(frozen=True)
 class PrefillKV:
     """One KV dtype's prefill attention (`physics.datasheet_prefill_attention_s`): a call's floor, its FLOP
     rate as a multiple of `Hardware.attention_flop_per_s` (the bf16-KV plateau) at long prompts, the prompt
@@ -281,6 +295,7 @@ class Hardware:
     prefill_attention_shape: PrefillShapes = PrefillShapes()  # datasheet prefill attention by KV dtype (flat: no floor)
     gemm_floor_s: float = 0.0  # floor of one GEMM call, added to its roofline time
     gemm_io: GemmIO = GemmIO()  # a GEMM call's activation traffic (fitted; none by default)
+    lm_head_gemm: LmHeadGemm | None = None  # the LM head in bf16 where the layers run fp8 W8A8; None: the layers' GEMM
     held_activation_bytes: float = 0.0  # activations an engine holds whatever the step (scenario engine:)
     # measured (rows, weight bytes / kernel time) of this weight dtype's kernel: replaces the model
     weight_kernel_bytes_per_s_by_rows: list[tuple[float, float]] | None = None
@@ -354,6 +369,8 @@ def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile |
     h2d = _link_model(link_spec, "h2d", pinned, profile)
     d2h = _link_model(link_spec, "d2h", pinned, profile)
     hw = replace(_assemble(gpu, link_spec, figs, h2d, d2h), fitted_framework=framework, fit_from=fit_from)
+    if figs.fp8 and profile is None and not _sets_gemm(hw_cfg.efficiency):
+        hw = _bf16_lm_head(hw, catalog.fitted_kernels_for(gpu.name, framework, fit_from), eff)
     if tp > 1:
         hw = _with_interconnect(hw, gpu, tp, engine)
     if getattr(hw_cfg, "pcie_switch", None) is not None:
@@ -575,6 +592,20 @@ def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyD
         copy_engines=hw_cfg.copy_engines or gpu.copy_engines,
         fp8=fp8,
     )
+
+
+def _bf16_lm_head(hw: Hardware, fit, eff: EfficiencyDefaults) -> Hardware:
+    """An fp8 W8A8 run's LM head stays bf16 - engines leave it unquantised (ModelOpt's FP8 configs
+    disable the lm_head quantiser; vLLM's ParallelLMHead takes no fp8 method) - so its GEMM takes the
+    bf16 fit's floor, streaming rate and FLOP plateau at the bf16 peak, not the layers' fp8 figures."""
+    g = fit.gemm.get("bf16") if fit else None
+    top = max(e for _, e in eff.gemm_flop_efficiency_by_rows)
+    scale = g.flop_efficiency / top if g else 1.0
+    head = LmHeadGemm(g.floor_s if g else eff.gemm_floor_s,
+                      hw.gpu.hbm_bytes_per_s * (g.weight_hbm_efficiency if g else eff.weight_hbm_efficiency["bf16"]),
+                      hw.gpu.bf16_flop_per_s, tuple((r, e * scale) for r, e in eff.gemm_flop_efficiency_by_rows))
+    said = "bf16 (engines leave the LM head unquantised): " + (g.says("bf16 GEMMs") if g else "default efficiency")
+    return replace(hw, lm_head_gemm=head, sources={**hw.sources, "lm_head": said})
 
 
 def _sets_gemm(ov) -> bool:

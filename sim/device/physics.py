@@ -572,10 +572,14 @@ def qkv_share(model: ModelSpec) -> float:
 
 
 def lm_head_s(model: ModelSpec, hw: Hardware, batch: int) -> float:
-    """LM head per step: GEMM floor + max(2 * V * h * B / gemm FLOP/s, V * h * 2 B / weight bandwidth)."""
+    """LM head per step: GEMM floor + max(2 * V * h * B / gemm FLOP/s, V * h * 2 B / weight bandwidth) -
+    in bf16, at the bf16 GEMM's figures where the layers run fp8 W8A8 (`Hardware.lm_head_gemm`)."""
     if hw.kernels is not None:
         return _measured_gemms_s(hw.kernels, ((model.vocab_size, model.hidden_size),), "bf16", int(batch))
     flop = FLOP_PER_MAC * model.vocab_size * model.hidden_size * batch
+    head = hw.lm_head_gemm
+    if head is not None:
+        return head.floor_s + roofline_s(flop, model.lm_head_bytes(), head.flop_per_s(batch), head.bytes_per_s)
     return hw.gemm_floor_s + roofline_s(flop, model.lm_head_bytes(), hw.gemm_flop_per_s(batch), hw.weight_hbm_bytes_per_s)
 
 
