@@ -139,10 +139,11 @@ def _gemm(gpu, tune, held) -> dict:
 
 
 def _attention_model(p, nbytes, ctas, fp8, hbm):
-    """`physics.gqa_datasheet_attention_s` without its FLOP side (decode attention never reaches it here)."""
-    floor, eff, eff_fp8, half, per_cta = p
+    """`physics.gqa_datasheet_attention_s` without its FLOP side (decode attention never reaches it here);
+    fp8 KV has its own floor and per-block cost (the engines run other kernels for it)."""
+    floor, eff, eff_fp8, half, per_cta, floor_fp8, per_cta_fp8 = p
     rate = hbm * np.where(fp8, eff_fp8, eff) * ctas / (ctas + half)
-    return floor + np.maximum(nbytes / rate, per_cta * ctas)
+    return np.where(fp8, floor_fp8, floor) + np.maximum(nbytes / rate, np.where(fp8, per_cta_fp8, per_cta) * ctas)
 
 
 def _attention(gpu, tune, held) -> dict:
@@ -158,19 +159,21 @@ def _attention(gpu, tune, held) -> dict:
         return (nbytes, b * kv_heads, fp8, spec.hbm_bytes_per_s), a["latency_s"].to_numpy()
 
     args, meas = domain(tune.decode_attention)
-    x0, lo, hi = [1e-5, 0.9, 0.8, 2.0, 2e-8], [0.0, 0.2, 0.1, 0.0, 0.0], [1e-4, 1.0, 1.0, 1e4, 1e-5]
+    x0 = [1e-5, 0.9, 0.8, 2.0, 2e-8, 1e-5, 2e-8]
+    lo, hi = [0.0, 0.2, 0.1, 0.0, 0.0, 0.0, 0.0], [1e-4, 1.0, 1.0, 1e4, 1e-5, 1e-4, 1e-5]
     if args[2].any():
         p = _fit(_attention_model, x0, lo, hi, args, meas)
-    else:  # no fp8 KV timed (A100): fp8 takes the bf16 efficiency
+    else:  # no fp8 KV timed (A100): fp8 takes the bf16 figures
         def model(q, *a):
-            return _attention_model([q[0], q[1], q[1], q[2], q[3]], *a)
+            return _attention_model([q[0], q[1], q[1], q[2], q[3], q[0], q[3]], *a)
 
-        q = _fit(model, x0[:2] + x0[3:], lo[:2] + lo[3:], hi[:2] + hi[3:], args, meas)
-        p = [q[0], q[1], q[1], q[2], q[3]]
+        keep = [0, 1, 3, 4]
+        q = _fit(model, [x0[i] for i in keep], [lo[i] for i in keep], [hi[i] for i in keep], args, meas)
+        p = [q[0], q[1], q[1], q[2], q[3], q[0], q[3]]
     h_args, h_meas = domain(held.decode_attention)
     return {"floor_s": float(f"{p[0]:.4g}"), "hbm_efficiency": round(float(p[1]), 4),
             "fp8_hbm_efficiency": round(float(p[2]), 4), "half_ctas": float(f"{p[3]:.4g}"),
-            "per_cta_s": float(f"{p[4]:.4g}"),
+            "per_cta_s": float(f"{p[4]:.4g}"), "fp8_floor_s": float(f"{p[5]:.4g}"), "fp8_per_cta_s": float(f"{p[6]:.4g}"),
             "tune": _errors(_attention_model(p, *args), meas), "held_out": _errors(_attention_model(p, *h_args), h_meas)}
 
 

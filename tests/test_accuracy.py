@@ -172,16 +172,17 @@ def test_end_to_end_accuracy_with_measured_tables(full_summary):
 
 def test_end_to_end_accuracy_in_datasheet_mode(full_summary):
     median, worst = _level(full_summary, "datasheet", "all", "all")
-    # current level (9.2%: the 10% goal met since the fp8 GEMM tiles of 2026-12-05; 11.5% before them, 15.5% before
+    # current level (8.5%: the 10% goal met since the fp8 GEMM tiles of 2026-12-05 - 9.2% then, 8.5% with fp8 KV's own
+    # decode-attention floor; 11.5% before them, 15.5% before
     # that day's fits)
     assert median <= 0.10
     # current level (57.2%, DeepSeek-R1 DEP8: its routed experts at TensorRT-LLM's fused-experts fit, its engine's, where
     # measured mode says +53% with the same kernels - what is left is not the kernels; 88.8% before the fp8 GEMM tiles,
     # 139.3% with the experts as dense fp8 GEMMs; docs/accuracy.md)
     assert worst <= 0.60
-    assert _level(full_summary, "datasheet", "family", "served-itl")[0] <= 0.05  # 4.6% (6.0% before the fp8 tiles)
-    assert _level(full_summary, "datasheet", "family", "served-ttft")[0] <= 0.25  # 20.1% (46% before the fp8 GEMM shape); goal 10%
-    assert _level(full_summary, "datasheet", "family", "offline-throughput")[0] <= 0.10  # 9.2% (11.5% before the fp8 tiles)
+    assert _level(full_summary, "datasheet", "family", "served-itl")[0] <= 0.05  # 4.3% (6.0% before the fp8 tiles)
+    assert _level(full_summary, "datasheet", "family", "served-ttft")[0] <= 0.25  # 20.0% (46% before the fp8 GEMM shape); goal 10%
+    assert _level(full_summary, "datasheet", "family", "offline-throughput")[0] <= 0.10  # 8.5% (11.5% before the fp8 tiles)
 
 
 # ---- the committed bands (sim/catalog/accuracy_bands.yaml) -------------------------------------

@@ -96,7 +96,10 @@ def test_datasheet_attention_and_allreduce_by_hand():
     assert thin.seconds == pytest.approx(a.floor_s + 16384 * a.per_cta_s)  # each block's serial cost binds
     fp8 = datasheet_cost("h100-sxm", DecodeAttention(32, 4096, 32, 8, 128, "fp8"))  # half the bytes at fp8's rate
     rate8 = gpu.hbm_bytes_per_s * a.fp8_hbm_efficiency * 256 / (256 + a.half_ctas)
-    assert fp8.seconds == pytest.approx(a.floor_s + kv_bytes / 2 / rate8)
+    assert fp8.seconds == pytest.approx(a.fp8_floor_s + kv_bytes / 2 / rate8)  # above fp8's own floor
+    thin8 = datasheet_cost("h100-sxm", DecodeAttention(2048, 16, 32, 8, 128, "fp8"))
+    assert thin8.seconds == pytest.approx(a.fp8_floor_s + 16384 * a.fp8_per_cta_s)  # and fp8's own per-block cost
+    assert a.fp8_floor_s != a.floor_s and a.fp8_per_cta_s != a.per_cta_s  # fitted apart
     assert a.fp8_hbm_efficiency < a.hbm_efficiency  # fp8 KV dequantises as it streams: not twice as fast
     p = fit.allreduce["custom"].by_gpus[4]  # the faster of the two fitted protocols, ring bytes 1.5 MB
     got = datasheet_cost("h100-sxm", AllReduce(1e6, 4)).seconds

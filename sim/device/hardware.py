@@ -135,6 +135,8 @@ class AttentionShape:
     fp8_hbm_bytes_per_s: float = 0.0  # fp8 (and int8) KV's streaming rate, dequantising as it reads; 0: the bf16 rate
     half_ctas: float = 0.0  # thread blocks (batch x KV heads) at which the grid streams at half its rate; 0: always full
     per_cta_s: float = 0.0  # each block's serial cost: a long thin grid (large batch, short contexts) pays it
+    fp8_floor_s: float | None = None  # fp8 KV's own floor and per-block cost; None: the bf16 ones
+    fp8_per_cta_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -675,9 +677,12 @@ def _attention_shape(gpu: GpuSpec, a, ov) -> Sourced[AttentionShape]:
         return Sourced(AttentionShape(), "default: flat (no measured table to fit it on)")
     if _sets_attention(ov):
         return Sourced(AttentionShape(), f"flat: {SCENARIO} sets the decode-attention rate or floor", pinned=True)
-    shape = AttentionShape(gpu.hbm_bytes_per_s * a.fp8_hbm_efficiency, a.half_ctas, a.per_cta_s)
-    return Sourced(shape, a.says("decode attention") + f" (fp8 KV at {a.fp8_hbm_efficiency:g} of HBM, half rate at "
-                          f"{a.half_ctas:.3g} blocks, {a.per_cta_s * 1e9:.3g} ns a block)")
+    shape = AttentionShape(gpu.hbm_bytes_per_s * a.fp8_hbm_efficiency, a.half_ctas, a.per_cta_s, a.fp8_floor_s,
+                           a.fp8_per_cta_s)
+    fp8 = (f", floor {a.fp8_floor_s * 1e6:.3g} us, {a.fp8_per_cta_s * 1e9:.3g} ns a block"
+           if a.fp8_floor_s is not None and a.fp8_per_cta_s is not None else "")
+    return Sourced(shape, a.says("decode attention") + f" (half rate at {a.half_ctas:.3g} blocks; bf16 KV "
+                          f"{a.per_cta_s * 1e9:.3g} ns a block; fp8 KV at {a.fp8_hbm_efficiency:g} of HBM{fp8})")
 
 
 def _weight_kernel(gpu: GpuSpec, weight_dtype: str, fp8: bool, eff: EfficiencyDefaults) -> tuple[Sourced[str], Sourced[float]]:

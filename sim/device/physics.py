@@ -394,15 +394,18 @@ def gqa_datasheet_attention_s(hw: Hardware, batch, kv_heads: int, flop, kv_bytes
 
         time = max(FLOP / attention FLOP/s, floor + max(bytes / (rate x c / (c + half)), c x per block))
 
-    rate: HBM x the streaming efficiency of the KV dtype (fp8 dequantises as it reads: 0.56-0.90 of HBM
-    where bf16 KV streams at 0.73-0.94); a grid of few blocks cannot keep HBM busy (half the rate at
+    rate: HBM x the streaming efficiency of the KV dtype (fp8 dequantises as it reads: 0.59-0.90 of HBM
+    where bf16 KV streams at 0.73-0.93); a grid of few blocks cannot keep HBM busy (half the rate at
     `half_ctas` blocks, 0-2.2 fitted); a long thin grid (thousands of sequences of short contexts) pays
-    each block's serial cost (11-40 ns). `hw.attention_shape` holds the fitted figures; its defaults (no
-    fit, a profile, a scenario override) leave `attention_s`. Example, H100 with (12.9 us, 0.906, half 0.76,
-    30.7 ns): 1 sequence x 8 KV heads x 4,096 bf16 tokens, 16.8 MB: 12.9 us + 16.8 MB / (3.35 TB/s x 0.906
-    x 8 / 8.76) = 19.0 us; 2,048 x 8 KV heads x 16 tokens: 12.9 us + 16,384 x 30.7 ns = 516 us."""
+    each block's serial cost (11-40 ns); fp8 KV has its own floor and per-block cost (engines run other
+    kernels for it). `hw.attention_shape` holds the fitted figures; its defaults (no fit, a profile, a
+    scenario override) leave `attention_s`. Example, H100 with (12.9 us, 0.906, half 0.76, 30.7 ns): 1
+    sequence x 8 KV heads x 4,096 bf16 tokens, 16.8 MB: 12.9 us + 16.8 MB / (3.35 TB/s x 0.906 x 8 / 8.76)
+    = 19.0 us; 2,048 x 8 KV heads x 16 tokens: 12.9 us + 16,384 x 30.7 ns = 516 us."""
     shape = hw.attention_shape
     rate = shape.fp8_hbm_bytes_per_s if fp8_kv and shape.fp8_hbm_bytes_per_s else hw.attention_hbm_bytes_per_s
+    floor = shape.fp8_floor_s if fp8_kv and shape.fp8_floor_s is not None else hw.attention_latency_s
+    per_cta = shape.fp8_per_cta_s if fp8_kv and shape.fp8_per_cta_s is not None else shape.per_cta_s
     if np.ndim(batch) or np.ndim(kv_bytes) or np.ndim(flop):
         ctas, nbytes = np.asarray(batch, dtype=float) * kv_heads, np.asarray(kv_bytes, dtype=float)
         stream = nbytes / rate
@@ -410,10 +413,10 @@ def gqa_datasheet_attention_s(hw: Hardware, batch, kv_heads: int, flop, kv_bytes
             with np.errstate(divide="ignore", invalid="ignore"):
                 stream = np.where(ctas > 0, nbytes / (rate * (ctas / (ctas + shape.half_ctas))), 0.0)
         return np.maximum(np.asarray(flop, dtype=float) / hw.attention_flop_per_s,
-                          hw.attention_latency_s + np.maximum(stream, shape.per_cta_s * ctas))
+                          floor + np.maximum(stream, per_cta * ctas))
     ctas = float(batch) * kv_heads
     stream = kv_bytes / rate if not shape.half_ctas else (kv_bytes / (rate * ctas / (ctas + shape.half_ctas)) if ctas > 0 else 0.0)
-    return max(flop / hw.attention_flop_per_s, hw.attention_latency_s + max(stream, shape.per_cta_s * ctas))
+    return max(flop / hw.attention_flop_per_s, floor + max(stream, per_cta * ctas))
 
 
 def decode_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer: float):

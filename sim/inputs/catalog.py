@@ -175,6 +175,8 @@ class FittedAttention(_Fitted):
     fp8_hbm_efficiency: float  # fp8 KV (the bf16 one where the tables time no fp8 KV)
     half_ctas: float  # thread blocks (batch x KV heads) at half the streaming rate
     per_cta_s: float  # each block's serial cost
+    fp8_floor_s: float | None = None  # fp8 KV's own floor and per-block cost (the engines run other kernels for it);
+    fp8_per_cta_s: float | None = None  # None: the bf16 ones
 
 
 class FittedPrefill(_Fitted):
