@@ -81,3 +81,17 @@ def test_rtx_pro_6000_server_is_measured_by_its_own_tables():
     from sim.device.kernels import measured_cost
     c = measured_cost("rtx-pro-6000-server", Gemm(8, 4096, 4096, "bf16"))
     assert "rtx_pro_6000_server" in c.source and c.seconds > 0
+
+
+def test_kvsim_gpus_says_which_tables_or_fit_cost_each_gpu():
+    import json
+
+    from .conftest import run_cli
+
+    res = run_cli("gpus", "--json")
+    assert res.returncode == 0, res.stderr
+    rows = {r["name"]: r for r in json.loads(res.stdout)}
+    assert (rows["h100-sxm"]["kernel_tables"], rows["h100-sxm"]["fitted_on"]) == ("h100_sxm", "h100-sxm")
+    assert (rows["rtx-4090"]["kernel_tables"], rows["rtx-4090"]["fitted_on"]) == (None, "l40s")
+    assert rows["rtx-pro-6000-server"]["kernel_tables"] == "rtx_pro_6000_server"
+    assert run_cli("gpus").returncode == 0

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from sim.inputs import catalog
 from sim.inputs.errors import EXIT_BAD_INPUT, ConfigError
+from sim.inputs.kernel_tables import system_for
 from sim.model.layers import LINEAR
 from sim.model.units import GB, TB, TFLOP
 from sim.outputs.run_folder import to_json
@@ -166,24 +167,28 @@ def _kv_by_kind_cell(kv_by_kind: dict) -> str:
 def gpus(as_json: bool = typer.Option(False, "--json")) -> None:
     """Catalog GPUs and host links (datasheet figures)."""
     rows = []
+    fits = catalog.fitted_kernels()
     for g in catalog.gpus().values():
         ln = catalog.link(g.link)
         rows.append({**g.model_dump(), "link_theoretical_bytes_per_s": ln.theoretical_bytes_per_s,
                      "link_pinned_h2d_bytes_per_s": ln.pinned_h2d_bytes_per_s,
-                     "link_pinned_d2h_bytes_per_s": ln.pinned_d2h_bytes_per_s})
+                     "link_pinned_d2h_bytes_per_s": ln.pinned_d2h_bytes_per_s,
+                     # which measured tables cost it (hardware.kernels: auto), whose fit its datasheet model takes
+                     "kernel_tables": system_for(g.name),
+                     "fitted_on": g.name if g.name in fits else g.fit_sibling})
     if as_json:
         print(to_json(rows))
         return
-    t = Table(title="GPUs (datasheet, dense; memory as the device reports it)")
-    for col in ("gpu", "memory", "HBM BW", "BF16", "FP8", "link", "pinned H2D/D2H", "copy engines"):
-        t.add_column(col, justify="left" if col in ("gpu", "link") else "right")
+    t = Table(title="GPUs (datasheet, dense; memory as the device reports it; kernels: measured tables, or whose fit)")
+    for col in ("gpu", "memory", "HBM BW", "BF16", "FP8", "link", "pinned H2D/D2H", "copy engines", "kernels"):
+        t.add_column(col, justify="left" if col in ("gpu", "link", "kernels") else "right")
     for r in rows:
         mib = f" ({r['memory_total_mib']:,} MiB)" if r["memory_total_mib"] else ""
         t.add_row(r["name"], f"{r['memory_bytes'] / GB:.1f} GB{mib}", f"{r['hbm_bytes_per_s'] / TB:.2f} TB/s",
                   f"{r['bf16_flop_per_s'] / TFLOP:.0f} TFLOP/s",
                   "-" if not r["fp8_flop_per_s"] else f"{r['fp8_flop_per_s'] / TFLOP:.0f} TFLOP/s",
                   r["link"], f"{r['link_pinned_h2d_bytes_per_s'] / GB:.1f}/{r['link_pinned_d2h_bytes_per_s'] / GB:.1f} GB/s",
-                  str(r["copy_engines"]))
+                  str(r["copy_engines"]), _kernels_said(r))
     console.print(t)
     lt = Table(title="host links (per direction)")
     for col in ("link", "theoretical", "pinned H2D/D2H", "pageable H2D/D2H", "both busy, each", "per copy"):
@@ -194,6 +199,13 @@ def gpus(as_json: bool = typer.Option(False, "--json")) -> None:
                    f"{ln.pageable_h2d_bytes_per_s / GB:.1f}/{ln.pageable_d2h_bytes_per_s / GB:.1f} GB/s",
                    f"{ln.bidirectional_bytes_per_s / GB:.1f} GB/s", f"{ln.per_copy_latency_s * 1e6:.1f} us")
     console.print(lt)
+
+
+def _kernels_said(row: dict) -> str:
+    """'tables' (measured ones cover it), or 'l40s fit' for a GPU no table measures (its sibling's fit)."""
+    if row["kernel_tables"]:
+        return "tables"
+    return f"{row['fitted_on']} fit" if row["fitted_on"] else "defaults"
 
 
 EXECUTOR_HELP = "local (processes on this machine) or ray"
