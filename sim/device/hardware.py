@@ -541,24 +541,17 @@ def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyD
     ov = hw_cfg.efficiency
     fp8 = bool(weight_dtype in FP8_COMPUTE_WEIGHT_DTYPES and gpu.fp8_flop_per_s)
     peak, peak_name = (gpu.fp8_flop_per_s, "fp8") if fp8 else (gpu.bf16_flop_per_s, "bf16")
-    fit = catalog.fitted_kernels_for(gpu.name, framework, fit_from)  # weight-only int8/int4 run a bf16 MMA: the bf16 fit
-    g, a = (fit.gemm.get(peak_name), fit.attention) if fit else (None, None)
-    w_eff = (Sourced(g.weight_hbm_efficiency, g.says(f"{peak_name} GEMMs")) if g else
+    fit = catalog.fitted_kernels_for(gpu.name, framework, fit_from)
+    # weight-only int8/int4 take their own fit where the tables time the engine's kernel, else bf16's (a bf16 MMA)
+    name = weight_dtype if fit and not fp8 and weight_dtype in fit.gemm else peak_name
+    g, a = (fit.gemm.get(name), fit.attention) if fit else (None, None)
+    w_eff = (Sourced(g.weight_hbm_efficiency, g.says(f"{name} GEMMs")) if g else
              Sourced(eff.weight_hbm_efficiency[weight_dtype], "default efficiency")).override(ov.weight_hbm_efficiency)
     a_eff = (Sourced(a.hbm_efficiency, a.says("decode attention")) if a else
              Sourced(eff.attention_hbm_efficiency, "default efficiency")).override(ov.attention_hbm_efficiency)
     f_eff, p_shape = _prefill_figures(fit, eff, ov)
-    gemm = Sourced(_Gemm(peak, eff.gemm_flop_efficiency_by_rows),
-                   f"datasheet {gpu.name} {peak_name} peak x default efficiency by rows")
-    if g:  # the default curve's shape, scaled to this GPU's fitted plateau
-        top = max(e for _, e in eff.gemm_flop_efficiency_by_rows)
-        gemm = Sourced(_Gemm(peak, [(r, e * g.flop_efficiency / top) for r, e in eff.gemm_flop_efficiency_by_rows]),
-                       f"datasheet {gpu.name} {peak_name} peak x the default curve by rows, its plateau "
-                       + g.says(f"{peak_name} GEMMs"))
-    if ov.gemm_flop_efficiency is not None:  # one fraction at every row count
-        gemm = Sourced(_Gemm(peak, [(1.0, ov.gemm_flop_efficiency)]),
-                       f"datasheet {gpu.name} {peak_name} peak x {SCENARIO}", pinned=True)
-    floor = Sourced(g.floor_s, g.says(f"{peak_name} GEMMs")) if g else Sourced(eff.gemm_floor_s, "default (derived)")
+    gemm = _gemm_curve(gpu, g, peak, (peak_name, name), eff, ov)
+    floor = Sourced(g.floor_s, g.says(f"{name} GEMMs")) if g else Sourced(eff.gemm_floor_s, "default (derived)")
     latency = Sourced(a.floor_s, a.says("decode attention")) if a else Sourced(eff.attention_latency_s, "default (derived)")
     host_memory = (Sourced(gpu.host_memory_bytes, "datasheet") if gpu.host_memory_bytes else
                    Sourced(eff.default_host_memory_bytes, "default"))
@@ -571,7 +564,7 @@ def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyD
         attention_hbm_bytes_per_s=_hbm_rate(gpu, a_eff),
         gemm_flop_per_s=gemm,
         gemm_floor_s=floor.override(ov.gemm_floor_s),
-        gemm_io=_gemm_io(gpu, g, peak_name, ov),
+        gemm_io=_gemm_io(gpu, g, peak_name, ov, name),
         attention_flop_efficiency=f_eff,
         attention_latency_s=latency.override(ov.attention_latency_s),
         attention_shape=_attention_shape(gpu, a, ov),
@@ -594,6 +587,21 @@ def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyD
         copy_engines=hw_cfg.copy_engines or gpu.copy_engines,
         fp8=fp8,
     )
+
+
+def _gemm_curve(gpu: GpuSpec, g, peak: float, names: tuple[str, str], eff: EfficiencyDefaults, ov) -> Sourced[_Gemm]:
+    """GEMM FLOP/s by rows: the default curve's shape, scaled to the fitted plateau where a fit covers the
+    GPU (`names`: the peak's dtype, the fit's), else the default curve; one scenario fraction at every row count."""
+    peak_name, name = names
+    if ov.gemm_flop_efficiency is not None:
+        return Sourced(_Gemm(peak, [(1.0, ov.gemm_flop_efficiency)]), f"datasheet {gpu.name} {peak_name} peak x {SCENARIO}",
+                       pinned=True)
+    if g is None:
+        return Sourced(_Gemm(peak, eff.gemm_flop_efficiency_by_rows),
+                       f"datasheet {gpu.name} {peak_name} peak x default efficiency by rows")
+    top = max(e for _, e in eff.gemm_flop_efficiency_by_rows)
+    return Sourced(_Gemm(peak, [(r, e * g.flop_efficiency / top) for r, e in eff.gemm_flop_efficiency_by_rows]),
+                   f"datasheet {gpu.name} {peak_name} peak x the default curve by rows, its plateau " + g.says(f"{name} GEMMs"))
 
 
 def _bf16_lm_head(hw: Hardware, fit, eff: EfficiencyDefaults) -> Hardware:
@@ -620,7 +628,7 @@ def _sets_attention(ov) -> bool:
     return ov.attention_hbm_efficiency is not None or ov.attention_latency_s is not None
 
 
-def _gemm_io(gpu: GpuSpec, g, peak_name: str, ov) -> Sourced[GemmIO]:
+def _gemm_io(gpu: GpuSpec, g, peak_name: str, ov, name: str | None = None) -> Sourced[GemmIO]:
     """The fitted GEMM's activation traffic (input streamed, output written, W8A8's quantisation pass);
     none where no fit covers the GPU or the scenario sets a GEMM figure (its figures stand alone)."""
     if g is None:
@@ -633,9 +641,10 @@ def _gemm_io(gpu: GpuSpec, g, peak_name: str, ov) -> Sourced[GemmIO]:
                 g.weight_reread, g.half_tiles, g.half_tiles_decode)
     quant = (f", quantising activations {g.quant_row_s * 1e9:.3g} ns a row + an m x k pass at "
              f"{g.quant_hbm_efficiency:g} of HBM" if g.quant_hbm_efficiency else "")
-    tiles = (f"; each further 128-row tile re-reads {g.weight_reread:.2g} of the weights, the stream at half rate "
-             f"at {g.half_tiles:.3g} output tiles ({g.half_tiles_decode:.3g} up to 64 rows)" if g.half_tiles else "")
-    return Sourced(io, g.says(f"{peak_name} GEMMs") + f" (output at {g.output_hbm_efficiency:g} of HBM{quant}{tiles})")
+    reread = f"; each further 128-row tile re-reads {g.weight_reread:.2g} of the weights" if g.weight_reread else ""
+    tiles = (f"{reread}; a grid at half rate at {g.half_tiles:.3g} output tiles ({g.half_tiles_decode:.3g} up to 64 "
+             f"rows)" if g.half_tiles else "")
+    return Sourced(io, g.says(f"{name or peak_name} GEMMs") + f" (output at {g.output_hbm_efficiency:g} of HBM{quant}{tiles})")
 
 
 def _moe_fits(gpu: GpuSpec, moe, ov) -> Sourced[tuple]:

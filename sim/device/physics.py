@@ -334,45 +334,53 @@ def weight_gemm_s(hw: Hardware, weight_bytes: float, params: float, flop: float,
     kernel calls, `shapes` = (n outputs, k inputs) of each call:
 
         calls x floor + max(weight stream (`weight_stream_s`),
-                            params x dequant ops / CUDA-core rate + FLOP / GEMM FLOP/s(rows))
+                            (params x dequant ops / CUDA-core rate + FLOP / GEMM FLOP/s(rows)) / grid fill)
         + rows x sum n x per output element + calls x rows x per-row quantisation + rows x sum k x per input element
 
     The activation terms (`hw.gemm_io`) are fitted with the rest on the measured tables: the output
     write, and W8A8's dynamic per-tensor quantisation of its input (a reduction, then a pass over m x k,
     before the fp8 MMA) - without them one FLOP efficiency had to average fp8's small-matrix,
-    many-row calls (slow) with its large ones (fast), a 19-22% held-out median. `shapes` (): weights
+    many-row calls (slow) with its large ones (fast), a 19-22% held-out median. A grid of few output
+    tiles leaves SMs idle for the stream and the compute alike (`tile_fills`). `shapes` (): weights
     alone (a layer whose matrices are not given, e.g. an MoE layer's rest)."""
     io = hw.gemm_io
     n, k = sum(s[0] for s in shapes), sum(s[1] for s in shapes)
     dequant_s = params * hw.dequant_ops_per_weight / hw.dequant_op_per_s
     activation_s = rows * (n * io.output_element_s + calls * io.quant_row_s + k * io.quant_element_s)
+    nk = sum(a * b for a, b in shapes)
+    slow = sum(a * b / nk / f for (a, b), f in zip(shapes, tile_fills(hw, rows, shapes))) if shapes else 1.0
     return (calls * hw.gemm_floor_s + max(weight_stream_s(hw, weight_bytes, rows, shapes),
-                                          dequant_s + flop / hw.gemm_flop_per_s(rows)) + activation_s)
+                                          (dequant_s + flop / hw.gemm_flop_per_s(rows)) * slow) + activation_s)
+
+
+def tile_fills(hw: Hardware, rows: int, shapes: tuple[tuple[float, float], ...]) -> list[float]:
+    """Each call's grid fill, B / (B + half tiles) over its B = ceil(m / 128) x ceil(n / 128) output
+    tiles (fitted, `hw.gemm_io`: fp8 W8A8, whose small-M kernels - m <= 64, one 64-wide tile a block -
+    have their own half point, and TensorRT-LLM's weight-only int4/int8 on A100); 1 without the fit."""
+    io = hw.gemm_io
+    half = io.half_tiles_decode if rows <= SMALL_M_ROWS else io.half_tiles
+    if not half:
+        return [1.0] * len(shapes)
+    tiles_m = math.ceil(rows / TILE_ROWS) if rows > 0 else 1
+    return [(t := tiles_m * math.ceil(n / TILE_ROWS)) / (t + half) for n, _ in shapes]
 
 
 def weight_stream_s(hw: Hardware, weight_bytes: float, rows: int, shapes: tuple[tuple[float, float], ...] = ()) -> float:
     """The weights and the rows x k input streamed at the weight rate, each call (its share n k of the
-    bytes) at its grid's fill. fp8 W8A8's fitted tiles (`hw.gemm_io`; none elsewhere): each output
-    tile of 128 rows streams the weights of its columns, so each further tile re-reads a share
-    `weight_reread` that L2 misses (0.12-0.80 fitted across GPUs and engines); and a grid of few output tiles, B = ceil(m /
-    128) x ceil(n / 128), cannot keep HBM busy: the rate x B / (B + half tiles), the small-M
-    kernels (m <= 64, one 64-wide tile a block) at their own half point. Example, H100 (0.61 re-read,
-    11.6 half tiles up to 64 rows): m = 1, n = 5,120: B = 40, the stream at 40 / 51.6 of its rate.
-    Without shapes only the re-read (no n: a full grid)."""
+    bytes) at its grid's fill (`tile_fills`: a grid of few output tiles cannot keep HBM busy). fp8
+    W8A8's fitted tiles (`hw.gemm_io`): each output tile of 128 rows streams the weights of its
+    columns, so each further tile re-reads a share `weight_reread` that L2 misses (0.12-0.80 fitted
+    across GPUs and engines). Example, H100 (0.61 re-read, 11.6 half tiles up to 64 rows): m = 1, n =
+    5,120: B = 40, the stream at 40 / 51.6 of its rate. Without shapes only the re-read (no n: a full grid)."""
     io = hw.gemm_io
     tiles_m = math.ceil(rows / TILE_ROWS) if rows > 0 else 1
     reread = 1.0 + io.weight_reread * (tiles_m - 1)
     rate = hw.weight_hbm_bytes_per_s
     if not shapes:
         return weight_bytes * reread / rate
-    half = io.half_tiles_decode if rows <= SMALL_M_ROWS else io.half_tiles
     nk = sum(n * k for n, k in shapes)
-    total = 0.0
-    for n, k in shapes:
-        tiles = tiles_m * math.ceil(n / TILE_ROWS)
-        fill = tiles / (tiles + half) if half else 1.0
-        total += (weight_bytes * n * k / nk * reread + rows * k * io.activation_bytes) / (rate * fill)
-    return total
+    return sum((weight_bytes * n * k / nk * reread + rows * k * io.activation_bytes) / (rate * fill)
+               for (n, k), fill in zip(shapes, tile_fills(hw, rows, shapes)))
 
 
 def attention_s(flop: float, kv_bytes: float, hw: Hardware) -> float:
