@@ -172,9 +172,9 @@ def test_end_to_end_accuracy_with_measured_tables(full_summary):
 
 def test_end_to_end_accuracy_in_datasheet_mode(full_summary):
     median, worst = _level(full_summary, "datasheet", "all", "all")
-    # current level (8.5%: the 10% goal met since the fp8 GEMM tiles of 2026-12-05 - 9.2% then, 8.5% with fp8 KV's own
-    # decode-attention floor; 11.5% before them, 15.5% before
-    # that day's fits)
+    # current level (9.4%: the 10% goal met since the fp8 GEMM tiles of 2026-12-05 - 9.2% then, 8.5% with fp8 KV's own
+    # decode-attention floor, 9.4% with TensorRT-LLM's XQA sequence split, whose three GQA rows' attention had been
+    # 10-23% too slow and hid the rest's optimism; 11.5% before the tiles, 15.5% before that day's fits)
     assert median <= 0.10
     # current level (58.3%, DeepSeek-R1 DEP8: its routed experts at TensorRT-LLM's fused-experts fit, its engine's, where
     # measured mode says +54% with the same kernels - what is left is not the kernels; 88.8% before the fp8 GEMM tiles,
@@ -182,7 +182,8 @@ def test_end_to_end_accuracy_in_datasheet_mode(full_summary):
     assert worst <= 0.60
     assert _level(full_summary, "datasheet", "family", "served-itl")[0] <= 0.05  # 4.2% (6.0% before the fp8 tiles)
     assert _level(full_summary, "datasheet", "family", "served-ttft")[0] <= 0.25  # 20.0% (46% before the fp8 GEMM shape); goal 10%
-    assert _level(full_summary, "datasheet", "family", "offline-throughput")[0] <= 0.10  # 8.5% (11.5% before the fp8 tiles)
+    # 9.4% (8.5% before XQA's sequence split, 11.5% before the fp8 tiles)
+    assert _level(full_summary, "datasheet", "family", "offline-throughput")[0] <= 0.10
 
 
 # ---- the committed bands (sim/catalog/accuracy_bands.yaml) -------------------------------------

@@ -117,6 +117,48 @@ def test_datasheet_attention_and_allreduce_by_hand():
     assert datasheet_cost("h100-sxm", AllReduce(1e6, 1)).seconds == 0.0
 
 
+def test_datasheet_attention_with_xqas_sequence_split_by_hand():
+    """TensorRT-LLM on H200: its XQA kernel splits each sequence over more thread blocks (K3, fitted over 2-32
+    query heads per KV head): floor + stream + blocks x (per block + g x per query head), stream and blocks added."""
+    from sim.device.kernels import datasheet_hardware
+
+    gpu, a = catalog.gpu("h200-sxm"), catalog.fitted_kernels("trtllm")["h200-sxm"].attention
+    assert a.sequence_split and a.per_cta_head_s > 0 and gpu.sm_count == 132
+    hw = datasheet_hardware("h200-sxm", framework="trtllm")
+    assert hw.attention_shape.split_ctas == 8 * 132 and "XQA's sequence split" in hw.sources["attention_shape"]
+    c = datasheet_cost("h200-sxm", DecodeAttention(8, 4096, 32, 8, 128, "bf16"), framework="trtllm")
+    # c = 8 x 8 = 64 blocks; k = 4096 // 128 = 32, m0 = min(32, round(sqrt(8 x 32) = 16)) = 16 blocks a sequence;
+    # 64 x 16 = 1,024 blocks, under 8 x 132 = 1,056; g = 32 / 8 = 4 query heads a block
+    kv_bytes = (8 * 4096 + 8) * 2 * 8 * 128 * 2
+    rate = gpu.hbm_bytes_per_s * a.hbm_efficiency * 64 / (64 + a.half_ctas)
+    by_hand = a.floor_s + kv_bytes / rate + 1024 * (a.per_cta_s + 4 * a.per_cta_head_s)
+    assert c.seconds == pytest.approx(by_hand)
+    assert 55e-6 < c.seconds < 75e-6  # ~65 us: 9.9 us floor + 29 us streaming + 26 us of blocks (fit of today's tables)
+    wide = datasheet_cost("h200-sxm", DecodeAttention(32, 4096, 32, 8, 128, "bf16"), framework="trtllm")
+    rate = gpu.hbm_bytes_per_s * a.hbm_efficiency * 256 / (256 + a.half_ctas)  # 256 x 16 = 4,096 blocks: capped at 1,056
+    assert wide.seconds == pytest.approx(a.floor_s + 4 * kv_bytes / rate + 1056 * (a.per_cta_s + 4 * a.per_cta_head_s))
+    short = datasheet_cost("h200-sxm", DecodeAttention(8, 100, 32, 8, 128, "bf16"), framework="trtllm")
+    rate = gpu.hbm_bytes_per_s * a.hbm_efficiency * 64 / (64 + a.half_ctas)  # under 128 tokens: no split, 64 blocks
+    assert short.seconds == pytest.approx(a.floor_s + (8 * 100 + 8) * 4096 / rate + 64 * (a.per_cta_s + 4 * a.per_cta_head_s))
+
+
+def test_vllms_decode_attention_keeps_the_overlapping_form():
+    """Only TensorRT-LLM's fit takes XQA's split, and only where it fits its tune split better: vLLM's (and
+    SGLang's, and TensorRT-LLM's on B200) decode attention is floor + max(stream, blocks x per block), whatever g."""
+    from sim.device.kernels import datasheet_hardware
+
+    gpu, a = catalog.gpu("h200-sxm"), catalog.fitted_kernels()["h200-sxm"].attention
+    assert not a.sequence_split and a.per_cta_head_s == 0.0
+    for framework, name in (("vllm", "h200-sxm"), ("sglang", "h200-sxm"), ("trtllm", "b200")):
+        shape = datasheet_hardware(name, framework=framework).attention_shape
+        assert shape.split_ctas == 0.0 and shape.per_cta_head_s == 0.0, (framework, name)
+    kv_bytes = (8 * 4096 + 8) * 2 * 8 * 128 * 2
+    rate = gpu.hbm_bytes_per_s * a.hbm_efficiency * 64 / (64 + a.half_ctas)
+    for heads in (8, 32, 128):  # g = 1, 4, 16: the same cost (the FLOP side does not bind here)
+        c = datasheet_cost("h200-sxm", DecodeAttention(8, 4096, heads, 8, 128, "bf16"))
+        assert c.seconds == pytest.approx(a.floor_s + max(kv_bytes / rate, 64 * a.per_cta_s))
+
+
 def test_fitted_constants_are_what_the_fit_script_writes():
     """sim/catalog/fitted_kernels.yaml is generated: the committed file is the fit of today's tables."""
     if not tables_available():

@@ -260,3 +260,25 @@ def test_gqa_datasheet_attention_scalars_equal_arrays_and_the_flat_form_without_
     assert gqa_datasheet_attention_s(rtx, 32, 8, 1.6e10, 6.7e7, True) == attention_s(1.6e10, 6.7e7, rtx)
     pinned = hw(efficiency={"attention_hbm_efficiency": 0.7})  # a scenario's rate stands alone: flat
     assert gqa_datasheet_attention_s(pinned, 32, 8, 1.6e10, 6.7e7, False) == attention_s(1.6e10, 6.7e7, pinned)
+
+
+def test_gqa_datasheet_attention_with_xqas_split_scalars_equal_arrays():
+    """TensorRT-LLM's H200 fit (XQA's sequence split on): scalars and arrays over steps agree, blocks and
+    the per-query-head cost included; an empty batch costs the floor."""
+    from sim.device.kernels import datasheet_hardware
+    from sim.device.physics import gqa_datasheet_attention_s, xqa_ctas
+    h = datasheet_hardware("h200-sxm", framework="trtllm")
+    assert h.attention_shape.split_ctas == 1056
+    # (batch, FLOP, KV bytes, query heads per KV head, tokens a sequence): short, split, capped, thin, empty
+    points = [(1, 4.0e8, 1.7e7, 4.0, 100.0), (8, 1.6e10, 1.3e8, 4.0, 4096.0), (32, 1.6e10, 5.4e8, 8.0, 4096.0),
+              (2048, 5.4e9, 1.3e8, 16.0, 16.0), (0, 0.0, 0.0, 4.0, 0.0)]
+    for fp8 in (False, True):
+        scalars = [gqa_datasheet_attention_s(h, b, 8, f, nb, fp8, heads_per_kv=g, tokens_per_seq=n)
+                   for b, f, nb, g, n in points]
+        b, f, nb, g, n = (np.array(col, dtype=float) for col in zip(*points))
+        arrays = gqa_datasheet_attention_s(h, b, 8, f, nb, fp8, heads_per_kv=g, tokens_per_seq=n)
+        assert arrays.tolist() == pytest.approx(scalars, rel=1e-12)
+        assert scalars[4] == pytest.approx(h.attention_shape.fp8_floor_s if fp8 else h.attention_latency_s)
+    assert xqa_ctas(np.array([8.0, 64.0, 256.0, 16384.0]), np.array([100.0, 4096.0, 4096.0, 16.0]), 1056).tolist() \
+        == [8.0, 1024.0, 1056.0, 16384.0]  # no split under 128 tokens; m0 = 16 at 4,096; capped; a wide grid as is
+    assert xqa_ctas(64.0, None, 1056) == 64.0  # tokens unknown: no split

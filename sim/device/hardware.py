@@ -137,6 +137,8 @@ class AttentionShape:
     per_cta_s: float = 0.0  # each block's serial cost: a long thin grid (large batch, short contexts) pays it
     fp8_floor_s: float | None = None  # fp8 KV's own floor and per-block cost; None: the bf16 ones
     fp8_per_cta_s: float | None = None
+    per_cta_head_s: float = 0.0  # XQA's sequence split: each block's further cost per query head it serves
+    split_ctas: float = 0.0  # ... the grid XQA splits sequences up to (8 x SMs); 0: no split (stream and blocks overlap)
 
 
 @dataclass(frozen=True)
@@ -686,12 +688,17 @@ def _attention_shape(gpu: GpuSpec, a, ov) -> Sourced[AttentionShape]:
         return Sourced(AttentionShape(), "default: flat (no measured table to fit it on)")
     if _sets_attention(ov):
         return Sourced(AttentionShape(), f"flat: {SCENARIO} sets the decode-attention rate or floor", pinned=True)
+    if a.sequence_split and not gpu.sm_count:
+        raise ValueError(f"{gpu.name}: its decode-attention fit has XQA's sequence split, which needs gpus.yaml sm_count")
+    split = 8.0 * gpu.sm_count if a.sequence_split else 0.0  # XQA splits sequences up to 8 waves of SMs
     shape = AttentionShape(gpu.hbm_bytes_per_s * a.fp8_hbm_efficiency, a.half_ctas, a.per_cta_s, a.fp8_floor_s,
-                           a.fp8_per_cta_s)
+                           a.fp8_per_cta_s, a.per_cta_head_s if split else 0.0, split)
     fp8 = (f", floor {a.fp8_floor_s * 1e6:.3g} us, {a.fp8_per_cta_s * 1e9:.3g} ns a block"
            if a.fp8_floor_s is not None and a.fp8_per_cta_s is not None else "")
+    xqa = (f"; XQA's sequence split over up to {split:.0f} blocks (8 x {gpu.sm_count} SMs), stream and blocks "
+           f"added, {a.per_cta_head_s * 1e9:.3g} ns a block per query head" if split else "")
     return Sourced(shape, a.says("decode attention") + f" (half rate at {a.half_ctas:.3g} blocks; bf16 KV "
-                          f"{a.per_cta_s * 1e9:.3g} ns a block; fp8 KV at {a.fp8_hbm_efficiency:g} of HBM{fp8})")
+                          f"{a.per_cta_s * 1e9:.3g} ns a block; fp8 KV at {a.fp8_hbm_efficiency:g} of HBM{fp8}{xqa})")
 
 
 def _weight_kernel(gpu: GpuSpec, weight_dtype: str, fp8: bool, eff: EfficiencyDefaults) -> tuple[Sourced[str], Sourced[float]]:

@@ -104,7 +104,8 @@ def datasheet_cost(gpu: str, op: Operator, framework: str = FRAMEWORK, fit_from:
         flop = ATTN_MATMULS * FLOP_PER_MAC * op.batch * op.kv_tokens * op.heads * op.head_dim
         kv_bytes = (op.batch * op.kv_tokens + op.batch) * kv_layer  # reads every cached token, writes the new one
         fp8 = KV_DTYPES[op.kv_dtype].bytes_per_element < 1.5  # int8 KV streams as fp8 does (the step cost's rule)
-        return OpCost(gqa_datasheet_attention_s(hw, op.batch, op.kv_heads, flop, kv_bytes, fp8),
+        return OpCost(gqa_datasheet_attention_s(hw, op.batch, op.kv_heads, flop, kv_bytes, fp8,
+                                                heads_per_kv=op.heads / op.kv_heads, tokens_per_seq=op.kv_tokens),
                       "datasheet: physics.gqa_datasheet_attention_s")
     if isinstance(op, PrefillAttention):
         hw = datasheet_hardware(gpu, framework=framework, fit_from=fit_from)

@@ -396,7 +396,8 @@ def attention_s_array(flop: np.ndarray, kv_bytes: np.ndarray, hw: Hardware) -> n
     return np.maximum(flop / hw.attention_flop_per_s, hw.attention_latency_s + kv_bytes / hw.attention_hbm_bytes_per_s)
 
 
-def gqa_datasheet_attention_s(hw: Hardware, batch, kv_heads: int, flop, kv_bytes, fp8_kv: bool):
+def gqa_datasheet_attention_s(hw: Hardware, batch, kv_heads: int, flop, kv_bytes, fp8_kv: bool, *,
+                              heads_per_kv=1.0, tokens_per_seq=None):
     """One GQA layer's decode attention, datasheet (scalars, or arrays over steps): the kernel's grid is
     one thread block per (sequence, KV head), c = batch x KV heads, and
 
@@ -409,22 +410,47 @@ def gqa_datasheet_attention_s(hw: Hardware, batch, kv_heads: int, flop, kv_bytes
     kernels for it). `hw.attention_shape` holds the fitted figures; its defaults (no fit, a profile, a
     scenario override) leave `attention_s`. Example, H100 with (12.9 us, 0.906, half 0.76, 30.7 ns): 1
     sequence x 8 KV heads x 4,096 bf16 tokens, 16.8 MB: 12.9 us + 16.8 MB / (3.35 TB/s x 0.906 x 8 / 8.76)
-    = 19.0 us; 2,048 x 8 KV heads x 16 tokens: 12.9 us + 16,384 x 30.7 ns = 516 us."""
+    = 19.0 us; 2,048 x 8 KV heads x 16 tokens: 12.9 us + 16,384 x 30.7 ns = 516 us.
+    Where the shape has XQA's sequence split (`split_ctas`: TensorRT-LLM on H100, H200, GH200, A100) the stream
+    and the blocks add, each block also paying per query head it serves (g = `heads_per_kv`):
+    floor + bytes / (rate x c / (c + half)) + `xqa_ctas` x (per block + g x per head), the blocks over
+    `tokens_per_seq` cached tokens a sequence (None: no split)."""
     shape = hw.attention_shape
     rate = shape.fp8_hbm_bytes_per_s if fp8_kv and shape.fp8_hbm_bytes_per_s else hw.attention_hbm_bytes_per_s
     floor = shape.fp8_floor_s if fp8_kv and shape.fp8_floor_s is not None else hw.attention_latency_s
     per_cta = shape.fp8_per_cta_s if fp8_kv and shape.fp8_per_cta_s is not None else shape.per_cta_s
-    if np.ndim(batch) or np.ndim(kv_bytes) or np.ndim(flop):
+    split = shape.split_ctas and (np.ndim(heads_per_kv) or np.ndim(tokens_per_seq))
+    if np.ndim(batch) or np.ndim(kv_bytes) or np.ndim(flop) or split:
         ctas, nbytes = np.asarray(batch, dtype=float) * kv_heads, np.asarray(kv_bytes, dtype=float)
         stream = nbytes / rate
         if shape.half_ctas:  # a small grid streams at c / (c + half) of the rate; an empty one reads nothing
             with np.errstate(divide="ignore", invalid="ignore"):
                 stream = np.where(ctas > 0, nbytes / (rate * (ctas / (ctas + shape.half_ctas))), 0.0)
-        return np.maximum(np.asarray(flop, dtype=float) / hw.attention_flop_per_s,
-                          floor + np.maximum(stream, per_cta * ctas))
+        if shape.split_ctas:
+            body = stream + xqa_ctas(ctas, tokens_per_seq, shape.split_ctas) * (
+                per_cta + np.asarray(heads_per_kv, dtype=float) * shape.per_cta_head_s)
+        else:
+            body = np.maximum(stream, per_cta * ctas)
+        return np.maximum(np.asarray(flop, dtype=float) / hw.attention_flop_per_s, floor + body)
     ctas = float(batch) * kv_heads
     stream = kv_bytes / rate if not shape.half_ctas else (kv_bytes / (rate * ctas / (ctas + shape.half_ctas)) if ctas > 0 else 0.0)
-    return max(flop / hw.attention_flop_per_s, floor + max(stream, per_cta * ctas))
+    if shape.split_ctas:
+        body = stream + float(xqa_ctas(ctas, tokens_per_seq, shape.split_ctas)) * (per_cta + heads_per_kv * shape.per_cta_head_s)
+    else:
+        body = max(stream, per_cta * ctas)
+    return max(flop / hw.attention_flop_per_s, floor + body)
+
+
+def xqa_ctas(ctas, tokens_per_seq, split_ctas: float):
+    """TensorRT-LLM XQA's thread blocks (its multi-block split, computeMultiBlockCount): each of the c =
+    batch x KV heads blocks splits a sequence of n cached tokens into m0 = max(1, min(k, round(sqrt(8 k))))
+    blocks, k = floor(n / 128), unless the grid would pass `split_ctas` (8 waves of SMs):
+    max(c, min(c x m0, split_ctas)). Scalars or arrays; `tokens_per_seq` None: no split (c)."""
+    if tokens_per_seq is None:
+        return ctas
+    k = np.floor(np.asarray(tokens_per_seq, dtype=float) / 128.0)
+    m0 = np.maximum(1.0, np.minimum(k, np.round(np.sqrt(8.0 * k))))
+    return np.maximum(ctas, np.minimum(ctas * m0, split_ctas))
 
 
 def decode_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer: float):
@@ -467,7 +493,9 @@ def gqa_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_b
     if hw.kernels is None or np.all(np.asarray(batch) <= 0) or np.all(np.asarray(attended_tokens) <= 0):
         # (no tokens attended: the fast level's per-batch costs, whose attention it computes apart)
         return gqa_datasheet_attention_s(hw, batch, model.num_kv_heads, flop, kv_bytes,
-                                         _measured_kv_dtype(model, kv_bytes_per_token_layer) == "fp8")
+                                         _measured_kv_dtype(model, kv_bytes_per_token_layer) == "fp8",
+                                         heads_per_kv=model.num_heads / model.num_kv_heads,
+                                         tokens_per_seq=_tokens_per_seq(batch, attended_tokens))
     if not (np.ndim(batch) or np.ndim(attended_tokens) or np.ndim(kv_bytes)):  # one step: scalars, same bits
         return _measured_gqa_one_s(model, hw, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer)
     kv_dtype = _measured_kv_dtype(model, kv_bytes_per_token_layer)
@@ -498,6 +526,15 @@ def _measured_gqa_one_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, 
                                            _measured_kv_dtype(model, kv_bytes_per_token_layer))
     extra1 = max(float(kv_bytes) - (float(attended_tokens) + b1) * kv_bytes_per_token_layer, 0.0)
     return float(t1 + extra1 / hw.attention_hbm_bytes_per_s)
+
+
+def _tokens_per_seq(batch, attended_tokens):
+    """Cached tokens a sequence attends: attended / batch (0 where the batch is empty); scalars or arrays."""
+    if not (np.ndim(batch) or np.ndim(attended_tokens)):
+        return attended_tokens / batch if batch > 0 else 0.0
+    b = np.asarray(batch, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(b > 0, np.asarray(attended_tokens, dtype=float) / b, 0.0)
 
 
 @lru_cache(maxsize=64)

@@ -39,6 +39,7 @@ class GpuSpec(_Frozen):
     host: str = "epyc-9654"  # the host CPU of this part's typical system
     interconnect: str = "nvlink4"  # GPU-to-GPU fabric for tensor parallelism
     copy_engines: int = 2
+    sm_count: int | None = None  # streaming multiprocessors (XQA's split grid is 8 x SMs); None: not known
     host_memory_bytes: float | None = None
     # a catalog GPU of the same silicon whose fitted kernel constants this one takes where no table
     # measures it (`fitted_kernels_for`), and why it is a sibling
@@ -177,6 +178,11 @@ class FittedAttention(_Fitted):
     per_cta_s: float  # each block's serial cost
     fp8_floor_s: float | None = None  # fp8 KV's own floor and per-block cost (the engines run other kernels for it);
     fp8_per_cta_s: float | None = None  # None: the bf16 ones
+    # TensorRT-LLM's XQA (fitted on 2-32 query heads per KV head): True where its sequence split and the
+    # additive form fit the tune split better (`physics.gqa_datasheet_attention_s`), with a per-block cost
+    # per query head the block serves; False: the overlapping form above
+    per_cta_head_s: float = 0.0
+    sequence_split: bool = False
 
 
 class FittedPrefill(_Fitted):
