@@ -207,13 +207,13 @@ def _attention(gpu, tune, held, framework: str = FRAMEWORK) -> dict:
         nbytes = (b * n + b) * 2 * kv_heads * 128 * np.where(fp8, 1.0, 2.0)  # every cached token read, the new one written
         return (nbytes, b * kv_heads, fp8, spec.hbm_bytes_per_s, g, n, split), a["latency_s"].to_numpy()
 
-    fits = []
-    for split in ((0.0, 8.0 * spec.sm_count) if xqa else (0.0,)):
+    fits = []  # the split needs the GPU's SM count (B200's is not published: the overlapping form only)
+    for split in ((0.0, 8.0 * spec.sm_count) if xqa and spec.sm_count else (0.0,)):
         args, meas = domain(tune.decode_attention, split)
         p = _attention_fit(args, meas, bool(split))
         fits.append((_errors(_attention_model(p, *args), meas), p, split))
     # the split where it lowers the tune median by a point or more (L40S: 19.51% against 19.52%, a tie)
-    tune_errors, p, split = fits[1] if xqa and fits[1][0]["median"] <= fits[0][0]["median"] - XQA_GAIN else fits[0]
+    tune_errors, p, split = fits[1] if len(fits) > 1 and fits[1][0]["median"] <= fits[0][0]["median"] - XQA_GAIN else fits[0]
     h_args, h_meas = domain(held.decode_attention, split)
     xqa_figures = {"per_cta_head_s": float(f"{p[7]:.4g}") if split else 0.0, "sequence_split": bool(split)} if xqa else {}
     return {"floor_s": float(f"{p[0]:.4g}"), "hbm_efficiency": round(float(p[1]), 4),
