@@ -69,9 +69,9 @@ class GemmIO:
     output_element_s: float = 0.0  # per output element written (m x n)
     quant_row_s: float = 0.0  # W8A8's dynamic activation quantisation: per row ...
     quant_element_s: float = 0.0  # ... and per input element (m x k)
-    # fp8 W8A8's tiles (`physics.weight_stream_s`): the share of the weights each further 128-row tile
-    # streams again, and the output tiles at which the stream runs at half rate (small-M kernels, m <= 64,
-    # apart); 0: none
+    # the fitted tiles (`physics.weight_stream_s`, `tile_fills`; fp8 W8A8, and TensorRT-LLM's weight-only
+    # kernels without re-read): the share of the weights each further 128-row tile streams again, and the
+    # output tiles at which the stream and compute run at half rate (small-M kernels, m <= 64, apart); 0: none
     weight_reread: float = 0.0
     half_tiles: float = 0.0
     half_tiles_decode: float = 0.0
