@@ -167,7 +167,6 @@ def _kv_by_kind_cell(kv_by_kind: dict) -> str:
 def gpus(as_json: bool = typer.Option(False, "--json")) -> None:
     """Catalog GPUs and host links (datasheet figures)."""
     rows = []
-    fits = catalog.fitted_kernels()
     for g in catalog.gpus().values():
         ln = catalog.link(g.link)
         rows.append({**g.model_dump(), "link_theoretical_bytes_per_s": ln.theoretical_bytes_per_s,
@@ -175,7 +174,7 @@ def gpus(as_json: bool = typer.Option(False, "--json")) -> None:
                      "link_pinned_d2h_bytes_per_s": ln.pinned_d2h_bytes_per_s,
                      # which measured tables cost it (hardware.kernels: auto), whose fit its datasheet model takes
                      "kernel_tables": system_for(g.name),
-                     "fitted_on": g.name if g.name in fits else g.fit_sibling})
+                     "fitted_on": catalog.fit_source(g.name)})
     if as_json:
         print(to_json(rows))
         return

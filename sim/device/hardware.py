@@ -601,9 +601,14 @@ def _gemm_curve(gpu: GpuSpec, g, peak: float, names: tuple[str, str], eff: Effic
     if g is None:
         return Sourced(_Gemm(peak, eff.gemm_flop_efficiency_by_rows),
                        f"datasheet {gpu.name} {peak_name} peak x default efficiency by rows")
-    top = max(e for _, e in eff.gemm_flop_efficiency_by_rows)
-    return Sourced(_Gemm(peak, [(r, e * g.flop_efficiency / top) for r, e in eff.gemm_flop_efficiency_by_rows]),
+    return Sourced(_Gemm(peak, _scaled_curve(eff, g.flop_efficiency)),
                    f"datasheet {gpu.name} {peak_name} peak x the default curve by rows, its plateau " + g.says(f"{name} GEMMs"))
+
+
+def _scaled_curve(eff: EfficiencyDefaults, plateau: float) -> list[tuple[float, float]]:
+    """The default GEMM efficiency-by-rows curve, its shape scaled to a fitted `plateau`."""
+    top = max(e for _, e in eff.gemm_flop_efficiency_by_rows)
+    return [(r, e * plateau / top) for r, e in eff.gemm_flop_efficiency_by_rows]
 
 
 def _bf16_lm_head(hw: Hardware, fit, eff: EfficiencyDefaults) -> Hardware:
@@ -611,11 +616,10 @@ def _bf16_lm_head(hw: Hardware, fit, eff: EfficiencyDefaults) -> Hardware:
     disable the lm_head quantiser; vLLM's ParallelLMHead takes no fp8 method) - so its GEMM takes the
     bf16 fit's floor, streaming rate and FLOP plateau at the bf16 peak, not the layers' fp8 figures."""
     g = fit.gemm.get("bf16") if fit else None
-    top = max(e for _, e in eff.gemm_flop_efficiency_by_rows)
-    scale = g.flop_efficiency / top if g else 1.0
+    curve = _scaled_curve(eff, g.flop_efficiency) if g else eff.gemm_flop_efficiency_by_rows
     head = LmHeadGemm(g.floor_s if g else eff.gemm_floor_s,
                       hw.gpu.hbm_bytes_per_s * (g.weight_hbm_efficiency if g else eff.weight_hbm_efficiency["bf16"]),
-                      hw.gpu.bf16_flop_per_s, tuple((r, e * scale) for r, e in eff.gemm_flop_efficiency_by_rows))
+                      hw.gpu.bf16_flop_per_s, tuple(tuple(p) for p in curve))
     said = "bf16 (engines leave the LM head unquantised): " + (g.says("bf16 GEMMs") if g else "default efficiency")
     return replace(hw, lm_head_gemm=head, sources={**hw.sources, "lm_head": said})
 

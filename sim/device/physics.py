@@ -347,9 +347,10 @@ def weight_gemm_s(hw: Hardware, weight_bytes: float, params: float, flop: float,
     n, k = sum(s[0] for s in shapes), sum(s[1] for s in shapes)
     dequant_s = params * hw.dequant_ops_per_weight / hw.dequant_op_per_s
     activation_s = rows * (n * io.output_element_s + calls * io.quant_row_s + k * io.quant_element_s)
+    fills = tile_fills(hw, rows, shapes)
     nk = sum(a * b for a, b in shapes)
-    slow = sum(a * b / nk / f for (a, b), f in zip(shapes, tile_fills(hw, rows, shapes))) if shapes else 1.0
-    return (calls * hw.gemm_floor_s + max(weight_stream_s(hw, weight_bytes, rows, shapes),
+    slow = sum(a * b / nk / f for (a, b), f in zip(shapes, fills)) if shapes else 1.0
+    return (calls * hw.gemm_floor_s + max(weight_stream_s(hw, weight_bytes, rows, shapes, fills),
                                           (dequant_s + flop / hw.gemm_flop_per_s(rows)) * slow) + activation_s)
 
 
@@ -365,13 +366,15 @@ def tile_fills(hw: Hardware, rows: int, shapes: tuple[tuple[float, float], ...])
     return [(t := tiles_m * math.ceil(n / TILE_ROWS)) / (t + half) for n, _ in shapes]
 
 
-def weight_stream_s(hw: Hardware, weight_bytes: float, rows: int, shapes: tuple[tuple[float, float], ...] = ()) -> float:
+def weight_stream_s(hw: Hardware, weight_bytes: float, rows: int, shapes: tuple[tuple[float, float], ...] = (),
+                    fills: list[float] | None = None) -> float:
     """The weights and the rows x k input streamed at the weight rate, each call (its share n k of the
     bytes) at its grid's fill (`tile_fills`: a grid of few output tiles cannot keep HBM busy). fp8
     W8A8's fitted tiles (`hw.gemm_io`): each output tile of 128 rows streams the weights of its
     columns, so each further tile re-reads a share `weight_reread` that L2 misses (0.12-0.80 fitted
     across GPUs and engines). Example, H100 (0.61 re-read, 11.6 half tiles up to 64 rows): m = 1, n =
-    5,120: B = 40, the stream at 40 / 51.6 of its rate. Without shapes only the re-read (no n: a full grid)."""
+    5,120: B = 40, the stream at 40 / 51.6 of its rate. Without shapes only the re-read (no n: a full grid).
+    `fills`: the calls' `tile_fills` where the caller has them."""
     io = hw.gemm_io
     tiles_m = math.ceil(rows / TILE_ROWS) if rows > 0 else 1
     reread = 1.0 + io.weight_reread * (tiles_m - 1)
@@ -379,8 +382,9 @@ def weight_stream_s(hw: Hardware, weight_bytes: float, rows: int, shapes: tuple[
     if not shapes:
         return weight_bytes * reread / rate
     nk = sum(n * k for n, k in shapes)
+    fills = tile_fills(hw, rows, shapes) if fills is None else fills
     return sum((weight_bytes * n * k / nk * reread + rows * k * io.activation_bytes) / (rate * fill)
-               for (n, k), fill in zip(shapes, tile_fills(hw, rows, shapes)))
+               for (n, k), fill in zip(shapes, fills))
 
 
 def attention_s(flop: float, kv_bytes: float, hw: Hardware) -> float:

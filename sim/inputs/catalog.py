@@ -353,7 +353,13 @@ def fitted_kernels(framework: str = FITTED_FRAMEWORK) -> dict[str, FittedKernels
         framework = FITTED_FRAMEWORK
     name = fitted_kernels_file(framework)
     data = _read_catalog(name)
-    return {gpu: FittedKernels(source=data["source"], **_with_file(entry, name)) for gpu, entry in data["gpus"].items()}
+    return {gpu: FittedKernels(source=data["source"], **_on_fitted(entry, "file", name)) for gpu, entry in data["gpus"].items()}
+
+
+def fit_source(gpu: str, framework: str = FITTED_FRAMEWORK) -> str | None:
+    """The catalog GPU whose fitted constants `gpu`'s datasheet model takes: itself where `framework`'s
+    tables cover it, else its sibling (gpus.yaml `fit_sibling`), else None."""
+    return gpu if gpu in fitted_kernels(framework) else gpus()[gpu].fit_sibling
 
 
 NO_FIT = "none"  # `fitted_kernels_for(..., fit_from=NO_FIT)`: the flat defaults, as for a GPU without tables or sibling
@@ -368,7 +374,7 @@ def fitted_kernels_for(gpu: str, framework: str = FITTED_FRAMEWORK, fit_from: st
     only over the same fabric. `fit_from` names the GPU whose fit to take instead (a study of how well
     fits carry over; NO_FIT: none)."""
     fits, spec = fitted_kernels(framework), gpus()[gpu]
-    source = fit_from or (gpu if gpu in fits else spec.fit_sibling)
+    source = fit_from or fit_source(gpu, framework)
     if source == gpu or source is None or source == NO_FIT:
         return fits.get(gpu) if source == gpu else None
     why = spec.fit_sibling_why if source == spec.fit_sibling else "a study of how fits carry over"
@@ -376,24 +382,16 @@ def fitted_kernels_for(gpu: str, framework: str = FITTED_FRAMEWORK, fit_from: st
     fit = fits[source].model_dump()
     if gpus()[source].interconnect != spec.interconnect:  # the all-reduce is the fabric's, not the die's
         fit["allreduce"] = {}
-    return FittedKernels(**_with_borrowed(fit, said))
+    return FittedKernels(**_on_fitted(fit, "borrowed", said))
 
 
-def _with_borrowed(node, said: str):
-    """`node` with `borrowed: said` in every fitted figure (a mapping with held-out errors)."""
+def _on_fitted(node, key: str, value):
+    """`node` with `key: value` in every fitted figure (a mapping with held-out errors): the file it was
+    read from, or the sibling it is borrowed from, for its source line."""
     if not isinstance(node, dict):
         return node
-    out = {k: _with_borrowed(v, said) for k, v in node.items()}
-    return {**out, "borrowed": said} if "held_out" in node else out
-
-
-def _with_file(node, name: str):
-    """`node` with `file: name` in every fitted figure (a mapping with held-out errors), so its source line
-    names the engine's file."""
-    if not isinstance(node, dict):
-        return node
-    out = {k: _with_file(v, name) for k, v in node.items()}
-    return {**out, "file": name} if "held_out" in node else out
+    out = {k: _on_fitted(v, key, value) for k, v in node.items()}
+    return {**out, key: value} if "held_out" in node else out
 
 
 @lru_cache(maxsize=None)
