@@ -54,7 +54,8 @@ def test_every_row_becomes_its_scenario():
         assert (sc.workload.arrivals is None) == (m.workload == "closed_batch")
         if m.admission == "no_evict":  # TensorRT-LLM's Guaranteed No Evict: the whole length reserved
             assert sc.scheduler.admission == "no_evict"
-            assert sc.scheduler.max_num_seqs == m.max_num_seqs * m.attention_dp
+            assert sc.scheduler.max_num_seqs == m.rank_limits()[0] * m.attention_dp
+        assert sc.scheduler is None or sc.scheduler.chunked_prefill == m.chunked_prefill or m.workload == "closed_batch"
         said = {"TensorRT-LLM": "tensorrt-llm", "SGLang": "sglang", "vLLM": "vllm"}
         engine = next(name for text, name in said.items() if text in m.engine)  # every row names one
         own = "PyTorch backend" in m.engine or engine != "tensorrt-llm"  # the tables time TensorRT-LLM's PyTorch flow

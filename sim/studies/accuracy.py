@@ -100,12 +100,15 @@ def scenario_for(m: Measurement, mode: str) -> Scenario:
         return scenario_from_dict(data, m.id)
     prompt, output = _lengths(m)
     data["workload"] = {"prompt_tokens": prompt, "reasoning_tokens": output, "arrivals": _arrivals(m)}
-    d = m.attention_dp  # the row's limits are each attention rank's; kvtier's scheduler is the group's
-    data["scheduler"] = {"max_num_seqs": m.max_num_seqs * d, "max_num_batched_tokens": m.max_num_batched_tokens * d}
+    seqs, tokens, _ = m.rank_limits()
+    d = m.attention_dp  # the limits are each attention rank's; kvtier's scheduler is the group's
+    data["scheduler"] = {"max_num_seqs": seqs * d, "max_num_batched_tokens": tokens * d}
     data["sim"] = {"detail": "step"}
     # the row's admission, whatever the engine's defaults: kvtier's vLLM-style scheduler (chunked
-    # prefill, on demand), or Guaranteed No Evict (a request runs only with its whole length reserved)
-    data["scheduler"].update(chunked_prefill=True, admission="on_demand" if m.admission == "engine" else "no_evict")
+    # prefill unless the row turns it off, on demand), or Guaranteed No Evict (a request runs only with
+    # its whole length reserved)
+    data["scheduler"].update(chunked_prefill=m.chunked_prefill,
+                             admission="on_demand" if m.admission == "engine" else "no_evict")
     return scenario_from_dict(data, m.id)
 
 

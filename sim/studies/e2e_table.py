@@ -11,12 +11,14 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, model_validator
 
+from sim.device.bench_limits import BenchCheckpoint, trtllm_bench_limits
 from sim.inputs import catalog
 from sim.inputs.errors import ConfigError
 from sim.inputs.limits import MAX_BATCH, MAX_RATE_PER_S, MAX_REQUESTS, MAX_TOKENS
 from sim.inputs.reader import read_yaml
 from sim.inputs.scenario import KvDType, WeightDType, validation_error_line
 from sim.inputs.strict import Strict
+from sim.model.spec import ModelSpec
 
 MAX_ROWS = 10_000
 MAX_TEXT = 2_000
@@ -74,6 +76,11 @@ class Measurement(Strict):
     lengths: Literal["fixed", "uniform"] = "fixed"  # uniform: prompts on 1..isl, outputs on 1..osl
     max_num_seqs: int | None = Field(None, ge=1, le=MAX_BATCH)  # both per attention rank
     max_num_batched_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    # where max_num_seqs / max_num_batched_tokens come from: the row, or trtllm-bench's heuristic
+    # (sim/device/bench_limits.py) for a trtllm-bench run that set neither
+    batch_limits: Literal["row", "trtllm-bench"] = "row"
+    bench_kv_dtype: KvDType | None = None  # the checkpoint's KV quantisation, as the heuristic sees it (default kv_dtype)
+    chunked_prefill: bool = True  # False: a prompt is prefilled whole in one step (the engine's option off)
     admission: Literal["engine", "no_evict"] = "engine"
     metric: Metric
     measured: float = Field(gt=0)
@@ -84,9 +91,15 @@ class Measurement(Strict):
         if self.metric not in FAMILY_METRICS[self.family]:
             raise ValueError(f"family {self.family} reports {' or '.join(FAMILY_METRICS[self.family])}, "
                              f"not {self.metric}")
-        missing = [f for f in WORKLOAD_FIELDS[self.workload] if getattr(self, f) is None]
+        limits = ("max_num_seqs", "max_num_batched_tokens")
+        if self.batch_limits != "row" and any(getattr(self, f) is not None for f in limits):
+            raise ValueError(f"batch_limits {self.batch_limits} sets max_num_seqs and max_num_batched_tokens: "
+                             "give neither")
+        needed = [f for f in WORKLOAD_FIELDS[self.workload] if self.batch_limits == "row" or f not in limits]
+        missing = [f for f in needed if getattr(self, f) is None]
         if missing:
-            raise ValueError(f"a {self.workload} workload needs {', '.join(missing)}")
+            article = "an" if self.workload[0] in "aeiou" else "a"
+            raise ValueError(f"{article} {self.workload} workload needs {', '.join(missing)}")
         if self.gpus != self.tp:
             raise ValueError(f"gpus ({self.gpus}) must equal tp ({self.tp}): one tensor-parallel group")
         if self.family == "batch-latency" and self.workload != "closed_batch":
@@ -101,6 +114,30 @@ class Measurement(Strict):
     @property
     def parallel(self) -> dict:
         return {"tp": self.tp, "ep": self.ep, "attention_dp": self.attention_dp}
+
+    def rank_limits(self) -> tuple[int, int, str]:
+        """(max_num_seqs, max_num_batched_tokens) of each attention rank, and where they come from: the
+        row's, or trtllm-bench's heuristic for the row's checkpoint, GPUs and lengths (`bench_limits`;
+        TensorRT-LLM applies max_batch_size and max_num_tokens to each attention-DP rank)."""
+        if self.batch_limits == "row":
+            return self.max_num_seqs, self.max_num_batched_tokens, "the row's limits"
+        gpu = catalog.gpu(self.gpu)
+        limits = trtllm_bench_limits(bench_checkpoint(catalog.model(self.model), self.weight_dtype,
+                                                      self.bench_kv_dtype or self.kv_dtype),
+                                     self.tp, 1, gpu.memory_bytes, self.isl, self.osl)
+        return limits.max_batch_size, limits.max_num_tokens, limits.describe()
+
+
+def bench_checkpoint(model: ModelSpec, weight_dtype: str, kv_dtype: str) -> BenchCheckpoint:
+    """A catalog model's checkpoint as trtllm-bench's heuristic reads its config.json: a GQA model's KV heads
+    and head size; an MLA model's config (DeepSeek-V3's) states num_key_value_heads = num_attention_heads
+    and no head_dim, so hidden_size / heads. Parameters: the catalog's count (the checkpoint's also holds
+    e.g. DeepSeek's multi-token-prediction layer, 2% more, which moves no catalog row's rounded limits)."""
+    if model.mla is not None:
+        kv_heads, head_size = model.num_heads, model.hidden_size // model.num_heads
+    else:
+        kv_heads, head_size = model.num_kv_heads, model.head_dim
+    return BenchCheckpoint(kv_heads, head_size, model.num_layers, float(model.params), weight_dtype, kv_dtype)
 
 
 def default_path() -> Path:

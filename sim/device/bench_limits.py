@@ -1,0 +1,113 @@
+"""trtllm-bench's batch limits: the max batch size and max token count its `throughput` command runs with
+when the command gives none, as pure functions of the checkpoint, the GPUs and the dataset.
+
+Read from NVIDIA/TensorRT-LLM (stored copies of the public repository):
+- tensorrt_llm/bench/build/tuning.py `calc_engine_setting` and `finetune_setting`, called through
+  bench/build/build.py `get_benchmark_engine_settings` by the PyTorch flow's PytMaxThroughputScenario
+  (tensorrt_llm/bench/tuning) with the dataset's mean ISL and OSL; its limits become the LLM's
+  max_batch_size and max_num_tokens (and the CUDA graphs' max batch). Chunked prefill stays off unless
+  the options enable it; the capacity scheduler is GUARANTEED_NO_EVICT.
+- bench/build/dataclasses.py `ModelConfig`: head_size is config.json's head_dim, or hidden_size /
+  num_attention_heads where it states none; num_key_value_heads as the config states it.
+- bench/build/utils.py `get_device_memory`: NVML's total memory of GPU 0, in GiB.
+
+The heuristic estimates how many requests of ISL + OSL tokens fit the KV cache of the whole group and
+rounds that up ("slightly optimistic"); nothing in it knows about MLA's latent, attention data
+parallelism or the KV dtype the run's own kv_cache_config sets later.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+GIB = 1024**3
+
+KV_CACHE_FRACTION = 0.95  # get_benchmark_engine_settings' kv_cache_gpu_mem_fraction, whatever the run later uses
+MAX_REQUESTS_CAP = 4096  # "Cap total batch size to avoid decoder buffer size becoming too large"
+MAX_TOKENS_CAP = 32768  # "Cap num tokens to avoid TRT activation buffer becoming too large"
+MIN_BATCH = 64  # "Set min BS to be 64"
+MIN_TOKENS = 2048  # "Set min to 2048 to ensure Ctx/Gen overlap efficiency"
+# build.py TUNED_QUANTS and tuning.py BYTES_PER_ELEM, by kvtier's weight dtype: bf16 / fp16 NO_QUANT,
+# fp8 FP8 or FP8_BLOCK_SCALES; int8 / int4 weight-only are not tuned (BuildConfig's defaults instead)
+TUNED_WEIGHT_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+BUILD_CONFIG_DEFAULTS = (2048, 8192)  # BuildConfig max_batch_size, max_num_tokens
+KV_ELEMENT_BYTES = {"fp8": 1.0}  # BYTES_PER_ELEM.get(kv_cache_quant_algo, 2): FP8 one byte, anything else two
+
+
+@dataclass(frozen=True)
+class BenchCheckpoint:
+    """What the heuristic reads of a checkpoint: config.json as bench's ModelConfig parses it, the
+    safetensors parameter count, the quantisation algorithms of its quant config."""
+
+    num_kv_heads: int  # config.json num_key_value_heads
+    head_size: int  # config.json head_dim, else hidden_size // num_attention_heads
+    attention_layers: int  # num_hidden_layers (attention layers of a hybrid)
+    params: float  # the safetensors parameter count
+    weight_dtype: str  # kvtier's name for the quant algo: bf16, fp16, fp8, int8, int4
+    kv_dtype: str  # the checkpoint's KV-cache quantisation (fp8), else bf16 / fp16
+
+
+@dataclass(frozen=True)
+class BenchLimits:
+    max_batch_size: int
+    max_num_tokens: int
+    kv_cache_max_requests: float  # the heuristic's estimate before rounding (nan: not tuned)
+
+    def describe(self) -> str:
+        if math.isnan(self.kv_cache_max_requests):
+            return (f"trtllm-bench: weights it does not tune, BuildConfig's defaults max_batch_size "
+                    f"{self.max_batch_size}, max_num_tokens {self.max_num_tokens}")
+        return (f"trtllm-bench's heuristic (tuning.py calc_engine_setting): {self.kv_cache_max_requests:.0f} "
+                f"requests estimated -> max_batch_size {self.max_batch_size}, max_num_tokens {self.max_num_tokens}")
+
+
+def kv_cache_max_requests(ckpt: BenchCheckpoint, tp: int, pp: int, gpu_memory_bytes: float, isl: float,
+                          osl: float) -> float:
+    """calc_engine_setting's estimate of the requests the group's KV cache holds:
+
+        GiB a token = 2 x layers x max(tp, KV heads) x head size x KV element bytes / 1024^3
+        engine GiB  = parameters x weight element bytes / 1024^3
+        requests    = (GPU GiB x tp x pp - engine GiB) x 0.95 / (GiB a token x (ISL + OSL))
+    """
+    weight_bytes = TUNED_WEIGHT_BYTES[ckpt.weight_dtype]
+    kv_bytes = KV_ELEMENT_BYTES.get(ckpt.kv_dtype, 2.0)
+    gib_per_token = 2 * ckpt.attention_layers * max(tp, ckpt.num_kv_heads) * ckpt.head_size * kv_bytes / GIB
+    engine_gib = ckpt.params * weight_bytes / GIB
+    available_gib = gpu_memory_bytes / GIB * tp * pp - engine_gib
+    return available_gib * KV_CACHE_FRACTION / (gib_per_token * (isl + osl))
+
+
+def finetune_setting(requests: float, isl: float, osl: float, pp: int) -> tuple[int, int]:
+    """finetune_setting: (max batch size, max num tokens) rounded up from the estimate.
+    batch = min(requests, 4096) / pp, rounded up to a multiple of 32 below 256 (at least 64), of 128
+    below 1,024, of 256 beyond; tokens = min(batch x (1 + ISL / OSL), 32,768), rounded up to a multiple
+    of 256 below 4,096 (at least 2,048), of 512 below 8,192, of 1,024 beyond."""
+    raw_bs = min(requests, MAX_REQUESTS_CAP) / pp
+    raw_token = min(raw_bs * (1 + isl / osl), MAX_TOKENS_CAP)
+    if raw_bs < 256:
+        max_bs = max(MIN_BATCH, 32 * math.ceil(raw_bs / 32))
+    elif raw_bs < 1024:
+        max_bs = 128 * math.ceil(raw_bs / 128)
+    else:
+        max_bs = 256 * math.ceil(raw_bs / 256)
+    if raw_token < 4096:
+        max_token = max(MIN_TOKENS, 256 * math.ceil(raw_token / 256))
+    elif raw_token < 8192:
+        max_token = 512 * math.ceil(raw_token / 512)
+    else:
+        max_token = 1024 * math.ceil(raw_token / 1024)
+    return max_bs, max_token
+
+
+def trtllm_bench_limits(ckpt: BenchCheckpoint, tp: int, pp: int, gpu_memory_bytes: float, isl: float,
+                        osl: float) -> BenchLimits:
+    """get_benchmark_engine_settings: the heuristic's limits for a tuned weight dtype, BuildConfig's
+    defaults for another. A checkpoint the group cannot hold raises ValueError, as the heuristic does."""
+    if ckpt.weight_dtype not in TUNED_WEIGHT_BYTES:
+        return BenchLimits(*BUILD_CONFIG_DEFAULTS, math.nan)
+    requests = kv_cache_max_requests(ckpt, tp, pp, gpu_memory_bytes, isl, osl)
+    if requests < 1:
+        raise ValueError(f"trtllm-bench's heuristic finds room for {requests:.2f} requests of {isl + osl:g} tokens: "
+                         "the checkpoint leaves too little memory on these GPUs")
+    return BenchLimits(*finetune_setting(requests, isl, osl, pp), requests)

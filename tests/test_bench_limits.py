@@ -1,0 +1,89 @@
+"""trtllm-bench's batch-limit heuristic (sim/device/bench_limits.py) against hand arithmetic from
+tensorrt_llm/bench/build/tuning.py, and the accuracy table's rows that take it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+
+from sim.device.bench_limits import BenchCheckpoint, finetune_setting, kv_cache_max_requests, trtllm_bench_limits
+from sim.inputs import catalog
+from sim.inputs.errors import ConfigError
+from sim.studies.e2e_table import bench_checkpoint, default_path, load_measurements
+
+GIB = 1024**3
+H200_BYTES = 143771 * 1024**2  # NVML's total of an H200, as the catalog holds it
+
+
+@pytest.mark.parametrize(("requests", "isl", "osl", "pp", "limits"), [
+    (141.9, 1024, 1024, 1, (160, 2048)),  # below 256: a multiple of 32; tokens at least 2048
+    (20.0, 1024, 1024, 1, (64, 2048)),  # at least 64
+    (653.9, 1024, 1024, 1, (768, 2048)),  # 256..1023: a multiple of 128
+    (1773.1, 1024, 1024, 1, (1792, 3584)),  # 1024 and above: a multiple of 256; tokens 3546 -> 14 x 256
+    (516.2, 2048, 128, 1, (640, 9216)),  # tokens 516.2 x 17 = 8775 -> 9 x 1024
+    (3000.0, 1000, 3000, 1, (3072, 4096)),  # tokens 4000 -> 8 x 512
+    (9000.0, 1024, 1024, 1, (4096, 8192)),  # requests capped at 4096
+    (9000.0, 8192, 128, 2, (2048, 32768)),  # over two pipeline stages: 2048 each; tokens capped at 32768
+])
+def test_finetune_rounds_up_as_trtllm_bench_does(requests, isl, osl, pp, limits):
+    assert finetune_setting(requests, isl, osl, pp) == limits
+
+
+def test_the_kv_estimate_is_the_hand_arithmetic():
+    ckpt = BenchCheckpoint(num_kv_heads=8, head_size=128, attention_layers=80, params=70.0e9, weight_dtype="fp8",
+                           kv_dtype="fp8")
+    per_token_gib = 2 * 80 * 8 * 128 * 1 / GIB
+    want = (H200_BYTES / GIB * 2 - 70.0e9 / GIB) * 0.95 / (per_token_gib * 2048)
+    assert kv_cache_max_requests(ckpt, 2, 1, H200_BYTES, 1024, 1024) == pytest.approx(want, rel=1e-12)
+    # bf16 weights take twice the bytes, a bf16 KV twice a token; at least one KV head a tensor-parallel GPU
+    bf16 = BenchCheckpoint(1, 128, 80, 70.0e9, "bf16", "bf16")
+    want = (H200_BYTES / GIB * 4 - 140.0e9 / GIB) * 0.95 / (2 * 80 * 4 * 128 * 2 / GIB * 2048)
+    assert kv_cache_max_requests(bf16, 4, 1, H200_BYTES, 1024, 1024) == pytest.approx(want, rel=1e-12)
+
+
+def test_deepseek_r1_on_eight_h200s_gets_160_sequences_a_rank():
+    """config.json's 128 KV heads of 7168 / 128 = 56 at bf16 (the checkpoint quantises no KV), 671 B fp8
+    parameters: 142 requests of 2048 tokens estimated for the group, 160 after rounding up."""
+    ckpt = bench_checkpoint(catalog.model("deepseek-r1"), "fp8", "bf16")
+    assert (ckpt.num_kv_heads, ckpt.head_size, ckpt.attention_layers) == (128, 56, 61)
+    limits = trtllm_bench_limits(ckpt, 8, 1, catalog.gpu("h200-sxm").memory_bytes, 1024, 1024)
+    assert limits.kv_cache_max_requests == pytest.approx(141.9, abs=0.1)
+    assert (limits.max_batch_size, limits.max_num_tokens) == (160, 2048)
+    assert "142 requests estimated -> max_batch_size 160, max_num_tokens 2048" in limits.describe()
+
+
+def test_a_gqa_checkpoint_reads_its_kv_heads_and_head_dim():
+    ckpt = bench_checkpoint(catalog.model("qwen3-235b-a22b"), "fp8", "fp8")
+    assert (ckpt.num_kv_heads, ckpt.head_size, ckpt.attention_layers) == (4, 128, 94)  # head_dim, not 4096 / 64
+
+
+def test_weights_it_does_not_tune_take_build_config_defaults():
+    limits = trtllm_bench_limits(BenchCheckpoint(8, 128, 32, 8e9, "int4", "fp8"), 1, 1, H200_BYTES, 1024, 1024)
+    assert (limits.max_batch_size, limits.max_num_tokens) == (2048, 8192) and math.isnan(limits.kv_cache_max_requests)
+    assert "does not tune" in limits.describe()
+
+
+def test_a_checkpoint_that_leaves_no_room_is_refused():
+    with pytest.raises(ValueError, match="too little memory"):
+        trtllm_bench_limits(BenchCheckpoint(8, 128, 80, 160e9, "fp8", "fp8"), 1, 1, H200_BYTES, 1024, 1024)
+
+
+def test_the_rows_that_take_the_heuristic():
+    rows = {m.id: m for m in load_measurements() if m.batch_limits == "trtllm-bench"}
+    assert len(rows) == 4 and all(not m.chunked_prefill and m.admission == "no_evict" for m in rows.values())
+    assert rows["trt-h200-deepseek-r1-dep8-1k1k"].rank_limits()[:2] == (160, 2048)
+    assert rows["trt-h200-70b-fp8-tp2-1k1k"].rank_limits()[:2] == (768, 2048)
+
+
+def test_a_row_gives_its_limits_or_takes_the_heuristic_not_both(tmp_path):
+    data = yaml.safe_load(default_path().read_text())
+    row = next(r for r in data["measurements"] if r["id"] == "trt-h200-deepseek-r1-dep8-1k1k")
+    path = tmp_path / "table.yaml"
+    path.write_text(yaml.safe_dump({"measurements": [{**row, "max_num_seqs": 64}]}))
+    with pytest.raises(ConfigError, match="batch_limits trtllm-bench sets max_num_seqs and max_num_batched_tokens"):
+        load_measurements(path)
+    path.write_text(yaml.safe_dump({"measurements": [{**row, "batch_limits": "row"}]}))
+    with pytest.raises(ConfigError, match="an offline workload needs max_num_seqs, max_num_batched_tokens"):
+        load_measurements(path)
