@@ -39,7 +39,9 @@ measurements only - never on end-to-end figures, which are for validation:
 - an all-reduce (the engine's custom kernel, and NCCL), per group size N the tables measure: the faster of
   two protocols, each floor + ring bytes 2 (N - 1) / N x bytes / its bus bandwidth (a latency protocol and a
   bandwidth one: NCCL's LL and Simple, a custom kernel's one-shot and two-shot; one floor and busbw for
-  every N left a 19-31% held-out median, NCCL's floors taken from the custom fit 42-56%).
+  every N left a 19-31% held-out median, NCCL's floors taken from the custom fit 42-56%);
+- NCCL's all-gather and reduce-scatter the same way, each GPU moving (N - 1) / N of the whole buffer (the
+  engines' default exchange around a data-parallel attention's experts: engine_rules.moe_exchange).
 Each fit minimises squared log error (soft-L1, so a few noisy table points do not steer it) over the
 domain a decode step asks for; the held-out lines (`split_tables`) are only scored, never fitted.
 One file per framework whose tables are fitted (`catalog.fitted_kernels_file`: vLLM's fitted_kernels.yaml,
@@ -351,30 +353,36 @@ def _allreduce_model(p, nbytes, gpus):
     return np.minimum(p[0] + ring / (p[1] * 1e9), p[2] + ring / (p[3] * 1e9))
 
 
-def _allreduce(tune, held) -> dict:
-    """Per implementation and group size the tables measure: two (floor, busbw) protocols, the faster
-    one taken at each size (NCCL's LL / Simple protocols, a custom kernel's one-shot / two-shot)."""
+def _gather_model(p, nbytes, gpus):
+    """`collectives.two_protocol_s` over (N - 1) / N of the whole buffer (all-gather, reduce-scatter)."""
+    return _allreduce_model(p, nbytes / 2, gpus)  # 2 (N - 1) / N x S / 2
+
+
+def _protocols(model, tune: dict, held: dict) -> dict:
+    """Per table (an all-reduce implementation, or NCCL's all_gather / reduce_scatter) and group size the
+    tables measure: two (floor, busbw) protocols, the faster one taken at each size (NCCL's LL / Simple
+    protocols, a custom kernel's one-shot / two-shot)."""
     out = {}
-    for impl, t in tune.allreduce.items():
+    for name, t in tune.items():
         def domain(c):
             c = c[c["bytes"] <= 64 * 2**20]
             return (c["bytes"].to_numpy(), c["gpus"].to_numpy().astype(float)), c["latency_s"].to_numpy()
 
         args, meas = domain(t)
-        h_args, h_meas = domain(held.allreduce[impl])
+        h_args, h_meas = domain(held[name])
         by_gpus, pred, h_pred = {}, np.empty_like(meas), np.empty_like(h_meas)
         for n in sorted(set(args[1].astype(int))):
             at, h_at = args[1] == n, h_args[1] == n
-            p = _fit(_allreduce_model, [5e-6, 50.0, 2e-5, 300.0], [0.0, 0.1, 0.0, 0.1], [1e-3, 5000.0, 1e-3, 5000.0],
+            p = _fit(model, [5e-6, 50.0, 2e-5, 300.0], [0.0, 0.1, 0.0, 0.1], [1e-3, 5000.0, 1e-3, 5000.0],
                      (args[0][at], float(n)), meas[at])
             lat, bw = sorted([(p[0], p[1]), (p[2], p[3])])  # the latency protocol: the lower floor
             p = [lat[0], lat[1], bw[0], bw[1]]
-            pred[at] = _allreduce_model(p, args[0][at], float(n))
-            h_pred[h_at] = _allreduce_model(p, h_args[0][h_at], float(n))
+            pred[at] = model(p, args[0][at], float(n))
+            h_pred[h_at] = model(p, h_args[0][h_at], float(n))
             by_gpus[int(n)] = {"latency_floor_s": float(f"{p[0]:.4g}"), "latency_bus_bytes_per_s": float(f"{p[1] * 1e9:.4g}"),
                                "bandwidth_floor_s": float(f"{p[2]:.4g}"),
                                "bandwidth_bus_bytes_per_s": float(f"{p[3] * 1e9:.4g}")}
-        out[impl] = {"by_gpus": by_gpus, "tune": _errors(pred, meas), "held_out": _errors(h_pred, h_meas)}
+        out[name] = {"by_gpus": by_gpus, "tune": _errors(pred, meas), "held_out": _errors(h_pred, h_meas)}
     return out
 
 
@@ -388,7 +396,10 @@ def fit(framework: str = FRAMEWORK) -> dict:
         versions.add(f"{tables.system}: {tables.framework} {tables.framework_version}, NCCL {tables.nccl_version}")
         tune, held = split_tables(tables)
         attention = _attention(gpu, tune, held, framework)
-        gpus[gpu] = {"gemm": _gemm(gpu, tune, held), "attention": attention, "allreduce": _allreduce(tune, held)}
+        gpus[gpu] = {"gemm": _gemm(gpu, tune, held), "attention": attention,
+                     "allreduce": _protocols(_allreduce_model, tune.allreduce, held.allreduce)}
+        if tune.gather:
+            gpus[gpu]["gather"] = _protocols(_gather_model, tune.gather, held.gather)
         prefill = _prefill(gpu, tune, held, attention)
         if prefill is not None:
             gpus[gpu]["prefill_attention"] = prefill
@@ -403,7 +414,8 @@ def fit(framework: str = FRAMEWORK) -> dict:
                        f"split of {'; '.join(sorted(versions))}; GEMMs of 1-8192 rows with n, k >= 256, decode "
                        f"attention at head dim 128{XQA_DOMAIN if framework == XQA_FRAMEWORK else ''} over >= 15 cached "
                        f"tokens (bf16 and fp8 KV), prefill attention at "
-                       f"head dim 128 over prompts of >= 15 tokens (bf16 and fp8 KV), all-reduces to 64 MiB"),
+                       f"head dim 128 over prompts of >= 15 tokens (bf16 and fp8 KV), all-reduces, all-gathers and "
+                       f"reduce-scatters to 64 MiB"),
             "gpus": gpus}
 
 

@@ -4,6 +4,7 @@ the dispatch/combine bytes by hand, bad layouts as one line, and tensor parallel
 
 from __future__ import annotations
 
+from dataclasses import replace
 from math import comb, pi, sqrt
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 
 from sim.decode.capacity import max_batch
 from sim.decode.context import build_context
+from sim.device.moe_exchange import ALLGATHER_REDUCESCATTER, moe_exchange
 from sim.device.physics import ACTIVATION_BYTES, layer_comm_s
 from sim.inputs import catalog
 from sim.inputs.errors import ConfigError
@@ -108,20 +110,58 @@ def test_attention_data_parallel_splits_the_latent_and_fits_more():
     assert max_batch(dpa) > 5 * max_batch(tp)
 
 
-def test_dispatch_and_combine_by_hand():
+def test_the_engines_exchange_by_hand():
+    """No engine: vLLM's default, all_gatherv of the fp8-quantised hidden states (one byte an element and
+    an fp32 scale per 128) with the top-8 ids and weights (8 B each), reduce_scatterv of the bf16 outputs."""
     ctx = _ctx(*DPA8)
+    m, hw, rows = ctx.model, ctx.hw, 256
+    h = m.hidden_size
+    assert hw.moe_exchange.method == ALLGATHER_REDUCESCATTER
+    gather = hw.gather_s("all_gather", rows * (h * (1 + 4 / 128) + 8 * 8))
+    scatter = hw.gather_s("reduce_scatter", rows * h * ACTIVATION_BYTES)
+    dense = hw.allreduce_s(rows * h * ACTIVATION_BYTES)  # the 3 dense-MLP layers, over all 8 GPUs
+    # attention is tensor-parallel over one GPU: no all-reduce after it
+    assert layer_comm_s(m, hw, rows) == pytest.approx((58 * (gather + scatter) + 3 * dense) / 61)
+    assert "allgather_reducescatter" in hw.sources["moe_exchange"] and gather > 0 and scatter > 0
+    # tensor parallelism (with or without ep): the two all-reduces, as before
+    tp = _ctx(*EP8)
+    assert layer_comm_s(tp.model, tp.hw, rows) == 2 * tp.hw.allreduce_s(rows * h * ACTIVATION_BYTES)
+    assert "moe_exchange" not in tp.hw.sources
+
+
+def test_an_all_to_all_by_hand():
+    ctx = _ctx(*DPA8, "parallel.moe_comm=alltoall")
     m, hw, rows = ctx.model, ctx.hw, 256
     h = m.hidden_size
     remote = expected_remote_ranks(256, 8, 8)
     one_way = hw.alltoall_floor_s + rows / 8 * remote * h * ACTIVATION_BYTES / hw.alltoall_bytes_per_s
-    dense = hw.allreduce_s(rows * h * ACTIVATION_BYTES)  # the 3 dense-MLP layers, over all 8 GPUs
-    # attention is tensor-parallel over one GPU: no all-reduce after it
+    dense = hw.allreduce_s(rows * h * ACTIVATION_BYTES)
     assert layer_comm_s(m, hw, rows) == pytest.approx((58 * 2 * one_way + 3 * dense) / 61)
-    assert hw.alltoall_bytes_per_s == 360e9 and "alltoall" in hw.sources
-    # tensor parallelism (with or without ep): the two all-reduces, as before
-    tp = _ctx(*EP8)
-    assert layer_comm_s(tp.model, tp.hw, rows) == 2 * tp.hw.allreduce_s(rows * h * ACTIVATION_BYTES)
-    assert "alltoall" not in tp.hw.sources
+    assert hw.alltoall_bytes_per_s == 360e9 and "DeepEP" in hw.sources["moe_exchange"]
+
+
+def test_gather_collectives_by_hand():
+    hw = _ctx(*DPA8).hw
+    ring = replace(hw, kernels=None, gather_protocols=(), interconnect_bytes_per_s=400e9, interconnect_hop_s=1e-6)
+    assert ring.gather_s("all_gather", 16e6) == pytest.approx(7 / 8 * 16e6 / 400e9 + 7e-6)  # (N - 1) / N of the buffer
+    assert ring.gather_s("all_gather", 16e6, gpus=1) == 0.0
+    fitted = replace(ring, gather_protocols=(("reduce_scatter", ((8, 5e-6, 100e9, 20e-6, 400e9),)),))
+    assert fitted.gather_s("reduce_scatter", 1e6) == pytest.approx(min(5e-6 + 0.875e6 / 100e9, 20e-6 + 0.875e6 / 400e9))
+    assert fitted.gather_s("all_gather", 1e6) == ring.gather_s("all_gather", 1e6)  # no fit of that op: the ring
+
+
+@pytest.mark.parametrize("engine, dtype, per_element, per_pick", [
+    ("vllm", "fp8", 1 + 4 / 128, 8.0), ("vllm", "bf16", 2.0, 8.0),
+    ("sglang", "fp8", 2.0, 0.0), ("tensorrt-llm", "fp8", 2.0, 8.0),
+])
+def test_each_engines_dispatch_wire(engine, dtype, per_element, per_pick):
+    x = moe_exchange(engine, dtype)
+    assert (x.method, x.dispatch_bytes_per_element, x.routing_bytes_per_pick) == (ALLGATHER_REDUCESCATTER, per_element,
+                                                                                 per_pick)
+    assert x.dispatch_bytes_per_token(7168, 8) == 7168 * per_element + 8 * per_pick
+    assert moe_exchange(engine, dtype, "alltoall").method == "alltoall"
+    with pytest.raises(ValueError, match="moe_comm must be one of engine, alltoall"):
+        moe_exchange(engine, dtype, "deepep")
 
 
 @pytest.mark.parametrize("overrides, field, says", [

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from sim.device.kernel_grid import RatioGrid
-from sim.device.kernels import AllReduce, DecodeAttention, Gemm, datasheet_cost, measured_cost
+from sim.device.kernels import AllReduce, DecodeAttention, Gemm, datasheet_cost, measured_cost, measured_kernels
 from sim.inputs import catalog
 from sim.inputs.kernel_tables import load_tables, split_tables, tables_available
 
@@ -197,6 +197,20 @@ def test_measured_attention_and_allreduce_at_table_points():
     r = ar[(ar.gpus == 4)].iloc[3]
     assert r.bytes % 2 == 0  # sizes are bf16 elements in the file, bytes here
     assert measured_cost("h100-sxm", AllReduce(float(r.bytes), 4)).seconds == pytest.approx(float(r.latency_s), rel=1e-12)
+
+
+@needs_tables
+def test_measured_all_gather_and_reduce_scatter_at_table_points():
+    """NCCL's all_gather / reduce_scatter rows: message sizes in half elements of the whole buffer, read
+    as bytes; at a measured point the answer is the measurement; a group size not measured says so."""
+    t = load_tables("h200-sxm", "trtllm")
+    mk = measured_kernels("h200-sxm", "trtllm")
+    for op in ("all_gather", "reduce_scatter"):
+        r = t.gather[op][t.gather[op].gpus == 8].iloc[20]
+        got = mk.gather_s(op, float(r.bytes), 8)
+        assert got.seconds[0] == pytest.approx(float(r.latency_s), rel=1e-12) and got.inside[0]
+        assert "nccl " + op in got.source
+    assert "6 GPUs not measured" in mk.gather_s("all_gather", 1e6, 6).note
 
 
 @needs_tables

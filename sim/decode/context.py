@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from sim.device.engine_rules import DECODE, engine_memory_rule, host_launch_s, launch_rule
 from sim.device.hardware import Hardware, resolve_hardware
 from sim.device.memory import profile_run_activation_bytes
+from sim.device.moe_exchange import ALLTOALL, moe_exchange
 from sim.device.moe_mla_costs import source_line
 from sim.device.sparse_fetch import SparseFetch
 from sim.inputs import catalog
@@ -95,8 +96,7 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
     if moe_mla:
         hw = replace(hw, sources={**hw.sources, "kernels_moe_mla": moe_mla})
     if model.attention_dp > 1:  # the experts' dispatch and combine cross the interconnect
-        fabric = catalog.interconnect(hw.gpu.interconnect)
-        hw = replace(hw, sources={**hw.sources, "alltoall": f"catalog {fabric.name}: {fabric.alltoall_source}"})
+        hw = with_moe_exchange(hw, scenario)
     t2_layer = model.compressed_bytes_per_token_layer(COMPRESSED_DTYPES[p.compressed_dtype], p.compressed_group_size)
     return RunContext(
         scenario=scenario, model=model, hw=hw, policy=policy,
@@ -105,6 +105,24 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
         weights_bytes=model.weight_bytes(m.weight_dtype, m.weight_group_size),
         profile_path=profile_path,
     )
+
+
+def with_moe_exchange(hw: Hardware, scenario: Scenario) -> Hardware:
+    """`hw` exchanging an attention-DP group's tokens with the experts as the scenario's engine does
+    (vLLM's rules without `engine:`; `device.moe_exchange`), or by all-to-all where parallel.moe_comm
+    says so; its source names the rule and what costs it."""
+    engine = scenario.engine.name if scenario.engine else "vllm"
+    x = moe_exchange(engine, scenario.model.weight_dtype, scenario.parallel.moe_comm)
+    if x.method == ALLTOALL:
+        fabric = catalog.interconnect(hw.gpu.interconnect)
+        cost = f"catalog {fabric.name}: {fabric.alltoall_source}"
+    elif hw.kernels is not None and hw.kernels.has_gather():
+        cost = hw.kernels.tables.source("nccl all_gather / reduce_scatter")
+    elif hw.gather_protocols:
+        cost = f"NCCL's all_gather / reduce_scatter fitted on measured tables ({catalog.fitted_kernels_file(hw.fitted_framework)})"
+    else:
+        cost = f"the catalog fabric's ring ({hw.gpu.interconnect})"
+    return replace(hw, moe_exchange=x, sources={**hw.sources, "moe_exchange": f"{x.source}; costed by {cost}"})
 
 
 def prefill_attention_source(model: ModelSpec, hw: Hardware) -> str:

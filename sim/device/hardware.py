@@ -18,9 +18,17 @@ from sim.inputs.profile import ComputeProfile, CopyCurve, Profile
 from sim.model.dtypes import FP8_COMPUTE_WEIGHT_DTYPES, WEIGHT_DTYPES
 from sim.model.units import FLOP_PER_MAC, GB
 
-from .collectives import Protocols, nearest_protocols, ring_bytes, two_protocol_allreduce_s
+from .collectives import (
+    Protocols,
+    gather_bytes,
+    nearest_protocols,
+    ring_bytes,
+    two_protocol_allreduce_s,
+    two_protocol_s,
+)
 from .engine_rules import CUSTOM_ALLREDUCE, LaunchRule, engine_allreduce_impl
 from .measured_kernels import MOE_FP8_COMPUTE, MeasuredKernels, measured_kernels_for
+from .moe_exchange import MoeExchange
 from .moe_fit import MoeFit
 
 T = TypeVar("T")
@@ -311,6 +319,9 @@ class Hardware:
     allreduce_protocols: tuple[Protocols, ...] = ()
     # which all-reduce the engine runs over the TP group (`engine_rules.engine_allreduce_impl`): custom or nccl
     allreduce_impl: str = CUSTOM_ALLREDUCE
+    # NCCL's all_gather and reduce_scatter fitted on measured tables: (op, protocols per group size); () : the ring
+    gather_protocols: tuple[tuple[str, tuple[Protocols, ...]], ...] = ()
+    moe_exchange: MoeExchange = MoeExchange()  # how an attention-DP group's tokens reach their experts
     fitted_framework: str = FRAMEWORK  # whose tables the datasheet constants were fitted on (the engine's)
     fit_from: str | None = None  # whose fit instead of the GPU's own or its sibling's (`catalog.fitted_kernels_for`)
     alltoall_bytes_per_s: float = float("inf")  # expert-parallel dispatch/combine, bytes one GPU sends per second
@@ -331,6 +342,20 @@ class Hardware:
         if self.allreduce_protocols:
             return two_protocol_allreduce_s(nbytes, n, *nearest_protocols(self.allreduce_protocols, n)[1:])
         return ring_bytes(nbytes, n) / self.interconnect_bytes_per_s + 2 * (n - 1) * self.interconnect_hop_s
+
+    def gather_s(self, op: str, nbytes: float, gpus: int | None = None) -> float:
+        """One NCCL all_gather or reduce_scatter (`op`) of a whole buffer of `nbytes` over the TP group (or
+        `gpus` of it): the measured table; else its fit at the nearest measured group size; else the
+        fabric's ring, (N - 1) / N x bytes / busbw + (N - 1) x per-hop latency. 0 on one GPU."""
+        n = self.tp if gpus is None else gpus
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        if self.kernels is not None and self.kernels.has_gather():
+            return float(self.kernels.gather_s(op, float(nbytes), n).seconds[0])
+        fitted = dict(self.gather_protocols).get(op)
+        if fitted:
+            return two_protocol_s(gather_bytes(nbytes, n), *nearest_protocols(fitted, n)[1:])
+        return gather_bytes(nbytes, n) / self.interconnect_bytes_per_s + (n - 1) * self.interconnect_hop_s
 
     def alltoall_s(self, nbytes_out: float) -> float:
         """One expert-parallel dispatch or combine over the TP group, each GPU sending `nbytes_out` to
@@ -407,10 +432,13 @@ def with_allreduce(hw: Hardware, impl: str) -> Hardware:
     fabric = catalog.interconnect(gpu.interconnect)
     fit = catalog.fitted_kernels_for(gpu.name, hw.fitted_framework, hw.fit_from)
     ar = (fit.allreduce.get(impl) or fit.allreduce.get(CUSTOM_ALLREDUCE)) if fit else None
-    hw = replace(hw, allreduce_impl=impl)
+    gather = fit.gather if fit and fit.gather else {}
+    # the fabric's ring figures cost what no fit covers (an all-gather or reduce-scatter without one)
+    hw = replace(hw, allreduce_impl=impl, interconnect_bytes_per_s=fabric.bus_bytes_per_s,
+                 interconnect_hop_s=fabric.per_hop_latency_s, gather_protocols=tuple(
+                     (op, tuple((n, *p.as_tuple()) for n, p in sorted(g.by_gpus.items()))) for op, g in sorted(gather.items())))
     if ar is None:
-        return replace(hw, interconnect_bytes_per_s=fabric.bus_bytes_per_s, interconnect_hop_s=fabric.per_hop_latency_s,
-                       allreduce_protocols=(), sources={**hw.sources, "interconnect": f"catalog {fabric.name}: {fabric.source}"})
+        return replace(hw, allreduce_protocols=(), sources={**hw.sources, "interconnect": f"catalog {fabric.name}: {fabric.source}"})
     fitted_on = ("custom all-reduces (vLLM)" if impl == CUSTOM_ALLREDUCE else
                  "NCCL all-reduces (over PCIe the engine runs NCCL's: engine_rules.engine_allreduce_impl)")
     protocols = tuple((n, *p.as_tuple()) for n, p in sorted(ar.by_gpus.items()))

@@ -1,5 +1,6 @@
 """Operator times from measured kernel tables (`sim.inputs.kernel_tables`): a GEMM, one layer's decode
-attention, an all-reduce, one layer's MLA decode attention and one GPU's fused MoE experts, each as
+attention, an all-reduce (all-gather, reduce-scatter), one layer's MLA decode attention and one GPU's
+fused MoE experts, each as
 the table's ratio to a baseline interpolated (`kernel_grid`) times that baseline: the operator's
 roofline on the GPU's datasheet peaks, plus (GEMMs, GQA attention, all-reduces) the table's smallest
 time as a floor. At a measured point the answer is the
@@ -105,6 +106,11 @@ def moe_roofline_s(tokens, experts: int, top_k: int, hidden: int, inter: int, tp
 def allreduce_roofline_s(nbytes, gpus: int, bus_bytes_per_s: float):
     """Ring all-reduce bandwidth term: 2 (N - 1) / N x bytes / bus bytes/s."""
     return 2 * (gpus - 1) / gpus * np.asarray(nbytes, dtype=float) / bus_bytes_per_s
+
+
+def gather_roofline_s(nbytes, gpus: int, bus_bytes_per_s: float):
+    """All-gather / reduce-scatter of a whole buffer of `nbytes`: (N - 1) / N x bytes / bus bytes/s."""
+    return (gpus - 1) / gpus * np.asarray(nbytes, dtype=float) / bus_bytes_per_s
 
 
 class MeasuredKernels:
@@ -289,6 +295,28 @@ class MeasuredKernels:
         return Lookup((allreduce_roofline_s(nbytes, gpus, self.bus_bytes_per_s) + curve.floor_s) * ratio, inside & (note == ""),
                       self.tables.source(table), note)
 
+
+    @cached_property
+    def _gather_curves(self) -> dict[tuple[str, int], RatioGrid]:
+        return {(op, int(gpus)): RatioGrid.floored(c[["bytes"]].to_numpy(), c["latency_s"].to_numpy(),
+                                                  gather_roofline_s(c["bytes"], int(gpus), self.bus_bytes_per_s))
+                for op, t in self.tables.gather.items() for gpus, c in t.groupby("gpus")}
+
+    def has_gather(self) -> bool:
+        return bool(self.tables.gather)
+
+    def gather_s(self, op: str, nbytes, gpus: int) -> Lookup:
+        """One NCCL all_gather or reduce_scatter (`op`) of a whole buffer of `nbytes` over `gpus`, as
+        `allreduce_s` interpolates its table (a group size not measured takes the nearest's ratio)."""
+        nbytes = np.atleast_1d(np.asarray(nbytes, dtype=float))
+        if gpus <= 1:
+            return Lookup(np.zeros(len(nbytes)), np.ones(len(nbytes), dtype=bool), f"one GPU: no {op}")
+        use = min((g for o, g in self._gather_curves if o == op), key=lambda g: abs(np.log2(g / gpus)))
+        note = f"{gpus} GPUs not measured: the ratio of {use}" if use != gpus else ""
+        curve = self._gather_curves[(op, use)]
+        ratio, inside = curve(nbytes[:, None])
+        return Lookup((gather_roofline_s(nbytes, gpus, self.bus_bytes_per_s) + curve.floor_s) * ratio,
+                      inside & (note == ""), self.tables.source(f"nccl {op}"), note)
 
     # ---- MLA decode and MoE (their tables read on first use: `kernel_tables.with_moe_mla`) ----------
     @cached_property

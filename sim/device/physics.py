@@ -29,6 +29,7 @@ from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 from .engine_rules import DECODE, MIXED, PREFILL, host_times
 from .hardware import Hardware
 from .host_pipeline import HostLayer, HostStepTimes, host_pipeline
+from .moe_exchange import ALLGATHER_REDUCESCATTER
 from .moe_fit import model_moe_s
 from .moe_mla_costs import measured_mla_s, measured_moe_s, moe_quant, routed_work
 from .sparse_fetch import SparseFetch, fetch_layer, mean_layer_share
@@ -553,20 +554,31 @@ def layer_comm_s(model: ModelSpec, hw: Hardware, rows: float) -> float:
     attention, after the MLP; with experts split whole the combine is that all-reduce, as vLLM does
     without data parallelism). Attention data parallelism (D ranks, attention tensor-parallel over
     tp / D GPUs): each rank all-reduces its rows / D after attention within its attention group; an
-    MoE layer then dispatches each of them to the ranks holding its experts and combines them back
-    (`Hardware.alltoall_s` of rows / D x remote ranks per token x h x 2 B, each way), a dense-MLP layer
+    MoE layer then exchanges them with the experts' GPUs (`moe_exchange_s`), a dense-MLP layer
     all-reduces the group's rows over all tp GPUs (the all-gather + reduce-scatter around it); the mean
     over the L layers."""
     h = model.hidden_size
     if model.attention_dp <= 1:
         return ALLREDUCES_PER_LAYER * hw.allreduce_s(rows * h * ACTIVATION_BYTES)
     dp = model.attention_dp
-    local = rows / dp
-    attention = hw.allreduce_s(local * h * ACTIVATION_BYTES, gpus=hw.tp // dp)
-    remote = expected_remote_ranks(model.num_experts, model.experts_per_token, model.expert_parallel)
-    moe = 2 * hw.alltoall_s(local * remote * h * ACTIVATION_BYTES)
+    attention = hw.allreduce_s(rows / dp * h * ACTIVATION_BYTES, gpus=hw.tp // dp)
     dense = hw.allreduce_s(rows * h * ACTIVATION_BYTES)
-    return attention + (model.moe_layers * moe + model.dense_mlp_layers * dense) / model.num_layers
+    return attention + (model.moe_layers * moe_exchange_s(model, hw, rows) + model.dense_mlp_layers * dense) / model.num_layers
+
+
+def moe_exchange_s(model: ModelSpec, hw: Hardware, rows: float) -> float:
+    """One MoE layer's dispatch and combine of the group's `rows` tokens (`hw.moe_exchange`, the engine's):
+      allgather_reducescatter (the engines' default): all_gather of rows x the dispatch's bytes a token
+          (hidden x wire bytes + top-k x routing bytes) + reduce_scatter of rows x h x 2 B, each over the
+          whole group (`Hardware.gather_s`: every GPU receives the tokens it does not hold);
+      alltoall: 2 x `Hardware.alltoall_s` of rows / D x remote ranks per token x h x 2 B (each token to
+          the ranks of its experts only, and back)."""
+    h, x = model.hidden_size, hw.moe_exchange
+    if x.method == ALLGATHER_REDUCESCATTER:
+        return (hw.gather_s("all_gather", rows * x.dispatch_bytes_per_token(h, model.experts_per_token))
+                + hw.gather_s("reduce_scatter", rows * h * ACTIVATION_BYTES))
+    remote = expected_remote_ranks(model.num_experts, model.experts_per_token, model.expert_parallel)
+    return 2 * hw.alltoall_s(rows / model.attention_dp * remote * h * ACTIVATION_BYTES)
 
 
 def decode_layer_cost(

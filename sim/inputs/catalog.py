@@ -236,6 +236,7 @@ class FittedKernels(_Frozen):
     gemm: dict[str, FittedGemm]  # by the dtype of the GEMM: bf16, fp8
     attention: FittedAttention
     allreduce: dict[str, FittedAllReduce]  # custom, nccl
+    gather: dict[str, FittedAllReduce] | None = None  # NCCL's all_gather and reduce_scatter (the whole buffer's size)
     prefill_attention: dict[str, FittedPrefill] | None = None  # by KV dtype, where the tables have a context table
     mla_attention: FittedMla | None = None  # absorbed MLA decode, where the tables time it
     moe: dict[str, FittedMoe] | None = None  # fused routed experts by the table's weight format (bfloat16, fp8_block, ...)
@@ -380,8 +381,8 @@ def fitted_kernels_for(gpu: str, framework: str = FITTED_FRAMEWORK, fit_from: st
     why = spec.fit_sibling_why if source == spec.fit_sibling else "a study of how fits carry over"
     said = f"{source}: {why}"
     fit = fits[source].model_dump()
-    if gpus()[source].interconnect != spec.interconnect:  # the all-reduce is the fabric's, not the die's
-        fit["allreduce"] = {}
+    if gpus()[source].interconnect != spec.interconnect:  # the collectives are the fabric's, not the die's
+        fit["allreduce"], fit["gather"] = {}, None
     return FittedKernels(**_on_fitted(fit, "borrowed", said))
 
 

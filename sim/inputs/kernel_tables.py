@@ -14,7 +14,11 @@ were checked against the 0.12.0 engine to ~1e-16):
   to `num_heads` means MHA; `window_size` 0 is full attention; ms.
 - `comm/<fw>/<ver>/custom_allreduce_perf.parquet` (the engine's custom all-reduce, CUDA-graph
   rows only) and `comm/nccl/<misc.nccl_version>/nccl_perf.parquet` (op all_reduce, dtype half):
-  `message_size` in ELEMENTS of 2 bytes, `num_gpus`, ms per call.
+  `message_size` in ELEMENTS of 2 bytes, `num_gpus`, ms per call. The same NCCL file's all_gather and
+  reduce_scatter rows (dtype half) are read too (`KernelTables.gather`): nccl-tests' convention, the
+  size is the whole buffer - the gathered output of an all-gather, the input every GPU reduces of a
+  reduce-scatter (its 67M-element all_gather on 8 H200s takes 0.38 ms: 309 GB/s busbw over the whole
+  buffer; per GPU it would be 2.8 TB/s).
 
 Two more families are read on first use only (`with_moe_mla`; a run of a dense model never pays
 for them), with the meanings of the package's loaders (aic-core perf_database/mla.rs
@@ -92,6 +96,8 @@ class KernelTables:
     gemm: pd.DataFrame  # dtype (kvtier weight dtype), m, n, k, latency_s
     decode_attention: pd.DataFrame  # kv_dtype, kv_heads (0: MHA), head_dim, window, heads, batch, kv_tokens, latency_s
     allreduce: dict[str, pd.DataFrame] = field(default_factory=dict)  # impl -> gpus, bytes, latency_s
+    # NCCL all_gather / reduce_scatter -> gpus, bytes (the whole buffer), latency_s
+    gather: dict[str, pd.DataFrame] = field(default_factory=dict)
     # prefill (context) attention: decode_attention's columns, kv_tokens the prompt length (None: no table)
     context_attention: pd.DataFrame | None = None
     nccl_version: str | None = None
@@ -104,7 +110,7 @@ class KernelTables:
         """Where a figure came from, for `sources` and `kvsim ops`."""
         if self.framework == PROFILE_SOURCE:
             return f"measured: hwprobe profile of {self.device} ({self.framework_version}) {table}"
-        ver = self.nccl_version if table == "nccl all_reduce" else f"{self.framework} {self.framework_version}"
+        ver = self.nccl_version if table.startswith("nccl ") else f"{self.framework} {self.framework_version}"
         ver = self.table_sources.get(table.split(" ")[0], ver)  # "gemm fp8" is the gemm table's
         return f"measured: {PACKAGE} {self.package_version} {self.system} ({self.device}) {ver} {table}"
 
@@ -167,11 +173,13 @@ def _load(system: str, framework: str = FRAMEWORK) -> KernelTables:
     custom = table("comm", "custom_allreduce_perf.parquet", "custom_allreduce")
     allreduce = {"custom": _allreduce_graphs(_read(custom, ALLREDUCE_READ)) if custom is not None else None}
     nccl = data / "comm" / "nccl" / nccl_version / "nccl_perf.parquet"
+    gather = {}
     if nccl_version and nccl.is_file():
-        allreduce["nccl"] = _nccl_allreduce(nccl)
+        allreduce["nccl"], gather = _nccl_allreduce(nccl), _nccl_gather(nccl)
     return KernelTables(system=system, device=str(gemm["device"].iloc[0]), framework=framework, framework_version=ver,
                         package_version=version(PACKAGE), gemm=_gemm(gemm), decode_attention=_decode_attention(attn),
-                        allreduce={k: v for k, v in allreduce.items() if v is not None}, nccl_version=nccl_version or None,
+                        allreduce={k: v for k, v in allreduce.items() if v is not None}, gather=gather,
+                        nccl_version=nccl_version or None,
                         context_attention=_context_attention(_read(context, ATTENTION_READ)) if context is not None else None,
                         table_sources=sources)
 
@@ -285,6 +293,16 @@ def _nccl_allreduce(path: Path) -> pd.DataFrame:
     return _allreduce(df[(df["op_name"] == "all_reduce") & (df["nccl_dtype"] == "half")])
 
 
+GATHER_OPS = ("all_gather", "reduce_scatter")
+
+
+def _nccl_gather(path: Path) -> dict[str, pd.DataFrame]:
+    """NCCL's all_gather and reduce_scatter rows (dtype half), each as `_allreduce` reads its rows."""
+    df = _read(path, ALLREDUCE_READ)
+    half = df[df["nccl_dtype"] == "half"]
+    return {op: _allreduce(half[half["op_name"] == op]) for op in GATHER_OPS if (half["op_name"] == op).any()}
+
+
 def _allreduce(df: pd.DataFrame) -> pd.DataFrame:
     df = df.drop_duplicates(["num_gpus", "message_size"], keep="first")
     return pd.DataFrame({"gpus": df["num_gpus"].to_numpy(), "bytes": df["message_size"].to_numpy() * ELEMENT_BYTES,
@@ -364,8 +382,9 @@ def moe_quant_for(weight_dtype: str, group_size: int = 128) -> str | None:
 # ---- the held-out split ---------------------------------------------------------------------------
 # Whole grid lines are held out, so the held-out points test interpolation across a gap (a held-out
 # cell inside a kept line would only test the nearest-cell fill): every 4th value (from the 3rd) of
-# GEMM n and k, of decode and prefill attention tokens and batch, and of all-reduce message size; of MLA decode
-# kv_tokens and batch, and of MoE tokens (where the tables carry them: `with_moe_mla`).
+# GEMM n and k, of decode and prefill attention tokens and batch, and of all-reduce, all-gather and
+# reduce-scatter message size; of MLA decode kv_tokens and batch, and of MoE tokens (where the tables
+# carry them: `with_moe_mla`).
 HELD_OUT_EVERY, HELD_OUT_FROM = 4, 2
 
 
@@ -384,6 +403,8 @@ def split_tables(tables: KernelTables) -> tuple[KernelTables, KernelTables]:
     c_held = (_held_lines(c["kv_tokens"]) | _held_lines(c["batch"])) if c is not None else None
     ar_held = {impl: t.groupby("gpus")["bytes"].transform(lambda s: _held_lines(s)).astype(bool)
                for impl, t in tables.allreduce.items()}
+    gather_held = {op: t.groupby("gpus")["bytes"].transform(lambda s: _held_lines(s)).astype(bool)
+                   for op, t in tables.gather.items()}
 
     # tables that never read MLA decode or MoE split into parts that hold none (empty, not None: a
     # part is never completed later by `with_moe_mla` with the unsplit table)
@@ -395,6 +416,7 @@ def split_tables(tables: KernelTables) -> tuple[KernelTables, KernelTables]:
     def part(held: bool) -> KernelTables:
         return replace(tables, gemm=g[g_held == held], decode_attention=a[a_held == held],
                        allreduce={impl: t[ar_held[impl] == held] for impl, t in tables.allreduce.items()},
+                       gather={op: t[gather_held[op] == held] for op, t in tables.gather.items()},
                        mla_decode=m[m_held == held], moe=e[e_held == held],
                        context_attention=c[c_held == held] if c is not None else None)
 

@@ -226,14 +226,17 @@ class ParallelCfg(Strict, QuietDefaults):
     --enable-expert-parallel, SGLang --ep-size) and run attention data-parallel (`attention_dp`: D
     ranks each holding its own sequences' KV, attention tensor-parallel over tp / D GPUs; SGLang
     --enable-dp-attention --dp D, vLLM --data-parallel-size D with expert parallelism), the tokens
-    dispatched to their experts' GPUs and combined back (`sim.device.physics.layer_comm_s`)."""
+    exchanged with their experts' GPUs and back (`moe_comm`, `sim.device.physics.moe_exchange_s`)."""
 
     tp: int = Field(1, ge=1, le=64)
     ep: int = Field(1, ge=1, le=64)  # 1: experts split by tensor parallelism; tp: E / tp whole experts per GPU
     attention_dp: int = Field(1, ge=1, le=64)  # attention data-parallel ranks within the tp group
     pp: int = Field(1, ge=1, le=8)  # pipeline stages, each a tp group holding ceil(L / pp) layers (serving runs)
+    # attention DP's token exchange with the experts: the engine's default (all-gather + reduce-scatter
+    # in vLLM, SGLang and TensorRT-LLM) or an all-to-all (DeepEP-style, each engine's opt-in)
+    moe_comm: Literal["engine", "alltoall"] = "engine"
 
-    QUIET_DEFAULTS = {"ep": 1, "attention_dp": 1, "pp": 1}
+    QUIET_DEFAULTS = {"ep": 1, "attention_dp": 1, "pp": 1, "moe_comm": "engine"}
 
     @property
     def layout(self) -> tuple[int, int, int]:

@@ -1,0 +1,76 @@
+"""How an attention-data-parallel group's tokens reach the GPUs that hold their experts and come back
+(scenario `parallel.moe_comm`), as each engine does it by default on one NVLink node, read from its code
+(stored copies of the public repositories):
+
+- vLLM (vllm-project/vllm main): vllm/config/parallel.py `all2all_backend` defaults to
+  "allgather_reducescatter"; vllm/distributed/device_communicators/all2all.py `AgRsAll2AllManager`
+  dispatches with all_gatherv (hidden states with the top-k weights and ids) and combines with
+  reduce_scatterv (bf16); an fp8 model's activations are quantised before the gather
+  (naive_dp_ep.py), block scales with them.
+- SGLang (sgl-project/sglang main): `moe_a2a_backend` defaults to "none"; dp_attention.py `dp_gather`
+  all-gathers the bf16 hidden states of every rank (the router runs after it), and
+  `dp_reduce_scatter_tensor` reduce-scatters the experts' partial outputs.
+- TensorRT-LLM (PyTorch backend, MoE backend CUTLASS): fused_moe_cutlass.py enables its all-to-all only
+  with moe_ep_size > top_k and MNNVL (the code of the 2025 performance overview's runs): otherwise
+  torch.ops.trtllm.allgather of the bf16 hidden states (a block-scaled fp8 model quantises in the
+  kernel) with the int32 expert ids and fp32 weights, and reducescatter of the bf16 outputs, both over
+  NCCL. Later code (after Nov 2025) prefers NVLink all-to-alls where the node supports them.
+
+So by default every GPU gathers the whole group's tokens, runs its own experts on those routed to them,
+and the partial outputs are reduce-scattered back: NCCL's all_gather and reduce_scatter over the whole
+group (`Hardware.gather_s`). `alltoall` is the engines' opt-in instead (vLLM --all2all-backend
+deepep_high_throughput / deepep_low_latency, SGLang --moe-a2a-backend deepep, TensorRT-LLM's DeepEP or
+NVLink one-sided): each token goes only to the ranks of its experts, bf16 each way, at the catalog
+fabric's all-to-all figures (`Hardware.alltoall_s`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ALLGATHER_REDUCESCATTER = "allgather_reducescatter"
+ALLTOALL = "alltoall"
+MOE_COMMS = ("engine", ALLTOALL)  # scenario parallel.moe_comm: the engine's default, or an all-to-all
+BF16_BYTES = 2.0
+FP8_WITH_BLOCK_SCALES = 1.0 + 4.0 / 128  # one byte an element, an fp32 scale per 128 (vLLM's block-quantised dispatch)
+ROUTING_BYTES_PER_PICK = 8.0  # an int32 expert id and an fp32 weight per routed pick, gathered with the token
+
+
+@dataclass(frozen=True)
+class MoeExchange:
+    """One engine's dispatch and combine: `method`, the dispatch's bytes per hidden element and per
+    routed pick (the combine is bf16 hidden states either way), and the sentence saying where from."""
+
+    method: str = ALLTOALL
+    dispatch_bytes_per_element: float = BF16_BYTES
+    routing_bytes_per_pick: float = 0.0
+    source: str = "kvtier's all-to-all (no engine rule applied)"
+
+    def dispatch_bytes_per_token(self, hidden: int, experts_per_token: int) -> float:
+        return hidden * self.dispatch_bytes_per_element + experts_per_token * self.routing_bytes_per_pick
+
+
+def moe_exchange(engine: str, weight_dtype: str, moe_comm: str = "engine") -> MoeExchange:
+    """The exchange `engine` runs (see the module docstring), or the all-to-all `moe_comm` asks for."""
+    if moe_comm == ALLTOALL:
+        return MoeExchange(source="parallel.moe_comm alltoall: each token to its experts' ranks only, bf16 each "
+                                  "way (DeepEP-style; the engines' opt-in), at the catalog fabric's all-to-all figures")
+    if moe_comm != "engine":
+        raise ValueError(f"moe_comm must be one of {', '.join(MOE_COMMS)}, got {moe_comm!r}")
+    if engine == "vllm":
+        fp8 = weight_dtype == "fp8"
+        return MoeExchange(ALLGATHER_REDUCESCATTER, FP8_WITH_BLOCK_SCALES if fp8 else BF16_BYTES, ROUTING_BYTES_PER_PICK,
+                           "vLLM's default all2all_backend allgather_reducescatter (vllm/config/parallel.py; "
+                           "all2all.py AgRsAll2AllManager): all_gatherv of the "
+                           f"{'fp8-quantised' if fp8 else 'bf16'} hidden states with the top-k ids and weights, "
+                           "reduce_scatterv of the bf16 outputs")
+    if engine == "sglang":
+        return MoeExchange(ALLGATHER_REDUCESCATTER, BF16_BYTES, 0.0,
+                           "SGLang's default moe_a2a_backend none (dp_attention.py dp_gather, dp_reduce_scatter_tensor): "
+                           "all-gather of the bf16 hidden states (the router runs after it), reduce-scatter of the outputs")
+    if engine == "tensorrt-llm":
+        return MoeExchange(ALLGATHER_REDUCESCATTER, BF16_BYTES, ROUTING_BYTES_PER_PICK,
+                           "TensorRT-LLM's CUTLASS MoE without an all-to-all (fused_moe_cutlass.py: moe_ep_size > top_k "
+                           "and MNNVL needed for one): allgather of the bf16 hidden states with the expert ids and "
+                           "weights, reducescatter of the bf16 outputs, over NCCL")
+    raise ValueError(f"engine must be vllm, sglang or tensorrt-llm, got {engine!r}")
