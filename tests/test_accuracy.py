@@ -110,9 +110,14 @@ def test_the_study_on_a_subset_gives_finite_errors():
 @NEEDS_TABLES
 def test_the_operator_table_per_family_and_gpu():
     ops = operator_table(["h100-sxm"])
-    assert set(ops["family"]) == {"gemm", "decode attention", "prefill attention", "all-reduce", "mla decode", "moe experts"}
+    assert set(ops["family"]) == {"gemm", "decode attention", "prefill attention", "all-reduce", "all-gather",
+                                  "reduce-scatter", "mla decode", "moe experts"}
     assert set(ops["gpu"]) == {"h100-sxm", "all"}
-    assert (ops["tables_median"] < ops["datasheet_median"]).all()  # the tables are the closer model
+    gather = ops["family"].isin(["all-gather", "reduce-scatter"])
+    assert (ops[~gather]["tables_median"] < ops[~gather]["datasheet_median"]).all()  # the tables are the closer model
+    # NCCL's all-gather / reduce-scatter: 12 held-out points each, both within a few percent (H100's reduce-scatter:
+    # the fit 3.1%, the tables 3.4%)
+    assert (ops[gather][["tables_median", "datasheet_median"]] < 0.08).all().all()
 
 
 def test_the_command(tmp_path):

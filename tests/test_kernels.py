@@ -11,7 +11,15 @@ import numpy as np
 import pytest
 
 from sim.device.kernel_grid import RatioGrid
-from sim.device.kernels import AllReduce, DecodeAttention, Gemm, datasheet_cost, measured_cost, measured_kernels
+from sim.device.kernels import (
+    AllReduce,
+    DecodeAttention,
+    Gemm,
+    datasheet_cost,
+    datasheet_hardware,
+    measured_cost,
+    measured_kernels,
+)
 from sim.inputs import catalog
 from sim.inputs.kernel_tables import load_tables, split_tables, tables_available
 
@@ -289,8 +297,26 @@ def test_ops_prints_the_datasheet_figure_and_json():
     assert "measured_s" not in out
 
 
+def test_ops_all_gather_and_reduce_scatter(tmp_path):
+    """NCCL's collectives through the seam: the datasheet figure is `Hardware.gather_s`, the bytes the whole
+    buffer; a CSV row asks the same."""
+    res = run_cli("ops", "allgather", "--bytes", "16777216", "--gpus", "8", "--kernels", "datasheet", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    want = datasheet_hardware("h200-sxm", tp=8).gather_s("all_gather", 16777216)
+    assert out["datasheet_s"] == pytest.approx(want) and "Hardware.gather_s (all_gather" in out["datasheet_source"]
+    src = tmp_path / "ops.csv"
+    src.write_text("op,gpu,bytes,gpus\nreducescatter,h100-sxm,1000000,4\n")
+    res = run_cli("ops", "--csv", str(src), "--kernels", "datasheet")
+    assert res.returncode == 0, res.stderr
+    line = res.stdout.splitlines()[1]
+    assert "reduce_scatter" in line and float(line.split(",")[4]) == pytest.approx(
+        datasheet_hardware("h100-sxm", tp=4).gather_s("reduce_scatter", 1e6))
+
+
 @pytest.mark.parametrize("args,expected", [
     (["gemm", "--m", "8", "--n", "4096"], "kvsim ops: k: gemm needs m, n, k; missing k"),
+    (["allgather", "--gpus", "8"], "bytes: allgather needs bytes, gpus; missing bytes"),
     (["attention", "--batch", "2", "--kv-tokens", "9", "--heads", "32", "--kv-heads", "5", "--head-dim", "128"],
      "kv_heads: heads (32) must be a multiple of kv_heads"),
     (["gemm", "--m", "8", "--n", "4096", "--k", "4096", "--gpu", "nope"], "gpu: unknown GPU"),

@@ -16,11 +16,13 @@ import typer
 from sim.inputs.errors import ConfigError
 from sim.outputs.run_folder import to_json
 
+OPS = "gemm, attention, prefill, allreduce, allgather, reducescatter"
 KERNELS_HELP = "datasheet, measured or both (measured: AIConfigurator's tables, where they cover the GPU)"
 
 
 def ops(
-    op: Optional[str] = typer.Argument(None, help="gemm, attention (decode), prefill (causal prefill attention) or allreduce (or give --csv)"),
+    op: Optional[str] = typer.Argument(None, help="gemm, attention (decode), prefill (causal prefill attention), allreduce, "
+                                       "allgather or reducescatter (NCCL's; --bytes the whole buffer) (or give --csv)"),
     gpu: str = typer.Option("h200-sxm", "--gpu", help="catalog GPU (kvsim gpus)"),
     m: Optional[int] = typer.Option(None, "--m", help="gemm: rows (tokens)"),
     n: Optional[int] = typer.Option(None, "--n", help="gemm: output features per GPU"),
@@ -33,8 +35,9 @@ def ops(
     kv_heads: Optional[int] = typer.Option(None, "--kv-heads", help="attention: KV heads per GPU"),
     head_dim: Optional[int] = typer.Option(None, "--head-dim", help="attention: head dimension"),
     kv_dtype: Optional[str] = typer.Option(None, "--kv-dtype", help="attention: KV dtype bf16, fp16, fp8, int8"),
-    nbytes: Optional[float] = typer.Option(None, "--bytes", help="allreduce: message bytes"),
-    gpus: Optional[int] = typer.Option(None, "--gpus", help="allreduce: GPUs in the group"),
+    nbytes: Optional[float] = typer.Option(None, "--bytes", help="allreduce: message bytes; allgather / reducescatter: "
+                                           "the whole buffer (gathered output, reduced input)"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="allreduce, allgather, reducescatter: GPUs in the group"),
     impl: Optional[str] = typer.Option(None, "--impl", help="allreduce: custom or nccl"),
     csv_in: Optional[Path] = typer.Option(None, "--csv", help="operators, one per row (columns as the flags: op, gpu, m, n, k, ...)"),
     out: Optional[Path] = typer.Option(None, "--out", help="with --csv: write the predictions here (default stdout)"),
@@ -46,7 +49,7 @@ def ops(
                                            "on your own device, instead of AIConfigurator's tables"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
-    """Predicted time of one operator call (a GEMM, one layer's decode or prefill attention, an all-reduce)."""
+    """Predicted time of one operator call (GEMM, decode or prefill attention, all-reduce, all-gather, reduce-scatter)."""
     from sim.device.kernels import KERNELS, predict, profile_kernels
     from sim.inputs import catalog
     from sim.inputs.kernel_tables import FRAMEWORKS
@@ -67,7 +70,7 @@ def ops(
         print(f"kvsim: ops: note: {mismatch}", file=sys.stderr)  # never a GPU number from a CPU
     if csv_in is None:
         if op is None:
-            raise ConfigError("give an operator (gemm, attention, prefill, allreduce) or --csv FILE", field="OP")
+            raise ConfigError(f"give an operator ({OPS}) or --csv FILE", field="OP")
         values = {"op": op, "gpu": gpu, "m": m, "n": n, "k": k, "dtype": dtype, "batch": batch, "kv_tokens": kv_tokens,
                   "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "kv_dtype": kv_dtype, "bytes": nbytes,
                   "gpus": gpus, "impl": impl}
@@ -119,6 +122,8 @@ def _shape(q) -> str:
         return f"{q.batch} prompts x {q.kv_tokens} tokens, {q.heads} heads / {q.kv_heads} KV heads x {q.head_dim}, KV {q.kv_dtype}"
     if q.op == "attention":
         return f"batch {q.batch} x {q.kv_tokens} cached tokens, {q.heads} heads / {q.kv_heads} KV heads x {q.head_dim}, KV {q.kv_dtype}"
+    if q.op in ("allgather", "reducescatter"):
+        return f"a {q.bytes:,.0f}-byte buffer over {q.gpus} GPUs (NCCL)"
     return f"{q.bytes:,.0f} bytes over {q.gpus} GPUs ({q.impl})"
 
 

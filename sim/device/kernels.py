@@ -1,12 +1,12 @@
 """The operator-cost seam: what a step's cost asks of the device, one operator at a time - a GEMM
 (m rows x n outputs x k inputs, a weight dtype), one layer's decode attention (batch, cached tokens
 per sequence, heads, KV heads, head dim, KV dtype), one layer's causal prefill attention (prompts,
-tokens each, the same heads) and an all-reduce (bytes over N GPUs, an
-implementation) - answered two ways:
+tokens each, the same heads), an all-reduce (bytes over N GPUs, an implementation) and NCCL's
+all-gather / reduce-scatter (the whole buffer's bytes over N GPUs) - answered two ways:
 
 - `datasheet`: kvtier's own model, the formulas the step cost uses (`physics.weight_gemm_s`,
   `physics.gqa_datasheet_attention_s`, `physics.datasheet_prefill_attention_s`, `Hardware.allreduce_s` of
-  the operator's implementation) on the catalog GPU, with the constants fitted on the measured tables
+  the operator's implementation, `Hardware.gather_s`) on the catalog GPU, with the constants fitted on the measured tables
   where they cover it (sim/catalog/fitted_kernels.yaml), the catalog's defaults elsewhere;
 - `measured`: AIConfigurator's kernel tables (`measured_kernels`), where they cover the GPU.
 
@@ -69,7 +69,15 @@ class AllReduce:
     impl: str = "custom"  # custom (the engine's one-shot / two-shot kernel) or nccl
 
 
-Operator = Gemm | DecodeAttention | PrefillAttention | AllReduce
+@dataclass(frozen=True)
+class Gather:
+    nbytes: float  # the whole buffer: the gathered output (all_gather), the input every GPU reduces (reduce_scatter)
+    gpus: int
+    op: str = "all_gather"  # or reduce_scatter (NCCL's)
+
+
+Operator = Gemm | DecodeAttention | PrefillAttention | AllReduce | Gather
+GATHER_OPS = {"allgather": "all_gather", "reducescatter": "reduce_scatter"}  # kvsim ops' name -> NCCL's
 
 
 @dataclass(frozen=True)
@@ -117,6 +125,11 @@ def datasheet_cost(gpu: str, op: Operator, framework: str = FRAMEWORK, fit_from:
         seconds = datasheet_prefill_attention_s(hw, flop, tokens * kv_layer, op.prompt_tokens, op.batch, tokens, op.heads,
                                                 op.kv_heads, fp8)
         return OpCost(seconds, "datasheet: physics.datasheet_prefill_attention_s")
+    if isinstance(op, Gather):
+        hw = datasheet_hardware(gpu, tp=op.gpus, framework=framework, fit_from=fit_from)
+        how = ("fitted protocols per group size" if dict(hw.gather_protocols).get(op.op) else
+               "ring: catalog interconnect busbw + per-hop latency")
+        return OpCost(hw.gather_s(op.op, op.nbytes), f"datasheet: Hardware.gather_s ({op.op}; {how})")
     hw = with_allreduce(datasheet_hardware(gpu, tp=op.gpus, framework=framework, fit_from=fit_from), op.impl)
     how = ("fitted protocols per group size" if hw.allreduce_protocols else "ring: catalog interconnect busbw + per-hop latency")
     return OpCost(hw.allreduce_s(op.nbytes), f"datasheet: Hardware.allreduce_s ({op.impl}; {how})")
@@ -147,6 +160,11 @@ def measured_cost(gpu: str, op: Operator, mk: MeasuredKernels | None = None, fra
             d = datasheet_cost(gpu, op, framework)
             return OpCost(d.seconds, d.source, False, "no measured prefill-attention table: the datasheet model")
         r = mk.context_attention_s(op.batch, op.prompt_tokens, op.heads, op.kv_heads, op.head_dim, op.kv_dtype)
+    elif isinstance(op, Gather):
+        if not mk.has_gather():
+            d = datasheet_cost(gpu, op, framework)
+            return OpCost(d.seconds, d.source, False, f"no measured {op.op} table: the datasheet model")
+        r = mk.gather_s(op.op, op.nbytes, op.gpus)
     elif not mk.allreduce_impls() and op.gpus > 1:
         d = datasheet_cost(gpu, op, framework)
         return OpCost(d.seconds, d.source, False, "no measured all-reduce table: the datasheet model")
@@ -168,6 +186,8 @@ def operator_of(q) -> Operator:
         return DecodeAttention(q.batch, q.kv_tokens, q.heads, q.kv_heads, q.head_dim, q.kv_dtype)
     if q.op == "prefill":
         return PrefillAttention(q.batch, q.kv_tokens, q.heads, q.kv_heads, q.head_dim, q.kv_dtype)
+    if q.op in GATHER_OPS:
+        return Gather(q.bytes, q.gpus, GATHER_OPS[q.op])
     return AllReduce(q.bytes, q.gpus, q.impl)
 
 

@@ -25,6 +25,8 @@ OP_FIELDS = {
     "attention": ("batch", "kv_tokens", "heads", "kv_heads", "head_dim"),
     "prefill": ("batch", "kv_tokens", "heads", "kv_heads", "head_dim"),  # kv_tokens: each prompt's tokens
     "allreduce": ("bytes", "gpus"),
+    "allgather": ("bytes", "gpus"),  # bytes: the whole gathered buffer (nccl-tests' size)
+    "reducescatter": ("bytes", "gpus"),  # bytes: the whole buffer every GPU reduces
 }
 INTEGER_COLUMNS = {"m", "n", "k", "batch", "kv_tokens", "heads", "kv_heads", "head_dim", "gpus"}
 COLUMNS = ("op", "gpu", "m", "n", "k", "dtype", "batch", "kv_tokens", "heads", "kv_heads", "head_dim", "kv_dtype",
@@ -32,7 +34,7 @@ COLUMNS = ("op", "gpu", "m", "n", "k", "dtype", "batch", "kv_tokens", "heads", "
 
 
 class OpQuery(Strict):
-    op: Literal["gemm", "attention", "prefill", "allreduce"]
+    op: Literal["gemm", "attention", "prefill", "allreduce", "allgather", "reducescatter"]
     gpu: str = Field("h200-sxm", max_length=64)
     m: int | None = Field(None, ge=1, le=MAX_DIM)  # GEMM rows (tokens)
     n: int | None = Field(None, ge=1, le=MAX_DIM)  # output features per GPU

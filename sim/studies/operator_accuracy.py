@@ -5,8 +5,8 @@ interpolation across a gap, never a table point itself). Error = predicted / mea
 
 The domain is what kvtier's step cost asks for: GEMMs of 1-8192 rows with n, k >= 256 (bf16, fp8),
 decode attention at head dim 128 without a sliding window over >= 16 cached tokens, prefill
-attention at head dim 128 without a window over prompts of >= 16 tokens, and all-reduces up to 64 MiB
-over 2-8 GPUs (custom and NCCL). Every `STRIDE`-th point of the domain is
+attention at head dim 128 without a window over prompts of >= 16 tokens, all-reduces up to 64 MiB
+over 2-8 GPUs (custom and NCCL), and NCCL's all-gathers and reduce-scatters up to 64 MiB buffers. Every `STRIDE`-th point of the domain is
 kept, in table order, so a run is seconds, not minutes.
 """
 
@@ -17,13 +17,22 @@ from functools import partial
 
 import pandas as pd
 
-from sim.device.kernels import AllReduce, DecodeAttention, Gemm, OpCost, Operator, PrefillAttention, datasheet_cost
+from sim.device.kernels import (
+    AllReduce,
+    DecodeAttention,
+    Gather,
+    Gemm,
+    OpCost,
+    Operator,
+    PrefillAttention,
+    datasheet_cost,
+)
 from sim.device.measured_kernels import MeasuredKernels
 from sim.inputs import catalog
 from sim.inputs.kernel_tables import SYSTEMS, load_tables, split_tables
 
 STRIDE = 7
-FAMILY = r"^(gemm|decode attention|prefill attention|all-reduce)"  # an op's family, from its name
+FAMILY = r"^(gemm|decode attention|prefill attention|all-reduce|all-gather|reduce-scatter)"  # an op's family, from its name
 MAX_ALLREDUCE_BYTES = 64 * 2**20
 Costing = Callable[[Operator], OpCost]  # one GPU's datasheet cost of an operator
 
@@ -40,6 +49,7 @@ def held_out_points(gpu: str, fit_from: str | None = None) -> tuple[pd.DataFrame
     if held.context_attention is not None:
         frames.append(_prefill(ds, held.context_attention, mk))
     frames += [_allreduce(ds, impl, t, mk) for impl, t in held.allreduce.items()]
+    frames += [_gather(ds, op, t, mk) for op, t in held.gather.items()]
     out = pd.concat([f for f in frames if len(f)], ignore_index=True)
     out["datasheet_err"] = out["datasheet_s"] / out["measured_s"] - 1
     out["tables_err"] = out["tables_s"] / out["measured_s"] - 1
@@ -92,6 +102,16 @@ def _allreduce(ds: Costing, impl: str, t: pd.DataFrame, mk: MeasuredKernels) -> 
         tab = mk.allreduce_s(r.bytes, int(r.gpus), impl).seconds[0]
         rows.append({"op": f"all-reduce {impl}", "shape": f"{int(r.bytes)} B x{r.gpus}", "measured_s": r.latency_s,
                      "datasheet_s": ds(AllReduce(float(r.bytes), int(r.gpus), impl)).seconds, "tables_s": float(tab)})
+    return pd.DataFrame(rows)
+
+
+def _gather(ds: Costing, op: str, t: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
+    t = t[t["bytes"] <= MAX_ALLREDUCE_BYTES]
+    rows = []
+    for r in t.itertuples(index=False):
+        rows.append({"op": f"{op.replace('_', '-')} nccl", "shape": f"{int(r.bytes)} B x{r.gpus}",
+                     "measured_s": r.latency_s, "datasheet_s": ds(Gather(float(r.bytes), int(r.gpus), op)).seconds,
+                     "tables_s": float(mk.gather_s(op, r.bytes, int(r.gpus)).seconds[0])})
     return pd.DataFrame(rows)
 
 
