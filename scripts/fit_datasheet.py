@@ -41,7 +41,11 @@ measurements only - never on end-to-end figures, which are for validation:
   bandwidth one: NCCL's LL and Simple, a custom kernel's one-shot and two-shot; one floor and busbw for
   every N left a 19-31% held-out median, NCCL's floors taken from the custom fit 42-56%);
 - NCCL's all-gather and reduce-scatter the same way, each GPU moving (N - 1) / N of the whole buffer (the
-  engines' default exchange around a data-parallel attention's experts: engine_rules.moe_exchange).
+  engines' default exchange around a data-parallel attention's experts: device/moe_exchange.py);
+- DeepEP's all-to-all (the engines' opt-in exchange), per kernel (high-throughput, low-latency) and phase
+  (dispatch, combine): floor + bytes / rate, bytes = tokens a rank x remote ranks a token reaches x hidden
+  x wire bytes (TensorRT-LLM's tables, whose wires are stated; the fabric's catalog figures were a floor
+  assumed at 15 us and DeepEP's NVLink 5 fraction).
 Each fit minimises squared log error (soft-L1, so a few noisy table points do not steer it) over the
 domain a decode step asks for; the held-out lines (`split_tables`) are only scored, never fitted.
 One file per framework whose tables are fitted (`catalog.fitted_kernels_file`: vLLM's fitted_kernels.yaml,
@@ -62,10 +66,12 @@ from scipy.optimize import least_squares
 
 from sim.device.kernels import DEFAULT_GROUP_SIZE
 from sim.device.measured_kernels import MOE_FP8_COMPUTE
+from sim.device.moe_exchange import A2A_WIRE_BYTES
 from sim.device.physics import xqa_ctas
 from sim.inputs import catalog
 from sim.inputs.kernel_tables import FRAMEWORK, FRAMEWORKS, PACKAGE, SYSTEMS, load_tables, split_tables, with_moe_mla
 from sim.model.dtypes import WEIGHT_DTYPES
+from sim.model.experts import expected_remote_ranks
 from sim.model.units import FLOP_PER_MAC
 from sim.studies.moe_mla_accuracy import QUANT_AS, balanced_rank0
 
@@ -386,6 +392,33 @@ def _protocols(model, tune: dict, held: dict) -> dict:
     return out
 
 
+def _alltoall(tune, held) -> dict | None:
+    """Per DeepEP kernel and phase: (floor, bytes / s) over every shape the tables time (`a2a_roofline_s`'s bytes)."""
+    if tune.a2a is None or not len(tune.a2a):
+        return None
+
+    def domain(a):
+        remote = np.array([expected_remote_ranks(int(e), int(k), int(p)) for e, k, p in a[["experts", "top_k", "ep"]].to_numpy()])
+        wire = a["wire"].map(A2A_WIRE_BYTES).to_numpy()
+        return (a["tokens"].to_numpy() * remote * a["hidden"].to_numpy() * wire,), a["latency_s"].to_numpy()
+
+    out = {}
+    for (backend, phase), t in tune.a2a.groupby(["backend", "phase"]):
+        args, meas = domain(t)
+        h = held.a2a[(held.a2a["backend"] == backend) & (held.a2a["phase"] == phase)]
+        h_args, h_meas = domain(h)
+        p = _fit(_a2a_model, [3e-5, 300.0], [0.0, 1.0], [1e-3, 5000.0], args, meas)
+        out.setdefault(backend, {})[phase] = {
+            "floor_s": float(f"{p[0]:.4g}"), "bytes_per_s": float(f"{p[1] * 1e9:.4g}"),
+            "tune": _errors(_a2a_model(p, *args), meas), "held_out": _errors(_a2a_model(p, *h_args), h_meas)}
+    return out
+
+
+def _a2a_model(p, nbytes):
+    """One DeepEP phase: floor + bytes / rate (GB/s)."""
+    return p[0] + nbytes / (p[1] * 1e9)
+
+
 def fit(framework: str = FRAMEWORK) -> dict:
     """Every GPU's constants fitted on `framework`'s tables (the engine's kernels: vLLM's, SGLang's,
     TensorRT-LLM's)."""
@@ -400,6 +433,9 @@ def fit(framework: str = FRAMEWORK) -> dict:
                      "allreduce": _protocols(_allreduce_model, tune.allreduce, held.allreduce)}
         if tune.gather:
             gpus[gpu]["gather"] = _protocols(_gather_model, tune.gather, held.gather)
+        a2a = _alltoall(tune, held)
+        if a2a is not None:
+            gpus[gpu]["alltoall"] = a2a
         prefill = _prefill(gpu, tune, held, attention)
         if prefill is not None:
             gpus[gpu]["prefill_attention"] = prefill
@@ -415,7 +451,7 @@ def fit(framework: str = FRAMEWORK) -> dict:
                        f"attention at head dim 128{XQA_DOMAIN if framework == XQA_FRAMEWORK else ''} over >= 15 cached "
                        f"tokens (bf16 and fp8 KV), prefill attention at "
                        f"head dim 128 over prompts of >= 15 tokens (bf16 and fp8 KV), all-reduces, all-gathers and "
-                       f"reduce-scatters to 64 MiB"),
+                       f"reduce-scatters to 64 MiB, DeepEP all-to-alls"),
             "gpus": gpus}
 
 

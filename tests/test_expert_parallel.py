@@ -13,9 +13,10 @@ import pytest
 from sim.decode.capacity import max_batch
 from sim.decode.context import build_context
 from sim.device.moe_exchange import ALLGATHER_REDUCESCATTER, moe_exchange
-from sim.device.physics import ACTIVATION_BYTES, layer_comm_s
+from sim.device.physics import ACTIVATION_BYTES, layer_comm_s, moe_exchange_s
 from sim.inputs import catalog
 from sim.inputs.errors import ConfigError
+from sim.inputs.kernel_tables import tables_available
 from sim.inputs.scenario import load_scenario
 from sim.model.experts import (
     busiest_rank_experts_touched,
@@ -30,6 +31,7 @@ from .conftest import SCENARIOS
 R1 = ["model.name=deepseek-r1", "model.weight_dtype=fp8", "parallel.tp=8"]
 EP8 = ["parallel.ep=8"]
 DPA8 = ["parallel.ep=8", "parallel.attention_dp=8"]
+NEEDS_TABLES = pytest.mark.skipif(not tables_available(), reason="aiconfigurator-core (the .[measured] extra) not installed")
 
 
 def _ctx(*overrides: str, policy: str = "full_hbm"):
@@ -130,14 +132,40 @@ def test_the_engines_exchange_by_hand():
 
 
 def test_an_all_to_all_by_hand():
-    ctx = _ctx(*DPA8, "parallel.moe_comm=alltoall")
+    """moe_comm alltoall, datasheet: each phase floor + rows / D x remote ranks x h x 2 B / rate, DeepEP's
+    low-latency kernels at 32 tokens a rank, their figures fitted on the tables (the catalog's without a fit)."""
+    ctx = _ctx(*DPA8, "parallel.moe_comm=alltoall", "hardware.kernels=datasheet")
     m, hw, rows = ctx.model, ctx.hw, 256
     h = m.hidden_size
     remote = expected_remote_ranks(256, 8, 8)
-    one_way = hw.alltoall_floor_s + rows / 8 * remote * h * ACTIVATION_BYTES / hw.alltoall_bytes_per_s
+    fits = {(k, p): (f, r) for k, p, f, r in hw.alltoall_fits}
+    assert set(fits) == {("ll", "dispatch"), ("ll", "combine"), ("ht", "dispatch"), ("ht", "combine")}
+    ways = [fits[("ll", p)][0] + rows / 8 * remote * h * 2 / fits[("ll", p)][1] for p in ("dispatch", "combine")]
     dense = hw.allreduce_s(rows * h * ACTIVATION_BYTES)
-    assert layer_comm_s(m, hw, rows) == pytest.approx((58 * 2 * one_way + 3 * dense) / 61)
-    assert hw.alltoall_bytes_per_s == 360e9 and "DeepEP" in hw.sources["moe_exchange"]
+    assert layer_comm_s(m, hw, rows) == pytest.approx((58 * sum(ways) + 3 * dense) / 61)
+    assert "DeepEP" in hw.sources["moe_exchange"] and "fitted on measured tables" in hw.sources["moe_exchange"]
+    bare = replace(hw, alltoall_fits=())  # no fit: the catalog fabric's figures, the same either way
+    one_way = bare.alltoall_floor_s + rows / 8 * remote * h * 2 / bare.alltoall_bytes_per_s
+    assert layer_comm_s(m, bare, rows) == pytest.approx((58 * 2 * one_way + 3 * dense) / 61)
+    assert bare.alltoall_bytes_per_s == 360e9
+
+
+@NEEDS_TABLES
+def test_an_all_to_all_from_deepeps_tables():
+    """Measured: TensorRT-LLM's DeepEP tables (latency in microseconds), at a timed point exactly; its LL
+    dispatch carries an fp8 model's activations in fp8, its combine and HT kernels bf16."""
+    ctx = _ctx(*DPA8, "parallel.moe_comm=alltoall", "engine.name=tensorrt-llm")
+    m, hw = ctx.model, ctx.hw
+    a = hw.kernels.tables.a2a
+    want = 0.0
+    for phase, wire in (("dispatch", "fp8"), ("combine", "bf16")):
+        r = a[(a.backend == "ll") & (a.phase == phase) & (a.wire == wire) & (a.hidden == 7168) & (a.top_k == 8)
+              & (a.experts == 256) & (a.ep == 8) & (a.tokens == 32)]
+        want += float(r.latency_s.iloc[0])
+    assert 30e-6 < want / 2 < 200e-6  # DeepEP's floors: tens of microseconds
+    assert moe_exchange_s(m, hw, 32 * 8) == pytest.approx(want, rel=1e-9)
+    assert "moe_a2a DeepEP" in hw.sources["moe_exchange"]
+    assert moe_exchange_s(m, hw, 4096 * 8) > moe_exchange_s(m, hw, 256 * 8)  # the HT kernels beyond 256 a rank
 
 
 def test_gather_collectives_by_hand():

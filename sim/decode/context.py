@@ -113,7 +113,11 @@ def with_moe_exchange(hw: Hardware, scenario: Scenario) -> Hardware:
     says so; its source names the rule and what costs it."""
     engine = scenario.engine.name if scenario.engine else "vllm"
     x = moe_exchange(engine, scenario.model.weight_dtype, scenario.parallel.moe_comm)
-    if x.method == ALLTOALL:
+    if x.method == ALLTOALL and hw.kernels is not None and hw.kernels.a2a_slices():
+        cost = hw.kernels.tables.source("moe_a2a DeepEP dispatch / combine")
+    elif x.method == ALLTOALL and hw.alltoall_fits:
+        cost = f"DeepEP's dispatch / combine fitted on measured tables ({catalog.fitted_kernels_file(hw.fitted_framework)})"
+    elif x.method == ALLTOALL:
         fabric = catalog.interconnect(hw.gpu.interconnect)
         cost = f"catalog {fabric.name}: {fabric.alltoall_source}"
     elif hw.kernels is not None and hw.kernels.has_gather():

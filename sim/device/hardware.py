@@ -322,6 +322,8 @@ class Hardware:
     # NCCL's all_gather and reduce_scatter fitted on measured tables: (op, protocols per group size); () : the ring
     gather_protocols: tuple[tuple[str, tuple[Protocols, ...]], ...] = ()
     moe_exchange: MoeExchange = MoeExchange()  # how an attention-DP group's tokens reach their experts
+    # DeepEP fitted on measured tables: ((kernel, phase, floor s, bytes/s), ...); () : the catalog fabric's figures
+    alltoall_fits: tuple[tuple[str, str, float, float], ...] = ()
     fitted_framework: str = FRAMEWORK  # whose tables the datasheet constants were fitted on (the engine's)
     fit_from: str | None = None  # whose fit instead of the GPU's own or its sibling's (`catalog.fitted_kernels_for`)
     alltoall_bytes_per_s: float = float("inf")  # expert-parallel dispatch/combine, bytes one GPU sends per second
@@ -357,12 +359,16 @@ class Hardware:
             return two_protocol_s(gather_bytes(nbytes, n), *nearest_protocols(fitted, n)[1:])
         return gather_bytes(nbytes, n) / self.interconnect_bytes_per_s + (n - 1) * self.interconnect_hop_s
 
-    def alltoall_s(self, nbytes_out: float) -> float:
+    def alltoall_s(self, nbytes_out: float, kernel: str = "", phase: str = "") -> float:
         """One expert-parallel dispatch or combine over the TP group, each GPU sending `nbytes_out` to
-        the others (and receiving as much): floor + bytes / all-to-all rate (interconnects.yaml); 0 on one GPU."""
+        the others (and receiving as much): floor + bytes / rate - DeepEP's `kernel` (ht, ll) and `phase`
+        as fitted on the measured tables where a fit covers the GPU, else the catalog fabric's all-to-all
+        figures (interconnects.yaml); 0 on one GPU."""
         if self.tp <= 1 or nbytes_out <= 0:
             return 0.0
-        return self.alltoall_floor_s + nbytes_out / self.alltoall_bytes_per_s
+        fit = next(((f, r) for k, p, f, r in self.alltoall_fits if (k, p) == (kernel, phase)), None)
+        floor, rate = fit or (self.alltoall_floor_s, self.alltoall_bytes_per_s)
+        return floor + nbytes_out / rate
 
     def measured_weight_kernel_s(self, weight_bytes: float, rows: int) -> float | None:
         """Weight bytes / the measured kernel rate at `rows`, or None where not profiled."""
@@ -433,9 +439,11 @@ def with_allreduce(hw: Hardware, impl: str) -> Hardware:
     fit = catalog.fitted_kernels_for(gpu.name, hw.fitted_framework, hw.fit_from)
     ar = (fit.allreduce.get(impl) or fit.allreduce.get(CUSTOM_ALLREDUCE)) if fit else None
     gather = fit.gather if fit and fit.gather else {}
+    a2a = tuple((k, p, f.floor_s, f.bytes_per_s) for k, phases in sorted((fit.alltoall or {}).items()) if fit
+                for p, f in sorted(phases.items()))
     # the fabric's ring figures cost what no fit covers (an all-gather or reduce-scatter without one)
     hw = replace(hw, allreduce_impl=impl, interconnect_bytes_per_s=fabric.bus_bytes_per_s,
-                 interconnect_hop_s=fabric.per_hop_latency_s, gather_protocols=tuple(
+                 interconnect_hop_s=fabric.per_hop_latency_s, alltoall_fits=a2a, gather_protocols=tuple(
                      (op, tuple((n, *p.as_tuple()) for n, p in sorted(g.by_gpus.items()))) for op, g in sorted(gather.items())))
     if ar is None:
         return replace(hw, allreduce_protocols=(), sources={**hw.sources, "interconnect": f"catalog {fabric.name}: {fabric.source}"})

@@ -19,6 +19,7 @@ import numpy as np
 from sim.inputs import catalog
 from sim.inputs.catalog import GpuSpec
 from sim.inputs.kernel_tables import (
+    A2A_SLICE,
     FRAMEWORK,
     GEMM_DTYPES,
     MLA_TABLE,
@@ -29,10 +30,11 @@ from sim.inputs.kernel_tables import (
     with_moe_mla,
 )
 from sim.model.dtypes import KV_DTYPES as KV_FORMATS
-from sim.model.experts import expected_experts_touched
+from sim.model.experts import expected_experts_touched, expected_remote_ranks
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
 from .kernel_grid import LazyGrids, RatioGrid
+from .moe_exchange import A2A_WIRE_BYTES
 
 ACTIVATION_BYTES = 2  # bf16 activations in and out of a GEMM, queries and outputs of attention
 MEASURED_AS = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8": "int8", "int4": "int4"}  # a dtype -> the measured table standing for it
@@ -106,6 +108,13 @@ def moe_roofline_s(tokens, experts: int, top_k: int, hidden: int, inter: int, tp
 def allreduce_roofline_s(nbytes, gpus: int, bus_bytes_per_s: float):
     """Ring all-reduce bandwidth term: 2 (N - 1) / N x bytes / bus bytes/s."""
     return 2 * (gpus - 1) / gpus * np.asarray(nbytes, dtype=float) / bus_bytes_per_s
+
+
+def a2a_roofline_s(tokens, hidden: int, top_k: int, experts: int, ep: int, wire_bytes: float, bytes_per_s: float):
+    """One dispatch or combine of `tokens` per rank: tokens x the remote ranks a token reaches x hidden x
+    wire bytes / the fabric's all-to-all rate (`expected_remote_ranks`)."""
+    remote = expected_remote_ranks(experts, top_k, ep)
+    return np.asarray(tokens, dtype=float) * remote * hidden * wire_bytes / bytes_per_s
 
 
 def gather_roofline_s(nbytes, gpus: int, bus_bytes_per_s: float):
@@ -317,6 +326,44 @@ class MeasuredKernels:
         ratio, inside = curve(nbytes[:, None])
         return Lookup((gather_roofline_s(nbytes, gpus, self.bus_bytes_per_s) + curve.floor_s) * ratio,
                       inside & (note == ""), self.tables.source(f"nccl {op}"), note)
+
+    # ---- DeepEP all-to-all (the engines' opt-in exchange) ------------------------------------------
+    def a2a_slices(self) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
+        """(backend, phase, wire, ep, hidden, top-k, experts) -> its (tokens, seconds) curve; empty: no table."""
+        return self._a2a_slices
+
+    @cached_property
+    def _a2a_slices(self) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
+        a = self.tables.a2a
+        if a is None:
+            return {}
+        return {(k[0], k[1], k[2], *(int(x) for x in k[3:])): (t["tokens"].to_numpy(dtype=float), t["latency_s"].to_numpy())
+                for k, t in a.groupby(A2A_SLICE)}
+
+    @cached_property
+    def _a2a_rate(self) -> float:
+        return catalog.interconnect(self.gpu.interconnect).alltoall_bytes_per_s
+
+    def a2a_s(self, backend: str, phase: str, wire: str, tokens, hidden: int, top_k: int, experts: int,
+              ep: int) -> Lookup:
+        """One DeepEP dispatch or combine (`phase`) of `tokens` per rank, `backend` ht or ll, `wire` bf16 /
+        fp8 (TensorRT-LLM's) or default (vLLM's): the slice's ratio to `a2a_roofline_s` over tokens; a
+        shape (or wire) the table lacks takes the nearest measured one's (log distance) and says so."""
+        same = [k for k in self._a2a_slices if k[:2] == (backend, phase)]
+        if not same:
+            raise KeyError(f"no measured DeepEP {backend} {phase} table for {self.tables.system}")
+        asked = (wire, ep, hidden, top_k, experts)
+        key = min(same, key=lambda k: (k[2] != wire, sum(abs(np.log2(a / b)) for a, b in zip(k[3:], asked[1:]))))
+        note = "" if key[2:] == asked else (f"not measured ({wire}, ep {ep}, hidden {hidden}, top-k {top_k}, {experts} "
+                                            f"experts): the ratio of ({', '.join(str(x) for x in key[2:])})")
+        t_axis, seconds = self._a2a_slices[key]
+        wire_bytes = A2A_WIRE_BYTES[key[2]]
+        grid = RatioGrid.from_points(t_axis[:, None], seconds / a2a_roofline_s(t_axis, *key[4:6], key[6], key[3],
+                                                                               wire_bytes, self._a2a_rate))
+        t = np.maximum(np.atleast_1d(np.asarray(tokens, dtype=float)), 1.0)
+        ratio, inside = grid(t[:, None])
+        roof = a2a_roofline_s(t, hidden, top_k, experts, ep, A2A_WIRE_BYTES[wire], self._a2a_rate)
+        return Lookup(roof * ratio, inside & (note == ""), self.tables.source(f"moe_a2a DeepEP {backend} {phase}"), note)
 
     # ---- MLA decode and MoE (their tables read on first use: `kernel_tables.with_moe_mla`) ----------
     @cached_property

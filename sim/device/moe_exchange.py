@@ -20,8 +20,13 @@ So by default every GPU gathers the whole group's tokens, runs its own experts o
 and the partial outputs are reduce-scattered back: NCCL's all_gather and reduce_scatter over the whole
 group (`Hardware.gather_s`). `alltoall` is the engines' opt-in instead (vLLM --all2all-backend
 deepep_high_throughput / deepep_low_latency, SGLang --moe-a2a-backend deepep, TensorRT-LLM's DeepEP or
-NVLink one-sided): each token goes only to the ranks of its experts, bf16 each way, at the catalog
-fabric's all-to-all figures (`Hardware.alltoall_s`).
+NVLink one-sided): each token goes only to the ranks of its experts. Measured mode reads DeepEP's
+tables (AIConfigurator moe_a2a_perf: TensorRT-LLM's and vLLM's, SGLang taking vLLM's), the
+low-latency kernels up to `LL_MAX_TOKENS` tokens a rank and the high-throughput ones above - DeepEP's
+own split (low latency for decode, normal for prefill: SGLang's deepep_mode auto, AIConfigurator's
+registry), by tokens a rank since a layer's cost does not know its step's phase; TensorRT-LLM's wires
+as it sends them (its HT kernels carry an fp8 model's activations in bf16, its LL dispatch in fp8). The
+datasheet model sends bf16 each way at the catalog fabric's all-to-all figures (`Hardware.alltoall_s`).
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ MOE_COMMS = ("engine", ALLTOALL)  # scenario parallel.moe_comm: the engine's def
 BF16_BYTES = 2.0
 FP8_WITH_BLOCK_SCALES = 1.0 + 4.0 / 128  # one byte an element, an fp32 scale per 128 (vLLM's block-quantised dispatch)
 ROUTING_BYTES_PER_PICK = 8.0  # an int32 expert id and an fp32 weight per routed pick, gathered with the token
+LL_MAX_TOKENS = 256  # tokens a rank DeepEP's low-latency tables reach (TensorRT-LLM's and vLLM's: 1-256)
+A2A_PHASES = ("dispatch", "combine")
+A2A_WIRE_BYTES = {"bf16": 2.0, "fp8": 1.0, "default": 2.0}  # an all-to-all wire's bytes an element (default: vLLM's)
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,14 @@ class MoeExchange:
     dispatch_bytes_per_element: float = BF16_BYTES
     routing_bytes_per_pick: float = 0.0
     source: str = "kvtier's all-to-all (no engine rule applied)"
+    # an all-to-all's wires in DeepEP's tables: (HT both phases, LL dispatch, LL combine); "default": vLLM's
+    a2a_wires: tuple[str, str, str] = ("default", "default", "default")
+
+    def a2a_kernel(self, tokens_per_rank: float, phase: str) -> tuple[str, str]:
+        """(backend, wire) of one all-to-all phase: DeepEP's low-latency kernels up to LL_MAX_TOKENS a rank."""
+        if tokens_per_rank <= LL_MAX_TOKENS:
+            return "ll", self.a2a_wires[1 if phase == "dispatch" else 2]
+        return "ht", self.a2a_wires[0]
 
     def dispatch_bytes_per_token(self, hidden: int, experts_per_token: int) -> float:
         return hidden * self.dispatch_bytes_per_element + experts_per_token * self.routing_bytes_per_pick
@@ -53,8 +69,11 @@ class MoeExchange:
 def moe_exchange(engine: str, weight_dtype: str, moe_comm: str = "engine") -> MoeExchange:
     """The exchange `engine` runs (see the module docstring), or the all-to-all `moe_comm` asks for."""
     if moe_comm == ALLTOALL:
-        return MoeExchange(source="parallel.moe_comm alltoall: each token to its experts' ranks only, bf16 each "
-                                  "way (DeepEP-style; the engines' opt-in), at the catalog fabric's all-to-all figures")
+        wires = ("bf16", "fp8" if weight_dtype == "fp8" else "bf16", "bf16") if engine == "tensorrt-llm" else \
+            ("default", "default", "default")
+        return MoeExchange(source="parallel.moe_comm alltoall: each token to its experts' ranks only (DeepEP; the "
+                                  f"engines' opt-in), low-latency kernels up to {LL_MAX_TOKENS} tokens a rank",
+                           a2a_wires=wires)
     if moe_comm != "engine":
         raise ValueError(f"moe_comm must be one of {', '.join(MOE_COMMS)}, got {moe_comm!r}")
     if engine == "vllm":

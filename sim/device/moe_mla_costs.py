@@ -32,6 +32,7 @@ from sim.model.units import FLOP_PER_MAC
 
 from .hardware import Hardware
 from .measured_kernels import MEASURED_MLA
+from .moe_exchange import A2A_PHASES
 
 BALANCED = "balanced"  # the table's routing that matches uniform routing (routing_skew 0)
 
@@ -83,6 +84,17 @@ def measured_moe_s(model: ModelSpec, hw: Hardware, quant: str, rows: int) -> flo
     one = hw.kernels.moe_one_s(float(rows), model.num_experts, model.experts_per_token, model.hidden_size, width,
                                tp, ep, quant, BALANCED)
     return model.moe_layers / model.num_layers * one
+
+
+def measured_a2a_s(model: ModelSpec, hw: Hardware, tokens_per_rank: float) -> float:
+    """One MoE layer's DeepEP dispatch + combine of `tokens_per_rank` tokens a rank, as the tables time
+    them (`MeasuredKernels.a2a_s`), each phase on the kernel and wire `hw.moe_exchange` picks."""
+    total = 0.0
+    for phase in A2A_PHASES:
+        backend, wire = hw.moe_exchange.a2a_kernel(tokens_per_rank, phase)
+        total += float(hw.kernels.a2a_s(backend, phase, wire, tokens_per_rank, model.hidden_size, model.experts_per_token,
+                                        model.num_experts, model.expert_parallel).seconds[0])
+    return total
 
 
 def measured_mla_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_dtype: str):

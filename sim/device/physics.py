@@ -29,9 +29,9 @@ from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 from .engine_rules import DECODE, MIXED, PREFILL, host_times
 from .hardware import Hardware
 from .host_pipeline import HostLayer, HostStepTimes, host_pipeline
-from .moe_exchange import ALLGATHER_REDUCESCATTER
+from .moe_exchange import A2A_PHASES, A2A_WIRE_BYTES, ALLGATHER_REDUCESCATTER
 from .moe_fit import model_moe_s
-from .moe_mla_costs import measured_mla_s, measured_moe_s, moe_quant, routed_work
+from .moe_mla_costs import measured_a2a_s, measured_mla_s, measured_moe_s, moe_quant, routed_work
 from .sparse_fetch import SparseFetch, fetch_layer, mean_layer_share
 
 ALLREDUCES_PER_LAYER = 2  # tensor parallelism: after the attention output and after the MLP down projection
@@ -571,14 +571,23 @@ def moe_exchange_s(model: ModelSpec, hw: Hardware, rows: float) -> float:
       allgather_reducescatter (the engines' default): all_gather of rows x the dispatch's bytes a token
           (hidden x wire bytes + top-k x routing bytes) + reduce_scatter of rows x h x 2 B, each over the
           whole group (`Hardware.gather_s`: every GPU receives the tokens it does not hold);
-      alltoall: 2 x `Hardware.alltoall_s` of rows / D x remote ranks per token x h x 2 B (each token to
-          the ranks of its experts only, and back)."""
+      alltoall: each token to the ranks of its experts only, and back: DeepEP's measured dispatch +
+          combine of rows / D tokens a rank (`measured_a2a_s`) where the tables time it, else for each
+          phase `Hardware.alltoall_s` of rows / D x remote ranks per token x h x the wire's bytes, on the
+          kernel the exchange picks (`MoeExchange.a2a_kernel`)."""
     h, x = model.hidden_size, hw.moe_exchange
     if x.method == ALLGATHER_REDUCESCATTER:
         return (hw.gather_s("all_gather", rows * x.dispatch_bytes_per_token(h, model.experts_per_token))
                 + hw.gather_s("reduce_scatter", rows * h * ACTIVATION_BYTES))
+    local = rows / model.attention_dp
+    if hw.kernels is not None and hw.kernels.a2a_slices() and local > 0:
+        return measured_a2a_s(model, hw, local)
     remote = expected_remote_ranks(model.num_experts, model.experts_per_token, model.expert_parallel)
-    return 2 * hw.alltoall_s(rows / model.attention_dp * remote * h * ACTIVATION_BYTES)
+    total = 0.0
+    for phase in A2A_PHASES:
+        kernel, wire = x.a2a_kernel(local, phase)
+        total += hw.alltoall_s(local * remote * h * A2A_WIRE_BYTES[wire], kernel, phase)
+    return total
 
 
 def decode_layer_cost(

@@ -225,6 +225,13 @@ class FittedMoe(_Fitted):
     token_hbm_efficiency: float  # tokens entering the layer (top-k, alignment, output): a per-token cost
 
 
+class FittedAllToAll(_Fitted):
+    """One DeepEP kernel's phase (dispatch or combine): floor + bytes a rank sends / rate."""
+
+    floor_s: float
+    bytes_per_s: float
+
+
 class FittedAllReduce(_Fitted):
     by_gpus: dict[int, AllReduceProtocols]  # per group size the tables measure
 
@@ -237,6 +244,7 @@ class FittedKernels(_Frozen):
     attention: FittedAttention
     allreduce: dict[str, FittedAllReduce]  # custom, nccl
     gather: dict[str, FittedAllReduce] | None = None  # NCCL's all_gather and reduce_scatter (the whole buffer's size)
+    alltoall: dict[str, dict[str, FittedAllToAll]] | None = None  # DeepEP: kernel (ht, ll) -> phase -> fit
     prefill_attention: dict[str, FittedPrefill] | None = None  # by KV dtype, where the tables have a context table
     mla_attention: FittedMla | None = None  # absorbed MLA decode, where the tables time it
     moe: dict[str, FittedMoe] | None = None  # fused routed experts by the table's weight format (bfloat16, fp8_block, ...)
@@ -382,7 +390,7 @@ def fitted_kernels_for(gpu: str, framework: str = FITTED_FRAMEWORK, fit_from: st
     said = f"{source}: {why}"
     fit = fits[source].model_dump()
     if gpus()[source].interconnect != spec.interconnect:  # the collectives are the fabric's, not the die's
-        fit["allreduce"], fit["gather"] = {}, None
+        fit["allreduce"], fit["gather"], fit["alltoall"] = {}, None, None
     return FittedKernels(**_on_fitted(fit, "borrowed", said))
 
 

@@ -19,6 +19,13 @@ were checked against the 0.12.0 engine to ~1e-16):
   size is the whole buffer - the gathered output of an all-gather, the input every GPU reduces of a
   reduce-scatter (its 67M-element all_gather on 8 H200s takes 0.38 ms: 309 GB/s busbw over the whole
   buffer; per GPU it would be 2.8 TB/s).
+- `comm/<fw>/<ver>/moe_a2a_perf.parquet` (TensorRT-LLM's and vLLM's; SGLang takes vLLM's): DeepEP's
+  expert-parallel all-to-all, one `phase` (dispatch or combine) of one MoE layer, `num_tokens` tokens
+  on each EP rank (DeepEP's own benchmarks count per rank), `hidden_size`, `topk`, `num_experts` over
+  `ep_size` ranks of one node; `comm_backend` the high-throughput (normal) or low-latency kernels,
+  `comm_dtype` what crosses (TensorRT-LLM: HT sends an fp8 model's activations in bf16, LL in fp8;
+  vLLM's 'default'); `latency` in MICROseconds (the collector's transmit_us; 44-11,594 for 16-65,536
+  tokens on H200), read into seconds (`KernelTables.a2a`).
 
 Two more families are read on first use only (`with_moe_mla`; a run of a dense model never pays
 for them), with the meanings of the package's loaders (aic-core perf_database/mla.rs
@@ -98,6 +105,7 @@ class KernelTables:
     allreduce: dict[str, pd.DataFrame] = field(default_factory=dict)  # impl -> gpus, bytes, latency_s
     # NCCL all_gather / reduce_scatter -> gpus, bytes (the whole buffer), latency_s
     gather: dict[str, pd.DataFrame] = field(default_factory=dict)
+    a2a: pd.DataFrame | None = None  # A2A_COLUMNS: DeepEP dispatch / combine per rank's tokens (None: no table)
     # prefill (context) attention: decode_attention's columns, kv_tokens the prompt length (None: no table)
     context_attention: pd.DataFrame | None = None
     nccl_version: str | None = None
@@ -166,6 +174,7 @@ def _load(system: str, framework: str = FRAMEWORK) -> KernelTables:
             raise ConfigError(f"no measured {label} table for {system} in {PACKAGE}", field="hardware.kernels")
         return path
 
+    a2a = table("comm", "moe_a2a_perf.parquet", "moe_a2a")
     gemm = _read(required("gemm", "gemm_perf.parquet", "gemm"), GEMM_READ)
     attn = _read(required("attention", "generation_attention_perf.parquet", "generation_attention"), ATTENTION_READ)
     context = table("attention", "context_attention_perf.parquet", "context_attention")
@@ -179,6 +188,7 @@ def _load(system: str, framework: str = FRAMEWORK) -> KernelTables:
     return KernelTables(system=system, device=str(gemm["device"].iloc[0]), framework=framework, framework_version=ver,
                         package_version=version(PACKAGE), gemm=_gemm(gemm), decode_attention=_decode_attention(attn),
                         allreduce={k: v for k, v in allreduce.items() if v is not None}, gather=gather,
+                        a2a=_a2a(_read(a2a)) if a2a is not None else None,
                         nccl_version=nccl_version or None,
                         context_attention=_context_attention(_read(context, ATTENTION_READ)) if context is not None else None,
                         table_sources=sources)
@@ -294,6 +304,23 @@ def _nccl_allreduce(path: Path) -> pd.DataFrame:
 
 
 GATHER_OPS = ("all_gather", "reduce_scatter")
+US_TO_S = 1e-6
+A2A_COLUMNS = ["backend", "phase", "wire", "ep", "hidden", "top_k", "experts", "tokens", "latency_s"]
+A2A_SLICE = A2A_COLUMNS[:7]  # one token curve each
+A2A_BACKENDS = {"trtllm_deepep_ht": "ht", "trtllm_deepep_ll": "ll", "deepep_ht": "ht", "deepep_ll": "ll"}
+A2A_WIRES = {"bfloat16": "bf16", "fp8": "fp8", "default": "default"}  # (nvfp4 / fp4 wires are not read)
+
+
+def _a2a(df: pd.DataFrame) -> pd.DataFrame:
+    """The DeepEP rows in kvtier's units (seconds; the collector's latency is in microseconds), single-node
+    ones of the HT and LL kernels, the wires of `A2A_WIRES`; the first row of a duplicated key wins."""
+    df = df[df["comm_backend"].isin(A2A_BACKENDS) & df["comm_dtype"].isin(A2A_WIRES) & (df["node_num"] == 1)]
+    out = pd.DataFrame({"backend": df["comm_backend"].map(A2A_BACKENDS).to_numpy(), "phase": df["phase"].to_numpy(),
+                        "wire": df["comm_dtype"].map(A2A_WIRES).to_numpy(), "ep": df["ep_size"].to_numpy(),
+                        "hidden": df["hidden_size"].to_numpy(), "top_k": df["topk"].to_numpy(),
+                        "experts": df["num_experts"].to_numpy(), "tokens": df["num_tokens"].to_numpy(),
+                        "latency_s": df["latency"].to_numpy() * US_TO_S})
+    return out.drop_duplicates(A2A_SLICE + ["tokens"], keep="first").reset_index(drop=True)
 
 
 def _nccl_gather(path: Path) -> dict[str, pd.DataFrame]:
@@ -383,8 +410,8 @@ def moe_quant_for(weight_dtype: str, group_size: int = 128) -> str | None:
 # Whole grid lines are held out, so the held-out points test interpolation across a gap (a held-out
 # cell inside a kept line would only test the nearest-cell fill): every 4th value (from the 3rd) of
 # GEMM n and k, of decode and prefill attention tokens and batch, and of all-reduce, all-gather and
-# reduce-scatter message size; of MLA decode kv_tokens and batch, and of MoE tokens (where the tables
-# carry them: `with_moe_mla`).
+# reduce-scatter message size; of DeepEP's tokens a rank (per kernel); of MLA decode kv_tokens and batch,
+# and of MoE tokens (where the tables carry them: `with_moe_mla`).
 HELD_OUT_EVERY, HELD_OUT_FROM = 4, 2
 
 
@@ -405,6 +432,8 @@ def split_tables(tables: KernelTables) -> tuple[KernelTables, KernelTables]:
                for impl, t in tables.allreduce.items()}
     gather_held = {op: t.groupby("gpus")["bytes"].transform(lambda s: _held_lines(s)).astype(bool)
                    for op, t in tables.gather.items()}
+    x = tables.a2a
+    x_held = x.groupby("backend")["tokens"].transform(lambda s: _held_lines(s)).astype(bool) if x is not None else None
 
     # tables that never read MLA decode or MoE split into parts that hold none (empty, not None: a
     # part is never completed later by `with_moe_mla` with the unsplit table)
@@ -417,6 +446,7 @@ def split_tables(tables: KernelTables) -> tuple[KernelTables, KernelTables]:
         return replace(tables, gemm=g[g_held == held], decode_attention=a[a_held == held],
                        allreduce={impl: t[ar_held[impl] == held] for impl, t in tables.allreduce.items()},
                        gather={op: t[gather_held[op] == held] for op, t in tables.gather.items()},
+                       a2a=x[x_held == held] if x is not None else None,
                        mla_decode=m[m_held == held], moe=e[e_held == held],
                        context_attention=c[c_held == held] if c is not None else None)
 
