@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from sim.decode.context import build_context
-from sim.device.engine_rules import DECODE, host_launch_s, launch_rule, trtllm_graph_batch_sizes
+from sim.device.engine_rules import DECODE, decode_rows, host_launch_s, launch_rule, trtllm_graph_batch_sizes
 from sim.device.memory import profile_run_activation_bytes, trtllm_engine_memory
 from sim.inputs.errors import ConfigError
 from sim.inputs.kernel_tables import load_tables, tables_available
@@ -77,7 +77,47 @@ def test_trtllm_graph_sizes_by_hand():
     assert host_launch_s(rule, 40, DECODE) == host_launch_s(rule, 129, DECODE) == (3e-5, 1e-4)  # not captured: eager
 
 
+def test_padded_graphs_by_hand():
+    """enable_padding: the generated sizes step by 8 to 128; given batch_sizes, those up to min(max_batch_size,
+    max_num_tokens) a rank and that cap (`_filter_cuda_graph_batch_sizes`); a decode batch's GEMMs run at the
+    next captured size, the fullest rank's under attention data parallelism."""
+    assert trtllm_graph_batch_sizes(128, padding=True) == [1, 2, 4] + [8 * i for i in range(1, 17)]
+    assert trtllm_graph_batch_sizes(300, padding=True)[-3:] == [128, 256, 300]
+    doc = [1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048, 4096, 8192]
+    e = EngineCfg.model_validate({"name": "tensorrt-llm", "cuda_graph_batch_sizes": doc, "cuda_graph_padding": True},
+                                 strict=True)
+    rule, why = launch_rule(e, SchedulerCfg(max_num_seqs=768, max_num_batched_tokens=2048), "h200-sxm", 150e9, 2, 3e-5,
+                            1e-4)
+    assert sorted(rule.graph_sizes) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 768] and "_filter_cuda_graph" in why
+    assert [decode_rows(rule, b) for b in (1, 3, 300, 562, 768, 769)] == [1, 4, 384, 768, 768, 769]  # 769: eager
+    assert host_launch_s(rule, 562, DECODE) == (0.0, 0.0) and host_launch_s(rule, 769, DECODE) == (3e-5, 1e-4)
+    dp, _ = launch_rule(e, SchedulerCfg(max_num_seqs=1280, max_num_batched_tokens=16384), "h200-sxm", 150e9, 8, 3e-5,
+                        1e-4, ranks=8)
+    assert max(dp.graph_sizes) == 160 and decode_rows(dp, 1040) == 8 * 160  # 130 a rank, padded to 160 on each
+    assert decode_rows(dp, 8 * 128) == 8 * 128
+    unpadded = launch_rule(EngineCfg.model_validate({"name": "tensorrt-llm", "cuda_graph_batch_sizes": doc}, strict=True),
+                           SchedulerCfg(max_num_seqs=768, max_num_batched_tokens=2048), "h200-sxm", 150e9, 2, 3e-5, 1e-4)[0]
+    assert 768 not in unpadded.graph_sizes and decode_rows(unpadded, 562) == 562
+    assert host_launch_s(unpadded, 562, DECODE) == (3e-5, 1e-4)  # not a captured size, no padding: eager
+
+
+def test_padding_raises_a_decode_steps_gemm_rows():
+    base = ["engine.name=tensorrt-llm", "hardware.kernels=datasheet", "scheduler.max_num_seqs=768"]
+    plain = build_context(load_scenario(SERVING, base))
+    padded = build_context(load_scenario(SERVING, [*base, "engine.cuda_graph_padding=true",
+                                                   "engine.cuda_graph_batch_sizes=[256, 512]"]))
+    from sim.device.physics import decode_layer_cost, weight_kernel_s
+    m = padded.scenario.model
+    cost = decode_layer_cost(padded.model, padded.hw, m.weight_dtype, m.weight_group_size, 300, 300 * 1000,
+                             padded.kv_bytes_per_token_layer)
+    assert cost.gemm_s == weight_kernel_s(padded.model, padded.hw, m.weight_dtype, m.weight_group_size, 512)
+    same = decode_layer_cost(plain.model, plain.hw, m.weight_dtype, m.weight_group_size, 300, 300 * 1000,
+                             plain.kv_bytes_per_token_layer)
+    assert cost.attention_s == same.attention_s and cost.gemm_s > same.gemm_s
+
+
 @pytest.mark.parametrize(("overrides", "said"), [
+    (["engine.name=vllm", "engine.cuda_graph_padding=true"], "cuda_graph_batch_sizes and cuda_graph_padding are TensorRT-LLM's"),
     (["engine.name=vllm", "engine.free_gpu_memory_fraction=0.8"], "free_gpu_memory_fraction is tensorrt-llm's; vllm's fraction is gpu_memory_utilization"),
     (["engine.name=tensorrt-llm", "engine.mem_fraction_static=0.8"], "mem_fraction_static is sglang's; tensorrt-llm's fraction is free_gpu_memory_fraction"),
     (["engine.name=tensorrt-llm", "engine.free_gpu_memory_fraction=1.5"], "engine.free_gpu_memory_fraction"),

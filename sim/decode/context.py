@@ -149,7 +149,8 @@ def with_engine(hw: Hardware, scenario: Scenario, model: ModelSpec) -> Hardware:
     act = profile_run_activation_bytes(model, sc.max_num_batched_tokens, sc.max_num_seqs)
     weights = model.weight_bytes(scenario.model.weight_dtype, scenario.model.weight_group_size)
     mem = engine_memory_rule(e, sc, hw.memory_bytes, tp, model.kind_counts.get(MLA, 0) > 0, act, weights)
-    rule, graphs = launch_rule(e, sc, hw.gpu.name, hw.memory_bytes, tp, hw.host_layer_s, hw.host_step_s)
+    rule, graphs = launch_rule(e, sc, hw.gpu.name, hw.memory_bytes, tp, hw.host_layer_s, hw.host_step_s,
+                               model.attention_dp)
     batch = scenario.workload.batch_size if scenario.workload.arrivals is None else 1
     layer_s, step_s = host_launch_s(rule, batch, DECODE)
     eager = {k: hw.sources[k] for k in ("host_layer_s", "host_step_s")}

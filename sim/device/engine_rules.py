@@ -16,8 +16,15 @@ Read (stored copies of the public repositories):
   segmented around attention, by default on CUDA); a decode batch above max_bs runs eager.
 - TensorRT-LLM (NVIDIA/TensorRT-LLM main, PyTorch backend): tensorrt_llm/llmapi/llm_args.py
   `CudaGraphConfig` (on by default; max_batch_size 0 means 128; without padding the captured sizes are
-  1..31, 32, 64, 128, then powers of two up to max_batch_size and max_batch_size itself,
-  `_generate_cuda_graph_batch_sizes`) - a decode batch of another size runs eager;
+  1..31, 32, 64, 128, then powers of two up to max_batch_size and max_batch_size itself, with padding
+  1, 2, 4, 8, 16, ..., 128 in steps of 8 before the powers of two: `_generate_cuda_graph_batch_sizes`) -
+  a decode batch of another size runs eager. Given `batch_sizes` (engine.cuda_graph_batch_sizes),
+  _torch/pyexecutor/model_engine.py `_filter_cuda_graph_batch_sizes` keeps those up to min(max_batch_size,
+  max_num_tokens) and, padding on, appends that cap. With `enable_padding` (engine.cuda_graph_padding)
+  cuda_graph_runner.py pads a generation-only batch with dummy requests up to the next captured size,
+  so its GEMMs run at that size (`decode_rows`); under attention data parallelism every rank pads to the
+  size of the fullest rank; a step with context requests never replays a graph (scheduler.py
+  `can_run_cuda_graph`);
   tensorrt_llm/_torch/pyexecutor/_util.py `KvCacheCreator` for the KV budget.
 - Which all-reduce runs (`engine_allreduce_impl`): vLLM
   vllm/distributed/device_communicators/custom_all_reduce.py `CustomAllreduce.__init__` (custom
@@ -53,6 +60,7 @@ VLLM_GRAPHS = "vllm/config/vllm.py _set_cudagraph_sizes, vllm/v1/cudagraph_dispa
 TRTLLM_MEMORY = "tensorrt_llm/_torch/pyexecutor/_util.py KvCacheCreator._cal_max_memory"
 TRTLLM_GRAPHS = "tensorrt_llm/llmapi/llm_args.py CudaGraphConfig._generate_cuda_graph_batch_sizes"
 TRTLLM_GRAPH_MAX_BATCH = 128  # CudaGraphConfig: max_batch_size 0 (unset) means 128
+TRTLLM_FILTER = "_torch/pyexecutor/model_engine.py _filter_cuda_graph_batch_sizes"
 
 
 CUSTOM_ALLREDUCE = "custom"  # the engine's own one-shot / two-shot kernel (AIConfigurator's custom_allreduce_perf)
@@ -86,6 +94,19 @@ class LaunchRule:
     eager_layer_s: float
     eager_step_s: float
     graph_sizes: frozenset[int] | None = None  # only these decode batches replay (TensorRT-LLM); None: 1..graph_max_batch
+    padding: bool = False  # a decode batch below the largest graph is padded up to the next size (TensorRT-LLM's)
+    ranks: int = 1  # attention data-parallel ranks: the graph sizes are each rank's batch
+
+
+def decode_rows(rule: LaunchRule | None, batch: int) -> int:
+    """The rows a decode step of `batch` sequences computes its GEMMs over: with TensorRT-LLM's padding
+    (`LaunchRule.padding`), the fullest rank's ceil(batch / ranks) rounded up to the next captured size,
+    on every rank; else `batch` (no padding, or a batch above the largest graph: eager)."""
+    if rule is None or not (rule.padding and rule.cuda_graphs and rule.graph_sizes) or batch < 1:
+        return batch
+    per_rank = math.ceil(batch / rule.ranks)
+    padded = min((s for s in rule.graph_sizes if s >= per_rank), default=None)
+    return batch if padded is None else padded * rule.ranks
 
 
 def host_launch_s(rule: LaunchRule, batch: int, step_kind: str) -> tuple[float, float]:
@@ -98,8 +119,9 @@ def host_launch_s(rule: LaunchRule, batch: int, step_kind: str) -> tuple[float, 
     above a layer's launches)."""
     if step_kind not in STEP_KINDS:
         raise ValueError(f"step_kind must be one of {', '.join(STEP_KINDS)}, got {step_kind!r}")
-    if rule.cuda_graphs and step_kind == DECODE and 1 <= batch <= rule.graph_max_batch and (
-            rule.graph_sizes is None or batch in rule.graph_sizes):
+    per_rank = math.ceil(batch / rule.ranks)
+    if rule.cuda_graphs and step_kind == DECODE and 1 <= per_rank <= rule.graph_max_batch and (
+            rule.graph_sizes is None or rule.padding or per_rank in rule.graph_sizes):
         return 0.0, 0.0
     return rule.eager_layer_s, rule.eager_step_s
 
@@ -124,16 +146,16 @@ def vllm_graph_max_batch(max_num_seqs: int, max_num_batched_tokens: int, sm100: 
 
 
 def launch_rule(engine, scheduler, gpu_name: str, gpu_memory_bytes: float, tp: int, eager_layer_s: float,
-                eager_step_s: float) -> tuple[LaunchRule, str]:
-    """The engine's rule (`inputs.scenario.EngineCfg`) for the run's effective `scheduler`, and where
-    its graph size comes from."""
+                eager_step_s: float, ranks: int = 1) -> tuple[LaunchRule, str]:
+    """The engine's rule (`inputs.scenario.EngineCfg`) for the run's effective `scheduler` (the group's
+    limits; `ranks` attention data-parallel ranks, whose batches the graphs are), and where its graph
+    size comes from."""
     if not engine.cuda_graphs:
         return LaunchRule(False, 0, eager_layer_s, eager_step_s), "engine.cuda_graphs false: every step eager"
     if engine.name == "tensorrt-llm":
-        sizes = trtllm_graph_batch_sizes(engine.cuda_graph_max_batch or TRTLLM_GRAPH_MAX_BATCH)
-        why = (f"{'engine.cuda_graph_max_batch' if engine.cuda_graph_max_batch else 'default'}: batches "
-               f"1-31, 32, 64, 128, powers of two, the largest; others eager ({TRTLLM_GRAPHS})")
-        return LaunchRule(True, max(sizes), eager_layer_s, eager_step_s, frozenset(sizes)), why
+        sizes, why = trtllm_graphs(engine, scheduler, ranks)
+        return LaunchRule(True, max(sizes), eager_layer_s, eager_step_s, frozenset(sizes), engine.cuda_graph_padding,
+                          ranks), why
     if engine.name == "vllm":
         largest = vllm_graph_max_batch(scheduler.max_num_seqs, scheduler.max_num_batched_tokens,
                                        gpu_name in SM100_GPUS, engine.cuda_graph_max_batch)
@@ -145,10 +167,30 @@ def launch_rule(engine, scheduler, gpu_name: str, gpu_memory_bytes: float, tp: i
     return LaunchRule(True, largest, eager_layer_s, eager_step_s), why
 
 
-def trtllm_graph_batch_sizes(max_batch_size: int) -> list[int]:
-    """The decode batch sizes TensorRT-LLM captures without padding: 1..31, 32, 64, 128, then powers
-    of two up to (not including) max_batch_size, all at most max_batch_size, and max_batch_size itself."""
-    sizes = list(range(1, 32)) + [32, 64, 128]
+def trtllm_graphs(engine, scheduler, ranks: int) -> tuple[list[int], str]:
+    """TensorRT-LLM's captured batch sizes (each rank's) and where they come from: engine.cuda_graph_batch_sizes
+    up to min(max_batch_size, max_num_tokens) a rank, that cap appended with padding
+    (`_filter_cuda_graph_batch_sizes`); else `trtllm_graph_batch_sizes` of engine.cuda_graph_max_batch or 128."""
+    pad = "padded up to the next size" if engine.cuda_graph_padding else "others eager"
+    if engine.cuda_graph_batch_sizes:
+        cap = min(scheduler.max_num_seqs, scheduler.max_num_batched_tokens) // ranks
+        sizes = sorted(s for s in set(engine.cuda_graph_batch_sizes) if s <= cap)
+        if engine.cuda_graph_padding and cap not in sizes:
+            sizes.append(cap)
+        return sizes or [cap], (f"engine.cuda_graph_batch_sizes up to min(max_batch_size, max_num_tokens) {cap} a rank"
+                                f"{', it appended' if engine.cuda_graph_padding else ''}: {pad} ({TRTLLM_GRAPHS}, "
+                                f"{TRTLLM_FILTER})")
+    sizes = trtllm_graph_batch_sizes(engine.cuda_graph_max_batch or TRTLLM_GRAPH_MAX_BATCH, engine.cuda_graph_padding)
+    first = "1, 2, 4, 8-128 in steps of 8" if engine.cuda_graph_padding else "1-31, 32, 64, 128"
+    return sizes, (f"{'engine.cuda_graph_max_batch' if engine.cuda_graph_max_batch else 'default'}: batches "
+                   f"{first}, powers of two, the largest; {pad} ({TRTLLM_GRAPHS})")
+
+
+def trtllm_graph_batch_sizes(max_batch_size: int, padding: bool = False) -> list[int]:
+    """The decode batch sizes TensorRT-LLM captures: 1..31, 32, 64, 128 (with padding: 1, 2, 4, then 8
+    to 128 in steps of 8), then powers of two up to (not including) max_batch_size, all at most
+    max_batch_size, and max_batch_size itself."""
+    sizes = [1, 2, 4] + [8 * i for i in range(1, 17)] if padding else list(range(1, 32)) + [32, 64, 128]
     sizes += [2 ** i for i in range(8, math.ceil(math.log2(max_batch_size)))] if max_batch_size > 1 else []
     sizes = sorted(x for x in sizes if x <= max_batch_size)
     return sizes if sizes[-1] == max_batch_size else sizes + [max_batch_size]

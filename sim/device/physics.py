@@ -26,7 +26,7 @@ from sim.model.layers import FULL, LINEAR, MLA, SPARSE, TIERED_KINDS, WINDOW
 from sim.model.spec import ModelSpec
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
-from .engine_rules import DECODE, MIXED, PREFILL, host_times
+from .engine_rules import DECODE, MIXED, PREFILL, decode_rows, host_times
 from .hardware import Hardware
 from .host_pipeline import HostLayer, HostStepTimes, host_pipeline
 from .moe_exchange import A2A_PHASES, A2A_WIRE_BYTES, ALLGATHER_REDUCESCATTER
@@ -600,12 +600,15 @@ def decode_layer_cost(
     gemm_s = `weight_kernel_s` (weights streamed vs dequantised + multiplied)
     attention_s = `attention_s` of 4 * sum_b n_b * H * d FLOP and
                   attended KV bytes + T2 dequant read+write + new K/V write
-    `attended_tokens` = sum over the batch of T0 + staged T1/T2 tokens.
+    `attended_tokens` = sum over the batch of T0 + staged T1/T2 tokens. The GEMMs and collectives run
+    over the rows the engine computes (`engine_rules.decode_rows`: TensorRT-LLM pads a batch up to its
+    next CUDA graph), the attention over the batch's own sequences (a padding request is one short one).
     """
-    gemm_s = weight_kernel_s(model, hw, weight_dtype, group_size, batch)
+    rows = decode_rows(hw.launch, batch)
+    gemm_s = weight_kernel_s(model, hw, weight_dtype, group_size, rows)
     attn_s = decode_layer_attention_s(model, hw, batch, attended_tokens, kv_bytes_per_token_layer, t2_staged_tokens,
                                       t2_bytes_per_token_layer)
-    allreduce_s = layer_comm_s(model, hw, batch)
+    allreduce_s = layer_comm_s(model, hw, rows)
     return LayerCost(gemm_s, attn_s, hw.layer_overhead_s, allreduce_s=allreduce_s, qkv_share=qkv_share(model),
                      host_s=host_times(hw, batch, DECODE)[0])
 
@@ -659,8 +662,10 @@ def lm_head_s(model: ModelSpec, hw: Hardware, batch: int) -> float:
 def step_tail_s(model: ModelSpec, hw: Hardware, batch: int, step_kind: str = DECODE) -> float:
     """What a step costs beside its layers: max(LM head + step overhead on the device, the host's
     time for the rest of the step) - the same composition as a layer's; the host's time as the
-    scenario engine launches such a step (`engine_rules.host_times`: 0 for a CUDA-graph replay)."""
-    return max(lm_head_s(model, hw, batch) + hw.step_overhead_s, host_times(hw, batch, step_kind)[1])
+    scenario engine launches such a step (`engine_rules.host_times`: 0 for a CUDA-graph replay); a decode
+    step's LM head over the rows the engine computes (`engine_rules.decode_rows`)."""
+    rows = decode_rows(hw.launch, batch) if step_kind == DECODE else batch
+    return max(lm_head_s(model, hw, rows) + hw.step_overhead_s, host_times(hw, batch, step_kind)[1])
 
 
 def prefill_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, batch: int, prompt_tokens: int,

@@ -267,8 +267,8 @@ class EngineCfg(Strict, QuietDefaults):
     a release whose kernels those tables do not time (TensorRT-LLM's older TensorRT-engine flow)."""
 
     QUIET_DEFAULTS = {"gpu_memory_utilization": None, "mem_fraction_static": None, "cuda_graphs": True,
-                      "cuda_graph_max_batch": None, "free_gpu_memory_fraction": None,
-                      "kernel_tables": "own"}  # vLLM engines dump as before these existed
+                      "cuda_graph_max_batch": None, "free_gpu_memory_fraction": None, "kernel_tables": "own",
+                      "cuda_graph_batch_sizes": None, "cuda_graph_padding": False}  # dumps as before these existed
 
     name: Literal["vllm", "sglang", "tensorrt-llm"]
     version: str = Field(max_length=MAX_NAME_CHARS)  # informational: the engine the rules are read from
@@ -281,6 +281,10 @@ class EngineCfg(Strict, QuietDefaults):
     # largest decode batch a graph is captured for: vLLM's max_cudagraph_capture_size, SGLang's
     # cuda_graph_max_bs; None: the engine's default (`device.engine_rules`)
     cuda_graph_max_batch: int | None = Field(None, ge=1, le=MAX_BATCH)
+    # TensorRT-LLM's cuda_graph_config: batch_sizes (each rank's; None: its generated list) and enable_padding
+    # (a decode batch padded with dummy requests up to the next captured size: its GEMMs run at that size)
+    cuda_graph_batch_sizes: list[Annotated[int, Field(ge=1, le=MAX_BATCH)]] | None = Field(None, min_length=1, max_length=256)
+    cuda_graph_padding: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -295,6 +299,14 @@ class EngineCfg(Strict, QuietDefaults):
             if data["name"] == "tensorrt-llm":  # KvCacheConfig.free_gpu_memory_fraction
                 data = {"free_gpu_memory_fraction": 0.9, **data}
         return data
+
+    @model_validator(mode="after")
+    def _trtllm_graph_config(self):
+        """cuda_graph_batch_sizes and cuda_graph_padding are TensorRT-LLM's cuda_graph_config keys."""
+        if self.name != "tensorrt-llm" and (self.cuda_graph_batch_sizes is not None or self.cuda_graph_padding):
+            raise ValueError("cuda_graph_batch_sizes and cuda_graph_padding are TensorRT-LLM's (cuda_graph_config); "
+                             f"{self.name} takes cuda_graph_max_batch")
+        return self
 
     @field_validator("gpu_memory_utilization", "mem_fraction_static", "free_gpu_memory_fraction")
     @classmethod

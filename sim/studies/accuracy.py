@@ -61,8 +61,14 @@ def mode_covers(mode: str, gpu: str) -> bool:
 
 
 def engine_for(m: Measurement) -> dict | None:
-    """The scenario `engine:` a row ran on (`ENGINES`), or None (kvtier's defaults)."""
-    return next(({"name": name, "kernel_tables": tables} for said, name, tables in ENGINES if said in m.engine), None)
+    """The scenario `engine:` a row ran on (`ENGINES`), with the CUDA-graph options the row's run set, or
+    None (kvtier's defaults)."""
+    engine = next(({"name": name, "kernel_tables": tables} for said, name, tables in ENGINES if said in m.engine), None)
+    if engine is not None and m.cuda_graph_batch_sizes is not None:
+        engine["cuda_graph_batch_sizes"] = m.cuda_graph_batch_sizes
+    if engine is not None and m.cuda_graph_padding:
+        engine["cuda_graph_padding"] = True
+    return engine
 
 
 def _base(m: Measurement, mode: str) -> dict:

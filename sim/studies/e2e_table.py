@@ -81,6 +81,9 @@ class Measurement(Strict):
     batch_limits: Literal["row", "trtllm-bench"] = "row"
     bench_kv_dtype: KvDType | None = None  # the checkpoint's KV quantisation, as the heuristic sees it (default kv_dtype)
     chunked_prefill: bool = True  # False: a prompt is prefilled whole in one step (the engine's option off)
+    # TensorRT-LLM's cuda_graph_config as the run's options set it (engine.cuda_graph_batch_sizes / _padding)
+    cuda_graph_batch_sizes: list[int] | None = Field(None, min_length=1, max_length=64)
+    cuda_graph_padding: bool = False
     admission: Literal["engine", "no_evict"] = "engine"
     metric: Metric
     measured: float = Field(gt=0)
