@@ -12,9 +12,11 @@ import pytest
 
 from sim.decode.capacity import max_batch
 from sim.decode.context import build_context
+from sim.device.kernels import datasheet_hardware
 from sim.device.moe_exchange import ALLGATHER_REDUCESCATTER, moe_exchange
 from sim.device.physics import ACTIVATION_BYTES, layer_comm_s, moe_exchange_s
 from sim.inputs import catalog
+from sim.inputs.catalog import NO_FIT
 from sim.inputs.errors import ConfigError
 from sim.inputs.kernel_tables import tables_available
 from sim.inputs.scenario import load_scenario
@@ -176,6 +178,13 @@ def test_gather_collectives_by_hand():
     fitted = replace(ring, gather_protocols=(("reduce_scatter", ((8, 5e-6, 100e9, 20e-6, 400e9),)),))
     assert fitted.gather_s("reduce_scatter", 1e6) == pytest.approx(min(5e-6 + 0.875e6 / 100e9, 20e-6 + 0.875e6 / 400e9))
     assert fitted.gather_s("all_gather", 1e6) == ring.gather_s("all_gather", 1e6)  # no fit of that op: the ring
+
+
+def test_a_gpu_without_a_fit_costs_its_collectives_on_the_fabric():
+    hw = datasheet_hardware("h200-sxm", tp=8, fit_from=NO_FIT)
+    assert hw.alltoall_fits == () and hw.gather_protocols == ()
+    assert hw.gather_s("all_gather", 1e7) == pytest.approx(7 / 8 * 1e7 / 370e9 + 7 * 1e-6)  # nvlink4's ring
+    assert hw.alltoall_s(1e6, "ll", "dispatch") == pytest.approx(15e-6 + 1e6 / 360e9)  # the catalog's all-to-all
 
 
 @pytest.mark.parametrize("engine, dtype, per_element, per_pick", [

@@ -439,8 +439,8 @@ def with_allreduce(hw: Hardware, impl: str) -> Hardware:
     fit = catalog.fitted_kernels_for(gpu.name, hw.fitted_framework, hw.fit_from)
     ar = (fit.allreduce.get(impl) or fit.allreduce.get(CUSTOM_ALLREDUCE)) if fit else None
     gather = fit.gather if fit and fit.gather else {}
-    a2a = tuple((k, p, f.floor_s, f.bytes_per_s) for k, phases in sorted((fit.alltoall or {}).items()) if fit
-                for p, f in sorted(phases.items()))
+    alltoall = fit.alltoall if fit and fit.alltoall else {}
+    a2a = tuple((k, p, f.floor_s, f.bytes_per_s) for k, phases in sorted(alltoall.items()) for p, f in sorted(phases.items()))
     # the fabric's ring figures cost what no fit covers (an all-gather or reduce-scatter without one)
     hw = replace(hw, allreduce_impl=impl, interconnect_bytes_per_s=fabric.bus_bytes_per_s,
                  interconnect_hop_s=fabric.per_hop_latency_s, alltoall_fits=a2a, gather_protocols=tuple(
