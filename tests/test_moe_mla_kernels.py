@@ -248,3 +248,50 @@ def test_the_comparison_runs_with_finite_errors_and_the_tables_track_the_held_ou
     assert len(sign_pattern(pts)) and set(deepseek_summary(pts).layout) == {"TP8", "EP8"}
     bal = pts[pts.family == "moe balanced"]
     assert np.isfinite(bal["routed_err"]).all() and pts.loc[pts.family == "mla decode", "routed_err"].isna().all()
+
+
+# ---- absorbed MLA's batched matmuls (the engine's mla_bmm table) ------------------------------------
+def test_an_mla_bmm_row_reads_in_seconds_and_is_the_answer_at_its_point():
+    pytest.importorskip("aiconfigurator_core")
+    from sim.device.measured_kernels import measured_kernels_for
+
+    raw = _raw("mla_bmm/trtllm/1.3.0rc20/mla_bmm_perf.parquet")
+    r = raw[(raw.op_name == "mla_gen_pre") & (raw.bmm_dtype == "fp8") & (raw.num_tokens == 128) & (raw.num_heads == 128)]
+    mk = measured_kernels_for("h200-sxm", "trtllm")
+    assert mk.mla_bmm_dtypes() == {"bf16", "fp8"}
+    assert mk.mla_bmm_one_s("pre", "fp8", 128, 128) == pytest.approx(float(r.latency.iloc[0]) * 1e-3, rel=1e-9)
+    assert measured_kernels_for("h200-sxm", "vllm").mla_bmm_dtypes() == {"bf16"}  # vLLM times torch's bf16 bmm only
+
+
+def _dpa(engine: str, kernels: str = "measured"):
+    from sim.decode.context import build_context
+    from sim.inputs.scenario import load_scenario
+
+    from .conftest import SCENARIOS
+
+    over = ["model.name=deepseek-r1", "model.weight_dtype=fp8", "parallel.tp=8", "parallel.ep=8",
+            "parallel.attention_dp=8", f"hardware.kernels={kernels}", f"engine.name={engine}"]
+    return build_context(load_scenario(SCENARIOS / "h200-7b-batch.yaml", over))
+
+
+def test_an_absorbed_decode_runs_kv_b_as_the_engines_bmms_by_hand():
+    """DeepSeek-R1 DEP8 under TensorRT-LLM: kv_b (512 x 128 heads x 256 per GPU, every layer MLA) leaves the
+    GEMMs - its fp8 bytes, params and one rank's 2 x tokens x params FLOP - and its fp8 block-scaled BMMs
+    (pre + post, 130 tokens a rank) come in; vLLM's run them in bf16; a prefill (not absorbed) keeps the GEMM."""
+    pytest.importorskip("aiconfigurator_core")
+    from sim.device.moe_mla_costs import absorbed_bmm_swap
+    from sim.device.physics import weight_kernel_s
+    from sim.model.dtypes import WEIGHT_DTYPES
+
+    ctx = _dpa("tensorrt-llm")
+    m, hw = ctx.model, ctx.hw
+    params = 512 * 128 * 256
+    swap = absorbed_bmm_swap(m, hw, "fp8", 128, 1040)
+    bmm = hw.kernels.mla_bmm_one_s("pre", "fp8", 130, 128) + hw.kernels.mla_bmm_one_s("post", "fp8", 130, 128)
+    assert swap == pytest.approx((WEIGHT_DTYPES["fp8"].bytes_for(params, 128), params, 2 * 130 * params, bmm))
+    assert 40e-6 < bmm < 100e-6  # TensorRT-LLM's fp8 block-scaled BMMs on Hopper: ~28 + ~35 us at 128 tokens
+    assert weight_kernel_s(m, hw, "fp8", 128, 1040, absorbed=True) != weight_kernel_s(m, hw, "fp8", 128, 1040)
+    vllm = _dpa("vllm").hw
+    assert absorbed_bmm_swap(m, vllm, "fp8", 128, 1040)[3] == pytest.approx(
+        vllm.kernels.mla_bmm_one_s("pre", "bf16", 130, 128) + vllm.kernels.mla_bmm_one_s("post", "bf16", 130, 128))
+    assert absorbed_bmm_swap(m, _dpa("vllm", "datasheet").hw, "fp8", 128, 1040) is None  # no tables: the GEMM

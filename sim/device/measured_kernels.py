@@ -105,6 +105,18 @@ def moe_roofline_s(tokens, experts: int, top_k: int, hidden: int, inter: int, tp
     return np.maximum(flop / flop_per_s, moved / hbm_bytes_per_s)
 
 
+MLA_BMM_SHAPE = (128, 512)  # each head's qk_nope (v) width and kv_lora_rank of the BMM table (DeepSeek-V3)
+
+
+def mla_bmm_roofline_s(tokens, heads: int, elem_bytes: float, flop_per_s: float, hbm_bytes_per_s: float):
+    """One absorbed-MLA BMM (pre or post) over `tokens` x `heads`: max(2 x tokens x heads x 128 x 512 / peak,
+    (the heads' 128 x 512 weights x element bytes + tokens x heads x (128 + 512) x 2 B in and out) / HBM)."""
+    d, r = MLA_BMM_SHAPE
+    t = np.asarray(tokens, dtype=float)
+    return np.maximum(FLOP_PER_MAC * t * heads * d * r / flop_per_s,
+                      (heads * d * r * elem_bytes + t * heads * (d + r) * ACTIVATION_BYTES) / hbm_bytes_per_s)
+
+
 def allreduce_roofline_s(nbytes, gpus: int, bus_bytes_per_s: float):
     """Ring all-reduce bandwidth term: 2 (N - 1) / N x bytes / bus bytes/s."""
     return 2 * (gpus - 1) / gpus * np.asarray(nbytes, dtype=float) / bus_bytes_per_s
@@ -326,6 +338,31 @@ class MeasuredKernels:
         ratio, inside = curve(nbytes[:, None])
         return Lookup((gather_roofline_s(nbytes, gpus, self.bus_bytes_per_s) + curve.floor_s) * ratio,
                       inside & (note == ""), self.tables.source(f"nccl {op}"), note)
+
+    # ---- absorbed MLA's BMMs (read on first use, with the MLA tables) ------------------------------
+    def mla_bmm_dtypes(self) -> set[str]:
+        """The BMM dtypes (bf16, fp8) the engine's MLA BMM table times; empty: none."""
+        return {k[1] for k in self._mla_bmm_slices}
+
+    @cached_property
+    def _mla_bmm_slices(self) -> dict[tuple, RatioGrid]:
+        b = self._moe_mla_tables.mla_bmm
+        if b is None or not len(b):
+            return {}
+        out = {}
+        for (op, dtype, heads), t in b.groupby(["op", "dtype", "heads"]):
+            roof = mla_bmm_roofline_s(t["tokens"], int(heads), _gemm_bytes(dtype), self._peak(dtype), self.gpu.hbm_bytes_per_s)
+            out[(op, dtype, int(heads))] = RatioGrid.from_points(t[["tokens"]].to_numpy(dtype=float),
+                                                                 t["latency_s"].to_numpy() / roof)
+        return out
+
+    def mla_bmm_one_s(self, op: str, dtype: str, tokens: float, heads: int) -> float:
+        """One absorbed-MLA BMM (`op` pre or post) of `tokens` tokens and `heads` heads on one GPU, its
+        table's ratio to `mla_bmm_roofline_s` over tokens (a head count not timed: the nearest's, log2)."""
+        use = min((h for o, d, h in self._mla_bmm_slices if (o, d) == (op, dtype)), key=lambda h: abs(np.log2(h / heads)))
+        t = max(float(tokens), 1.0)
+        ratio, _ = self._mla_bmm_slices[(op, dtype, use)]._at(np.array([t]))
+        return float(mla_bmm_roofline_s(t, heads, _gemm_bytes(dtype), self._peak(dtype), self.gpu.hbm_bytes_per_s)) * ratio
 
     # ---- DeepEP all-to-all (the engines' opt-in exchange) ------------------------------------------
     def a2a_slices(self) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:

@@ -27,6 +27,7 @@ import numpy as np
 from sim.inputs.kernel_tables import moe_quant_for
 from sim.model.dtypes import WEIGHT_DTYPES
 from sim.model.experts import busiest_routing_share
+from sim.model.layers import MLA, SPARSE
 from sim.model.spec import ModelSpec
 from sim.model.units import FLOP_PER_MAC
 
@@ -95,6 +96,31 @@ def measured_a2a_s(model: ModelSpec, hw: Hardware, tokens_per_rank: float) -> fl
         total += float(hw.kernels.a2a_s(backend, phase, wire, tokens_per_rank, model.hidden_size, model.experts_per_token,
                                         model.num_experts, model.expert_parallel).seconds[0])
     return total
+
+
+def absorbed_bmm_swap(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int,
+                      rows: float) -> tuple[float, float, float, float] | None:
+    """An absorbed MLA decode's kv_b as the engine runs it: not a GEMM over the rows but two batched
+    matmuls per head around the attention kernel (q_nope x W_UK, the latent output x W_UV), timed by the
+    engine's MLA BMM table. Returns what the mean layer's kv_b GEMM carries over `rows` decode rows
+    (weight bytes, linear params, FLOP - one rank's rows / D tokens) and the seconds the measured BMMs
+    take instead; None without MLA layers of DeepSeek-V3's widths (512 latent, 128 a head) or a table.
+    The BMMs run in the kv projection's dtype where the table times it (TensorRT-LLM: fp8 block-scaled
+    when kv_b is, modules/attention.py `create_weights` / `fp8_block_scaling_bmm_out`; SGLang's bmm_fp8),
+    else bf16 (vLLM times only torch's bf16 bmm)."""
+    a = model.mla
+    if hw.kernels is None or a is None or (a.kv_lora_rank, a.qk_nope_head_dim, a.v_head_dim) != (512, 128, 128):
+        return None
+    dtypes = hw.kernels.mla_bmm_dtypes()
+    dtype = "fp8" if weight_dtype == "fp8" and "fp8" in dtypes else "bf16"
+    if dtype not in dtypes:
+        return None
+    share = (model.kind_counts.get(MLA, 0) + model.kind_counts.get(SPARSE, 0)) / model.num_layers
+    params = a.kv_lora_rank * model.num_heads * (a.qk_nope_head_dim + a.v_head_dim)
+    tokens = rows / model.attention_dp
+    seconds = sum(hw.kernels.mla_bmm_one_s(op, dtype, tokens, model.num_heads) for op in ("pre", "post"))
+    return (share * WEIGHT_DTYPES[weight_dtype].bytes_for(params, group_size), share * params,
+            FLOP_PER_MAC * tokens * share * params, share * seconds)
 
 
 def measured_mla_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_dtype: str):

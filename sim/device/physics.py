@@ -31,7 +31,7 @@ from .hardware import Hardware
 from .host_pipeline import HostLayer, HostStepTimes, host_pipeline
 from .moe_exchange import A2A_PHASES, A2A_WIRE_BYTES, ALLGATHER_REDUCESCATTER
 from .moe_fit import model_moe_s
-from .moe_mla_costs import measured_a2a_s, measured_mla_s, measured_moe_s, moe_quant, routed_work
+from .moe_mla_costs import absorbed_bmm_swap, measured_a2a_s, measured_mla_s, measured_moe_s, moe_quant, routed_work
 from .sparse_fetch import SparseFetch, fetch_layer, mean_layer_share
 
 ALLREDUCES_PER_LAYER = 2  # tensor parallelism: after the attention output and after the MLP down projection
@@ -272,7 +272,8 @@ def sparse_attention_work(model: ModelSpec, batch, attended_tokens, kv_dtype: st
     return flop, nbytes
 
 
-def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, rows: int) -> float:
+def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, rows: int,
+                    absorbed: bool = False) -> float:
     """Projections + MLP of one layer over `rows` tokens. The kernel streams its weights from HBM
     while its compute pipeline dequantises each weight on the CUDA cores (weight-only int8/int4, or
     fp8 without fp8 tensor cores) and runs the tensor-core MMA; the slower of the two sets the time:
@@ -284,24 +285,29 @@ def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
     max(FLOP / FLOP/s, bytes / bytes/s). The dequantisation is paid once per weight per call, the MMA
     grows with rows: a weight-only kernel turns compute-bound at a smaller batch on a GPU whose
     CUDA cores are slow against its memory (Marlin's speedup fades past batch 16-32 for this reason).
-    A profile that timed the dtype's kernel across rows replaces the model: weight bytes / measured rate."""
+    A profile that timed the dtype's kernel across rows replaces the model: weight bytes / measured rate.
+    `absorbed` (decode rows): an MLA layer's kv_b runs as the engine's measured BMMs where a table times
+    them (`moe_mla_costs.absorbed_bmm_swap`), the rest as above."""
     profiled = bool(hw.weight_kernel_bytes_per_s_by_rows)
     if not profiled and hw.kernels is not None and model.gqa_gemms and weight_dtype in hw.kernels.gemm_dtypes():
         return _measured_gemms_s(hw.kernels, tuple(model.layer_gemm_shapes()), weight_dtype, int(rows))
     w_bytes, params_read = _layer_weights_read(model, weight_dtype, group_size, rows)
     if profiled:  # a profile timed this dtype's kernel across rows
         return hw.measured_weight_kernel_s(w_bytes, rows)
+    flop, bmm_s = gemm_flop(model, rows), 0.0
+    swap = absorbed_bmm_swap(model, hw, weight_dtype, group_size, rows) if absorbed and rows > 0 else None
+    if swap is not None:
+        w_bytes, params_read, flop, bmm_s = w_bytes - swap[0], params_read - swap[1], flop - swap[2], swap[3]
     quant = moe_quant(model, hw, weight_dtype, group_size)
     fitted = None if quant is not None else _moe_fit(model, hw, weight_dtype, group_size)
     if quant is not None or fitted is not None:  # the routed experts from the MoE table or its fit, the rest datasheet
         r_bytes, r_params, r_flop = routed_work(model, weight_dtype, group_size, rows)
-        rest = weight_gemm_s(hw, w_bytes - r_bytes, params_read - r_params, gemm_flop(model, rows) - r_flop, rows,
-                             GEMM_CALLS_PER_LAYER)
+        rest = weight_gemm_s(hw, w_bytes - r_bytes, params_read - r_params, flop - r_flop, rows, GEMM_CALLS_PER_LAYER)
         routed = (measured_moe_s(model, hw, quant, rows) if quant is not None
                   else model_moe_s(model, fitted, weight_dtype, group_size, rows))
-        return rest + routed
-    return weight_gemm_s(hw, w_bytes, params_read, gemm_flop(model, rows), rows, GEMM_CALLS_PER_LAYER,
-                         _layer_shapes(model) if model.gqa_gemms else ())
+        return rest + routed + bmm_s
+    return weight_gemm_s(hw, w_bytes, params_read, flop, rows, GEMM_CALLS_PER_LAYER,
+                         _layer_shapes(model) if model.gqa_gemms else ()) + bmm_s
 
 
 @lru_cache(maxsize=64)
@@ -605,7 +611,7 @@ def decode_layer_cost(
     next CUDA graph), the attention over the batch's own sequences (a padding request is one short one).
     """
     rows = decode_rows(hw.launch, batch)
-    gemm_s = weight_kernel_s(model, hw, weight_dtype, group_size, rows)
+    gemm_s = weight_kernel_s(model, hw, weight_dtype, group_size, rows, absorbed=True)
     attn_s = decode_layer_attention_s(model, hw, batch, attended_tokens, kv_bytes_per_token_layer, t2_staged_tokens,
                                       t2_bytes_per_token_layer)
     allreduce_s = layer_comm_s(model, hw, rows)

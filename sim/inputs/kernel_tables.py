@@ -53,6 +53,12 @@ for them), with the meanings of the package's loaders (aic-core perf_database/ml
   Marlin group 128; w4a16_mxfp4 gpt-oss MXFP4), `distribution` the routing ('balanced': token i's
   picks (i + j ceil(E/k)) mod E, experts evenly loaded; 'power_law_<alpha>': per-expert counts drawn
   from a power law, the busiest EP rank measured), `latency` ms per call. First row wins on a key.
+- `mla_bmm/<fw>/<ver>/mla_bmm_perf.parquet` (the engine's own; none: no table): absorbed MLA decode's
+  two batched matmuls around the attention kernel, DeepSeek-V3's shapes - `mla_gen_pre` (each head's
+  128-wide q_nope times W_UK into the 512-wide latent) and `mla_gen_post` (the latent output times W_UV
+  back to 128) - for `num_tokens` tokens and `num_heads` heads on one GPU, `bmm_dtype` bfloat16 or fp8
+  (TensorRT-LLM's fp8 block-scaled BMM on Hopper, its dequantised bf16 one on Blackwell; SGLang's
+  sgl-kernel bmm_fp8; vLLM times only torch's bf16 bmm), `latency` ms per call.
 """
 
 from __future__ import annotations
@@ -86,6 +92,8 @@ MLA_FRAMEWORK = "trtllm"  # the MLA decode kernel table's framework (vLLM measur
 MLA_TABLE, MOE_TABLE = "generation_mla", "moe"  # KernelTables.table_sources keys, as `source` names them
 MOE_QUANTS = ("bfloat16", "fp8", "fp8_block", "int4_wo", "w4a16_mxfp4")  # the vLLM MoE weight formats read
 MLA_COLUMNS = ["kv_dtype", "heads", "batch", "kv_tokens", "latency_s"]
+MLA_BMM_COLUMNS = ["op", "dtype", "heads", "tokens", "latency_s"]
+MLA_BMM_TABLE = "mla_bmm"
 MOE_COLUMNS = ["quant", "distribution", "experts", "top_k", "hidden", "inter", "tp", "ep", "tokens", "kernel",
                "latency_s"]
 MOE_SLICE = ["quant", "distribution", "experts", "top_k", "hidden", "inter", "tp", "ep"]  # one token curve each
@@ -112,6 +120,7 @@ class KernelTables:
     # read on first use (`with_moe_mla`); None: not read yet
     mla_decode: pd.DataFrame | None = None  # MLA_COLUMNS: kv_dtype, heads, batch, kv_tokens (new one included), latency_s
     moe: pd.DataFrame | None = None  # MOE_COLUMNS: quant, distribution, experts, top_k, hidden, inter, tp, ep, tokens, ...
+    mla_bmm: pd.DataFrame | None = None  # MLA_BMM_COLUMNS: op (pre, post), dtype, heads, tokens, latency_s
     table_sources: dict[str, str] = field(default_factory=dict)  # table -> "framework version" where not `framework`'s
 
     def source(self, table: str) -> str:
@@ -345,9 +354,29 @@ def with_moe_mla(tables: KernelTables) -> KernelTables:
     if tables.mla_decode is not None and tables.moe is not None:
         return tables
     if tables.framework == PROFILE_SOURCE or tables.system not in SYSTEMS.values() or not tables_available():
-        return replace(tables, mla_decode=pd.DataFrame(columns=MLA_COLUMNS), moe=pd.DataFrame(columns=MOE_COLUMNS))
+        return replace(tables, mla_decode=pd.DataFrame(columns=MLA_COLUMNS), moe=pd.DataFrame(columns=MOE_COLUMNS),
+                       mla_bmm=pd.DataFrame(columns=MLA_BMM_COLUMNS))
     mla, moe, sources = _moe_mla(tables.system, tables.framework)
-    return replace(tables, mla_decode=mla, moe=moe, table_sources={**tables.table_sources, **sources})
+    bmm = _mla_bmm_table(tables.system, tables.framework)
+    return replace(tables, mla_decode=mla, moe=moe, mla_bmm=bmm, table_sources={**tables.table_sources, **sources})
+
+
+@lru_cache(maxsize=8)
+def _mla_bmm_table(system: str, framework: str) -> pd.DataFrame:
+    """The engine's own MLA BMM rows in kvtier's units (op pre / post, dtype bf16 / fp8, seconds); empty
+    where the engine times none for the system (another engine's BMMs are not this engine's)."""
+    root = _package_root() / "systems"
+    path = _backfilled(root / "data" / system / MLA_BMM_TABLE / framework, _query_version(root, system, framework),
+                       "mla_bmm_perf.parquet") if framework in FRAMEWORKS else None
+    if path is None:
+        return pd.DataFrame(columns=MLA_BMM_COLUMNS)
+    df = _read(path)
+    df = df[df["bmm_dtype"].isin(["bfloat16", "fp8"])]
+    out = pd.DataFrame({"op": df["op_name"].map({"mla_gen_pre": "pre", "mla_gen_post": "post"}).to_numpy(),
+                        "dtype": df["bmm_dtype"].map({"bfloat16": "bf16", "fp8": "fp8"}).to_numpy(),
+                        "heads": df["num_heads"].to_numpy(), "tokens": df["num_tokens"].to_numpy(),
+                        "latency_s": df["latency"].to_numpy() * MS_TO_S})
+    return out.dropna().drop_duplicates(["op", "dtype", "heads", "tokens"], keep="first").reset_index(drop=True)
 
 
 @lru_cache(maxsize=8)
@@ -411,7 +440,7 @@ def moe_quant_for(weight_dtype: str, group_size: int = 128) -> str | None:
 # cell inside a kept line would only test the nearest-cell fill): every 4th value (from the 3rd) of
 # GEMM n and k, of decode and prefill attention tokens and batch, and of all-reduce, all-gather and
 # reduce-scatter message size; of DeepEP's tokens a rank (per kernel); of MLA decode kv_tokens and batch,
-# and of MoE tokens (where the tables carry them: `with_moe_mla`).
+# and of MoE and MLA BMM tokens (where the tables carry them: `with_moe_mla`).
 HELD_OUT_EVERY, HELD_OUT_FROM = 4, 2
 
 
@@ -439,15 +468,17 @@ def split_tables(tables: KernelTables) -> tuple[KernelTables, KernelTables]:
     # part is never completed later by `with_moe_mla` with the unsplit table)
     m = tables.mla_decode if tables.mla_decode is not None else pd.DataFrame(columns=MLA_COLUMNS)
     e = tables.moe if tables.moe is not None else pd.DataFrame(columns=MOE_COLUMNS)
+    b = tables.mla_bmm if tables.mla_bmm is not None else pd.DataFrame(columns=MLA_BMM_COLUMNS)
     m_held = _held_lines(m["kv_tokens"]) | _held_lines(m["batch"])
     e_held = _held_lines(e["tokens"])
+    b_held = _held_lines(b["tokens"])
 
     def part(held: bool) -> KernelTables:
         return replace(tables, gemm=g[g_held == held], decode_attention=a[a_held == held],
                        allreduce={impl: t[ar_held[impl] == held] for impl, t in tables.allreduce.items()},
                        gather={op: t[gather_held[op] == held] for op, t in tables.gather.items()},
                        a2a=x[x_held == held] if x is not None else None,
-                       mla_decode=m[m_held == held], moe=e[e_held == held],
+                       mla_decode=m[m_held == held], moe=e[e_held == held], mla_bmm=b[b_held == held],
                        context_attention=c[c_held == held] if c is not None else None)
 
     return part(False), part(True)
