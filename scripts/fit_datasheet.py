@@ -31,6 +31,8 @@ measurements only - never on end-to-end figures, which are for validation:
 - absorbed MLA decode attention (the tables' generation_mla, TensorRT-LLM's kernel, DeepSeek-V3's latent):
   floor + max(latent bytes / (HBM x efficiency(KV dtype) x blocks / (blocks + half_blocks)), FLOP / (bf16 peak
   x FLOP efficiency)), blocks = batch x ceil(heads / 64) (the GQA fit it took before: 10-66% held-out median);
+- absorbed MLA's two BMMs (the tables' mla_bmm, the engine's own: q_nope x W_UK and latent x W_UV, the same
+  FLOP and bytes), per BMM dtype: floor + max(FLOP / (peak x ef), bytes / (HBM x eh));
 - one GPU's fused routed experts (the tables' vLLM fused_experts), per weight format, balanced routing at the
   benchmark's own experts and pairs on the GPU it timed: floor + touched x per-expert cost + max(touched experts'
   weights / (HBM x ew), 2 x pairs x expert params / (peak x ef x r / (r + half_rows))) + routed rows gathered and
@@ -67,6 +69,7 @@ from scipy.optimize import least_squares
 from sim.device.kernels import DEFAULT_GROUP_SIZE
 from sim.device.measured_kernels import MOE_FP8_COMPUTE
 from sim.device.moe_exchange import A2A_WIRE_BYTES
+from sim.device.moe_mla_costs import mla_bmm_work
 from sim.device.physics import xqa_ctas
 from sim.inputs import catalog
 from sim.inputs.kernel_tables import FRAMEWORK, FRAMEWORKS, PACKAGE, SYSTEMS, load_tables, split_tables, with_moe_mla
@@ -304,6 +307,35 @@ def _mla(gpu, tune, held) -> dict | None:
             "tune": _errors(_mla_model(p, *args), meas), "held_out": _errors(_mla_model(p, *h_args), h_meas)}
 
 
+def _mla_bmm_model(p, flop, nbytes, peak, hbm):
+    """`moe_mla_costs.datasheet_mla_bmm_s`: floor + max(FLOP / (peak x ef), bytes / (HBM x eh))."""
+    return p[0] + np.maximum(flop / (peak * p[1]), nbytes / (hbm * p[2]))
+
+
+def _mla_bmm(gpu, tune, held) -> dict | None:
+    """Absorbed MLA's BMMs (the tables' mla_bmm, pre and post alike: the same FLOP and bytes), per BMM dtype."""
+    if tune.mla_bmm is None or not len(tune.mla_bmm):
+        return None
+    spec = catalog.gpu(gpu)
+    out = {}
+    for dtype, t in tune.mla_bmm.groupby("dtype"):
+        peak = spec.fp8_flop_per_s if dtype == "fp8" and spec.fp8_flop_per_s else spec.bf16_flop_per_s
+
+        def domain(b, dtype=dtype, peak=peak):
+            b = b[b["dtype"] == dtype]
+            flop, nbytes = mla_bmm_work(b["tokens"].to_numpy().astype(float), b["heads"].to_numpy().astype(float),
+                                        1.0 if dtype == "fp8" else 2.0)
+            return (flop, nbytes, peak, spec.hbm_bytes_per_s), b["latency_s"].to_numpy()
+
+        args, meas = domain(t)
+        h_args, h_meas = domain(held.mla_bmm)
+        p = _fit(_mla_bmm_model, [5e-6, 0.5, 0.5], [0.0, 0.01, 0.01], [1e-3, 1.0, 1.0], args, meas)
+        out[dtype] = {"floor_s": float(f"{p[0]:.4g}"), "flop_efficiency": round(float(p[1]), 4),
+                      "hbm_efficiency": round(float(p[2]), 4),
+                      "tune": _errors(_mla_bmm_model(p, *args), meas), "held_out": _errors(_mla_bmm_model(p, *h_args), h_meas)}
+    return out
+
+
 def _moe_model(p, touched, pairs, expert, wb, hidden, inter, tokens, peak, hbm):
     """`physics.datasheet_moe_s`: floor + touched x per-expert cost + max(touched experts' weights / (HBM x ew),
     2 x pairs x expert params / (peak x ef x r / (r + half_rows))) + routed rows gathered and scattered (pairs x (h +
@@ -442,6 +474,9 @@ def fit(framework: str = FRAMEWORK) -> dict:
         mla = _mla(gpu, tune, held)
         if mla is not None:
             gpus[gpu]["mla_attention"] = mla
+        bmm = _mla_bmm(gpu, tune, held)
+        if bmm:
+            gpus[gpu]["mla_bmm"] = bmm
         moe = _moe(gpu, tune, held)
         if moe is not None:
             gpus[gpu]["moe"] = moe

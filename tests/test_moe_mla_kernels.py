@@ -279,6 +279,8 @@ def test_an_absorbed_decode_runs_kv_b_as_the_engines_bmms_by_hand():
     GEMMs - its fp8 bytes, params and one rank's 2 x tokens x params FLOP - and its fp8 block-scaled BMMs
     (pre + post, 130 tokens a rank) come in; vLLM's run them in bf16; a prefill (not absorbed) keeps the GEMM."""
     pytest.importorskip("aiconfigurator_core")
+    from dataclasses import replace
+
     from sim.device.moe_mla_costs import absorbed_bmm_swap
     from sim.device.physics import weight_kernel_s
     from sim.model.dtypes import WEIGHT_DTYPES
@@ -294,4 +296,10 @@ def test_an_absorbed_decode_runs_kv_b_as_the_engines_bmms_by_hand():
     vllm = _dpa("vllm").hw
     assert absorbed_bmm_swap(m, vllm, "fp8", 128, 1040)[3] == pytest.approx(
         vllm.kernels.mla_bmm_one_s("pre", "bf16", 130, 128) + vllm.kernels.mla_bmm_one_s("post", "bf16", 130, 128))
-    assert absorbed_bmm_swap(m, _dpa("vllm", "datasheet").hw, "fp8", 128, 1040) is None  # no tables: the GEMM
+    # datasheet: vLLM's fit of its bf16 BMMs, pre and post alike, by hand
+    ds = _dpa("vllm", "datasheet").hw
+    (dtype, floor, ef, eh), = ds.mla_bmm_fits
+    flop, nbytes = 2 * 130 * 128 * 128 * 512, 128 * 128 * 512 * 2 + 130 * 128 * (128 + 512) * 2
+    one = floor + max(flop / (989e12 * ef), nbytes / (4.8e12 * eh))
+    assert dtype == "bf16" and absorbed_bmm_swap(m, ds, "fp8", 128, 1040)[3] == pytest.approx(2 * one)
+    assert absorbed_bmm_swap(m, replace(ds, mla_bmm_fits=()), "fp8", 128, 1040) is None  # no fit: the GEMM

@@ -324,6 +324,8 @@ class Hardware:
     moe_exchange: MoeExchange = MoeExchange()  # how an attention-DP group's tokens reach their experts
     # DeepEP fitted on measured tables: ((kernel, phase, floor s, bytes/s), ...); () : the catalog fabric's figures
     alltoall_fits: tuple[tuple[str, str, float, float], ...] = ()
+    # absorbed MLA's BMMs fitted on the engine's tables: ((dtype, floor s, FLOP eff, HBM eff), ...); () : none (a GEMM)
+    mla_bmm_fits: tuple[tuple[str, float, float, float], ...] = ()
     fitted_framework: str = FRAMEWORK  # whose tables the datasheet constants were fitted on (the engine's)
     fit_from: str | None = None  # whose fit instead of the GPU's own or its sibling's (`catalog.fitted_kernels_for`)
     alltoall_bytes_per_s: float = float("inf")  # expert-parallel dispatch/combine, bytes one GPU sends per second
@@ -404,8 +406,12 @@ def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile |
     h2d = _link_model(link_spec, "h2d", pinned, profile)
     d2h = _link_model(link_spec, "d2h", pinned, profile)
     hw = replace(_assemble(gpu, link_spec, figs, h2d, d2h), fitted_framework=framework, fit_from=fit_from)
+    fit = catalog.fitted_kernels_for(gpu.name, framework, fit_from)
     if figs.fp8 and profile is None and not _sets_gemm(hw_cfg.efficiency):
-        hw = _bf16_lm_head(hw, catalog.fitted_kernels_for(gpu.name, framework, fit_from), eff)
+        hw = _bf16_lm_head(hw, fit, eff)
+    if fit is not None and fit.mla_bmm and profile is None and not _sets_gemm(hw_cfg.efficiency):
+        hw = replace(hw, mla_bmm_fits=tuple((d, f.floor_s, f.flop_efficiency, f.hbm_efficiency)
+                                            for d, f in sorted(fit.mla_bmm.items())))
     if tp > 1:
         hw = _with_interconnect(hw, gpu, tp, engine)
     if getattr(hw_cfg, "pcie_switch", None) is not None:

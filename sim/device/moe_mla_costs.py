@@ -98,27 +98,51 @@ def measured_a2a_s(model: ModelSpec, hw: Hardware, tokens_per_rank: float) -> fl
     return total
 
 
+MLA_BMM_WIDTHS = (128, 512)  # each head's qk_nope / v width and kv_lora_rank (DeepSeek-V3's, the tables')
+
+
+def mla_bmm_work(tokens, heads, elem_bytes: float):
+    """(FLOP, bytes) of one absorbed-MLA BMM over `tokens` x `heads`: 2 x tokens x heads x 128 x 512, and the
+    heads' 128 x 512 weights x element bytes + tokens x heads x (128 + 512) x 2 B in and out."""
+    d, r = MLA_BMM_WIDTHS
+    return FLOP_PER_MAC * tokens * heads * d * r, heads * d * r * elem_bytes + tokens * heads * (d + r) * 2.0
+
+
+def datasheet_mla_bmm_s(hw: Hardware, dtype: str, tokens: float, heads: int) -> float:
+    """One absorbed-MLA BMM, datasheet, fitted on the engine's BMM tables (`hw.mla_bmm_fits`):
+    floor + max(FLOP / (peak x ef), bytes / (HBM x eh)), the fp8 peak for an fp8 BMM."""
+    floor, ef, eh = next((f, e, h) for d, f, e, h in hw.mla_bmm_fits if d == dtype)
+    gpu = hw.gpu
+    peak = gpu.fp8_flop_per_s if dtype == "fp8" and gpu.fp8_flop_per_s else gpu.bf16_flop_per_s
+    flop, nbytes = mla_bmm_work(tokens, heads, 1.0 if dtype == "fp8" else 2.0)
+    return floor + max(flop / (peak * ef), nbytes / (gpu.hbm_bytes_per_s * eh))
+
+
 def absorbed_bmm_swap(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int,
                       rows: float) -> tuple[float, float, float, float] | None:
     """An absorbed MLA decode's kv_b as the engine runs it: not a GEMM over the rows but two batched
     matmuls per head around the attention kernel (q_nope x W_UK, the latent output x W_UV), timed by the
-    engine's MLA BMM table. Returns what the mean layer's kv_b GEMM carries over `rows` decode rows
-    (weight bytes, linear params, FLOP - one rank's rows / D tokens) and the seconds the measured BMMs
-    take instead; None without MLA layers of DeepSeek-V3's widths (512 latent, 128 a head) or a table.
+    engine's MLA BMM table (datasheet: its fit, `datasheet_mla_bmm_s`). Returns what the mean layer's
+    kv_b GEMM carries over `rows` decode rows (weight bytes, linear params, FLOP - one rank's rows / D
+    tokens) and the seconds the BMMs take instead; None without MLA layers of DeepSeek-V3's widths (512
+    latent, 128 a head) or a table or fit of the engine's BMMs.
     The BMMs run in the kv projection's dtype where the table times it (TensorRT-LLM: fp8 block-scaled
     when kv_b is, modules/attention.py `create_weights` / `fp8_block_scaling_bmm_out`; SGLang's bmm_fp8),
     else bf16 (vLLM times only torch's bf16 bmm)."""
     a = model.mla
-    if hw.kernels is None or a is None or (a.kv_lora_rank, a.qk_nope_head_dim, a.v_head_dim) != (512, 128, 128):
+    if a is None or (a.kv_lora_rank, a.qk_nope_head_dim, a.v_head_dim) != (512, 128, 128):
         return None
-    dtypes = hw.kernels.mla_bmm_dtypes()
+    dtypes = hw.kernels.mla_bmm_dtypes() if hw.kernels is not None else {d for d, *_ in hw.mla_bmm_fits}
     dtype = "fp8" if weight_dtype == "fp8" and "fp8" in dtypes else "bf16"
     if dtype not in dtypes:
         return None
     share = (model.kind_counts.get(MLA, 0) + model.kind_counts.get(SPARSE, 0)) / model.num_layers
     params = a.kv_lora_rank * model.num_heads * (a.qk_nope_head_dim + a.v_head_dim)
     tokens = rows / model.attention_dp
-    seconds = sum(hw.kernels.mla_bmm_one_s(op, dtype, tokens, model.num_heads) for op in ("pre", "post"))
+    if hw.kernels is not None:
+        seconds = sum(hw.kernels.mla_bmm_one_s(op, dtype, tokens, model.num_heads) for op in ("pre", "post"))
+    else:  # the datasheet fit: pre and post alike (the same FLOP and bytes)
+        seconds = 2 * datasheet_mla_bmm_s(hw, dtype, tokens, model.num_heads)
     return (share * WEIGHT_DTYPES[weight_dtype].bytes_for(params, group_size), share * params,
             FLOP_PER_MAC * tokens * share * params, share * seconds)
 

@@ -215,6 +215,14 @@ class FittedMla(_Fitted):
     half_blocks: float  # thread blocks (batch x ceil(heads / 64)) at which the latent stream runs at half rate
 
 
+class FittedMlaBmm(_Fitted):
+    """Absorbed MLA's batched matmuls (q_nope x W_UK, latent x W_UV) of one dtype."""
+
+    floor_s: float
+    flop_efficiency: float  # of the dtype's peak
+    hbm_efficiency: float
+
+
 class FittedMoe(_Fitted):
     floor_s: float
     per_expert_s: float  # each expert the call touches
@@ -247,6 +255,7 @@ class FittedKernels(_Frozen):
     alltoall: dict[str, dict[str, FittedAllToAll]] | None = None  # DeepEP: kernel (ht, ll) -> phase -> fit
     prefill_attention: dict[str, FittedPrefill] | None = None  # by KV dtype, where the tables have a context table
     mla_attention: FittedMla | None = None  # absorbed MLA decode, where the tables time it
+    mla_bmm: dict[str, FittedMlaBmm] | None = None  # absorbed MLA's BMMs by dtype (bf16, fp8), the engine's own
     moe: dict[str, FittedMoe] | None = None  # fused routed experts by the table's weight format (bfloat16, fp8_block, ...)
 
 
