@@ -111,7 +111,7 @@ def test_the_study_on_a_subset_gives_finite_errors():
 def test_the_operator_table_per_family_and_gpu():
     ops = operator_table(["h100-sxm"])
     assert set(ops["family"]) == {"gemm", "decode attention", "prefill attention", "all-reduce", "all-gather",
-                                  "reduce-scatter", "mla decode", "moe experts"}
+                                  "reduce-scatter", "all-to-all", "mla decode", "mla bmm", "moe experts"}
     assert set(ops["gpu"]) == {"h100-sxm", "all"}
     gather = ops["family"].isin(["all-gather", "reduce-scatter"])
     assert (ops[~gather]["tables_median"] < ops[~gather]["datasheet_median"]).all()  # the tables are the closer model

@@ -383,3 +383,25 @@ def test_weight_only_gemm_takes_the_engines_own_fit_by_hand():
     vllm = datasheet_cost("a100-80gb-sxm", Gemm(1, n, k, "int4"))
     assert vllm.seconds >= bf16.floor_s and vllm.seconds != datasheet_cost("a100-80gb-sxm", Gemm(1, n, k, "int4"),
                                                                            framework="trtllm").seconds
+
+
+@needs_tables
+def test_the_seam_costs_an_all_to_all_and_an_mla_bmm():
+    """DeepEP's all-to-all and absorbed MLA's BMM through the seam: the datasheet fit by hand (tokens x remote
+    ranks x hidden x wire bytes), the measured tables at a timed point; a BMM dtype the engine never fit says so."""
+    from sim.device.kernels import AllToAll, MlaBmm
+    from sim.model.experts import expected_remote_ranks
+
+    op = AllToAll(128, 7168, 8, 256, 8, "dispatch", "ll", "fp8")
+    hw = datasheet_hardware("h200-sxm", tp=8, framework="trtllm")
+    floor, rate = next((f, r) for k, p, f, r in hw.alltoall_fits if (k, p) == ("ll", "dispatch"))
+    want = floor + 128 * expected_remote_ranks(256, 8, 8) * 7168 * 1.0 / rate
+    assert datasheet_cost("h200-sxm", op, "trtllm").seconds == pytest.approx(want)
+    a = load_tables("h200-sxm", "trtllm").a2a
+    row = a[(a.backend == "ll") & (a.phase == "dispatch") & (a.wire == "fp8") & (a.hidden == 7168) & (a.top_k == 8)
+            & (a.experts == 256) & (a.tokens == 128)]
+    assert measured_cost("h200-sxm", op, framework="trtllm").seconds == pytest.approx(float(row.latency_s.iloc[0]))
+    bmm = measured_cost("h200-sxm", MlaBmm(128, 128, "post", "fp8"), framework="trtllm")
+    assert 20e-6 < bmm.seconds < 60e-6 and "mla_bmm post fp8" in bmm.source
+    missing = datasheet_cost("h200-sxm", MlaBmm(128, 128, "pre", "fp8"))  # vLLM's tables time bf16 BMMs only
+    assert missing.seconds is None and "no fit of vllm's fp8 MLA BMMs" in missing.note

@@ -24,10 +24,13 @@ from sim.inputs.errors import ConfigError
 from sim.inputs.kernel_tables import FRAMEWORK, tables_from_profile
 from sim.inputs.scenario import HardwareCfg
 from sim.model.dtypes import KV_DTYPES, WEIGHT_DTYPES
+from sim.model.experts import expected_remote_ranks
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
 from .hardware import Hardware, resolve_hardware, with_allreduce
 from .measured_kernels import MeasuredKernels, measured_kernels_for
+from .moe_exchange import A2A_WIRE_BYTES
+from .moe_mla_costs import datasheet_mla_bmm_s
 from .physics import datasheet_prefill_attention_s, gqa_datasheet_attention_s, weight_gemm_s
 
 KERNELS = ("datasheet", "measured")
@@ -76,7 +79,31 @@ class Gather:
     op: str = "all_gather"  # or reduce_scatter (NCCL's)
 
 
-Operator = Gemm | DecodeAttention | PrefillAttention | AllReduce | Gather
+@dataclass(frozen=True)
+class AllToAll:
+    """One DeepEP dispatch or combine of `tokens` a rank (the engines' opt-in MoE exchange)."""
+
+    tokens: int
+    hidden: int
+    top_k: int
+    experts: int
+    ep: int
+    phase: str = "dispatch"  # or combine
+    kernel: str = "ll"  # DeepEP's low-latency (ll) or high-throughput (ht) kernels
+    wire: str = "bf16"  # what crosses: bf16, fp8 (TensorRT-LLM's tables), default (vLLM's)
+
+
+@dataclass(frozen=True)
+class MlaBmm:
+    """One of absorbed MLA decode's batched matmuls (DeepSeek-V3 widths) over `tokens` x `heads` on one GPU."""
+
+    tokens: int
+    heads: int
+    op: str = "pre"  # pre: q_nope x W_UK; post: the latent output x W_UV
+    dtype: str = "bf16"  # or fp8
+
+
+Operator = Gemm | DecodeAttention | PrefillAttention | AllReduce | Gather | AllToAll | MlaBmm
 GATHER_OPS = {"allgather": "all_gather", "reducescatter": "reduce_scatter"}  # kvsim ops' name -> NCCL's
 
 
@@ -125,6 +152,8 @@ def datasheet_cost(gpu: str, op: Operator, framework: str = FRAMEWORK, fit_from:
         seconds = datasheet_prefill_attention_s(hw, flop, tokens * kv_layer, op.prompt_tokens, op.batch, tokens, op.heads,
                                                 op.kv_heads, fp8)
         return OpCost(seconds, "datasheet: physics.datasheet_prefill_attention_s")
+    if isinstance(op, (AllToAll, MlaBmm)):
+        return _datasheet_moe_mla_op(gpu, op, framework, fit_from)
     if isinstance(op, Gather):
         hw = datasheet_hardware(gpu, tp=op.gpus, framework=framework, fit_from=fit_from)
         how = ("fitted protocols per group size" if dict(hw.gather_protocols).get(op.op) else
@@ -133,6 +162,20 @@ def datasheet_cost(gpu: str, op: Operator, framework: str = FRAMEWORK, fit_from:
     hw = with_allreduce(datasheet_hardware(gpu, tp=op.gpus, framework=framework, fit_from=fit_from), op.impl)
     how = ("fitted protocols per group size" if hw.allreduce_protocols else "ring: catalog interconnect busbw + per-hop latency")
     return OpCost(hw.allreduce_s(op.nbytes), f"datasheet: Hardware.allreduce_s ({op.impl}; {how})")
+
+
+def _datasheet_moe_mla_op(gpu: str, op: AllToAll | MlaBmm, framework: str, fit_from: str | None) -> OpCost:
+    """DeepEP's all-to-all (`Hardware.alltoall_s` of tokens x remote ranks x hidden x wire bytes) and an
+    absorbed-MLA BMM (`moe_mla_costs.datasheet_mla_bmm_s`; None without a fit of the engine's BMMs)."""
+    if isinstance(op, AllToAll):
+        hw = datasheet_hardware(gpu, tp=op.ep, framework=framework, fit_from=fit_from)
+        nbytes = op.tokens * expected_remote_ranks(op.experts, op.top_k, op.ep) * op.hidden * A2A_WIRE_BYTES[op.wire]
+        how = "fitted per kernel and phase" if hw.alltoall_fits else "the catalog fabric's figures"
+        return OpCost(hw.alltoall_s(nbytes, op.kernel, op.phase), f"datasheet: Hardware.alltoall_s ({how})")
+    hw = datasheet_hardware(gpu, framework=framework, fit_from=fit_from)
+    if op.dtype not in {d for d, *_ in hw.mla_bmm_fits}:
+        return OpCost(None, "", False, f"no fit of {framework}'s {op.dtype} MLA BMMs for {gpu}")
+    return OpCost(datasheet_mla_bmm_s(hw, op.dtype, op.tokens, op.heads), "datasheet: moe_mla_costs.datasheet_mla_bmm_s")
 
 
 def measured_kernels(gpu: str, framework: str = FRAMEWORK) -> MeasuredKernels:
@@ -160,6 +203,11 @@ def measured_cost(gpu: str, op: Operator, mk: MeasuredKernels | None = None, fra
             d = datasheet_cost(gpu, op, framework)
             return OpCost(d.seconds, d.source, False, "no measured prefill-attention table: the datasheet model")
         r = mk.context_attention_s(op.batch, op.prompt_tokens, op.heads, op.kv_heads, op.head_dim, op.kv_dtype)
+    elif isinstance(op, AllToAll):
+        r = mk.a2a_s(op.kernel, op.phase, op.wire, op.tokens, op.hidden, op.top_k, op.experts, op.ep)
+    elif isinstance(op, MlaBmm):
+        return OpCost(mk.mla_bmm_one_s(op.op, op.dtype, op.tokens, op.heads),
+                      mk.tables.source(f"mla_bmm {op.op} {op.dtype}"))
     elif isinstance(op, Gather):
         if not mk.has_gather():
             d = datasheet_cost(gpu, op, framework)

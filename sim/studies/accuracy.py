@@ -311,9 +311,10 @@ def bands_text(points: pd.DataFrame, computed_at: dict) -> str:
 
 
 def operator_table(gpus: Iterable[str] | None = None) -> pd.DataFrame:
-    """Per GPU and operator family (gemm, decode attention, prefill attention, all-reduce, and the MLA
-    decode and MoE experts of `moe_mla_accuracy`, every routing its tables time), then per family over
-    every GPU: held-out points, median and worst |error| of the datasheet model and of the tables."""
+    """Per GPU and operator family (gemm, decode attention, prefill attention, all-reduce, all-gather,
+    reduce-scatter, DeepEP's all-to-all, and the MLA decode, MLA BMMs and MoE experts of
+    `moe_mla_accuracy`, every routing its tables time), then per family over every GPU: held-out points,
+    median and worst |error| of the datasheet model and of the tables."""
     gpus = list(covered_gpus() if gpus is None else gpus)
     if not gpus or not tables_available():
         return pd.DataFrame()

@@ -32,7 +32,7 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
-from sim.device.kernels import datasheet_hardware
+from sim.device.kernels import MlaBmm, datasheet_cost, datasheet_hardware
 from sim.device.measured_kernels import MeasuredKernels
 from sim.device.moe_fit import datasheet_moe_s
 from sim.device.physics import attention_s, kind_attention_flop_per_token, mla_datasheet_attention_s, weight_gemm_s
@@ -63,7 +63,7 @@ def held_out_points(gpu: str) -> tuple[pd.DataFrame, MeasuredKernels]:
     spec = catalog.gpu(gpu)
     tune, held = split_tables(with_moe_mla(load_tables(gpu)))
     mk = MeasuredKernels(tune, spec, catalog.interconnect(spec.interconnect).bus_bytes_per_s)
-    frames = [f for f in (_mla(gpu, held.mla_decode, mk), _moe(gpu, held.moe, mk)) if len(f)]
+    frames = [f for f in (_mla(gpu, held.mla_decode, mk), _moe(gpu, held.moe, mk), _bmm(gpu, held.mla_bmm, mk)) if len(f)]
     out = pd.concat(frames, ignore_index=True)
     out["datasheet_err"] = out["datasheet_s"] / out["measured_s"] - 1
     out["tables_err"] = out["tables_s"] / out["measured_s"] - 1
@@ -104,6 +104,20 @@ def _mla(gpu: str, m: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
                          "model": MLA_MODEL, "layout": f"TP{tp}", "size": b * n, "measured_s": meas,
                          "datasheet_s": mla_datasheet_s(gpu, int(b), int(n), int(heads), kv_dtype), "tables_s": tab,
                          "below_hbm": meas < b * n * latent / hbm})
+    return pd.DataFrame(rows)
+
+
+def _bmm(gpu: str, b: pd.DataFrame | None, mk: MeasuredKernels) -> pd.DataFrame:
+    """Absorbed MLA's BMMs (the engine's mla_bmm table), pre and post, by dtype: its fit (`kernels.MlaBmm`)."""
+    rows = []
+    for r in (b.itertuples(index=False) if b is not None else ()):
+        d = datasheet_cost(gpu, MlaBmm(int(r.tokens), int(r.heads), r.op, r.dtype))
+        if d.seconds is None:
+            continue
+        rows.append({"op": f"mla bmm {r.dtype}", "family": "mla bmm", "shape": f"{r.op} t{r.tokens} H{r.heads}",
+                     "model": MLA_MODEL, "layout": "", "size": r.tokens * r.heads, "measured_s": r.latency_s,
+                     "datasheet_s": d.seconds, "tables_s": mk.mla_bmm_one_s(r.op, r.dtype, r.tokens, int(r.heads)),
+                     "below_hbm": False})
     return pd.DataFrame(rows)
 
 

@@ -6,7 +6,8 @@ interpolation across a gap, never a table point itself). Error = predicted / mea
 The domain is what kvtier's step cost asks for: GEMMs of 1-8192 rows with n, k >= 256 (bf16, fp8),
 decode attention at head dim 128 without a sliding window over >= 16 cached tokens, prefill
 attention at head dim 128 without a window over prompts of >= 16 tokens, all-reduces up to 64 MiB
-over 2-8 GPUs (custom and NCCL), and NCCL's all-gathers and reduce-scatters up to 64 MiB buffers. Every `STRIDE`-th point of the domain is
+over 2-8 GPUs (custom and NCCL), NCCL's all-gathers and reduce-scatters up to 64 MiB buffers, and
+DeepEP's all-to-alls (one node's EP8). Every `STRIDE`-th point of the domain is
 kept, in table order, so a run is seconds, not minutes.
 """
 
@@ -19,6 +20,7 @@ import pandas as pd
 
 from sim.device.kernels import (
     AllReduce,
+    AllToAll,
     DecodeAttention,
     Gather,
     Gemm,
@@ -32,7 +34,7 @@ from sim.inputs import catalog
 from sim.inputs.kernel_tables import SYSTEMS, load_tables, split_tables
 
 STRIDE = 7
-FAMILY = r"^(gemm|decode attention|prefill attention|all-reduce|all-gather|reduce-scatter)"  # an op's family, from its name
+FAMILY = r"^(gemm|decode attention|prefill attention|all-reduce|all-gather|reduce-scatter|all-to-all)"  # from its name
 MAX_ALLREDUCE_BYTES = 64 * 2**20
 Costing = Callable[[Operator], OpCost]  # one GPU's datasheet cost of an operator
 
@@ -50,6 +52,8 @@ def held_out_points(gpu: str, fit_from: str | None = None) -> tuple[pd.DataFrame
         frames.append(_prefill(ds, held.context_attention, mk))
     frames += [_allreduce(ds, impl, t, mk) for impl, t in held.allreduce.items()]
     frames += [_gather(ds, op, t, mk) for op, t in held.gather.items()]
+    if held.a2a is not None:
+        frames.append(_a2a(ds, held.a2a, mk))
     out = pd.concat([f for f in frames if len(f)], ignore_index=True)
     out["datasheet_err"] = out["datasheet_s"] / out["measured_s"] - 1
     out["tables_err"] = out["tables_s"] / out["measured_s"] - 1
@@ -112,6 +116,17 @@ def _gather(ds: Costing, op: str, t: pd.DataFrame, mk: MeasuredKernels) -> pd.Da
         rows.append({"op": f"{op.replace('_', '-')} nccl", "shape": f"{int(r.bytes)} B x{r.gpus}",
                      "measured_s": r.latency_s, "datasheet_s": ds(Gather(float(r.bytes), int(r.gpus), op)).seconds,
                      "tables_s": float(mk.gather_s(op, r.bytes, int(r.gpus)).seconds[0])})
+    return pd.DataFrame(rows)
+
+
+def _a2a(ds: Costing, a: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
+    rows = []
+    for r in a.itertuples(index=False):
+        op = AllToAll(int(r.tokens), int(r.hidden), int(r.top_k), int(r.experts), int(r.ep), r.phase, r.backend, r.wire)
+        tab = mk.a2a_s(r.backend, r.phase, r.wire, r.tokens, int(r.hidden), int(r.top_k), int(r.experts), int(r.ep))
+        rows.append({"op": f"all-to-all deepep {r.backend} {r.phase}", "shape": f"t{r.tokens} h{r.hidden} k{r.top_k} "
+                     f"E{r.experts} ep{r.ep}", "measured_s": r.latency_s, "datasheet_s": ds(op).seconds,
+                     "tables_s": float(tab.seconds[0])})
     return pd.DataFrame(rows)
 
 
