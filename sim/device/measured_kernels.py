@@ -1,6 +1,6 @@
 """Operator times from measured kernel tables (`sim.inputs.kernel_tables`): a GEMM, one layer's decode
-attention, an all-reduce (all-gather, reduce-scatter), one layer's MLA decode attention and one GPU's
-fused MoE experts, each as
+attention, an all-reduce (all-gather, reduce-scatter), one layer's MLA decode attention and its BMMs,
+one GPU's fused MoE experts and a DeepEP all-to-all, each as
 the table's ratio to a baseline interpolated (`kernel_grid`) times that baseline: the operator's
 roofline on the GPU's datasheet peaks, plus (GEMMs, GQA attention, all-reduces) the table's smallest
 time as a floor. At a measured point the answer is the
@@ -316,7 +316,6 @@ class MeasuredKernels:
         return Lookup((allreduce_roofline_s(nbytes, gpus, self.bus_bytes_per_s) + curve.floor_s) * ratio, inside & (note == ""),
                       self.tables.source(table), note)
 
-
     @cached_property
     def _gather_curves(self) -> dict[tuple[str, int], RatioGrid]:
         return {(op, int(gpus)): RatioGrid.floored(c[["bytes"]].to_numpy(), c["latency_s"].to_numpy(),
@@ -381,6 +380,17 @@ class MeasuredKernels:
     def _a2a_rate(self) -> float:
         return catalog.interconnect(self.gpu.interconnect).alltoall_bytes_per_s
 
+    @cached_property
+    def _a2a_grids(self) -> dict[tuple, RatioGrid]:
+        return {}  # a slice's ratio curve, built on its first use
+
+    def _a2a_grid(self, key: tuple) -> RatioGrid:
+        if key not in self._a2a_grids:
+            t_axis, seconds = self._a2a_slices[key]
+            roof = a2a_roofline_s(t_axis, *key[4:6], key[6], key[3], A2A_WIRE_BYTES[key[2]], self._a2a_rate)
+            self._a2a_grids[key] = RatioGrid.from_points(t_axis[:, None], seconds / roof)
+        return self._a2a_grids[key]
+
     def a2a_s(self, backend: str, phase: str, wire: str, tokens, hidden: int, top_k: int, experts: int,
               ep: int) -> Lookup:
         """One DeepEP dispatch or combine (`phase`) of `tokens` per rank, `backend` ht or ll, `wire` bf16 /
@@ -393,12 +403,8 @@ class MeasuredKernels:
         key = min(same, key=lambda k: (k[2] != wire, sum(abs(np.log2(a / b)) for a, b in zip(k[3:], asked[1:]))))
         note = "" if key[2:] == asked else (f"not measured ({wire}, ep {ep}, hidden {hidden}, top-k {top_k}, {experts} "
                                             f"experts): the ratio of ({', '.join(str(x) for x in key[2:])})")
-        t_axis, seconds = self._a2a_slices[key]
-        wire_bytes = A2A_WIRE_BYTES[key[2]]
-        grid = RatioGrid.from_points(t_axis[:, None], seconds / a2a_roofline_s(t_axis, *key[4:6], key[6], key[3],
-                                                                               wire_bytes, self._a2a_rate))
         t = np.maximum(np.atleast_1d(np.asarray(tokens, dtype=float)), 1.0)
-        ratio, inside = grid(t[:, None])
+        ratio, inside = self._a2a_grid(key)(t[:, None])
         roof = a2a_roofline_s(t, hidden, top_k, experts, ep, A2A_WIRE_BYTES[wire], self._a2a_rate)
         return Lookup(roof * ratio, inside & (note == ""), self.tables.source(f"moe_a2a DeepEP {backend} {phase}"), note)
 

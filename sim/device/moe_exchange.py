@@ -26,7 +26,8 @@ low-latency kernels up to `LL_MAX_TOKENS` tokens a rank and the high-throughput 
 own split (low latency for decode, normal for prefill: SGLang's deepep_mode auto, AIConfigurator's
 registry), by tokens a rank since a layer's cost does not know its step's phase; TensorRT-LLM's wires
 as it sends them (its HT kernels carry an fp8 model's activations in bf16, its LL dispatch in fp8). The
-datasheet model sends bf16 each way at the catalog fabric's all-to-all figures (`Hardware.alltoall_s`).
+datasheet model costs each phase floor + bytes / rate, fitted on those tables per kernel and phase
+(`Hardware.alltoall_s`; the catalog fabric's figures where no fit covers the GPU).
 """
 
 from __future__ import annotations
