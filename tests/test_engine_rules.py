@@ -18,9 +18,11 @@ from sim.device.engine_rules import (
     MIXED,
     PREFILL,
     LaunchRule,
+    decode_rows,
     host_launch_s,
     host_times,
     sglang_fraction,
+    vllm_capture_sizes,
     vllm_graph_max_batch,
 )
 from sim.device.memory import sglang_mem_fraction_static, sglang_prefill_graph_sizes
@@ -139,6 +141,18 @@ def test_cuda_graph_rule_by_hand():
     assert host_launch_s(LaunchRule(False, 0, 3e-5, 1e-4), 1, DECODE) == (3e-5, 1e-4)
     with pytest.raises(ValueError, match="step_kind"):
         host_launch_s(rule, 1, "verify")
+
+
+def test_vllm_pads_a_decode_batch_to_its_next_captured_size():
+    """vLLM's capture sizes 1, 2, 4, 8-248 by 8, 256 up by 16 (`_set_cudagraph_sizes`): a decode batch runs
+    padded to the next (bs_to_padded_graph_size); above the largest, as it is (eager)."""
+    sizes = vllm_capture_sizes(512)
+    assert sizes[:5] == [1, 2, 4, 8, 16] and sizes[-2:] == [496, 512] and 248 in sizes and 264 not in sizes
+    ctx = build_context(load_scenario(SERVING, ["engine.name=vllm"]))  # max_num_seqs 256: FULL graphs up to 256
+    rule = ctx.hw.launch
+    assert rule.padding and rule.graph_max_batch == 256
+    assert [decode_rows(rule, b) for b in (3, 130, 250, 256, 257)] == [4, 136, 256, 256, 257]
+    assert decode_rows(None, 130) == 130  # no engine: the batch as it is
 
 
 def test_a_run_replays_graphs_up_to_the_engines_size():

@@ -5,8 +5,9 @@ kernel (`LaunchRule`, `host_launch_s`; `host_times` is what physics asks for a s
 
 Read (stored copies of the public repositories):
 - vLLM (vllm-project/vllm main): vllm/config/vllm.py `VllmConfig._set_cudagraph_sizes` (capture
-  sizes up to max_cudagraph_capture_size = min(max_num_seqs x 2, 512; 1024 on compute capability 10.x),
-  no more than max_num_batched_tokens) and the default optimization level O2's cudagraph_mode
+  sizes [1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16) up to max_cudagraph_capture_size =
+  min(max_num_seqs x 2, 512; 1024 on compute capability 10.x), no more than max_num_batched_tokens; a
+  batch runs padded to the next of them, `bs_to_padded_graph_size`) and the default optimization level O2's cudagraph_mode
   FULL_AND_PIECEWISE; vllm/v1/cudagraph_dispatcher.py `CudagraphDispatcher` (FULL graphs for uniform
   decode batches of up to max_num_seqs tokens, PIECEWISE - attention left eager - for other batches
   up to the largest capture size, none beyond).
@@ -159,12 +160,22 @@ def launch_rule(engine, scheduler, gpu_name: str, gpu_memory_bytes: float, tp: i
     if engine.name == "vllm":
         largest = vllm_graph_max_batch(scheduler.max_num_seqs, scheduler.max_num_batched_tokens,
                                        gpu_name in SM100_GPUS, engine.cuda_graph_max_batch)
-        why = f"{'engine.cuda_graph_max_batch' if engine.cuda_graph_max_batch else 'default'} ({VLLM_GRAPHS})"
+        sizes = vllm_capture_sizes(largest)
+        why = (f"{'engine.cuda_graph_max_batch' if engine.cuda_graph_max_batch else 'default'}: a batch padded up to "
+               f"the next captured size ({VLLM_GRAPHS})")
+        return LaunchRule(True, max(sizes), eager_layer_s, eager_step_s, frozenset(sizes), True), why
     else:
         max_bs = engine.cuda_graph_max_batch or engine.sglang_gpu_defaults(gpu_memory_bytes, tp)[1]
         largest = min(max_bs, scheduler.max_num_seqs)  # graphs are captured up to the request pool's size
         why = f"cuda_graph_max_bs {max_bs}, {'engine.cuda_graph_max_batch' if engine.cuda_graph_max_batch else SGLANG_DEFAULTS}"
     return LaunchRule(True, largest, eager_layer_s, eager_step_s), why
+
+
+def vllm_capture_sizes(largest: int) -> list[int]:
+    """vLLM's captured batch sizes up to `largest`: 1, 2, 4, then 8 to 248 in steps of 8, then 256 up in
+    steps of 16 (`_set_cudagraph_sizes`)."""
+    sizes = [s for s in [1, 2, 4, *range(8, 256, 8), *range(256, largest + 1, 16)] if s <= largest]
+    return sizes or [1]
 
 
 def trtllm_graphs(engine, scheduler, ranks: int) -> tuple[list[int], str]:
