@@ -145,6 +145,8 @@ def read_metric(m: Measurement, sim: Simulated) -> tuple[float, str]:
     if m.workload == "closed_batch":
         return (s.prefill_s + s.decode_s) * MS, f"prefill {s.prefill_s * MS:.1f} ms + decode {s.decode_s * MS:.1f} ms"
     note = f"mean running {s.mean_running:.0f}, max_num_seqs {sim.max_num_seqs}, {s.requests} requests"
+    if m.batch_limits != "row":  # where the limits came from (trtllm-bench's heuristic)
+        note += f"; {m.rank_limits()[2]}"
     if m.workload == "concurrency":
         value, window = steady_state_metric(sim.requests, m)
         return value, f"{note}; {window}"
