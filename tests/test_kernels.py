@@ -405,3 +405,21 @@ def test_the_seam_costs_an_all_to_all_and_an_mla_bmm():
     assert 20e-6 < bmm.seconds < 60e-6 and "mla_bmm post fp8" in bmm.source
     missing = datasheet_cost("h200-sxm", MlaBmm(128, 128, "pre", "fp8"))  # vLLM's tables time bf16 BMMs only
     assert missing.seconds is None and "no fit of vllm's fp8 MLA BMMs" in missing.note
+
+
+def test_ops_flags_for_an_all_to_all_and_an_mla_bmm(tmp_path):
+    res = run_cli("ops", "alltoall", "--tokens", "128", "--hidden", "7168", "--top-k", "8", "--experts", "256", "--gpus",
+                  "8", "--wire", "fp8", "--kernels", "datasheet", "--tables", "trtllm", "--json")
+    assert res.returncode == 0, res.stderr
+    from sim.device.kernels import AllToAll, MlaBmm
+
+    want = datasheet_cost("h200-sxm", AllToAll(128, 7168, 8, 256, 8, "dispatch", "ll", "fp8"), "trtllm").seconds
+    assert json.loads(res.stdout)["datasheet_s"] == pytest.approx(want)
+    src = tmp_path / "ops.csv"
+    src.write_text("op,gpu,tokens,heads,bmm,dtype\nmlabmm,h200-sxm,128,128,post,bf16\n")
+    res = run_cli("ops", "--csv", str(src), "--kernels", "datasheet")
+    assert res.returncode == 0, res.stderr
+    assert float(res.stdout.splitlines()[1].split(",")[6]) == pytest.approx(
+        datasheet_cost("h200-sxm", MlaBmm(128, 128, "post", "bf16")).seconds)
+    bad = run_cli("ops", "mlabmm", "--tokens", "8", "--heads", "16", "--dtype", "int4")
+    assert bad.returncode == 2 and "mlabmm runs in bf16 or fp8" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

@@ -16,29 +16,36 @@ import typer
 from sim.inputs.errors import ConfigError
 from sim.outputs.run_folder import to_json
 
-OPS = "gemm, attention, prefill, allreduce, allgather, reducescatter"
+OPS = "gemm, attention, prefill, allreduce, allgather, reducescatter, alltoall, mlabmm"
 KERNELS_HELP = "datasheet, measured or both (measured: AIConfigurator's tables, where they cover the GPU)"
 
 
 def ops(
-    op: Optional[str] = typer.Argument(None, help="gemm, attention (decode), prefill (causal prefill attention), allreduce, "
-                                       "allgather or reducescatter (NCCL's; --bytes the whole buffer) (or give --csv)"),
+    op: Optional[str] = typer.Argument(None, help=f"{OPS} (or give --csv)"),
     gpu: str = typer.Option("h200-sxm", "--gpu", help="catalog GPU (kvsim gpus)"),
     m: Optional[int] = typer.Option(None, "--m", help="gemm: rows (tokens)"),
     n: Optional[int] = typer.Option(None, "--n", help="gemm: output features per GPU"),
     k: Optional[int] = typer.Option(None, "--k", help="gemm: input features (the reduction)"),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="gemm: weight dtype bf16, fp16, fp8, int8, int4"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="gemm: weight dtype bf16, fp16, fp8, int8, int4; mlabmm: bf16, fp8"),
     batch: Optional[int] = typer.Option(None, "--batch", help="attention: sequences"),
     kv_tokens: Optional[int] = typer.Option(None, "--kv-tokens", help="attention: cached tokens each attends; "
                                             "prefill: each prompt's tokens"),
-    heads: Optional[int] = typer.Option(None, "--heads", help="attention: query heads per GPU"),
+    heads: Optional[int] = typer.Option(None, "--heads", help="attention, mlabmm: query heads per GPU"),
     kv_heads: Optional[int] = typer.Option(None, "--kv-heads", help="attention: KV heads per GPU"),
     head_dim: Optional[int] = typer.Option(None, "--head-dim", help="attention: head dimension"),
     kv_dtype: Optional[str] = typer.Option(None, "--kv-dtype", help="attention: KV dtype bf16, fp16, fp8, int8"),
     nbytes: Optional[float] = typer.Option(None, "--bytes", help="allreduce: message bytes; allgather / reducescatter: "
                                            "the whole buffer (gathered output, reduced input)"),
-    gpus: Optional[int] = typer.Option(None, "--gpus", help="allreduce, allgather, reducescatter: GPUs in the group"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="allreduce, allgather, reducescatter: GPUs; alltoall: EP ranks"),
     impl: Optional[str] = typer.Option(None, "--impl", help="allreduce: custom or nccl"),
+    tokens: Optional[int] = typer.Option(None, "--tokens", help="alltoall: tokens a rank; mlabmm: tokens"),
+    hidden: Optional[int] = typer.Option(None, "--hidden", help="alltoall: hidden size"),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="alltoall: experts a token"),
+    experts: Optional[int] = typer.Option(None, "--experts", help="alltoall: routed experts"),
+    phase: Optional[str] = typer.Option(None, "--phase", help="alltoall: dispatch or combine"),
+    kernel: Optional[str] = typer.Option(None, "--kernel", help="alltoall: DeepEP's ll (low latency) or ht"),
+    wire: Optional[str] = typer.Option(None, "--wire", help="alltoall: bf16, fp8 (TensorRT-LLM's tables), default (vLLM's)"),
+    bmm: Optional[str] = typer.Option(None, "--bmm", help="mlabmm: pre (q_nope x W_UK) or post (latent x W_UV)"),
     csv_in: Optional[Path] = typer.Option(None, "--csv", help="operators, one per row (columns as the flags: op, gpu, m, n, k, ...)"),
     out: Optional[Path] = typer.Option(None, "--out", help="with --csv: write the predictions here (default stdout)"),
     kernels: str = typer.Option("both", "--kernels", help=KERNELS_HELP),
@@ -49,7 +56,18 @@ def ops(
                                            "on your own device, instead of AIConfigurator's tables"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
-    """Predicted time of one operator call (GEMM, decode or prefill attention, all-reduce, all-gather, reduce-scatter)."""
+    """Predicted time of one operator call (GEMM, decode or prefill attention, all-reduce, all-gather,
+    reduce-scatter, DeepEP all-to-all, absorbed-MLA BMM)."""
+    values = {"op": op, "gpu": gpu, "m": m, "n": n, "k": k, "dtype": dtype, "batch": batch, "kv_tokens": kv_tokens,
+              "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "kv_dtype": kv_dtype, "bytes": nbytes,
+              "gpus": gpus, "impl": impl, "tokens": tokens, "hidden": hidden, "top_k": top_k, "experts": experts,
+              "phase": phase, "kernel": kernel, "wire": wire, "bmm": bmm}
+    _run(values, csv_in, out, kernels, framework, profile, as_json)
+
+
+def _run(values: dict, csv_in: Path | None, out: Path | None, kernels: str, framework: str, profile: Path | None,
+         as_json: bool) -> None:
+    """One operator from the flags' `values`, or the CSV path, under the chosen kernel models and tables."""
     from sim.device.kernels import KERNELS, predict, profile_kernels
     from sim.inputs import catalog
     from sim.inputs.kernel_tables import FRAMEWORKS
@@ -66,18 +84,15 @@ def ops(
     prof = load_profile(profile) if profile is not None else None
     tables = functools.lru_cache(lambda gpu: profile_kernels(prof, gpu))  # built once per GPU, not per row
     own = (lambda q: tables(q.gpu)) if prof is not None else (lambda q: None)
-    if prof is not None and (mismatch := device_mismatch(prof, catalog.gpu(gpu))):
+    if prof is not None and (mismatch := device_mismatch(prof, catalog.gpu(values["gpu"]))):
         print(f"kvsim: ops: note: {mismatch}", file=sys.stderr)  # never a GPU number from a CPU
     if csv_in is None:
-        if op is None:
+        if values["op"] is None:
             raise ConfigError(f"give an operator ({OPS}) or --csv FILE", field="OP")
-        values = {"op": op, "gpu": gpu, "m": m, "n": n, "k": k, "dtype": dtype, "batch": batch, "kv_tokens": kv_tokens,
-                  "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "kv_dtype": kv_dtype, "bytes": nbytes,
-                  "gpus": gpus, "impl": impl}
         q = op_query(values, "kvsim ops")
         _print_one(q, predict(q, chosen, own(q), framework), chosen, as_json)
         return
-    if op is not None:
+    if values["op"] is not None:
         raise ConfigError("give an operator or --csv, not both", field="--csv")
     _ops_csv(csv_in, out, lambda q: predict(q, chosen, own(q), framework), as_json)
 
@@ -124,6 +139,11 @@ def _shape(q) -> str:
         return f"batch {q.batch} x {q.kv_tokens} cached tokens, {q.heads} heads / {q.kv_heads} KV heads x {q.head_dim}, KV {q.kv_dtype}"
     if q.op in ("allgather", "reducescatter"):
         return f"a {q.bytes:,.0f}-byte buffer over {q.gpus} GPUs (NCCL)"
+    if q.op == "alltoall":
+        return (f"DeepEP {q.kernel} {q.phase} of {q.tokens} tokens a rank, hidden {q.hidden}, top-{q.top_k} of "
+                f"{q.experts} experts over {q.gpus} ranks, {q.wire} wire")
+    if q.op == "mlabmm":
+        return f"absorbed-MLA BMM {q.bmm} of {q.tokens} tokens x {q.heads} heads, {q.dtype}"
     return f"{q.bytes:,.0f} bytes over {q.gpus} GPUs ({q.impl})"
 
 

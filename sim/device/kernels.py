@@ -203,11 +203,14 @@ def measured_cost(gpu: str, op: Operator, mk: MeasuredKernels | None = None, fra
             d = datasheet_cost(gpu, op, framework)
             return OpCost(d.seconds, d.source, False, "no measured prefill-attention table: the datasheet model")
         r = mk.context_attention_s(op.batch, op.prompt_tokens, op.heads, op.kv_heads, op.head_dim, op.kv_dtype)
-    elif isinstance(op, AllToAll):
+    elif isinstance(op, AllToAll) and mk.a2a_slices():
         r = mk.a2a_s(op.kernel, op.phase, op.wire, op.tokens, op.hidden, op.top_k, op.experts, op.ep)
-    elif isinstance(op, MlaBmm):
+    elif isinstance(op, MlaBmm) and op.dtype in mk.mla_bmm_dtypes():
         return OpCost(mk.mla_bmm_one_s(op.op, op.dtype, op.tokens, op.heads),
                       mk.tables.source(f"mla_bmm {op.op} {op.dtype}"))
+    elif isinstance(op, (AllToAll, MlaBmm)):
+        d = datasheet_cost(gpu, op, framework)
+        return OpCost(d.seconds, d.source, False, f"no measured {type(op).__name__} table: {d.note or 'the datasheet model'}")
     elif isinstance(op, Gather):
         if not mk.has_gather():
             d = datasheet_cost(gpu, op, framework)
@@ -236,6 +239,10 @@ def operator_of(q) -> Operator:
         return PrefillAttention(q.batch, q.kv_tokens, q.heads, q.kv_heads, q.head_dim, q.kv_dtype)
     if q.op in GATHER_OPS:
         return Gather(q.bytes, q.gpus, GATHER_OPS[q.op])
+    if q.op == "alltoall":
+        return AllToAll(q.tokens, q.hidden, q.top_k, q.experts, q.gpus, q.phase, q.kernel, q.wire)
+    if q.op == "mlabmm":
+        return MlaBmm(q.tokens, q.heads, q.bmm, q.dtype)
     return AllReduce(q.bytes, q.gpus, q.impl)
 
 

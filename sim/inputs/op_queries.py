@@ -27,14 +27,17 @@ OP_FIELDS = {
     "allreduce": ("bytes", "gpus"),
     "allgather": ("bytes", "gpus"),  # bytes: the whole gathered buffer (nccl-tests' size)
     "reducescatter": ("bytes", "gpus"),  # bytes: the whole buffer every GPU reduces
+    "alltoall": ("tokens", "hidden", "top_k", "experts", "gpus"),  # DeepEP: tokens a rank, gpus the EP ranks
+    "mlabmm": ("tokens", "heads"),  # absorbed MLA's BMM (DeepSeek-V3 widths), heads per GPU
 }
-INTEGER_COLUMNS = {"m", "n", "k", "batch", "kv_tokens", "heads", "kv_heads", "head_dim", "gpus"}
+INTEGER_COLUMNS = {"m", "n", "k", "batch", "kv_tokens", "heads", "kv_heads", "head_dim", "gpus", "tokens", "hidden",
+                   "top_k", "experts"}
 COLUMNS = ("op", "gpu", "m", "n", "k", "dtype", "batch", "kv_tokens", "heads", "kv_heads", "head_dim", "kv_dtype",
-           "bytes", "gpus", "impl")
+           "bytes", "gpus", "impl", "tokens", "hidden", "top_k", "experts", "phase", "kernel", "wire", "bmm")
 
 
 class OpQuery(Strict):
-    op: Literal["gemm", "attention", "prefill", "allreduce", "allgather", "reducescatter"]
+    op: Literal["gemm", "attention", "prefill", "allreduce", "allgather", "reducescatter", "alltoall", "mlabmm"]
     gpu: str = Field("h200-sxm", max_length=64)
     m: int | None = Field(None, ge=1, le=MAX_DIM)  # GEMM rows (tokens)
     n: int | None = Field(None, ge=1, le=MAX_DIM)  # output features per GPU
@@ -49,12 +52,22 @@ class OpQuery(Strict):
     bytes: float | None = Field(None, gt=0, le=MAX_OP_BYTES)
     gpus: int | None = Field(None, ge=1, le=1024)
     impl: Literal["custom", "nccl"] = "custom"
+    tokens: int | None = Field(None, ge=1, le=MAX_DIM)  # alltoall: tokens a rank; mlabmm: tokens
+    hidden: int | None = Field(None, ge=1, le=MAX_DIM)
+    top_k: int | None = Field(None, ge=1, le=1024)
+    experts: int | None = Field(None, ge=1, le=MAX_DIM)
+    phase: Literal["dispatch", "combine"] = "dispatch"  # alltoall
+    kernel: Literal["ll", "ht"] = "ll"  # alltoall: DeepEP's low-latency or high-throughput kernels
+    wire: Literal["bf16", "fp8", "default"] = "bf16"  # alltoall: what crosses (default: vLLM's tables)
+    bmm: Literal["pre", "post"] = "pre"  # mlabmm: q_nope x W_UK (pre) or the latent output x W_UV (post)
 
     @model_validator(mode="after")
     def _complete(self):
         missing = [f for f in OP_FIELDS[self.op] if getattr(self, f) is None]
         if missing:
             raise ValueError(f"{self.op} needs {', '.join(OP_FIELDS[self.op])}; missing {', '.join(missing)}")
+        if self.op == "mlabmm" and self.dtype not in ("bf16", "fp8"):
+            raise ValueError(f"mlabmm runs in bf16 or fp8; got dtype {self.dtype}")
         return self
 
 
