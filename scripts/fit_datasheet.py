@@ -67,9 +67,8 @@ import yaml
 from scipy.optimize import least_squares
 
 from sim.device.kernels import DEFAULT_GROUP_SIZE
-from sim.device.measured_kernels import MOE_FP8_COMPUTE
+from sim.device.measured_kernels import MOE_FP8_COMPUTE, mla_bmm_work
 from sim.device.moe_exchange import A2A_WIRE_BYTES
-from sim.device.moe_mla_costs import mla_bmm_work
 from sim.device.physics import xqa_ctas
 from sim.inputs import catalog
 from sim.inputs.kernel_tables import FRAMEWORK, FRAMEWORKS, PACKAGE, SYSTEMS, load_tables, split_tables, with_moe_mla

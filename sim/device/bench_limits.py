@@ -28,6 +28,8 @@ MAX_REQUESTS_CAP = 4096  # "Cap total batch size to avoid decoder buffer size be
 MAX_TOKENS_CAP = 32768  # "Cap num tokens to avoid TRT activation buffer becoming too large"
 MIN_BATCH = 64  # "Set min BS to be 64"
 MIN_TOKENS = 2048  # "Set min to 2048 to ensure Ctx/Gen overlap efficiency"
+BATCH_STEPS = ((256, 32), (1024, 128), (math.inf, 256))  # (below, round up to a multiple of)
+TOKEN_STEPS = ((4096, 256), (8192, 512), (math.inf, 1024))
 # build.py TUNED_QUANTS and tuning.py BYTES_PER_ELEM, by kvtier's weight dtype: bf16 / fp16 NO_QUANT,
 # fp8 FP8 or FP8_BLOCK_SCALES; int8 / int4 weight-only are not tuned (BuildConfig's defaults instead)
 TUNED_WEIGHT_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
@@ -85,19 +87,16 @@ def finetune_setting(requests: float, isl: float, osl: float, pp: int) -> tuple[
     of 256 below 4,096 (at least 2,048), of 512 below 8,192, of 1,024 beyond."""
     raw_bs = min(requests, MAX_REQUESTS_CAP) / pp
     raw_token = min(raw_bs * (1 + isl / osl), MAX_TOKENS_CAP)
-    if raw_bs < 256:
-        max_bs = max(MIN_BATCH, 32 * math.ceil(raw_bs / 32))
-    elif raw_bs < 1024:
-        max_bs = 128 * math.ceil(raw_bs / 128)
-    else:
-        max_bs = 256 * math.ceil(raw_bs / 256)
-    if raw_token < 4096:
-        max_token = max(MIN_TOKENS, 256 * math.ceil(raw_token / 256))
-    elif raw_token < 8192:
-        max_token = 512 * math.ceil(raw_token / 512)
-    else:
-        max_token = 1024 * math.ceil(raw_token / 1024)
-    return max_bs, max_token
+    return _round_up(raw_bs, BATCH_STEPS, MIN_BATCH), _round_up(raw_token, TOKEN_STEPS, MIN_TOKENS)
+
+
+def _round_up(value: float, steps: tuple[tuple[float, int], ...], minimum: int) -> int:
+    """`value` rounded up to a multiple of the step of the first (below, step) it lies below, the lowest
+    range at least `minimum` (finetune_setting's ladders)."""
+    (first, _), *_ = steps
+    step = next(s for below, s in steps if value < below)
+    rounded = step * math.ceil(value / step)
+    return max(minimum, rounded) if value < first else rounded
 
 
 def trtllm_bench_limits(ckpt: BenchCheckpoint, tp: int, pp: int, gpu_memory_bytes: float, isl: float,

@@ -356,7 +356,7 @@ class Hardware:
             return 0.0
         if self.kernels is not None and self.kernels.has_gather():
             return float(self.kernels.gather_s(op, float(nbytes), n).seconds[0])
-        fitted = dict(self.gather_protocols).get(op)
+        fitted = next((p for o, p in self.gather_protocols if o == op), None)
         if fitted:
             return two_protocol_s(gather_bytes(nbytes, n), *nearest_protocols(fitted, n)[1:])
         return gather_bytes(nbytes, n) / self.interconnect_bytes_per_s + (n - 1) * self.interconnect_hop_s

@@ -105,16 +105,20 @@ def moe_roofline_s(tokens, experts: int, top_k: int, hidden: int, inter: int, tp
     return np.maximum(flop / flop_per_s, moved / hbm_bytes_per_s)
 
 
-MLA_BMM_SHAPE = (128, 512)  # each head's qk_nope (v) width and kv_lora_rank of the BMM table (DeepSeek-V3)
+MLA_BMM_WIDTHS = (128, 512)  # each head's qk_nope / v width and kv_lora_rank (DeepSeek-V3's, the BMM tables')
+
+
+def mla_bmm_work(tokens, heads, elem_bytes: float):
+    """(FLOP, bytes) of one absorbed-MLA BMM (pre or post) over `tokens` x `heads`: 2 x tokens x heads x 128 x
+    512, and the heads' 128 x 512 weights x element bytes + tokens x heads x (128 + 512) x 2 B in and out."""
+    d, r = MLA_BMM_WIDTHS
+    return FLOP_PER_MAC * tokens * heads * d * r, heads * d * r * elem_bytes + tokens * heads * (d + r) * ACTIVATION_BYTES
 
 
 def mla_bmm_roofline_s(tokens, heads: int, elem_bytes: float, flop_per_s: float, hbm_bytes_per_s: float):
-    """One absorbed-MLA BMM (pre or post) over `tokens` x `heads`: max(2 x tokens x heads x 128 x 512 / peak,
-    (the heads' 128 x 512 weights x element bytes + tokens x heads x (128 + 512) x 2 B in and out) / HBM)."""
-    d, r = MLA_BMM_SHAPE
-    t = np.asarray(tokens, dtype=float)
-    return np.maximum(FLOP_PER_MAC * t * heads * d * r / flop_per_s,
-                      (heads * d * r * elem_bytes + t * heads * (d + r) * ACTIVATION_BYTES) / hbm_bytes_per_s)
+    """One absorbed-MLA BMM: max(FLOP / peak, bytes / HBM) of `mla_bmm_work`."""
+    flop, nbytes = mla_bmm_work(np.asarray(tokens, dtype=float), heads, elem_bytes)
+    return np.maximum(flop / flop_per_s, nbytes / hbm_bytes_per_s)
 
 
 def allreduce_roofline_s(nbytes, gpus: int, bus_bytes_per_s: float):

@@ -32,7 +32,7 @@ from sim.model.spec import ModelSpec
 from sim.model.units import FLOP_PER_MAC
 
 from .hardware import Hardware
-from .measured_kernels import MEASURED_MLA
+from .measured_kernels import MEASURED_MLA, mla_bmm_work
 from .moe_exchange import A2A_PHASES
 
 BALANCED = "balanced"  # the table's routing that matches uniform routing (routing_skew 0)
@@ -96,16 +96,6 @@ def measured_a2a_s(model: ModelSpec, hw: Hardware, tokens_per_rank: float) -> fl
         total += float(hw.kernels.a2a_s(backend, phase, wire, tokens_per_rank, model.hidden_size, model.experts_per_token,
                                         model.num_experts, model.expert_parallel).seconds[0])
     return total
-
-
-MLA_BMM_WIDTHS = (128, 512)  # each head's qk_nope / v width and kv_lora_rank (DeepSeek-V3's, the tables')
-
-
-def mla_bmm_work(tokens, heads, elem_bytes: float):
-    """(FLOP, bytes) of one absorbed-MLA BMM over `tokens` x `heads`: 2 x tokens x heads x 128 x 512, and the
-    heads' 128 x 512 weights x element bytes + tokens x heads x (128 + 512) x 2 B in and out."""
-    d, r = MLA_BMM_WIDTHS
-    return FLOP_PER_MAC * tokens * heads * d * r, heads * d * r * elem_bytes + tokens * heads * (d + r) * 2.0
 
 
 def datasheet_mla_bmm_s(hw: Hardware, dtype: str, tokens: float, heads: int) -> float:
