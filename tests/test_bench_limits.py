@@ -8,7 +8,13 @@ import math
 import pytest
 import yaml
 
-from sim.device.bench_limits import BenchCheckpoint, finetune_setting, kv_cache_max_requests, trtllm_bench_limits
+from sim.device.bench_limits import (
+    BenchCheckpoint,
+    finetune_setting,
+    kv_cache_max_requests,
+    trtllm_bench_limits,
+    unchunked_max_num_tokens,
+)
 from sim.inputs import catalog
 from sim.inputs.errors import ConfigError
 from sim.studies.e2e_table import bench_checkpoint, default_path, load_measurements
@@ -57,6 +63,20 @@ def test_deepseek_r1_on_eight_h200s_gets_160_sequences_a_rank():
 def test_a_gqa_checkpoint_reads_its_kv_heads_and_head_dim():
     ckpt = bench_checkpoint(catalog.model("qwen3-235b-a22b"), "fp8", "fp8")
     assert (ckpt.num_kv_heads, ckpt.head_size, ckpt.attention_layers) == (4, 128, 94)  # head_dim, not 4096 / 64
+
+
+def test_without_chunked_prefill_the_token_limit_holds_the_longest_prompt_beside_a_full_batch():
+    """get_settings: max_num_tokens = max(the heuristic's, max ISL + max_batch_size) with chunking off."""
+    assert unchunked_max_num_tokens(2048, 160, 1024) == 2048  # 1,184 fits under the heuristic's 2,048
+    assert unchunked_max_num_tokens(2048, 160, 8192) == 8352
+    ckpt = BenchCheckpoint(8, 128, 80, 70.6e9, "fp8", "fp8")  # Llama-70B FP8 on two H200s, 8192/1024
+    raised = trtllm_bench_limits(ckpt, 2, 1, H200_BYTES, 8192, 1024)
+    assert (raised.max_batch_size, raised.max_num_tokens) == (160, 8352)
+    assert "max_num_tokens 8352 (raised from 2048: max ISL + max_batch_size, chunked prefill off)" in raised.describe()
+    chunked = trtllm_bench_limits(ckpt, 2, 1, H200_BYTES, 8192, 1024, chunked_prefill=True)
+    assert (chunked.max_batch_size, chunked.max_num_tokens) == (160, 2048) and "raised" not in chunked.describe()
+    # the heuristic reads the mean ISL, get_settings the longest prompt
+    assert trtllm_bench_limits(ckpt, 2, 1, H200_BYTES, 1024, 1024, max_isl=4096).max_num_tokens == 4096 + 768
 
 
 def test_weights_it_does_not_tune_take_build_config_defaults():

@@ -23,6 +23,7 @@ from sim.device.physics import (
     step_tail_s,
     weight_kernel_s,
 )
+from sim.inputs.errors import ConfigError
 from sim.inputs.scenario import scenario_from_dict
 from sim.serving.metrics import weighted_percentile
 from sim.serving.run import simulate_serving
@@ -406,3 +407,18 @@ def test_a_request_holds_its_window_and_state_bytes_in_hbm():
     assert mem.hbm_kv_bytes(0, 0) == mem.bounded_bytes_per_request
     dense = kv_memory(build_context(scenario_from_dict(serving(), "test")), 8192, 256)
     assert dense.bounded_bytes_per_request == 0.0 and dense.hbm_kv_bytes(10, 0) == 10 * dense.kv_bytes_per_token
+
+
+def test_without_chunked_prefill_the_longest_prefill_is_the_prompt_only_where_nothing_is_preempted():
+    """On demand, a preempted request re-prefills its prompt and all but its last output token, so the
+    budget must hold prompt + output - 1 (256 + 1024 - 1 = 1,279 here); under no_evict nothing is
+    preempted and the prompt (256) is the longest prefill."""
+    wl = workload(reasoning_tokens=1024)
+    with pytest.raises(ConfigError, match="the longest request needs 1,279 tokens, more than 512"):
+        load(serving(workload=wl, scheduler={"chunked_prefill": False, "max_num_batched_tokens": 512}))
+    sc = load(serving(workload=wl, scheduler={"chunked_prefill": False, "max_num_batched_tokens": 512,
+                                              "admission": "no_evict"}))
+    assert sc.scheduler.max_num_batched_tokens == 512
+    with pytest.raises(ConfigError, match="the longest request needs 256 tokens, more than 255"):
+        load(serving(workload=wl, scheduler={"chunked_prefill": False, "max_num_batched_tokens": 255,
+                                             "admission": "no_evict"}))

@@ -10,6 +10,9 @@ Read from NVIDIA/TensorRT-LLM (stored copies of the public repository):
 - bench/build/dataclasses.py `ModelConfig`: head_size is config.json's head_dim, or hidden_size /
   num_attention_heads where it states none; num_key_value_heads as the config states it.
 - bench/build/utils.py `get_device_memory`: NVML's total memory of GPU 0, in GiB.
+- bench/benchmark/utils/general.py `get_settings`: with chunked prefill off, whatever the heuristic
+  (or BuildConfig) gave, max_num_tokens = max(that, the dataset's max ISL + max_batch_size), so the
+  longest prompt fits one step beside a full batch of decodes.
 
 The heuristic estimates how many requests of ISL + OSL tokens fit the KV cache of the whole group and
 rounds that up ("slightly optimistic"); nothing in it knows about MLA's latent, attention data
@@ -55,13 +58,17 @@ class BenchLimits:
     max_batch_size: int
     max_num_tokens: int
     kv_cache_max_requests: float  # the heuristic's estimate before rounding (nan: not tuned)
+    raised_from_tokens: int | None = None  # the heuristic's max_num_tokens where get_settings raised it
 
     def describe(self) -> str:
+        raised = (f" (raised from {self.raised_from_tokens}: max ISL + max_batch_size, chunked prefill off)"
+                  if self.raised_from_tokens is not None else "")
         if math.isnan(self.kv_cache_max_requests):
             return (f"trtllm-bench: weights it does not tune, BuildConfig's defaults max_batch_size "
-                    f"{self.max_batch_size}, max_num_tokens {self.max_num_tokens}")
+                    f"{self.max_batch_size}, max_num_tokens {self.max_num_tokens}{raised}")
         return (f"trtllm-bench's heuristic (tuning.py calc_engine_setting): {self.kv_cache_max_requests:.0f} "
-                f"requests estimated -> max_batch_size {self.max_batch_size}, max_num_tokens {self.max_num_tokens}")
+                f"requests estimated -> max_batch_size {self.max_batch_size}, max_num_tokens "
+                f"{self.max_num_tokens}{raised}")
 
 
 def kv_cache_max_requests(ckpt: BenchCheckpoint, tp: int, pp: int, gpu_memory_bytes: float, isl: float,
@@ -99,14 +106,27 @@ def _round_up(value: float, steps: tuple[tuple[float, int], ...], minimum: int) 
     return max(minimum, rounded) if value < first else rounded
 
 
+def unchunked_max_num_tokens(max_num_tokens: int, max_batch_size: int, max_isl: int) -> int:
+    """get_settings with chunked prefill off: max(max_num_tokens, max ISL + max_batch_size)."""
+    return max(max_num_tokens, max_isl + max_batch_size)
+
+
 def trtllm_bench_limits(ckpt: BenchCheckpoint, tp: int, pp: int, gpu_memory_bytes: float, isl: float,
-                        osl: float) -> BenchLimits:
-    """get_benchmark_engine_settings: the heuristic's limits for a tuned weight dtype, BuildConfig's
-    defaults for another. A checkpoint the group cannot hold raises ValueError, as the heuristic does."""
+                        osl: float, chunked_prefill: bool = False, max_isl: int | None = None) -> BenchLimits:
+    """get_settings' limits: get_benchmark_engine_settings' - the heuristic's for a tuned weight dtype
+    (over the dataset's mean `isl` and `osl`), BuildConfig's defaults for another - then, with chunked
+    prefill off, max_num_tokens raised to hold the longest prompt (`max_isl`, default `isl`) beside a
+    full batch (`unchunked_max_num_tokens`). A checkpoint the group cannot hold raises ValueError, as
+    the heuristic does."""
     if ckpt.weight_dtype not in TUNED_WEIGHT_BYTES:
-        return BenchLimits(*BUILD_CONFIG_DEFAULTS, math.nan)
-    requests = kv_cache_max_requests(ckpt, tp, pp, gpu_memory_bytes, isl, osl)
-    if requests < 1:
-        raise ValueError(f"trtllm-bench's heuristic finds room for {requests:.2f} requests of {isl + osl:g} tokens: "
-                         "the checkpoint leaves too little memory on these GPUs")
-    return BenchLimits(*finetune_setting(requests, isl, osl, pp), requests)
+        batch, tokens, requests = *BUILD_CONFIG_DEFAULTS, math.nan
+    else:
+        requests = kv_cache_max_requests(ckpt, tp, pp, gpu_memory_bytes, isl, osl)
+        if requests < 1:
+            raise ValueError(f"trtllm-bench's heuristic finds room for {requests:.2f} requests of {isl + osl:g} "
+                             "tokens: the checkpoint leaves too little memory on these GPUs")
+        batch, tokens = finetune_setting(requests, isl, osl, pp)
+    if chunked_prefill:
+        return BenchLimits(batch, tokens, requests)
+    raised = unchunked_max_num_tokens(tokens, batch, math.ceil(isl if max_isl is None else max_isl))
+    return BenchLimits(batch, raised, requests, tokens if raised > tokens else None)

@@ -1,7 +1,8 @@
 """Load-time checks of a serving scenario that the schema alone cannot make: the trace file reads,
 every request has a prompt (a trace's own, or drawn no longer than a run can hold), and without
 chunked prefill every request's longest prefill fits one step's token budget (vLLM requires
-max_num_batched_tokens >= max_model_len then). The last request arrives within the horizon a run may
+max_num_batched_tokens >= max_model_len then; under no_evict admission nothing is preempted, so the
+longest prefill is the longest prompt). The last request arrives within the horizon a run may
 span (`limits.MAX_ARRIVAL_S`)."""
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ def check_serving(scenario, source: str) -> None:
                           f"give a max", source=source, field="workload.prompt_tokens")
     sc = scenario.scheduler
     if not sc.chunked_prefill:
-        longest = int((reqs.prompt_tokens + reqs.output_tokens - 1).max())  # a preempted request re-prefills all but its last token
+        longest = int(reqs.prompt_tokens.max())
+        if sc.admission != "no_evict":  # a preempted request re-prefills all but its last token
+            longest = int((reqs.prompt_tokens + reqs.output_tokens - 1).max())
         if longest > sc.max_num_batched_tokens:
             raise ConfigError(f"without chunked prefill a step must hold a request's whole prefill: the longest "
                               f"request needs {longest:,} tokens, more than {sc.max_num_batched_tokens:,}",

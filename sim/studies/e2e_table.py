@@ -121,13 +121,15 @@ class Measurement(Strict):
     def rank_limits(self) -> tuple[int, int, str]:
         """(max_num_seqs, max_num_batched_tokens) of each attention rank, and where they come from: the
         row's, or trtllm-bench's heuristic for the row's checkpoint, GPUs and lengths (`bench_limits`;
-        TensorRT-LLM applies max_batch_size and max_num_tokens to each attention-DP rank)."""
+        TensorRT-LLM applies max_batch_size and max_num_tokens to each attention-DP rank). The heuristic
+        reads the dataset's mean lengths, get_settings its longest prompt."""
         if self.batch_limits == "row":
             return self.max_num_seqs, self.max_num_batched_tokens, "the row's limits"
         gpu = catalog.gpu(self.gpu)
+        isl, osl = (self.isl, self.osl) if self.lengths == "fixed" else ((1 + self.isl) / 2, (1 + self.osl) / 2)
         limits = trtllm_bench_limits(bench_checkpoint(catalog.model(self.model), self.weight_dtype,
                                                       self.bench_kv_dtype or self.kv_dtype),
-                                     self.tp, 1, gpu.memory_bytes, self.isl, self.osl)
+                                     self.tp, 1, gpu.memory_bytes, isl, osl, self.chunked_prefill, self.isl)
         return limits.max_batch_size, limits.max_num_tokens, limits.describe()
 
 
