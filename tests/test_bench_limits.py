@@ -92,9 +92,10 @@ def test_a_checkpoint_that_leaves_no_room_is_refused():
 
 def test_the_rows_that_take_the_heuristic():
     rows = {m.id: m for m in load_measurements() if m.batch_limits == "trtllm-bench"}
-    assert len(rows) == 4 and all(not m.chunked_prefill and m.admission == "no_evict" for m in rows.values())
+    assert len(rows) == 19 and all(not m.chunked_prefill and m.admission == "no_evict" for m in rows.values())
     assert rows["trt-h200-deepseek-r1-dep8-1k1k"].rank_limits()[:2] == (160, 2048)
     assert rows["trt-h200-70b-fp8-tp2-1k1k"].rank_limits()[:2] == (768, 2048)
+    assert rows["trt-h200-70b-fp8-tp2-32k1k"].rank_limits()[:2] == (64, 32768 + 64)  # raised to hold a prompt
 
 
 def test_a_row_gives_its_limits_or_takes_the_heuristic_not_both(tmp_path):
