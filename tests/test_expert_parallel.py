@@ -324,3 +324,44 @@ def test_attention_waits_for_the_busiest_data_parallel_rank():
     # 4 sequences over 8 ranks: the busiest holds one, as with 8 sequences - the same time
     assert attention(4) == pytest.approx(attention(8))
     assert attention(9) == pytest.approx(attention(16))  # 9 over 8: one rank holds 2, as 16 over 8
+
+
+def test_engines_that_run_the_dense_parts_data_parallel_replicate_them_on_every_rank():
+    """TensorRT-LLM and vLLM under attention DP: the dense MLPs, shared experts, embedding and LM head
+    unsplit on each of D = tp ranks (SGLang and a run without an engine split them over the group).
+    DeepSeek-R1 over 8 GPUs: each rank then holds 7/8 more of them, in bytes exactly."""
+    from sim.device.engine_rules import engine_dense_dp
+    from sim.model.spec import MLP_MATRICES
+
+    assert engine_dense_dp("tensorrt-llm") and engine_dense_dp("vllm")
+    assert not engine_dense_dp("sglang") and not engine_dense_dp(None)
+    r1 = catalog.model("deepseek-r1")
+    split, replicated = r1.shard(8, 8, 8), r1.shard(8, 8, 8, dense_dp=True)
+    assert (split.intermediate_size, replicated.intermediate_size) == (r1.intermediate_size // 8, r1.intermediate_size)
+    assert replicated.shared_expert_intermediate_size == r1.shared_expert_intermediate_size
+    assert replicated.vocab_size == r1.vocab_size and replicated.dense_dp and not split.dense_dp
+    h = r1.hidden_size
+    dense = r1.dense_mlp_layers * MLP_MATRICES * h * r1.intermediate_size  # fp8, one byte (+ block scales)
+    shared = r1.moe_layers * MLP_MATRICES * h * r1.shared_expert_intermediate_size
+    vocab = 2 * 2 * r1.vocab_size * h  # embedding + LM head, bf16
+    more = replicated.weight_bytes("fp8") - split.weight_bytes("fp8")
+    assert more == pytest.approx(7 / 8 * (dense + shared) + 7 / 8 * vocab, rel=0.01)
+    # the rank's own tokens: per token of the group's batch, 1/8 of the replicated parts' parameters
+    assert replicated.active_linear_params_layer() == pytest.approx(split.active_linear_params_layer(), rel=1e-9)
+    # without attention DP nothing changes
+    assert r1.shard(8, 8, 1, dense_dp=True) == r1.shard(8, 8, 1)
+
+
+def test_a_data_parallel_dense_layer_reduces_within_its_attention_group_only():
+    r1 = catalog.model("deepseek-r1")
+    hw = datasheet_hardware("h200-sxm", tp=8)
+    split, replicated = r1.shard(8, 8, 8), r1.shard(8, 8, 8, dense_dp=True)
+    rows = 1024
+    exchange = moe_exchange_s(split, hw, rows)
+    attention = hw.allreduce_s(rows / 8 * r1.hidden_size * ACTIVATION_BYTES, gpus=1)
+    group = hw.allreduce_s(rows * r1.hidden_size * ACTIVATION_BYTES)
+    L = r1.num_layers
+    assert layer_comm_s(split, hw, rows) == pytest.approx(
+        attention + (r1.moe_layers * exchange + r1.dense_mlp_layers * group) / L)
+    assert layer_comm_s(replicated, hw, rows) == pytest.approx(
+        attention + (r1.moe_layers * exchange + r1.dense_mlp_layers * attention) / L)

@@ -84,6 +84,19 @@ def engine_allreduce_impl(engine: str, gpus: int, nvlink: bool) -> str:
     return CUSTOM_ALLREDUCE
 
 
+DENSE_DP_ENGINES = frozenset({"vllm", "tensorrt-llm"})
+
+
+def engine_dense_dp(engine: str | None) -> bool:
+    """Whether `engine` runs the dense MLPs, shared experts, embedding and LM head data-parallel under
+    attention data parallelism (`ModelSpec.shard`'s dense_dp): TensorRT-LLM (_torch/models/
+    modeling_deepseekv3.py `_compute_mlp_tp_size` / `_compute_shared_expert_tp_size`: "If using attention
+    DP, the MLP also uses DP instead of TP"; the embedding unsplit, the LM head too unless
+    enable_lm_head_tp_in_adp) and vLLM (each data-parallel rank a replica of all but the experts); not
+    SGLang (moe_dense_tp_size unset: the dense MLPs over the whole group) nor a run without an engine."""
+    return engine in DENSE_DP_ENGINES
+
+
 @dataclass(frozen=True)
 class LaunchRule:
     """How an engine launches a step's kernels: decode batches of up to `graph_max_batch` replay a

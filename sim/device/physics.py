@@ -561,14 +561,14 @@ def layer_comm_s(model: ModelSpec, hw: Hardware, rows: float) -> float:
     without data parallelism). Attention data parallelism (D ranks, attention tensor-parallel over
     tp / D GPUs): each rank all-reduces its rows / D after attention within its attention group; an
     MoE layer then exchanges them with the experts' GPUs (`moe_exchange_s`), a dense-MLP layer
-    all-reduces the group's rows over all tp GPUs (the all-gather + reduce-scatter around it); the mean
-    over the L layers."""
+    all-reduces the group's rows over all tp GPUs (the all-gather + reduce-scatter around it), or with
+    `dense_dp` its rank's rows within the attention group as attention does; the mean over the L layers."""
     h = model.hidden_size
     if model.attention_dp <= 1:
         return ALLREDUCES_PER_LAYER * hw.allreduce_s(rows * h * ACTIVATION_BYTES)
     dp = model.attention_dp
     attention = hw.allreduce_s(rows / dp * h * ACTIVATION_BYTES, gpus=hw.tp // dp)
-    dense = hw.allreduce_s(rows * h * ACTIVATION_BYTES)
+    dense = attention if model.dense_dp else hw.allreduce_s(rows * h * ACTIVATION_BYTES)
     return attention + (model.moe_layers * moe_exchange_s(model, hw, rows) + model.dense_mlp_layers * dense) / model.num_layers
 
 
@@ -655,7 +655,10 @@ def qkv_share(model: ModelSpec) -> float:
 
 def lm_head_s(model: ModelSpec, hw: Hardware, batch: int) -> float:
     """LM head per step: GEMM floor + max(2 * V * h * B / gemm FLOP/s, V * h * 2 B / weight bandwidth) -
-    in bf16, at the bf16 GEMM's figures where the layers run fp8 W8A8 (`Hardware.lm_head_gemm`)."""
+    in bf16, at the bf16 GEMM's figures where the layers run fp8 W8A8 (`Hardware.lm_head_gemm`). A
+    data-parallel LM head (`ModelSpec.dense_dp`) runs on the busiest rank's ceil(B / D) rows."""
+    if model.dense_dp:
+        batch = math.ceil(batch / model.attention_dp)
     if hw.kernels is not None:
         return _measured_gemms_s(hw.kernels, ((model.vocab_size, model.hidden_size),), "bf16", int(batch))
     flop = FLOP_PER_MAC * model.vocab_size * model.hidden_size * batch

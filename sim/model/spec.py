@@ -80,6 +80,7 @@ class ModelSpec:
     # one GPU's shard under expert / attention data parallelism (`shard`); 1 = the model itself, or TP only
     expert_parallel: int = 1  # the routed experts are split whole over this many GPUs: num_experts / it per GPU
     attention_dp: int = 1  # attention data-parallel ranks: a GPU holds the KV of 1 / this of the group's sequences
+    dense_dp: bool = False  # under attention DP the dense MLPs, shared experts and vocab run data-parallel too (`shard`)
     routing_skew: float = 0.0  # Zipf exponent of expert popularity (sim/model/experts.py); 0: uniform routing
     pipeline_stages: int = 1  # one pipeline stage of a model split over this many (`stage`); 1 = every layer
 
@@ -212,7 +213,7 @@ class ModelSpec:
                 return f"{name} {size} is not divisible by tp {tp}"
         return self.linear.tp_problem(attention_tp) if self.linear is not None else None
 
-    def shard(self, tp: int, ep: int = 1, attention_dp: int = 1) -> "ModelSpec":
+    def shard(self, tp: int, ep: int = 1, attention_dp: int = 1, dense_dp: bool = False) -> "ModelSpec":
         """What one GPU of a `tp`-way tensor-parallel group holds: H/tp query heads, max(1, Hkv/tp)
         KV heads (replicated where tp > Hkv), I/tp of each MLP, V/tp of the embedding and LM head
         (vocab-parallel); hidden size, layers and norms unchanged. tp = 1 is the model itself.
@@ -222,19 +223,26 @@ class ModelSpec:
         Attention data parallelism (`attention_dp` D, as SGLang's --enable-dp-attention and vLLM's
         data-parallel attention with expert parallelism): attention heads split over tp / D GPUs, each
         attention rank holding its own 1/D of the sequences, so the shard's per-token KV, attention work
-        and attention projections' FLOP are 1/D of a rank's (the batch the engines carry stays the group's)."""
+        and attention projections' FLOP are 1/D of a rank's (the batch the engines carry stays the group's).
+        The dense MLPs, shared experts, embedding and LM head split over all tp GPUs (SGLang's default
+        moe_dense_tp_size), or with `dense_dp` over each rank's tp / D like its attention, each rank
+        running them on its own tokens (TensorRT-LLM: "If using attention DP, the MLP also uses DP
+        instead of TP", the shared experts likewise, embedding and LM head unsplit; vLLM's data-parallel
+        ranks are whole replicas of everything but the experts)."""
         if tp == 1:
             return self
         from dataclasses import replace
 
         a_tp = tp // attention_dp
+        dense_dp = dense_dp and attention_dp > 1
+        dense_tp = a_tp if dense_dp else tp
         return replace(self, num_heads=self.num_heads // a_tp, num_kv_heads=max(1, self.num_kv_heads // a_tp),
-                       intermediate_size=self.intermediate_size // tp,
+                       intermediate_size=self.intermediate_size // dense_tp,
                        moe_intermediate_size=self.moe_intermediate_size // (1 if ep > 1 else tp),
-                       shared_expert_intermediate_size=self.shared_expert_intermediate_size // tp,
-                       vocab_size=-(-self.vocab_size // tp), explicit_head_dim=self.head_dim,
+                       shared_expert_intermediate_size=self.shared_expert_intermediate_size // dense_tp,
+                       vocab_size=-(-self.vocab_size // dense_tp), explicit_head_dim=self.head_dim,
                        linear=self.linear.shard(a_tp) if self.linear is not None else None,
-                       expert_parallel=ep, attention_dp=attention_dp)
+                       expert_parallel=ep, attention_dp=attention_dp, dense_dp=dense_dp)
 
     # ---- pipeline parallelism -----------------------------------------------------------
     def pipeline_problem(self, pp: int) -> str | None:
@@ -610,9 +618,10 @@ class ModelSpec:
         """`active_linear_params_layer` of an expert- or attention-data-parallel shard."""
         h, dp, ep = self.hidden_size, self.attention_dp, self.expert_parallel
         busiest = busiest_routing_share(self.num_experts, self.experts_per_token, ep, self.routing_skew) if ep > 1 else 1.0
+        local = dp if self.dense_dp else 1  # data-parallel dense parts run on the rank's 1/D of the tokens
         moe = (self.experts_per_token * self.expert_params() / ep * busiest
-               + MLP_MATRICES * h * self.shared_expert_intermediate_size + h * self.num_experts / dp)
-        dense = MLP_MATRICES * h * self.intermediate_size
+               + MLP_MATRICES * h * self.shared_expert_intermediate_size / local + h * self.num_experts / dp)
+        dense = MLP_MATRICES * h * self.intermediate_size / local
         mlp = (self.moe_layers * moe + self.dense_mlp_layers * dense) / self.num_layers
         return self.attention_linear_params_layer() / dp + mlp
 
