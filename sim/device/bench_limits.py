@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-GIB = 1024**3
+from sim.model.units import GiB
 
 KV_CACHE_FRACTION = 0.95  # get_benchmark_engine_settings' kv_cache_gpu_mem_fraction, whatever the run later uses
 MAX_REQUESTS_CAP = 4096  # "Cap total batch size to avoid decoder buffer size becoming too large"
@@ -81,9 +81,9 @@ def kv_cache_max_requests(ckpt: BenchCheckpoint, tp: int, pp: int, gpu_memory_by
     """
     weight_bytes = TUNED_WEIGHT_BYTES[ckpt.weight_dtype]
     kv_bytes = KV_ELEMENT_BYTES.get(ckpt.kv_dtype, 2.0)
-    gib_per_token = 2 * ckpt.attention_layers * max(tp, ckpt.num_kv_heads) * ckpt.head_size * kv_bytes / GIB
-    engine_gib = ckpt.params * weight_bytes / GIB
-    available_gib = gpu_memory_bytes / GIB * tp * pp - engine_gib
+    gib_per_token = 2 * ckpt.attention_layers * max(tp, ckpt.num_kv_heads) * ckpt.head_size * kv_bytes / GiB
+    engine_gib = ckpt.params * weight_bytes / GiB
+    available_gib = gpu_memory_bytes / GiB * tp * pp - engine_gib
     return available_gib * KV_CACHE_FRACTION / (gib_per_token * (isl + osl))
 
 

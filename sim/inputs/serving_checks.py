@@ -44,9 +44,9 @@ def check_serving(scenario, source: str) -> None:
                           f"give a max", source=source, field="workload.prompt_tokens")
     sc = scenario.scheduler
     if not sc.chunked_prefill:
-        longest = int(reqs.prompt_tokens.max())
-        if sc.admission != "no_evict":  # a preempted request re-prefills all but its last token
-            longest = int((reqs.prompt_tokens + reqs.output_tokens - 1).max())
+        # a preempted request re-prefills all but its last token; under no_evict none is preempted
+        prefills = reqs.prompt_tokens if sc.admission == "no_evict" else reqs.prompt_tokens + reqs.output_tokens - 1
+        longest = int(prefills.max())
         if longest > sc.max_num_batched_tokens:
             raise ConfigError(f"without chunked prefill a step must hold a request's whole prefill: the longest "
                               f"request needs {longest:,} tokens, more than {sc.max_num_batched_tokens:,}",
