@@ -8,6 +8,7 @@ import json
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from sim.device.kernel_grid import RatioGrid
@@ -21,7 +22,7 @@ from sim.device.kernels import (
     measured_kernels,
 )
 from sim.inputs import catalog
-from sim.inputs.kernel_tables import load_tables, split_tables, tables_available
+from sim.inputs.kernel_tables import isolated_spikes, load_tables, split_tables, tables_available
 
 from .conftest import run_cli
 
@@ -182,6 +183,38 @@ def test_fitted_constants_are_what_the_fit_script_writes():
 
 
 # ---- the measured tables --------------------------------------------------------------------------
+def test_an_isolated_spike_is_dropped_but_a_kernel_switch_and_an_edge_are_kept():
+    """A point > 1.5x both neighbours along two of m, n, k is a measurement hiccup; a step (a kernel
+    switch: one neighbour as slow) and a peak on one axis only are measurements, and a point at an
+    axis's end has one neighbour there, so it is never a peak on that axis."""
+    rows = [{"dtype": "fp8", "m": m, "n": n, "k": 512, "latency_s": 1e-5} for m in (1, 2, 4) for n in (256, 512, 1024)]
+    df = pd.DataFrame(rows)
+    df.loc[(df.m == 2) & (df.n == 512), "latency_s"] = 4e-5  # a peak along m and along n
+    df.loc[(df.m == 4) & (df.n == 1024), "latency_s"] = 9e-5  # the corner: no neighbour beyond it
+    assert isolated_spikes(df, ("m", "n", "k"), ("dtype",)).tolist() == [
+        (m, n) == (2, 512) for m in (1, 2, 4) for n in (256, 512, 1024)]
+    step = df.copy()
+    step.loc[step.m == 4, "latency_s"] = 4e-5  # a whole slower row: a switch at m = 4, no peak
+    step.loc[(step.m == 2) & (step.n == 512), "latency_s"] = 1e-5
+    assert not isolated_spikes(step, ("m", "n", "k"), ("dtype",)).any()
+    one_axis = df.copy()
+    one_axis.loc[(one_axis.m == 1) & (one_axis.n == 512), "latency_s"] = 4e-5  # a peak along n, m = 1 its edge
+    one_axis.loc[(one_axis.m == 2) & (one_axis.n == 512), "latency_s"] = 1e-5
+    assert not isolated_spikes(one_axis, ("m", "n", "k"), ("dtype",)).any()
+
+
+@needs_tables
+def test_the_b200_fp8_gemm_tables_hiccups_are_dropped_on_reading():
+    """0.12.0's B200 fp8 GEMM table has ~300 us added at scattered shapes (m 7, n 64, k 65536: 286 us
+    between 48 and 48 us along n and along m); reading drops them, so a query there interpolates its
+    neighbours."""
+    g = load_tables("b200").gemm
+    fp8 = g[g.dtype == "fp8"]
+    assert fp8[(fp8.m == 7) & (fp8.n == 64) & (fp8.k == 65536)].empty
+    assert len(fp8[(fp8.m == 8) & (fp8.n == 64) & (fp8.k == 65536)]) == 1
+    assert not isolated_spikes(g, ("m", "n", "k"), ("dtype",)).any()  # dropped until none is left
+
+
 @needs_tables
 def test_measured_gemm_at_a_table_point_is_the_table_in_seconds():
     t = load_tables("h200-sxm")

@@ -257,9 +257,46 @@ def _read(path: Path, columns: tuple[str, ...] | None = None) -> pd.DataFrame:
 def _gemm(df: pd.DataFrame) -> pd.DataFrame:
     by_dtype = {v: k for k, v in GEMM_DTYPES.items() if k != "fp16"}
     df = df[df["gemm_dtype"].isin(by_dtype)].drop_duplicates(["gemm_dtype", "m", "n", "k"], keep="first")
-    return pd.DataFrame({"dtype": df["gemm_dtype"].map(by_dtype).to_numpy(), "m": df["m"].to_numpy(),
-                         "n": df["n"].to_numpy(), "k": df["k"].to_numpy(),
-                         "latency_s": df["latency"].to_numpy() * MS_TO_S})
+    out = pd.DataFrame({"dtype": df["gemm_dtype"].map(by_dtype).to_numpy(), "m": df["m"].to_numpy(),
+                        "n": df["n"].to_numpy(), "k": df["k"].to_numpy(),
+                        "latency_s": df["latency"].to_numpy() * MS_TO_S})
+    return drop_spikes(out, ("m", "n", "k"), ("dtype",))
+
+
+# A GEMM's time never falls as m, n or k grows but for a kernel switch, which is a step, not a peak:
+# a point slower than both its neighbours by SPIKE_FACTOR along SPIKE_AXES of its axes is a hiccup of
+# the measurement (0.12.0's B200 fp8 table has ~990 of them, ~300 us added to 50-100 us kernels at
+# scattered shapes; 0-78 in the other systems' tables), and interpolating from one would carry it
+# to every query near it. Such points are dropped, until none is left (a dropped one can unmask
+# another beside it: 941 + 43 + 4 + 1 in that table); the grid fills the holes from the neighbours.
+SPIKE_FACTOR, SPIKE_AXES = 1.5, 2
+
+
+def drop_spikes(df: pd.DataFrame, axes: tuple[str, ...], by: tuple[str, ...]) -> pd.DataFrame:
+    """`df` without its isolated spikes (`isolated_spikes`), repeated until it has none."""
+    df = df.reset_index(drop=True)
+    while (spikes := isolated_spikes(df, axes, by)).any():
+        df = df[~spikes].reset_index(drop=True)
+    return df
+
+
+def isolated_spikes(df: pd.DataFrame, axes: tuple[str, ...], by: tuple[str, ...]) -> np.ndarray:
+    """Per row of `df` (a `latency_s` column, `axes` and `by` key columns): whether it is more than
+    SPIKE_FACTOR times both its neighbours along at least SPIKE_AXES of `axes` (the adjacent measured
+    points on that axis, every other key equal); a point at an axis's end is never a peak on it."""
+    peaks = np.zeros(len(df), dtype=int)
+    for axis in axes:
+        line = [*by, *(a for a in axes if a != axis)]
+        s = df.sort_values([*line, axis], kind="stable")
+        lat = s["latency_s"].to_numpy()
+        key = s[line].to_numpy()
+        same_prev = np.r_[False, (key[1:] == key[:-1]).all(axis=1)]
+        same_next = np.r_[same_prev[1:], False]
+        prev = np.where(same_prev, np.roll(lat, 1), np.inf)
+        nxt = np.where(same_next, np.roll(lat, -1), np.inf)
+        peak = (lat > SPIKE_FACTOR * prev) & (lat > SPIKE_FACTOR * nxt)
+        peaks[df.index.get_indexer(s.index[peak])] += 1
+    return peaks >= SPIKE_AXES
 
 
 def _decode_attention(df: pd.DataFrame, tokens: str = "step") -> pd.DataFrame:
