@@ -263,12 +263,15 @@ def _gemm(df: pd.DataFrame) -> pd.DataFrame:
     return drop_spikes(out, ("m", "n", "k"), ("dtype",))
 
 
-# A GEMM's time never falls as m, n or k grows but for a kernel switch, which is a step, not a peak:
+# A kernel's time never falls as its sizes grow but for a kernel switch, which is a step, not a peak:
 # a point slower than both its neighbours by SPIKE_FACTOR along SPIKE_AXES of its axes is a hiccup of
-# the measurement (0.12.0's B200 fp8 table has ~990 of them, ~300 us added to 50-100 us kernels at
-# scattered shapes; 0-78 in the other systems' tables), and interpolating from one would carry it
-# to every query near it. Such points are dropped, until none is left (a dropped one can unmask
-# another beside it: 941 + 43 + 4 + 1 in that table); the grid fills the holes from the neighbours.
+# the measurement, and interpolating from one would carry it to every query near it. 0.12.0's B200
+# fp8 GEMM table has ~990 (~300 us added to 50-100 us kernels at scattered shapes; the other GEMM
+# tables 0-120); its MLA decode table 0-13 a system, up to 60x (H200: 2.2 ms at batch 32, 4 tokens,
+# 16 heads, between 14-15 us); decode and prefill attention 0-130 a table, ~1.5-4x. Such points are
+# dropped, until none is left (a dropped one can unmask another beside it: 941 + 43 + 4 + 1 in the
+# B200 table); the grid fills the holes from the neighbours. MoE token curves are left alone: their
+# non-power-of-two counts are slower than the powers of two beside them in every slice, a pattern.
 SPIKE_FACTOR, SPIKE_AXES = 1.5, 2
 
 
@@ -313,7 +316,8 @@ def _decode_attention(df: pd.DataFrame, tokens: str = "step") -> pd.DataFrame:
                         "head_dim": df["head_dim"].to_numpy(), "window": df["window_size"].to_numpy(),
                         "heads": df["num_heads"].to_numpy(), "batch": df["batch_size"].to_numpy(),
                         "kv_tokens": df[tokens].to_numpy(), "latency_s": df["latency"].to_numpy() * MS_TO_S})
-    return out.drop_duplicates(["kv_dtype", "kv_heads", "head_dim", "window", "heads", "batch", "kv_tokens"], keep="first")
+    out = out.drop_duplicates(["kv_dtype", "kv_heads", "head_dim", "window", "heads", "batch", "kv_tokens"], keep="first")
+    return drop_spikes(out, ("batch", "kv_tokens"), ("kv_dtype", "kv_heads", "head_dim", "window", "heads"))
 
 
 def _context_attention(df: pd.DataFrame) -> pd.DataFrame:
@@ -442,7 +446,8 @@ def _mla_decode(df: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame({"kv_dtype": df["kv_cache_dtype"].map(by_dtype).to_numpy(), "heads": df["num_heads"].to_numpy(),
                         "batch": df["batch_size"].to_numpy(), "kv_tokens": (df["isl"] + df["step"]).to_numpy(),
                         "latency_s": df["latency"].to_numpy() * MS_TO_S})
-    return out.drop_duplicates(["kv_dtype", "heads", "batch", "kv_tokens"], keep="first").reset_index(drop=True)
+    out = out.drop_duplicates(["kv_dtype", "heads", "batch", "kv_tokens"], keep="first")
+    return drop_spikes(out, ("batch", "kv_tokens", "heads"), ("kv_dtype",))
 
 
 def _moe(df: pd.DataFrame) -> pd.DataFrame:
