@@ -123,3 +123,22 @@ def test_the_datasheet_prefill_by_hand():
     # a GPU the tables do not cover takes the medians of the fitted ones (efficiency.yaml)
     eff = catalog.efficiency_defaults()
     assert (eff.prefill_attention_floor_s, eff.attention_flop_efficiency) == (1.8e-5, 0.46)
+
+
+def test_attention_data_parallel_prefill_waits_for_the_busiest_rank():
+    """Under attention data parallelism a step's chunks are spread whole over the ranks and the step
+    waits for the rank with ceil(chunks / ranks) of them: one 1,024-token prompt over 4 ranks is one
+    rank's whole prompt (the table's call for 1 prompt at that rank's 64 heads, its own KV bytes), 4
+    are one each (the same call), 5 put 2 on the busiest rank."""
+    ctx = build_context(load_scenario(SERVING, ["model.name=qwen3-235b-a22b", "model.weight_dtype=fp8", "parallel.tp=4",
+                                                "parallel.ep=4", "parallel.attention_dp=4", "hardware.gpu=h200-sxm",
+                                                "hardware.kernels=measured"]))
+    m, kv = ctx.model, ctx.kv_bytes_per_token_layer
+    assert (m.attention_dp, m.num_heads, m.num_kv_heads) == (4, 64, 4)  # attention tensor-parallel over 1 GPU
+    pairs = 1024 * 1025 / 2
+    one_prompt = ctx.hw.kernels.context_attention_one_s(1, 1024, 64, 4, 128, "bf16")
+    assert prefill_attention_s(m, ctx.hw, pairs, 1024, kv, seqs=1) == pytest.approx(one_prompt, rel=1e-12)
+    assert prefill_attention_s(m, ctx.hw, 4 * pairs, 4096, kv, seqs=4) == pytest.approx(one_prompt, rel=1e-12)
+    two = ctx.hw.kernels.context_attention_one_s(2, 1024, 64, 4, 128, "bf16")
+    assert prefill_attention_s(m, ctx.hw, 5 * pairs, 5120, kv, seqs=5) == pytest.approx(two, rel=1e-12)
+    assert "busiest rank" in ctx.hw.sources["prefill_attention"]

@@ -132,11 +132,12 @@ def with_moe_exchange(hw: Hardware, scenario: Scenario) -> Hardware:
 
 def prefill_attention_source(model: ModelSpec, hw: Hardware) -> str:
     """Where this run's prefill attention comes from (`physics.measured_prefill_attention_s`)."""
-    if model.layer_kinds or model.attention_dp > 1:
-        why = "layer kinds" if model.layer_kinds else "attention data parallelism"
-        return f"datasheet: physics.prefill_attention_s (the context-attention table is not used with {why})"
+    if model.layer_kinds:
+        return "datasheet: physics.prefill_attention_s (the context-attention table is not used with layer kinds)"
+    busiest = ("; under attention data parallelism the busiest rank's ceil(chunks / ranks) of them"
+               if model.attention_dp > 1 else "")
     return (hw.kernels.tables.source("context_attention") + ": each step's chunks as prompts of the length that "
-            "attends as many pairs")
+            f"attends as many pairs{busiest}")
 
 
 def with_engine(hw: Hardware, scenario: Scenario, model: ModelSpec) -> Hardware:

@@ -1009,9 +1009,12 @@ def prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_
     (`attention_flop`, the mean layer's), window layers at most min(position sum, kv tokens x W) tokens
     attended and linear layers at most kv tokens state updates - upper bounds, the chunk's own token
     count not being known here. Measured tables with a context-attention table (a dense GQA model,
-    `seqs` chunks): `measured_prefill_attention_s`."""
+    `seqs` chunks): `measured_prefill_attention_s`. Attention data parallelism: the busiest rank's call
+    (`_busiest_rank_prefill_s`)."""
     if position_sum <= 0:
         return 0.0
+    if model.attention_dp > 1 and seqs > 0:
+        return _busiest_rank_prefill_s(model, hw, position_sum, kv_tokens, kv_bytes_per_token_layer, seqs, new_tokens)
     measured = measured_prefill_attention_s(model, hw, position_sum, seqs, kv_bytes_per_token_layer)
     if measured is not None:
         return measured
@@ -1021,6 +1024,20 @@ def prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_
     n = equivalent_prompt_tokens(position_sum, seqs)
     return datasheet_prefill_attention_s(hw, flop, kv_tokens * kv_bytes_per_token_layer, n, seqs, new_tokens or seqs * n,
                                          model.num_heads, model.num_kv_heads, _fp8_kv(model, kv_bytes_per_token_layer))
+
+
+def _busiest_rank_prefill_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_tokens: float,
+                            kv_bytes_per_token_layer: float, seqs: int, new_tokens: float) -> float:
+    """Prefill attention under attention data parallelism: a step's S chunks are spread whole over the
+    D ranks (a chunk is one request's, and a request lives on one rank), so the step waits for the
+    rank with ceil(S / D) of them, the rule `busiest_rank_factor` gives decode attention (one chunk
+    over 8 ranks: one rank's whole chunk, not an eighth of it; each chunk the step's mean). That
+    rank's call, as its own attention rank: its chunks, pairs, prefix and new tokens, its heads, its
+    KV bytes a token (the shard's figure is the group's mean per GPU: x D)."""
+    dp = model.attention_dp
+    share = busiest_rank_factor(seqs, dp) / dp  # of the group's chunks, the busiest rank's
+    return prefill_attention_s(_one_rank(model), hw, position_sum * share, kv_tokens * share,
+                               kv_bytes_per_token_layer * dp, math.ceil(seqs / dp), new_tokens * share)
 
 
 PREFILL_TILE_TOKENS = 128  # query rows of one attention tile (FlashAttention's block)
@@ -1068,7 +1085,8 @@ def measured_prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: f
     many (query, key) pairs, seqs x n (n + 1) / 2 = position sum, i.e. n = (sqrt(1 + 8 S / seqs) - 1) / 2 -
     exact for whole prompts of one length; chunks behind a computed prefix and mixed lengths take the
     table's efficiency at that equivalent length. None (the datasheet formula) without such a table,
-    with layer kinds or attention data parallelism."""
+    with layer kinds or for an attention-data-parallel shard (`prefill_attention_s` asks for its
+    busiest rank's call instead)."""
     k = hw.kernels
     if k is None or seqs <= 0 or model.layer_kinds or model.attention_dp > 1 or not k.has_context_attention():
         return None
