@@ -3,7 +3,7 @@ against AIConfigurator's held-out kernel measurements (sim/studies/operator_accu
 
     .venv/bin/python benchmarks/operator_accuracy.py [--csv points.csv]
 
-For every GPU the tables cover: per operator, the held-out points, then median and worst |error|
+For every GPU the tables cover: per operator, the held-out points, then median, 95th-percentile and worst |error|
 and the mean signed error (negative: predicted too fast) of each model; then the same per family
 over all GPUs. The measured figures interpolate across held-out grid lines, never a table point
 itself. Needs the `.[measured]` extra. These are operator measurements from NVIDIA's harness, not

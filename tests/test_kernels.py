@@ -456,3 +456,16 @@ def test_ops_flags_for_an_all_to_all_and_an_mla_bmm(tmp_path):
         datasheet_cost("h200-sxm", MlaBmm(128, 128, "post", "bf16")).seconds)
     bad = run_cli("ops", "mlabmm", "--tokens", "8", "--heads", "16", "--dtype", "int4")
     assert bad.returncode == 2 and "mlabmm runs in bf16 or fp8" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_the_operator_summary_gives_the_tail_beside_the_worst_point():
+    """median, 95th percentile (linear between order statistics) and worst of |error|, mean signed:
+    21 errors of -0% .. -20% in 1% steps have median 10%, p95 19%, worst 20%, mean -10%."""
+    from sim.studies.operator_accuracy import summary
+
+    err = -np.arange(21) / 100
+    s = summary(pd.DataFrame({"gpu": "g", "op": "gemm bf16", "datasheet_err": err, "tables_err": err / 2}))
+    r = s.iloc[0]
+    assert (r.points, r.datasheet_median, r.datasheet_p95, r.datasheet_worst) == (21, pytest.approx(0.10),
+                                                                                  pytest.approx(0.19), pytest.approx(0.20))
+    assert r.datasheet_mean == pytest.approx(-0.10) and r.tables_p95 == pytest.approx(0.095)

@@ -145,11 +145,11 @@ def _summary_table(summary: pd.DataFrame) -> Table:
 
 def _ops_table(ops: pd.DataFrame) -> Table:
     t = Table(title="operators: |error| on the held-out kernel measurements (datasheet model vs tables)")
-    for col in ("gpu", "family", "points", "datasheet median", "datasheet worst", "tables median", "tables worst"):
+    for col in ("gpu", "family", "points", "datasheet median", "p95", "worst", "tables median", "p95", "worst"):
         t.add_column(col, justify="left" if col in ("gpu", "family") else "right")
     for r in ops.to_dict("records"):
-        t.add_row(r["gpu"], r["family"], str(r["points"]), _pct(r["datasheet_median"]), _pct(r["datasheet_worst"]),
-                  _pct(r["tables_median"]), _pct(r["tables_worst"]))
+        t.add_row(r["gpu"], r["family"], str(r["points"]), *(_pct(r[f"{mode}_{stat}"]) for mode in ("datasheet", "tables")
+                                                            for stat in ("median", "p95", "worst")))
     return t
 
 

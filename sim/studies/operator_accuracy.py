@@ -36,6 +36,7 @@ from sim.inputs.kernel_tables import SYSTEMS, load_tables, split_tables
 STRIDE = 7
 FAMILY = r"^(gemm|decode attention|prefill attention|all-reduce|all-gather|reduce-scatter|all-to-all)"  # from its name
 MAX_ALLREDUCE_BYTES = 64 * 2**20
+P95 = 0.95  # the tail quantile `summary` reports beside the worst point
 Costing = Callable[[Operator], OpCost]  # one GPU's datasheet cost of an operator
 
 
@@ -131,11 +132,14 @@ def _a2a(ds: Costing, a: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
 
 
 def summary(points: pd.DataFrame) -> pd.DataFrame:
-    """Per GPU and operator: points, then median / worst |error| and the mean signed error, for the
-    datasheet model and for the measured tables (negative: predicted too fast)."""
+    """Per GPU and operator: points, then median / 95th-percentile / worst |error| and the mean signed
+    error, for the datasheet model and for the measured tables (negative: predicted too fast). The 95th
+    percentile beside the worst says whether a family's tail is broad or a few points that disagree
+    with their neighbours in the table (kernels.md)."""
     def stats(e: pd.Series) -> dict:
         a = e.abs()
-        return {"median": float(a.median()), "worst": float(a.max()), "mean": float(e.mean())}
+        return {"median": float(a.median()), "p95": float(a.quantile(P95)), "worst": float(a.max()),
+                "mean": float(e.mean())}
 
     rows = []
     for (gpu, op), p in points.groupby(["gpu", "op"], sort=False):
