@@ -11,7 +11,7 @@ import pytest
 
 from sim.decode.context import build_context
 from sim.device.measured_kernels import context_roofline_s, measured_kernels_for
-from sim.device.physics import measured_prefill_attention_s, prefill_attention_s, prefill_s
+from sim.device.physics import measured_prefill_attention_s, prefill_attention_s, prefill_s, prompts_attention_s
 from sim.inputs.kernel_tables import load_tables, tables_available
 from sim.inputs.scenario import load_scenario
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
@@ -129,7 +129,7 @@ def test_attention_data_parallel_prefill_waits_for_the_busiest_rank():
     """Under attention data parallelism a step's chunks are spread whole over the ranks and the step
     waits for the rank with ceil(chunks / ranks) of them: one 1,024-token prompt over 4 ranks is one
     rank's whole prompt (the table's call for 1 prompt at that rank's 64 heads, its own KV bytes), 4
-    are one each (the same call), 5 put 2 on the busiest rank."""
+    are one each (the same call), 5 put 2 on the busiest rank; a closed batch's prompts alike."""
     ctx = build_context(load_scenario(SERVING, ["model.name=qwen3-235b-a22b", "model.weight_dtype=fp8", "parallel.tp=4",
                                                 "parallel.ep=4", "parallel.attention_dp=4", "hardware.gpu=h200-sxm",
                                                 "hardware.kernels=measured"]))
@@ -141,4 +141,7 @@ def test_attention_data_parallel_prefill_waits_for_the_busiest_rank():
     assert prefill_attention_s(m, ctx.hw, 4 * pairs, 4096, kv, seqs=4) == pytest.approx(one_prompt, rel=1e-12)
     two = ctx.hw.kernels.context_attention_one_s(2, 1024, 64, 4, 128, "bf16")
     assert prefill_attention_s(m, ctx.hw, 5 * pairs, 5120, kv, seqs=5) == pytest.approx(two, rel=1e-12)
+    # a closed batch's whole prompts take the same rule
+    assert prompts_attention_s(m, ctx.hw, 4, 1024, kv) == pytest.approx(one_prompt, rel=1e-12)
+    assert prompts_attention_s(m, ctx.hw, 5, 1024, kv) == pytest.approx(two, rel=1e-12)
     assert "busiest rank" in ctx.hw.sources["prefill_attention"]

@@ -680,34 +680,44 @@ def step_tail_s(model: ModelSpec, hw: Hardware, batch: int, step_kind: str = DEC
 def prefill_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, batch: int, prompt_tokens: int,
               kv_bytes_per_token_layer: float | None = None) -> float:
     """Prefill of B prompts of P tokens: GEMMs over B*P rows plus causal attention
-    (sum over positions of 4 * i * H * d = 2 * P^2 * H * d per sequence per layer) at the attention
-    FLOP rate - or, given the KV bytes per token per layer, from a measured context-attention table
-    where the run has one (`measured_prefill_attention_s`)."""
+    (`prompts_attention_s`)."""
     if prompt_tokens <= 0:
         return 0.0
     rows = batch * prompt_tokens
-    measured = None
+    per_layer = (
+        weight_kernel_s(model, hw, weight_dtype, group_size, rows)
+        + layer_comm_s(model, hw, rows)
+        + prompts_attention_s(model, hw, batch, prompt_tokens, kv_bytes_per_token_layer)
+        + hw.layer_overhead_s
+    )
+    return model.num_layers * per_layer + lm_head_s(model, hw, batch)
+
+
+def prompts_attention_s(model: ModelSpec, hw: Hardware, batch: int, prompt_tokens: int,
+                        kv_bytes_per_token_layer: float | None = None) -> float:
+    """One layer's causal attention over B whole prompts of P tokens (sum over positions of
+    4 * i * H * d = 2 * P^2 * H * d per sequence) at the attention FLOP rate - or, given the KV bytes
+    per token per layer, from a measured context-attention table where the run has one
+    (`measured_prefill_attention_s`). Attention data parallelism: the busiest rank's ceil(B / D)
+    prompts as its own attention rank (`_busiest_rank_prefill_s`'s rule)."""
+    if model.attention_dp > 1:
+        dp = model.attention_dp
+        return prompts_attention_s(_one_rank(model), hw, math.ceil(batch / dp), prompt_tokens,
+                                   None if kv_bytes_per_token_layer is None else kv_bytes_per_token_layer * dp)
+    rows = batch * prompt_tokens
     if kv_bytes_per_token_layer is not None:
         pairs = batch * prompt_tokens * (prompt_tokens + 1) / 2
         measured = measured_prefill_attention_s(model, hw, pairs, batch, kv_bytes_per_token_layer)
+        if measured is not None:
+            return measured
     if model.layer_kinds:
         causal_flop = kinds_prefill_flop(model, batch, prompt_tokens)
     else:
         causal_flop = batch * ATTN_MATMULS * FLOP_PER_MAC * model.num_heads * model.head_dim * prompt_tokens * (prompt_tokens + 1) / 2
-        if model.attention_dp > 1:
-            causal_flop /= model.attention_dp
-    if measured is None:
-        kv_bytes = rows * (kv_bytes_per_token_layer or 0.0)
-        fp8 = kv_bytes_per_token_layer is not None and _fp8_kv(model, kv_bytes_per_token_layer)
-        measured = datasheet_prefill_attention_s(hw, causal_flop, kv_bytes, prompt_tokens, batch, rows, model.num_heads,
-                                                 model.num_kv_heads, fp8)
-    per_layer = (
-        weight_kernel_s(model, hw, weight_dtype, group_size, rows)
-        + layer_comm_s(model, hw, rows)
-        + measured
-        + hw.layer_overhead_s
-    )
-    return model.num_layers * per_layer + lm_head_s(model, hw, batch)
+    kv_bytes = rows * (kv_bytes_per_token_layer or 0.0)
+    fp8 = kv_bytes_per_token_layer is not None and _fp8_kv(model, kv_bytes_per_token_layer)
+    return datasheet_prefill_attention_s(hw, causal_flop, kv_bytes, prompt_tokens, batch, rows, model.num_heads,
+                                         model.num_kv_heads, fp8)
 
 
 def kinds_prefill_flop(model: ModelSpec, batch: int, prompt_tokens: int) -> float:
