@@ -352,6 +352,27 @@ def test_engines_that_run_the_dense_parts_data_parallel_replicate_them_on_every_
     assert r1.shard(8, 8, 1, dense_dp=True) == r1.shard(8, 8, 1)
 
 
+def test_sglang_holds_the_whole_embedding_under_attention_dp_and_splits_the_lm_head():
+    """SGLang under --enable-dp-attention: VocabParallelEmbedding(enable_tp=not is_dp_attention_enabled())
+    - every GPU the whole embedding - while the LM head stays vocab-parallel over the group: DeepSeek-R1
+    over 8 GPUs holds 7/8 of a bf16 vocab x hidden matrix more a GPU than split, its LM head's bytes a
+    step unchanged; nothing changes without attention DP or for the other engines."""
+    from sim.device.engine_rules import engine_whole_embedding
+
+    assert engine_whole_embedding("sglang")
+    assert not any(engine_whole_embedding(e) for e in ("vllm", "tensorrt-llm", None))
+    r1 = catalog.model("deepseek-r1")
+    split, whole = r1.shard(8, 8, 8), r1.shard(8, 8, 8, whole_embedding=True)
+    assert whole.embedding_vocab_size == r1.vocab_size and whole.vocab_size == split.vocab_size == -(-r1.vocab_size // 8)
+    more = whole.weight_bytes("fp8") - split.weight_bytes("fp8")
+    assert more == 2 * (r1.vocab_size - split.vocab_size) * r1.hidden_size  # bf16, exactly
+    assert whole.lm_head_bytes() == split.lm_head_bytes()
+    assert r1.shard(8, 8, 1, whole_embedding=True) == r1.shard(8, 8, 1)
+    sglang, plain = _ctx(*DPA8, "engine.name=sglang"), _ctx(*DPA8)
+    assert sglang.model.embedding_params() == r1.vocab_size * r1.hidden_size
+    assert plain.model.embedding_params() == split.vocab_size * r1.hidden_size
+
+
 def test_a_data_parallel_dense_layer_reduces_within_its_attention_group_only():
     r1 = catalog.model("deepseek-r1")
     hw = datasheet_hardware("h200-sxm", tp=8)

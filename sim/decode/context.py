@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from sim.device.engine_rules import DECODE, engine_dense_dp, engine_memory_rule, host_launch_s, launch_rule
+from sim.device.engine_rules import (
+    DECODE,
+    engine_dense_dp,
+    engine_memory_rule,
+    engine_whole_embedding,
+    host_launch_s,
+    launch_rule,
+)
 from sim.device.hardware import Hardware, resolve_hardware
 from sim.device.memory import profile_run_activation_bytes
 from sim.device.moe_exchange import ALLTOALL, moe_exchange
@@ -79,8 +86,10 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
     """Everything is per GPU: with tensor parallelism `model` is one GPU's shard, so weights, KV
     bytes per token, FLOP and memory are one GPU's, and the batch is the whole group's; with pipeline
     parallelism it is the largest stage's shard (`ModelSpec.stage`)."""
-    dense_dp = engine_dense_dp(scenario.engine.name if scenario.engine else None)
-    model = catalog.resolve_model(scenario.model).shard(*scenario.parallel.layout, dense_dp).stage(scenario.parallel.pp)
+    engine = scenario.engine.name if scenario.engine else None
+    model = (catalog.resolve_model(scenario.model)
+             .shard(*scenario.parallel.layout, engine_dense_dp(engine), engine_whole_embedding(engine))
+             .stage(scenario.parallel.pp))
     m, p = scenario.model, scenario.policy
     policy = TierPolicy.from_config(p)
     stages = policy.tiering and (policy.auto or policy.hbm_ratio < 1.0 - policy.evict_ratio)  # T1/T2 may hold tokens
@@ -88,7 +97,7 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
                           staging=p.prefetch if stages else "none", with_host=p.host_access,
                           tp=scenario.parallel.tp,
                           framework=scenario.engine.kernel_framework if scenario.engine else FRAMEWORK,
-                          engine=scenario.engine.name if scenario.engine else "vllm")
+                          engine=engine or "vllm")
     if scenario.engine is not None:
         hw = with_engine(hw, scenario, model)
     if hw.kernels is not None and hw.kernels.tables.context_attention is not None:

@@ -97,6 +97,15 @@ def engine_dense_dp(engine: str | None) -> bool:
     return engine in DENSE_DP_ENGINES
 
 
+def engine_whole_embedding(engine: str | None) -> bool:
+    """Whether `engine` holds the whole embedding on every GPU under attention data parallelism while
+    its LM head stays split over the group (`ModelSpec.shard`'s whole_embedding): SGLang, whose models
+    build it as VocabParallelEmbedding(..., enable_tp=not is_dp_attention_enabled()) and the LM head
+    vocab-parallel over the whole group unless enable_dp_lm_head. TensorRT-LLM and vLLM hold it whole
+    per rank already (`engine_dense_dp`); a run without an engine splits it."""
+    return engine == "sglang"
+
+
 @dataclass(frozen=True)
 class LaunchRule:
     """How an engine launches a step's kernels: decode batches of up to `graph_max_batch` replay a

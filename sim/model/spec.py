@@ -81,6 +81,7 @@ class ModelSpec:
     expert_parallel: int = 1  # the routed experts are split whole over this many GPUs: num_experts / it per GPU
     attention_dp: int = 1  # attention data-parallel ranks: a GPU holds the KV of 1 / this of the group's sequences
     dense_dp: bool = False  # under attention DP the dense MLPs, shared experts and vocab run data-parallel too (`shard`)
+    embedding_vocab_size: int | None = None  # rows of the embedding a GPU holds where not the LM head's (`shard`)
     routing_skew: float = 0.0  # Zipf exponent of expert popularity (sim/model/experts.py); 0: uniform routing
     pipeline_stages: int = 1  # one pipeline stage of a model split over this many (`stage`); 1 = every layer
 
@@ -213,7 +214,8 @@ class ModelSpec:
                 return f"{name} {size} is not divisible by tp {tp}"
         return self.linear.tp_problem(attention_tp) if self.linear is not None else None
 
-    def shard(self, tp: int, ep: int = 1, attention_dp: int = 1, dense_dp: bool = False) -> "ModelSpec":
+    def shard(self, tp: int, ep: int = 1, attention_dp: int = 1, dense_dp: bool = False,
+              whole_embedding: bool = False) -> "ModelSpec":
         """What one GPU of a `tp`-way tensor-parallel group holds: H/tp query heads, max(1, Hkv/tp)
         KV heads (replicated where tp > Hkv), I/tp of each MLP, V/tp of the embedding and LM head
         (vocab-parallel); hidden size, layers and norms unchanged. tp = 1 is the model itself.
@@ -228,7 +230,9 @@ class ModelSpec:
         moe_dense_tp_size), or with `dense_dp` over each rank's tp / D like its attention, each rank
         running them on its own tokens (TensorRT-LLM: "If using attention DP, the MLP also uses DP
         instead of TP", the shared experts likewise, embedding and LM head unsplit; vLLM's data-parallel
-        ranks are whole replicas of everything but the experts)."""
+        ranks are whole replicas of everything but the experts). `whole_embedding`: under attention DP
+        every GPU holds the whole embedding while the LM head stays split (SGLang: VocabParallelEmbedding
+        enable_tp=not is_dp_attention_enabled(); `embedding_vocab_size`)."""
         if tp == 1:
             return self
         from dataclasses import replace
@@ -242,7 +246,8 @@ class ModelSpec:
                        shared_expert_intermediate_size=self.shared_expert_intermediate_size // dense_tp,
                        vocab_size=-(-self.vocab_size // dense_tp), explicit_head_dim=self.head_dim,
                        linear=self.linear.shard(a_tp) if self.linear is not None else None,
-                       expert_parallel=ep, attention_dp=attention_dp, dense_dp=dense_dp)
+                       expert_parallel=ep, attention_dp=attention_dp, dense_dp=dense_dp,
+                       embedding_vocab_size=self.vocab_size if whole_embedding and attention_dp > 1 else None)
 
     # ---- pipeline parallelism -----------------------------------------------------------
     def pipeline_problem(self, pp: int) -> str | None:
@@ -452,7 +457,7 @@ class ModelSpec:
         return self.attention_linear_params_layer() + self.mlp_linear_params_layer() + self.small_params_layer()
 
     def embedding_params(self) -> int:
-        return self.vocab_size * self.hidden_size
+        return (self.embedding_vocab_size or self.vocab_size) * self.hidden_size
 
     def lm_head_params(self) -> int:
         return 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
