@@ -204,6 +204,26 @@ def test_an_isolated_spike_is_dropped_but_a_kernel_switch_and_an_edge_are_kept()
 
 
 @needs_tables
+def test_an_moe_curves_hiccup_is_dropped_and_its_zigzag_kept():
+    """An MoE slice is one curve over tokens: H100's TensorRT-LLM table times 517 us at 4 tokens between
+    25 and 46 us (bf16, balanced, 128 experts, top 8, hidden 2048, inter 768, TP 2 x EP 4) - dropped; vLLM's H200 fp8 slice of
+    16 experts (top 1, hidden 5120, inter 8192) keeps 3,072 tokens at ~1.7x its neighbours, the
+    non-power-of-two zigzag of every slice."""
+    from sim.inputs.kernel_tables import with_moe_mla
+
+    def curve(gpu, framework, **key):
+        m = with_moe_mla(load_tables(gpu, framework)).moe
+        return m[np.logical_and.reduce([m[k] == v for k, v in key.items()])].set_index("tokens")["latency_s"]
+
+    trt = curve("h100-sxm", "trtllm", quant="bfloat16", distribution="balanced", experts=128, top_k=8, hidden=2048,
+                inter=768, tp=2, ep=4)
+    assert 4 not in trt.index and {2, 8} <= set(trt.index)
+    zigzag = curve("h200-sxm", "vllm", quant="fp8", distribution="balanced", experts=16, top_k=1, hidden=5120,
+                   inter=8192, tp=1, ep=1)
+    assert zigzag[3072] > 1.5 * max(zigzag[2048], zigzag[4096])
+
+
+@needs_tables
 def test_the_b200_fp8_gemm_tables_hiccups_are_dropped_on_reading():
     """0.12.0's B200 fp8 GEMM table has ~300 us added at scattered shapes (m 7, n 64, k 65536: 286 us
     between 48 and 48 us along n and along m); reading drops them, so a query there interpolates its

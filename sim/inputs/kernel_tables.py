@@ -270,22 +270,27 @@ def _gemm(df: pd.DataFrame) -> pd.DataFrame:
 # tables 0-120); its MLA decode table 0-13 a system, up to 60x (H200: 2.2 ms at batch 32, 4 tokens,
 # 16 heads, between 14-15 us); decode and prefill attention 0-130 a table, ~1.5-4x. Such points are
 # dropped, until none is left (a dropped one can unmask another beside it: 941 + 43 + 4 + 1 in the
-# B200 table); the grid fills the holes from the neighbours. MoE token curves are left alone: their
-# non-power-of-two counts are slower than the powers of two beside them in every slice, a pattern.
+# B200 table); the grid fills the holes from the neighbours. An MoE slice is one curve over tokens, so
+# a peak there is judged on that axis alone, at MOE_SPIKE_FACTOR: in every slice the non-power-of-two
+# token counts run up to ~1.7-2x the powers of two beside them (a pattern of the kernel's tiles, kept),
+# while its hiccups are 2-38x (H100's TensorRT-LLM table: 517 us at 4 tokens between 25 and 46 us).
 SPIKE_FACTOR, SPIKE_AXES = 1.5, 2
+MOE_SPIKE_FACTOR = 2.0
 
 
-def drop_spikes(df: pd.DataFrame, axes: tuple[str, ...], by: tuple[str, ...]) -> pd.DataFrame:
+def drop_spikes(df: pd.DataFrame, axes: tuple[str, ...], by: tuple[str, ...], factor: float = SPIKE_FACTOR,
+                min_axes: int = SPIKE_AXES) -> pd.DataFrame:
     """`df` without its isolated spikes (`isolated_spikes`), repeated until it has none."""
     df = df.reset_index(drop=True)
-    while (spikes := isolated_spikes(df, axes, by)).any():
+    while (spikes := isolated_spikes(df, axes, by, factor, min_axes)).any():
         df = df[~spikes].reset_index(drop=True)
     return df
 
 
-def isolated_spikes(df: pd.DataFrame, axes: tuple[str, ...], by: tuple[str, ...]) -> np.ndarray:
+def isolated_spikes(df: pd.DataFrame, axes: tuple[str, ...], by: tuple[str, ...], factor: float = SPIKE_FACTOR,
+                    min_axes: int = SPIKE_AXES) -> np.ndarray:
     """Per row of `df` (a `latency_s` column, `axes` and `by` key columns): whether it is more than
-    SPIKE_FACTOR times both its neighbours along at least SPIKE_AXES of `axes` (the adjacent measured
+    `factor` times both its neighbours along at least `min_axes` of `axes` (the adjacent measured
     points on that axis, every other key equal); a point at an axis's end is never a peak on it."""
     peaks = np.zeros(len(df), dtype=int)
     for axis in axes:
@@ -297,9 +302,9 @@ def isolated_spikes(df: pd.DataFrame, axes: tuple[str, ...], by: tuple[str, ...]
         same_next = np.r_[same_prev[1:], False]
         prev = np.where(same_prev, np.roll(lat, 1), np.inf)
         nxt = np.where(same_next, np.roll(lat, -1), np.inf)
-        peak = (lat > SPIKE_FACTOR * prev) & (lat > SPIKE_FACTOR * nxt)
+        peak = (lat > factor * prev) & (lat > factor * nxt)
         peaks[df.index.get_indexer(s.index[peak])] += 1
-    return peaks >= SPIKE_AXES
+    return peaks >= min_axes
 
 
 def _decode_attention(df: pd.DataFrame, tokens: str = "step") -> pd.DataFrame:
@@ -461,7 +466,8 @@ def _moe(df: pd.DataFrame) -> pd.DataFrame:
                         "tp": df["moe_tp_size"].to_numpy(), "ep": df["moe_ep_size"].to_numpy(),
                         "tokens": df["num_tokens"].to_numpy(), "kernel": kernel.astype(str).to_numpy(),
                         "latency_s": df["latency"].to_numpy() * MS_TO_S})
-    return out.drop_duplicates(MOE_SLICE + ["tokens"], keep="first").reset_index(drop=True)
+    out = out.drop_duplicates(MOE_SLICE + ["tokens"], keep="first")
+    return drop_spikes(out, ("tokens",), tuple(MOE_SLICE), MOE_SPIKE_FACTOR, min_axes=1)
 
 
 def moe_quant_for(weight_dtype: str, group_size: int = 128) -> str | None:
