@@ -489,3 +489,19 @@ def test_the_operator_summary_gives_the_tail_beside_the_worst_point():
     assert (r.points, r.datasheet_median, r.datasheet_p95, r.datasheet_worst) == (21, pytest.approx(0.10),
                                                                                   pytest.approx(0.19), pytest.approx(0.20))
     assert r.datasheet_mean == pytest.approx(-0.10) and r.tables_p95 == pytest.approx(0.095)
+
+
+def test_a_layers_elementwise_passes_are_held_against_vidurs_profiles():
+    """Vidur's H100 profile of Llama-2-7B, TP 1, 128 tokens: RMSNorm 4 us, rope 4, RMSNorm 4, SiLU-and-mul
+    5, add 2 - 19 us a layer, each once as Vidur counts them; kvtier charges its flat layer overhead
+    (20 us: +5.3%). At 4,096 tokens the passes take 387 us and the flat figure is -95%."""
+    from sim.studies.elementwise_accuracy import FAMILY, points
+
+    p = points().set_index(["gpu", "shape"])
+    row = p.loc[("h100-sxm", "Llama-2-7b-hf tp1 t128")]
+    assert row.measured_s == pytest.approx(19e-6) and row.datasheet_s == pytest.approx(20e-6)
+    assert row.datasheet_err == pytest.approx(20 / 19 - 1) and np.isnan(row.tables_err)
+    big = p.loc[("h100-sxm", "Llama-2-7b-hf tp1 t4096")]
+    assert big.measured_s == pytest.approx((0.0665 + 0.0835 + 0.067 + 0.139 + 0.031) * 1e-3)
+    assert big.datasheet_err == pytest.approx(20e-6 / big.measured_s - 1) and big.datasheet_err < -0.9
+    assert len(p) == 104 and set(points()["op"]) == {FAMILY}  # 2 GPUs x 2 models x TP 1, 4 x 13 token counts

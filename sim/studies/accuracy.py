@@ -33,6 +33,7 @@ from sim.runner.tasks import run_tasks
 from sim.serving.run import simulate_serving
 
 from .e2e_table import Measurement
+from .elementwise_accuracy import points as elementwise_points
 from .moe_mla_accuracy import held_out_points as moe_mla_points
 from .operator_accuracy import FAMILY, covered_gpus, held_out_points, summary
 
@@ -315,7 +316,8 @@ def bands_text(points: pd.DataFrame, computed_at: dict) -> str:
 def operator_table(gpus: Iterable[str] | None = None) -> pd.DataFrame:
     """Per GPU and operator family (gemm, decode attention, prefill attention, all-reduce, all-gather,
     reduce-scatter, DeepEP's all-to-all, and the MLA decode, MLA BMMs and MoE experts of
-    `moe_mla_accuracy`, every routing its tables time), then per family over every GPU: held-out points,
+    `moe_mla_accuracy`, every routing its tables time, and a layer's elementwise passes against Vidur's
+    profiles (`elementwise_accuracy`: datasheet only), then per family over every GPU: held-out points,
     median, 95th-percentile and worst |error| of the datasheet model and of the tables."""
     gpus = list(covered_gpus() if gpus is None else gpus)
     if not gpus or not tables_available():
@@ -325,7 +327,8 @@ def operator_table(gpus: Iterable[str] | None = None) -> pd.DataFrame:
     moe_mla = pd.concat([moe_mla_points(g)[0] for g in gpus], ignore_index=True)
     moe_mla["op"] = np.where(moe_mla["family"].str.startswith("moe"), "moe experts", moe_mla["family"])
     cols = ["gpu", "op", "datasheet_err", "tables_err"]
-    points = pd.concat([dense[cols], moe_mla[cols]], ignore_index=True)
+    elementwise = elementwise_points()
+    points = pd.concat([dense[cols], moe_mla[cols], elementwise[elementwise["gpu"].isin(gpus)][cols]], ignore_index=True)
     family = points["op"].to_numpy()
     per_gpu = summary(points.assign(op=family))
     overall = summary(points.assign(gpu="all", op=family))
