@@ -45,11 +45,12 @@ def pass_s(floor_s: float, efficiency: float, rows, nbytes, hbm_bytes_per_s: flo
 
 def fit_gpu(p: pd.DataFrame, hbm: float) -> dict[str, tuple[float, float]]:
     """(floor_s, efficiency) per pass, least squares on log time over the tune rows."""
+    def log_error(x, nbytes, measured_s):
+        return np.log(pass_s(x[0], x[1], p["num_tokens"], nbytes, hbm) / measured_s)
+
     fits = {}
     for col, nbytes in pass_bytes(p).items():
-        t = p[col] * MS
-        res = least_squares(lambda x: np.log(pass_s(x[0], x[1], p["num_tokens"], nbytes, hbm) / t), [3e-6, 0.5],
-                            bounds=([0.0, 0.01], [1e-4, 2.0]))
+        res = least_squares(log_error, [3e-6, 0.5], bounds=([0.0, 0.01], [1e-4, 2.0]), args=(nbytes, p[col] * MS))
         fits[col] = (float(res.x[0]), float(res.x[1]))
     return fits
 
