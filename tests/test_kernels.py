@@ -51,11 +51,26 @@ def test_grid_is_multilinear_in_two_dimensions():
     assert ratio[0] == pytest.approx(math.exp(np.mean(np.log([1, 2, 4, 8]))))
 
 
-def test_grid_fills_an_unmeasured_cell_from_its_nearest_measured_one():
+def test_grid_fills_an_unmeasured_corner_from_the_most_efficient_cell_below_it():
+    """A hole takes the smallest ratio of the nearest measured cells below it along each axis: (4, 4)
+    has (1, 4) below it on the first axis (ratio 2) and (4, 1) on the second (ratio 4) - 2, the larger
+    problem at least as efficient as the smaller ones it contains."""
     pts = np.array([[1, 1], [1, 4], [4, 1]], dtype=float)  # (4, 4) not measured
     g = RatioGrid.from_points(pts, np.array([1.0, 2.0, 4.0]))
     ratio, _ = g(np.array([[4.0, 4.0]]))
-    assert ratio[0] == pytest.approx(2.0)  # (1, 4) and (4, 1) are equally near: the first in C order
+    assert ratio[0] == pytest.approx(2.0)
+    flipped = RatioGrid.from_points(pts, np.array([1.0, 4.0, 2.0]))
+    assert flipped(np.array([[4.0, 4.0]]))[0][0] == pytest.approx(2.0)  # whichever axis holds the smaller
+
+
+def test_a_hole_with_nothing_below_it_takes_the_nearest_cell_once_the_others_are_filled():
+    """Measured: (2, 1) 3, (4, 1) 5, (4, 2) 7, (1, 4) 9. (2, 2) has (2, 1) below it: 3. (1, 2) has nothing
+    measured below it on either axis ((1, 1) is a hole too): the nearest cell once the others are
+    filled - (1, 4) and the filled (2, 2) are equally near, the first in C order."""
+    pts = np.array([[2, 1], [4, 1], [4, 2], [1, 4]], dtype=float)
+    g = RatioGrid.from_points(pts, np.array([3.0, 5.0, 7.0, 9.0]))
+    assert g(np.array([[2.0, 2.0]]))[0][0] == pytest.approx(3.0)
+    assert g(np.array([[1.0, 2.0]]))[0][0] == pytest.approx(9.0)
 
 
 # ---- the datasheet model by hand ------------------------------------------------------------------

@@ -8,8 +8,9 @@ from 4.5-6.8% to 3.1-4.4% for decode attention with it).
 - Inside the grid: multilinear in the log coordinates (log-log in size).
 - Outside it: the nearest edge's ratio is held and the roofline scales it - the datasheet model
   scaled to the table's edge, per dimension.
-- Cells the table did not measure (a ragged or staircase table) take the ratio of the nearest
-  measured cell in grid-index space before any query, so a query never blends with a hole.
+- Cells the table did not measure (a ragged or staircase table) are filled before any query, so a
+  query never blends with a hole (`_fill_holes`): the smallest ratio of the nearest measured cells
+  below along each axis, else the nearest measured cell's.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class RatioGrid:
         index = tuple(np.searchsorted(ax, logs[:, d]) for d, ax in enumerate(axes))
         grid = np.full(tuple(len(ax) for ax in axes), np.nan)
         grid[index] = np.log(np.asarray(ratio, dtype=float))
-        return cls(axes, _fill_nearest(grid), float(floor_s))
+        return cls(axes, _fill_holes(grid), float(floor_s))
 
     @classmethod
     def floored(cls, coords: np.ndarray, seconds: np.ndarray, roofline_s: np.ndarray) -> RatioGrid:
@@ -174,6 +175,34 @@ class LazyGrids(Mapping):
 
     def __len__(self) -> int:
         return len(self._parts)
+
+
+def _fill_holes(grid: np.ndarray) -> np.ndarray:
+    """Every NaN cell takes the smallest ratio among the nearest measured cells below it along each
+    axis (`_below_along`): a larger problem runs at least as efficiently as the smaller ones it
+    contains, and a table's holes are mostly the large corner its collector could not fit (batch x
+    tokens past its memory). A cell with no measured cell below it on any axis then takes the nearest
+    cell's, measured or so filled (`_fill_nearest`). Held against the decode-attention tables' own
+    staircase frontier (benchmarks/staircase_fill.py), this fill is the closer one."""
+    missing = np.isnan(grid)
+    if not missing.any():
+        return grid
+    below = np.stack([_below_along(grid, d) for d in range(grid.ndim)])
+    best = np.where(np.isnan(below), np.inf, below).min(axis=0)
+    best[np.isinf(best)] = np.nan
+    out = np.where(missing, best, grid)
+    return _fill_nearest(out) if np.isnan(out).any() else out
+
+
+def _below_along(grid: np.ndarray, axis: int) -> np.ndarray:
+    """Each cell's nearest measured value at a lower index along `axis` (NaN where none): a forward fill."""
+    g = np.moveaxis(grid, axis, -1)
+    idx = np.where(np.isnan(g), 0, np.arange(g.shape[-1]))
+    np.maximum.accumulate(idx, axis=-1, out=idx)
+    filled = np.take_along_axis(g, idx, axis=-1)
+    shifted = np.full_like(filled, np.nan)
+    shifted[..., 1:] = filled[..., :-1]  # strictly below: a measured cell keeps its own value elsewhere
+    return np.moveaxis(shifted, -1, axis)
 
 
 def _fill_nearest(grid: np.ndarray) -> np.ndarray:
