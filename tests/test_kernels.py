@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.device.kernel_grid import RatioGrid
+from sim.device.kernel_grid import RatioGrid, fill_from_below
 from sim.device.kernels import (
     AllReduce,
     DecodeAttention,
@@ -51,16 +51,23 @@ def test_grid_is_multilinear_in_two_dimensions():
     assert ratio[0] == pytest.approx(math.exp(np.mean(np.log([1, 2, 4, 8]))))
 
 
-def test_grid_fills_an_unmeasured_corner_from_the_most_efficient_cell_below_it():
-    """A hole takes the smallest ratio of the nearest measured cells below it along each axis: (4, 4)
-    has (1, 4) below it on the first axis (ratio 2) and (4, 1) on the second (ratio 4) - 2, the larger
-    problem at least as efficient as the smaller ones it contains."""
+def test_grid_fills_an_unmeasured_cell_from_its_nearest_measured_one():
     pts = np.array([[1, 1], [1, 4], [4, 1]], dtype=float)  # (4, 4) not measured
     g = RatioGrid.from_points(pts, np.array([1.0, 2.0, 4.0]))
     ratio, _ = g(np.array([[4.0, 4.0]]))
-    assert ratio[0] == pytest.approx(2.0)
+    assert ratio[0] == pytest.approx(2.0)  # (1, 4) and (4, 1) are equally near: the first in C order
     flipped = RatioGrid.from_points(pts, np.array([1.0, 4.0, 2.0]))
-    assert flipped(np.array([[4.0, 4.0]]))[0][0] == pytest.approx(2.0)  # whichever axis holds the smaller
+    assert flipped(np.array([[4.0, 4.0]]))[0][0] == pytest.approx(4.0)  # the first in C order, whatever its ratio
+
+
+def test_decode_attentions_fill_takes_the_most_efficient_cell_below_a_hole():
+    """`fill_from_below` (decode attention, MLA decode): a hole takes the smallest ratio of the nearest
+    measured cells below it along each axis - (4, 4) has (1, 4) below it on the first axis and (4, 1) on
+    the second, whichever holds the smaller ratio."""
+    pts = np.array([[1, 1], [1, 4], [4, 1]], dtype=float)
+    for ratios in ([1.0, 2.0, 4.0], [1.0, 4.0, 2.0]):
+        g = RatioGrid.from_points(pts, np.array(ratios), fill=fill_from_below)
+        assert g(np.array([[4.0, 4.0]]))[0][0] == pytest.approx(2.0)
 
 
 def test_a_hole_with_nothing_below_it_takes_the_nearest_cell_once_the_others_are_filled():
@@ -68,12 +75,11 @@ def test_a_hole_with_nothing_below_it_takes_the_nearest_cell_once_the_others_are
     measured below it on either axis ((1, 1) is a hole too): the nearest cell once the others are
     filled - (1, 4) and the filled (2, 2) are equally near, the first in C order."""
     pts = np.array([[2, 1], [4, 1], [4, 2], [1, 4]], dtype=float)
-    g = RatioGrid.from_points(pts, np.array([3.0, 5.0, 7.0, 9.0]))
+    g = RatioGrid.from_points(pts, np.array([3.0, 5.0, 7.0, 9.0]), fill=fill_from_below)
     assert g(np.array([[2.0, 2.0]]))[0][0] == pytest.approx(3.0)
     assert g(np.array([[1.0, 2.0]]))[0][0] == pytest.approx(9.0)
 
 
-# ---- the datasheet model by hand ------------------------------------------------------------------
 def test_datasheet_gemm_is_floor_plus_weight_streaming_at_one_row():
     """Fitted constants where the tables cover the GPU or its sibling, the catalog's defaults without a fit."""
     fit = catalog.fitted_kernels()["h200-sxm"].gemm["bf16"]

@@ -9,8 +9,9 @@ from 4.5-6.8% to 3.1-4.4% for decode attention with it).
 - Outside it: the nearest edge's ratio is held and the roofline scales it - the datasheet model
   scaled to the table's edge, per dimension.
 - Cells the table did not measure (a ragged or staircase table) are filled before any query, so a
-  query never blends with a hole (`_fill_holes`): the smallest ratio of the nearest measured cells
-  below along each axis, else the nearest measured cell's.
+  query never blends with a hole: with the ratio of the nearest measured cell in grid-index space
+  (`fill_nearest`), or, for decode attention and MLA decode, the smallest ratio of the nearest
+  measured cells below along each axis (`fill_from_below`).
 """
 
 from __future__ import annotations
@@ -31,21 +32,24 @@ class RatioGrid:
     floor_s: float = 0.0  # added to the roofline to make the baseline the ratio is taken over
 
     @classmethod
-    def from_points(cls, coords: np.ndarray, ratio: np.ndarray, floor_s: float = 0.0) -> RatioGrid:
-        """`coords` (points, dims) > 0 and `ratio` (points,) > 0: measured / baseline at each point."""
+    def from_points(cls, coords: np.ndarray, ratio: np.ndarray, floor_s: float = 0.0,
+                    fill: Callable[[np.ndarray], np.ndarray] | None = None) -> RatioGrid:
+        """`coords` (points, dims) > 0 and `ratio` (points,) > 0: measured / baseline at each point.
+        `fill`: how the cells the table did not measure are filled (default `fill_nearest`)."""
         logs = np.log(np.asarray(coords, dtype=float))
         axes = tuple(np.unique(logs[:, d]) for d in range(logs.shape[1]))
         index = tuple(np.searchsorted(ax, logs[:, d]) for d, ax in enumerate(axes))
         grid = np.full(tuple(len(ax) for ax in axes), np.nan)
         grid[index] = np.log(np.asarray(ratio, dtype=float))
-        return cls(axes, _fill_holes(grid), float(floor_s))
+        return cls(axes, (fill or fill_nearest)(grid), float(floor_s))
 
     @classmethod
-    def floored(cls, coords: np.ndarray, seconds: np.ndarray, roofline_s: np.ndarray) -> RatioGrid:
+    def floored(cls, coords: np.ndarray, seconds: np.ndarray, roofline_s: np.ndarray,
+                fill: Callable[[np.ndarray], np.ndarray] | None = None) -> RatioGrid:
         """The grid of measured `seconds` over (their smallest + `roofline_s`) at each point."""
         seconds = np.asarray(seconds, dtype=float)
         floor = float(seconds.min())
-        return cls.from_points(coords, seconds / (np.asarray(roofline_s, dtype=float) + floor), floor)
+        return cls.from_points(coords, seconds / (np.asarray(roofline_s, dtype=float) + floor), floor, fill)
 
     def __call__(self, coords: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(ratio, inside) at each row of `coords` (points, dims): the interpolated measured /
@@ -177,13 +181,14 @@ class LazyGrids(Mapping):
         return len(self._parts)
 
 
-def _fill_holes(grid: np.ndarray) -> np.ndarray:
+def fill_from_below(grid: np.ndarray) -> np.ndarray:
     """Every NaN cell takes the smallest ratio among the nearest measured cells below it along each
     axis (`_below_along`): a larger problem runs at least as efficiently as the smaller ones it
     contains, and a table's holes are mostly the large corner its collector could not fit (batch x
     tokens past its memory). A cell with no measured cell below it on any axis then takes the nearest
-    cell's, measured or so filled (`_fill_nearest`). Held against the decode-attention tables' own
-    staircase frontier (benchmarks/staircase_fill.py), this fill is the closer one."""
+    cell's, measured or so filled (`fill_nearest`). The decode-attention and MLA-decode grids take it:
+    held against those tables' own staircase frontier (benchmarks/staircase_fill.py) it is the closer
+    fill there; on the context-attention tables the nearest cell is."""
     missing = np.isnan(grid)
     if not missing.any():
         return grid
@@ -191,7 +196,7 @@ def _fill_holes(grid: np.ndarray) -> np.ndarray:
     best = np.where(np.isnan(below), np.inf, below).min(axis=0)
     best[np.isinf(best)] = np.nan
     out = np.where(missing, best, grid)
-    return _fill_nearest(out) if np.isnan(out).any() else out
+    return fill_nearest(out) if np.isnan(out).any() else out
 
 
 def _below_along(grid: np.ndarray, axis: int) -> np.ndarray:
@@ -205,7 +210,7 @@ def _below_along(grid: np.ndarray, axis: int) -> np.ndarray:
     return np.moveaxis(shifted, -1, axis)
 
 
-def _fill_nearest(grid: np.ndarray) -> np.ndarray:
+def fill_nearest(grid: np.ndarray) -> np.ndarray:
     """Every NaN cell takes the value of the nearest measured cell (Euclidean in index space; ties:
     the first in C order)."""
     missing = np.isnan(grid)

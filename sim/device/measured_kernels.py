@@ -33,7 +33,7 @@ from sim.model.dtypes import KV_DTYPES as KV_FORMATS
 from sim.model.experts import expected_experts_touched, expected_remote_ranks
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
-from .kernel_grid import LazyGrids, RatioGrid
+from .kernel_grid import LazyGrids, RatioGrid, fill_from_below
 from .moe_exchange import A2A_WIRE_BYTES
 
 ACTIVATION_BYTES = 2  # bf16 activations in and out of a GEMM, queries and outputs of attention
@@ -179,17 +179,19 @@ class MeasuredKernels:
     # ---- decode attention -------------------------------------------------------------------------
     @cached_property
     def _attention_slices(self) -> LazyGrids:
-        return self._slice_grids(self.tables.decode_attention, attention_roofline_s)
+        return self._slice_grids(self.tables.decode_attention, attention_roofline_s, fill_from_below)
 
-    def _slice_grids(self, table, roofline) -> LazyGrids:
+    def _slice_grids(self, table, roofline, fill=None) -> LazyGrids:
         """An attention table (decode or context) as grids of measured / `roofline` over (heads, batch,
-        tokens), one per (KV dtype, KV heads, head dim, window) slice, each built on first use."""
+        tokens), one per (KV dtype, KV heads, head dim, window) slice, each built on first use; `fill`
+        the grids' hole fill (`RatioGrid.from_points`)."""
         def build(part):
             (kv_dtype, kv_heads, head_dim, window), t = part
             hkv = np.where(kv_heads == 0, t["heads"], kv_heads)
             roof = roofline(t["batch"], t["kv_tokens"], t["heads"].to_numpy(), hkv, head_dim,
                             KV_FORMATS[kv_dtype].bytes_per_element, self.gpu.bf16_flop_per_s, self.gpu.hbm_bytes_per_s)
-            return RatioGrid.floored(t[["heads", "batch", "kv_tokens"]].to_numpy(), t["latency_s"].to_numpy(), roof)
+            return RatioGrid.floored(t[["heads", "batch", "kv_tokens"]].to_numpy(), t["latency_s"].to_numpy(), roof,
+                                     fill)
 
         parts = table.groupby(["kv_dtype", "kv_heads", "head_dim", "window"])
         return LazyGrids(build, {(d, int(h), int(hd), int(w)): ((d, h, hd, w), t) for (d, h, hd, w), t in parts})
@@ -428,7 +430,7 @@ class MeasuredKernels:
             roof = mla_roofline_s(t["batch"], t["kv_tokens"], t["heads"].to_numpy(), *MEASURED_MLA,
                                   KV_FORMATS[kv_dtype].bytes_per_element, self._peak(kv_dtype), self.gpu.hbm_bytes_per_s)
             grids[kv_dtype] = RatioGrid.from_points(t[["heads", "batch", "kv_tokens"]].to_numpy(dtype=float),
-                                                    t["latency_s"].to_numpy() / roof)
+                                                    t["latency_s"].to_numpy() / roof, fill=fill_from_below)
         return grids
 
     def mla_decode_s(self, batch, kv_tokens, heads: int, kv_dtype: str = "bf16", kv_lora_rank: int = 512,
