@@ -53,9 +53,8 @@ def attention_grids(table: pd.DataFrame, roofline, spec) -> list[np.ndarray]:
 def mla_grids(table: pd.DataFrame, spec) -> list[np.ndarray]:
     grids = []
     for (d, h), s in table.groupby(["kv_dtype", "heads"]):
-        peak = spec.fp8_flop_per_s if d == "fp8" and spec.fp8_flop_per_s else spec.bf16_flop_per_s
         roof = mla_roofline_s(s["batch"].to_numpy(), s["kv_tokens"].to_numpy(), h, *MEASURED_MLA,
-                              KV_FORMATS[d].bytes_per_element, peak, spec.hbm_bytes_per_s)
+                              KV_FORMATS[d].bytes_per_element, spec.tensor_flop_per_s(d == "fp8"), spec.hbm_bytes_per_s)
         grids.append(_grid(s, roof))
     return grids
 

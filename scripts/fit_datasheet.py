@@ -136,7 +136,7 @@ def _gemm(gpu, tune, held) -> dict:
     spec = catalog.gpu(gpu)
     out = {}
     for dtype in sorted(set(tune.gemm["dtype"])):
-        peak = spec.fp8_flop_per_s if dtype == "fp8" else spec.bf16_flop_per_s
+        peak = spec.tensor_flop_per_s(dtype == "fp8")
         if not peak or dtype not in (*ELEMENT_BYTES, *WEIGHT_ONLY):
             continue
         fp8, eb = dtype == "fp8", ELEMENT_BYTES.get(dtype, 2.0)  # weight-only: bf16 activations
@@ -318,7 +318,7 @@ def _mla_bmm(gpu, tune, held) -> dict | None:
     spec = catalog.gpu(gpu)
     out = {}
     for dtype, t in tune.mla_bmm.groupby("dtype"):
-        peak = spec.fp8_flop_per_s if dtype == "fp8" and spec.fp8_flop_per_s else spec.bf16_flop_per_s
+        peak = spec.tensor_flop_per_s(dtype == "fp8")
 
         def domain(b, dtype=dtype, peak=peak):
             b = b[b["dtype"] == dtype]
@@ -359,7 +359,7 @@ def _moe(gpu, tune, held) -> dict | None:
             continue
         dtype, group = QUANT_AS[quant]
         wb = WEIGHT_DTYPES[dtype].bytes_for(2**20, group) / 2**20
-        peak = spec.fp8_flop_per_s if quant in MOE_FP8_COMPUTE and spec.fp8_flop_per_s else spec.bf16_flop_per_s
+        peak = spec.tensor_flop_per_s(quant in MOE_FP8_COMPUTE)
 
         def domain(m):
             m = m[(m["quant"] == quant) & (m["distribution"] == "balanced")]

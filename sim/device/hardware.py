@@ -704,8 +704,8 @@ def _moe_fits(gpu: GpuSpec, moe, ov) -> Sourced[tuple]:
         return Sourced((), f"the experts as dense GEMMs: {SCENARIO} sets a GEMM figure", pinned=True)
     hbm = gpu.hbm_bytes_per_s
     fits = tuple((quant, MoeFit(m.floor_s, m.per_expert_s, hbm * m.weight_hbm_efficiency,
-                                (gpu.fp8_flop_per_s if quant in MOE_FP8_COMPUTE and gpu.fp8_flop_per_s else gpu.bf16_flop_per_s)
-                                * m.flop_efficiency, m.half_rows, hbm * m.pair_hbm_efficiency, hbm * m.token_hbm_efficiency))
+                                gpu.tensor_flop_per_s(quant in MOE_FP8_COMPUTE) * m.flop_efficiency, m.half_rows,
+                                hbm * m.pair_hbm_efficiency, hbm * m.token_hbm_efficiency))
                  for quant, m in sorted(moe.items()))
     said = "; ".join(f"{q} median {m.held_out.median:.1%}" for q, m in sorted(moe.items()))
     file = next(iter(moe.values())).file  # fitted_kernels.yaml (vLLM's) or fitted_kernels.<engine>.yaml

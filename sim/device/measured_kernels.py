@@ -143,10 +143,11 @@ class MeasuredKernels:
         self.tables, self.gpu, self.bus_bytes_per_s = tables, gpu, bus_bytes_per_s
         self._slice_of: dict[tuple, tuple[tuple, str]] = {}  # _attention_slice's answers: every step asks again
         self._moe_grids: dict[tuple, RatioGrid] = {}  # `_moe_curve`'s, built per slice on first use
+        self._a2a_grids: dict[tuple, RatioGrid] = {}  # `_a2a_grid`'s, likewise
         self._moe_slice_of: dict[tuple, tuple[tuple, str]] = {}  # `_moe_slice`'s answers for unmeasured shapes
 
     def _peak(self, dtype: str) -> float:
-        return self.gpu.fp8_flop_per_s if dtype == "fp8" and self.gpu.fp8_flop_per_s else self.gpu.bf16_flop_per_s
+        return self.gpu.tensor_flop_per_s(dtype == "fp8")
 
     # ---- GEMM -------------------------------------------------------------------------------------
     def gemm_dtypes(self) -> frozenset[str]:
@@ -385,10 +386,6 @@ class MeasuredKernels:
     @cached_property
     def _a2a_rate(self) -> float:
         return catalog.interconnect(self.gpu.interconnect).alltoall_bytes_per_s
-
-    @cached_property
-    def _a2a_grids(self) -> dict[tuple, RatioGrid]:
-        return {}  # a slice's ratio curve, built on its first use
 
     def _a2a_grid(self, key: tuple) -> RatioGrid:
         if key not in self._a2a_grids:

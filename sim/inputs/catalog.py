@@ -56,6 +56,10 @@ class GpuSpec(_Frozen):
             data = {**data, "memory_bytes": float(data["memory_total_mib"] * MiB)}
         return data
 
+    def tensor_flop_per_s(self, fp8: bool) -> float:
+        """The tensor-core peak an fp8 (`fp8`) or bf16 matmul runs at: fp8's where the GPU has one."""
+        return self.fp8_flop_per_s if fp8 and self.fp8_flop_per_s else self.bf16_flop_per_s
+
 
 class HostSpec(_Frozen):
     """One host CPU socket: what host-side attention reads its T1/T2 with."""
