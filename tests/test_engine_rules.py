@@ -21,6 +21,7 @@ from sim.device.engine_rules import (
     decode_rows,
     host_launch_s,
     host_times,
+    sglang_capture_sizes,
     sglang_fraction,
     vllm_capture_sizes,
     vllm_graph_max_batch,
@@ -153,6 +154,20 @@ def test_vllm_pads_a_decode_batch_to_its_next_captured_size():
     assert rule.padding and rule.graph_max_batch == 256
     assert [decode_rows(rule, b) for b in (3, 130, 250, 256, 257)] == [4, 136, 256, 256, 257]
     assert decode_rows(None, 130) == 130  # no engine: the batch as it is
+
+
+def test_sglang_pads_a_decode_batch_to_its_next_captured_size():
+    """SGLang's ladder 1, 2, 4, 8, 12, 16-256 by 8, 272-496 by 16, 512 up by 32 (`_generate_cuda_graph_batch_sizes`,
+    padding on by default) up to cuda_graph_max_bs, none above the request pool, whose size is captured instead."""
+    sizes = sglang_capture_sizes(512, 2048)
+    assert sizes[:6] == [1, 2, 4, 8, 12, 16] and 256 in sizes and 264 not in sizes and 272 in sizes
+    assert sizes[-3:] == [480, 496, 512] and len(sizes) == 5 + 31 + 15 + 1
+    assert sglang_capture_sizes(160, 2048)[-2:] == [152, 160]
+    assert sglang_capture_sizes(256, 100) == [1, 2, 4, 8, 12, *range(16, 97, 8), 100]  # the pool caps the ladder
+    ctx = build_context(load_scenario(CLOSED, ["engine.name=sglang"]))  # H200, tp 1: cuda_graph_max_bs 256
+    rule = ctx.hw.launch
+    assert rule.padding and rule.graph_max_batch == 256 and "padded up to the next captured size" in ctx.hw.sources["host_layer_s"]
+    assert [decode_rows(rule, b) for b in (3, 9, 13, 130, 256, 257)] == [4, 12, 16, 136, 256, 257]
 
 
 def test_a_run_replays_graphs_up_to_the_engines_size():

@@ -14,7 +14,9 @@ Read (stored copies of the public repositories):
 - SGLang (sgl-project/sglang main @ 001067ff): python/sglang/srt/server_args.py
   `_handle_gpu_memory_settings` (cuda_graph_config[decode].max_bs by GPU memory and tp) and
   python/sglang/srt/model_executor/cuda_graph_config.py (decode backend "full"; prefill "breakable",
-  segmented around attention, by default on CUDA); a decode batch above max_bs runs eager.
+  segmented around attention, by default on CUDA); a decode batch above max_bs runs eager; below it,
+  padded to the next captured size (`_generate_cuda_graph_batch_sizes`: 1, 2, 4, 8, 12, 16-256 by 8,
+  272-496 by 16, 512 up by 32; disable_cuda_graph_padding off by default), as vLLM's.
 - TensorRT-LLM (NVIDIA/TensorRT-LLM main, PyTorch backend): tensorrt_llm/llmapi/llm_args.py
   `CudaGraphConfig` (on by default; max_batch_size 0 means 128; without padding the captured sizes are
   1..31, 32, 64, 128, then powers of two up to max_batch_size and max_batch_size itself, with padding
@@ -58,6 +60,8 @@ VLLM_MEMORY = "vllm/v1/worker/gpu_worker.py determine_available_memory"
 SGLANG_MEMORY = "python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py profile_max_num_token"
 SGLANG_DEFAULTS = "python/sglang/srt/server_args.py _handle_gpu_memory_settings"
 VLLM_GRAPHS = "vllm/config/vllm.py _set_cudagraph_sizes, vllm/v1/cudagraph_dispatcher.py"
+SGLANG_GRAPHS = ("python/sglang/srt/server_args.py _generate_cuda_graph_batch_sizes, "
+                 "model_executor/cuda_graph_runner.py get_batch_sizes_to_capture")
 TRTLLM_MEMORY = "tensorrt_llm/_torch/pyexecutor/_util.py KvCacheCreator._cal_max_memory"
 TRTLLM_GRAPHS = "tensorrt_llm/llmapi/llm_args.py CudaGraphConfig._generate_cuda_graph_batch_sizes"
 TRTLLM_GRAPH_MAX_BATCH = 128  # CudaGraphConfig: max_batch_size 0 (unset) means 128
@@ -186,17 +190,30 @@ def launch_rule(engine, scheduler, gpu_name: str, gpu_memory_bytes: float, tp: i
         why = (f"{'engine.cuda_graph_max_batch' if engine.cuda_graph_max_batch else 'default'}: a batch padded up to "
                f"the next captured size ({VLLM_GRAPHS})")
         return LaunchRule(True, max(sizes), eager_layer_s, eager_step_s, frozenset(sizes), True), why
-    else:
-        max_bs = engine.cuda_graph_max_batch or engine.sglang_gpu_defaults(gpu_memory_bytes, tp)[1]
-        largest = min(max_bs, scheduler.max_num_seqs)  # graphs are captured up to the request pool's size
-        why = f"cuda_graph_max_bs {max_bs}, {'engine.cuda_graph_max_batch' if engine.cuda_graph_max_batch else SGLANG_DEFAULTS}"
-    return LaunchRule(True, largest, eager_layer_s, eager_step_s), why
+    max_bs = engine.cuda_graph_max_batch or engine.sglang_gpu_defaults(gpu_memory_bytes, tp)[1]
+    sizes = sglang_capture_sizes(max_bs, max(scheduler.max_num_seqs // ranks, 1))  # each rank's request pool
+    why = (f"cuda_graph_max_bs {max_bs}, {'engine.cuda_graph_max_batch' if engine.cuda_graph_max_batch else SGLANG_DEFAULTS}"
+           f": a batch padded up to the next captured size ({SGLANG_GRAPHS})")
+    return LaunchRule(True, max(sizes), eager_layer_s, eager_step_s, frozenset(sizes), True, ranks), why
 
 
 def vllm_capture_sizes(largest: int) -> list[int]:
     """vLLM's captured batch sizes up to `largest`: 1, 2, 4, then 8 to 248 in steps of 8, then 256 up in
     steps of 16 (`_set_cudagraph_sizes`)."""
     sizes = [s for s in [1, 2, 4, *range(8, 256, 8), *range(256, largest + 1, 16)] if s <= largest]
+    return sizes or [1]
+
+
+def sglang_capture_sizes(max_bs: int, pool_size: int) -> list[int]:
+    """SGLang's captured decode batch sizes (each attention rank's): 1, 2, 4, 8, 12, then 16 to 256 in steps
+    of 8, 272 to 496 in steps of 16, 512 up in steps of 32, up to cuda_graph_max_bs (server_args.py
+    `_generate_cuda_graph_batch_sizes`, padding on by default); none above the request pool (max running
+    requests), whose size is captured where the ladder passes it (cuda_graph_runner.py
+    `get_batch_sizes_to_capture`)."""
+    ladder = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
+    sizes = [s for s in ladder if s <= max_bs]
+    if sizes and sizes[-1] > pool_size:
+        sizes = [s for s in sizes if s < pool_size] + [pool_size]
     return sizes or [1]
 
 
