@@ -422,3 +422,22 @@ def test_without_chunked_prefill_the_longest_prefill_is_the_prompt_only_where_no
     with pytest.raises(ConfigError, match="the longest request needs 256 tokens, more than 255"):
         load(serving(workload=wl, scheduler={"chunked_prefill": False, "max_num_batched_tokens": 255,
                                              "admission": "no_evict"}))
+
+
+def test_without_mixed_prefill_a_prefill_step_runs_alone():
+    """mixed_prefill off (SGLang's default: a new prefill batch runs before, not with, the decodes): every
+    step with prefill tokens decodes nothing, every token is still produced, the decodes wait out each
+    prefill step (a higher ITL tail), and a prompt no longer shares its step with the decodes (no higher TTFT)."""
+    wl = workload(arrivals={"kind": "poisson", "rate_per_s": 20.0, "requests": 200})
+    mixed = run(serving(workload=wl))
+    alone = run(serving(workload=wl, scheduler={"mixed_prefill": False}))
+    tl = alone.timeline
+    assert (tl.loc[tl["prefill_tokens"] > 0, "decodes"] == 0).all() and (tl["prefill_tokens"] > 0).sum() > 0
+    assert ((mixed.timeline["prefill_tokens"] > 0) & (mixed.timeline["decodes"] > 0)).any()
+    assert alone.summary.total_output_tokens == mixed.summary.total_output_tokens
+    assert alone.requests["output_tokens"].sum() == mixed.requests["output_tokens"].sum()
+    assert alone.summary.itl_p99_s > mixed.summary.itl_p99_s
+    assert alone.summary.ttft_p50_s <= mixed.summary.ttft_p50_s
+    sglang = load(serving(workload=wl, engine={"name": "sglang"}))
+    assert not sglang.scheduler.mixed_prefill
+    assert load(serving(workload=wl, engine={"name": "sglang"}, scheduler={"mixed_prefill": True})).scheduler.mixed_prefill

@@ -73,7 +73,7 @@ class SchedulerCfg(Strict, QuietDefaults):
     prefill chunks up to `max_num_batched_tokens`; FCFS admission while memory allows."""
 
     QUIET_DEFAULTS = {"preemption": "recompute", "swap_space_bytes": None,  # swap off: dumps as before it existed
-                      "admission": "on_demand"}
+                      "admission": "on_demand", "mixed_prefill": True}
 
     max_num_seqs: int = Field(DEFAULT_MAX_NUM_SEQS, ge=1, le=MAX_BATCH)
     max_num_batched_tokens: int = Field(DEFAULT_MAX_NUM_BATCHED_TOKENS, ge=1, le=MAX_TOKENS)
@@ -89,6 +89,9 @@ class SchedulerCfg(Strict, QuietDefaults):
     # reserved at admission, so nothing is ever preempted (no_evict: TensorRT-LLM's default capacity
     # policy GUARANTEED_NO_EVICT, tensorrt_llm/llmapi/llm_args.py SchedulerConfig)
     admission: Literal["on_demand", "no_evict"] = "on_demand"
+    # prefill chunks share a step with the running decodes (vLLM, TensorRT-LLM); off: a step with a
+    # prefill runs it alone and the decodes wait for the next (SGLang without --enable-mixed-chunk)
+    mixed_prefill: bool = True
 
     @model_validator(mode="after")
     def _swap_space(self):

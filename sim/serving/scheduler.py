@@ -8,6 +8,9 @@ running request is scheduled in admission order, a decode taking one token of th
 waiting requests are admitted first come, first served while fewer than `max_num_seqs` run, tokens
 are left and memory holds the newcomer's reservation - the head of the queue that does not fit
 stops admission (no overtaking). Without chunked prefill a prompt is scheduled whole or waits.
+Without mixed prefill (`mixed_prefill` off: SGLang's default, scheduler.py `get_next_batch_to_run`) a
+step that can carry a prefill - an unfinished one running, or a waiting request admitted - carries
+prefill chunks alone, the whole budget theirs, and the decodes wait for a step without one.
 With admission no_evict (TensorRT-LLM's GUARANTEED_NO_EVICT) a request is admitted only while the
 whole length - prompt + output tokens, in HBM - of every running request and its own fits the KV
 budget, so the running ones never outgrow memory and none is preempted. Pipelined (`pipelined`,
@@ -168,11 +171,19 @@ class Scheduler:
         plan = StepPlan()
         step = self._running_needs()
         self._preempt_until_fits(step, plan)
-        self._schedule_running(step, plan)
-        if not plan.preempted:
-            self._admit_waiting(step, plan, now)
+        if self.cfg.mixed_prefill or plan.preempted or not self._prefill_alone(step, plan, now):
+            self._schedule_running(step, plan)
+            if not plan.preempted:
+                self._admit_waiting(step, plan, now)
         self._close(step, plan)
         return plan
+
+    def _prefill_alone(self, d: _Draft, plan: StepPlan, now: float) -> bool:
+        """Without mixed prefill: the running requests' unfinished prefills and then admissions, the
+        decodes left out; whether the step carries any (else it is a decode step, formed as usual)."""
+        self._schedule_running(d, plan, decodes=False)
+        self._admit_waiting(d, plan, now)
+        return bool(len(plan.decodes) or sum(len(c) for c in d.chunks))
 
     def _running_needs(self) -> _Draft:
         t = self.table
@@ -241,18 +252,18 @@ class Scheduler:
             d.keep(keep)
             self.running = d.run
 
-    def _schedule_running(self, d: _Draft, plan: StepPlan) -> None:
-        """(2) The running requests in admission order: a decode takes one token of the budget, an
-        unfinished prefill its next chunk."""
+    def _schedule_running(self, d: _Draft, plan: StepPlan, decodes: bool = True) -> None:
+        """(2) The running requests in admission order: a decode takes one token of the budget (none
+        without `decodes`), an unfinished prefill its next chunk."""
         t, run, decoding = self.table, d.run, d.decoding
         budget = self.cfg.max_num_batched_tokens
         flying = self.in_flight is not None and self.in_flight[run].any()
-        if decoding.all() and len(run) <= budget and not flying:  # every running request decodes one token, within the budget
+        if decodes and decoding.all() and len(run) <= budget and not flying:  # every running request decodes one token
             plan.decodes, d.dec_att, d.dec_aft = run, d.att, d.aft
             d.chunks, d.chunk_tokens = [_EMPTY], [_EMPTY]
             d.tokens = budget - len(run)
             return
-        want = np.where(decoding, 1, t.target[run] - t.computed[run])
+        want = np.where(decoding, int(decodes), t.target[run] - t.computed[run])
         if flying:  # a request in a batch in flight has nothing to schedule until it is back
             want = np.where(self.in_flight[run], 0, want)
         take = np.minimum(want, np.maximum(budget - (np.cumsum(want) - want), 0))
