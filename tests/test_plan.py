@@ -200,7 +200,7 @@ def test_cli_leads_with_the_answer_and_the_launch_commands(scenario_path, tmp_pa
     assert lines[0].startswith("Cheapest: 1 x H100 SXM as TP1, full_hbm (exact); at 4 req/s p99 TTFT")
     assert "steady state:" in lines[0] and "per million output tokens" in lines[0]
     assert lines[1].strip().startswith("vllm: vllm serve deepseek-ai/DeepSeek-R1-Distill-Qwen-14B --tensor-parallel-size 1")
-    assert "sglang: python -m sglang.launch_server" in lines[2]
+    assert "sglang: python -m sglang.launch_server" in lines[2] and "--enable-mixed-chunk" in lines[2]  # mixed steps
     fewest = next(x for x in lines if x.startswith("Fewest GPUs"))
     assert fewest.startswith("Fewest GPUs for 4 req/s: 1 x H100 SXM as TP1, full_hbm (exact); sustains ")
     assert "of those simulated" not in fewest  # nothing with fewer GPUs was left unsimulated

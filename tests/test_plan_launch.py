@@ -28,7 +28,7 @@ VLLM_FLAGS = {"--tensor-parallel-size", "--data-parallel-size", "--max-num-seqs"
               "--quantization", "--kv-cache-dtype", "--kv-offloading-backend", "--kv-offloading-size"}
 SGLANG_FLAGS = {"--model-path", "--tp-size", "--dp-size", "--max-running-requests", "--chunked-prefill-size",
                 "--max-prefill-tokens", "--mem-fraction-static", "--dtype", "--quantization", "--kv-cache-dtype",
-                "--enable-hierarchical-cache", "--hicache-size"}
+                "--enable-hierarchical-cache", "--hicache-size", "--enable-mixed-chunk"}
 
 
 def split(line: str) -> tuple[list[str], str]:
@@ -60,6 +60,18 @@ def test_chunked_prefill_off():
     assert out["vllm"] == VLLM_FULL_HBM.replace("--enable-chunked-prefill", "--no-enable-chunked-prefill")
     assert out["sglang"] == SGLANG_FULL_HBM.replace(
         "--chunked-prefill-size 8192", "--chunked-prefill-size -1 --max-prefill-tokens 8192")
+
+
+def test_mixed_steps_take_sglangs_mixed_chunk():
+    """A plan whose steps mixed prefill chunks with the decodes (kvtier's and vLLM's way) runs SGLang with
+    --enable-mixed-chunk (server_args.py: "mixing prefill and decode in a batch when using chunked
+    prefill"); SGLang's own way (a prefill batch alone) is its default, no flag; without chunked prefill none."""
+    mixed = L.launch_commands(*LAYOUT, "full_hbm", None, "bf16", "bf16", mixed_chunk=True)
+    assert mixed["sglang"] == SGLANG_FULL_HBM.replace("--chunked-prefill-size 8192", "--chunked-prefill-size 8192 "
+                                                      "--enable-mixed-chunk")
+    assert mixed["vllm"] == VLLM_FULL_HBM
+    whole = L.sglang_launch_command(MODEL, 4, 2, 256, 8192, 0.9, False, "full_hbm", None, "bf16", "bf16", mixed_chunk=True)
+    assert "--enable-mixed-chunk" not in whole
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp8", "fp8_e4m3"])
@@ -339,6 +351,24 @@ def test_a_plan_under_tensorrt_llm_launches_trtllm_with_its_fraction():
     assert "--kv_cache_free_gpu_memory_fraction 0.8" in launch_lines(_plan_row(), other)["trtllm"]
     vllm = load_scenario(SCENARIOS / "serving-h100-70b-tp4.yaml")
     assert set(launch_lines(_plan_row(), vllm)) == {"vllm", "sglang"}
+
+
+def test_sglang_mixes_prefill_only_where_the_plan_did():
+    """A plan of kvtier's mixed steps (no engine, vLLM, TensorRT-LLM) gives SGLang --enable-mixed-chunk; one
+    under engine: sglang ran SGLang's own order (a prefill batch alone) and needs no flag; a disaggregated
+    instance runs one phase, so none."""
+    from sim.inputs.scenario import load_scenario
+    from sim.plan.answer import launch_lines
+
+    from .conftest import SCENARIOS
+
+    plain = load_scenario(SCENARIOS / "serving-h100-70b-tp4.yaml")
+    assert "--enable-mixed-chunk" in launch_lines(_plan_row(), plain)["sglang"]
+    sglang = load_scenario(SCENARIOS / "serving-h100-70b-tp4.yaml", ["engine.name=sglang"])
+    assert not sglang.scheduler.mixed_prefill
+    assert "--enable-mixed-chunk" not in launch_lines(_plan_row(), sglang)["sglang"]
+    split_plan = launch_lines(_plan_row(tp=2, prefill="1xTP2"), plain)
+    assert not any("--enable-mixed-chunk" in line for line in split_plan.values())
 
 
 def test_a_disaggregated_plan_under_tensorrt_llm_says_where_the_instances_go():

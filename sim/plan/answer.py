@@ -156,10 +156,10 @@ def launch_lines(best: dict, base: Scenario, host_peak_bytes_per_gpu: float | No
     trtllm = base.engine is not None and base.engine.name == "tensorrt-llm"
     trtllm_fraction = base.engine.free_gpu_memory_fraction if trtllm else None
 
-    def commands(tp: int, dp: int, policy: str, offload: float | None) -> dict[str, str]:
+    def commands(tp: int, dp: int, policy: str, offload: float | None, mixed: bool = s.mixed_prefill) -> dict[str, str]:
         return launch_commands(model, tp, dp, seqs, budget, util, s.chunked_prefill,
                                policy, offload, m.weight_dtype, m.kv_dtype, best.get("experts"), moe,
-                               _sglang_fraction(base, best, tp), trtllm_fraction)
+                               _sglang_fraction(base, best, tp), trtllm_fraction, mixed_chunk=mixed)
 
     if not best.get("prefill"):
         one_server = 1 if moe or best.get("experts") else best["dp"]  # else a server per replica (`launch_commands`)
@@ -167,8 +167,8 @@ def launch_lines(best: dict, base: Scenario, host_peak_bytes_per_gpu: float | No
         return {e: with_pipeline(e, line, int(best.get("pp") or 1)) for e, line in lines.items()}
     x, tp_p = parse_prefill_label(best["prefill"])
     out = {}
-    for role, cmds in (("prefill", commands(tp_p, x, "full_hbm", None)),
-                       ("decode", commands(best["tp"], best["dp"], best["policy"], host_offload_bytes))):
+    for role, cmds in (("prefill", commands(tp_p, x, "full_hbm", None, False)),  # an instance of one phase mixes none
+                       ("decode", commands(best["tp"], best["dp"], best["policy"], host_offload_bytes, False))):
         for engine, line in cmds.items():
             out[f"{engine} {role}"] = (with_flags(line, DISAGG_FLAGS[engine].replace("{role}", role))
                                        if engine in DISAGG_FLAGS else with_note(line, DISAGG_NOTES[engine]))

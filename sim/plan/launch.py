@@ -181,7 +181,7 @@ def vllm_serve_command(model_id: str, tp: int, dp: int, max_num_seqs: int, max_n
 def sglang_launch_command(model_id: str, tp: int, dp: int, max_num_seqs: int, max_num_batched_tokens: int,
                           gpu_memory_utilization: float, chunked_prefill: bool, policy: str,
                           host_offload_bytes: float | None, weight_dtype: str, kv_dtype: str, *,
-                          mem_fraction_static: float | None = None) -> str:
+                          mem_fraction_static: float | None = None, mixed_chunk: bool = False) -> str:
     """`python -m sglang.launch_server --model-path MODEL ...` for one plan configuration (SGLang main's
     python/sglang/srt/server_args.py; see the module docstring).
 
@@ -192,6 +192,8 @@ def sglang_launch_command(model_id: str, tp: int, dp: int, max_num_seqs: int, ma
     --mem-fraction-static (SGLang's fraction covers weights and the KV pool only, vLLM's everything), or
     `mem_fraction_static` where given: the SGLang fraction the plan ran with (scenario engine: sglang,
     its mem_fraction_static or the default of sim/device/memory.py sglang_mem_fraction_static).
+    `mixed_chunk` (the plan's steps mixed prefill chunks with the decodes, kvtier's and vLLM's way, with
+    chunked prefill on) adds --enable-mixed-chunk: SGLang otherwise runs a prefill batch alone.
     A tiered policy adds SGLang's hierarchical cache (HiCache) with --hicache-size: decimal GB per TP
     rank, an int, so host_offload_bytes / tp rounded up. SGLang's HiCache docs require the host pool to
     be larger than the device KV pool (--hicache-ratio at least 1 or 2, by version); this function does
@@ -203,7 +205,7 @@ def sglang_launch_command(model_id: str, tp: int, dp: int, max_num_seqs: int, ma
     args = ["python", "-m", "sglang.launch_server", "--model-path", shlex.quote(model_id),
             "--tp-size", str(int(tp)), "--dp-size", str(int(dp)), "--max-running-requests", str(int(max_num_seqs))]
     if chunked_prefill:
-        args += ["--chunked-prefill-size", str(int(max_num_batched_tokens))]
+        args += ["--chunked-prefill-size", str(int(max_num_batched_tokens))] + ["--enable-mixed-chunk"] * mixed_chunk
     else:
         args += ["--chunked-prefill-size", "-1", "--max-prefill-tokens", str(int(max_num_batched_tokens))]
     if mem_fraction_static is not None and not 0.0 < mem_fraction_static < 1.0:
@@ -307,19 +309,20 @@ def launch_commands(model_id: str, tp: int, dp: int, max_num_seqs: int, max_num_
                     host_offload_bytes: float | None, weight_dtype: str, kv_dtype: str,
                     experts: str | None = None, moe: bool = False,
                     mem_fraction_static: float | None = None,
-                    trtllm_fraction: float | None = None) -> dict[str, str]:
+                    trtllm_fraction: float | None = None, mixed_chunk: bool = False) -> dict[str, str]:
     """{"vllm": vllm_serve_command(...), "sglang": sglang_launch_command(...)} for the same inputs;
     a mixture of experts' layout `experts` as `expert_commands` says. A mixture of experts (`moe`,
     or any `experts` layout) never takes --data-parallel-size for its replicas: vLLM runs the
     data-parallel ranks of an MoE model in lockstep as one expert group of dp x tp GPUs
     (docs/serving/data_parallel_deployment.md), not the independent replicas the plan simulates -
     so one server per replica, said in a comment. `mem_fraction_static`: SGLang's fraction where the plan
-    ran under `engine: sglang` (else SGLang's flag takes gpu_memory_utilization). `trtllm_fraction`:
+    ran under `engine: sglang` (else SGLang's flag takes gpu_memory_utilization); `mixed_chunk`: SGLang's
+    --enable-mixed-chunk (`sglang_launch_command`). `trtllm_fraction`:
     TensorRT-LLM's free_gpu_memory_fraction where the plan ran under `engine: tensorrt-llm`, which adds
     a "trtllm" entry (trtllm_serve_command); None (the default): no "trtllm" entry."""
     rest = (max_num_batched_tokens, gpu_memory_utilization, chunked_prefill, policy, host_offload_bytes, weight_dtype,
             kv_dtype)
-    fraction = {"mem_fraction_static": mem_fraction_static}
+    fraction = {"mem_fraction_static": mem_fraction_static, "mixed_chunk": mixed_chunk}  # SGLang's keywords
     if experts:
         return _replicas(expert_commands(model_id, tp, max_num_seqs, experts, rest, fraction, trtllm_fraction), tp, dp)
     replica_dp = 1 if moe else dp
