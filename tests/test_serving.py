@@ -441,3 +441,13 @@ def test_without_mixed_prefill_a_prefill_step_runs_alone():
     sglang = load(serving(workload=wl, engine={"name": "sglang"}))
     assert not sglang.scheduler.mixed_prefill
     assert load(serving(workload=wl, engine={"name": "sglang"}, scheduler={"mixed_prefill": True})).scheduler.mixed_prefill
+
+
+def test_a_decode_instance_runs_the_same_steps_with_or_without_mixed_prefill():
+    """Requests that arrive prefilled (a disaggregated decode instance) are admitted decoding: with no chunk
+    to run alone, the orders coincide and so do the figures - the running decodes never wait for an admission."""
+    wl = workload(arrivals={"kind": "poisson", "rate_per_s": 20.0, "requests": 120})
+    mixed = simulate_serving(load(serving(workload=wl)), prefilled=True).summary
+    alone = simulate_serving(load(serving(workload=wl, scheduler={"mixed_prefill": False})), prefilled=True).summary
+    assert (alone.steps, alone.itl_p99_s, alone.ttft_p50_s, alone.duration_s) == (
+        mixed.steps, mixed.itl_p99_s, mixed.ttft_p50_s, mixed.duration_s)

@@ -171,19 +171,28 @@ class Scheduler:
         plan = StepPlan()
         step = self._running_needs()
         self._preempt_until_fits(step, plan)
-        if self.cfg.mixed_prefill or plan.preempted or not self._prefill_alone(step, plan, now):
+        if self.cfg.mixed_prefill or plan.preempted:
             self._schedule_running(step, plan)
             if not plan.preempted:
                 self._admit_waiting(step, plan, now)
+        else:
+            self._prefill_or_decode(step, plan, now)
         self._close(step, plan)
         return plan
 
-    def _prefill_alone(self, d: _Draft, plan: StepPlan, now: float) -> bool:
+    def _prefill_or_decode(self, d: _Draft, plan: StepPlan, now: float) -> None:
         """Without mixed prefill: the running requests' unfinished prefills and then admissions, the
-        decodes left out; whether the step carries any (else it is a decode step, formed as usual)."""
+        decodes left out, where that gives the step a chunk; else the decodes, formed as usual, with any
+        request admitted decoding (a swapped one, or one prefilled elsewhere) among them."""
         self._schedule_running(d, plan, decodes=False)
         self._admit_waiting(d, plan, now)
-        return bool(len(plan.decodes) or sum(len(c) for c in d.chunks))
+        if sum(len(c) for c in d.chunks):
+            return
+        resumed, att, aft = plan.decodes, d.dec_att, d.dec_aft  # only those admitted decoding (no running one)
+        self._schedule_running(d, plan)
+        if len(resumed):
+            plan.decodes = np.concatenate([plan.decodes, resumed])
+            d.dec_att, d.dec_aft = np.concatenate([d.dec_att, att]), np.concatenate([d.dec_aft, aft])
 
     def _running_needs(self) -> _Draft:
         t = self.table
