@@ -122,7 +122,8 @@ def test_sglang_scheduler_defaults_only_where_unset():
     assert e.scheduler_for(plain, L40S_MIB * MiB, 1).max_num_batched_tokens == 4096
     assert e.scheduler_for(SchedulerCfg(chunked_prefill=False), H100_MIB * MiB, 1).max_num_batched_tokens == 16384
     assert not on_h100.mixed_prefill  # enable_mixed_chunk False: a prefill step runs alone
-    mine = SchedulerCfg(max_num_seqs=64, max_num_batched_tokens=1024, mixed_prefill=True)
+    assert on_h100.admission == "reserve_ratio"  # PrefillAdder's new_token_ratio estimate
+    mine = SchedulerCfg(max_num_seqs=64, max_num_batched_tokens=1024, mixed_prefill=True, admission="on_demand")
     assert e.scheduler_for(mine, B200_MIB * MiB, 1) == mine
     assert e.scheduler_for(SchedulerCfg(max_num_seqs=64), H100_MIB * MiB, 1).max_num_batched_tokens == 8192
     vllm = EngineCfg.model_validate({"name": "vllm"}, strict=True)

@@ -348,14 +348,16 @@ class EngineCfg(Strict, QuietDefaults):
         chunked prefill, max_prefill_tokens (16384) without; max_num_seqs = max_running_requests 2048,
         the floor of model_runner_kv_cache_mixin.py `init_memory`'s min(max(pool tokens / context_len x
         512, 2048), 4096) (kvtier's catalog has no context length); mixed_prefill off (enable_mixed_chunk
-        False: scheduler.py `get_next_batch_to_run` runs a new prefill batch alone, before the decodes)."""
+        False: scheduler.py `get_next_batch_to_run` runs a new prefill batch alone, before the decodes);
+        admission reserve_ratio (schedule_policy.py `PrefillAdder`: `sim/serving/new_token_ratio.py`)."""
         if self.name == "tensorrt-llm":
             return self._trtllm_scheduler(scheduler)
         if self.name != "sglang":
             return scheduler
-        unset = {"max_num_batched_tokens", "max_num_seqs", "mixed_prefill"} - scheduler.model_fields_set
+        unset = {"max_num_batched_tokens", "max_num_seqs", "mixed_prefill", "admission"} - scheduler.model_fields_set
         chunk = self.sglang_gpu_defaults(gpu_memory_bytes, tp)[0] if scheduler.chunked_prefill else 16384
-        update = {"max_num_batched_tokens": chunk, "max_num_seqs": 2048, "mixed_prefill": False}
+        update = {"max_num_batched_tokens": chunk, "max_num_seqs": 2048, "mixed_prefill": False,
+                  "admission": "reserve_ratio"}
         return scheduler.model_copy(update={k: v for k, v in update.items() if k in unset})
 
 

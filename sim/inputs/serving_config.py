@@ -87,8 +87,10 @@ class SchedulerCfg(Strict, QuietDefaults):
     # what admission holds a request to: its K/V as it grows, preempting when the running ones
     # outgrow memory (on_demand: vLLM, SGLang), or KV blocks for its whole length - prompt + output -
     # reserved at admission, so nothing is ever preempted (no_evict: TensorRT-LLM's default capacity
-    # policy GUARANTEED_NO_EVICT, tensorrt_llm/llmapi/llm_args.py SchedulerConfig)
-    admission: Literal["on_demand", "no_evict"] = "on_demand"
+    # policy GUARANTEED_NO_EVICT, tensorrt_llm/llmapi/llm_args.py SchedulerConfig), or on demand with
+    # a decaying share of the running requests' remaining outputs kept free (reserve_ratio: SGLang's
+    # new_token_ratio, `sim/serving/new_token_ratio.py`)
+    admission: Literal["on_demand", "no_evict", "reserve_ratio"] = "on_demand"
     # prefill chunks share a step with the running decodes (vLLM, TensorRT-LLM); off: a step with a
     # prefill runs it alone and the decodes wait for the next (SGLang without --enable-mixed-chunk)
     mixed_prefill: bool = True

@@ -17,7 +17,8 @@ evaluates t(B) on a grid of batches, each step as the scheduler forms it in the 
 
 The batch is capped by what holds it: HBM for B requests' K/V at the mean context (`KvMemory`; under
 scheduler admission no_evict each holds its whole length, E[n (p + n)] / E[n] tokens, reserved), host
-memory for their T1/T2, `max_num_seqs`, and `max_num_batched_tokens` (B + c tokens a step). The
+memory for their T1/T2 (under reserve_ratio, SGLang's, each also keeps its steady-state floor ratio
+of its remaining output free), `max_num_seqs`, and `max_num_batched_tokens` (B + c tokens a step). The
 estimates: TPOT ~ t(B) (the p99 as above), TTFT ~ the steps a prompt's chunks take, E2E = TTFT + N x TPOT. The max rate
 is the highest lambda(B) whose estimates meet the targets; what stops it is the binding resource.
 The screen ignores queueing and the spread of lengths, so it overstates what a probe finds; the
@@ -38,6 +39,7 @@ from sim.inputs import catalog
 from sim.inputs.requests import build_requests
 from sim.inputs.scenario import Scenario, WorkloadCfg
 from sim.serving.kv_memory import kv_memory
+from sim.serving.new_token_ratio import CLIP_NEW_TOKENS, NewTokenRatio
 from sim.serving.tier_counts import TierCounter
 from sim.tiering.tiers import T0, T1, T2
 
@@ -191,6 +193,9 @@ def concurrency_caps(memory, sched, m, mem_share, pp: int) -> dict[str, float]:
     per_request_hbm = memory.hbm_kv_bytes(m.running_context_tokens * mem_share[0], 0.0)
     if sched.admission == "no_evict":  # each running request holds its whole length's reservation
         per_request_hbm = memory.hbm_kv_bytes(m.reserved_tokens, 0.0)
+    if sched.admission == "reserve_ratio":  # SGLang keeps the floor ratio of its remaining output free
+        remaining = min(m.reserved_tokens - m.running_context_tokens, CLIP_NEW_TOKENS)  # E[n n/2] / E[n]
+        per_request_hbm += remaining * NewTokenRatio().floor * memory.kv_bytes_per_token
     per_request_host = memory.host_bytes(m.running_context_tokens * mem_share[1], m.running_context_tokens * mem_share[2])
     return {"HBM capacity": memory.kv_budget_bytes / per_request_hbm if per_request_hbm > 0 else math.inf,
             "host memory": memory.host_capacity_bytes / per_request_host if per_request_host > 0 else math.inf,

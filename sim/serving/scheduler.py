@@ -13,7 +13,9 @@ step that can carry a prefill - an unfinished one running, or a waiting request 
 prefill chunks alone, the whole budget theirs, and the decodes wait for a step without one.
 With admission no_evict (TensorRT-LLM's GUARANTEED_NO_EVICT) a request is admitted only while the
 whole length - prompt + output tokens, in HBM - of every running request and its own fits the KV
-budget, so the running ones never outgrow memory and none is preempted. Pipelined (`pipelined`,
+budget, so the running ones never outgrow memory and none is preempted. With admission reserve_ratio
+(SGLang's, `new_token_ratio`) a request is admitted only while its prompt + (clipped) output and a
+decaying share of the running requests' remaining outputs fit beside what they hold. Pipelined (`pipelined`,
 `sim.serving.pipeline`): batches overlap, and a request in a batch in flight keeps its memory but is
 neither scheduled nor preempted until its batch is back.
 
@@ -37,6 +39,7 @@ import numpy as np
 from sim.tiering.tiers import T0, T1, T2
 
 from .kv_memory import KvMemory
+from .new_token_ratio import NewTokenRatio, clipped_remaining
 from .request import RequestTable
 from .row_counts import FixedRows, PressureRows
 from .swap import SwapSpace, swap_bytes
@@ -133,6 +136,7 @@ class Scheduler:
         self.swaps = 0
         self.swap_fallbacks = 0  # preemptions recomputed because the swap had no room
         self.in_flight = None  # pipeline parallelism (`pipelined`): the requests of the batches in flight
+        self.ratio = NewTokenRatio() if cfg.admission == "reserve_ratio" else None  # SGLang's admission estimate
         # every token in T0 (full_hbm): counts are one column, prompt + generated, and the host holds
         # nothing of the running requests (only swapped K/V) - the same figures with fewer array passes
         # (`_dense_needs`)
@@ -169,6 +173,8 @@ class Scheduler:
         fit, (2) schedule the running ones (decodes, chunked prefills), (3) admit waiting requests
         unless something was preempted, then the decodes' tier counts and re-tiers."""
         plan = StepPlan()
+        if self.ratio is not None and not len(self.running):
+            self.ratio.idle()
         step = self._running_needs()
         self._preempt_until_fits(step, plan)
         if self.cfg.mixed_prefill or plan.preempted:
@@ -178,7 +184,18 @@ class Scheduler:
         else:
             self._prefill_or_decode(step, plan, now)
         self._close(step, plan)
+        if self.ratio is not None:
+            self._move_ratio(plan)
         return plan
+
+    def _move_ratio(self, plan: StepPlan) -> None:
+        """SGLang's estimate after a step: set by what the requests left running have shown where some
+        were preempted, one step of decay after a decode step."""
+        t = self.table
+        if plan.preempted:
+            self.ratio.retracted(t.generated[self.running], t.output[self.running])
+        elif len(plan.decodes) and not len(plan.chunks):
+            self.ratio.decode_step()
 
     def _prefill_or_decode(self, d: _Draft, plan: StepPlan, now: float) -> None:
         """Without mixed prefill: the running requests' unfinished prefills and then admissions, the
@@ -289,18 +306,15 @@ class Scheduler:
         the head of the queue; the head that does not fit stops it (no overtaking)."""
         t, m = self.table, self.memory
         admitted, resumed = [], []  # resumed: swapped decodes, decoding again this step
-        no_evict = self.cfg.admission == "no_evict"
-        reserved = float(self._whole_length_bytes(d.run).sum()) if no_evict else 0.0
+        reserved = self._reserved_bytes(d.run)
         while self.waiting and d.tokens > 0 and len(d.run) + len(admitted) < self.cfg.max_num_seqs:
             i = self.waiting[0]
             left = int(t.target[i] - t.computed[i])
             if left > d.tokens and not self.cfg.chunked_prefill:
                 break
-            if no_evict:
-                whole = float(self._whole_length_bytes(np.array([i]))[0])
-                if reserved + whole > m.kv_budget_bytes and (len(d.run) or admitted):
-                    break  # (alone, a request longer than the budget runs as on_demand would run it)
-                reserved += whole
+            reserved = self._reserve(i, left, d, not (len(d.run) or admitted), reserved)
+            if reserved is None:
+                break
             swapped = self.swap is not None and i in self.swap
             decodes_now = left == 0 and (swapped or t.prefilled)  # its K/V is here (or coming back): it decodes
             h, ho, h_admit = self._admission_needs(i, decodes_now)
@@ -339,6 +353,33 @@ class Scheduler:
                 a, b = self.counter.step_counts(r, t.generated[r], np.ones(len(r), dtype=bool))
             plan.decodes = np.concatenate([plan.decodes, r])
             d.dec_att, d.dec_aft = np.concatenate([d.dec_att, a]), np.concatenate([d.dec_aft, b])
+
+    def _reserved_bytes(self, running: np.ndarray) -> float:
+        """What admission keeps for the running requests beyond what they hold: no_evict their whole
+        lengths; reserve_ratio (SGLang's) their remaining outputs, each clipped, times the ratio
+        (`new_token_ratio`); on_demand nothing."""
+        if self.cfg.admission == "no_evict":
+            return float(self._whole_length_bytes(running).sum())
+        if self.ratio is None or not len(running):
+            return 0.0
+        rest = clipped_remaining(self.table.output[running], self.table.generated[running])
+        return float(rest.sum()) * self.ratio.current * self.memory.kv_bytes_per_token
+
+    def _reserve(self, i: int, left: int, d: _Draft, alone: bool, reserved: float) -> float | None:
+        """`reserved` with waiting request i's reservation added, or None where it does not fit (a request
+        `alone` is let in whatever its length, as on_demand would run it). no_evict: its whole length
+        beside the running ones'; reserve_ratio: its `left` tokens to prefill and its clipped output beside
+        what the running hold and keep (SGLang's NO_TOKEN at >=), its output then kept in full this round."""
+        m = self.memory
+        if self.cfg.admission == "no_evict":
+            add = float(self._whole_length_bytes(np.array([i]))[0])
+            blocked = reserved + add > m.kv_budget_bytes
+        elif self.ratio is not None:
+            add = float(clipped_remaining(self.table.output[i], self.table.generated[i])) * m.kv_bytes_per_token
+            blocked = d.admit_hbm + reserved + left * m.kv_bytes_per_token + add >= m.kv_budget_bytes
+        else:
+            return reserved
+        return None if blocked and not alone else reserved + add
 
     def _whole_length_bytes(self, requests: np.ndarray) -> np.ndarray:
         """no_evict: the HBM each request's whole length needs - prompt + output tokens in T0, with

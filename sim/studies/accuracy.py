@@ -111,11 +111,10 @@ def scenario_for(m: Measurement, mode: str) -> Scenario:
     d = m.attention_dp  # the limits are each attention rank's; kvtier's scheduler is the group's
     data["scheduler"] = {"max_num_seqs": seqs * d, "max_num_batched_tokens": tokens * d}
     data["sim"] = {"detail": "step"}
-    # the row's admission, whatever the engine's defaults: kvtier's vLLM-style scheduler (chunked
-    # prefill unless the row turns it off, on demand), or Guaranteed No Evict (a request runs only with
-    # its whole length reserved)
+    # the row's admission: the engine's own (kvtier's on demand without one or under vLLM, SGLang's
+    # reserve_ratio), or Guaranteed No Evict (a request runs only with its whole length reserved)
     data["scheduler"].update(chunked_prefill=m.chunked_prefill,
-                             admission="on_demand" if m.admission == "engine" else "no_evict")
+                             **({} if m.admission == "engine" else {"admission": "no_evict"}))
     return scenario_from_dict(data, m.id)
 
 

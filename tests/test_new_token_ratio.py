@@ -1,0 +1,113 @@
+"""SGLang's admission estimate (scheduler admission reserve_ratio, sim/serving/new_token_ratio.py): the
+ratio's arithmetic, admission by hand against on_demand and no_evict, and a pressured run."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from sim.decode.context import build_context
+from sim.inputs.requests import RequestSet
+from sim.inputs.scenario import load_scenario
+from sim.serving.kv_memory import kv_memory
+from sim.serving.new_token_ratio import CLIP_NEW_TOKENS, NewTokenRatio, clipped_remaining
+from sim.serving.request import RequestTable
+from sim.serving.row_counts import FixedRows
+from sim.serving.run import simulate_serving
+from sim.serving.scheduler import Scheduler
+from sim.serving.tier_counts import TierCounter
+
+from .test_serving import load, serving, workload
+from .test_serving_swap import EXAMPLE, PRESSURED
+
+
+def test_the_ratio_decays_from_0_7_to_0_098_over_600_decode_steps():
+    r = NewTokenRatio()
+    assert r.current == 0.7 and r.floor == pytest.approx(0.098)
+    r.decode_step()
+    assert r.current == pytest.approx(0.7 - 0.602 / 600)
+    for _ in range(598):
+        r.decode_step()
+    assert r.current == pytest.approx(0.098 + 0.602 / 600)
+    r.decode_step()
+    r.decode_step()
+    assert r.current == pytest.approx(0.098)  # not below the floor
+    r.retracted(np.array([100, 50]), np.array([1000, 1000]))  # (150 + 20 x 2) / (2000 + 1)
+    assert r.current == pytest.approx(190 / 2001)
+    r.retracted(np.array([990]), np.array([1000]))
+    assert r.current == 1.0  # capped
+    r.idle()
+    assert r.current == 0.7
+
+
+def test_remaining_outputs_are_clipped_at_4096():
+    assert clipped_remaining(np.array([5000, 100, 10]), np.array([0, 30, 20])).tolist() == [CLIP_NEW_TOKENS, 70, 0]
+
+
+def _scheduler(admission: str, budget_requests: float, n: int = 12, p: int = 1000, out: int = 2000):
+    """A dense full_hbm scheduler with `n` requests of prompt p and output `out` waiting at t = 0, and a
+    KV budget of `budget_requests` x (p + out) tokens."""
+    sc = load(serving(scheduler={"admission": admission, "max_num_batched_tokens": 65536}))
+    ctx = build_context(sc)
+    prompts, outputs = np.full(n, p), np.full(n, out)
+    reqs = RequestSet(np.arange(n), np.zeros(n), prompts, outputs)
+    mem = kv_memory(ctx, 65536, 256)
+    budget = budget_requests * (p + out) * mem.kv_bytes_per_token
+    mem = replace(mem, runtime_reserve_bytes=mem.hbm_capacity_bytes - mem.weights_bytes - mem.activation_bytes - budget)
+    sched = Scheduler(sc.scheduler, mem, FixedRows(TierCounter(ctx.policy, prompts, outputs), prompts), RequestTable(reqs))
+    for i in range(n):
+        sched.arrive(i)
+    return sched
+
+
+def _two_steps(admission: str) -> tuple[int, int]:
+    sched = _scheduler(admission, 5.5)
+    first = sched.schedule(0.0)
+    sched.complete(first, 0.1, 0)
+    second = sched.schedule(0.1)
+    return len(first.chunks), len(second.chunks)
+
+
+def test_admission_by_hand_between_on_demand_and_no_evict():
+    """Budget 5.5 x (p + n) tokens, p = 1,000, n = 2,000. First step, nothing running: a newcomer needs its
+    prompt + its output in full beside what this round admitted (SGLang's add_one_req), so admission stops
+    at (i + 1) 3,000 >= 16,500: 5 requests, as no_evict's 5. Second step: the 5 hold 1,001 tokens each and
+    keep 0.7 x 1,999 free each: 5,005 + 6,996.5 + 3,000 < 16,500 admits a 6th, whose output then counts in
+    full: + 1,000 + 2,000 + 3,000 > 16,500 stops. on_demand counts prompts alone (16 fit: the queue's 12)."""
+    assert _two_steps("reserve_ratio") == (5, 1)
+    assert _two_steps("no_evict") == (5, 0)
+    assert _two_steps("on_demand") == (12, 0)
+
+
+def test_a_pressured_sglang_run_preempts_less_than_on_demand_and_loses_no_token():
+    base = load_scenario(EXAMPLE, PRESSURED)
+    on_demand = simulate_serving(base).summary
+    ratio = simulate_serving(load_scenario(EXAMPLE, [*PRESSURED, "scheduler.admission=reserve_ratio"])).summary
+    assert on_demand.preemptions > 0
+    assert ratio.preemptions < on_demand.preemptions
+    assert ratio.total_output_tokens == on_demand.total_output_tokens and ratio.requests == on_demand.requests
+    sglang = load(serving(workload=workload(), engine={"name": "sglang"}))
+    assert sglang.scheduler.admission == "reserve_ratio"
+
+
+def test_the_planners_screen_counts_the_floor_reserve():
+    """The screen's HBM cap under reserve_ratio: a running request holds its mean context and keeps the floor
+    ratio (0.098) of its remaining output free - E[n n / 2] / E[n], clipped at 4,096."""
+    from types import SimpleNamespace
+
+    from sim.plan.screen import concurrency_caps
+
+    mem = kv_memory(build_context(load(serving())), 8192, 256)
+    m = SimpleNamespace(running_context_tokens=1500.0, reserved_tokens=2500.0, prompt_tokens=1000.0, output_tokens=1000.0)
+    share = np.array([1.0, 0.0, 0.0])
+
+    def hbm_cap(admission):
+        sched = SimpleNamespace(admission=admission, max_num_seqs=256, max_num_batched_tokens=8192)
+        return concurrency_caps(mem, sched, m, share, 1)["HBM capacity"]
+
+    kv = mem.kv_bytes_per_token
+    assert hbm_cap("on_demand") == pytest.approx(mem.kv_budget_bytes / (1500 * kv))
+    assert hbm_cap("reserve_ratio") == pytest.approx(mem.kv_budget_bytes / ((1500 + 0.098 * 1000) * kv))
+    assert hbm_cap("no_evict") == pytest.approx(mem.kv_budget_bytes / (2500 * kv))
