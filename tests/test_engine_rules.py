@@ -126,8 +126,28 @@ def test_sglang_scheduler_defaults_only_where_unset():
     mine = SchedulerCfg(max_num_seqs=64, max_num_batched_tokens=1024, mixed_prefill=True, admission="on_demand")
     assert e.scheduler_for(mine, B200_MIB * MiB, 1) == mine
     assert e.scheduler_for(SchedulerCfg(max_num_seqs=64), H100_MIB * MiB, 1).max_num_batched_tokens == 8192
+
+
+
+def test_vllm_serve_defaults_by_gpu():
+    """vllm/engine/arg_utils.py `get_batch_defaults` (OPENAI_API_SERVER): >= 70 GiB and not an A100 8192
+    tokens and 1024 sequences, else 2048 and 256; the sequences no more than the tokens; what the scenario
+    set stays; without chunked prefill the budget stays kvtier's (vLLM's max_model_len is not in the catalog)."""
     vllm = EngineCfg.model_validate({"name": "vllm"}, strict=True)
-    assert vllm.scheduler_for(plain, B200_MIB * MiB, 1) is plain  # kvtier's defaults, as without an engine
+    plain = SchedulerCfg()
+
+    def limits(mib, name, sched=plain):
+        s = vllm.scheduler_for(sched, mib * MiB, 1, name)
+        return s.max_num_batched_tokens, s.max_num_seqs
+
+    assert limits(B200_MIB, "b200") == limits(H100_MIB, "h100-sxm") == (8192, 1024)
+    assert limits(81920, "a100-80gb-sxm") == (2048, 256)  # A100s keep the small defaults (PR #17885)
+    assert limits(L40S_MIB, "l40s") == limits(RTX4090_MIB, "rtx-4090") == (2048, 256)
+    assert limits(H100_MIB, "h100-sxm", SchedulerCfg(max_num_batched_tokens=512)) == (512, 512)
+    assert limits(H100_MIB, "h100-sxm", SchedulerCfg(max_num_seqs=64)) == (8192, 64)
+    assert limits(L40S_MIB, "l40s", SchedulerCfg(chunked_prefill=False)) == (8192, 256)
+    served = load_scenario(SERVING, ["engine.name=vllm", "scheduler.max_num_seqs=300"])  # the file sets 256 / 8192
+    assert (served.scheduler.max_num_seqs, served.scheduler.max_num_batched_tokens) == (300, 8192)
 
 
 def test_cuda_graph_rule_by_hand():

@@ -244,6 +244,8 @@ class ParallelCfg(Strict, QuietDefaults):
         return self.tp, self.ep, self.attention_dp
 
 
+VLLM_LARGE_GPU_GIB = 70  # get_batch_defaults: device memory from which the larger serve defaults apply
+VLLM_SERVE_DEFAULTS = {True: (8192, 1024), False: (2048, 256)}  # (max_num_batched_tokens, max_num_seqs) by "large"
 MEMORY_KNOB_OWNER = {"gpu_memory_utilization": "vllm", "mem_fraction_static": "sglang",
                      "free_gpu_memory_fraction": "tensorrt-llm"}  # each engine's KV memory fraction
 
@@ -341,9 +343,9 @@ class EngineCfg(Strict, QuietDefaults):
         _, chunk, small_tp, large_tp = next(t for t in tiers if gpu_mem_mib < t[0] * 1024)
         return chunk, small_tp if tp < 4 else large_tp
 
-    def scheduler_for(self, scheduler: SchedulerCfg, gpu_memory_bytes: float, tp: int) -> SchedulerCfg:
+    def scheduler_for(self, scheduler: SchedulerCfg, gpu_memory_bytes: float, tp: int, gpu_name: str = "") -> SchedulerCfg:
         """The scheduler this engine runs: the scenario's keys where it set them, else the engine's
-        defaults. vLLM: kvtier's (`SchedulerCfg`), as without an engine. SGLang (server_args.py):
+        defaults. vLLM: `_vllm_scheduler`. SGLang (server_args.py):
         max_num_batched_tokens = chunked_prefill_size by GPU memory (`sglang_gpu_defaults`) with
         chunked prefill, max_prefill_tokens (16384) without; max_num_seqs = max_running_requests 2048,
         the floor of model_runner_kv_cache_mixin.py `init_memory`'s min(max(pool tokens / context_len x
@@ -352,14 +354,33 @@ class EngineCfg(Strict, QuietDefaults):
         admission reserve_ratio (schedule_policy.py `PrefillAdder`: `sim/serving/new_token_ratio.py`)."""
         if self.name == "tensorrt-llm":
             return self._trtllm_scheduler(scheduler)
-        if self.name != "sglang":
-            return scheduler
+        if self.name == "vllm":
+            return self._vllm_scheduler(scheduler, gpu_memory_bytes, gpu_name)
         unset = {"max_num_batched_tokens", "max_num_seqs", "mixed_prefill", "admission"} - scheduler.model_fields_set
         chunk = self.sglang_gpu_defaults(gpu_memory_bytes, tp)[0] if scheduler.chunked_prefill else 16384
         update = {"max_num_batched_tokens": chunk, "max_num_seqs": 2048, "mixed_prefill": False,
                   "admission": "reserve_ratio"}
         return scheduler.model_copy(update={k: v for k, v in update.items() if k in unset})
 
+
+    @staticmethod
+    def _vllm_scheduler(scheduler: SchedulerCfg, gpu_memory_bytes: float, gpu_name: str) -> SchedulerCfg:
+        """vLLM's defaults for `vllm serve` (vllm/engine/arg_utils.py `get_batch_defaults`,
+        OPENAI_API_SERVER, and `_set_default_max_num_seqs_and_batched_tokens_args`): on a GPU of at
+        least 70 GiB that is not an A100 ("GPUs like H100 and MI300x"; A100s regressed with the larger
+        budget, its PR #17885) max_num_batched_tokens 8192 and max_num_seqs 1024, else 2048 and 256;
+        max_num_seqs no more than max_num_batched_tokens. Without chunked prefill vLLM takes
+        max(max_model_len, that) tokens; the catalog has no max_model_len, so the budget stays kvtier's."""
+        from sim.model.units import GiB
+
+        large = gpu_memory_bytes >= VLLM_LARGE_GPU_GIB * GiB and "a100" not in gpu_name.lower()
+        tokens, seqs = VLLM_SERVE_DEFAULTS[large]
+        unset = {"max_num_batched_tokens", "max_num_seqs"} - scheduler.model_fields_set
+        if "max_num_batched_tokens" in unset and scheduler.chunked_prefill:
+            scheduler = scheduler.model_copy(update={"max_num_batched_tokens": tokens})
+        if "max_num_seqs" in unset:
+            scheduler = scheduler.model_copy(update={"max_num_seqs": min(seqs, scheduler.max_num_batched_tokens)})
+        return scheduler
 
     def _trtllm_scheduler(self, scheduler: SchedulerCfg) -> SchedulerCfg:
         """TensorRT-LLM's defaults (tensorrt_llm/llmapi/llm_args.py): max_batch_size 2048 as max_num_seqs,
@@ -456,10 +477,11 @@ def scenario_from_dict(data: Any, source: str, overrides: list[str] | None = Non
     except ValidationError as err:
         raise validation_error_line(err, source) from None
     check_catalog_names(scenario, source)
-    if scenario.engine is not None and scenario.engine.name != "vllm" and scenario.workload.arrivals is not None:
+    if scenario.engine is not None and scenario.workload.arrivals is not None:
         # a serving run under an engine takes that engine's scheduler defaults where the scenario set none
         gpu_bytes = catalog.gpu(scenario.hardware.gpu).memory_bytes
-        scheduler = scenario.engine.scheduler_for(scenario.scheduler, gpu_bytes, scenario.parallel.tp)
+        scheduler = scenario.engine.scheduler_for(scenario.scheduler, gpu_bytes, scenario.parallel.tp,
+                                                  scenario.hardware.gpu)
         scenario = scenario.model_copy(update={"scheduler": scheduler})
     check_simulable(scenario, source)
     check_serving(scenario, source)
