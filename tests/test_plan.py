@@ -499,3 +499,24 @@ def test_the_reports_row_names_are_the_probes_names_for_pipelines_and_token_budg
         row = Row(cand.gpu, cand.count, cand.tp_size, cand.policy, "1xTP1" if cand.prefill else float("nan"),
                   cand.max_num_seqs, float("nan"), cand.pp, cand.token_budget or float("nan"))
         assert row_key(row) == key_of(cand)
+
+
+def test_token_times_by_hand():
+    """Mixed: a share min(1, chunks) of the steps carry a chunk; alone (SGLang's order): every chunk step stalls
+    the decodes, so a token waits a decode step and the chunk steps between two of them."""
+    from sim.plan.screen import Z99, token_times
+
+    t, tail = token_times(0.010, 0.030, 0.25, False, 100)
+    p99 = 0.25 + Z99 * math.sqrt(0.25 * 0.75 / 100)
+    assert t == pytest.approx(0.75 * 0.010 + 0.25 * 0.030) and tail == pytest.approx((1 - p99) * 0.010 + p99 * 0.030)
+    t, tail = token_times(0.010, 0.025, 0.25, True, 100)
+    assert t == pytest.approx(0.010 + 0.25 * 0.025) and tail == pytest.approx(0.010 + p99 * 0.025)
+    assert token_times(0.010, 0.025, 2.0, True, 100) == pytest.approx((0.060, 0.060))  # more chunks than decode steps
+
+
+def test_the_screen_stalls_the_decodes_for_sglangs_prefill_steps(base):
+    mixed = curve(base)
+    alone = curve(base.model_copy(update={"scheduler": base.scheduler.model_copy(update={"mixed_prefill": False})}))
+    assert alone.batch == mixed.batch
+    assert all(a >= m for a, m in zip(alone.tpot_p99_s, mixed.tpot_p99_s))
+    assert alone.tpot_p99_s[-1] > mixed.tpot_p99_s[-1]  # at the full batch the chunks' stalls show

@@ -11,6 +11,9 @@ evaluates t(B) on a grid of batches, each step as the scheduler forms it in the 
 - the prefill that keeps pace, c = B x P / N prompt tokens a step, as whole chunks: a share c / chunk of
   the steps carries one chunk of min(P, max_num_batched_tokens - B) tokens (a mixed step costs more
   than the mean rows would: a GEMM is flat in rows below its ridge);
+- without mixed prefill (SGLang's order) each chunk runs in a step of its own, min(P, max_num_batched_tokens)
+  tokens, and stalls the decodes: t(B) is the decode step plus the chunk steps between two of them
+  (`token_times`);
 - t(B) is that mixture's mean `mixed_step_cost(...).closed_form_s` (the link to itself); the p99
   TPOT estimate is a short request's (10th percentile of outputs) whose share of mixed steps sits at
   its binomial 99th percentile (normal approximation).
@@ -228,34 +231,51 @@ def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
         step_s = c.closed_form_s(ctx.hw, c.prefetch_copy_s(ctx.hw.h2d), pol.staging_buffers)
         return c, token_s(c, rows, step_s), step_s
 
+    alone = not sched.mixed_prefill and not decode_only  # SGLang's order: a chunk runs in a step of its own
+
     def costs(b: int, chunk: int):
-        """(decode-only step, the same step with one prompt chunk of `chunk` tokens), each timed."""
+        """(decode-only step, the same step with one prompt chunk of `chunk` tokens - or that chunk alone,
+        without mixed prefill), each timed."""
         ctx_tokens = b * m.running_context_tokens
         plain = mixed_step_cost(ctx.model, ctx.hw, w_dtype, group, pol.prefetch, b, int(ctx_tokens * share[0]),
                                 int(ctx_tokens * share[1]), int(ctx_tokens * share[2]), ctx.kv_bytes_per_token_layer,
                                 ctx.t2_bytes_per_token_layer, 0, 0, 0, 0, ctx.policy.tiering, pol.access,
                                 pol.staging_buffers)
-        mixed = with_prefill(ctx.model, ctx.hw, w_dtype, group, plain, b, ctx.kv_bytes_per_token_layer, chunk,
+        base, rows = (mixed_step_cost(ctx.model, ctx.hw, w_dtype, group, pol.prefetch, 0, 0, 0, 0, ctx.kv_bytes_per_token_layer,
+                                      ctx.t2_bytes_per_token_layer), 0) if alone else (plain, b)
+        mixed = with_prefill(ctx.model, ctx.hw, w_dtype, group, base, rows, ctx.kv_bytes_per_token_layer, chunk,
                              chunk * (chunk + 1) / 2, chunk, 1)  # (mixed_step_cost's own composition)
-        return timed(plain, b), timed(mixed, b + chunk)
+        return timed(plain, b), timed(mixed, rows + chunk)
 
     rates, steps, tails, ttfts, binds = [], [], [], [], []
     for b in batches:
         bi = max(1, round(b / pp))  # one step's decodes: each of pp batches in flight holds 1 / pp of them
-        chunk = max(1, min(round(m.prompt_tokens), sched.max_num_batched_tokens - bi))
+        chunk = max(1, min(round(m.prompt_tokens), sched.max_num_batched_tokens - (0 if alone else bi)))
         (plain, plain_s, plain_step_s), (mixed, mixed_s, mixed_step_s) = costs(bi, chunk)
-        share_mixed = 0.0 if decode_only else min(1.0, b / pp * m.prompt_tokens / m.output_tokens / chunk)  # per step
-        t = (1 - share_mixed) * plain_s + share_mixed * mixed_s
-        # a short request's share of mixed steps is binomial over its steps: its 99th percentile
-        tail = min(1.0, share_mixed + Z99 * math.sqrt(share_mixed * (1 - share_mixed) / m.short_output_tokens))
+        chunks = 0.0 if decode_only else b / pp * m.prompt_tokens / m.output_tokens / chunk  # per decode step
+        share_mixed = min(1.0, chunks)
+        t, tail_s = token_times(plain_s, mixed_s, chunks, alone, m.short_output_tokens)
         rates.append(b / (m.output_tokens * t))
         steps.append(t)
-        tails.append((1 - tail) * plain_s + tail * mixed_s)
+        tails.append(tail_s)
         ttfts.append(0.0 if decode_only else mixed_s * math.ceil(m.prompt_tokens / chunk) + t)  # chunks + a wait
         binds.append(step_binds(mixed if share_mixed >= 0.5 else plain, mixed_step_s if share_mixed >= 0.5 else plain_step_s,
                                 bi + share_mixed * chunk, ridge))
     return Curve(tuple(float(b) for b in batches), tuple(rates), tuple(steps), tuple(tails), tuple(ttfts), m.output_tokens,
                  cap_name, caps["HBM capacity"], tuple(binds))
+
+
+def token_times(plain_s: float, chunk_s: float, chunks: float, alone: bool, short_tokens: float) -> tuple[float, float]:
+    """(mean time between a request's tokens, a short request's 99th-percentile one) when `chunks`
+    prompt chunks run per decode step, each costing `chunk_s`: mixed into decode steps (a share
+    min(1, chunks) of the steps costs chunk_s, the rest plain_s), or `alone` in steps of their own that
+    stall the decodes (plain_s + chunks x chunk_s). A short request's share of chunk steps is binomial
+    over its `short_tokens` steps: its 99th percentile."""
+    share = min(1.0, chunks)
+    tail = min(1.0, share + Z99 * math.sqrt(share * (1 - share) / short_tokens))
+    if alone:
+        return plain_s + chunks * chunk_s, plain_s + max(chunks, tail) * chunk_s
+    return (1 - share) * plain_s + share * chunk_s, (1 - tail) * plain_s + tail * chunk_s
 
 
 def pipeline_token_s(ctx, pp: int):
