@@ -42,14 +42,34 @@ def test_the_ratio_decays_from_0_7_to_0_098_over_600_decode_steps():
     assert r.current == 0.7
 
 
+def test_dp_attention_makes_sglang_three_times_less_conservative():
+    """server_args.py `_handle_data_parallelism`: schedule_conservativeness x 0.3 under DP attention, so the ratio
+    starts at 0.21 and falls to 0.0294; a conservativeness above 1/0.7 caps the ratio at 1."""
+    r = NewTokenRatio(0.3)
+    assert r.current == pytest.approx(0.21) and r.floor == pytest.approx(0.0294)
+    r.decode_step()
+    assert r.current == pytest.approx(0.21 - (0.21 - 0.0294) / 600)
+    r.idle()
+    assert r.current == pytest.approx(0.21)
+    assert NewTokenRatio(2.0).current == 1.0
+    moe, dep2 = {"name": "qwen3-30b-a3b"}, {"tp": 2, "ep": 2, "attention_dp": 2}
+    dep = load(serving(model=moe, workload=workload(), engine={"name": "sglang"}, parallel=dep2))
+    assert dep.scheduler.schedule_conservativeness == 0.3
+    assert load(serving(workload=workload(), engine={"name": "sglang"})).scheduler.schedule_conservativeness == 1.0
+    mine = load(serving(model=moe, workload=workload(), engine={"name": "sglang"}, parallel=dep2,
+                        scheduler={"schedule_conservativeness": 0.6}))
+    assert mine.scheduler.schedule_conservativeness == 0.6  # the scenario's value is the one in effect
+    assert _scheduler("reserve_ratio", 5.5, schedule_conservativeness=0.3).ratio.current == pytest.approx(0.21)
+
+
 def test_remaining_outputs_are_clipped_at_4096():
     assert clipped_remaining(np.array([5000, 100, 10]), np.array([0, 30, 20])).tolist() == [CLIP_NEW_TOKENS, 70, 0]
 
 
-def _scheduler(admission: str, budget_requests: float, n: int = 12, p: int = 1000, out: int = 2000):
+def _scheduler(admission: str, budget_requests: float, n: int = 12, p: int = 1000, out: int = 2000, **sched):
     """A dense full_hbm scheduler with `n` requests of prompt p and output `out` waiting at t = 0, and a
     KV budget of `budget_requests` x (p + out) tokens."""
-    sc = load(serving(scheduler={"admission": admission, "max_num_batched_tokens": 65536}))
+    sc = load(serving(scheduler={"admission": admission, "max_num_batched_tokens": 65536, **sched}))
     ctx = build_context(sc)
     prompts, outputs = np.full(n, p), np.full(n, out)
     reqs = RequestSet(np.arange(n), np.zeros(n), prompts, outputs)

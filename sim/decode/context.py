@@ -156,7 +156,7 @@ def with_engine(hw: Hardware, scenario: Scenario, model: ModelSpec) -> Hardware:
     host_step_s are those of this run's decode batch - the closed batch's size, a serving run's
     smallest - until physics asks `engine_rules.host_launch_s` step by step)."""
     e, tp = scenario.engine, scenario.parallel.tp
-    sc = e.scheduler_for(scenario.scheduler, hw.memory_bytes, tp, hw.gpu.name)
+    sc = e.scheduler_for(scenario.scheduler, hw.memory_bytes, tp, hw.gpu.name, scenario.parallel.attention_dp)
     act = profile_run_activation_bytes(model, sc.max_num_batched_tokens, sc.max_num_seqs)
     weights = model.weight_bytes(scenario.model.weight_dtype, scenario.model.weight_group_size)
     mem = engine_memory_rule(e, sc, hw.memory_bytes, tp, model.kind_counts.get(MLA, 0) > 0, act, weights)

@@ -244,6 +244,7 @@ class ParallelCfg(Strict, QuietDefaults):
         return self.tp, self.ep, self.attention_dp
 
 
+DP_ATTENTION_CONSERVATIVENESS = 0.3  # server_args.py _handle_data_parallelism: schedule_conservativeness x 0.3
 VLLM_LARGE_GPU_GIB = 70  # get_batch_defaults: device memory from which the larger serve defaults apply
 VLLM_SERVE_DEFAULTS = {True: (8192, 1024), False: (2048, 256)}  # (max_num_batched_tokens, max_num_seqs) by "large"
 MEMORY_KNOB_OWNER = {"gpu_memory_utilization": "vllm", "mem_fraction_static": "sglang",
@@ -343,7 +344,8 @@ class EngineCfg(Strict, QuietDefaults):
         _, chunk, small_tp, large_tp = next(t for t in tiers if gpu_mem_mib < t[0] * 1024)
         return chunk, small_tp if tp < 4 else large_tp
 
-    def scheduler_for(self, scheduler: SchedulerCfg, gpu_memory_bytes: float, tp: int, gpu_name: str = "") -> SchedulerCfg:
+    def scheduler_for(self, scheduler: SchedulerCfg, gpu_memory_bytes: float, tp: int, gpu_name: str = "",
+                      attention_dp: int = 1) -> SchedulerCfg:
         """The scheduler this engine runs: the scenario's keys where it set them, else the engine's
         defaults. vLLM: `_vllm_scheduler`. SGLang (server_args.py):
         max_num_batched_tokens = chunked_prefill_size by GPU memory (`sglang_gpu_defaults`) with
@@ -351,15 +353,19 @@ class EngineCfg(Strict, QuietDefaults):
         the floor of model_runner_kv_cache_mixin.py `init_memory`'s min(max(pool tokens / context_len x
         512, 2048), 4096) (kvtier's catalog has no context length); mixed_prefill off (enable_mixed_chunk
         False: scheduler.py `get_next_batch_to_run` runs a new prefill batch alone, before the decodes);
-        admission reserve_ratio (schedule_policy.py `PrefillAdder`: `sim/serving/new_token_ratio.py`)."""
+        admission reserve_ratio (schedule_policy.py `PrefillAdder`: `sim/serving/new_token_ratio.py`), its
+        schedule_conservativeness 1.0, x 0.3 under DP attention (`attention_dp` > 1: server_args.py
+        `_handle_data_parallelism`)."""
         if self.name == "tensorrt-llm":
             return self._trtllm_scheduler(scheduler)
         if self.name == "vllm":
             return self._vllm_scheduler(scheduler, gpu_memory_bytes, gpu_name)
-        unset = {"max_num_batched_tokens", "max_num_seqs", "mixed_prefill", "admission"} - scheduler.model_fields_set
+        unset = ({"max_num_batched_tokens", "max_num_seqs", "mixed_prefill", "admission", "schedule_conservativeness"}
+                 - scheduler.model_fields_set)
         chunk = self.sglang_gpu_defaults(gpu_memory_bytes, tp)[0] if scheduler.chunked_prefill else 16384
         update = {"max_num_batched_tokens": chunk, "max_num_seqs": 2048, "mixed_prefill": False,
-                  "admission": "reserve_ratio"}
+                  "admission": "reserve_ratio",
+                  "schedule_conservativeness": DP_ATTENTION_CONSERVATIVENESS if attention_dp > 1 else 1.0}
         return scheduler.model_copy(update={k: v for k, v in update.items() if k in unset})
 
 
@@ -481,7 +487,7 @@ def scenario_from_dict(data: Any, source: str, overrides: list[str] | None = Non
         # a serving run under an engine takes that engine's scheduler defaults where the scenario set none
         gpu_bytes = catalog.gpu(scenario.hardware.gpu).memory_bytes
         scheduler = scenario.engine.scheduler_for(scenario.scheduler, gpu_bytes, scenario.parallel.tp,
-                                                  scenario.hardware.gpu)
+                                                  scenario.hardware.gpu, scenario.parallel.attention_dp)
         scenario = scenario.model_copy(update={"scheduler": scheduler})
     check_simulable(scenario, source)
     check_serving(scenario, source)

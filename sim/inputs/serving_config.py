@@ -73,7 +73,7 @@ class SchedulerCfg(Strict, QuietDefaults):
     prefill chunks up to `max_num_batched_tokens`; FCFS admission while memory allows."""
 
     QUIET_DEFAULTS = {"preemption": "recompute", "swap_space_bytes": None,  # swap off: dumps as before it existed
-                      "admission": "on_demand", "mixed_prefill": True}
+                      "admission": "on_demand", "mixed_prefill": True, "schedule_conservativeness": 1.0}
 
     max_num_seqs: int = Field(DEFAULT_MAX_NUM_SEQS, ge=1, le=MAX_BATCH)
     max_num_batched_tokens: int = Field(DEFAULT_MAX_NUM_BATCHED_TOKENS, ge=1, le=MAX_TOKENS)
@@ -94,6 +94,9 @@ class SchedulerCfg(Strict, QuietDefaults):
     # prefill chunks share a step with the running decodes (vLLM, TensorRT-LLM); off: a step with a
     # prefill runs it alone and the decodes wait for the next (SGLang without --enable-mixed-chunk)
     mixed_prefill: bool = True
+    # reserve_ratio's SGLang schedule_conservativeness as it takes effect (its flag, x 0.3 under DP attention):
+    # the share of the running requests' remaining outputs admission keeps free starts at 0.7 x this
+    schedule_conservativeness: float = Field(1.0, gt=0.0, le=10.0)
 
     @model_validator(mode="after")
     def _swap_space(self):

@@ -7,8 +7,9 @@ goes well and jumps back after a retraction. Read from sgl-project/sglang (store
   request's min(max_new_tokens - generated, CLIP) x new_token_ratio, plus what this round admitted in
   full (prompt + clipped max_new_tokens) (`_get_running_request_total_token_offset`, `add_one_req`,
   `rem_total_tokens`); CLIP = SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION, 4096;
-- the ratio (environ.py, the scheduler's new-token-ratio state): starts at SGLANG_INIT_NEW_TOKEN_RATIO 0.7
-  x schedule_conservativeness (1.0), falls by (init - min) / SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS (600) each
+- the ratio (environ.py, the scheduler's new-token-ratio state): starts at min(SGLANG_INIT_NEW_TOKEN_RATIO
+  0.7 x schedule_conservativeness, 1) - the flag 1.0 by default, x 0.3 under DP attention (server_args.py
+  `_handle_data_parallelism`) -, falls by (init - min) / SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS (600) each
   decode batch down to min = init x SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR (0.14); after a retraction
   (schedule_batch.py `retract_decode`) it is min(1, (decoded tokens + SGLANG_RETRACT_DECODE_STEPS (20) x
   requests) / (max_new_tokens + 1)) over the requests that stay; an idle server resets it to init.
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-INIT_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO (x schedule_conservativeness 1.0)
+INIT_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO (x schedule_conservativeness)
 MIN_RATIO_FACTOR = 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
 DECAY_STEPS = 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
 RETRACT_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
@@ -32,17 +33,27 @@ CLIP_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 
 @dataclass
 class NewTokenRatio:
-    """The ratio's state: `current`, moved by `decode_step`, `retracted` and `idle`."""
+    """The ratio's state: `current`, moved by `decode_step`, `retracted` and `idle`, for SGLang's
+    effective `conservativeness` (its schedule_conservativeness, x 0.3 under DP attention)."""
 
-    current: float = INIT_RATIO
+    conservativeness: float = 1.0
+    current: float = -1.0  # set to `init` on creation
+
+    def __post_init__(self):
+        if self.current < 0:
+            self.current = self.init
+
+    @property
+    def init(self) -> float:
+        return min(INIT_RATIO * self.conservativeness, 1.0)
 
     @property
     def floor(self) -> float:
-        return INIT_RATIO * MIN_RATIO_FACTOR
+        return min(self.init * MIN_RATIO_FACTOR, 1.0)
 
     def decode_step(self) -> None:
         """A decode batch ran without a retraction: one step of the decay, not below the floor."""
-        self.current = max(self.current - (INIT_RATIO - self.floor) / DECAY_STEPS, self.floor)
+        self.current = max(self.current - (self.init - self.floor) / DECAY_STEPS, self.floor)
 
     def retracted(self, generated: np.ndarray, max_new_tokens: np.ndarray) -> None:
         """Requests were retracted (preempted); the ones that stay decoded `generated` of their
@@ -51,7 +62,7 @@ class NewTokenRatio:
                            / (float(np.sum(max_new_tokens)) + 1.0))
 
     def idle(self) -> None:
-        self.current = INIT_RATIO
+        self.current = self.init
 
 
 def clipped_remaining(max_new_tokens: np.ndarray, generated: np.ndarray) -> np.ndarray:

@@ -136,7 +136,7 @@ class Scheduler:
         self.swaps = 0
         self.swap_fallbacks = 0  # preemptions recomputed because the swap had no room
         self.in_flight = None  # pipeline parallelism (`pipelined`): the requests of the batches in flight
-        self.ratio = NewTokenRatio() if cfg.admission == "reserve_ratio" else None  # SGLang's admission estimate
+        self.ratio = NewTokenRatio(cfg.schedule_conservativeness) if cfg.admission == "reserve_ratio" else None
         # every token in T0 (full_hbm): counts are one column, prompt + generated, and the host holds
         # nothing of the running requests (only swapped K/V) - the same figures with fewer array passes
         # (`_dense_needs`)
