@@ -368,7 +368,6 @@ class EngineCfg(Strict, QuietDefaults):
                   "schedule_conservativeness": DP_ATTENTION_CONSERVATIVENESS if attention_dp > 1 else 1.0}
         return scheduler.model_copy(update={k: v for k, v in update.items() if k in unset})
 
-
     @staticmethod
     def _vllm_scheduler(scheduler: SchedulerCfg, gpu_memory_bytes: float, gpu_name: str) -> SchedulerCfg:
         """vLLM's defaults for `vllm serve` (vllm/engine/arg_utils.py `get_batch_defaults`,
