@@ -9,6 +9,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_serializer, model_validator
 
 from sim.model.layers import SPARSE
+from sim.model.units import GiB, MiB
 
 from . import catalog, kernel_tables
 from .errors import ConfigError
@@ -336,8 +337,6 @@ class EngineCfg(Strict, QuietDefaults):
         """(chunked_prefill_size, cuda_graph_max_bs) SGLang picks by the GPU's memory (nvidia-smi
         memory.total in MiB) and tp (server_args.py `_handle_gpu_memory_settings`): < 20 GiB 2048, 8;
         < 35 GiB 2048, 24 (tp >= 4: 80); < 60 GiB 4096, 32 (160); < 160 GiB 8192, 256 (512); else 16384, 512."""
-        from sim.model.units import MiB
-
         tiers = ((20, 2048, 8, 8), (35, 2048, 24, 80), (60, 4096, 32, 160), (90, 8192, 256, 512),
                  (160, 8192, 256, 512), (float("inf"), 16384, 512, 512))  # (below GiB, cps, max_bs tp < 4, tp >= 4)
         gpu_mem_mib = gpu_memory_bytes / MiB
@@ -376,8 +375,6 @@ class EngineCfg(Strict, QuietDefaults):
         budget, its PR #17885) max_num_batched_tokens 8192 and max_num_seqs 1024, else 2048 and 256;
         max_num_seqs no more than max_num_batched_tokens. Without chunked prefill vLLM takes
         max(max_model_len, that) tokens; the catalog has no max_model_len, so the budget stays kvtier's."""
-        from sim.model.units import GiB
-
         large = gpu_memory_bytes >= VLLM_LARGE_GPU_GIB * GiB and "a100" not in gpu_name.lower()
         tokens, seqs = VLLM_SERVE_DEFAULTS[large]
         unset = {"max_num_batched_tokens", "max_num_seqs"} - scheduler.model_fields_set

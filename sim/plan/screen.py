@@ -232,6 +232,8 @@ def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
         return c, token_s(c, rows, step_s), step_s
 
     alone = not sched.mixed_prefill and not decode_only  # SGLang's order: a chunk runs in a step of its own
+    empty = mixed_step_cost(ctx.model, ctx.hw, w_dtype, group, pol.prefetch, 0, 0, 0, 0, ctx.kv_bytes_per_token_layer,
+                            ctx.t2_bytes_per_token_layer) if alone else None  # the step a chunk runs alone in
 
     def costs(b: int, chunk: int):
         """(decode-only step, the same step with one prompt chunk of `chunk` tokens - or that chunk alone,
@@ -241,8 +243,7 @@ def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
                                 int(ctx_tokens * share[1]), int(ctx_tokens * share[2]), ctx.kv_bytes_per_token_layer,
                                 ctx.t2_bytes_per_token_layer, 0, 0, 0, 0, ctx.policy.tiering, pol.access,
                                 pol.staging_buffers)
-        base, rows = (mixed_step_cost(ctx.model, ctx.hw, w_dtype, group, pol.prefetch, 0, 0, 0, 0, ctx.kv_bytes_per_token_layer,
-                                      ctx.t2_bytes_per_token_layer), 0) if alone else (plain, b)
+        base, rows = (empty, 0) if alone else (plain, b)
         mixed = with_prefill(ctx.model, ctx.hw, w_dtype, group, base, rows, ctx.kv_bytes_per_token_layer, chunk,
                              chunk * (chunk + 1) / 2, chunk, 1)  # (mixed_step_cost's own composition)
         return timed(plain, b), timed(mixed, rows + chunk)

@@ -20,7 +20,7 @@ which is what kvtier passes. Tokens are counted at the full K/V bytes per token,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -37,11 +37,10 @@ class NewTokenRatio:
     effective `conservativeness` (its schedule_conservativeness, x 0.3 under DP attention)."""
 
     conservativeness: float = 1.0
-    current: float = -1.0  # set to `init` on creation
+    current: float = field(init=False)
 
     def __post_init__(self):
-        if self.current < 0:
-            self.current = self.init
+        self.current = self.init
 
     @property
     def init(self) -> float:

@@ -201,6 +201,9 @@ class Scheduler:
         """Without mixed prefill: the running requests' unfinished prefills and then admissions, the
         decodes left out, where that gives the step a chunk; else the decodes, formed as usual, with any
         request admitted decoding (a swapped one, or one prefilled elsewhere) among them."""
+        if not self.waiting and d.decoding.all():  # nothing to prefill: a decode step, formed once
+            self._schedule_running(d, plan)
+            return
         self._schedule_running(d, plan, decodes=False)
         self._admit_waiting(d, plan, now)
         if sum(len(c) for c in d.chunks):
