@@ -30,7 +30,11 @@ ALLOW_LARGE_HELP = ("run work past its estimated-cost limit (sim/inputs/limits.p
                     "the estimate is said as a warning first")
 
 
-def _fail(err: ConfigError) -> None:
+def _fail(err: ConfigError, source: Path | None = None) -> None:
+    """`err` as one line, naming `source` (the scenario file) where the error names no file: a rule
+    that applies once the run resolves (e.g. vLLM's start check, `decode.context.with_context_rule`)."""
+    if source is not None and err.source is None:
+        err = ConfigError(err.message, source=str(source), field=err.field)
     print(f"kvsim: {err.line()}", file=sys.stderr)
     raise typer.Exit(EXIT_BAD_INPUT)
 
@@ -90,7 +94,7 @@ def run(
             files = {"steps.csv": result.steps}
             write_run_dir(out_dir, sc, result.summary, result.steps)
     except ConfigError as err:
-        _fail(err)
+        _fail(err, scenario)
     except OSError as exc:
         _fail(ConfigError(f"cannot write {out_dir}: {exc.strerror or exc}", field="--out"))
     if as_json:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from sim.device.engine_context import VLLM_CHECK, vllm_fitting_context, vllm_request_kv_bytes
 from sim.device.engine_rules import (
     DECODE,
     engine_dense_dp,
@@ -18,12 +19,15 @@ from sim.device.moe_exchange import ALLTOALL, moe_exchange
 from sim.device.moe_mla_costs import source_line
 from sim.device.sparse_fetch import SparseFetch
 from sim.inputs import catalog
+from sim.inputs.context_checks import longest_request_tokens
+from sim.inputs.errors import ConfigError
 from sim.inputs.kernel_tables import FRAMEWORK
 from sim.inputs.profile import Profile
 from sim.inputs.scenario import Scenario
 from sim.model.dtypes import COMPRESSED_DTYPES
 from sim.model.layers import MLA
 from sim.model.spec import ModelSpec
+from sim.model.units import GiB
 from sim.tiering.tiers import TierPolicy
 
 
@@ -37,6 +41,7 @@ class RunContext:
     t2_bytes_per_token_layer: float
     weights_bytes: float
     profile_path: str | None = None
+    max_model_len: int | None = None  # the longest sequence the engine serves (`with_context_rule`); None: no engine rule
 
     @property
     def num_layers(self) -> int:
@@ -108,13 +113,53 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
     if model.attention_dp > 1:  # the experts' dispatch and combine cross the interconnect
         hw = with_moe_exchange(hw, scenario)
     t2_layer = model.compressed_bytes_per_token_layer(COMPRESSED_DTYPES[p.compressed_dtype], p.compressed_group_size)
-    return RunContext(
+    ctx = RunContext(
         scenario=scenario, model=model, hw=hw, policy=policy,
         kv_bytes_per_token_layer=model.kv_bytes_per_token_layer(m.kv_dtype),
         t2_bytes_per_token_layer=t2_layer,
         weights_bytes=model.weight_bytes(m.weight_dtype, m.weight_group_size),
         profile_path=profile_path,
     )
+    return with_context_rule(ctx) if scenario.engine is not None else ctx
+
+
+def with_context_rule(ctx: RunContext) -> RunContext:
+    """`ctx` with the longest sequence its engine serves (`RunContext.max_model_len`): engine.max_model_len,
+    else the model's context (`ModelSpec.context_tokens`); under vLLM "auto" is the longest its KV budget
+    holds one request of, and a context it cannot hold is refused as vLLM refuses to start
+    (`device.engine_context`). A model without a context (a config.json with no
+    max_position_embeddings) gets no rule."""
+    e, m = ctx.scenario.engine, ctx.scenario.model
+    declared = e.declared_context(ctx.model.context_tokens)
+    if declared is None:
+        return ctx
+    origin = "engine.max_model_len" if isinstance(e.max_model_len, int) else f"{ctx.model.name}'s context"
+    if e.name == "vllm":
+        budget = ctx.hw.memory_bytes - ctx.weights_bytes - ctx.hw.held_activation_bytes - ctx.hw.runtime_reserve_bytes
+        sc = e.scheduler_for(ctx.scenario.scheduler, ctx.hw.gpu.memory_bytes, ctx.scenario.parallel.tp, ctx.hw.gpu.name,
+                             ctx.scenario.parallel.attention_dp, ctx.model.context_tokens)
+
+        def need(tokens: int) -> float:
+            return vllm_request_kv_bytes(ctx.model, m.kv_dtype, tokens, sc.max_num_batched_tokens)
+
+        fit = vllm_fitting_context(need, budget, declared)
+        if e.max_model_len == "auto":
+            if fit == 0:
+                raise ConfigError(f"vLLM cannot auto-fit max_model_len: not one token's KV fits the {budget / GiB:.2f} "
+                                  f"GiB its budget leaves per GPU; raise gpu_memory_utilization", field="engine.max_model_len")
+            longest = longest_request_tokens(ctx.scenario.workload)
+            if fit < longest:
+                raise ConfigError(f"vLLM's auto-fit max_model_len is {fit:,} tokens ({VLLM_CHECK}), shorter than the "
+                                  f"longest request's {longest:,}, which it would refuse; raise gpu_memory_utilization "
+                                  "or give the lengths a max", field="engine.max_model_len")
+            declared, origin = fit, f"vLLM's auto-fit ({VLLM_CHECK})"
+        elif fit < declared:
+            raise ConfigError(f"vLLM would not start: one request of {declared:,} tokens ({origin}) needs "
+                              f"{need(declared) / GiB:.2f} GiB of KV per GPU, more than the {budget / GiB:.2f} GiB its "
+                              f"budget leaves ({VLLM_CHECK}); set engine.max_model_len to at most {fit:,} (or auto), "
+                              "or raise gpu_memory_utilization", field="engine.max_model_len")
+    sources = {**ctx.hw.sources, "max_model_len": f"{declared:,} tokens: {origin}"}
+    return replace(ctx, max_model_len=declared, hw=replace(ctx.hw, sources=sources))
 
 
 def with_moe_exchange(hw: Hardware, scenario: Scenario) -> Hardware:
@@ -156,7 +201,8 @@ def with_engine(hw: Hardware, scenario: Scenario, model: ModelSpec) -> Hardware:
     host_step_s are those of this run's decode batch - the closed batch's size, a serving run's
     smallest - until physics asks `engine_rules.host_launch_s` step by step)."""
     e, tp = scenario.engine, scenario.parallel.tp
-    sc = e.scheduler_for(scenario.scheduler, hw.memory_bytes, tp, hw.gpu.name, scenario.parallel.attention_dp)
+    sc = e.scheduler_for(scenario.scheduler, hw.memory_bytes, tp, hw.gpu.name, scenario.parallel.attention_dp,
+                         model.context_tokens)
     act = profile_run_activation_bytes(model, sc.max_num_batched_tokens, sc.max_num_seqs)
     weights = model.weight_bytes(scenario.model.weight_dtype, scenario.model.weight_group_size)
     mem = engine_memory_rule(e, sc, hw.memory_bytes, tp, model.kind_counts.get(MLA, 0) > 0, act, weights)

@@ -277,6 +277,7 @@ class _ModelEntry(_Frozen):
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
     qk_norm: bool = False
+    max_position_embeddings: int | None = None  # as config.json (rope types that leave it as is: see models.yaml)
 
     def spec(self) -> ModelSpec:
         return ModelSpec(
@@ -292,6 +293,7 @@ class _ModelEntry(_Frozen):
             qkv_bias=self.qkv_bias,
             qk_norm=self.qk_norm,
             source=self.source,
+            context_tokens=self.max_position_embeddings,
         )
 
 

@@ -15,6 +15,8 @@ Mixture of experts: `num_experts` / `num_local_experts` / `n_routed_experts`, `n
 experts as `shared_expert_intermediate_size` or `n_shared_experts` x `moe_intermediate_size`, and
 the layers whose MLP stays dense: DeepSeek's `first_k_dense_replace` and `moe_layer_freq`, Qwen's
 `decoder_sparse_step` and `mlp_only_layers`.
+The context an engine serves by default (`context_tokens`): `max_position_embeddings` scaled by
+`rope_scaling` as vLLM derives it (`context_tokens`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,39 @@ from .limits import (
     MAX_VOCAB,
 )
 from .reader import read_json
+
+
+class RopeScaling(BaseModel):
+    """config.json's rope_scaling: the keys that stretch the context (others ignored)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+
+    type: str | None = Field(None, max_length=MAX_TEXT_CHARS)
+    rope_type: str | None = Field(None, max_length=MAX_TEXT_CHARS)
+    factor: float | None = Field(None, gt=0.0, le=1024.0)
+    original_max_position_embeddings: int | None = Field(None, ge=1, le=MAX_TOKENS)
+
+
+# rope types whose max_position_embeddings is already the stretched context (vLLM's list)
+UNSCALED_ROPE_TYPES = ("su", "longrope", "llama3")
+
+
+def context_tokens(max_position_embeddings: int | None, rope: RopeScaling | None) -> int | None:
+    """The longest sequence an engine serves by default (vLLM's max_model_len; SGLang's context_len):
+    vllm/config/model.py `_get_and_verify_max_len` - max_position_embeddings, times rope_scaling's
+    factor unless the rope type is su, longrope or llama3, from original_max_position_embeddings for
+    yarn. DeepSeek-R1: yarn 4,096 x 40 = 163,840; Llama-3.1: llama3, 131,072 as given. None where
+    config.json has no max_position_embeddings (vLLM would assume 2,048; kvtier applies no context rule).
+    vLLM reads a few other spellings (n_positions, seq_length, ...) too; kvtier reads this one."""
+    if max_position_embeddings is None:
+        return None
+    tokens = float(max_position_embeddings)
+    kind = rope and (rope.rope_type or rope.type)
+    if rope is not None and kind not in UNSCALED_ROPE_TYPES:
+        if kind == "yarn" and rope.original_max_position_embeddings is not None:
+            tokens = float(rope.original_max_position_embeddings)
+        tokens *= rope.factor or 1.0
+    return int(tokens)
 
 
 class HfConfig(BaseModel):
@@ -86,6 +121,9 @@ class HfConfig(BaseModel):
     index_topk: int | None = Field(None, ge=1, le=MAX_TOKENS)  # DeepSeek sparse attention (V3.2): tokens attended
     index_n_heads: int | None = Field(None, ge=1, le=MAX_HEADS)
     index_head_dim: int | None = Field(None, ge=1, le=MAX_HEAD_DIM)
+    # the context: max_position_embeddings as rope_scaling stretches it (`context_tokens`)
+    max_position_embeddings: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    rope_scaling: RopeScaling | None = None
 
     @property
     def experts(self) -> int:
@@ -259,6 +297,7 @@ def spec_from_config(cfg: HfConfig, name: str, source: str) -> ModelSpec:
         qkv_bias=cfg.attention_bias if cfg.attention_bias is not None else model_type.startswith("qwen2"),
         qk_norm=model_type.startswith("qwen3"),
         source=source,
+        context_tokens=context_tokens(cfg.max_position_embeddings, cfg.rope_scaling),
         **fields,
     )
 

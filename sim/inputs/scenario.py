@@ -12,6 +12,7 @@ from sim.model.layers import SPARSE
 from sim.model.units import GiB, MiB
 
 from . import catalog, kernel_tables
+from .context_checks import check_context
 from .errors import ConfigError
 from .lengths import LengthDist, draw_lengths
 from .limits import (
@@ -272,7 +273,7 @@ class EngineCfg(Strict, QuietDefaults):
 
     QUIET_DEFAULTS = {"gpu_memory_utilization": None, "mem_fraction_static": None, "cuda_graphs": True,
                       "cuda_graph_max_batch": None, "free_gpu_memory_fraction": None, "kernel_tables": "own",
-                      "cuda_graph_batch_sizes": None, "cuda_graph_padding": False}  # dumps as before these existed
+                      "cuda_graph_batch_sizes": None, "cuda_graph_padding": False, "max_model_len": None}  # dumps as before these existed
 
     name: Literal["vllm", "sglang", "tensorrt-llm"]
     version: str = Field(max_length=MAX_NAME_CHARS)  # informational: the engine the rules are read from
@@ -289,6 +290,10 @@ class EngineCfg(Strict, QuietDefaults):
     # (a decode batch padded with dummy requests up to the next captured size: its GEMMs run at that size)
     cuda_graph_batch_sizes: list[Annotated[int, Field(ge=1, le=MAX_BATCH)]] | None = Field(None, min_length=1, max_length=256)
     cuda_graph_padding: bool = False
+    # the longest sequence the engine serves: vLLM's --max-model-len, SGLang's --context-length,
+    # TensorRT-LLM's max_seq_len; None: the model's context (`ModelSpec.context_tokens`); "auto": vLLM's
+    # --max-model-len -1, the longest its KV budget holds one request of (`engine_context`)
+    max_model_len: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | Literal["auto"] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -343,8 +348,13 @@ class EngineCfg(Strict, QuietDefaults):
         _, chunk, small_tp, large_tp = next(t for t in tiers if gpu_mem_mib < t[0] * 1024)
         return chunk, small_tp if tp < 4 else large_tp
 
+    def declared_context(self, model_context: int | None) -> int | None:
+        """The longest sequence this engine is declared to serve: max_model_len where a number, else the
+        model's context (`ModelSpec.context_tokens`; "auto" shrinks it at run time, `decode.context`)."""
+        return self.max_model_len if isinstance(self.max_model_len, int) else model_context
+
     def scheduler_for(self, scheduler: SchedulerCfg, gpu_memory_bytes: float, tp: int, gpu_name: str = "",
-                      attention_dp: int = 1) -> SchedulerCfg:
+                      attention_dp: int = 1, context_tokens: int | None = None) -> SchedulerCfg:
         """The scheduler this engine runs: the scenario's keys where it set them, else the engine's
         defaults. vLLM: `_vllm_scheduler`. SGLang (server_args.py):
         max_num_batched_tokens = chunked_prefill_size by GPU memory (`sglang_gpu_defaults`) with
@@ -358,7 +368,7 @@ class EngineCfg(Strict, QuietDefaults):
         if self.name == "tensorrt-llm":
             return self._trtllm_scheduler(scheduler)
         if self.name == "vllm":
-            return self._vllm_scheduler(scheduler, gpu_memory_bytes, gpu_name)
+            return self._vllm_scheduler(scheduler, gpu_memory_bytes, gpu_name, self.declared_context(context_tokens))
         unset = ({"max_num_batched_tokens", "max_num_seqs", "mixed_prefill", "admission", "schedule_conservativeness"}
                  - scheduler.model_fields_set)
         chunk = self.sglang_gpu_defaults(gpu_memory_bytes, tp)[0] if scheduler.chunked_prefill else 16384
@@ -368,17 +378,20 @@ class EngineCfg(Strict, QuietDefaults):
         return scheduler.model_copy(update={k: v for k, v in update.items() if k in unset})
 
     @staticmethod
-    def _vllm_scheduler(scheduler: SchedulerCfg, gpu_memory_bytes: float, gpu_name: str) -> SchedulerCfg:
+    def _vllm_scheduler(scheduler: SchedulerCfg, gpu_memory_bytes: float, gpu_name: str,
+                        context_tokens: int | None) -> SchedulerCfg:
         """vLLM's defaults for `vllm serve` (vllm/engine/arg_utils.py `get_batch_defaults`,
         OPENAI_API_SERVER, and `_set_default_max_num_seqs_and_batched_tokens_args`): on a GPU of at
         least 70 GiB that is not an A100 ("GPUs like H100 and MI300x"; A100s regressed with the larger
         budget, its PR #17885) max_num_batched_tokens 8192 and max_num_seqs 1024, else 2048 and 256;
         max_num_seqs no more than max_num_batched_tokens. Without chunked prefill vLLM takes
-        max(max_model_len, that) tokens; the catalog has no max_model_len, so the budget stays kvtier's."""
+        max(max_model_len, that) tokens, a whole longest prompt a step (`context_tokens`: the declared
+        max_model_len; None, a model without a context: kvtier's budget stays)."""
         large = gpu_memory_bytes >= VLLM_LARGE_GPU_GIB * GiB and "a100" not in gpu_name.lower()
         tokens, seqs = VLLM_SERVE_DEFAULTS[large]
         unset = {"max_num_batched_tokens", "max_num_seqs"} - scheduler.model_fields_set
-        if "max_num_batched_tokens" in unset and scheduler.chunked_prefill:
+        if "max_num_batched_tokens" in unset and (scheduler.chunked_prefill or context_tokens is not None):
+            tokens = tokens if scheduler.chunked_prefill else max(context_tokens, tokens)
             scheduler = scheduler.model_copy(update={"max_num_batched_tokens": tokens})
         if "max_num_seqs" in unset:
             scheduler = scheduler.model_copy(update={"max_num_seqs": min(seqs, scheduler.max_num_batched_tokens)})
@@ -483,10 +496,12 @@ def scenario_from_dict(data: Any, source: str, overrides: list[str] | None = Non
         # a serving run under an engine takes that engine's scheduler defaults where the scenario set none
         gpu_bytes = catalog.gpu(scenario.hardware.gpu).memory_bytes
         scheduler = scenario.engine.scheduler_for(scenario.scheduler, gpu_bytes, scenario.parallel.tp,
-                                                  scenario.hardware.gpu, scenario.parallel.attention_dp)
+                                                  scenario.hardware.gpu, scenario.parallel.attention_dp,
+                                                  catalog.resolve_model(scenario.model).context_tokens)
         scenario = scenario.model_copy(update={"scheduler": scheduler})
     check_simulable(scenario, source)
     check_serving(scenario, source)
+    check_context(scenario, source)
     return scenario
 
 

@@ -84,6 +84,9 @@ class ModelSpec:
     embedding_vocab_size: int | None = None  # rows of the embedding a GPU holds where not the LM head's (`shard`)
     routing_skew: float = 0.0  # Zipf exponent of expert popularity (sim/model/experts.py); 0: uniform routing
     pipeline_stages: int = 1  # one pipeline stage of a model split over this many (`stage`); 1 = every layer
+    # the longest sequence an engine serves by default: config.json's max_position_embeddings as rope
+    # scaling stretches it (`inputs.hf_config.context_tokens`); None: config.json gives none
+    context_tokens: int | None = None
 
     def __post_init__(self):
         """Layer kinds all `full` are the plain model (normalised to ()); each kind used needs its shape."""

@@ -222,7 +222,8 @@ def serving_summary_rows(s) -> list[tuple[str, str]]:
     where = s.gpu if gpus == 1 else f"{gpus} x {s.gpu} ({parallel_words(parallel)}; memory figures per GPU)"
     rows = [("scenario", f"{s.scenario}: {s.model} on {where}, {s.policy}, {_f(s.requests, ',')} requests, {_load(s)}"),
             ("scheduler", f"max_num_seqs {s.max_num_seqs}, max_num_batched_tokens {_f(s.max_num_batched_tokens, ',')}, "
-                          f"chunked prefill {'on' if s.chunked_prefill else 'off'}")]
+                          f"chunked prefill {'on' if s.chunked_prefill else 'off'}"
+                          + (f", max_model_len {s.sources['max_model_len']}" if "max_model_len" in s.sources else ""))]
     if not s.fits:
         rows.append(("fits", f"NO - does not fit: {s.does_not_fit}"))
         return rows

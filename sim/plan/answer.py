@@ -164,6 +164,9 @@ def launch_lines(best: dict, base: Scenario, host_peak_bytes_per_gpu: float | No
     if not best.get("prefill"):
         one_server = 1 if moe or best.get("experts") else best["dp"]  # else a server per replica (`launch_commands`)
         lines = balanced(commands(best["tp"], best["dp"], best["policy"], host_offload_bytes), balancer, one_server)
+        context = vllm_max_model_len(base, best)
+        if context is not None:
+            lines["vllm"] = with_flags(lines["vllm"], f"--max-model-len {context}")
         return {e: with_pipeline(e, line, int(best.get("pp") or 1)) for e, line in lines.items()}
     x, tp_p = parse_prefill_label(best["prefill"])
     out = {}
@@ -173,6 +176,26 @@ def launch_lines(best: dict, base: Scenario, host_peak_bytes_per_gpu: float | No
             out[f"{engine} {role}"] = (with_flags(line, DISAGG_FLAGS[engine].replace("{role}", role))
                                        if engine in DISAGG_FLAGS else with_note(line, DISAGG_NOTES[engine]))
     return out
+
+
+def vllm_max_model_len(base: Scenario, best: dict) -> int | None:
+    """The --max-model-len an aggregated row's vLLM line states under `engine: vllm`: the scenario's
+    engine.max_model_len where it gives a number; else vLLM's auto-fit for the row (the plan runs its
+    candidates so, `candidate_scenario`) where shorter than the model's context - vLLM would not start
+    at the model's own (`decode.context.with_context_rule`); None where it would."""
+    e = base.engine
+    if e is None or e.name != "vllm":
+        return None
+    if isinstance(e.max_model_len, int):
+        return e.max_model_len
+    from sim.decode.context import build_context
+    from sim.plan.candidates import Candidate, PlanSpec, candidate_scenario
+
+    cand = Candidate(best["gpu"], best["gpus"], best["policy"], best["tp"], max_num_seqs=best.get("max_num_seqs"),
+                     experts=best.get("experts"), token_budget=best.get("max_num_batched_tokens"),
+                     pp=int(best.get("pp") or 1))
+    ctx = build_context(candidate_scenario(base, cand, 1.0, PlanSpec(1.0, 1.0, None, requests=1)))
+    return ctx.max_model_len if ctx.max_model_len is not None and ctx.max_model_len < ctx.model.context_tokens else None
 
 
 # the engines' own data-parallel balancers against the one the plan simulated (sim/serving/fleet.py):

@@ -332,6 +332,8 @@ def candidate_scenario(base: Scenario, cand: Candidate, rate: float, spec: PlanS
         data["scheduler"] = {**(data.get("scheduler") or {}), "max_num_seqs": cand.max_num_seqs}
     if cand.token_budget:
         data["scheduler"] = {**(data.get("scheduler") or {}), "max_num_batched_tokens": cand.token_budget}
+    if base.engine is not None and base.engine.name == "vllm" and base.engine.max_model_len is None:
+        data["engine"] = {**data["engine"], "max_model_len": "auto"}  # vLLM's auto-fit: the launch line states it
     data.update(hardware=hw, policy=policy, workload=work, parallel=cand.parallel,
                 sim={**(data.get("sim") or {}), "detail": "step"}, slo=slo)
     experts = f"-{cand.experts.replace('+', '-')}" if cand.experts else ""
@@ -353,7 +355,10 @@ def prune(base: Scenario, gpu: str, count: int, experts: str | None = None, pp: 
     if problem:
         return f"cannot shard: {problem[1]}"
     sc = candidate_scenario(base, cand, 1.0, PlanSpec(1.0, 1.0, None, requests=1))
-    ctx = build_context(sc)
+    try:
+        ctx = build_context(sc)
+    except ConfigError as err:  # vLLM's KV budget holds no request of the workload's (`with_context_rule`)
+        return f"does not fit: {err.message}"
     need = ctx.weights_bytes + ctx.hw.runtime_reserve_bytes
     if need > ctx.hw.memory_bytes:
         return (f"does not fit: weights {ctx.weights_bytes / GB:,.1f} GB + reserve {ctx.hw.runtime_reserve_bytes / GB:,.1f} GB "
@@ -407,7 +412,10 @@ def _weights_share(base: Scenario, gpu: str, tp: int) -> float:
     from sim.decode.context import build_context
 
     sc = candidate_scenario(base, Candidate(gpu, tp, "full_hbm", tp), 1.0, PlanSpec(1.0, 1.0, None, requests=1))
-    ctx = build_context(sc)
+    try:
+        ctx = build_context(sc)
+    except ConfigError:  # vLLM's KV budget holds no request of the workload's: the group cannot serve it
+        return float("inf")
     return ctx.weights_bytes / ctx.hw.memory_bytes
 
 
