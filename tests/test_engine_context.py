@@ -16,7 +16,7 @@ from sim.inputs.errors import ConfigError
 from sim.inputs.hf_config import RopeScaling, context_tokens
 from sim.inputs.scenario import EngineCfg, load_scenario
 from sim.inputs.serving_config import SchedulerCfg
-from sim.plan.answer import vllm_max_model_len
+from sim.plan.answer import launch_lines, vllm_max_model_len
 
 from .conftest import SCENARIOS, run_cli
 from .promise import assert_refused
@@ -153,3 +153,14 @@ def test_a_bad_rope_scaling_is_one_line(tmp_path):
     with pytest.raises(ConfigError) as err:
         catalog.model_from_hf_config(path)
     assert err.value.field == "rope_scaling.factor" and err.value.source == str(path)
+
+
+def test_every_launch_line_states_a_declared_context():
+    row = {"gpu": "h100-sxm", "gpus": 2, "tp": 2, "dp": 1, "policy": "full_hbm", "max_num_seqs": 256}
+    declared = launch_lines(row, load_scenario(SERVING, [*TIGHT[1:], "engine.name=tensorrt-llm", "engine.max_model_len=8192"]))
+    assert "--max-model-len 8192" in declared["vllm"] and "--context-length 8192" in declared["sglang"]
+    assert "--max_seq_len 8192" in declared["trtllm"]
+    fitted = launch_lines({**row, "gpus": 1, "tp": 1}, load_scenario(SERVING, TIGHT))
+    assert "--max-model-len " in fitted["vllm"] and "--context-length" not in fitted["sglang"]
+    whole = launch_lines(row, load_scenario(SERVING, TIGHT))  # TP2 holds the whole context: no flag
+    assert "--max-model-len" not in whole["vllm"]

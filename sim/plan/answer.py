@@ -164,9 +164,7 @@ def launch_lines(best: dict, base: Scenario, host_peak_bytes_per_gpu: float | No
     if not best.get("prefill"):
         one_server = 1 if moe or best.get("experts") else best["dp"]  # else a server per replica (`launch_commands`)
         lines = balanced(commands(best["tp"], best["dp"], best["policy"], host_offload_bytes), balancer, one_server)
-        context = vllm_max_model_len(base, best)
-        if context is not None:
-            lines["vllm"] = with_flags(lines["vllm"], f"--max-model-len {context}")
+        lines = with_context_flags(lines, base, best)
         return {e: with_pipeline(e, line, int(best.get("pp") or 1)) for e, line in lines.items()}
     x, tp_p = parse_prefill_label(best["prefill"])
     out = {}
@@ -176,6 +174,21 @@ def launch_lines(best: dict, base: Scenario, host_peak_bytes_per_gpu: float | No
             out[f"{engine} {role}"] = (with_flags(line, DISAGG_FLAGS[engine].replace("{role}", role))
                                        if engine in DISAGG_FLAGS else with_note(line, DISAGG_NOTES[engine]))
     return out
+
+
+# each engine's flag for the longest sequence it serves: vLLM arg_utils.py --max-model-len, SGLang
+# server_args.py --context-length, trtllm-serve --max_seq_len
+CONTEXT_FLAGS = {"vllm": "--max-model-len", "sglang": "--context-length", "trtllm": "--max_seq_len"}
+
+
+def with_context_flags(lines: dict[str, str], base: Scenario, best: dict) -> dict[str, str]:
+    """The engines' lines with the context the scenario declares (engine.max_model_len, a number) on
+    every one, or vLLM's auto-fit on vLLM's where it is shorter than the model's (`vllm_max_model_len`)."""
+    declared = base.engine.max_model_len if base.engine is not None else None
+    if isinstance(declared, int):
+        return {e: with_flags(line, f"{CONTEXT_FLAGS[e]} {declared}") for e, line in lines.items()}
+    context = vllm_max_model_len(base, best)
+    return {**lines, "vllm": with_flags(lines["vllm"], f"--max-model-len {context}")} if context is not None else lines
 
 
 def vllm_max_model_len(base: Scenario, best: dict) -> int | None:
