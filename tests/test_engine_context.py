@@ -112,6 +112,7 @@ def test_the_other_engines_start_and_no_engine_has_no_context():
     (SERVING, ["engine.name=sglang", "engine.max_model_len=4000", "workload.reasoning_tokens=4000",
                "workload.arrivals.requests=20"], "workload.reasoning_tokens"),
     (CLOSED, ["engine.name=vllm", "engine.max_model_len=200000"], "engine.max_model_len"),
+    (CLOSED, ["engine.name=sglang", "engine.max_model_len=auto"], "engine"),
 ])
 def test_requests_longer_than_the_context_are_refused_at_load(tmp_path, path, overrides, field):
     res = run_cli("run", str(path), *[a for o in overrides for a in ("--set", o)], "--out", str(tmp_path / "run"))

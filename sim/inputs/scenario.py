@@ -317,6 +317,13 @@ class EngineCfg(Strict, QuietDefaults):
                              f"{self.name} takes cuda_graph_max_batch")
         return self
 
+    @model_validator(mode="after")
+    def _auto_is_vllms(self):
+        """max_model_len auto is vLLM's --max-model-len -1; the others take a number."""
+        if self.max_model_len == "auto" and self.name != "vllm":
+            raise ValueError(f"max_model_len auto is vLLM's (--max-model-len -1); {self.name} takes a number of tokens")
+        return self
+
     @field_validator("gpu_memory_utilization", "mem_fraction_static", "free_gpu_memory_fraction")
     @classmethod
     def _own_engine(cls, value, info):
