@@ -24,6 +24,7 @@ from sim.inputs.errors import ConfigError
 from sim.inputs.kernel_tables import FRAMEWORK
 from sim.inputs.profile import Profile
 from sim.inputs.scenario import Scenario
+from sim.inputs.serving_config import SchedulerCfg
 from sim.model.dtypes import COMPRESSED_DTYPES
 from sim.model.layers import MLA
 from sim.model.spec import ModelSpec
@@ -41,7 +42,7 @@ class RunContext:
     t2_bytes_per_token_layer: float
     weights_bytes: float
     profile_path: str | None = None
-    max_model_len: int | None = None  # the longest sequence the engine serves (`with_context_rule`); None: no engine rule
+    max_model_len: int | None = None  # the longest sequence the engine serves (`with_context_rule`); None: no rule
 
     @property
     def num_layers(self) -> int:
@@ -103,8 +104,11 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
                           tp=scenario.parallel.tp,
                           framework=scenario.engine.kernel_framework if scenario.engine else FRAMEWORK,
                           engine=engine or "vllm")
-    if scenario.engine is not None:
-        hw = with_engine(hw, scenario, model)
+    engine_sched = None
+    if scenario.engine is not None:  # the scheduler the engine runs: its memory rule and its context rule
+        engine_sched = scenario.engine.scheduler_for(scenario.scheduler, hw.memory_bytes, scenario.parallel.tp,
+                                                     hw.gpu.name, scenario.parallel.attention_dp, model.context_tokens)
+        hw = with_engine(hw, scenario, model, engine_sched)
     if hw.kernels is not None and hw.kernels.tables.context_attention is not None:
         hw = replace(hw, sources={**hw.sources, "prefill_attention": prefill_attention_source(model, hw)})
     moe_mla = source_line(model, hw, m.weight_dtype, m.weight_group_size, m.kv_dtype)
@@ -120,24 +124,22 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
         weights_bytes=model.weight_bytes(m.weight_dtype, m.weight_group_size),
         profile_path=profile_path,
     )
-    return with_context_rule(ctx) if scenario.engine is not None else ctx
+    return with_context_rule(ctx, engine_sched) if engine_sched is not None else ctx
 
 
-def with_context_rule(ctx: RunContext) -> RunContext:
+def with_context_rule(ctx: RunContext, sc: SchedulerCfg) -> RunContext:
     """`ctx` with the longest sequence its engine serves (`RunContext.max_model_len`): engine.max_model_len,
     else the model's context (`ModelSpec.context_tokens`); under vLLM "auto" is the longest its KV budget
     holds one request of, and a context it cannot hold is refused as vLLM refuses to start
     (`device.engine_context`). A model without a context (a config.json with no
-    max_position_embeddings) gets no rule."""
+    max_position_embeddings) gets no rule. `sc`: the scheduler the engine runs (`EngineCfg.scheduler_for`)."""
     e, m = ctx.scenario.engine, ctx.scenario.model
     declared = e.declared_context(ctx.model.context_tokens)
     if declared is None:
         return ctx
-    origin = "engine.max_model_len" if isinstance(e.max_model_len, int) else f"{ctx.model.name}'s context"
+    origin = e.context_origin(ctx.model.name)
     if e.name == "vllm":
         budget = ctx.hw.memory_bytes - ctx.weights_bytes - ctx.hw.held_activation_bytes - ctx.hw.runtime_reserve_bytes
-        sc = e.scheduler_for(ctx.scenario.scheduler, ctx.hw.gpu.memory_bytes, ctx.scenario.parallel.tp, ctx.hw.gpu.name,
-                             ctx.scenario.parallel.attention_dp, ctx.model.context_tokens)
 
         def need(tokens: int) -> float:
             return vllm_request_kv_bytes(ctx.model, m.kv_dtype, tokens, sc.max_num_batched_tokens)
@@ -145,8 +147,9 @@ def with_context_rule(ctx: RunContext) -> RunContext:
         fit = vllm_fitting_context(need, budget, declared)
         if e.max_model_len == "auto":
             if fit == 0:
-                raise ConfigError(f"vLLM cannot auto-fit max_model_len: not one token's KV fits the {budget / GiB:.2f} "
-                                  f"GiB its budget leaves per GPU; raise gpu_memory_utilization", field="engine.max_model_len")
+                raise ConfigError(f"vLLM cannot auto-fit max_model_len: not one token's KV fits the "
+                                  f"{budget / GiB:.2f} GiB its budget leaves per GPU; raise gpu_memory_utilization",
+                                  field="engine.max_model_len")
             longest = longest_request_tokens(ctx.scenario.workload)
             if fit < longest:
                 raise ConfigError(f"vLLM's auto-fit max_model_len is {fit:,} tokens ({VLLM_CHECK}), shorter than the "
@@ -194,15 +197,13 @@ def prefill_attention_source(model: ModelSpec, hw: Hardware) -> str:
             f"attends as many pairs{busiest}")
 
 
-def with_engine(hw: Hardware, scenario: Scenario, model: ModelSpec) -> Hardware:
+def with_engine(hw: Hardware, scenario: Scenario, model: ModelSpec, sc: SchedulerCfg) -> Hardware:
     """`hw` under the scenario engine's rules (`inputs.scenario.EngineCfg`, `device.engine_rules`), each
     sourced: usable HBM, reserve and held activations (its KV budget rule, for the scheduler it runs:
     `EngineCfg.scheduler_for`), and which steps replay a CUDA graph (`hw.launch`; host_layer_s /
     host_step_s are those of this run's decode batch - the closed batch's size, a serving run's
     smallest - until physics asks `engine_rules.host_launch_s` step by step)."""
     e, tp = scenario.engine, scenario.parallel.tp
-    sc = e.scheduler_for(scenario.scheduler, hw.memory_bytes, tp, hw.gpu.name, scenario.parallel.attention_dp,
-                         model.context_tokens)
     act = profile_run_activation_bytes(model, sc.max_num_batched_tokens, sc.max_num_seqs)
     weights = model.weight_bytes(scenario.model.weight_dtype, scenario.model.weight_group_size)
     mem = engine_memory_rule(e, sc, hw.memory_bytes, tp, model.kind_counts.get(MLA, 0) > 0, act, weights)

@@ -27,7 +27,6 @@ def check_context(scenario, source: str) -> None:
     e = scenario.engine
     if e is None:
         return
-    longest = longest_request_tokens(scenario.workload)
     model = catalog.resolve_model(scenario.model)
     context = model.context_tokens
     if isinstance(e.max_model_len, int) and context is not None and e.max_model_len > context:
@@ -35,11 +34,12 @@ def check_context(scenario, source: str) -> None:
                           f"(max_position_embeddings as rope scaling stretches it); {e.name} refuses it",
                           source=source, field="engine.max_model_len")
     declared = e.declared_context(context)
-    if declared is not None and longest > declared:
-        if isinstance(e.max_model_len, int):
-            origin, longer = "engine.max_model_len", "a longer engine.max_model_len"
-        else:
-            origin, longer = f"{model.name}'s context", "a config.json whose rope_scaling stretches it (model.hf_config)"
-        raise ConfigError(f"the longest request holds {longest:,} tokens (prompt + output), more than "
-                          f"the {declared:,} {e.name} serves ({origin}), which it refuses or cuts short: give the "
-                          f"lengths a max, or {longer}", source=source, field="workload.reasoning_tokens")
+    if declared is None:
+        return
+    longest = longest_request_tokens(scenario.workload)
+    if longest > declared:
+        longer = ("a longer engine.max_model_len" if isinstance(e.max_model_len, int)
+                  else "a config.json whose rope_scaling stretches it (model.hf_config)")
+        raise ConfigError(f"the longest request holds {longest:,} tokens (prompt + output), more than the "
+                          f"{declared:,} {e.name} serves ({e.context_origin(model.name)}), which it refuses or cuts "
+                          f"short: give the lengths a max, or {longer}", source=source, field="workload.reasoning_tokens")

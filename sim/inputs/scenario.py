@@ -360,6 +360,10 @@ class EngineCfg(Strict, QuietDefaults):
         model's context (`ModelSpec.context_tokens`; "auto" shrinks it at run time, `decode.context`)."""
         return self.max_model_len if isinstance(self.max_model_len, int) else model_context
 
+    def context_origin(self, model_name: str) -> str:
+        """Where `declared_context` comes from, for people."""
+        return "engine.max_model_len" if isinstance(self.max_model_len, int) else f"{model_name}'s context"
+
     def scheduler_for(self, scheduler: SchedulerCfg, gpu_memory_bytes: float, tp: int, gpu_name: str = "",
                       attention_dp: int = 1, context_tokens: int | None = None) -> SchedulerCfg:
         """The scheduler this engine runs: the scenario's keys where it set them, else the engine's
