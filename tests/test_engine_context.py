@@ -16,7 +16,7 @@ from sim.inputs.errors import ConfigError
 from sim.inputs.hf_config import RopeScaling, context_tokens
 from sim.inputs.scenario import EngineCfg, load_scenario
 from sim.inputs.serving_config import SchedulerCfg
-from sim.plan.answer import launch_lines, vllm_max_model_len
+from sim.plan.answer import instance_scenarios, launch_lines, vllm_max_model_len
 
 from .conftest import SCENARIOS, run_cli
 from .promise import assert_refused
@@ -140,10 +140,26 @@ def test_the_plan_states_the_context_vllm_can_start_with():
     base = load_scenario(SERVING, TIGHT)
     row = {"gpu": "h100-sxm", "gpus": 1, "tp": 1, "policy": "full_hbm", "max_num_seqs": 256}
     fit = build_context(load_scenario(SERVING, [*TIGHT, "engine.max_model_len=auto"])).max_model_len
-    assert vllm_max_model_len(base, row) == fit
-    assert vllm_max_model_len(base, {**row, "gpus": 2, "tp": 2}) is None  # TP2 holds the whole context
-    assert vllm_max_model_len(load_scenario(SERVING, [*TIGHT, "engine.max_model_len=8192"]), row) == 8192
-    assert vllm_max_model_len(load_scenario(SERVING, [*TIGHT[1:], "engine.name=sglang"]), row) is None
+    assert vllm_max_model_len(instance_scenarios(base, row)()) == fit
+    assert vllm_max_model_len(instance_scenarios(base, {**row, "gpus": 2, "tp": 2})()) is None  # TP2 holds it all
+    declared = load_scenario(SERVING, [*TIGHT, "engine.max_model_len=8192"])
+    assert vllm_max_model_len(instance_scenarios(declared, row)()) == 8192
+
+
+def test_each_disaggregated_instance_states_its_own_context():
+    """A prefill instance of one H100 cannot start vLLM at Qwen3-32B's context, the decode instance of two
+    can: only the prefill line states the fitted --max-model-len; a declared context goes on every line."""
+    base = load_scenario(SERVING, TIGHT)
+    row = {"gpu": "h100-sxm", "gpus": 3, "tp": 2, "dp": 1, "policy": "full_hbm", "max_num_seqs": 256,
+           "prefill": "1xTP1"}
+    fit = build_context(load_scenario(SERVING, [*TIGHT, "engine.max_model_len=auto"])).max_model_len
+    lines = launch_lines(row, base)
+    assert f"--max-model-len {fit}" in lines["vllm prefill"] and "--max-model-len" not in lines["vllm decode"]
+    assert "--context-length" not in lines["sglang prefill"]
+    declared = launch_lines(row, load_scenario(SERVING, [*TIGHT, "engine.max_model_len=8192"]))
+    assert all(f"{flag} 8192" in declared[f"{e} {role}"] for e, flag in (("vllm", "--max-model-len"),
+                                                                       ("sglang", "--context-length"))
+               for role in ("prefill", "decode"))
 
 
 def test_a_bad_rope_scaling_is_one_line(tmp_path):

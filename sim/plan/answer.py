@@ -164,12 +164,14 @@ def launch_lines(best: dict, base: Scenario, host_peak_bytes_per_gpu: float | No
     if not best.get("prefill"):
         one_server = 1 if moe or best.get("experts") else best["dp"]  # else a server per replica (`launch_commands`)
         lines = balanced(commands(best["tp"], best["dp"], best["policy"], host_offload_bytes), balancer, one_server)
-        lines = with_context_flags(lines, base, best)
+        lines = with_context_flags(lines, base, instance_scenarios(base, best))
         return {e: with_pipeline(e, line, int(best.get("pp") or 1)) for e, line in lines.items()}
     x, tp_p = parse_prefill_label(best["prefill"])
+    pre, dec = instance_scenarios(base, best)
     out = {}
-    for role, cmds in (("prefill", commands(tp_p, x, "full_hbm", None, False)),  # an instance of one phase mixes none
-                       ("decode", commands(best["tp"], best["dp"], best["policy"], host_offload_bytes, False))):
+    for role, cmds in (("prefill", with_context_flags(commands(tp_p, x, "full_hbm", None, False), base, pre)),
+                       ("decode", with_context_flags(commands(best["tp"], best["dp"], best["policy"], host_offload_bytes,
+                                                              False), base, dec))):  # an instance of one phase mixes none
         for engine, line in cmds.items():
             out[f"{engine} {role}"] = (with_flags(line, DISAGG_FLAGS[engine].replace("{role}", role))
                                        if engine in DISAGG_FLAGS else with_note(line, DISAGG_NOTES[engine]))
@@ -181,34 +183,43 @@ def launch_lines(best: dict, base: Scenario, host_peak_bytes_per_gpu: float | No
 CONTEXT_FLAGS = {"vllm": "--max-model-len", "sglang": "--context-length", "trtllm": "--max_seq_len"}
 
 
-def with_context_flags(lines: dict[str, str], base: Scenario, best: dict) -> dict[str, str]:
-    """The engines' lines with the context the scenario declares (engine.max_model_len, a number) on
-    every one, or vLLM's auto-fit on vLLM's where it is shorter than the model's (`vllm_max_model_len`)."""
+def with_context_flags(lines: dict[str, str], base: Scenario, instance) -> dict[str, str]:
+    """The engines' lines (keyed by engine, "vllm" ...) with the context the scenario declares
+    (engine.max_model_len, a number) on every one, or vLLM's auto-fit on vLLM's where it is shorter than
+    the model's (`vllm_max_model_len` of `instance()`, the scenario of one instance the lines launch)."""
     declared = base.engine.max_model_len if base.engine is not None else None
     if isinstance(declared, int):
         return {e: with_flags(line, f"{CONTEXT_FLAGS[e]} {declared}") for e, line in lines.items()}
-    context = vllm_max_model_len(base, best)
+    if base.engine is None or base.engine.name != "vllm":
+        return lines
+    context = vllm_max_model_len(instance())
     return {**lines, "vllm": with_flags(lines["vllm"], f"--max-model-len {context}")} if context is not None else lines
 
 
-def vllm_max_model_len(base: Scenario, best: dict) -> int | None:
-    """The --max-model-len an aggregated row's vLLM line states under `engine: vllm`: the scenario's
-    engine.max_model_len where it gives a number; else vLLM's auto-fit for the row (the plan runs its
-    candidates so, `candidate_scenario`) where shorter than the model's context - vLLM would not start
-    at the model's own (`decode.context.with_context_rule`); None where it would."""
-    e = base.engine
-    if e is None or e.name != "vllm":
-        return None
-    if isinstance(e.max_model_len, int):
-        return e.max_model_len
+def vllm_max_model_len(instance: Scenario) -> int | None:
+    """The --max-model-len vLLM's line states for one instance of a plan row under `engine: vllm`
+    without a declared context: vLLM's auto-fit (the plan runs its candidates so, `candidate_scenario`)
+    where shorter than the model's context - vLLM would not start at the model's own
+    (`decode.context.with_context_rule`); None where it would."""
     from sim.decode.context import build_context
-    from sim.plan.candidates import Candidate, PlanSpec, candidate_scenario
 
-    cand = Candidate(best["gpu"], best["gpus"], best["policy"], best["tp"], max_num_seqs=best.get("max_num_seqs"),
-                     experts=best.get("experts"), token_budget=best.get("max_num_batched_tokens"),
-                     pp=int(best.get("pp") or 1))
-    ctx = build_context(candidate_scenario(base, cand, 1.0, PlanSpec(1.0, 1.0, None, requests=1)))
+    ctx = build_context(instance)
     return ctx.max_model_len if ctx.max_model_len is not None and ctx.max_model_len < ctx.model.context_tokens else None
+
+
+def instance_scenarios(base: Scenario, best: dict):
+    """The scenario of one instance a plan row launches, as functions that build it only when asked
+    (`with_context_flags` fits vLLM's context on it): aggregated, one replica's; disaggregated, (the
+    prefill instance's, the decode instance's)."""
+    from sim.plan.candidates import PlanSpec, candidate_scenario
+    from sim.plan.disagg import pool_scenarios
+    from sim.plan.search import row_candidate
+
+    spec = PlanSpec(1.0, 1.0, None, requests=1)
+    if not best.get("prefill"):
+        return lambda: candidate_scenario(base, row_candidate(best), 1.0, spec)
+    return (lambda: pool_scenarios(base, row_candidate(best), spec, 1.0)[0](1),
+            lambda: pool_scenarios(base, row_candidate(best), spec, 1.0)[1](1))
 
 
 # the engines' own data-parallel balancers against the one the plan simulated (sim/serving/fleet.py):

@@ -102,15 +102,24 @@ def longest_transfer_s(base: Scenario, split: Split, gpu: str) -> float:
 
 
 # ---- probes and the screen of a disaggregated candidate ------------------------------------------
+def pool_candidates(cand):
+    """(one prefill instance, one decode instance) of a disaggregated `cand`, each as an aggregated
+    candidate: the prefill instance full_hbm on its own GPUs, the decode instance as `cand` runs it."""
+    from .candidates import Candidate
+
+    tp_p = cand.prefill[1]
+    return (Candidate(cand.gpu, tp_p, "full_hbm", max_num_seqs=cand.max_num_seqs, token_budget=cand.token_budget),
+            Candidate(cand.gpu, cand.tp_size, cand.policy, max_num_seqs=cand.max_num_seqs, token_budget=cand.token_budget))
+
+
 def pool_scenarios(base: Scenario, cand, spec, rate: float):
     """(make_prefill(n), make_decode(n)) for one configuration at `rate`: a prefill instance at rate / x
     (one output token, full_hbm: its K/V leaves for the decode pool), a decode instance at rate / y,
     each dealt its pool's share round-robin (`candidates.replica_arrivals`)."""
-    from .candidates import Candidate, candidate_scenario
+    from .candidates import candidate_scenario
 
-    x, tp_p = cand.prefill
-    pre = Candidate(cand.gpu, tp_p, "full_hbm", max_num_seqs=cand.max_num_seqs, token_budget=cand.token_budget)
-    dec = Candidate(cand.gpu, cand.tp_size, cand.policy, max_num_seqs=cand.max_num_seqs, token_budget=cand.token_budget)
+    x = cand.prefill[0]
+    pre, dec = pool_candidates(cand)
 
     def make_prefill(n: int) -> Scenario:
         sc = candidate_scenario(base, pre, rate / x, spec, requests=n, spread=x)
