@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from sim.decode.context import build_context
 from sim.device.engine_rules import (
@@ -23,16 +24,18 @@ from sim.device.engine_rules import (
     host_times,
     sglang_capture_sizes,
     sglang_fraction,
+    sglang_max_running_requests,
     vllm_capture_sizes,
     vllm_graph_max_batch,
 )
 from sim.device.memory import sglang_mem_fraction_static, sglang_prefill_graph_sizes
 from sim.inputs.errors import ConfigError
-from sim.inputs.scenario import EngineCfg, load_scenario, scenario_to_yaml
+from sim.inputs.scenario import EngineCfg, load_scenario, scenario_from_dict, scenario_to_yaml
 from sim.inputs.serving_config import SchedulerCfg
 from sim.model.units import GB, MiB
 from sim.plan import launch as L
 from sim.serving.kv_memory import kv_memory
+from sim.serving.run import simulate_serving
 
 from .conftest import SCENARIOS, run_cli
 from .promise import assert_error_line, assert_refused
@@ -117,7 +120,9 @@ def test_sglang_scheduler_defaults_only_where_unset():
     e = EngineCfg.model_validate({"name": "sglang"}, strict=True)
     plain = SchedulerCfg()
     on_h100 = e.scheduler_for(plain, H100_MIB * MiB, 1)
-    assert (on_h100.max_num_batched_tokens, on_h100.max_num_seqs) == (8192, 2048)
+    # max_num_seqs: the ceiling of its max_running_requests rule, a rank's; the run cuts it to its pool's
+    assert (on_h100.max_num_batched_tokens, on_h100.max_num_seqs) == (8192, 4096)
+    assert e.scheduler_for(plain, H100_MIB * MiB, 8, attention_dp=8).max_num_seqs == 8 * 4096
     assert e.scheduler_for(plain, B200_MIB * MiB, 1).max_num_batched_tokens == 16384
     assert e.scheduler_for(plain, L40S_MIB * MiB, 1).max_num_batched_tokens == 4096
     assert e.scheduler_for(SchedulerCfg(chunked_prefill=False), H100_MIB * MiB, 1).max_num_batched_tokens == 16384
@@ -127,6 +132,37 @@ def test_sglang_scheduler_defaults_only_where_unset():
     assert e.scheduler_for(mine, B200_MIB * MiB, 1) == mine
     assert e.scheduler_for(SchedulerCfg(max_num_seqs=64), H100_MIB * MiB, 1).max_num_batched_tokens == 8192
 
+
+
+def test_sglang_max_running_requests_by_hand():
+    """_resolve_max_num_reqs: clamp(int(pool / context_len x 512), 2048, 4096), no more than the
+    requested (kvtier's unset: 4096) nor half the pool, per attention rank."""
+    assert sglang_max_running_requests(4096, 1_000_000, 131072) == 3906  # 1e6 / 131072 x 512 = 3906.25
+    assert sglang_max_running_requests(4096, 1_000_000, 40960) == 4096  # 12,500 clamped
+    assert sglang_max_running_requests(4096, 200_000, 131072) == 2048  # 781 raised to the floor
+    assert sglang_max_running_requests(4096, 3_000, 131072) == 1500  # half the pool
+    assert sglang_max_running_requests(256, 1_000_000, 131072) == 256  # a set cap below the rule stays
+    assert sglang_max_running_requests(4096, 1_000_000, None) == 4096  # no context: SGLang's 2048
+    assert sglang_max_running_requests(2 * 4096, 2_000_000, 131072, ranks=2) == 2 * 3906  # each rank its pool
+    assert sglang_max_running_requests(1000, 2_000_000, 131072, ranks=2) == 1000  # --max-running-requests // dp
+
+
+def test_a_sglang_run_caps_its_running_requests_by_its_pool():
+    """Llama-3.1-8B on one H200 under SGLang, max_num_seqs unset: the run's cap is the rule's of its own KV
+    pool (pool tokens / 131,072 x 512, between the floor and the ceiling here), which the summary and the
+    resolved scenario state; a smaller set max_num_seqs is kept."""
+    data = yaml.safe_load(SERVING.read_text())
+    del data["scheduler"]["max_num_seqs"]
+    data.update(engine={"name": "sglang"}, parallel={"tp": 1}, hardware={"gpu": "h200-sxm"})
+    data["model"]["name"] = "llama-3.1-8b"
+    data["workload"]["arrivals"]["requests"] = 40
+    s = simulate_serving(scenario_from_dict(data, "test")).summary
+    pool = s.kv_budget_bytes / s.kv_bytes_per_token
+    assert 2048 < int(pool / 131072 * 512) < 4096
+    assert s.max_num_seqs == int(pool / 131072 * 512)
+    assert s.resolved_scenario["scheduler"]["max_num_seqs"] == s.max_num_seqs
+    data["scheduler"]["max_num_seqs"] = 300
+    assert simulate_serving(scenario_from_dict(data, "test")).summary.max_num_seqs == 300
 
 
 def test_vllm_serve_defaults_by_gpu():

@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from sim.inputs.scenario import SGLANG_RUNNING_CEILING
 from sim.model.units import MiB
 
 from .memory import engine_memory, sglang_engine_memory, sglang_mem_fraction_static, trtllm_engine_memory
@@ -244,6 +245,27 @@ def trtllm_graph_batch_sizes(max_batch_size: int, padding: bool = False) -> list
     sizes += [2 ** i for i in range(8, math.ceil(math.log2(max_batch_size)))] if max_batch_size > 1 else []
     sizes = sorted(x for x in sizes if x <= max_batch_size)
     return sizes if sizes[-1] == max_batch_size else sizes + [max_batch_size]
+
+
+SGLANG_RUNNING = "python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py _resolve_max_num_reqs"
+SGLANG_RUNNING_FLOOR = 2048  # its estimate's clamp: 2048 .. SGLANG_RUNNING_CEILING
+SGLANG_REQUESTS_PER_CONTEXT = 512  # ... of pool tokens / context_len x 512
+SGLANG_DEFAULT_CONTEXT = 2048  # model_config.py get_context_length: a config without any context key
+
+
+def sglang_max_running_requests(requested: int, pool_tokens: float, context_tokens: int | None, ranks: int = 1) -> int:
+    """The requests SGLang runs at once over `ranks` attention data-parallel ranks (`SGLANG_RUNNING`),
+    each rank holding pool_tokens / ranks of KV:
+      estimated = clamp(int(rank's pool / context_len x 512), 2048, 4096)
+      a rank's cap = min(requested // ranks, estimated, rank's pool // 2)
+    `requested` is --max-running-requests (the group's); unset, kvtier passes the ceiling 4096 x ranks,
+    which leaves min(estimated, pool // 2), SGLang's rule without it. `context_tokens`: --context-length,
+    else the model's (None: SGLang's fallback 2048)."""
+    rank_pool = int(pool_tokens / max(ranks, 1))
+    context = context_tokens or SGLANG_DEFAULT_CONTEXT
+    estimated = min(max(int(rank_pool / context * SGLANG_REQUESTS_PER_CONTEXT), SGLANG_RUNNING_FLOOR),
+                    SGLANG_RUNNING_CEILING)
+    return max(min(requested // max(ranks, 1), estimated, rank_pool // 2), 1) * max(ranks, 1)
 
 
 @dataclass(frozen=True)

@@ -247,6 +247,7 @@ class ParallelCfg(Strict, QuietDefaults):
 
 
 DP_ATTENTION_CONSERVATIVENESS = 0.3  # server_args.py _handle_data_parallelism: schedule_conservativeness x 0.3
+SGLANG_RUNNING_CEILING = 4096  # model_runner_kv_cache_mixin.py _resolve_max_num_reqs: a rank's running requests at most
 VLLM_LARGE_GPU_GIB = 70  # get_batch_defaults: device memory from which the larger serve defaults apply
 VLLM_SERVE_DEFAULTS = {True: (8192, 1024), False: (2048, 256)}  # (max_num_batched_tokens, max_num_seqs) by "large"
 MEMORY_KNOB_OWNER = {"gpu_memory_utilization": "vllm", "mem_fraction_static": "sglang",
@@ -369,9 +370,10 @@ class EngineCfg(Strict, QuietDefaults):
         """The scheduler this engine runs: the scenario's keys where it set them, else the engine's
         defaults. vLLM: `_vllm_scheduler`. SGLang (server_args.py):
         max_num_batched_tokens = chunked_prefill_size by GPU memory (`sglang_gpu_defaults`) with
-        chunked prefill, max_prefill_tokens (16384) without; max_num_seqs = max_running_requests 2048,
-        the floor of model_runner_kv_cache_mixin.py `init_memory`'s min(max(pool tokens / context_len x
-        512, 2048), 4096) (kvtier's catalog has no context length); mixed_prefill off (enable_mixed_chunk
+        chunked prefill, max_prefill_tokens (16384) without; max_num_seqs = SGLANG_RUNNING_CEILING (4096) a
+        rank, the cap of its max_running_requests rule, which the serving run applies once the KV pool is
+        known (`device.engine_rules.sglang_max_running_requests`: min(pool / context_len x 512 clamped to
+        2048..4096, pool // 2), and a set max_num_seqs no higher); mixed_prefill off (enable_mixed_chunk
         False: scheduler.py `get_next_batch_to_run` runs a new prefill batch alone, before the decodes);
         admission reserve_ratio (schedule_policy.py `PrefillAdder`: `sim/serving/new_token_ratio.py`), its
         schedule_conservativeness 1.0, x 0.3 under DP attention (`attention_dp` > 1: server_args.py
@@ -383,8 +385,8 @@ class EngineCfg(Strict, QuietDefaults):
         unset = ({"max_num_batched_tokens", "max_num_seqs", "mixed_prefill", "admission", "schedule_conservativeness"}
                  - scheduler.model_fields_set)
         chunk = self.sglang_gpu_defaults(gpu_memory_bytes, tp)[0] if scheduler.chunked_prefill else 16384
-        update = {"max_num_batched_tokens": chunk, "max_num_seqs": 2048, "mixed_prefill": False,
-                  "admission": "reserve_ratio",
+        update = {"max_num_batched_tokens": chunk, "max_num_seqs": SGLANG_RUNNING_CEILING * attention_dp,
+                  "mixed_prefill": False, "admission": "reserve_ratio",
                   "schedule_conservativeness": DP_ATTENTION_CONSERVATIVENESS if attention_dp > 1 else 1.0}
         return scheduler.model_copy(update={k: v for k, v in update.items() if k in unset})
 

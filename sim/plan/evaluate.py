@@ -56,7 +56,7 @@ def binding(probe: Probe, scenario: Scenario, curve: Curve | None) -> str:
     link = max(s.h2d_utilization or 0.0, s.d2h_utilization or 0.0)
     if link >= LINK_BOTTLENECK_UTILIZATION:
         return f"host link (busy {link:.0%} of the run)"
-    seqs = scenario.scheduler.max_num_seqs
+    seqs = getattr(s, "max_num_seqs", None) or scenario.scheduler.max_num_seqs  # the cap the run applied
     if s.max_running is not None and s.max_running >= seqs:
         room = f"; HBM holds ~{curve.hbm_batch:,.0f}" if curve and curve.hbm_batch > seqs else ""
         return f"scheduler: max_num_seqs={seqs} (batch full{room})"

@@ -163,8 +163,8 @@ class GrowingStop:
     hold (`next_window`), the next window takes over and the run goes on - what was simulated is
     not simulated again."""
 
-    def __init__(self, arrival_s: np.ndarray, rate_per_s: float, ttft_s, tpot_s, e2e_s: float, seqs: int | None):
-        self.arrival_s, self.rate_per_s, self.ttft_s, self.tpot_s, self.seqs = arrival_s, rate_per_s, ttft_s, tpot_s, seqs
+    def __init__(self, arrival_s: np.ndarray, rate_per_s: float, ttft_s, tpot_s, e2e_s: float):
+        self.arrival_s, self.rate_per_s, self.ttft_s, self.tpot_s = arrival_s, rate_per_s, ttft_s, tpot_s
         self.windows = 0
         self._start(e2e_s, 1.0)
 
@@ -185,7 +185,8 @@ class GrowingStop:
         if self.stop.reason != "measured":
             return True
         probe = self._live(sim)
-        grown = next_window(probe, self.e2e_s, self.scale, self.seqs, self.n, self.windows, self.ttft_s, self.tpot_s)
+        seqs = sim.scheduler.cfg.max_num_seqs  # the cap the run applies (SGLang's of its pool: `engine_scheduler`)
+        grown = next_window(probe, self.e2e_s, self.scale, seqs, self.n, self.windows, self.ttft_s, self.tpot_s)
         if grown is None:
             return True
         self._start(*grown)
@@ -232,7 +233,7 @@ def steady_probe(make: Callable[[int], Scenario], rate_per_s: float, ttft_s: flo
                         e2e_hint_s, prefilled, simulate)
     sc = make(MAX_PROBE_REQUESTS)
     arrival = build_requests(sc.workload).arrival_s
-    grow = GrowingStop(arrival, rate_per_s, ttft_s, tpot_s, max(HINT_MARGIN * e2e_hint_s, 1e-3), sc.scheduler.max_num_seqs)
+    grow = GrowingStop(arrival, rate_per_s, ttft_s, tpot_s, max(HINT_MARGIN * e2e_hint_s, 1e-3))
     res = simulate(sc, stop=grow) if simulate else simulate_serving(sc, stop=grow, prefilled=prefilled)
     s = res.summary
     arrived = int(np.count_nonzero(~np.isnan(res.requests["arrival_s"].to_numpy(dtype=float))))
@@ -250,10 +251,6 @@ def saturated(summary, seqs: int | None) -> bool:
     near = summary.hbm_peak_bytes is not None and summary.hbm_peak_bytes >= NEAR_FULL * summary.hbm_capacity_bytes
     at_cap = seqs is not None and summary.max_running is not None and summary.max_running >= seqs
     return bool(summary.preemptions or near or at_cap)
-
-
-def max_num_seqs(make: Callable[[int], Scenario]) -> int:
-    return make(1).scheduler.max_num_seqs
 
 
 def _unsteady(probe: Probe) -> Probe:

@@ -41,7 +41,7 @@ from sim.device.physics import mixed_step_cost, pipeline_send_s, pipeline_stage_
 from sim.inputs import catalog
 from sim.inputs.requests import build_requests
 from sim.inputs.scenario import Scenario, WorkloadCfg
-from sim.serving.kv_memory import kv_memory
+from sim.serving.kv_memory import engine_scheduler, kv_memory
 from sim.serving.new_token_ratio import CLIP_NEW_TOKENS, NewTokenRatio
 from sim.serving.tier_counts import TierCounter
 from sim.tiering.tiers import T0, T1, T2
@@ -213,6 +213,7 @@ def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
     ctx = build_context(scenario)
     sched, pol = scenario.scheduler, scenario.policy
     memory = kv_memory(ctx, sched.max_num_batched_tokens, sched.max_num_seqs)
+    sched = engine_scheduler(ctx, memory)  # SGLang's max_running_requests of its pool
     m = moments(scenario)
     timing_policy = ctx.policy.at_fraction(1.0) if ctx.policy.auto else ctx.policy  # auto: tiers only when full
     memory_policy = ctx.policy.at_fraction(0.0) if ctx.policy.auto else ctx.policy

@@ -106,7 +106,7 @@ class FleetView:
     @property
     def scheduler(self) -> SimpleNamespace:
         return SimpleNamespace(preemptions=sum(s.scheduler.preemptions for s in self.sims),
-                               memory=self.sims[0].scheduler.memory)
+                               memory=self.sims[0].scheduler.memory, cfg=self.sims[0].scheduler.cfg)
 
 
 def merged_trace(traces: list[ServingTrace], end_s: float) -> ServingTrace:
@@ -135,6 +135,7 @@ def simulate_fleet(scenario: Scenario, replicas: int, balancer: str = LEAST_OUTS
         raise ConfigError("a fleet serves open-loop arrivals (poisson or gamma), not a closed batch or closed-loop "
                           "clients", field="workload.arrivals")
     ctx, reqs, memory, why = prepare(scenario)
+    scenario = ctx.scenario  # with the scheduler the engine runs
     if why is not None:
         return ServingResult(serving_summary(scenario, ctx, reqs, memory, why, {}, None), pd.DataFrame(),
                              pd.DataFrame(), scenario)

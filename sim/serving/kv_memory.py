@@ -9,7 +9,8 @@ state; `RunContext.bounded_bytes` of one sequence, the closed batch's rule); hos
 bytes + T2 x compressed bytes, against host capacity.
 The activations are held for the largest step the scheduler can form, as vLLM sizes its KV cache
 after a profiling forward pass of `max_num_batched_tokens` tokens (logits only for the rows that
-sample: at most `max_num_seqs`).
+sample: at most `max_num_seqs`). Under SGLang the pool also caps the requests that run at once
+(`engine_scheduler`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from dataclasses import dataclass
 from functools import partial
 
 from sim.decode.context import RunContext
+from sim.device.engine_rules import sglang_max_running_requests
 from sim.device.memory import profile_run_activation_bytes, staging_bytes
+from sim.inputs.serving_config import SchedulerCfg
 
 
 @dataclass(frozen=True)
@@ -80,3 +83,16 @@ def kv_memory(ctx: RunContext, max_num_batched_tokens: int, max_num_seqs: int) -
                     runtime_reserve_bytes=ctx.hw.runtime_reserve_bytes, host_capacity_bytes=ctx.hw.host_memory_bytes,
                     kv_bytes_per_token=ctx.kv_bytes_per_token, t2_bytes_per_token=ctx.t2_bytes_per_token,
                     staging_bytes_per_token=stage, bounded_bytes_per_request=bounded, request_bounded=per_request)
+
+
+def engine_scheduler(ctx: RunContext, memory: KvMemory) -> SchedulerCfg:
+    """The scheduler a run applies: the scenario's, its max_num_seqs under SGLang cut to the
+    max_running_requests its KV pool allows (`device.engine_rules.sglang_max_running_requests`, of the
+    KV budget in tokens and the context it serves)."""
+    sc, e = ctx.scenario.scheduler, ctx.scenario.engine
+    if e is None or e.name != "sglang" or memory.kv_bytes_per_token <= 0 or memory.kv_budget_bytes <= 0:
+        return sc
+    context = ctx.max_model_len or ctx.model.context_tokens
+    cap = sglang_max_running_requests(sc.max_num_seqs, memory.kv_budget_bytes / memory.kv_bytes_per_token, context,
+                                      ctx.model.attention_dp)
+    return sc if cap == sc.max_num_seqs else sc.model_copy(update={"max_num_seqs": cap})

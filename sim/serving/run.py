@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -18,7 +18,7 @@ from sim.outputs.schema import ServingSummary
 from sim.tiering.tiers import T0, T1, T2
 
 from .engine import ServingSim, ServingTrace
-from .kv_memory import KvMemory, kv_memory
+from .kv_memory import KvMemory, engine_scheduler, kv_memory
 from .metrics import (
     request_columns,
     request_table,
@@ -85,6 +85,7 @@ def simulate_serving(scenario: Scenario, profile: Profile | None = None, *, prof
     that finished, and `requests` still lists every one (the unfinished with empty times). `prefilled`:
     the requests arrive with their prompts' K/V (a decode instance: `sim.serving.request.RequestTable`)."""
     ctx, reqs, memory, why = prepare(scenario, profile, profile_path)
+    scenario = ctx.scenario  # with the scheduler the engine runs (`engine_scheduler`)
     sched_cfg = scenario.scheduler
     counter = row_counts(ctx, memory, reqs)
     swap = sched_cfg.preemption == "swap"
@@ -113,10 +114,14 @@ def trace_figures(trace: ServingTrace, stopped: bool, slo) -> tuple[pd.DataFrame
 
 def prepare(scenario: Scenario, profile: Profile | None = None,
             profile_path: str | None = None) -> tuple[RunContext, RequestSet, KvMemory, str | None]:
-    """(context, requests, memory, why it cannot run or None) of a serving run."""
+    """(context, requests, memory, why it cannot run or None) of a serving run; the context's scenario
+    carries the scheduler the engine runs once its KV pool is known (`engine_scheduler`)."""
     ctx = build_context(scenario, profile, profile_path)
     reqs = build_requests(scenario.workload)
     memory = kv_memory(ctx, scenario.scheduler.max_num_batched_tokens, scenario.scheduler.max_num_seqs)
+    sched = engine_scheduler(ctx, memory)
+    if sched is not scenario.scheduler:
+        ctx = replace(ctx, scenario=scenario.model_copy(update={"scheduler": sched}))
     # a request that could not run alone: under hbm_ratio auto, even at the least T0 pressure can leave
     least = ctx.policy.at_fraction(0.0) if ctx.policy.auto else ctx.policy
     return ctx, reqs, memory, alone_shortfall(memory, TierCounter(least, reqs.prompt_tokens, reqs.output_tokens), reqs)

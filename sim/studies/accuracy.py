@@ -133,7 +133,7 @@ def simulate_row(m: Measurement, mode: str) -> Simulated:
     if m.workload == "closed_batch":
         return Simulated(simulate(sc, with_max_batch=False).summary)
     res = simulate_serving(sc)
-    return Simulated(res.summary, res.requests, sc.scheduler.max_num_seqs)
+    return Simulated(res.summary, res.requests, res.summary.max_num_seqs)
 
 
 def read_metric(m: Measurement, sim: Simulated) -> tuple[float, str]:
