@@ -3,6 +3,7 @@ ratio's arithmetic, admission by hand against on_demand and no_evict, and a pres
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import replace
 
 import numpy as np
@@ -16,7 +17,7 @@ from sim.serving.new_token_ratio import CLIP_NEW_TOKENS, NewTokenRatio, clipped_
 from sim.serving.request import RequestTable
 from sim.serving.row_counts import FixedRows
 from sim.serving.run import simulate_serving
-from sim.serving.scheduler import Scheduler
+from sim.serving.scheduler import Scheduler, sglang_retraction_keep, sglang_retraction_order
 from sim.serving.tier_counts import TierCounter
 
 from .test_serving import load, serving, workload
@@ -131,3 +132,43 @@ def test_the_planners_screen_counts_the_floor_reserve():
     assert hbm_cap("on_demand") == pytest.approx(mem.kv_budget_bytes / (1500 * kv))
     assert hbm_cap("reserve_ratio") == pytest.approx(mem.kv_budget_bytes / ((1500 + 0.098 * 1000) * kv))
     assert hbm_cap("no_evict") == pytest.approx(mem.kv_budget_bytes / (2500 * kv))
+
+
+def test_sglang_retracts_the_least_decoded_and_keeps_20_tokens_each():
+    """retract_decode's order by hand: most decoded kept first, among equals the shortest prompt; then it
+    retracts one at least and goes on while the kept leave fewer than 20 tokens free each; never the last."""
+    assert sglang_retraction_order(np.array([5, 0, 5, 3]), np.array([100, 50, 10, 7])).tolist() == [2, 0, 3, 1]
+    cum = np.array([1900.0, 4400.0, 5500.0, 8600.0])  # tokens at 1 byte each
+    assert sglang_retraction_keep(cum, 3, 8000.0, 1.0) == 3  # 2,500 free >= 3 x 20
+    assert sglang_retraction_keep(cum, 3, 5540.0, 1.0) == 2  # 40 free < 60: one more; 1,140 >= 40
+    assert sglang_retraction_keep(cum, 4, 9000.0, 1.0) == 3  # a retraction is at least one request
+    assert sglang_retraction_keep(cum[:1], 0, 1000.0, 1.0) == 0  # one that cannot fit alone goes
+    assert sglang_retraction_keep(cum, 1, 1950.0, 1.0) == 1  # never below one that fits
+
+
+def _running(admission: str, budget_tokens: float):
+    """Four decoding requests (prompts 1,000, 1,000, 3,000, 2,000; 900, 100, 100, 500 generated: 8,600
+    tokens in admission order) and a fifth waiting, under `admission`, with a KV budget of `budget_tokens`."""
+    sched = _scheduler(admission, 100.0, n=5)
+    t = sched.table
+    t.prompt[:] = t.target[:] = t.computed[:] = np.array([1000, 1000, 3000, 2000, 1000])
+    t.generated[:4] = [900, 100, 100, 500]
+    t.computed[4] = 0
+    sched.running, sched.waiting = np.arange(4), deque([4])
+    mem = sched.memory
+    sched.memory = replace(mem, runtime_reserve_bytes=mem.runtime_reserve_bytes + mem.kv_budget_bytes
+                           - budget_tokens * mem.kv_bytes_per_token)
+    return sched
+
+
+def test_a_sglang_step_retracts_in_its_order_to_the_back_of_the_queue():
+    """8,600 tokens over a budget of 8,000: vLLM's order preempts the newest (request 3) to the front of the
+    queue; SGLang's retracts request 2 (100 decoded, the longer prompt) to its back; at 5,540 SGLang keeps
+    only what leaves 20 tokens each free (requests 0 and 3)."""
+    vllm = _running("on_demand", 8000)
+    assert vllm.schedule(0.0).preempted == [3] and list(vllm.waiting)[:2] == [3, 4]
+    sglang = _running("reserve_ratio", 8000)
+    assert sglang.schedule(0.0).preempted == [2] and list(sglang.waiting) == [4, 2]
+    assert sorted(sglang.running.tolist()) == [0, 1, 3]
+    tight = _running("reserve_ratio", 5540)
+    assert tight.schedule(0.0).preempted == [2, 1] and list(tight.waiting) == [4, 2, 1]

@@ -2,7 +2,9 @@
 
 Each step: (1) the running requests' K/V for this step must fit - while it does not, the newest
 running request is preempted and goes back to the front of the queue: recompute drops its K/V,
-swap (`swap.py`) copies it to host memory where that has room (else recompute); (2) every
+swap (`swap.py`) copies it to host memory where that has room (else recompute) - under SGLang's
+admission (reserve_ratio) the least decoded is retracted first, until what the rest leave free holds
+20 tokens each, and joins the back of the queue (`sglang_retraction_keep`); (2) every
 running request is scheduled in admission order, a decode taking one token of the step's budget
 (`max_num_batched_tokens`) and an unfinished prefill its next chunk; (3) if nothing was preempted,
 waiting requests are admitted first come, first served while fewer than `max_num_seqs` run, tokens
@@ -39,7 +41,7 @@ import numpy as np
 from sim.tiering.tiers import T0, T1, T2
 
 from .kv_memory import KvMemory
-from .new_token_ratio import NewTokenRatio, clipped_remaining
+from .new_token_ratio import RETRACT_STEPS, NewTokenRatio, clipped_remaining
 from .request import RequestTable
 from .row_counts import FixedRows, PressureRows
 from .swap import SwapSpace, swap_bytes
@@ -97,6 +99,24 @@ class StepTokens:
     finished: np.ndarray
     regular: int
     gaps: np.ndarray
+
+
+def sglang_retraction_order(generated: np.ndarray, prompt: np.ndarray) -> np.ndarray:
+    """The running requests in the order SGLang keeps them when it must retract (schedule_batch.py
+    `retract_decode`: sorted by (output tokens, -prompt tokens) descending, retracting from the end):
+    most decoded first, among equals the shortest prompt first; ties keep their order."""
+    return np.lexsort((prompt, -generated))
+
+
+def sglang_retraction_keep(cum_hbm: np.ndarray, fits: int, budget_bytes: float, bytes_per_token: float) -> int:
+    """How many of the running requests (in `sglang_retraction_order`, `cum_hbm` their cumulative HBM)
+    SGLang keeps: it retracts one at least, then on while what the kept leave free holds fewer than
+    RETRACT_STEPS tokens for each (`retract_decode`: available < kept x SGLANG_RETRACT_DECODE_STEPS);
+    never more than `fits`, the most whose step fits; one request is never retracted."""
+    keep = min(fits, len(cum_hbm) - 1)
+    while keep > 1 and budget_bytes - cum_hbm[keep - 1] < keep * RETRACT_STEPS * bytes_per_token:
+        keep -= 1
+    return max(keep, min(1, fits))
 
 
 @dataclass
@@ -234,8 +254,9 @@ class Scheduler:
         return tokens, self.memory.hbm_kv_bytes(tokens, 0, tokens)
 
     def _preempt_until_fits(self, d: _Draft, plan: StepPlan) -> None:
-        """(1) Preempt the newest until the rest fits (cumulative sums grow, so what fits is a prefix);
-        then the step's memory totals and what admission counts (auto: all in T0)."""
+        """(1) Preempt the newest (SGLang: in `sglang_retraction_order`) until the rest fits (cumulative
+        sums grow, so what fits is a prefix); then the step's memory totals and what admission counts
+        (auto: all in T0)."""
         m = self.memory
         host_free = m.host_capacity_bytes - self._held_host_bytes()  # swapped K/V holds its host memory
         if self.in_flight is not None:
@@ -243,14 +264,17 @@ class Scheduler:
             self._totals(d)
             return
         keep = len(d.run)
+        over = keep and (float(d.hbm.sum()) > m.kv_budget_bytes or float(d.host.sum()) > host_free)
+        if over and self.ratio is not None:  # SGLang retracts in its own order (`sglang_retraction_order`)
+            d.keep(sglang_retraction_order(self.table.generated[d.run], self.table.prompt[d.run]))
         cum_hbm = np.cumsum(d.hbm)
         if self.dense:  # nothing of theirs on the host (host_free < 0 only where swapped K/V overfills it)
-            if keep and (cum_hbm[-1] > m.kv_budget_bytes or host_free < 0):
+            if over:
                 keep = 0 if host_free < 0 else int(np.count_nonzero(cum_hbm <= m.kv_budget_bytes))
-        else:
-            cum_host = np.cumsum(d.host)
-            if keep and (cum_hbm[-1] > m.kv_budget_bytes or cum_host[-1] > host_free):  # all fit unless the last does not
-                keep = int(np.count_nonzero((cum_hbm <= m.kv_budget_bytes) & (cum_host <= host_free)))
+        elif over:  # all fit unless the last does not
+            keep = int(np.count_nonzero((cum_hbm <= m.kv_budget_bytes) & (np.cumsum(d.host) <= host_free)))
+        if over and self.ratio is not None:
+            keep = sglang_retraction_keep(cum_hbm, keep, m.kv_budget_bytes, m.kv_bytes_per_token)
         if keep < len(d.run):
             self._preempt(d.run[keep:][::-1], m.host_capacity_bytes - float(d.host[:keep].sum()), plan)
             d.keep(keep)
@@ -446,7 +470,10 @@ class Scheduler:
                 else:
                     self.swap_fallbacks += 1
             t.preempt(i, swap=swap)
-            self.waiting.appendleft(i)
+            if self.ratio is None:
+                self.waiting.appendleft(i)
+            else:  # SGLang's retracted requests join the back of its queue (`_extend_requests_to_queue`)
+                self.waiting.append(i)
             plan.preempted.append(i)
         self.preemptions += len(victims)
 
