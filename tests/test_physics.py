@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sim.device.elementwise import RMSNORM, ROPE, SILU_MUL
 from sim.device.hardware import LinkModel, interp_log2, resolve_hardware
 from sim.device.memory import activation_bytes, staging_bytes
 from sim.device.physics import (
@@ -57,7 +58,13 @@ def test_decode_layer_cost_hand_arithmetic():
     blocks = B * 4  # one thread block per (sequence, KV head): a small grid streams at 16 / (16 + half_ctas)
     assert c.attention_s == pytest.approx(max(4 * n * 28 * 128 / (989e12 * 0.40), a.floor_s + max(
         attn_bytes / (4.8e12 * a.hbm_efficiency * blocks / (blocks + a.half_ctas)), blocks * a.per_cta_s)))
-    assert c.total_s == pytest.approx(c.gemm_s + c.attention_s + 2e-5)
+    # the elementwise passes at 4 rows, each a row's latency (H200 takes H100's fit): two fused add + RMSNorms
+    # over h, rope over 28 + 4 heads of 128, SiLU-and-mul over I
+    norm, rope, act = (h.elementwise.fit(k) for k in (RMSNORM, ROPE, SILU_MUL))
+    passes = (2 * (norm.floor_s + 3584 * norm.s_per_element) + rope.floor_s + 4096 * rope.s_per_element
+              + act.floor_s + 18944 * act.s_per_element)
+    assert c.overhead_s == pytest.approx(passes)
+    assert c.total_s == pytest.approx(c.gemm_s + c.attention_s + passes)
     qkv = 3584 * (3584 + 2 * 512)
     assert c.pre_attention_s == pytest.approx(c.gemm_s * qkv / params)
     assert c.pre_attention_s + c.post_attention_s == pytest.approx(c.total_s)
@@ -167,7 +174,7 @@ def test_an_asynchronous_device_takes_the_longer_of_device_work_and_host_enqueue
     m = catalog.model("deepseek-r1-distill-qwen-7b")
     kv_layer = 2 * 4 * 128 * 2
     fast = decode_layer_cost(m, hw(), "bf16", 128, 1, 1000, kv_layer)
-    assert fast.host_s == 0 and fast.total_s == pytest.approx(fast.gemm_s + fast.attention_s + 2e-5)
+    assert fast.host_s == 0 and fast.total_s == pytest.approx(fast.gemm_s + fast.attention_s + fast.overhead_s)
     host_s = 3 * fast.device_s  # the host needs longer to enqueue the layer than the device to run it
     slow = decode_layer_cost(m, hw(efficiency={"host_layer_s": host_s}), "bf16", 128, 1, 1000, kv_layer)
     assert slow.host_bound and slow.total_s == pytest.approx(host_s)  # max, not device + host
@@ -184,8 +191,8 @@ def test_measured_tiny_layer_time_is_host_time_on_cuda_and_device_time_on_the_cp
     prof = Profile(device=device, device_name="test", machine="t", created_utc="2026-11-30T00:00:00Z",
                    link=LinkProfile(curves=[]), compute=ComputeProfile(layer_overhead_s=1.5e-4))
     h = resolve_hardware(HardwareCfg(gpu="h200-sxm"), "bf16", pinned=True, profile=prof)
-    if device == "cuda":  # enqueued asynchronously: composes by max; device launch gaps stay the default
-        assert (h.host_layer_s, h.layer_overhead_s) == (1.5e-4, 2e-5)
+    if device == "cuda":  # enqueued asynchronously: composes by max; the device's elementwise passes stay by bytes
+        assert (h.host_layer_s, h.layer_overhead_s) == (1.5e-4, 0.0) and h.elementwise is not None
         assert "host-bound" in h.sources["host_layer_s"]
     else:  # synchronous: the host's time is the device's, and adds up
         assert (h.host_layer_s, h.layer_overhead_s) == (0.0, 1.5e-4)
@@ -202,7 +209,7 @@ def _profile_with_loops(device: str):
 def test_decode_loop_costs_follow_the_staging_mode():
     cuda = _profile_with_loops("cuda")
     h = resolve_hardware(HardwareCfg(gpu="h200-sxm"), "bf16", pinned=True, profile=cuda, staging="layerwise_async")
-    assert (h.host_layer_s, h.host_step_s, h.layer_overhead_s, h.step_overhead_s) == (2e-4, 6e-4, 2e-5, 2e-4)
+    assert (h.host_layer_s, h.host_step_s, h.layer_overhead_s, h.step_overhead_s) == (2e-4, 6e-4, 0.0, 2e-4)
     h = resolve_hardware(HardwareCfg(gpu="h200-sxm"), "bf16", pinned=True, profile=cuda, staging="none")
     assert (h.host_layer_s, h.host_step_s) == (1e-4, 5e-4)
     # a mode the profile lacks falls back to the one-layer figure

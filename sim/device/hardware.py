@@ -26,6 +26,7 @@ from .collectives import (
     two_protocol_allreduce_s,
     two_protocol_s,
 )
+from .elementwise import Elementwise, elementwise_for, engine_passes
 from .engine_rules import CUSTOM_ALLREDUCE, LaunchRule, engine_allreduce_impl
 from .measured_kernels import MOE_FP8_COMPUTE, MeasuredKernels, measured_kernels_for
 from .moe_exchange import MoeExchange
@@ -331,6 +332,8 @@ class Hardware:
     alltoall_bytes_per_s: float = float("inf")  # expert-parallel dispatch/combine, bytes one GPU sends per second
     alltoall_floor_s: float = 0.0  # per dispatch or combine call
     kernels: MeasuredKernels | None = field(default=None, compare=False)  # hardware.kernels: measured
+    # a layer's elementwise passes by bytes (`device.elementwise`); None: layer_overhead_s flat per layer
+    elementwise: Elementwise | None = None
 
     def allreduce_s(self, nbytes: float, gpus: int | None = None) -> float:
         """All-reduce of `nbytes` over the TP group (or `gpus` of it). With measured kernels the table of
@@ -414,6 +417,8 @@ def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile |
                                             for d, f in sorted(fit.mla_bmm.items())))
     if tp > 1:
         hw = _with_interconnect(hw, gpu, tp, engine)
+    if figs.layer_overhead_s.source == "default" and engine_passes(engine):  # no figure given; passes known
+        hw = with_elementwise(hw, engine)
     if getattr(hw_cfg, "pcie_switch", None) is not None:
         hw = _shared_switch(hw, hw_cfg.pcie_switch, link_spec, tp)
     kernels = getattr(hw_cfg, "kernels", "datasheet")
@@ -424,6 +429,13 @@ def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile |
         return hw
     cpu, host_sources = resolve_host(hw_cfg.host or gpu.host, profile)
     return replace(hw, host_cpu=cpu, sources={**hw.sources, **host_sources})
+
+
+def with_elementwise(hw: Hardware, engine: str | None) -> Hardware:
+    """`hw` costing a layer's elementwise passes by bytes as `engine` runs them (`device.elementwise`)
+    instead of the flat default layer_overhead_s (0 then: the passes are what it stood for)."""
+    ew = elementwise_for(hw.gpu.name, engine)
+    return replace(hw, elementwise=ew, layer_overhead_s=0.0, sources={**hw.sources, "layer_overhead_s": ew.source})
 
 
 def _with_interconnect(hw: Hardware, gpu: GpuSpec, tp: int, engine: str = "vllm") -> Hardware:

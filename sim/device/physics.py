@@ -26,6 +26,7 @@ from sim.model.layers import FULL, LINEAR, MLA, SPARSE, TIERED_KINDS, WINDOW
 from sim.model.spec import ModelSpec
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
+from .elementwise import ADD, RMSNORM, ROPE, SILU_MUL, layer_passes_s
 from .engine_rules import DECODE, MIXED, PREFILL, decode_rows, host_times
 from .hardware import Hardware
 from .host_pipeline import HostLayer, HostStepTimes, host_pipeline
@@ -615,8 +616,38 @@ def decode_layer_cost(
     attn_s = decode_layer_attention_s(model, hw, batch, attended_tokens, kv_bytes_per_token_layer, t2_staged_tokens,
                                       t2_bytes_per_token_layer)
     allreduce_s = layer_comm_s(model, hw, rows)
-    return LayerCost(gemm_s, attn_s, hw.layer_overhead_s, allreduce_s=allreduce_s, qkv_share=qkv_share(model),
-                     host_s=host_times(hw, batch, DECODE)[0])
+    return LayerCost(gemm_s, attn_s, layer_overhead_s(model, hw, rows), allreduce_s=allreduce_s,
+                     qkv_share=qkv_share(model), host_s=host_times(hw, batch, DECODE)[0])
+
+
+def layer_overhead_s(model: ModelSpec, hw: Hardware, rows: float) -> float:
+    """What a layer costs beside its GEMMs, attention and collectives over `rows` rows: its elementwise
+    passes by bytes as the engine runs them (`device.elementwise`; under attention data parallelism the
+    busiest rank's rows), or the flat `hw.layer_overhead_s` a scenario or profile gives."""
+    if hw.elementwise is None:
+        return hw.layer_overhead_s
+    rows = math.ceil(rows / model.attention_dp) if model.attention_dp > 1 else rows
+    return layer_passes_s(hw.elementwise, rows, elementwise_widths(model), hw.gpu.hbm_bytes_per_s)
+
+
+@lru_cache(maxsize=64)
+def elementwise_widths(model: ModelSpec) -> dict[str, tuple[tuple[float, float], ...]]:
+    """One GPU's widths of a layer's elementwise passes (`elementwise.layer_passes_s`), with the share
+    of the layers that run each: RMSNorm and the add over the hidden size; rope over the rotated query
+    and key heads (MLA: qk_rope_head_dim of each query head and the latent's key), in every layer but the
+    linear ones; SiLU-and-mul over a dense MLP's intermediate, and in a mixture of experts' MoE layers
+    over the shared experts' (the routed experts' activation is inside their fused kernel's cost)."""
+    n = model.num_layers
+    if model.mla:
+        rope = (model.num_heads + 1) * model.mla.qk_rope_head_dim
+    else:
+        rope = (model.num_heads + model.num_kv_heads) * model.head_dim
+    mlp = ((model.intermediate_size, 1.0),)
+    if model.is_moe:
+        dense = min(model.dense_mlp_layers, n)
+        mlp = ((model.intermediate_size, dense / n), (model.shared_expert_intermediate_size, (n - dense) / n))
+    return {RMSNORM: ((model.hidden_size, 1.0),), ADD: ((model.hidden_size, 1.0),),
+            ROPE: ((rope, 1.0 - model.kind_counts.get(LINEAR, 0) / n),), SILU_MUL: mlp}
 
 
 def decode_layer_attention_s(model: ModelSpec, hw: Hardware, batch: int, attended_tokens: int,
@@ -688,7 +719,7 @@ def prefill_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int
         weight_kernel_s(model, hw, weight_dtype, group_size, rows)
         + layer_comm_s(model, hw, rows)
         + prompts_attention_s(model, hw, batch, prompt_tokens, kv_bytes_per_token_layer)
-        + hw.layer_overhead_s
+        + layer_overhead_s(model, hw, rows)
     )
     return model.num_layers * per_layer + lm_head_s(model, hw, batch)
 
@@ -1136,7 +1167,7 @@ def mixed_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
         base = decode_step_cost(model, hw, weight_dtype, group_size, prefetch, decodes, t0, t1, t2,
                                 kv_bytes_per_token_layer, t2_bytes_per_token_layer, staged, access, buffers, fetch=fetch)
     else:
-        base = StepCost(LayerCost(0.0, 0.0, hw.layer_overhead_s, qkv_share=qkv_share(model),
+        base = StepCost(LayerCost(0.0, 0.0, 0.0, qkv_share=qkv_share(model),
                                   host_s=host_times(hw, prefill_tokens, PREFILL)[0]),
                         model.num_layers, 0.0, 0.0, 0)
     return with_prefill(model, hw, weight_dtype, group_size, base, decodes, kv_bytes_per_token_layer, prefill_tokens,
@@ -1156,7 +1187,7 @@ def with_prefill(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: 
     kind = MIXED if decodes else PREFILL
     layer = fields_replaced(base.layer, gemm_s=weight_kernel_s(model, hw, weight_dtype, group_size, rows),
                             attention_s=attention_s, allreduce_s=layer_comm_s(model, hw, rows),
-                            host_s=host_times(hw, rows, kind)[0])
+                            overhead_s=layer_overhead_s(model, hw, rows), host_s=host_times(hw, rows, kind)[0])
     return fields_replaced(base, layer=layer, tail_s=step_tail_s(model, hw, decodes + prefill_seqs, kind))
 
 

@@ -418,6 +418,12 @@ def _on_fitted(node, key: str, value):
     return {**out, key: value} if "held_out" in node else out
 
 
+def fitted_elementwise() -> dict:
+    """sim/catalog/fitted_elementwise.yaml: a decoder layer's elementwise passes fitted per GPU
+    (scripts/fit_elementwise.py; read by `device.elementwise`)."""
+    return _parsed_catalog("fitted_elementwise.yaml")
+
+
 @lru_cache(maxsize=None)
 def efficiency_defaults() -> EfficiencyDefaults:
     return EfficiencyDefaults(**_read_catalog("efficiency.yaml"))
