@@ -100,3 +100,22 @@ def test_the_committed_fit_matches_the_data_and_holds_out():
     held = {g: v["layer_error_held_out"] for g, v in catalog.fitted_elementwise()["gpus"].items()}
     assert held["h100-sxm"]["median"] < 0.05 and held["a100-80gb-sxm"]["median"] < 0.13
     assert max(v["worst"] for v in held.values()) < 0.25
+
+
+def test_kvsim_ops_costs_one_pass():
+    """`kvsim ops elementwise`: one pass from flags (its latency at one row, by hand), the datasheet model
+    under --kernels measured too (no table times these passes), and a missing width refused in one line."""
+    import json
+
+    from .conftest import run_cli
+
+    res = run_cli("ops", "elementwise", "--kind", "silu_mul", "--m", "1", "--width", "28672", "--gpu", "h100-sxm",
+                  "--json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    act = elementwise_for("h100-sxm", None).fit(SILU_MUL)
+    assert doc["datasheet_s"] == pytest.approx(act.floor_s + 28672 * act.s_per_element)
+    assert doc["measured_s"] == doc["datasheet_s"] and "no measured elementwise table" in doc["measured_note"]
+    bad = run_cli("ops", "elementwise", "--m", "4")
+    assert bad.returncode != 0 and bad.stderr.strip().endswith("elementwise needs m, width; missing width")
+    assert len(bad.stderr.strip().splitlines()) == 1

@@ -16,14 +16,14 @@ import typer
 from sim.inputs.errors import ConfigError
 from sim.outputs.run_folder import to_json
 
-OPS = "gemm, attention, prefill, allreduce, allgather, reducescatter, alltoall, mlabmm"
+OPS = "gemm, attention, prefill, allreduce, allgather, reducescatter, alltoall, mlabmm, elementwise"
 KERNELS_HELP = "datasheet, measured or both (measured: AIConfigurator's tables, where they cover the GPU)"
 
 
 def ops(
     op: Optional[str] = typer.Argument(None, help=f"{OPS} (or give --csv)"),
     gpu: str = typer.Option("h200-sxm", "--gpu", help="catalog GPU (kvsim gpus)"),
-    m: Optional[int] = typer.Option(None, "--m", help="gemm: rows (tokens)"),
+    m: Optional[int] = typer.Option(None, "--m", help="gemm, elementwise: rows (tokens)"),
     n: Optional[int] = typer.Option(None, "--n", help="gemm: output features per GPU"),
     k: Optional[int] = typer.Option(None, "--k", help="gemm: input features (the reduction)"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="gemm: weight dtype bf16, fp16, fp8, int8, int4; mlabmm: bf16, fp8"),
@@ -46,6 +46,9 @@ def ops(
     kernel: Optional[str] = typer.Option(None, "--kernel", help="alltoall: DeepEP's ll (low latency) or ht"),
     wire: Optional[str] = typer.Option(None, "--wire", help="alltoall: bf16, fp8 (TensorRT-LLM's tables), default (vLLM's)"),
     bmm: Optional[str] = typer.Option(None, "--bmm", help="mlabmm: pre (q_nope x W_UK) or post (latent x W_UV)"),
+    kind: Optional[str] = typer.Option(None, "--kind", help="elementwise: rmsnorm, add_rmsnorm, rope, silu_mul or add"),
+    width: Optional[int] = typer.Option(None, "--width", help="elementwise: elements a row on one GPU (hidden size; "
+                                        "rope: rotated q + k; silu_mul: the MLP's intermediate / tp)"),
     csv_in: Optional[Path] = typer.Option(None, "--csv", help="operators, one per row (columns as the flags: op, gpu, m, n, k, ...)"),
     out: Optional[Path] = typer.Option(None, "--out", help="with --csv: write the predictions here (default stdout)"),
     kernels: str = typer.Option("both", "--kernels", help=KERNELS_HELP),
@@ -57,11 +60,11 @@ def ops(
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
     """Predicted time of one operator call (GEMM, decode or prefill attention, all-reduce, all-gather,
-    reduce-scatter, DeepEP all-to-all, absorbed-MLA BMM)."""
+    reduce-scatter, DeepEP all-to-all, absorbed-MLA BMM, an elementwise pass)."""
     values = {"op": op, "gpu": gpu, "m": m, "n": n, "k": k, "dtype": dtype, "batch": batch, "kv_tokens": kv_tokens,
               "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "kv_dtype": kv_dtype, "bytes": nbytes,
               "gpus": gpus, "impl": impl, "tokens": tokens, "hidden": hidden, "top_k": top_k, "experts": experts,
-              "phase": phase, "kernel": kernel, "wire": wire, "bmm": bmm}
+              "phase": phase, "kernel": kernel, "wire": wire, "bmm": bmm, "kind": kind, "width": width}
     _run(values, csv_in, out, kernels, framework, profile, as_json)
 
 
@@ -144,6 +147,8 @@ def _shape(q) -> str:
                 f"{q.experts} experts over {q.gpus} ranks, {q.wire} wire")
     if q.op == "mlabmm":
         return f"absorbed-MLA BMM {q.bmm} of {q.tokens} tokens x {q.heads} heads, {q.dtype}"
+    if q.op == "elementwise":
+        return f"{q.kind} over {q.m} rows x {q.width} elements, bf16"
     return f"{q.bytes:,.0f} bytes over {q.gpus} GPUs ({q.impl})"
 
 

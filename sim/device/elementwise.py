@@ -69,7 +69,8 @@ class Elementwise:
 
     fits: tuple[tuple[str, PassFit], ...]
     passes: tuple[str, ...]
-    source: str
+    source: str  # the passes and the fit, for a run's sources
+    fitted: str = ""  # where the fit comes from and its held-out error
 
     @cached_property
     def _by_kind(self) -> dict[str, PassFit]:
@@ -92,10 +93,9 @@ def elementwise_for(gpu: str, engine: str | None) -> Elementwise:
     rule = ENGINE_RULE.get(engine or "vllm")
     passes = engine_passes(engine)
     whose = "its" if own else f"{FALLBACK_GPU}'s"
-    source = (f"elementwise passes by bytes ({', '.join(passes)} a layer: {rule}), fitted on "
-              f"{whose} Vidur profiles (sim/catalog/fitted_elementwise.yaml): "
-              f"a layer held out |error| median {held['median']:.1%}, worst {held['worst']:.1%}")
-    return Elementwise(fits, passes, source)
+    fitted = (f"fitted on {whose} Vidur profiles (sim/catalog/fitted_elementwise.yaml): a layer held out |error| "
+              f"median {held['median']:.1%}, worst {held['worst']:.1%}")
+    return Elementwise(fits, passes, f"elementwise passes by bytes ({', '.join(passes)} a layer: {rule}), {fitted}", fitted)
 
 
 def engine_passes(engine: str | None) -> tuple[str, ...]:

@@ -27,6 +27,7 @@ from sim.model.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from sim.model.experts import expected_remote_ranks
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
+from .elementwise import ACTIVATION_BYTES, ROW_ELEMENTS, elementwise_for, pass_s
 from .hardware import Hardware, resolve_hardware, with_allreduce
 from .measured_kernels import MeasuredKernels, measured_kernels_for
 from .moe_exchange import A2A_WIRE_BYTES
@@ -103,7 +104,17 @@ class MlaBmm:
     dtype: str = "bf16"  # or fp8
 
 
-Operator = Gemm | DecodeAttention | PrefillAttention | AllReduce | Gather | AllToAll | MlaBmm
+@dataclass(frozen=True)
+class ElementwisePass:
+    """One elementwise pass (`device.elementwise`: rmsnorm, add_rmsnorm, rope, silu_mul, add) over `rows`
+    rows of `width` elements (bf16, one GPU)."""
+
+    kind: str
+    rows: int
+    width: int
+
+
+Operator = Gemm | DecodeAttention | PrefillAttention | AllReduce | Gather | AllToAll | MlaBmm | ElementwisePass
 GATHER_OPS = {"allgather": "all_gather", "reducescatter": "reduce_scatter"}  # kvsim ops' name -> NCCL's
 
 
@@ -154,6 +165,11 @@ def datasheet_cost(gpu: str, op: Operator, framework: str = FRAMEWORK, fit_from:
         return OpCost(seconds, "datasheet: physics.datasheet_prefill_attention_s")
     if isinstance(op, (AllToAll, MlaBmm)):
         return _datasheet_moe_mla_op(gpu, op, framework, fit_from)
+    if isinstance(op, ElementwisePass):
+        ew = elementwise_for(gpu, None)
+        row_bytes = ROW_ELEMENTS[op.kind] * op.width * ACTIVATION_BYTES
+        return OpCost(pass_s(ew.fit(op.kind), op.rows, op.width, row_bytes, catalog.gpu(gpu).hbm_bytes_per_s),
+                      f"datasheet: elementwise.pass_s ({ew.fitted})")
     if isinstance(op, Gather):
         hw = datasheet_hardware(gpu, tp=op.gpus, framework=framework, fit_from=fit_from)
         how = ("fitted protocols per group size" if dict(hw.gather_protocols).get(op.op) else
@@ -187,6 +203,9 @@ def measured_kernels(gpu: str, framework: str = FRAMEWORK) -> MeasuredKernels:
 def measured_cost(gpu: str, op: Operator, mk: MeasuredKernels | None = None, framework: str = FRAMEWORK) -> OpCost:
     """The measured tables' answer: AIConfigurator's for `gpu` as `framework` runs it, or `mk` (a
     profile's own tables)."""
+    if isinstance(op, ElementwisePass):  # no table times them (AIConfigurator has none)
+        d = datasheet_cost(gpu, op, framework)
+        return OpCost(d.seconds, d.source, False, "no measured elementwise table: the datasheet model")
     mk = mk or measured_kernels(gpu, framework)
     if isinstance(op, Gemm):
         if op.dtype not in mk.gemm_dtypes() or not len(mk.tables.gemm):
@@ -243,6 +262,8 @@ def operator_of(q) -> Operator:
         return AllToAll(q.tokens, q.hidden, q.top_k, q.experts, q.gpus, q.phase, q.kernel, q.wire)
     if q.op == "mlabmm":
         return MlaBmm(q.tokens, q.heads, q.bmm, q.dtype)
+    if q.op == "elementwise":
+        return ElementwisePass(q.kind, q.m, q.width)
     return AllReduce(q.bytes, q.gpus, q.impl)
 
 

@@ -29,15 +29,18 @@ OP_FIELDS = {
     "reducescatter": ("bytes", "gpus"),  # bytes: the whole buffer every GPU reduces
     "alltoall": ("tokens", "hidden", "top_k", "experts", "gpus"),  # DeepEP: tokens a rank, gpus the EP ranks
     "mlabmm": ("tokens", "heads"),  # absorbed MLA's BMM (DeepSeek-V3 widths), heads per GPU
+    "elementwise": ("m", "width"),  # one elementwise pass (`kind`) over m rows of width elements (bf16, one GPU)
 }
 INTEGER_COLUMNS = {"m", "n", "k", "batch", "kv_tokens", "heads", "kv_heads", "head_dim", "gpus", "tokens", "hidden",
-                   "top_k", "experts"}
+                   "top_k", "experts", "width"}
 COLUMNS = ("op", "gpu", "m", "n", "k", "dtype", "batch", "kv_tokens", "heads", "kv_heads", "head_dim", "kv_dtype",
-           "bytes", "gpus", "impl", "tokens", "hidden", "top_k", "experts", "phase", "kernel", "wire", "bmm")
+           "bytes", "gpus", "impl", "tokens", "hidden", "top_k", "experts", "phase", "kernel", "wire", "bmm", "kind",
+           "width")
 
 
 class OpQuery(Strict):
-    op: Literal["gemm", "attention", "prefill", "allreduce", "allgather", "reducescatter", "alltoall", "mlabmm"]
+    op: Literal["gemm", "attention", "prefill", "allreduce", "allgather", "reducescatter", "alltoall", "mlabmm",
+                "elementwise"]
     gpu: str = Field("h200-sxm", max_length=64)
     m: int | None = Field(None, ge=1, le=MAX_DIM)  # GEMM rows (tokens)
     n: int | None = Field(None, ge=1, le=MAX_DIM)  # output features per GPU
@@ -60,6 +63,9 @@ class OpQuery(Strict):
     kernel: Literal["ll", "ht"] = "ll"  # alltoall: DeepEP's low-latency or high-throughput kernels
     wire: Literal["bf16", "fp8", "default"] = "bf16"  # alltoall: what crosses (default: vLLM's tables)
     bmm: Literal["pre", "post"] = "pre"  # mlabmm: q_nope x W_UK (pre) or the latent output x W_UV (post)
+    # elementwise: which pass (sim/device/elementwise.py) over m rows of `width` elements a row
+    kind: Literal["rmsnorm", "add_rmsnorm", "rope", "silu_mul", "add"] = "rmsnorm"
+    width: int | None = Field(None, ge=1, le=MAX_DIM)
 
     @model_validator(mode="after")
     def _complete(self):
