@@ -145,6 +145,7 @@ def test_sglang_max_running_requests_by_hand():
     assert sglang_max_running_requests(4096, 1_000_000, None) == 4096  # no context: SGLang's 2048
     assert sglang_max_running_requests(2 * 4096, 2_000_000, 131072, ranks=2) == 2 * 3906  # each rank its pool
     assert sglang_max_running_requests(1000, 2_000_000, 131072, ranks=2) == 1000  # --max-running-requests // dp
+    assert sglang_max_running_requests(3, 2_000_000, 131072, ranks=8) == 3  # never above what was asked
 
 
 def test_a_sglang_run_caps_its_running_requests_by_its_pool():

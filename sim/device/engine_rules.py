@@ -265,7 +265,8 @@ def sglang_max_running_requests(requested: int, pool_tokens: float, context_toke
     context = context_tokens or SGLANG_DEFAULT_CONTEXT
     estimated = min(max(int(rank_pool / context * SGLANG_REQUESTS_PER_CONTEXT), SGLANG_RUNNING_FLOOR),
                     SGLANG_RUNNING_CEILING)
-    return max(min(requested // max(ranks, 1), estimated, rank_pool // 2), 1) * max(ranks, 1)
+    per_rank = max(min(requested // max(ranks, 1), estimated, rank_pool // 2), 1)
+    return min(per_rank * max(ranks, 1), requested)  # never above what was asked (fewer than one a rank: as asked)
 
 
 @dataclass(frozen=True)
