@@ -166,6 +166,25 @@ def test_a_sglang_run_caps_its_running_requests_by_its_pool():
     assert simulate_serving(scenario_from_dict(data, "test")).summary.max_num_seqs == 300
 
 
+def test_a_sglang_runs_resolved_scenario_states_its_cap_and_runs_again_the_same(tmp_path):
+    """kvsim run writes the cap the run applied into scenario.resolved.yaml; running that file again gives
+    the same cap and the same figures (the rule cuts a set max_num_seqs to itself)."""
+    data = yaml.safe_load(SERVING.read_text())
+    del data["scheduler"]["max_num_seqs"]
+    data.update(engine={"name": "sglang"}, parallel={"tp": 1}, hardware={"gpu": "h200-sxm"})
+    data["model"]["name"] = "llama-3.1-8b"
+    data["workload"]["arrivals"]["requests"] = 40
+    (tmp_path / "sg.yaml").write_text(yaml.safe_dump(data))
+    assert run_cli("run", str(tmp_path / "sg.yaml"), "--out", str(tmp_path / "a")).returncode == 0
+    resolved = tmp_path / "a" / "scenario.resolved.yaml"
+    cap = yaml.safe_load(resolved.read_text())["scheduler"]["max_num_seqs"]
+    assert 2048 < cap < 4096
+    assert run_cli("run", str(resolved), "--out", str(tmp_path / "b")).returncode == 0
+    first, again = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("a", "b"))
+    assert first["max_num_seqs"] == again["max_num_seqs"] == cap
+    assert first["output_throughput_tok_per_s"] == again["output_throughput_tok_per_s"]
+
+
 def test_vllm_serve_defaults_by_gpu():
     """vllm/engine/arg_utils.py `get_batch_defaults` (OPENAI_API_SERVER): >= 70 GiB and not an A100 8192
     tokens and 1024 sequences, else 2048 and 256; the sequences no more than the tokens; what the scenario

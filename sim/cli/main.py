@@ -88,7 +88,7 @@ def run(
 
             result = simulate_serving(sc, prof, profile_path=prof_path)
             files = {"requests.csv": result.requests, "timeline.csv": result.timeline}
-            write_run_dir(out_dir, sc, result.summary, tables=files)
+            write_run_dir(out_dir, result.scenario, result.summary, tables=files)  # the scheduler it ran
         else:
             result = simulate(sc, prof, profile_path=prof_path)
             files = {"steps.csv": result.steps}
