@@ -13,7 +13,7 @@ from sim.device.elementwise import (
     RMSNORM,
     ROPE,
     SILU_MUL,
-    UNFUSED_PASSES,
+    VLLM_SGLANG_PASSES,
     PassFit,
     elementwise_for,
     engine_passes,
@@ -56,8 +56,8 @@ def test_llama_8b_layer_by_hand_on_h100():
 
 
 def test_the_engines_passes():
-    assert engine_passes("vllm") == engine_passes("sglang") == engine_passes(None) == UNFUSED_PASSES
-    assert UNFUSED_PASSES == (ADD_RMSNORM, ROPE, ADD_RMSNORM, SILU_MUL)  # no add apart: fused into the norms
+    assert engine_passes("vllm") == engine_passes("sglang") == engine_passes(None) == VLLM_SGLANG_PASSES
+    assert VLLM_SGLANG_PASSES == (ADD_RMSNORM, ROPE, ADD_RMSNORM, SILU_MUL)  # no add apart: fused into the norms
     assert engine_passes("tensorrt-llm") == ()
 
 

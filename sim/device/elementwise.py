@@ -43,7 +43,7 @@ VIDUR_PASSES = (RMSNORM, ROPE, RMSNORM, SILU_MUL, ADD)
 # python/sglang/srt/models/llama.py `LlamaDecoderLayer.forward`: input_layernorm(hidden, residual) and
 # post_attention_layernorm(hidden, residual), each the fused add + RMSNorm kernel, rotary_emb(q, k) in
 # place, the MLP's SiluAndMul; no add apart.
-UNFUSED_PASSES = (ADD_RMSNORM, ROPE, ADD_RMSNORM, SILU_MUL)
+VLLM_SGLANG_PASSES = (ADD_RMSNORM, ROPE, ADD_RMSNORM, SILU_MUL)
 # TensorRT-LLM runs other kernels (tensorrt_llm/_torch/models/modeling_llama.py `LlamaDecoderLayer`: rope
 # inside the attention kernel, with tensor parallelism the add + RMSNorm inside the all-reduce,
 # AllReduceFusionOp.RESIDUAL_RMS_NORM; its TensorRT-engine flow fuses by its own compiler) that no profile
@@ -101,7 +101,7 @@ def elementwise_for(gpu: str, engine: str | None) -> Elementwise:
 def engine_passes(engine: str | None) -> tuple[str, ...]:
     """The elementwise passes of one decoder layer as `engine` runs it (None: kvtier's default, vLLM's);
     () where they are not modelled (TensorRT-LLM: module constants)."""
-    return () if engine == "tensorrt-llm" else UNFUSED_PASSES
+    return () if engine == "tensorrt-llm" else VLLM_SGLANG_PASSES
 
 
 def pass_s(fit: PassFit, rows: float, width: float, row_bytes: float, hbm_bytes_per_s: float) -> float:
