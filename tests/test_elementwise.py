@@ -94,8 +94,8 @@ def test_the_committed_fit_matches_the_data_and_holds_out():
     import sys
 
     pytest.importorskip("scipy")  # the fit's solver (the .[measured] extra brings it)
-    res = subprocess.run([sys.executable, str(REPO / "scripts" / "fit_elementwise.py"), "--check"], capture_output=True,
-                         text=True, timeout=600)
+    res = subprocess.run([sys.executable, str(REPO / "scripts" / "fit_elementwise.py"), "--check"], check=False,
+                         capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     held = {g: v["layer_error_held_out"] for g, v in catalog.fitted_elementwise()["gpus"].items()}
     assert held["h100-sxm"]["median"] < 0.05 and held["a100-80gb-sxm"]["median"] < 0.13
