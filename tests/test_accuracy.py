@@ -105,6 +105,7 @@ def test_the_study_on_a_subset_gives_finite_errors():
     summary = e2e_summary(points)
     assert set(summary["mode"]) == set(modes)
     assert set(summary.loc[summary["by"] == "family", "key"]) == {m.family for m in rows}
+    assert set(summary.loc[summary["by"] == "engine", "key"]) == {m.engine for m in rows}
 
 
 @NEEDS_TABLES

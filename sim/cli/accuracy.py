@@ -1,6 +1,6 @@
 """`kvsim accuracy`: kvtier held against committed public measurements - end to end (published
 engine figures, sim/catalog/e2e_measurements.yaml) and per operator (a held-out split of the kernel
-tables) - with the median and worst error per family, GPU and mode (docs/accuracy.md)."""
+tables) - with the median and worst error per family, GPU, engine and mode (docs/accuracy.md)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def accuracy(
                                      "(the bands kvsim run, kvsim plan and the report print) from this study"),
 ) -> None:
     """Predicted against measured: every end-to-end row in each mode, their median and worst error per
-    family and GPU, and the operator-level errors on held-out kernel measurements."""
+    family, GPU and engine, and the operator-level errors on held-out kernel measurements."""
     from sim.outputs.run_folder import check_out_path
     from sim.studies.accuracy import MODES, e2e_summary, operator_table, run, simulations
 
@@ -134,7 +134,7 @@ def _num(v) -> str:
 
 
 def _summary_table(summary: pd.DataFrame) -> Table:
-    t = Table(title="end to end: |error| per family and GPU (mean: signed, negative = predicted too low)")
+    t = Table(title="end to end: |error| per family, GPU and engine (mean: signed, negative = predicted too low)")
     for col in ("mode", "by", "key", "rows", "median", "worst", "mean", "worst row"):
         t.add_column(col, justify="right" if col in ("rows", "median", "worst", "mean") else "left")
     for r in summary.to_dict("records"):

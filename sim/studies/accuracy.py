@@ -258,11 +258,12 @@ def _stats(p: pd.DataFrame) -> dict:
 
 def e2e_summary(points: pd.DataFrame) -> pd.DataFrame:
     """Per mode: median and worst |error| (and the signed mean; negative: predicted too low) over all
-    rows, per family and per GPU."""
+    rows, per family, per GPU and per engine (as each row names it: TensorRT-LLM's PyTorch flow apart from
+    its older TensorRT-engine flow and NIM)."""
     out = []
     for mode, p in points.groupby("mode", sort=False):
         out.append({"mode": mode, "by": "all", "key": "all", **_stats(p)})
-        for by in ("family", "gpu"):
+        for by in ("family", "gpu", "engine"):
             for key, q in p.groupby(by, sort=True):
                 out.append({"mode": mode, "by": by, "key": key, **_stats(q)})
     return pd.DataFrame(out)
