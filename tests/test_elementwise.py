@@ -10,6 +10,7 @@ from sim.decode.context import build_context
 from sim.device.elementwise import (
     ADD,
     ADD_RMSNORM,
+    HEAD_NORMS,
     RMSNORM,
     ROPE,
     SILU_MUL,
@@ -44,7 +45,8 @@ def test_llama_8b_layer_by_hand_on_h100():
     norm, rope, act = ew.fit(RMSNORM), ew.fit(ROPE), ew.fit(SILU_MUL)
     model = catalog.model("llama-3.1-8b")
     widths = elementwise_widths(model)
-    assert widths == {RMSNORM: ((4096, 1.0),), ADD: ((4096, 1.0),), ROPE: ((40 * 128, 1.0),), SILU_MUL: ((14336, 1.0),)}
+    assert widths == {RMSNORM: ((4096, 1.0),), ADD: ((4096, 1.0),), ROPE: ((40 * 128, 1.0),), SILU_MUL: ((14336, 1.0),),
+                      HEAD_NORMS: ()}  # Llama's attention has no norms of its own
     one = 2 * (norm.floor_s + 4096 * norm.s_per_element) + rope.floor_s + 5120 * rope.s_per_element \
         + act.floor_s + 14336 * act.s_per_element
     assert layer_passes_s(ew, 1, widths, H100_HBM) == pytest.approx(one)
@@ -57,7 +59,7 @@ def test_llama_8b_layer_by_hand_on_h100():
 
 def test_the_engines_passes():
     assert engine_passes("vllm") == engine_passes("sglang") == engine_passes(None) == VLLM_SGLANG_PASSES
-    assert VLLM_SGLANG_PASSES == (ADD_RMSNORM, ROPE, ADD_RMSNORM, SILU_MUL)  # no add apart: fused into the norms
+    assert VLLM_SGLANG_PASSES == (ADD_RMSNORM, ROPE, ADD_RMSNORM, SILU_MUL, HEAD_NORMS)  # no add apart: in the norms
     assert engine_passes("tensorrt-llm") == ()
 
 
@@ -78,11 +80,13 @@ def test_a_run_costs_its_passes_unless_a_figure_is_given():
 
 def test_widths_of_moe_mla_and_linear_layers():
     """DeepSeek-R1 on one GPU: rope over each of its 128 heads' 64 rotated dims and the latent's key; the
-    SiLU-and-mul of the 3 dense layers' MLP (18,432) and of the 58 MoE layers' shared expert (2,048).
-    Qwen3-Next: no rope in its 36 linear-attention layers of 48."""
+    SiLU-and-mul of the 3 dense layers' MLP (18,432) and of the 58 MoE layers' shared expert (2,048); its
+    q_a / kv_a norms over q_lora_rank 1,536 and kv_lora_rank 512. Qwen3-Next: no rope in its 36
+    linear-attention layers of 48."""
     r1 = elementwise_widths(catalog.model("deepseek-r1"))
     assert r1[ROPE] == ((129 * 64, 1.0),)
     assert r1[SILU_MUL] == ((18432, 3 / 61), (2048, 58 / 61))
+    assert r1[HEAD_NORMS] == ((1536, 1.0), (512, 1.0))
     nxt = catalog.model("qwen3-next-80b-a3b")
     assert elementwise_widths(nxt)[ROPE][0][1] == pytest.approx(1 - 36 / 48)
 
@@ -119,3 +123,17 @@ def test_kvsim_ops_costs_one_pass():
     bad = run_cli("ops", "elementwise", "--m", "4")
     assert bad.returncode != 0 and bad.stderr.strip().endswith("elementwise needs m, width; missing width")
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_qwen3s_per_head_norms_by_hand():
+    """Qwen3-8B (32 query and 8 KV heads of 128) at TP 2: q_norm and k_norm run a row of 128 per head -
+    at one token each a row's latency; at 8,192 tokens (16 + 4) x 8,192 rows of 2 x 128 x 2 B streamed."""
+    model = catalog.model("qwen3-8b").shard(2)
+    assert elementwise_widths(model)[HEAD_NORMS] == ((128, 1.0, 16), (128, 1.0, 4))
+    ew = elementwise_for("h100-sxm", "vllm")
+    norm = ew.fit(RMSNORM)
+    only = {HEAD_NORMS: elementwise_widths(model)[HEAD_NORMS]}
+    one_row = norm.floor_s + 128 * norm.s_per_element
+    assert layer_passes_s(ew, 1, only, H100_HBM, (HEAD_NORMS,)) == pytest.approx(2 * one_row)
+    assert layer_passes_s(ew, 8192, only, H100_HBM, (HEAD_NORMS,)) == pytest.approx(
+        20 * 8192 * 2 * 128 * 2 / (H100_HBM * norm.hbm_efficiency))

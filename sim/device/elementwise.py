@@ -16,6 +16,8 @@ key widths on one GPU):
     ADD_RMSNORM    residual add fused into it (vLLM's          4 h x 2 B  (RMSNorm's fit, twice the bytes)
                    fused_add_rms_norm): reads x and the
                    residual, writes both
+    HEAD_NORMS     the attention's own RMSNorms (Qwen3's      2 w x 2 B  (RMSNorm's fit; a per-head norm a
+                   per-head q / k, MLA's latent q_a / kv_a)              row of head_dim per head)
     ROPE           reads and writes q and k                   2 (q + k) x 2 B
     SILU_MUL       reads 2 I, writes I                        3 I x 2 B
     ADD            reads 2 h, writes h                        3 h x 2 B
@@ -32,18 +34,23 @@ from functools import cached_property
 from sim.inputs import catalog
 
 RMSNORM, ADD_RMSNORM, ROPE, SILU_MUL, ADD = "rmsnorm", "add_rmsnorm", "rope", "silu_mul", "add"
-FITTED = (RMSNORM, ROPE, SILU_MUL, ADD)  # the passes Vidur times; ADD_RMSNORM takes RMSNorm's fit
+HEAD_NORMS = "head_norms"  # the attention's own RMSNorms: Qwen3's per-head q / k norms, MLA's q_a / kv_a norms
+FITTED = (RMSNORM, ROPE, SILU_MUL, ADD)  # the passes Vidur times; ADD_RMSNORM and HEAD_NORMS take RMSNorm's fit
 ACTIVATION_BYTES = 2  # bf16
-ROW_ELEMENTS = {RMSNORM: 2, ADD_RMSNORM: 4, ROPE: 2, SILU_MUL: 3, ADD: 3}  # elements moved a row per element of width
-FIT_OF = {ADD_RMSNORM: RMSNORM}
+# elements moved a row per element of its width
+ROW_ELEMENTS = {RMSNORM: 2, ADD_RMSNORM: 4, ROPE: 2, SILU_MUL: 3, ADD: 3, HEAD_NORMS: 2}
+FIT_OF = {ADD_RMSNORM: RMSNORM, HEAD_NORMS: RMSNORM}
+WIDTHS_OF = {ADD_RMSNORM: RMSNORM}  # whose widths a pass takes (`layer_passes_s`), where not its own
 
 # A layer as Vidur times it (sim/studies/elementwise_accuracy.py): two RMSNorms, rope, SiLU-and-mul, one add.
 VIDUR_PASSES = (RMSNORM, ROPE, RMSNORM, SILU_MUL, ADD)
 # vLLM vllm/model_executor/models/llama.py `LlamaDecoderLayer.forward` and SGLang
 # python/sglang/srt/models/llama.py `LlamaDecoderLayer.forward`: input_layernorm(hidden, residual) and
 # post_attention_layernorm(hidden, residual), each the fused add + RMSNorm kernel, rotary_emb(q, k) in
-# place, the MLP's SiluAndMul; no add apart.
-VLLM_SGLANG_PASSES = (ADD_RMSNORM, ROPE, ADD_RMSNORM, SILU_MUL)
+# place, the MLP's SiluAndMul; no add apart. The attention's own norms where the model has them: Qwen3's
+# q_norm / k_norm over each head (qwen3.py `Qwen3Attention.forward`: q.view(..., heads, head_dim)), DeepSeek's
+# q_a_layernorm / kv_a_layernorm over the latent (deepseek_v2.py `DeepseekV2MLAAttention`).
+VLLM_SGLANG_PASSES = (ADD_RMSNORM, ROPE, ADD_RMSNORM, SILU_MUL, HEAD_NORMS)
 # TensorRT-LLM runs other kernels (tensorrt_llm/_torch/models/modeling_llama.py `LlamaDecoderLayer`: rope
 # inside the attention kernel, with tensor parallelism the add + RMSNorm inside the all-reduce,
 # AllReduceFusionOp.RESIDUAL_RMS_NORM; its TensorRT-engine flow fuses by its own compiler) that no profile
@@ -95,7 +102,8 @@ def elementwise_for(gpu: str, engine: str | None) -> Elementwise:
     whose = "its" if own else f"{FALLBACK_GPU}'s"
     fitted = (f"fitted on {whose} Vidur profiles (sim/catalog/fitted_elementwise.yaml): a layer held out |error| "
               f"median {held['median']:.1%}, worst {held['worst']:.1%}")
-    return Elementwise(fits, passes, f"elementwise passes by bytes ({', '.join(passes)} a layer: {rule}), {fitted}", fitted)
+    said = f"elementwise passes by bytes ({', '.join(passes)} a layer: {rule}), {fitted}"
+    return Elementwise(fits, passes, said, fitted)
 
 
 def engine_passes(engine: str | None) -> tuple[str, ...]:
@@ -110,16 +118,18 @@ def pass_s(fit: PassFit, rows: float, width: float, row_bytes: float, hbm_bytes_
     return max(fit.floor_s + width * fit.s_per_element, rows * row_bytes / (hbm_bytes_per_s * fit.hbm_efficiency))
 
 
-def layer_passes_s(ew: Elementwise, rows: float, widths: dict[str, tuple[tuple[float, float], ...]],
+def layer_passes_s(ew: Elementwise, rows: float, widths: dict[str, tuple[tuple[float, ...], ...]],
                    hbm_bytes_per_s: float, passes: tuple[str, ...] | None = None) -> float:
-    """The mean layer's elementwise passes over `rows` rows: each of `passes` (default the engine's) at
-    its widths (`widths`: fitted kind -> ((elements a row on one GPU, share of the layers with it), ...);
-    a model's layers may differ, e.g. a dense MLP in some, a shared expert's in the others)."""
+    """The mean layer's elementwise passes over `rows` tokens: each of `passes` (default the engine's) at
+    its widths (`widths`: kind -> ((elements a row on one GPU, share of the layers with it[, rows a
+    token]), ...), a kind absent from it absent from the layer; a model's layers may differ, e.g. a
+    dense MLP in some, a shared expert's in the others; a per-head norm runs a row per head)."""
     total = 0.0
     for kind in passes or ew.passes:
         fit = ew.fit(kind)
-        for width, share in widths[FIT_OF.get(kind, kind)]:
+        for width, share, *per_token in widths.get(WIDTHS_OF.get(kind, kind), ()):
             if width > 0 and share > 0:
                 row_bytes = ROW_ELEMENTS[kind] * width * ACTIVATION_BYTES
-                total += share * pass_s(fit, rows, width, row_bytes, hbm_bytes_per_s)
+                total += share * pass_s(fit, rows * (per_token[0] if per_token else 1), width, row_bytes,
+                                        hbm_bytes_per_s)
     return total

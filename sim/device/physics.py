@@ -26,7 +26,7 @@ from sim.model.layers import FULL, LINEAR, MLA, SPARSE, TIERED_KINDS, WINDOW
 from sim.model.spec import ModelSpec
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
-from .elementwise import ADD, RMSNORM, ROPE, SILU_MUL, layer_passes_s
+from .elementwise import ADD, HEAD_NORMS, RMSNORM, ROPE, SILU_MUL, layer_passes_s
 from .engine_rules import DECODE, MIXED, PREFILL, decode_rows, host_times
 from .hardware import Hardware
 from .host_pipeline import HostLayer, HostStepTimes, host_pipeline
@@ -636,7 +636,9 @@ def elementwise_widths(model: ModelSpec) -> dict[str, tuple[tuple[float, float],
     of the layers that run each: RMSNorm and the add over the hidden size; rope over the rotated query
     and key heads (MLA: qk_rope_head_dim of each query head and the latent's key), in every layer but the
     linear ones; SiLU-and-mul over a dense MLP's intermediate, and in a mixture of experts' MoE layers
-    over the shared experts' (the routed experts' activation is inside their fused kernel's cost)."""
+    over the shared experts' (the routed experts' activation is inside their fused kernel's cost); the
+    attention's own norms: MLA's over q_lora_rank and kv_lora_rank, Qwen3's q / k norms a head_dim row per
+    head."""
     n = model.num_layers
     if model.mla:
         rope = (model.num_heads + 1) * model.mla.qk_rope_head_dim
@@ -646,8 +648,14 @@ def elementwise_widths(model: ModelSpec) -> dict[str, tuple[tuple[float, float],
     if model.is_moe:
         dense = min(model.dense_mlp_layers, n)
         mlp = ((model.intermediate_size, dense / n), (model.shared_expert_intermediate_size, (n - dense) / n))
-    return {RMSNORM: ((model.hidden_size, 1.0),), ADD: ((model.hidden_size, 1.0),),
-            ROPE: ((rope, 1.0 - model.kind_counts.get(LINEAR, 0) / n),), SILU_MUL: mlp}
+    attention = 1.0 - model.kind_counts.get(LINEAR, 0) / n  # the layers with softmax attention
+    head_norms = ()
+    if model.mla:  # q_a_layernorm over the q LoRA (where there is one), kv_a_layernorm over the latent's kv_lora_rank
+        head_norms = tuple((w, attention) for w in (model.mla.q_lora_rank, model.mla.kv_lora_rank) if w)
+    elif model.qk_norm:  # q_norm and k_norm: a row of head_dim per query head, per KV head
+        head_norms = ((model.head_dim, attention, model.num_heads), (model.head_dim, attention, model.num_kv_heads))
+    return {RMSNORM: ((model.hidden_size, 1.0),), ADD: ((model.hidden_size, 1.0),), ROPE: ((rope, attention),),
+            SILU_MUL: mlp, HEAD_NORMS: head_norms}
 
 
 def decode_layer_attention_s(model: ModelSpec, hw: Hardware, batch: int, attended_tokens: int,
