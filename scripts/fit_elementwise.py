@@ -25,16 +25,15 @@ import yaml
 from scipy.optimize import least_squares
 
 from sim.device.elementwise import (
-    ACTIVATION_BYTES,
     ADD,
     FITTED,
     RMSNORM,
     ROPE,
-    ROW_ELEMENTS,
     SILU_MUL,
     VIDUR_PASSES,
     Elementwise,
     PassFit,
+    row_bytes,
 )
 from sim.inputs import catalog
 from sim.outputs.atomic import write_text_atomic
@@ -57,10 +56,10 @@ def fit_gpu(tune: pd.DataFrame, hbm: float) -> dict[str, PassFit]:
         rows = np.tile(tune["num_tokens"].to_numpy(float), len(cols))
         width = np.tile(w[kind].to_numpy(float), len(cols))
         measured = np.concatenate([tune[c].to_numpy(float) * MS for c in cols])
-        row_bytes = ROW_ELEMENTS[kind] * width * ACTIVATION_BYTES
+        nbytes = row_bytes(kind, width)
 
-        def log_error(x, rows=rows, width=width, row_bytes=row_bytes, measured=measured):
-            t = np.maximum(x[0] * 1e-6 + x[1] * 1e-9 * width, rows * row_bytes / (hbm * x[2]))
+        def log_error(x, rows=rows, width=width, nbytes=nbytes, measured=measured):  # elementwise.pass_s over arrays
+            t = np.maximum(x[0] * 1e-6 + x[1] * 1e-9 * width, rows * nbytes / (hbm * x[2]))
             return np.log(t / measured)
 
         x = least_squares(log_error, START, bounds=(LOW, HIGH)).x
@@ -84,7 +83,7 @@ def fitted() -> dict:
         hbm = catalog.gpu(gpu).hbm_bytes_per_s
         g = p[p["gpu"] == vidur_gpu]
         fits = fit_gpu(g[g["model"] == TUNE], hbm)
-        ew = Elementwise(tuple(fits.items()), VIDUR_PASSES, "")
+        ew = Elementwise(fits, VIDUR_PASSES, "")
         out["gpus"][gpu] = {
             "passes": {k: {"floor_s": f.floor_s, "s_per_element": f.s_per_element, "hbm_efficiency": f.hbm_efficiency}
                        for k, f in fits.items()},

@@ -29,7 +29,6 @@ TensorRT-LLM's fused kernels are not modelled (it keeps the flat `layer_overhead
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 from sim.inputs import catalog
 
@@ -74,17 +73,13 @@ class Elementwise:
     """A run's elementwise passes: the GPU's fits (kind -> PassFit, `FITTED`), the passes a layer runs
     (`engine_passes`) and where both come from."""
 
-    fits: tuple[tuple[str, PassFit], ...]
+    fits: dict[str, PassFit]
     passes: tuple[str, ...]
     source: str  # the passes and the fit, for a run's sources
     fitted: str = ""  # where the fit comes from and its held-out error
 
-    @cached_property
-    def _by_kind(self) -> dict[str, PassFit]:
-        return dict(self.fits)
-
     def fit(self, kind: str) -> PassFit:
-        return self._by_kind[FIT_OF.get(kind, kind)]
+        return self.fits[FIT_OF.get(kind, kind)]
 
 
 FALLBACK_GPU = "h100-sxm"  # whose constants a GPU without its own fit takes (against its own HBM)
@@ -95,7 +90,7 @@ def elementwise_for(gpu: str, engine: str | None) -> Elementwise:
     data = catalog.fitted_elementwise()
     own = gpu in data["gpus"]
     entry = data["gpus"][gpu if own else FALLBACK_GPU]
-    fits = tuple((k, PassFit(**v)) for k, v in entry["passes"].items())
+    fits = {k: PassFit(**v) for k, v in entry["passes"].items()}
     held = entry["layer_error_held_out"]
     rule = ENGINE_RULE.get(engine or "vllm")
     passes = engine_passes(engine)
@@ -110,6 +105,11 @@ def engine_passes(engine: str | None) -> tuple[str, ...]:
     """The elementwise passes of one decoder layer as `engine` runs it (None: kvtier's default, vLLM's);
     () where they are not modelled (TensorRT-LLM: module constants)."""
     return () if engine == "tensorrt-llm" else VLLM_SGLANG_PASSES
+
+
+def row_bytes(kind: str, width: float) -> float:
+    """Bytes a row of `width` elements of pass `kind` moves (module docstring's table)."""
+    return ROW_ELEMENTS[kind] * width * ACTIVATION_BYTES
 
 
 def pass_s(fit: PassFit, rows: float, width: float, row_bytes: float, hbm_bytes_per_s: float) -> float:
@@ -129,7 +129,6 @@ def layer_passes_s(ew: Elementwise, rows: float, widths: dict[str, tuple[tuple[f
         fit = ew.fit(kind)
         for width, share, *per_token in widths.get(WIDTHS_OF.get(kind, kind), ()):
             if width > 0 and share > 0:
-                row_bytes = ROW_ELEMENTS[kind] * width * ACTIVATION_BYTES
-                total += share * pass_s(fit, rows * (per_token[0] if per_token else 1), width, row_bytes,
+                total += share * pass_s(fit, rows * (per_token[0] if per_token else 1), width, row_bytes(kind, width),
                                         hbm_bytes_per_s)
     return total

@@ -261,12 +261,13 @@ def sglang_max_running_requests(requested: int, pool_tokens: float, context_toke
     `requested` is --max-running-requests (the group's); unset, kvtier passes the ceiling 4096 x ranks,
     which leaves min(estimated, pool // 2), SGLang's rule without it. `context_tokens`: --context-length,
     else the model's (None: SGLang's fallback 2048)."""
-    rank_pool = int(pool_tokens / max(ranks, 1))
+    ranks = max(ranks, 1)
+    rank_pool = int(pool_tokens / ranks)
     context = context_tokens or SGLANG_DEFAULT_CONTEXT
     estimated = min(max(int(rank_pool / context * SGLANG_REQUESTS_PER_CONTEXT), SGLANG_RUNNING_FLOOR),
                     SGLANG_RUNNING_CEILING)
-    per_rank = max(min(requested // max(ranks, 1), estimated, rank_pool // 2), 1)
-    return min(per_rank * max(ranks, 1), requested)  # never above what was asked (fewer than one a rank: as asked)
+    per_rank = max(min(requested // ranks, estimated, rank_pool // 2), 1)
+    return min(per_rank * ranks, requested)  # never above what was asked (fewer than one a rank: as asked)
 
 
 @dataclass(frozen=True)

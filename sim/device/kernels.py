@@ -27,7 +27,7 @@ from sim.model.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from sim.model.experts import expected_remote_ranks
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
-from .elementwise import ACTIVATION_BYTES, ROW_ELEMENTS, elementwise_for, pass_s
+from .elementwise import elementwise_for, pass_s, row_bytes
 from .hardware import Hardware, resolve_hardware, with_allreduce
 from .measured_kernels import MeasuredKernels, measured_kernels_for
 from .moe_exchange import A2A_WIRE_BYTES
@@ -167,8 +167,8 @@ def datasheet_cost(gpu: str, op: Operator, framework: str = FRAMEWORK, fit_from:
         return _datasheet_moe_mla_op(gpu, op, framework, fit_from)
     if isinstance(op, ElementwisePass):
         ew = elementwise_for(gpu, None)
-        row_bytes = ROW_ELEMENTS[op.kind] * op.width * ACTIVATION_BYTES
-        return OpCost(pass_s(ew.fit(op.kind), op.rows, op.width, row_bytes, catalog.gpu(gpu).hbm_bytes_per_s),
+        return OpCost(pass_s(ew.fit(op.kind), op.rows, op.width, row_bytes(op.kind, op.width),
+                             catalog.gpu(gpu).hbm_bytes_per_s),
                       f"datasheet: elementwise.pass_s ({ew.fitted})")
     if isinstance(op, Gather):
         hw = datasheet_hardware(gpu, tp=op.gpus, framework=framework, fit_from=fit_from)

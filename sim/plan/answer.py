@@ -3,6 +3,8 @@ commands. Pure text and arithmetic over the ranked rows (sim.plan.files.PLAN_COL
 
 from __future__ import annotations
 
+import functools
+
 from sim.inputs import catalog
 from sim.inputs.scenario import Scenario
 from sim.serving.fleet import LEAST_OUTSTANDING, ROUND_ROBIN
@@ -218,8 +220,8 @@ def instance_scenarios(base: Scenario, best: dict):
     spec = PlanSpec(1.0, 1.0, None, requests=1)
     if not best.get("prefill"):
         return lambda: candidate_scenario(base, row_candidate(best), 1.0, spec)
-    return (lambda: pool_scenarios(base, row_candidate(best), spec, 1.0)[0](1),
-            lambda: pool_scenarios(base, row_candidate(best), spec, 1.0)[1](1))
+    pools = functools.cache(lambda: pool_scenarios(base, row_candidate(best), spec, 1.0))  # (make_prefill, make_decode)
+    return lambda: pools()[0](1), lambda: pools()[1](1)
 
 
 # the engines' own data-parallel balancers against the one the plan simulated (sim/serving/fleet.py):
