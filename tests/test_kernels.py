@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.device.kernel_grid import RatioGrid, fill_from_below
+from sim.device.kernel_grid import RatioGrid, fill_cold_side, fill_from_below
 from sim.device.kernels import (
     AllReduce,
     DecodeAttention,
@@ -22,7 +22,15 @@ from sim.device.kernels import (
     measured_kernels,
 )
 from sim.inputs import catalog
-from sim.inputs.kernel_tables import isolated_spikes, load_tables, split_tables, tables_available
+from sim.inputs.kernel_tables import (
+    attention_kv_bytes,
+    cache_served,
+    gemm_weight_bytes,
+    isolated_spikes,
+    load_tables,
+    split_tables,
+    tables_available,
+)
 
 from .conftest import run_cli
 
@@ -78,6 +86,58 @@ def test_a_hole_with_nothing_below_it_takes_the_nearest_cell_once_the_others_are
     g = RatioGrid.from_points(pts, np.array([3.0, 5.0, 7.0, 9.0]), fill=fill_from_below)
     assert g(np.array([[2.0, 2.0]]))[0][0] == pytest.approx(3.0)
     assert g(np.array([[1.0, 2.0]]))[0][0] == pytest.approx(9.0)
+
+
+def test_decode_attentions_interior_hole_takes_the_least_efficient_cell_above_it():
+    """`fill_cold_side` (decode attention): a hole with measured cells above it takes the largest ratio of
+    the nearest ones above along each axis - (2, 2) has (4, 2) above on the first axis (5) and (2, 4) on
+    the second (7): 7, whatever (1, 2) and (2, 1) below it say. (4, 4) has nothing above it: from below,
+    the smaller of (2, 4) 7 and (4, 2) 5."""
+    pts = np.array([[1, 2], [2, 1], [4, 2], [2, 4]], dtype=float)
+    g = RatioGrid.from_points(pts, np.array([1.0, 1.0, 5.0, 7.0]), fill=fill_cold_side)
+    assert g(np.array([[2.0, 2.0]]))[0][0] == pytest.approx(7.0)
+    assert g(np.array([[4.0, 4.0]]))[0][0] == pytest.approx(5.0)
+
+
+def test_a_point_is_cache_served_when_it_streams_faster_than_its_dtypes_cold_calls():
+    """By hand, DRAM 1 TB/s, COLD_BYTES 256 MiB: bf16's cold calls of >= 256 MiB stream at 0.8 and 0.5 TB/s
+    (0.8: its cold rate); 64 MiB in 70 us (0.96 TB/s) was served warm, 64 MiB in 90 us (0.75 TB/s) was not.
+    fp8 has no call that large: its rate is the peak, so 2 MB in 1.9 us (1.05 TB/s) is warm and 2 MB in
+    2.1 us not. A 1 GB call at 1.6x the peak (blocks shared between sequences) sets no cold rate."""
+    mib = 2**20
+    nbytes = np.array([512 * mib, 256 * mib, 1e9, 64 * mib, 64 * mib, 2e6, 2e6])
+    seconds = nbytes / np.array([0.8e12, 0.5e12, 1.6e12, 0.96e12, 0.75e12, 1.05e12, 0.95e12])
+    dtype = np.array(["bf16"] * 5 + ["fp8"] * 2)
+    assert cache_served(nbytes, seconds, dtype, 1e12).tolist() == [False, False, True, True, False, True, False]
+
+
+def test_cold_operand_bytes_by_hand():
+    """A GEMM streams n x k weights (fp8: a byte each); attention reads batch x min(tokens, window) x 2 x KV
+    heads (MHA: the query heads) x head dim x the KV dtype's bytes."""
+    gemm = pd.DataFrame({"dtype": ["bf16", "fp8"], "m": [1, 64], "n": [4096, 4096], "k": [1024, 1024]})
+    assert gemm_weight_bytes(gemm).tolist() == [4096 * 1024 * 2, 4096 * 1024]
+    attn = pd.DataFrame({"kv_dtype": ["bf16", "fp8", "bf16"], "kv_heads": [2, 0, 8], "head_dim": [128, 64, 128],
+                         "window": [0, 0, 128], "heads": [8, 4, 32], "batch": [4, 2, 3], "kv_tokens": [1000, 10, 4096]})
+    assert attention_kv_bytes(attn).tolist() == [4 * 1000 * 2 * 2 * 128 * 2, 2 * 10 * 2 * 4 * 64, 3 * 128 * 2 * 8 * 128 * 2]
+
+
+@needs_tables
+def test_l40s_tables_drop_the_points_its_l2_served_and_h200s_keep_all():
+    """L40S's decode attention over 8 x 8,191 bf16 tokens of 2 KV heads (67 MB, in its 96 MB L2) was timed at
+    ~38 us, 1.8 TB/s against its 864 GB/s DRAM: dropped, and the grid fills the cell from the larger calls
+    beside it, so a query there costs more than streaming its 67 MB at the DRAM peak. H200's tables lose
+    nothing."""
+    from sim.device.measured_kernels import measured_kernels_for
+
+    t = load_tables("l40s")
+    a = t.decode_attention
+    cell = a[(a.kv_dtype == "bf16") & (a.kv_heads == 2) & (a.heads == 8) & (a.head_dim == 128) & (a.window == 0)
+             & (a.batch == 8) & (a.kv_tokens == 8191)]
+    assert cell.empty and t.cache_served["generation_attention"] > 1000 and t.cache_served["gemm"] > 1000
+    kv_bytes = 8 * 8191 * 2 * 2 * 128 * 2
+    cost = measured_kernels_for("l40s").decode_attention_s(8, 8191, 8, 2, 128).seconds[0]
+    assert cost > kv_bytes / catalog.gpu("l40s").hbm_bytes_per_s
+    assert load_tables("h200-sxm").cache_served == {}
 
 
 def test_datasheet_gemm_is_floor_plus_weight_streaming_at_one_row():

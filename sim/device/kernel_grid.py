@@ -199,6 +199,28 @@ def fill_from_below(grid: np.ndarray) -> np.ndarray:
     return fill_nearest(out) if np.isnan(out).any() else out
 
 
+def fill_cold_side(grid: np.ndarray) -> np.ndarray:
+    """Every NaN cell with a measured cell above it along some axis takes the largest ratio among the
+    nearest measured cells above it (`_above_along`): a smaller call runs no more efficiently than the
+    larger ones around it. The interior holes of a decode-attention table are mostly the points dropped
+    as served from a warm L2 (`kernel_tables.cache_served`), and the larger calls beside them read cold;
+    the partly warm points left below them would carry that warmth into the hole. The rest - the large
+    corner the collector could not fit - fill from below (`fill_from_below`)."""
+    missing = np.isnan(grid)
+    if not missing.any():
+        return grid
+    above = np.stack([_above_along(grid, d) for d in range(grid.ndim)])
+    with np.errstate(all="ignore"):
+        best = np.where(np.isnan(above), -np.inf, above).max(axis=0)
+    best[np.isinf(best)] = np.nan
+    return fill_from_below(np.where(missing, best, grid))
+
+
+def _above_along(grid: np.ndarray, axis: int) -> np.ndarray:
+    """Each cell's nearest measured value at a higher index along `axis` (NaN where none): a backward fill."""
+    return np.flip(_below_along(np.flip(grid, axis), axis), axis)
+
+
 def _below_along(grid: np.ndarray, axis: int) -> np.ndarray:
     """Each cell's nearest measured value at a lower index along `axis` (NaN where none): a forward fill."""
     g = np.moveaxis(grid, axis, -1)

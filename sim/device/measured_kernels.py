@@ -33,7 +33,7 @@ from sim.model.dtypes import KV_DTYPES as KV_FORMATS
 from sim.model.experts import expected_experts_touched, expected_remote_ranks
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
-from .kernel_grid import LazyGrids, RatioGrid, fill_from_below
+from .kernel_grid import LazyGrids, RatioGrid, fill_cold_side, fill_from_below
 from .moe_exchange import A2A_WIRE_BYTES
 
 ACTIVATION_BYTES = 2  # bf16 activations in and out of a GEMM, queries and outputs of attention
@@ -180,7 +180,7 @@ class MeasuredKernels:
     # ---- decode attention -------------------------------------------------------------------------
     @cached_property
     def _attention_slices(self) -> LazyGrids:
-        return self._slice_grids(self.tables.decode_attention, attention_roofline_s, fill_from_below)
+        return self._slice_grids(self.tables.decode_attention, attention_roofline_s, fill_cold_side)
 
     def _slice_grids(self, table, roofline, fill=None) -> LazyGrids:
         """An attention table (decode or context) as grids of measured / `roofline` over (heads, batch,

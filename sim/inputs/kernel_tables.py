@@ -73,6 +73,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from . import catalog
 from .errors import ConfigError
 
 PACKAGE = "aiconfigurator-core"
@@ -122,6 +123,7 @@ class KernelTables:
     moe: pd.DataFrame | None = None  # MOE_COLUMNS: quant, distribution, experts, top_k, hidden, inter, tp, ep, tokens, ...
     mla_bmm: pd.DataFrame | None = None  # MLA_BMM_COLUMNS: op (pre, post), dtype, heads, tokens, latency_s
     table_sources: dict[str, str] = field(default_factory=dict)  # table -> "framework version" where not `framework`'s
+    cache_served: dict[str, int] = field(default_factory=dict)  # table -> points dropped as timed from a warm L2
 
     def source(self, table: str) -> str:
         """Where a figure came from, for `sources` and `kvsim ops`."""
@@ -155,7 +157,62 @@ def load_tables(gpu: str, framework: str = FRAMEWORK) -> KernelTables:
     if not tables_available():
         raise ConfigError(f"measured kernels need the {PACKAGE} package: pip install -e '.[measured]' "
                           f"(or use the datasheet kernels)", field="hardware.kernels")
-    return _load(system, framework)
+    return _cold(system, framework, catalog.gpu(gpu).hbm_bytes_per_s)
+
+
+# A decode step reads each GEMM's weights and each layer's KV cache once, from DRAM: the other layers
+# between two reads evict them. AIConfigurator's collectors time one call over and over, so where the
+# call's weights or KV fit in the GPU's L2 the table times a warm cache: L40S GEMMs (96 MB L2) over
+# 8-16 MB of bf16 weights run at a median 1.46x its DRAM peak, its decode attention over 64-128 MB of
+# KV at 2.0x, RTX PRO 6000's (128 MB) alike; H100's and H200's (50 MB) never pass the peak outside
+# sliding windows (TensorRT-LLM's A100 table reads 4.3 GB contexts at 1.6x its peak: blocks shared
+# between sequences, likely). A point that read its cold operand faster than the table's own cold
+# calls ever stream - those of >= COLD_BYTES, past every GPU's L2, at or under the DRAM peak - is
+# dropped (`cache_served`), and the grids fill its cell from the larger calls beside it
+# (`kernel_grid.fill_cold_side`).
+WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}  # a GEMM table dtype's bytes a weight
+COLD_BYTES = 256 * 2**20
+
+
+def gemm_weight_bytes(gemm: pd.DataFrame) -> np.ndarray:
+    """The weights one GEMM call streams: n x k x the dtype's bytes."""
+    return gemm["n"].to_numpy(float) * gemm["k"].to_numpy(float) * gemm["dtype"].map(WEIGHT_BYTES).to_numpy(float)
+
+
+def attention_kv_bytes(attn: pd.DataFrame) -> np.ndarray:
+    """The KV one decode-attention call reads: batch x min(cached tokens, window) x 2 x KV heads x head dim
+    x the KV dtype's bytes (kv_heads 0: MHA, as many as the query heads; window 0: the whole context)."""
+    tokens = attn["kv_tokens"].to_numpy(float)
+    window = attn["window"].to_numpy(float)
+    read = np.where(window > 0, np.minimum(tokens, window), tokens)
+    kv_heads = attn["kv_heads"].where(attn["kv_heads"] > 0, attn["heads"]).to_numpy(float)
+    return attn["batch"].to_numpy(float) * read * 2 * kv_heads * attn["head_dim"].to_numpy(float) * \
+        attn["kv_dtype"].map(WEIGHT_BYTES).to_numpy(float)
+
+
+def cache_served(cold_bytes: np.ndarray, latency_s: np.ndarray, dtype: np.ndarray, hbm_bytes_per_s: float) -> np.ndarray:
+    """Per point: whether it read its cold operand faster than its dtype's cold rate - the fastest
+    stream of that dtype's calls of >= COLD_BYTES under the DRAM peak (the peak where none is)."""
+    cold_bytes, latency_s, dtype = np.asarray(cold_bytes, float), np.asarray(latency_s, float), np.asarray(dtype)
+    rate = cold_bytes / latency_s
+    warm = np.zeros(len(rate), dtype=bool)
+    for d in np.unique(dtype):
+        mine = dtype == d
+        cold = mine & (cold_bytes >= COLD_BYTES) & (rate <= hbm_bytes_per_s)
+        warm |= mine & (rate > (rate[cold].max() if cold.any() else hbm_bytes_per_s))
+    return warm
+
+
+@lru_cache(maxsize=16)
+def _cold(system: str, framework: str, hbm_bytes_per_s: float) -> KernelTables:
+    """`_load`'s tables without the GEMM and decode-attention points a warm L2 served."""
+    tables = _load(system, framework)
+    gemm, attn = tables.gemm, tables.decode_attention
+    warm_gemm = cache_served(gemm_weight_bytes(gemm), gemm["latency_s"], gemm["dtype"], hbm_bytes_per_s)
+    warm_attn = cache_served(attention_kv_bytes(attn), attn["latency_s"], attn["kv_dtype"], hbm_bytes_per_s)
+    dropped = {k: int(n) for k, n in (("gemm", warm_gemm.sum()), ("generation_attention", warm_attn.sum())) if n}
+    return replace(tables, gemm=gemm[~warm_gemm].reset_index(drop=True),
+                   decode_attention=attn[~warm_attn].reset_index(drop=True), cache_served=dropped)
 
 
 @lru_cache(maxsize=16)
