@@ -138,6 +138,13 @@ def test_l40s_tables_drop_the_points_its_l2_served_and_h200s_keep_all():
     cost = measured_kernels_for("l40s").decode_attention_s(8, 8191, 8, 2, 128).seconds[0]
     assert cost > kv_bytes / catalog.gpu("l40s").hbm_bytes_per_s
     assert load_tables("h200-sxm").cache_served == {}
+    from sim.device.hardware import with_measured_kernels
+    from sim.device.kernels import datasheet_hardware
+
+    said = with_measured_kernels(datasheet_hardware("l40s")).sources["kernels"]
+    assert said.endswith(f"dropped as served from a warm L2: {t.cache_served['gemm']:,} GEMM points and "
+                         f"{t.cache_served['generation_attention']:,} decode-attention points")
+    assert "warm L2" not in with_measured_kernels(datasheet_hardware("h200-sxm")).sources["kernels"]
 
 
 def test_datasheet_gemm_is_floor_plus_weight_streaming_at_one_row():

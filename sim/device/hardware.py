@@ -473,6 +473,9 @@ def with_allreduce(hw: Hardware, impl: str) -> Hardware:
     return replace(hw, allreduce_protocols=protocols, sources={**hw.sources, "interconnect": said})
 
 
+WARM_TABLE_NAMES = {"gemm": "GEMM", "generation_attention": "decode-attention"}
+
+
 def with_measured_kernels(hw: Hardware, framework: str = FRAMEWORK) -> Hardware:
     """`hw` with AIConfigurator's measured tables (as `framework` runs them) for its GPU's GEMMs, decode
     attention and all-reduce (`physics` asks them where they apply; everything else stays datasheet)."""
@@ -488,6 +491,9 @@ def with_measured_kernels(hw: Hardware, framework: str = FRAMEWORK) -> Hardware:
             f"{'and prefill ' if context else ''}attention, {allreduce} all-reduce; datasheet: "
             f"{'' if context else 'prefill attention, '}MLA and linear-attention layers, MoE{weight_only} GEMMs, "
             f"per-layer overheads")
+    if tables.cache_served:  # points the collector timed from a warm L2 (kernel_tables.cache_served)
+        what += "; dropped as served from a warm L2: " + " and ".join(
+            f"{n:,} {WARM_TABLE_NAMES.get(t, t)} points" for t, n in tables.cache_served.items())
     return replace(hw, kernels=kernels, sources={**hw.sources, "kernels": what})
 
 
