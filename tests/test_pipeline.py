@@ -111,7 +111,8 @@ def test_pipelining_beats_tensor_parallelism_over_pcie_at_a_relaxed_tpot():
     tp4 = simulate_serving(load_scenario(SCENARIO, base + ["parallel.tp=4"])).summary
     pp2 = simulate_serving(load_scenario(SCENARIO, base + ["parallel.tp=2", "parallel.pp=2"])).summary
     # 4 x L40S (PCIe, no NVLink): TP4's NCCL all-reduces bind; two TP2 stages halve them per GPU
-    assert pp2.output_throughput_tok_per_s > 1.3 * tp4.output_throughput_tok_per_s
+    # (1.29x since L40S's decode attention reads its KV cold: 1.34x on the tables' warm-L2 points)
+    assert pp2.output_throughput_tok_per_s > 1.2 * tp4.output_throughput_tok_per_s
     assert pp2.tpot_p99_s < tp4.tpot_p99_s
 
 
