@@ -483,13 +483,14 @@ def with_measured_kernels(hw: Hardware, framework: str = FRAMEWORK) -> Hardware:
     tables = kernels.tables
     borrowed = "".join(f" ({table} {said})" for table, said in tables.table_sources.items())
     measured = [d for d in ("bf16", "fp8", "int8", "int4") if d in kernels.gemm_dtypes()]
-    weight_only = "" if {"int8", "int4"} <= set(measured) else " and weight-only"
+    weight_only = "" if {"int8", "int4"} <= set(measured) else "weight-only GEMMs, "
     context = tables.context_attention is not None and len(tables.context_attention) > 0
     allreduce = "custom" if hw.allreduce_impl == CUSTOM_ALLREDUCE else f"NCCL {tables.nccl_version}"
     what = (f"measured: {PACKAGE} {tables.package_version} {tables.system} ({tables.device}) "
             f"{tables.framework} {tables.framework_version}{borrowed}: dense GEMMs ({', '.join(measured)}), GQA decode "
-            f"{'and prefill ' if context else ''}attention, {allreduce} all-reduce; datasheet: "
-            f"{'' if context else 'prefill attention, '}MLA and linear-attention layers, MoE{weight_only} GEMMs, "
+            f"{'and prefill ' if context else ''}attention, {allreduce} all-reduce, and MoE experts and MLA decode "
+            f"where their tables hold the format; datasheet: "
+            f"{'' if context else 'prefill attention, '}MLA prefill, linear-attention layers, {weight_only}"
             f"per-layer overheads")
     if tables.cache_served:  # points the collector timed from a warm L2 (kernel_tables.cache_served)
         what += "; dropped as served from a warm L2: " + " and ".join(
