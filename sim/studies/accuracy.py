@@ -73,8 +73,10 @@ def engine_for(m: Measurement) -> dict | None:
 
 
 def _base(m: Measurement, mode: str) -> dict:
-    data = {"name": m.id, "description": f"{m.publisher}: {m.source_model} on {m.gpus} x {m.gpu}",
-            "model": {"name": m.model, "weight_dtype": m.weight_dtype, "kv_dtype": m.kv_dtype},
+    model = {"name": m.model, "weight_dtype": m.weight_dtype, "kv_dtype": m.kv_dtype}
+    if m.weight_group_size is not None:
+        model["weight_group_size"] = m.weight_group_size
+    data = {"name": m.id, "description": f"{m.publisher}: {m.source_model} on {m.gpus} x {m.gpu}", "model": model,
             "hardware": {"gpu": m.gpu, "kernels": mode}, "parallel": m.parallel, "policy": {"kind": "full_hbm"}}
     engine = engine_for(m)
     return {**data, "engine": engine} if engine else data

@@ -62,6 +62,7 @@ class Measurement(Strict):
     model: str = _text()  # a catalog model (kvsim models)
     source_model: str = _text()  # as the source names it
     weight_dtype: WeightDType
+    weight_group_size: int | None = Field(None, ge=1, le=1024)  # None: the scenario's default (gpt-oss's MXFP4: 32)
     kv_dtype: KvDType
     tp: int = Field(ge=1, le=64)
     ep: int = Field(1, ge=1, le=64)
