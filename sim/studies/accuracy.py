@@ -260,12 +260,13 @@ def _stats(p: pd.DataFrame) -> dict:
 
 def e2e_summary(points: pd.DataFrame) -> pd.DataFrame:
     """Per mode: median and worst |error| (and the signed mean; negative: predicted too low) over all
-    rows, per family, per GPU and per engine (as each row names it: TensorRT-LLM's PyTorch flow apart from
-    its older TensorRT-engine flow and NIM)."""
+    rows, per family, per GPU, per engine (as each row names it: TensorRT-LLM's PyTorch flow apart from
+    its older TensorRT-engine flow and NIM) and per model (a dense 70B and gpt-oss's sliding-window
+    experts miss differently)."""
     out = []
     for mode, p in points.groupby("mode", sort=False):
         out.append({"mode": mode, "by": "all", "key": "all", **_stats(p)})
-        for by in ("family", "gpu", "engine"):
+        for by in ("family", "gpu", "engine", "model"):
             for key, q in p.groupby(by, sort=True):
                 out.append({"mode": mode, "by": by, "key": key, **_stats(q)})
     return pd.DataFrame(out)
