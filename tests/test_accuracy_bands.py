@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from sim.inputs.accuracy_bands import (
+    MODEL_MIN_ROWS,
     NO_BAND,
     AccuracyBands,
     band_phrase,
@@ -43,6 +44,13 @@ def _expected(mode: str, family: str, gpu: str, scope: str) -> str:
             f"median {_pct(b['median_abs_error'])}, worst {_pct(b['worst_abs_error'])} off; kvsim accuracy)")
 
 
+def _expected_model(mode: str, family: str, model: str) -> str:
+    """The phrase for the raw file's band of `model`'s rows in (mode, family)."""
+    b = RAW["by_model"][mode][family][model]
+    return (f"({b['rows']} public {family} measurements of {model}, {mode} mode: "
+            f"median {_pct(b['median_abs_error'])}, worst {_pct(b['worst_abs_error'])} off; kvsim accuracy)")
+
+
 def test_the_loader_reads_the_committed_file():
     bands = load_bands()
     text = default_path().read_text()
@@ -61,6 +69,11 @@ def test_the_loader_reads_the_committed_file():
                 assert 0 <= b.median_abs_error <= b.worst_abs_error and abs(b.mean_error) <= b.worst_abs_error
     raw = RAW["bands"]["datasheet"]["served-itl"]["all"]
     assert bands.bands["datasheet"]["served-itl"]["all"].median_abs_error == raw["median_abs_error"]
+    for mode, families in bands.by_model.items():  # each model's rows, family by family
+        for family, by_model in families.items():
+            models = {m.model for m in rows if family in ("all", m.family)}
+            assert set(by_model) == models, (mode, family)
+            assert sum(b.rows for b in by_model.values()) == bands.bands[mode][family]["all"].rows
 
 
 def test_a_band_is_the_gpus_where_the_table_has_its_rows_else_all_gpus():
@@ -75,6 +88,24 @@ def test_a_band_is_the_gpus_where_the_table_has_its_rows_else_all_gpus():
     empty = AccuracyBands.model_validate({**RAW, "bands": {"datasheet": {}}})
     assert band_phrase("served-itl", "datasheet", "h100-sxm", empty) == (
         "(no public measurement of this family; kvsim accuracy)")
+
+
+def test_a_models_own_rows_make_its_band_where_there_are_enough():
+    """gpt-oss-120b's ten offline rows make its band, whatever the GPU; an alias takes its catalog model's
+    (the DeepSeek-R1 distill of Llama-70B is llama-3.1-70b); a model with fewer than MODEL_MIN_ROWS rows in
+    the family, or none in the catalog, takes the GPU's."""
+    bands = load_bands()
+    oss = bands.pick_model("datasheet", "offline-throughput", "gpt-oss-120b")
+    assert oss == bands.by_model["datasheet"]["offline-throughput"]["gpt-oss-120b"] and oss.rows == 10
+    assert band_phrase("offline-throughput", "datasheet", "b200", model="gpt-oss-120b") == _expected_model(
+        "datasheet", "offline-throughput", "gpt-oss-120b")
+    llama = bands.pick_model("datasheet", "served-itl", "deepseek-r1-distill-llama-70b")
+    assert llama == bands.by_model["datasheet"]["served-itl"]["llama-3.1-70b"] and llama.rows >= MODEL_MIN_ROWS
+    few = bands.by_model["datasheet"]["batch-latency"]["llama-3.1-8b"]
+    assert few.rows < MODEL_MIN_ROWS and bands.pick_model("datasheet", "batch-latency", "llama-3.1-8b") is None
+    assert band_phrase("batch-latency", "datasheet", "h200-sxm", model="llama-3.1-8b") == band_phrase(
+        "batch-latency", "datasheet", "h200-sxm")
+    assert bands.pick_model("datasheet", "served-itl", "/some/config.json") is None
 
 
 def test_the_mode_is_read_from_what_the_run_used():
@@ -154,8 +185,9 @@ def test_plan_prints_the_bands_of_its_answer():
     lines = [" ".join(line.split()) for line in res.stdout.splitlines()]
     assert lines[0].startswith("Cheapest: 4 x H100 SXM as TP4") and lines[1].startswith("vllm: ")
     tpot = next(i for i, line in enumerate(lines) if line.startswith("TPOT ("))
-    assert lines[tpot] == "TPOT " + _expected("datasheet", "served-itl", "h100-sxm", "h100-sxm")
-    assert lines[tpot + 1] == "TTFT " + _expected("datasheet", "served-ttft", "h100-sxm", "h100-sxm")
+    # the scenario's DeepSeek-R1 distill of Llama-70B has llama-3.1-70b's shapes, whose served rows make its band
+    assert lines[tpot] == "TPOT " + _expected_model("datasheet", "served-itl", "llama-3.1-70b")
+    assert lines[tpot + 1] == "TTFT " + _expected_model("datasheet", "served-ttft", "llama-3.1-70b")
     assert tpot < next(i for i, line in enumerate(lines) if "TTFT p99" in line)  # under the answer, above the table
 
 

@@ -75,7 +75,7 @@ def band_lines(rows: list[dict], sc) -> list[str]:
     if row is None:
         return []
     mode = planned_mode(sc.hardware.kernels, row["gpu"])
-    return [f"  {what} {band_phrase(family, mode, row['gpu'])}" for what, family in (("TPOT", SERVED_ITL),
+    return [f"  {what} {band_phrase(family, mode, row['gpu'], model=sc.model.name)}" for what, family in (("TPOT", SERVED_ITL),
                                                                                      ("TTFT", SERVED_TTFT))]
 
 

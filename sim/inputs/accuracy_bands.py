@@ -1,7 +1,9 @@
 """The committed accuracy bands (`sim/catalog/accuracy_bands.yaml`, written by `kvsim accuracy
 --write-bands`; docs/accuracy.md): kvtier's median, worst and signed mean error against the public
-end-to-end measurements, per mode, family and GPU - and the short phrase `kvsim run` and `kvsim plan`
-print beside a headline figure. Read here, never recomputed."""
+end-to-end measurements, per mode, family and GPU, and per mode, family and model - and the short phrase
+`kvsim run` and `kvsim plan` print beside a headline figure: the run's model's band where the table holds
+MODEL_MIN_ROWS of its rows in that family (a dense 70B and gpt-oss's sliding-window experts miss
+differently), else its GPU's, else every GPU's. Read here, never recomputed."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict
 
+from . import catalog
 from .errors import ConfigError
 from .kernel_tables import system_for, tables_available
 
@@ -22,6 +25,7 @@ MODES = ("measured", "datasheet")
 BATCH_LATENCY, SERVED_ITL, SERVED_TTFT, OFFLINE_THROUGHPUT = ("batch-latency", "served-itl", "served-ttft",
                                                              "offline-throughput")
 NO_BAND = "(no public measurement of this family; kvsim accuracy)"
+MODEL_MIN_ROWS = 3  # a model's own band needs this many of its rows in the family, else the GPU's applies
 
 
 class _Frozen(BaseModel):
@@ -48,6 +52,7 @@ class ComputedAt(_Frozen):
 class AccuracyBands(_Frozen):
     computed_at: ComputedAt
     bands: dict[str, dict[str, dict[str, Band]]]  # mode -> family (or "all") -> GPU (or "all") -> band
+    by_model: dict[str, dict[str, dict[str, Band]]] = {}  # mode -> family (or "all") -> catalog model -> band
 
     def pick(self, mode: str, family: str, gpu: str) -> tuple[Band | None, str]:
         """The band of `family` in `mode` on `gpu` where the table has rows for that GPU, else over all
@@ -56,6 +61,22 @@ class AccuracyBands(_Frozen):
         if gpu in by_gpu:
             return by_gpu[gpu], gpu
         return by_gpu.get(ALL), ALL
+
+    def pick_model(self, mode: str, family: str, model: str | None) -> Band | None:
+        """The band of `family` in `mode` over `model`'s rows (an alias as the catalog names it: a
+        DeepSeek-R1 distill of Llama-70B is llama-3.1-70b), where the table holds MODEL_MIN_ROWS of them."""
+        band = self.by_model.get(mode, {}).get(family, {}).get(catalog_name(model))
+        return band if band is not None and band.rows >= MODEL_MIN_ROWS else None
+
+
+def catalog_name(model: str | None) -> str:
+    """The catalog's name of a model or alias; "" for none, or for a model it does not hold (a config file)."""
+    if not model:
+        return ""
+    try:
+        return catalog.model(model).name
+    except ConfigError:
+        return ""
 
 
 def default_path() -> Path:
@@ -90,18 +111,24 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%" if x < 0.1 else f"{100 * x:.0f}%"
 
 
-def band_phrase(family: str, mode: str, gpu: str, bands: AccuracyBands | None = None) -> str:
+def band_phrase(family: str, mode: str, gpu: str, bands: AccuracyBands | None = None, model: str | None = None) -> str:
     """"(7 public served-itl measurements on h100-sxm, measured mode: median 1.5%, worst 25% off;
-    kvsim accuracy)": the band that applies to a figure of `family` from a run of `gpu` in `mode`."""
-    band, scope = (bands or load_bands()).pick(mode, family, gpu)
-    if band is None or band.rows == 0:
-        return NO_BAND
-    where = "all GPUs" if scope == ALL else scope
+    kvsim accuracy)": the band that applies to a figure of `family` from a run of `model` on `gpu` in
+    `mode` - "of llama-3.1-70b" where the model's own rows make one (`AccuracyBands.pick_model`)."""
+    bands = bands or load_bands()
+    band = bands.pick_model(mode, family, model)
+    if band is not None:
+        where = f"of {catalog_name(model)}"
+    else:
+        band, scope = bands.pick(mode, family, gpu)
+        if band is None or band.rows == 0:
+            return NO_BAND
+        where = "on all GPUs" if scope == ALL else f"on {scope}"
     count = f"{band.rows} public {family} measurement{'s' if band.rows != 1 else ''}"
-    return (f"({count} on {where}, {mode} mode: median {_pct(band.median_abs_error)}, "
+    return (f"({count} {where}, {mode} mode: median {_pct(band.median_abs_error)}, "
             f"worst {_pct(band.worst_abs_error)} off; kvsim accuracy)")
 
 
-def run_band(family: str, gpu: str, sources: dict[str, str]) -> str:
-    """" (…)": the band of a run's figure, read from its summary's GPU and sources, with a leading space."""
-    return " " + band_phrase(family, mode_of(sources), gpu)
+def run_band(family: str, gpu: str, sources: dict[str, str], model: str | None = None) -> str:
+    """" (…)": the band of a run's figure, read from its summary's model, GPU and sources, with a leading space."""
+    return " " + band_phrase(family, mode_of(sources), gpu, model=model)

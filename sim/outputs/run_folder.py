@@ -170,7 +170,7 @@ def summary_rows(s: SimRunSummary, measured_on: str | None = None) -> list[tuple
     tput = s.throughput_tok_per_s
     rows += [  # a closed batch is what the public batch-latency rows measured (docs/accuracy.md)
         ("decode throughput", "-" if tput is None else
-         f"{tput:,.1f} tok/s" + run_band(BATCH_LATENCY, s.gpu, s.sources)),
+         f"{tput:,.1f} tok/s" + run_band(BATCH_LATENCY, s.gpu, s.sources, s.model)),
         ("TPOT p50 / p99", "-" if s.tpot_p50_s is None and s.tpot_p99_s is None else
          f"{_f(None if s.tpot_p50_s is None else s.tpot_p50_s / MS, '.3f')} / "
          f"{_f(None if s.tpot_p99_s is None else s.tpot_p99_s / MS, '.3f')} ms"),
@@ -229,7 +229,7 @@ def serving_summary_rows(s) -> list[tuple[str, str]]:
         return rows
 
     def band(value, family: str) -> str:  # the public measurements' band, beside a figure the run has
-        return "" if value is None else run_band(family, s.gpu, s.sources)
+        return "" if value is None else run_band(family, s.gpu, s.sources, s.model)
 
     rows += [
         ("fits", "yes"),

@@ -293,17 +293,19 @@ def _band(p: pd.DataFrame) -> dict | None:
     return {k: s[k] if k == "rows" else round(s[k], BAND_DIGITS) for k in BAND_FIELDS}
 
 
-def bands(points: pd.DataFrame) -> dict:
-    """mode -> family ("all" first) -> GPU ("all" first, then each GPU the family has rows for) ->
-    {rows, median_abs_error, worst_abs_error, mean_error}, rounded to BAND_DIGITS."""
+def bands(points: pd.DataFrame, by: str = "gpu") -> dict:
+    """mode -> family ("all" first) -> `by` ("gpu": "all" first, then each GPU the family has rows for;
+    "model": each model it has rows for) -> {rows, median_abs_error, worst_abs_error, mean_error},
+    rounded to BAND_DIGITS."""
     out: dict = {}
     for mode in [m for m in MODES if m in set(points["mode"])]:
         p = points[points["mode"] == mode]
         families = [("all", p)] + [(f, q) for f, q in p.groupby("family", sort=True)]
         out[mode] = {}
         for family, q in families:
-            by_gpu = {"all": _band(q), **{g: _band(r) for g, r in q.groupby("gpu", sort=True)}}
-            out[mode][family] = {g: b for g, b in by_gpu.items() if b is not None}
+            keyed = {k: _band(r) for k, r in q.groupby(by, sort=True)}
+            keyed = {"all": _band(q), **keyed} if by == "gpu" else keyed
+            out[mode][family] = {k: b for k, b in keyed.items() if b is not None}
     return out
 
 
@@ -312,7 +314,8 @@ def bands_text(points: pd.DataFrame, computed_at: dict) -> str:
     import yaml
 
     head = yaml.safe_dump({"computed_at": computed_at}, sort_keys=False, default_flow_style=False, width=120)
-    body = yaml.safe_dump({"bands": bands(points)}, sort_keys=False, default_flow_style=None, width=120)
+    body = yaml.safe_dump({"bands": bands(points), "by_model": bands(points, "model")}, sort_keys=False,
+                          default_flow_style=None, width=120)
     return BANDS_HEADER + head + body
 
 
