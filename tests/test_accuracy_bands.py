@@ -210,8 +210,10 @@ def test_the_report_section_carries_the_committed_table():
                      f"{'met' if b.worst_abs_error <= worst_goal else 'NOT met'})")
         assert said + "." in page, said
     rows = sum(len(by_gpu) for families in bands.bands.values() for by_gpu in families.values())
+    models = sum(len(families["all"]) for families in bands.by_model.values())
     section = page[page.index('<section id="accuracy">'):]
-    assert section.count("<tr>") == rows + 1  # the header, then one row per band in the file
+    assert section.count("<tr>") == rows + 1 + models + 1  # each table's header, then one row per band in the file
+    assert "<td>gpt-oss-120b</td>" in section
     assert bands.computed_at.commit in section
     assert [s[0] for s in sections(ReportData(), "c")] == []  # only where the report is given the bands
 

@@ -11,6 +11,7 @@ from . import html as h
 # issue #20 item 5: end to end, median and worst |error| with the measured tables; median in datasheet mode
 GOALS = {"measured": (0.05, 0.15), "datasheet": (0.10, None)}
 HEADERS = ["mode", "family", "GPU", "rows", "median |error|", "worst |error|", "signed mean"]
+MODEL_HEADERS = ["mode", "model", "rows (every family)", "median |error|", "worst |error|", "signed mean"]
 MODE_WORDS = {"measured": "measured kernel tables", "datasheet": "datasheet"}
 
 
@@ -30,6 +31,13 @@ def _rows(bands: AccuracyBands) -> list[list[str]]:
     return out
 
 
+def _model_rows(bands: AccuracyBands) -> list[list[str]]:
+    """One row per mode and model, over every family (the file's by_model "all")."""
+    return [[MODE_WORDS[mode], model, str(b.rows), _pct(b.median_abs_error), _pct(b.worst_abs_error),
+             _pct(b.mean_error, signed=True)]
+            for mode in [m for m in MODES if m in bands.by_model] for model, b in bands.by_model[mode].get(ALL, {}).items()]
+
+
 def _goal_sentence(mode: str, b: Band) -> str:
     median, worst = GOALS[mode]
     parts = [f"median {_pct(b.median_abs_error)} (goal {_pct(median)}: "
@@ -47,8 +55,9 @@ def accuracy_section(bands: AccuracyBands) -> tuple[str, str, str]:
         "These are kvtier's own errors against public end-to-end measurements (vLLM, SGLang, TensorRT-LLM and NIM "
         "benchmarks, each simulated in the configuration it was measured in: sim/catalog/e2e_measurements.yaml). "
         "Error = predicted / measured - 1; the signed mean is negative where kvtier predicts too low. kvsim run and "
-        "kvsim plan print the band of each headline figure's family and GPU (all GPUs where the table has no row "
-        "for it) in the mode the run used. Computed by kvsim accuracy --write-bands at kvtier "
+        "kvsim plan print the band of each headline figure's family in the mode the run used: its model's rows "
+        "where the table holds three in that family, else its GPU's (all GPUs where the table has no row for it). "
+        "Computed by kvsim accuracy --write-bands at kvtier "
         f"{at.commit} on {at.date}; not recomputed for this report.")
     goals = [_goal_sentence(m, bands.bands[m][ALL][ALL]) for m in MODES if ALL in bands.bands.get(m, {})
              and ALL in bands.bands[m][ALL]]
@@ -56,4 +65,6 @@ def accuracy_section(bands: AccuracyBands) -> tuple[str, str, str]:
                         "mode. " + " ".join(goals)
                         + " Where a goal is not met, kvtier's figures carry that much error.")
     body += h.table_html(HEADERS, _rows(bands))
+    if bands.by_model:  # a dense 70B and gpt-oss's sliding-window experts miss differently
+        body += h.paragraph("Per model, over every family:") + h.table_html(MODEL_HEADERS, _model_rows(bands))
     return "accuracy", "Accuracy: kvtier against public measurements", body
