@@ -118,7 +118,8 @@ def test_cold_operand_bytes_by_hand():
     assert gemm_weight_bytes(gemm).tolist() == [4096 * 1024 * 2, 4096 * 1024]
     attn = pd.DataFrame({"kv_dtype": ["bf16", "fp8", "bf16"], "kv_heads": [2, 0, 8], "head_dim": [128, 64, 128],
                          "window": [0, 0, 128], "heads": [8, 4, 32], "batch": [4, 2, 3], "kv_tokens": [1000, 10, 4096]})
-    assert attention_kv_bytes(attn).tolist() == [4 * 1000 * 2 * 2 * 128 * 2, 2 * 10 * 2 * 4 * 64, 3 * 128 * 2 * 8 * 128 * 2]
+    assert attention_kv_bytes(attn).tolist() == [4 * 1000 * 2 * 2 * 128 * 2, 2 * 10 * 2 * 4 * 64,
+                                                 3 * 128 * 2 * 8 * 128 * 2]
 
 
 @needs_tables

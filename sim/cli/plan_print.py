@@ -75,8 +75,8 @@ def band_lines(rows: list[dict], sc) -> list[str]:
     if row is None:
         return []
     mode = planned_mode(sc.hardware.kernels, row["gpu"])
-    return [f"  {what} {band_phrase(family, mode, row['gpu'], model=sc.model.name)}" for what, family in (("TPOT", SERVED_ITL),
-                                                                                     ("TTFT", SERVED_TTFT))]
+    return [f"  {what} {band_phrase(family, mode, row['gpu'], model=sc.model.name)}"
+            for what, family in (("TPOT", SERVED_ITL), ("TTFT", SERVED_TTFT))]
 
 
 def print_plan(console: Console, result, sc, spec, all_rows: bool, wall_s: float, out: Path | None) -> None:

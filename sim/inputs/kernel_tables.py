@@ -164,9 +164,9 @@ def load_tables(gpu: str, framework: str = FRAMEWORK) -> KernelTables:
 # between two reads evict them. AIConfigurator's collectors time one call over and over, so where the
 # call's weights or KV fit in the GPU's L2 the table times a warm cache: L40S GEMMs (96 MB L2) over
 # 8-16 MB of bf16 weights run at a median 1.46x its DRAM peak, its decode attention over 64-128 MB of
-# KV at 2.0x, RTX PRO 6000's (128 MB) alike; H100's and H200's (50 MB) never pass the peak outside
-# sliding windows (TensorRT-LLM's A100 table reads 4.3 GB contexts at 1.6x its peak: blocks shared
-# between sequences, likely). A point that read its cold operand faster than the table's own cold
+# KV at 2.0x, RTX PRO 6000's (128 MB) alike; H100's and H200's vLLM tables (50 MB) never pass the peak
+# outside sliding windows (SGLang's H100 table has 23 such points; TensorRT-LLM's A100 table reads 4.3 GB
+# contexts at 1.6x its peak: blocks shared between sequences, likely). A point that read its cold operand faster than the table's own cold
 # calls ever stream - those of >= COLD_BYTES, past every GPU's L2, at or under the DRAM peak - is
 # dropped (`cache_served`), and the grids fill its cell from the larger calls beside it
 # (`kernel_grid.fill_cold_side`).
@@ -190,7 +190,8 @@ def attention_kv_bytes(attn: pd.DataFrame) -> np.ndarray:
         attn["kv_dtype"].map(WEIGHT_BYTES).to_numpy(float)
 
 
-def cache_served(cold_bytes: np.ndarray, latency_s: np.ndarray, dtype: np.ndarray, hbm_bytes_per_s: float) -> np.ndarray:
+def cache_served(cold_bytes: np.ndarray, latency_s: np.ndarray, dtype: np.ndarray,
+                 hbm_bytes_per_s: float) -> np.ndarray:
     """Per point: whether it read its cold operand faster than its dtype's cold rate - the fastest
     stream of that dtype's calls of >= COLD_BYTES under the DRAM peak (the peak where none is)."""
     cold_bytes, latency_s, dtype = np.asarray(cold_bytes, float), np.asarray(latency_s, float), np.asarray(dtype)

@@ -35,7 +35,8 @@ def _model_rows(bands: AccuracyBands) -> list[list[str]]:
     """One row per mode and model, over every family (the file's by_model "all")."""
     return [[MODE_WORDS[mode], model, str(b.rows), _pct(b.median_abs_error), _pct(b.worst_abs_error),
              _pct(b.mean_error, signed=True)]
-            for mode in [m for m in MODES if m in bands.by_model] for model, b in bands.by_model[mode].get(ALL, {}).items()]
+            for mode in [m for m in MODES if m in bands.by_model]
+            for model, b in bands.by_model[mode].get(ALL, {}).items()]
 
 
 def _goal_sentence(mode: str, b: Band) -> str:
