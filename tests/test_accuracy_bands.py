@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from sim.inputs.accuracy_bands import (
+    DENSE_GQA,
     MODEL_MIN_ROWS,
     NO_BAND,
     AccuracyBands,
@@ -69,11 +70,15 @@ def test_the_loader_reads_the_committed_file():
                 assert 0 <= b.median_abs_error <= b.worst_abs_error and abs(b.mean_error) <= b.worst_abs_error
     raw = RAW["bands"]["datasheet"]["served-itl"]["all"]
     assert bands.bands["datasheet"]["served-itl"]["all"].median_abs_error == raw["median_abs_error"]
-    for mode, families in bands.by_model.items():  # each model's rows, family by family
+    from sim.inputs import catalog
+
+    for mode, families in bands.by_model.items():  # each model's rows, family by family, and the dense ones'
         for family, by_model in families.items():
-            models = {m.model for m in rows if family in ("all", m.family)}
-            assert set(by_model) == models, (mode, family)
-            assert sum(b.rows for b in by_model.values()) == bands.bands[mode][family]["all"].rows
+            mine = [m for m in rows if family in ("all", m.family)]
+            dense = [m for m in mine if catalog.model(m.model).dense_gqa]
+            assert set(by_model) == {m.model for m in mine} | ({DENSE_GQA} if dense else set()), (mode, family)
+            assert sum(b.rows for k, b in by_model.items() if k != DENSE_GQA) == bands.bands[mode][family]["all"].rows
+            assert not dense or by_model[DENSE_GQA].rows == len(dense)
 
 
 def test_a_band_is_the_gpus_where_the_table_has_its_rows_else_all_gpus():
@@ -92,20 +97,27 @@ def test_a_band_is_the_gpus_where_the_table_has_its_rows_else_all_gpus():
 
 def test_a_models_own_rows_make_its_band_where_there_are_enough():
     """gpt-oss-120b's ten offline rows make its band, whatever the GPU; an alias takes its catalog model's
-    (the DeepSeek-R1 distill of Llama-70B is llama-3.1-70b); a model with fewer than MODEL_MIN_ROWS rows in
-    the family, or none in the catalog, takes the GPU's."""
+    (the DeepSeek-R1 distill of Llama-70B is llama-3.1-70b); a dense GQA model without MODEL_MIN_ROWS rows of
+    its own in the family takes every dense GQA model's (Qwen3-32B has none: Llama's rows); a MoE model
+    without them, or a model the catalog does not hold, takes the GPU's."""
     bands = load_bands()
-    oss = bands.pick_model("datasheet", "offline-throughput", "gpt-oss-120b")
-    assert oss == bands.by_model["datasheet"]["offline-throughput"]["gpt-oss-120b"] and oss.rows == 10
+    oss, whose = bands.pick_model("datasheet", "offline-throughput", "gpt-oss-120b")
+    assert whose == "gpt-oss-120b" and oss == bands.by_model["datasheet"]["offline-throughput"]["gpt-oss-120b"]
+    assert oss.rows == 10
     assert band_phrase("offline-throughput", "datasheet", "b200", model="gpt-oss-120b") == _expected_model(
         "datasheet", "offline-throughput", "gpt-oss-120b")
-    llama = bands.pick_model("datasheet", "served-itl", "deepseek-r1-distill-llama-70b")
-    assert llama == bands.by_model["datasheet"]["served-itl"]["llama-3.1-70b"] and llama.rows >= MODEL_MIN_ROWS
-    few = bands.by_model["datasheet"]["batch-latency"]["llama-3.1-8b"]
-    assert few.rows < MODEL_MIN_ROWS and bands.pick_model("datasheet", "batch-latency", "llama-3.1-8b") is None
+    llama, whose = bands.pick_model("datasheet", "served-itl", "deepseek-r1-distill-llama-70b")
+    assert whose == "llama-3.1-70b" and llama.rows >= MODEL_MIN_ROWS
+    few = bands.by_model["datasheet"]["batch-latency"]["llama-3.1-8b"]  # 1 row: the dense models' 2
+    assert few.rows < MODEL_MIN_ROWS and bands.pick_model("datasheet", "batch-latency", "llama-3.1-8b") == (None, "")
     assert band_phrase("batch-latency", "datasheet", "h200-sxm", model="llama-3.1-8b") == band_phrase(
         "batch-latency", "datasheet", "h200-sxm")
-    assert bands.pick_model("datasheet", "served-itl", "/some/config.json") is None
+    dense, whose = bands.pick_model("measured", "offline-throughput", "qwen3-32b")
+    assert whose == DENSE_GQA and dense == bands.by_model["measured"]["offline-throughput"][DENSE_GQA]
+    assert band_phrase("offline-throughput", "measured", "h100-sxm", model="qwen3-32b") == _expected_model(
+        "measured", "offline-throughput", DENSE_GQA)
+    assert bands.pick_model("datasheet", "offline-throughput", "qwen3-30b-a3b") == (None, "")  # MoE, no rows
+    assert bands.pick_model("datasheet", "served-itl", "/some/config.json") == (None, "")
 
 
 def test_the_mode_is_read_from_what_the_run_used():

@@ -3,7 +3,8 @@
 end-to-end measurements, per mode, family and GPU, and per mode, family and model - and the short phrase
 `kvsim run` and `kvsim plan` print beside a headline figure: the run's model's band where the table holds
 MODEL_MIN_ROWS of its rows in that family (a dense 70B and gpt-oss's sliding-window experts miss
-differently), else its GPU's, else every GPU's. Read here, never recomputed."""
+differently), else for a dense GQA model every dense GQA model's, else its GPU's, else every GPU's.
+Read here, never recomputed."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ BATCH_LATENCY, SERVED_ITL, SERVED_TTFT, OFFLINE_THROUGHPUT = ("batch-latency", "
                                                              "offline-throughput")
 NO_BAND = "(no public measurement of this family; kvsim accuracy)"
 MODEL_MIN_ROWS = 3  # a model's own band needs this many of its rows in the family, else the GPU's applies
+DENSE_GQA = "dense GQA models"  # by_model's band over every dense GQA model's rows (`ModelSpec.dense_gqa`)
 
 
 class _Frozen(BaseModel):
@@ -62,21 +64,28 @@ class AccuracyBands(_Frozen):
             return by_gpu[gpu], gpu
         return by_gpu.get(ALL), ALL
 
-    def pick_model(self, mode: str, family: str, model: str | None) -> Band | None:
-        """The band of `family` in `mode` over `model`'s rows (an alias as the catalog names it: a
-        DeepSeek-R1 distill of Llama-70B is llama-3.1-70b), where the table holds MODEL_MIN_ROWS of them."""
-        band = self.by_model.get(mode, {}).get(family, {}).get(catalog_name(model))
-        return band if band is not None and band.rows >= MODEL_MIN_ROWS else None
+    def pick_model(self, mode: str, family: str, model: str | None) -> tuple[Band | None, str]:
+        """(band, whose rows) of `family` in `mode`: `model`'s own (an alias as the catalog names it: a
+        DeepSeek-R1 distill of Llama-70B is llama-3.1-70b) where the table holds MODEL_MIN_ROWS of them,
+        else - for a dense GQA model - every dense GQA model's (Qwen3-32B's are Llama's kind of
+        error, not gpt-oss's); (None, "") otherwise."""
+        by_model = self.by_model.get(mode, {}).get(family, {})
+        spec = catalog_model(model)
+        for key in (spec.name if spec else "", DENSE_GQA if spec is not None and spec.dense_gqa else ""):
+            band = by_model.get(key)
+            if band is not None and band.rows >= MODEL_MIN_ROWS:
+                return band, key
+        return None, ""
 
 
-def catalog_name(model: str | None) -> str:
-    """The catalog's name of a model or alias; "" for none, or for a model it does not hold (a config file)."""
+def catalog_model(model: str | None):
+    """The catalog's model of a name or alias; None for none, or for a model it does not hold (a config file)."""
     if not model:
-        return ""
+        return None
     try:
-        return catalog.model(model).name
+        return catalog.model(model)
     except ConfigError:
-        return ""
+        return None
 
 
 def default_path() -> Path:
@@ -114,11 +123,12 @@ def _pct(x: float) -> str:
 def band_phrase(family: str, mode: str, gpu: str, bands: AccuracyBands | None = None, model: str | None = None) -> str:
     """"(7 public served-itl measurements on h100-sxm, measured mode: median 1.5%, worst 25% off;
     kvsim accuracy)": the band that applies to a figure of `family` from a run of `model` on `gpu` in
-    `mode` - "of llama-3.1-70b" where the model's own rows make one (`AccuracyBands.pick_model`)."""
+    `mode` - "of llama-3.1-70b" where the model's own rows make one, "of dense GQA models" where a dense
+    model's kind does (`AccuracyBands.pick_model`)."""
     bands = bands or load_bands()
-    band = bands.pick_model(mode, family, model)
+    band, whose = bands.pick_model(mode, family, model)
     if band is not None:
-        where = f"of {catalog_name(model)}"
+        where = f"of {whose}"
     else:
         band, scope = bands.pick(mode, family, gpu)
         if band is None or band.rows == 0:

@@ -133,6 +133,12 @@ class ModelSpec:
         return self.num_experts > 0
 
     @property
+    def dense_gqa(self) -> bool:
+        """Every layer full GQA attention and one dense MLP: a Llama-shaped model (no experts, MLA,
+        windows or linear layers)."""
+        return not self.is_moe and not self.layer_kinds and self.mla is None
+
+    @property
     def local_experts(self) -> int:
         """Routed experts one GPU holds per MoE layer: all of them (each 1/tp wide under tensor
         parallelism), or num_experts / expert_parallel whole ones under expert parallelism."""

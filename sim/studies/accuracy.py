@@ -24,6 +24,8 @@ import numpy as np
 import pandas as pd
 
 from sim.decode.simulate import simulate
+from sim.inputs import catalog
+from sim.inputs.accuracy_bands import DENSE_GQA
 from sim.inputs.errors import ConfigError
 from sim.inputs.kernel_tables import system_for, tables_available
 from sim.inputs.scenario import Scenario, scenario_from_dict
@@ -295,8 +297,8 @@ def _band(p: pd.DataFrame) -> dict | None:
 
 def bands(points: pd.DataFrame, by: str = "gpu") -> dict:
     """mode -> family ("all" first) -> `by` ("gpu": "all" first, then each GPU the family has rows for;
-    "model": each model it has rows for) -> {rows, median_abs_error, worst_abs_error, mean_error},
-    rounded to BAND_DIGITS."""
+    "model": each model it has rows for, then DENSE_GQA over the dense GQA models' rows) -> {rows,
+    median_abs_error, worst_abs_error, mean_error}, rounded to BAND_DIGITS."""
     out: dict = {}
     for mode in [m for m in MODES if m in set(points["mode"])]:
         p = points[points["mode"] == mode]
@@ -304,7 +306,10 @@ def bands(points: pd.DataFrame, by: str = "gpu") -> dict:
         out[mode] = {}
         for family, q in families:
             keyed = {k: _band(r) for k, r in q.groupby(by, sort=True)}
-            keyed = {"all": _band(q), **keyed} if by == "gpu" else keyed
+            if by == "gpu":
+                keyed = {"all": _band(q), **keyed}
+            else:
+                keyed[DENSE_GQA] = _band(q[q["model"].map(lambda name: catalog.model(name).dense_gqa)])
             out[mode][family] = {k: b for k, b in keyed.items() if b is not None}
     return out
 
