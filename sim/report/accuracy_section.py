@@ -57,7 +57,8 @@ def accuracy_section(bands: AccuracyBands) -> tuple[str, str, str]:
         "benchmarks, each simulated in the configuration it was measured in: sim/catalog/e2e_measurements.yaml). "
         "Error = predicted / measured - 1; the signed mean is negative where kvtier predicts too low. kvsim run and "
         "kvsim plan print the band of each headline figure's family in the mode the run used: its model's rows "
-        "where the table holds three in that family, else its GPU's (all GPUs where the table has no row for it). "
+        "where the table holds three in that family, else for a dense GQA model every dense GQA model's, else "
+        "its GPU's (all GPUs where the table has no row for it). "
         "Computed by kvsim accuracy --write-bands at kvtier "
         f"{at.commit} on {at.date}; not recomputed for this report.")
     goals = [_goal_sentence(m, bands.bands[m][ALL][ALL]) for m in MODES if ALL in bands.bands.get(m, {})
