@@ -71,7 +71,8 @@ class AccuracyBands(_Frozen):
         error, not gpt-oss's); (None, "") otherwise."""
         by_model = self.by_model.get(mode, {}).get(family, {})
         spec = catalog_model(model)
-        for key in (spec.name if spec else "", DENSE_GQA if spec is not None and spec.dense_gqa else ""):
+        keys = [] if spec is None else [spec.name, *([DENSE_GQA] if spec.dense_gqa else [])]
+        for key in keys:
             band = by_model.get(key)
             if band is not None and band.rows >= MODEL_MIN_ROWS:
                 return band, key
