@@ -6,8 +6,9 @@ kernel tables (issue #20 item 3), and write them to sim/catalog/fitted_kernels.y
 The model's shape (sim/device/physics.py), fitted here constant by constant on operator-level
 measurements only - never on end-to-end figures, which are for validation:
 - a GEMM call:   floor + max((weight + activation bytes) / (HBM x streaming efficiency), FLOP / (peak x FLOP
-  efficiency(rows))) + output elements / (HBM x output efficiency) [+ fp8 W8A8: rows x per-row quantisation +
-  input elements / (HBM x quantisation efficiency)], per weight dtype the tables measure (bf16, fp8); FLOP
+  efficiency(rows))) + output elements / (HBM x output efficiency) [+ fp8 W8A8 / nvfp4 W4A4: rows x per-row
+  quantisation + input elements / (HBM x quantisation efficiency)], per weight dtype the tables measure (bf16,
+  fp8, and nvfp4 on Blackwell at its fp4 peak, its weights and inputs at 4.5 bits an element); FLOP
   efficiency(rows) is the catalog's default curve (efficiency.yaml gemm_flop_efficiency_by_rows) scaled to the
   fitted plateau `flop_efficiency` (weights alone left fp8 at a 19-22% held-out median, this shape 9-12%);
   fp8 W8A8's tiles too: each further 128-row output tile re-reads a share of the weights, and the weight
@@ -67,12 +68,12 @@ import yaml
 from scipy.optimize import least_squares
 
 from sim.device.kernels import DEFAULT_GROUP_SIZE
-from sim.device.measured_kernels import MOE_FP8_COMPUTE, mla_bmm_work
+from sim.device.measured_kernels import mla_bmm_work, moe_peak_flop_per_s
 from sim.device.moe_exchange import A2A_WIRE_BYTES
 from sim.device.physics import xqa_ctas
 from sim.inputs import catalog
 from sim.inputs.kernel_tables import FRAMEWORK, FRAMEWORKS, PACKAGE, SYSTEMS, load_tables, split_tables, with_moe_mla
-from sim.model.dtypes import WEIGHT_DTYPES
+from sim.model.dtypes import ACTIVATION_BYTES, WEIGHT_DTYPES
 from sim.model.experts import expected_remote_ranks
 from sim.model.units import FLOP_PER_MAC
 from sim.studies.moe_mla_accuracy import QUANT_AS, balanced_rank0
@@ -136,10 +137,12 @@ def _gemm(gpu, tune, held) -> dict:
     spec = catalog.gpu(gpu)
     out = {}
     for dtype in sorted(set(tune.gemm["dtype"])):
-        peak = spec.tensor_flop_per_s(dtype == "fp8")
-        if not peak or dtype not in (*ELEMENT_BYTES, *WEIGHT_ONLY):
+        peak, precision = spec.matmul_peak(dtype)
+        # fp8 W8A8 and nvfp4 W4A4 (quantised activations, their tiles) at their peak; TensorRT-LLM's weight-only
+        fp8 = precision != "bf16"
+        if not (dtype == "bf16" or fp8 or dtype in WEIGHT_ONLY):
             continue
-        fp8, eb = dtype == "fp8", ELEMENT_BYTES.get(dtype, 2.0)  # weight-only: bf16 activations
+        eb = ACTIVATION_BYTES[precision]  # bytes an input element streams (weight-only: bf16 activations)
         # weight-only: the catalog's dequantisation per weight at the CUDA-core rate (not identifiable here)
         dq = (catalog.efficiency_defaults().dequant_ops_per_weight[dtype] / (spec.fp32_flop_per_s / FLOP_PER_MAC)
               if dtype in WEIGHT_ONLY else None)
@@ -147,7 +150,7 @@ def _gemm(gpu, tune, held) -> dict:
         def domain(t, dq=dq, dtype=dtype):
             t = t[(t["dtype"] == dtype) & (t["m"] <= 8192) & (t["n"] >= 256) & (t["k"] >= 256)]
             m, n, k = (t[c].to_numpy().astype(float) for c in ("m", "n", "k"))
-            w = WEIGHT_DTYPES[dtype].bytes_for(n * k, DEFAULT_GROUP_SIZE) if dq else n * k * eb  # as a run counts them
+            w = WEIGHT_DTYPES[dtype].bytes_for(n * k, DEFAULT_GROUP_SIZE)  # as a run counts them
             return (w, 2.0 * m * n * k, _row_shape(m), m * k * eb, m * n, m, m * k, n, peak,
                     spec.hbm_bytes_per_s, fp8, dq), t["latency_s"].to_numpy()
 
@@ -359,7 +362,7 @@ def _moe(gpu, tune, held) -> dict | None:
             continue
         dtype, group = QUANT_AS[quant]
         wb = WEIGHT_DTYPES[dtype].bytes_for(2**20, group) / 2**20
-        peak = spec.tensor_flop_per_s(quant in MOE_FP8_COMPUTE)
+        peak = moe_peak_flop_per_s(spec, quant)
 
         def domain(m):
             m = m[(m["quant"] == quant) & (m["distribution"] == "balanced")]

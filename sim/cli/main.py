@@ -26,6 +26,7 @@ app = GuardedTyper("kvsim", add_completion=False, no_args_is_help=True, help=__d
 console = Console(width=shutil.get_terminal_size((150, 40)).columns)
 
 
+MODEL_WEIGHT_DTYPES = ("bf16", "fp8", "int8", "int4", "nvfp4")  # `kvsim models`' weight-bytes columns
 ALLOW_LARGE_HELP = ("run work past its estimated-cost limit (sim/inputs/limits.py) instead of refusing it; "
                     "the estimate is said as a warning first")
 
@@ -124,7 +125,7 @@ def _model_rows(kv_dtype: str) -> list[dict]:
             "kv_bytes_per_token": m.kv_bytes_per_token("bf16"),
             f"kv_bytes_per_token_{kv_dtype}": m.kv_bytes_per_token(kv_dtype),
             "weight_bytes": m.weight_bytes("bf16"),
-            "weight_bytes_by_dtype": {d: m.weight_bytes(d) for d in ("bf16", "fp8", "int8", "int4")},
+            "weight_bytes_by_dtype": {d: m.weight_bytes(d) for d in MODEL_WEIGHT_DTYPES},
             "layers_by_kind": m.describe_kinds(), "kv_by_kind": by_kind,
             "bounded_bytes_per_sequence": _bounded_bytes_per_sequence(m.kv_by_kind("bf16")),
             f"bounded_bytes_per_sequence_{kv_dtype}": _bounded_bytes_per_sequence(by_kind),
@@ -149,7 +150,7 @@ def models(
                     f"bounded per sequence in {kv_dtype})")
     left = ("model", "layers by kind", "KV B/token by kind")
     for col in ("model", "layers by kind", "H", "Hkv", "d", "params", "KV B/token (bf16)", "KV B/token by kind",
-                "bounded B/seq", "bf16", "fp8", "int8", "int4"):
+                "bounded B/seq", *MODEL_WEIGHT_DTYPES):
         t.add_column(col, justify="left" if col in left else "right")
     for r in rows:
         w = r["weight_bytes_by_dtype"]
@@ -157,8 +158,12 @@ def models(
         t.add_row(r["name"], r["layers_by_kind"], str(r["heads"]), str(r["kv_heads"]), str(r["head_dim"]),
                   f"{r['params'] / 1e9:.2f} B", f"{r['kv_bytes_per_token']:,.0f}", _kv_by_kind_cell(r["kv_by_kind"]),
                   f"{bounded:,.0f}" if bounded else "-",
-                  *(f"{w[d] / GB:.1f} GB" for d in ("bf16", "fp8", "int8", "int4")))
+                  *(f"{w[d] / GB:.1f} GB" for d in MODEL_WEIGHT_DTYPES))
     console.print(t)
+
+
+def _tflops(flop_per_s: float | None) -> str:
+    return f"{flop_per_s / TFLOP:.0f} TFLOP/s" if flop_per_s else "-"
 
 
 def _kv_by_kind_cell(kv_by_kind: dict) -> str:
@@ -183,13 +188,13 @@ def gpus(as_json: bool = typer.Option(False, "--json")) -> None:
         print(to_json(rows))
         return
     t = Table(title="GPUs (datasheet, dense; memory as the device reports it; kernels: measured tables, or whose fit)")
-    for col in ("gpu", "memory", "HBM BW", "BF16", "FP8", "link", "pinned H2D/D2H", "copy engines", "kernels"):
+    for col in ("gpu", "memory", "HBM BW", "BF16", "FP8", "FP4", "link", "pinned H2D/D2H", "copy engines", "kernels"):
         t.add_column(col, justify="left" if col in ("gpu", "link", "kernels") else "right")
     for r in rows:
         mib = f" ({r['memory_total_mib']:,} MiB)" if r["memory_total_mib"] else ""
         t.add_row(r["name"], f"{r['memory_bytes'] / GB:.1f} GB{mib}", f"{r['hbm_bytes_per_s'] / TB:.2f} TB/s",
                   f"{r['bf16_flop_per_s'] / TFLOP:.0f} TFLOP/s",
-                  "-" if not r["fp8_flop_per_s"] else f"{r['fp8_flop_per_s'] / TFLOP:.0f} TFLOP/s",
+                  *(_tflops(r[f"{p}_flop_per_s"]) for p in ("fp8", "fp4")),
                   r["link"], f"{r['link_pinned_h2d_bytes_per_s'] / GB:.1f}/{r['link_pinned_d2h_bytes_per_s'] / GB:.1f} GB/s",
                   str(r["copy_engines"]), _kernels_said(r))
     console.print(t)

@@ -15,7 +15,7 @@ from sim.inputs import catalog
 from sim.inputs.catalog import EfficiencyDefaults, GpuSpec, LinkSpec
 from sim.inputs.kernel_tables import FRAMEWORK, PACKAGE, system_for, tables_available
 from sim.inputs.profile import ComputeProfile, CopyCurve, Profile
-from sim.model.dtypes import FP8_COMPUTE_WEIGHT_DTYPES, WEIGHT_DTYPES
+from sim.model.dtypes import ACTIVATION_BYTES, TENSOR_CORE_PRECISION, WEIGHT_DTYPES
 from sim.model.units import FLOP_PER_MAC, GB
 
 from .collectives import (
@@ -28,7 +28,7 @@ from .collectives import (
 )
 from .elementwise import Elementwise, elementwise_for, engine_passes
 from .engine_rules import CUSTOM_ALLREDUCE, LaunchRule, engine_allreduce_impl
-from .measured_kernels import MOE_FP8_COMPUTE, MeasuredKernels, measured_kernels_for
+from .measured_kernels import MeasuredKernels, measured_kernels_for, moe_peak_flop_per_s
 from .moe_exchange import MoeExchange
 from .moe_fit import MoeFit
 
@@ -74,7 +74,7 @@ class GemmIO:
     """A GEMM call's traffic beside streaming its weights once (`physics.weight_gemm_s`), fitted on the
     measured tables where they cover the GPU; zero by default (weights alone, as before the fit had these terms)."""
 
-    activation_bytes: float = 0.0  # bytes per input element streamed with the weights (bf16 2, fp8 1); 0: not counted
+    activation_bytes: float = 0.0  # bytes an input element streams with the weights (bf16 2, fp8 1, fp4 0.5625)
     output_element_s: float = 0.0  # per output element written (m x n)
     quant_row_s: float = 0.0  # W8A8's dynamic activation quantisation: per row ...
     quant_element_s: float = 0.0  # ... and per input element (m x k)
@@ -88,8 +88,8 @@ class GemmIO:
 
 @dataclass(frozen=True)
 class LmHeadGemm:
-    """The LM head's GEMM where it runs in another precision than the layers' (fp8 W8A8 runs keep it in
-    bf16): its floor, weight streaming rate, and FLOP/s by rows (peak x efficiency curve)."""
+    """The LM head's GEMM where it runs in another precision than the layers' (fp8 W8A8 and nvfp4 W4A4 runs
+    keep it in bf16): its floor, weight streaming rate, and FLOP/s by rows (peak x efficiency curve)."""
 
     floor_s: float
     bytes_per_s: float
@@ -308,7 +308,7 @@ class Hardware:
     prefill_attention_shape: PrefillShapes = PrefillShapes()  # datasheet prefill attention by KV dtype (flat: no floor)
     gemm_floor_s: float = 0.0  # floor of one GEMM call, added to its roofline time
     gemm_io: GemmIO = GemmIO()  # a GEMM call's activation traffic (fitted; none by default)
-    lm_head_gemm: LmHeadGemm | None = None  # the LM head in bf16 where the layers run fp8 W8A8; None: the layers' GEMM
+    lm_head_gemm: LmHeadGemm | None = None  # the LM head in bf16 where the layers run W8A8 / W4A4; None: the layers'
     held_activation_bytes: float = 0.0  # activations an engine holds whatever the step (scenario engine:)
     # measured (rows, weight bytes / kernel time) of this weight dtype's kernel: replaces the model
     weight_kernel_bytes_per_s_by_rows: list[tuple[float, float]] | None = None
@@ -410,7 +410,7 @@ def resolve_hardware(hw_cfg, weight_dtype: str, pinned: bool, profile: Profile |
     d2h = _link_model(link_spec, "d2h", pinned, profile)
     hw = replace(_assemble(gpu, link_spec, figs, h2d, d2h), fitted_framework=framework, fit_from=fit_from)
     fit = catalog.fitted_kernels_for(gpu.name, framework, fit_from)
-    if figs.fp8 and profile is None and not _sets_gemm(hw_cfg.efficiency):
+    if figs.precision != "bf16" and profile is None and not _sets_gemm(hw_cfg.efficiency):
         hw = _bf16_lm_head(hw, fit, eff)
     if fit is not None and fit.mla_bmm and profile is None and not _sets_gemm(hw_cfg.efficiency):
         hw = replace(hw, mla_bmm_fits=tuple((d, f.floor_s, f.flop_efficiency, f.hbm_efficiency)
@@ -482,7 +482,7 @@ def with_measured_kernels(hw: Hardware, framework: str = FRAMEWORK) -> Hardware:
     kernels = measured_kernels_for(hw.gpu.name, framework)
     tables = kernels.tables
     borrowed = "".join(f" ({table} {said})" for table, said in tables.table_sources.items())
-    measured = [d for d in ("bf16", "fp8", "int8", "int4") if d in kernels.gemm_dtypes()]
+    measured = [d for d in ("bf16", "fp8", "nvfp4", "int8", "int4") if d in kernels.gemm_dtypes()]
     weight_only = "" if {"int8", "int4"} <= set(measured) else "weight-only GEMMs, "
     context = tables.context_attention is not None and len(tables.context_attention) > 0
     allreduce = "custom" if hw.allreduce_impl == CUSTOM_ALLREDUCE else f"NCCL {tables.nccl_version}"
@@ -564,7 +564,7 @@ class _Figures:
     host_memory_bytes: Sourced[float]
     attention_flop_per_s: float  # sourced by attention_flop_efficiency
     copy_engines: int
-    fp8: bool  # FP8 weights on a GPU with an FP8 peak: GEMMs run at that peak
+    precision: str  # the GEMMs' tensor-core precision: fp8 (W8A8) or fp4 (W4A4) where the GPU has that peak, else bf16
 
     def sources(self) -> dict[str, str]:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -602,11 +602,11 @@ def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyD
     """Datasheet x efficiency - fitted on `framework`'s measured kernel tables where they cover the GPU
     or its sibling (`catalog.fitted_kernels_for`), the default elsewhere - or the scenario's override of each."""
     ov = hw_cfg.efficiency
-    fp8 = bool(weight_dtype in FP8_COMPUTE_WEIGHT_DTYPES and gpu.fp8_flop_per_s)
-    peak, peak_name = (gpu.fp8_flop_per_s, "fp8") if fp8 else (gpu.bf16_flop_per_s, "bf16")
+    peak, peak_name = gpu.matmul_peak(weight_dtype)
     fit = catalog.fitted_kernels_for(gpu.name, framework, fit_from)
-    # weight-only int8/int4 take their own fit where the tables time the engine's kernel, else bf16's (a bf16 MMA)
-    name = weight_dtype if fit and not fp8 and weight_dtype in fit.gemm else peak_name
+    # each weight dtype its own fit where the tables time its kernel (fp8 W8A8, nvfp4 W4A4, TensorRT-LLM's
+    # weight-only int8/int4), else its peak's (a weight-only kernel's: bf16's, a bf16 MMA)
+    name = weight_dtype if fit and weight_dtype in fit.gemm else peak_name
     g, a = (fit.gemm.get(name), fit.attention) if fit else (None, None)
     w_eff = (Sourced(g.weight_hbm_efficiency, g.says(f"{name} GEMMs")) if g else
              Sourced(eff.weight_hbm_efficiency[weight_dtype], "default efficiency")).override(ov.weight_hbm_efficiency)
@@ -619,7 +619,7 @@ def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyD
     host_memory = (Sourced(gpu.host_memory_bytes, "datasheet") if gpu.host_memory_bytes else
                    Sourced(eff.default_host_memory_bytes, "default"))
     hidden = "default: 0 (launches hidden, e.g. CUDA graphs)"
-    kernel, dequant = _weight_kernel(gpu, weight_dtype, fp8, eff)
+    kernel, dequant = _weight_kernel(gpu, weight_dtype, peak_name, eff)
     return _Figures(
         weight_hbm_efficiency=w_eff,
         weight_hbm_bytes_per_s=_hbm_rate(gpu, w_eff),
@@ -648,7 +648,7 @@ def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyD
         host_memory_bytes=host_memory.override(hw_cfg.host_memory_bytes, "scenario"),
         attention_flop_per_s=gpu.bf16_flop_per_s * f_eff.value,
         copy_engines=hw_cfg.copy_engines or gpu.copy_engines,
-        fp8=fp8,
+        precision=peak_name,
     )
 
 
@@ -673,9 +673,9 @@ def _scaled_curve(eff: EfficiencyDefaults, plateau: float) -> list[tuple[float, 
 
 
 def _bf16_lm_head(hw: Hardware, fit, eff: EfficiencyDefaults) -> Hardware:
-    """An fp8 W8A8 run's LM head stays bf16 - engines leave it unquantised (ModelOpt's FP8 configs
-    disable the lm_head quantiser; vLLM's ParallelLMHead takes no fp8 method) - so its GEMM takes the
-    bf16 fit's floor, streaming rate and FLOP plateau at the bf16 peak, not the layers' fp8 figures."""
+    """An fp8 W8A8 or nvfp4 W4A4 run's LM head stays bf16 - engines leave it unquantised (ModelOpt's FP8 and
+    NVFP4 configs disable the lm_head quantiser; vLLM's ParallelLMHead takes no quantised method) - so its GEMM
+    takes the bf16 fit's floor, streaming rate and FLOP plateau at the bf16 peak, not the layers' figures."""
     g = fit.gemm.get("bf16") if fit else None
     curve = _scaled_curve(eff, g.flop_efficiency) if g else eff.gemm_flop_efficiency_by_rows
     head = LmHeadGemm(g.floor_s if g else eff.gemm_floor_s,
@@ -703,7 +703,7 @@ def _gemm_io(gpu: GpuSpec, g, peak_name: str, ov, name: str | None = None) -> So
     if _sets_gemm(ov):
         return Sourced(GemmIO(), f"weights alone: {SCENARIO} sets a GEMM figure", pinned=True)
     hbm = gpu.hbm_bytes_per_s
-    io = GemmIO(1.0 if peak_name == "fp8" else 2.0, 1 / (hbm * g.output_hbm_efficiency), g.quant_row_s,
+    io = GemmIO(ACTIVATION_BYTES[peak_name], 1 / (hbm * g.output_hbm_efficiency), g.quant_row_s,
                 1 / (hbm * g.quant_hbm_efficiency) if g.quant_hbm_efficiency else 0.0,
                 g.weight_reread, g.half_tiles, g.half_tiles_decode)
     quant = (f", quantising activations {g.quant_row_s * 1e9:.3g} ns a row + an m x k pass at "
@@ -723,7 +723,7 @@ def _moe_fits(gpu: GpuSpec, moe, ov) -> Sourced[tuple]:
         return Sourced((), f"the experts as dense GEMMs: {SCENARIO} sets a GEMM figure", pinned=True)
     hbm = gpu.hbm_bytes_per_s
     fits = tuple((quant, MoeFit(m.floor_s, m.per_expert_s, hbm * m.weight_hbm_efficiency,
-                                gpu.tensor_flop_per_s(quant in MOE_FP8_COMPUTE) * m.flop_efficiency, m.half_rows,
+                                moe_peak_flop_per_s(gpu, quant) * m.flop_efficiency, m.half_rows,
                                 hbm * m.pair_hbm_efficiency, hbm * m.token_hbm_efficiency))
                  for quant, m in sorted(moe.items()))
     said = "; ".join(f"{q} median {m.held_out.median:.1%}" for q, m in sorted(moe.items()))
@@ -766,21 +766,26 @@ def _attention_shape(gpu: GpuSpec, a, ov) -> Sourced[AttentionShape]:
                           f"{a.per_cta_s * 1e9:.3g} ns a block; fp8 KV at {a.fp8_hbm_efficiency:g} of HBM{fp8}{xqa})")
 
 
-def _weight_kernel(gpu: GpuSpec, weight_dtype: str, fp8: bool, eff: EfficiencyDefaults) -> tuple[Sourced[str], Sourced[float]]:
+def _weight_kernel(gpu: GpuSpec, weight_dtype: str, precision: str,
+                   eff: EfficiencyDefaults) -> tuple[Sourced[str], Sourced[float]]:
     """How a layer's weights are multiplied, and the CUDA-core work per weight that takes: bf16 and
     fp16 weights feed the tensor cores as they are; fp8 runs as a W8A8 GEMM at the fp8 peak where the
-    GPU has fp8 tensor cores; int8, int4 (and fp8 without fp8 tensor cores) run weight-only kernels
-    that dequantise every weight to bf16 on the CUDA cores before the MMA."""
+    GPU has fp8 tensor cores, nvfp4 as a W4A4 GEMM at the fp4 peak where it has FP4 tensor cores
+    (Blackwell); int8, int4 (and fp8 / nvfp4 without those tensor cores: vLLM's Marlin W4A16 for
+    NVFP4 checkpoints before Blackwell) run weight-only kernels that dequantise every weight to bf16
+    on the CUDA cores before the MMA."""
     dequant_src = "default (derived: instruction count of the published conversion, efficiency.yaml)"
     def path(text: str) -> Sourced[str]:  # the summary's sources name the path a run assumed
         return Sourced(text, text)
 
-    if fp8:
-        return (path(f"fp8 W8A8 GEMM at the {gpu.name} fp8 tensor-core peak"),
-                Sourced(0.0, "fp8 tensor cores: no dequantisation"))
+    if precision != "bf16":
+        form = "W8A8" if precision == "fp8" else "W4A4"
+        return (path(f"{weight_dtype} {form} GEMM at the {gpu.name} {precision} tensor-core peak"),
+                Sourced(0.0, f"{precision} tensor cores: no dequantisation"))
     if weight_dtype not in eff.dequant_ops_per_weight:
         return path(f"{weight_dtype} GEMM on the tensor cores"), Sourced(0.0, "no dequantisation")
-    why = f"; {gpu.name} has no fp8 tensor cores (datasheet)" if weight_dtype == "fp8" else ""
+    low = TENSOR_CORE_PRECISION.get(weight_dtype)
+    why = f"; {gpu.name} has no {low} tensor cores (datasheet)" if low else ""
     kernel = f"{weight_dtype} weight-only (W{WEIGHT_DTYPES[weight_dtype].bits}A16): dequantised on CUDA cores, bf16 MMA{why}"
     return path(kernel), Sourced(eff.dequant_ops_per_weight[weight_dtype], dequant_src)
 
@@ -853,12 +858,12 @@ def _measured_flops(figs: _Figures, c: ComputeProfile, gpu: GpuSpec, label: str)
     """A measured peak replaces the datasheet's (GEMM and attention keep their fractions of it);
     bf16 GEMM FLOP/s measured by rows replaces peak x fraction."""
     gemm, attention_flop = figs.gemm_flop_per_s, figs.attention_flop_per_s
-    peak = c.peak_flop_per_s.get("fp8" if figs.fp8 else "bf16")
+    peak = c.peak_flop_per_s.get(figs.precision)
     if peak:
         fraction = SCENARIO if gemm.pinned else "default efficiency by rows"
         gemm = Sourced(replace(gemm.value, peak_flop_per_s=peak), f"{label}, peak x {fraction}", gemm.pinned)
         attention_flop = peak * (attention_flop / gpu.bf16_flop_per_s)
-    if c.gemm_flop_per_s_by_rows and not figs.fp8:
+    if c.gemm_flop_per_s_by_rows and figs.precision == "bf16":
         by_rows = [(float(m), f) for m, f in c.gemm_flop_per_s_by_rows]
         gemm = gemm.measure(replace(gemm.value, measured_by_rows=by_rows), f"{label}, measured by rows")
     return replace(figs, gemm_flop_per_s=gemm, attention_flop_per_s=attention_flop)

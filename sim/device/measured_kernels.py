@@ -25,6 +25,7 @@ from sim.inputs.kernel_tables import (
     MLA_TABLE,
     MOE_SLICE,
     MOE_TABLE,
+    WEIGHT_BYTES,
     KernelTables,
     load_tables,
     with_moe_mla,
@@ -37,10 +38,12 @@ from .kernel_grid import LazyGrids, RatioGrid, fill_cold_side, fill_from_below
 from .moe_exchange import A2A_WIRE_BYTES
 
 ACTIVATION_BYTES = 2  # bf16 activations in and out of a GEMM, queries and outputs of attention
-MEASURED_AS = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8": "int8", "int4": "int4"}  # a dtype -> the measured table standing for it
+# a dtype -> the measured table standing for it
+MEASURED_AS = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8": "int8", "int4": "int4", "nvfp4": "nvfp4"}
 MEASURED_MLA = (512, 64)  # kv_lora_rank, qk_rope_head_dim of the MLA table (DeepSeek-V3 shapes)
-MOE_WEIGHT_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "int4_wo": 0.5, "w4a16_mxfp4": 0.5}
-MOE_FP8_COMPUTE = {"fp8", "fp8_block"}  # W8A8 at the fp8 peak; the W4A16 formats multiply in bf16
+MOE_WEIGHT_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "int4_wo": 0.5, "w4a16_mxfp4": 0.5, "nvfp4": 0.5625}
+# a MoE table format -> the weight dtype whose matmul peak it runs at (W8A8 fp8, W4A4 fp4); the W4A16 formats: bf16
+MOE_COMPUTE_AS = {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "nvfp4"}
 EXPERT_MATRICES = 3  # gate, up, down
 
 
@@ -147,7 +150,7 @@ class MeasuredKernels:
         self._moe_slice_of: dict[tuple, tuple[tuple, str]] = {}  # `_moe_slice`'s answers for unmeasured shapes
 
     def _peak(self, dtype: str) -> float:
-        return self.gpu.tensor_flop_per_s(dtype == "fp8")
+        return self.gpu.matmul_peak(dtype)[0]
 
     # ---- GEMM -------------------------------------------------------------------------------------
     def gemm_dtypes(self) -> frozenset[str]:
@@ -490,7 +493,7 @@ class MeasuredKernels:
         return self._moe_grids[key]
 
     def _moe_peak(self, quant: str) -> float:
-        return self._peak("fp8" if quant in MOE_FP8_COMPUTE else "bf16")
+        return moe_peak_flop_per_s(self.gpu, quant)
 
     def moe_s(self, tokens, experts: int, top_k: int, hidden: int, inter: int, tp: int = 1, ep: int = 1,
               quant: str = "bfloat16", distribution: str = "balanced") -> Lookup:
@@ -550,4 +553,9 @@ def measured_kernels_for(gpu: str, framework: str = FRAMEWORK) -> MeasuredKernel
 def _gemm_bytes(dtype: str) -> float:
     """Bytes per weight element of the roofline the measured ratio is taken over (activations are
     counted at the same width: the ratio carries the difference)."""
-    return {"fp8": 1.0, "int8": 1.0, "int4": 0.5}.get(dtype, 2.0)
+    return WEIGHT_BYTES.get(dtype, 2.0)
+
+
+def moe_peak_flop_per_s(gpu: GpuSpec, quant: str) -> float:
+    """The tensor-core peak a MoE table format's experts multiply at (`MOE_COMPUTE_AS`; bf16's otherwise)."""
+    return gpu.matmul_peak(MOE_COMPUTE_AS.get(quant, "bf16"))[0]

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from sim.model.dtypes import TENSOR_CORE_PRECISION
 from sim.model.spec import ModelSpec
 from sim.model.units import MiB
 
@@ -35,6 +36,7 @@ class GpuSpec(_Frozen):
     fp32_flop_per_s: float  # CUDA cores (non-tensor): the dequantisation work of weight-only kernels
     fp8_flop_per_s: float | None = None
     int8_op_per_s: float | None = None
+    fp4_flop_per_s: float | None = None  # FP4 tensor cores (Blackwell): NVFP4 W4A4 GEMMs; None: none
     link: str
     host: str = "epyc-9654"  # the host CPU of this part's typical system
     interconnect: str = "nvlink4"  # GPU-to-GPU fabric for tensor parallelism
@@ -59,6 +61,13 @@ class GpuSpec(_Frozen):
     def tensor_flop_per_s(self, fp8: bool) -> float:
         """The tensor-core peak an fp8 (`fp8`) or bf16 matmul runs at: fp8's where the GPU has one."""
         return self.fp8_flop_per_s if fp8 and self.fp8_flop_per_s else self.bf16_flop_per_s
+
+    def matmul_peak(self, weight_dtype: str) -> tuple[float, str]:
+        """(peak FLOP/s, its precision) a layer GEMM of `weight_dtype` weights runs at: fp8 W8A8 at the fp8
+        peak, nvfp4 W4A4 at the fp4 peak, where the GPU has that peak; bf16's otherwise (weight-only)."""
+        precision = TENSOR_CORE_PRECISION.get(weight_dtype)
+        peak = getattr(self, f"{precision}_flop_per_s") if precision else None
+        return (peak, precision) if peak else (self.bf16_flop_per_s, "bf16")
 
 
 class HostSpec(_Frozen):

@@ -86,12 +86,13 @@ SYSTEMS = {"h100-sxm": "h100_sxm", "h200-sxm": "h200_sxm", "a100-80gb-sxm": "a10
            "b200": "b200_sxm", "rtx-pro-6000-server": "rtx_pro_6000_server"}
 # weight dtype -> measured GEMM dtype; the weight-only int8/int4 tables are TensorRT-LLM's (its
 # WeightOnlyQuantMatmul plugin, per-channel scales: A100 1.0.0 only), the other frameworks time none
-GEMM_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "int8": "int8_wo", "int4": "int4_wo"}
+GEMM_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "int8": "int8_wo", "int4": "int4_wo",
+               "nvfp4": "nvfp4"}  # nvfp4: W4A4 (Blackwell: vLLM's and SGLang's FlashInfer kernels, TensorRT-LLM's)
 KV_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
 PROFILE_SOURCE = "hwprobe"  # KernelTables.framework of tables read from a `hwprobe calibrate` profile
 MLA_FRAMEWORK = "trtllm"  # the MLA decode kernel table's framework (vLLM measures only the whole module)
 MLA_TABLE, MOE_TABLE = "generation_mla", "moe"  # KernelTables.table_sources keys, as `source` names them
-MOE_QUANTS = ("bfloat16", "fp8", "fp8_block", "int4_wo", "w4a16_mxfp4")  # the vLLM MoE weight formats read
+MOE_QUANTS = ("bfloat16", "fp8", "fp8_block", "int4_wo", "w4a16_mxfp4", "nvfp4")  # the MoE weight formats read
 MLA_COLUMNS = ["kv_dtype", "heads", "batch", "kv_tokens", "latency_s"]
 MLA_BMM_COLUMNS = ["op", "dtype", "heads", "tokens", "latency_s"]
 MLA_BMM_TABLE = "mla_bmm"
@@ -170,7 +171,7 @@ def load_tables(gpu: str, framework: str = FRAMEWORK) -> KernelTables:
 # calls ever stream - those of >= COLD_BYTES, past every GPU's L2, at or under the DRAM peak - is
 # dropped (`cache_served`), and the grids fill its cell from the larger calls beside it
 # (`kernel_grid.fill_cold_side`).
-WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}  # a GEMM table dtype's bytes a weight
+WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "nvfp4": 0.5625}  # a table dtype's bytes a weight
 COLD_BYTES = 256 * 2**20
 
 
@@ -529,15 +530,18 @@ def _moe(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def moe_quant_for(weight_dtype: str, group_size: int = 128) -> str | None:
-    """The vLLM MoE weight format a kvtier weight dtype runs as: bf16/fp16 unquantised; fp8 as the
+    """The MoE table weight format a kvtier weight dtype runs as: bf16/fp16 unquantised; fp8 as the
     128x128 block-scaled W8A8 of DeepSeek's and Qwen3's FP8 checkpoints; int4 with groups of 32 as
-    gpt-oss's MXFP4, other int4 as Marlin W4A16; None for int8 (no table)."""
+    gpt-oss's MXFP4, other int4 as Marlin W4A16; nvfp4 as NVFP4 W4A4 (Blackwell tables); None for int8
+    (no table)."""
     if weight_dtype in ("bf16", "fp16"):
         return "bfloat16"
     if weight_dtype == "fp8":
         return "fp8_block"
     if weight_dtype == "int4":
         return "w4a16_mxfp4" if group_size == 32 else "int4_wo"
+    if weight_dtype == "nvfp4":
+        return "nvfp4"
     return None
 
 

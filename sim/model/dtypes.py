@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SCALE_BYTES = 2  # one fp16 scale per quantisation group
+NVFP4_GROUP, NVFP4_SCALE_BYTES = 16, 1  # NVFP4: one FP8 (E4M3) scale per 16 FP4 (E2M1) values, fixed by the format
 
 
 @dataclass(frozen=True)
@@ -15,18 +16,21 @@ class DType:
     name: str
     bits: int
     grouped: bool  # integer formats carry one scale per group of elements
+    scale_bytes: int = SCALE_BYTES
+    fixed_group: int | None = None  # the format fixes its group size (NVFP4: 16); None: the scenario's
 
     @property
     def bytes_per_element(self) -> float:
         return self.bits / 8
 
     def bytes_for(self, elements: int, group_size: int) -> float:
-        """Bytes for `elements` values: elements * bits / 8, plus one scale per group if grouped."""
+        """Bytes for `elements` values: elements * bits / 8, plus one scale per group if grouped (a format
+        that fixes its group, NVFP4, ignores `group_size`)."""
         payload = elements * self.bits / 8
         if not self.grouped:
             return payload
-        groups = -(-elements // group_size)  # ceil
-        return payload + groups * SCALE_BYTES
+        groups = -(-elements // (self.fixed_group or group_size))  # ceil
+        return payload + groups * self.scale_bytes
 
 
 WEIGHT_DTYPES: dict[str, DType] = {
@@ -35,6 +39,9 @@ WEIGHT_DTYPES: dict[str, DType] = {
     "fp8": DType("fp8", 8, False),  # per-tensor scale: negligible
     "int8": DType("int8", 8, True),
     "int4": DType("int4", 4, True),
+    # NVIDIA's NVFP4 (ModelOpt / compressed-tensors W4A4 checkpoints): 4.5 bits a weight, plus one fp32
+    # scale per tensor (negligible)
+    "nvfp4": DType("nvfp4", 4, True, NVFP4_SCALE_BYTES, NVFP4_GROUP),
 }
 
 KV_DTYPES: dict[str, DType] = {
@@ -51,6 +58,9 @@ COMPRESSED_DTYPES: dict[str, DType] = {
     "int4": DType("int4", 4, True),
 }
 
-# Weight dtypes that run on the tensor cores at the fp8 / int8 rate (W8A8); weight-only int
-# formats dequantise to bf16 and compute at the bf16 rate.
-FP8_COMPUTE_WEIGHT_DTYPES = {"fp8"}
+# Weight dtypes whose GEMMs quantise their activations too and run on the tensor cores at a low-precision
+# peak where the GPU has one (fp8: W8A8 at the fp8 peak; nvfp4: W4A4 at the fp4 peak, Blackwell);
+# weight-only int formats - and these where the GPU lacks the peak - dequantise to bf16 at the bf16 rate.
+TENSOR_CORE_PRECISION = {"fp8": "fp8", "nvfp4": "fp4"}
+# bytes a GEMM streams per input element once its activations are quantised (nvfp4: 4 bits + a 1-byte scale per 16)
+ACTIVATION_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5 + NVFP4_SCALE_BYTES / NVFP4_GROUP}
