@@ -92,7 +92,7 @@ def test_a_checkpoint_that_leaves_no_room_is_refused():
 
 def test_the_rows_that_take_the_heuristic():
     rows = {m.id: m for m in load_measurements() if m.batch_limits == "trtllm-bench"}
-    assert len(rows) == 39 and all(not m.chunked_prefill and m.admission == "no_evict" for m in rows.values())
+    assert len(rows) == 47 and all(not m.chunked_prefill and m.admission == "no_evict" for m in rows.values())
     # gpt-oss's MXFP4 (W4A16_MXFP4 below SM100) is not among the heuristic's tuned quantisations: the defaults,
     # max_num_tokens raised to hold a 32,768-token prompt beside a full batch of 2,048
     assert rows["trt-h200-gpt-oss-120b-tp1-1k1k"].rank_limits()[:2] == (2048, 8192)
@@ -100,6 +100,24 @@ def test_the_rows_that_take_the_heuristic():
     assert rows["trt-h200-deepseek-r1-dep8-1k1k"].rank_limits()[:2] == (160, 2048)
     assert rows["trt-h200-70b-fp8-tp2-1k1k"].rank_limits()[:2] == (768, 2048)
     assert rows["trt-h200-70b-fp8-tp2-32k1k"].rank_limits()[:2] == (64, 32768 + 64)  # raised to hold a prompt
+
+
+def test_an_nvfp4_checkpoint_is_tuned_over_its_packed_element_count():
+    """NVFP4 is among TUNED_QUANTS at 0.5 bytes a parameter, over the safetensors element count: the packed
+    FP4 weights (two a uint8) and their fp8 scales (one per 16) count 0.5625 a weight, the rest one each."""
+    from sim.studies.e2e_table import checkpoint_elements
+
+    m = catalog.model("llama-3.1-70b")
+    assert checkpoint_elements(m, "fp8") == m.params
+    bf16_rest = m.embedding_params() + m.lm_head_params() + m.hidden_size + m.num_layers * m.small_params_layer()
+    assert checkpoint_elements(m, "nvfp4") == pytest.approx(bf16_rest + (m.params - bf16_rest) * 0.5625)
+    b200 = catalog.gpu("b200").memory_bytes
+    ckpt = bench_checkpoint(m, "nvfp4", "fp8")
+    kv_gib_token = 2 * 80 * 8 * 128 * 1.0 / GIB
+    requests = (b200 / GIB - checkpoint_elements(m, "nvfp4") * 0.5 / GIB) * 0.95 / (kv_gib_token * 2048)
+    limits = trtllm_bench_limits(ckpt, 1, 1, b200, 1024, 1024)
+    assert limits.kv_cache_max_requests == pytest.approx(requests) and 486 < requests < 488
+    assert (limits.max_batch_size, limits.max_num_tokens) == (512, 2048)  # 128 x 4; max(2048, 1024 + 512)
 
 
 def test_a_row_gives_its_limits_or_takes_the_heuristic_not_both(tmp_path):

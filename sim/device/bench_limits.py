@@ -34,8 +34,9 @@ MIN_TOKENS = 2048  # "Set min to 2048 to ensure Ctx/Gen overlap efficiency"
 BATCH_STEPS = ((256, 32), (1024, 128), (math.inf, 256))  # (below, round up to a multiple of)
 TOKEN_STEPS = ((4096, 256), (8192, 512), (math.inf, 1024))
 # build.py TUNED_QUANTS and tuning.py BYTES_PER_ELEM, by kvtier's weight dtype: bf16 / fp16 NO_QUANT,
-# fp8 FP8 or FP8_BLOCK_SCALES; int8 / int4 weight-only are not tuned (BuildConfig's defaults instead)
-TUNED_WEIGHT_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+# fp8 FP8 or FP8_BLOCK_SCALES, nvfp4 NVFP4 (0.5 a parameter); int8 / int4 weight-only are not tuned
+# (BuildConfig's defaults instead)
+TUNED_WEIGHT_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "nvfp4": 0.5}
 BUILD_CONFIG_DEFAULTS = (2048, 8192)  # BuildConfig max_batch_size, max_num_tokens
 KV_ELEMENT_BYTES = {"fp8": 1.0}  # BYTES_PER_ELEM.get(kv_cache_quant_algo, 2): FP8 one byte, anything else two
 
@@ -48,8 +49,8 @@ class BenchCheckpoint:
     num_kv_heads: int  # config.json num_key_value_heads
     head_size: int  # config.json head_dim, else hidden_size // num_attention_heads
     attention_layers: int  # num_hidden_layers (attention layers of a hybrid)
-    params: float  # the safetensors parameter count
-    weight_dtype: str  # kvtier's name for the quant algo: bf16, fp16, fp8, int8, int4
+    params: float  # the safetensors parameter count (elements of every tensor, whatever its dtype)
+    weight_dtype: str  # kvtier's name for the quant algo: bf16, fp16, fp8, int8, int4, nvfp4
     kv_dtype: str  # the checkpoint's KV-cache quantisation (fp8), else bf16 / fp16
 
 

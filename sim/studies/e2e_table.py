@@ -18,6 +18,7 @@ from sim.inputs.limits import MAX_BATCH, MAX_RATE_PER_S, MAX_REQUESTS, MAX_TOKEN
 from sim.inputs.reader import read_yaml
 from sim.inputs.scenario import KvDType, WeightDType, validation_error_line
 from sim.inputs.strict import Strict
+from sim.model.dtypes import WEIGHT_DTYPES
 from sim.model.spec import ModelSpec
 
 MAX_ROWS = 10_000
@@ -138,12 +139,26 @@ def bench_checkpoint(model: ModelSpec, weight_dtype: str, kv_dtype: str) -> Benc
     """A catalog model's checkpoint as trtllm-bench's heuristic reads its config.json: a GQA model's KV heads
     and head size; an MLA model's config (DeepSeek-V3's) states num_key_value_heads = num_attention_heads
     and no head_dim, so hidden_size / heads. Parameters: the catalog's count (the checkpoint's also holds
-    e.g. DeepSeek's multi-token-prediction layer, 2% more, which moves no catalog row's rounded limits)."""
+    e.g. DeepSeek's multi-token-prediction layer, 2% more, which moves no catalog row's rounded limits), as
+    the checkpoint's tensors count them (`checkpoint_elements`)."""
     if model.mla is not None:
         kv_heads, head_size = model.num_heads, model.hidden_size // model.num_heads
     else:
         kv_heads, head_size = model.num_kv_heads, model.head_dim
-    return BenchCheckpoint(kv_heads, head_size, model.num_layers, float(model.params), weight_dtype, kv_dtype)
+    return BenchCheckpoint(kv_heads, head_size, model.num_layers, checkpoint_elements(model, weight_dtype), weight_dtype,
+                           kv_dtype)
+
+
+def checkpoint_elements(model: ModelSpec, weight_dtype: str) -> float:
+    """The parameter count trtllm-bench reads (bench ModelConfig.get_param_count: the safetensors metadata's
+    elements of every tensor, whatever their dtype). An NVFP4 checkpoint stores its quantised linear weights
+    two to a uint8 element with one fp8 scale element per 16, so each counts 0.5625 (its bytes); embeddings,
+    LM head and norms stay bf16, one element each. Other formats: the catalog's count."""
+    if weight_dtype != "nvfp4":
+        return float(model.params)
+    per_weight = WEIGHT_DTYPES["nvfp4"].bytes_for(2**20, 16) / 2**20
+    quantised = (model.weight_bytes("bf16") - model.weight_bytes("nvfp4")) / (2.0 - per_weight)
+    return float(model.params) - quantised * (1.0 - per_weight)
 
 
 def default_path() -> Path:
