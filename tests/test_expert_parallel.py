@@ -190,6 +190,7 @@ def test_a_gpu_without_a_fit_costs_its_collectives_on_the_fabric():
 @pytest.mark.parametrize("engine, dtype, per_element, per_pick", [
     ("vllm", "fp8", 1 + 4 / 128, 8.0), ("vllm", "bf16", 2.0, 8.0),
     ("sglang", "fp8", 2.0, 0.0), ("tensorrt-llm", "fp8", 2.0, 8.0),
+    ("tensorrt-llm", "nvfp4", 0.5 + 1 / 16, 8.0),  # quantised before the gather: FP4 values and an fp8 scale per 16
 ])
 def test_each_engines_dispatch_wire(engine, dtype, per_element, per_pick):
     x = moe_exchange(engine, dtype)

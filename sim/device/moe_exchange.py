@@ -13,8 +13,9 @@
 - TensorRT-LLM (PyTorch backend, MoE backend CUTLASS): fused_moe_cutlass.py enables its all-to-all only
   with moe_ep_size > top_k and MNNVL (the code of the 2025 performance overview's runs): otherwise
   torch.ops.trtllm.allgather of the bf16 hidden states (a block-scaled fp8 model quantises in the
-  kernel) with the int32 expert ids and fp32 weights, and reducescatter of the bf16 outputs, both over
-  NCCL. Later code (after Nov 2025) prefers NVLink all-to-alls where the node supports them.
+  kernel; an NVFP4 model quantises first - forward_chunk's run_post_quant_allgather: fp4_quantize, then
+  the packed FP4 values with their fp8 scale per 16 are gathered) with the int32 expert ids and fp32
+  weights, and reducescatter of the bf16 outputs, both over NCCL. Later code (after Nov 2025) prefers NVLink all-to-alls where the node supports them.
 
 So by default every GPU gathers the whole group's tokens, runs its own experts on those routed to them,
 and the partial outputs are reduce-scattered back: NCCL's all_gather and reduce_scatter over the whole
@@ -39,6 +40,7 @@ ALLTOALL = "alltoall"
 MOE_COMMS = ("engine", ALLTOALL)  # scenario parallel.moe_comm: the engine's default, or an all-to-all
 BF16_BYTES = 2.0
 FP8_WITH_BLOCK_SCALES = 1.0 + 4.0 / 128  # one byte an element, an fp32 scale per 128 (vLLM's block-quantised dispatch)
+NVFP4_BYTES = 0.5 + 1.0 / 16  # TensorRT-LLM's post-quant all-gather: FP4 values, an fp8 scale per 16
 ROUTING_BYTES_PER_PICK = 8.0  # an int32 expert id and an fp32 weight per routed pick, gathered with the token
 LL_MAX_TOKENS = 256  # tokens a rank DeepEP's low-latency tables reach (TensorRT-LLM's and vLLM's: 1-256)
 A2A_PHASES = ("dispatch", "combine")
@@ -89,8 +91,9 @@ def moe_exchange(engine: str, weight_dtype: str, moe_comm: str = "engine") -> Mo
                            "SGLang's default moe_a2a_backend none (dp_attention.py dp_gather, dp_reduce_scatter_tensor): "
                            "all-gather of the bf16 hidden states (the router runs after it), reduce-scatter of the outputs")
     if engine == "tensorrt-llm":
-        return MoeExchange(ALLGATHER_REDUCESCATTER, BF16_BYTES, ROUTING_BYTES_PER_PICK,
+        fp4 = weight_dtype == "nvfp4"  # quantised before the gather (run_post_quant_allgather)
+        return MoeExchange(ALLGATHER_REDUCESCATTER, NVFP4_BYTES if fp4 else BF16_BYTES, ROUTING_BYTES_PER_PICK,
                            "TensorRT-LLM's CUTLASS MoE without an all-to-all (fused_moe_cutlass.py: moe_ep_size > top_k "
-                           "and MNNVL needed for one): allgather of the bf16 hidden states with the expert ids and "
-                           "weights, reducescatter of the bf16 outputs, over NCCL")
+                           f"and MNNVL needed for one): allgather of the {'NVFP4-quantised' if fp4 else 'bf16'} hidden "
+                           "states with the expert ids and weights, reducescatter of the bf16 outputs, over NCCL")
     raise ValueError(f"engine must be vllm, sglang or tensorrt-llm, got {engine!r}")
