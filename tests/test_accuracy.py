@@ -202,7 +202,8 @@ def test_end_to_end_accuracy_with_measured_tables(full_summary, summary_without_
     # limits)
     assert median <= 0.10
     # current level (70.0%, DataCrunch's SGLang offline 4096/2048 - 81.7% earlier - whose compute-bound figures run
-    # 1.4-1.8x slower than kvtier - as its TTFT rows do - while its memory-bound ITL matches; before those rows 56.7%, SGLang TTFT at 4 req/s -
+    # 1.4-1.8x slower than kvtier - as its TTFT rows do - while its memory-bound ITL matches; before those rows 56.7%,
+    # SGLang TTFT at 4 req/s -
     # 53.8% before SGLang's prefill batches ran alone, a cited rule of
     # its scheduler that shortens the step a new prompt waits for, where the per-request cost outside the GPU that the
     # row lacks is larger; then 4 x L40S TP4 over PCIe 52.5%. DeepSeek-R1 DEP8 was the worst

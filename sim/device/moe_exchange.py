@@ -15,7 +15,8 @@
   torch.ops.trtllm.allgather of the bf16 hidden states (a block-scaled fp8 model quantises in the
   kernel; an NVFP4 model quantises first - forward_chunk's run_post_quant_allgather: fp4_quantize, then
   the packed FP4 values with their fp8 scale per 16 are gathered) with the int32 expert ids and fp32
-  weights, and reducescatter of the bf16 outputs, both over NCCL. Later code (after Nov 2025) prefers NVLink all-to-alls where the node supports them.
+  weights, and reducescatter of the bf16 outputs, both over NCCL. Later code (after Nov 2025) prefers
+  NVLink all-to-alls where the node supports them.
 
 So by default every GPU gathers the whole group's tokens, runs its own experts on those routed to them,
 and the partial outputs are reduce-scattered back: NCCL's all_gather and reduce_scatter over the whole

@@ -145,8 +145,8 @@ def bench_checkpoint(model: ModelSpec, weight_dtype: str, kv_dtype: str) -> Benc
         kv_heads, head_size = model.num_heads, model.hidden_size // model.num_heads
     else:
         kv_heads, head_size = model.num_kv_heads, model.head_dim
-    return BenchCheckpoint(kv_heads, head_size, model.num_layers, checkpoint_elements(model, weight_dtype), weight_dtype,
-                           kv_dtype)
+    params = checkpoint_elements(model, weight_dtype)
+    return BenchCheckpoint(kv_heads, head_size, model.num_layers, params, weight_dtype, kv_dtype)
 
 
 def checkpoint_elements(model: ModelSpec, weight_dtype: str) -> float:
