@@ -26,7 +26,8 @@ app = GuardedTyper("kvsim", add_completion=False, no_args_is_help=True, help=__d
 console = Console(width=shutil.get_terminal_size((150, 40)).columns)
 
 
-MODEL_WEIGHT_DTYPES = ("bf16", "fp8", "int8", "int4", "nvfp4")  # `kvsim models`' weight-bytes columns
+MODEL_WEIGHT_DTYPES = ("bf16", "fp8", "int8", "int4", "nvfp4", "mxfp4")  # `kvsim models --json`'s weight bytes
+TABLE_WEIGHT_DTYPES = MODEL_WEIGHT_DTYPES[:-1]  # its table's columns (a sixth would not fit 80 columns)
 ALLOW_LARGE_HELP = ("run work past its estimated-cost limit (sim/inputs/limits.py) instead of refusing it; "
                     "the estimate is said as a warning first")
 
@@ -150,7 +151,7 @@ def models(
                     f"bounded per sequence in {kv_dtype})")
     left = ("model", "layers by kind", "KV B/token by kind")
     for col in ("model", "layers by kind", "H", "Hkv", "d", "params", "KV B/token (bf16)", "KV B/token by kind",
-                "bounded B/seq", *MODEL_WEIGHT_DTYPES):
+                "bounded B/seq", *TABLE_WEIGHT_DTYPES):
         t.add_column(col, justify="left" if col in left else "right")
     for r in rows:
         w = r["weight_bytes_by_dtype"]
@@ -158,7 +159,7 @@ def models(
         t.add_row(r["name"], r["layers_by_kind"], str(r["heads"]), str(r["kv_heads"]), str(r["head_dim"]),
                   f"{r['params'] / 1e9:.2f} B", f"{r['kv_bytes_per_token']:,.0f}", _kv_by_kind_cell(r["kv_by_kind"]),
                   f"{bounded:,.0f}" if bounded else "-",
-                  *(f"{w[d] / GB:.1f} GB" for d in MODEL_WEIGHT_DTYPES))
+                  *(f"{w[d] / GB:.1f} GB" for d in TABLE_WEIGHT_DTYPES))
     console.print(t)
 
 

@@ -15,7 +15,7 @@ from sim.inputs import catalog
 from sim.inputs.catalog import EfficiencyDefaults, GpuSpec, LinkSpec
 from sim.inputs.kernel_tables import FRAMEWORK, PACKAGE, system_for, tables_available
 from sim.inputs.profile import ComputeProfile, CopyCurve, Profile
-from sim.model.dtypes import ACTIVATION_BYTES, TENSOR_CORE_PRECISION, WEIGHT_DTYPES
+from sim.model.dtypes import ACTIVATION_BYTES, TENSOR_CORE_PATHS, WEIGHT_DTYPES
 from sim.model.units import FLOP_PER_MAC, GB
 
 from .collectives import (
@@ -34,6 +34,7 @@ from .moe_fit import MoeFit
 
 T = TypeVar("T")
 SCENARIO = "scenario override"  # the source of an overridden figure; sim/outputs/run_folder.py lists them by it
+ACTIVATION_BITS = {"fp8": 8, "fp4": 4}  # a low-precision GEMM's quantised inputs, for its W?A? name
 
 
 def interp_log2(points: list[tuple[float, float]], x: float) -> float:
@@ -779,13 +780,13 @@ def _weight_kernel(gpu: GpuSpec, weight_dtype: str, precision: str,
         return Sourced(text, text)
 
     if precision != "bf16":
-        form = "W8A8" if precision == "fp8" else "W4A4"
+        form = f"W{WEIGHT_DTYPES[weight_dtype].bits}A{ACTIVATION_BITS[precision]}"  # W8A8, W4A4, W4A8
         return (path(f"{weight_dtype} {form} GEMM at the {gpu.name} {precision} tensor-core peak"),
                 Sourced(0.0, f"{precision} tensor cores: no dequantisation"))
     if weight_dtype not in eff.dequant_ops_per_weight:
         return path(f"{weight_dtype} GEMM on the tensor cores"), Sourced(0.0, "no dequantisation")
-    low = TENSOR_CORE_PRECISION.get(weight_dtype)
-    why = f"; {gpu.name} has no {low} tensor cores (datasheet)" if low else ""
+    needs = TENSOR_CORE_PATHS.get(weight_dtype, (None,))[0]
+    why = f"; {gpu.name} has no {needs} tensor cores (datasheet)" if needs else ""
     kernel = f"{weight_dtype} weight-only (W{WEIGHT_DTYPES[weight_dtype].bits}A16): dequantised on CUDA cores, bf16 MMA{why}"
     return path(kernel), Sourced(eff.dequant_ops_per_weight[weight_dtype], dequant_src)
 

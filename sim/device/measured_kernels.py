@@ -41,9 +41,10 @@ ACTIVATION_BYTES = 2  # bf16 activations in and out of a GEMM, queries and outpu
 # a dtype -> the measured table standing for it
 MEASURED_AS = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8": "int8", "int4": "int4", "nvfp4": "nvfp4"}
 MEASURED_MLA = (512, 64)  # kv_lora_rank, qk_rope_head_dim of the MLA table (DeepSeek-V3 shapes)
-MOE_WEIGHT_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "int4_wo": 0.5, "w4a16_mxfp4": 0.5, "nvfp4": 0.5625}
-# a MoE table format -> the weight dtype whose matmul peak it runs at (W8A8 fp8, W4A4 fp4); the W4A16 formats: bf16
-MOE_COMPUTE_AS = {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "nvfp4"}
+MOE_WEIGHT_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "int4_wo": 0.5, "w4a16_mxfp4": 0.5,
+                    "w4a8_mxfp4_mxfp8": 0.53125, "nvfp4": 0.5625}
+# a MoE table format -> the weight dtype whose matmul peak it runs at (W8A8 fp8, W4A4 fp4, W4A8 fp8); W4A16: bf16
+MOE_COMPUTE_AS = {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "nvfp4", "w4a8_mxfp4_mxfp8": "mxfp4"}
 EXPERT_MATRICES = 3  # gate, up, down
 
 

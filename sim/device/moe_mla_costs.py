@@ -58,8 +58,14 @@ def moe_quant(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int
     """The measured MoE format this run's routed experts take, or None where the datasheet model stays."""
     if hw.kernels is None or not model.moe_layers or model.routing_skew > 0:
         return None
-    quant = moe_quant_for(weight_dtype, group_size)
+    quant = moe_format(hw, weight_dtype, group_size)
     return quant if quant in _moe_quants(hw.kernels) else None
+
+
+def moe_format(hw: Hardware, weight_dtype: str, group_size: int) -> str | None:
+    """The MoE table format this run's experts take on its GPU (`kernel_tables.moe_quant_for`): mxfp4 as
+    W4A8 where the GPU runs it at the fp8 peak (Blackwell), W4A16 elsewhere."""
+    return moe_quant_for(weight_dtype, group_size, w4a8=hw.gpu.matmul_peak(weight_dtype)[1] != "bf16")
 
 
 def routed_work(model: ModelSpec, weight_dtype: str, group_size: int, rows: int) -> tuple[float, float, float]:

@@ -19,7 +19,6 @@ from functools import lru_cache
 
 import numpy as np
 
-from sim.inputs.kernel_tables import moe_quant_for
 from sim.model.dtypes import KV_DTYPES
 from sim.model.experts import expected_remote_ranks
 from sim.model.layers import FULL, LINEAR, MLA, SPARSE, TIERED_KINDS, WINDOW
@@ -32,7 +31,8 @@ from .hardware import Hardware
 from .host_pipeline import HostLayer, HostStepTimes, host_pipeline
 from .moe_exchange import A2A_PHASES, A2A_WIRE_BYTES, ALLGATHER_REDUCESCATTER
 from .moe_fit import model_moe_s
-from .moe_mla_costs import absorbed_bmm_swap, measured_a2a_s, measured_mla_s, measured_moe_s, moe_quant, routed_work
+from .moe_mla_costs import (absorbed_bmm_swap, measured_a2a_s, measured_mla_s, measured_moe_s, moe_format, moe_quant,
+                             routed_work)
 from .sparse_fetch import SparseFetch, fetch_layer, mean_layer_share
 
 ALLREDUCES_PER_LAYER = 2  # tensor parallelism: after the attention output and after the MLP down projection
@@ -321,7 +321,7 @@ def _moe_fit(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int)
     """The fitted fused-experts constants for this run's weight format (`hw.moe_fits`), or None."""
     if not model.moe_layers or not hw.moe_fits:
         return None
-    quant = moe_quant_for(weight_dtype, group_size)
+    quant = moe_format(hw, weight_dtype, group_size)
     return next((f for q, f in hw.moe_fits if q == quant), None)
 
 

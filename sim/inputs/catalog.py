@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from sim.model.dtypes import TENSOR_CORE_PRECISION
+from sim.model.dtypes import TENSOR_CORE_PATHS
 from sim.model.spec import ModelSpec
 from sim.model.units import MiB
 
@@ -64,10 +64,11 @@ class GpuSpec(_Frozen):
 
     def matmul_peak(self, weight_dtype: str) -> tuple[float, str]:
         """(peak FLOP/s, its precision) a layer GEMM of `weight_dtype` weights runs at: fp8 W8A8 at the fp8
-        peak, nvfp4 W4A4 at the fp4 peak, where the GPU has that peak; bf16's otherwise (weight-only)."""
-        precision = TENSOR_CORE_PRECISION.get(weight_dtype)
-        peak = getattr(self, f"{precision}_flop_per_s") if precision else None
-        return (peak, precision) if peak else (self.bf16_flop_per_s, "bf16")
+        peak, nvfp4 W4A4 at the fp4 peak, mxfp4 W4A8 at the fp8 peak, where the GPU has the tensor cores each
+        needs (`TENSOR_CORE_PATHS`); bf16's otherwise (weight-only)."""
+        needs, runs = TENSOR_CORE_PATHS.get(weight_dtype, (None, None))
+        peak = getattr(self, f"{runs}_flop_per_s") if needs and getattr(self, f"{needs}_flop_per_s") else None
+        return (peak, runs) if peak else (self.bf16_flop_per_s, "bf16")
 
 
 class HostSpec(_Frozen):

@@ -92,7 +92,7 @@ KV_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
 PROFILE_SOURCE = "hwprobe"  # KernelTables.framework of tables read from a `hwprobe calibrate` profile
 MLA_FRAMEWORK = "trtllm"  # the MLA decode kernel table's framework (vLLM measures only the whole module)
 MLA_TABLE, MOE_TABLE = "generation_mla", "moe"  # KernelTables.table_sources keys, as `source` names them
-MOE_QUANTS = ("bfloat16", "fp8", "fp8_block", "int4_wo", "w4a16_mxfp4", "nvfp4")  # the MoE weight formats read
+MOE_QUANTS = ("bfloat16", "fp8", "fp8_block", "int4_wo", "w4a16_mxfp4", "w4a8_mxfp4_mxfp8", "nvfp4")  # formats read
 MLA_COLUMNS = ["kv_dtype", "heads", "batch", "kv_tokens", "latency_s"]
 MLA_BMM_COLUMNS = ["op", "dtype", "heads", "tokens", "latency_s"]
 MLA_BMM_TABLE = "mla_bmm"
@@ -529,15 +529,18 @@ def _moe(df: pd.DataFrame) -> pd.DataFrame:
     return drop_spikes(out, ("tokens",), tuple(MOE_SLICE), MOE_SPIKE_FACTOR, min_axes=1)
 
 
-def moe_quant_for(weight_dtype: str, group_size: int = 128) -> str | None:
+def moe_quant_for(weight_dtype: str, group_size: int = 128, w4a8: bool = False) -> str | None:
     """The MoE table weight format a kvtier weight dtype runs as: bf16/fp16 unquantised; fp8 as the
-    128x128 block-scaled W8A8 of DeepSeek's and Qwen3's FP8 checkpoints; int4 with groups of 32 as
-    gpt-oss's MXFP4, other int4 as Marlin W4A16; nvfp4 as NVFP4 W4A4 (Blackwell tables); None for int8
-    (no table)."""
+    128x128 block-scaled W8A8 of DeepSeek's and Qwen3's FP8 checkpoints; mxfp4 (and int4 with groups of
+    32, its nearest integer stand-in) as gpt-oss's MXFP4 - W4A16 before Blackwell, W4A8 with MXFP8
+    activations on it (`w4a8`: the GPU runs mxfp4 at its fp8 peak, TensorRT-LLM's SM100 choice) - other
+    int4 as Marlin W4A16; nvfp4 as NVFP4 W4A4 (Blackwell tables); None for int8 (no table)."""
     if weight_dtype in ("bf16", "fp16"):
         return "bfloat16"
     if weight_dtype == "fp8":
         return "fp8_block"
+    if weight_dtype == "mxfp4":
+        return "w4a8_mxfp4_mxfp8" if w4a8 else "w4a16_mxfp4"
     if weight_dtype == "int4":
         return "w4a16_mxfp4" if group_size == 32 else "int4_wo"
     if weight_dtype == "nvfp4":

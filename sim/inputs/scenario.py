@@ -47,7 +47,7 @@ STAGING_BUFFERS_MAX = 64
 def _ratio(default: float):
     return Field(default, ge=0.0, le=1.0)
 
-WeightDType = Literal["bf16", "fp16", "fp8", "int8", "int4", "nvfp4"]  # nvfp4 fixes its groups at 16
+WeightDType = Literal["bf16", "fp16", "fp8", "int8", "int4", "nvfp4", "mxfp4"]  # nvfp4 / mxfp4 fix their groups
 KvDType = Literal["bf16", "fp16", "fp8", "int8"]
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 SCALE_BYTES = 2  # one fp16 scale per quantisation group
 NVFP4_GROUP, NVFP4_SCALE_BYTES = 16, 1  # NVFP4: one FP8 (E4M3) scale per 16 FP4 (E2M1) values, fixed by the format
+MXFP4_GROUP, MXFP4_SCALE_BYTES = 32, 1  # OCP MXFP4: one E8M0 scale per 32 FP4 (E2M1) values
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ WEIGHT_DTYPES: dict[str, DType] = {
     # NVIDIA's NVFP4 (ModelOpt / compressed-tensors W4A4 checkpoints): 4.5 bits a weight, plus one fp32
     # scale per tensor (negligible)
     "nvfp4": DType("nvfp4", 4, True, NVFP4_SCALE_BYTES, NVFP4_GROUP),
+    # OCP MXFP4 (gpt-oss's experts): 4.25 bits a weight
+    "mxfp4": DType("mxfp4", 4, True, MXFP4_SCALE_BYTES, MXFP4_GROUP),
 }
 
 KV_DTYPES: dict[str, DType] = {
@@ -58,9 +61,11 @@ COMPRESSED_DTYPES: dict[str, DType] = {
     "int4": DType("int4", 4, True),
 }
 
-# Weight dtypes whose GEMMs quantise their activations too and run on the tensor cores at a low-precision
-# peak where the GPU has one (fp8: W8A8 at the fp8 peak; nvfp4: W4A4 at the fp4 peak, Blackwell);
-# weight-only int formats - and these where the GPU lacks the peak - dequantise to bf16 at the bf16 rate.
-TENSOR_CORE_PRECISION = {"fp8": "fp8", "nvfp4": "fp4"}
+# Weight dtypes whose GEMMs quantise their activations too and run on low-precision tensor cores where the
+# GPU has them: weight dtype -> (the tensor cores it needs, the peak it runs at there). fp8: W8A8 at the fp8
+# peak; nvfp4: W4A4 at the fp4 peak (Blackwell); mxfp4: W4A8, MXFP8 activations on Blackwell's block-scaled
+# MMA at the fp8 rate (TensorRT-LLM's W4A8_MXFP4_MXFP8 on SM100). Weight-only int formats - and these where
+# the GPU lacks those tensor cores (mxfp4 on Hopper: W4A16) - dequantise to bf16 at the bf16 rate.
+TENSOR_CORE_PATHS = {"fp8": ("fp8", "fp8"), "nvfp4": ("fp4", "fp4"), "mxfp4": ("fp4", "fp8")}
 # bytes a GEMM streams per input element once its activations are quantised (nvfp4: 4 bits + a 1-byte scale per 16)
 ACTIVATION_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5 + NVFP4_SCALE_BYTES / NVFP4_GROUP}

@@ -52,7 +52,7 @@ GIB_BYTES = 1 << 30  # vLLM's --kv-offloading-size unit
 GB_BYTES = 10**9  # SGLang's --hicache-size unit
 
 ACCESS = ("prefetch", "host_attention", "split", "sparse_fetch")  # a tiered policy's /ACCESS suffix, as sim/plan/search.py
-WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4", "nvfp4")
+WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4", "nvfp4", "mxfp4")
 KV_DTYPES = ("bf16", "fp16", "fp8", "fp8_e4m3", "int8")
 FP8_KV_DTYPES = ("fp8", "fp8_e4m3")
 
@@ -116,10 +116,10 @@ def _dtype_args(engine: str, weight_dtype: str, kv_dtype: str, notes: list[str])
     elif weight_dtype in ("int8", "int4"):
         notes.append(f"weight_dtype {weight_dtype}: serve a checkpoint already quantized (e.g. AWQ/GPTQ, gpt-oss's "
                      f"MXFP4); the engine reads the method from the checkpoint's config, no flag added")
-    elif weight_dtype == "nvfp4":  # neither engine quantises to NVFP4 online
-        notes.append("weight_dtype nvfp4: serve an NVFP4 checkpoint (e.g. NVIDIA's ModelOpt '-FP4' or a "
-                     "compressed-tensors nvfp4 one); the engine reads the method from the checkpoint's config, no flag "
-                     "added")
+    elif weight_dtype in ("nvfp4", "mxfp4"):  # neither engine quantises to them online
+        example = "NVIDIA's ModelOpt '-FP4' or a compressed-tensors nvfp4 one" if weight_dtype == "nvfp4" else "gpt-oss's"
+        notes.append(f"weight_dtype {weight_dtype}: serve an {weight_dtype.upper()} checkpoint (e.g. {example}); the engine "
+                     f"reads the method from the checkpoint's config, no flag added")
     if kv_dtype in FP8_KV_DTYPES:
         args += ["--kv-cache-dtype", "fp8" if engine == "vllm" else "fp8_e4m3"]
     elif kv_dtype == "int8":
@@ -280,7 +280,7 @@ def trtllm_serve_command(model_id: str, tp: int, dp: int, max_num_seqs: int, max
 # Pre-quantized checkpoints of each weight format, as examples for the note (TensorRT-LLM reads
 # hf_quant_config.json / the config's quantization_config of a ModelOpt, AWQ or GPTQ checkpoint).
 _TRTLLM_CHECKPOINTS = {"fp8": "ModelOpt FP8", "int8": "int8 weight-only, W8A16", "int4": "AWQ/GPTQ int4",
-                       "nvfp4": "ModelOpt NVFP4"}
+                       "nvfp4": "ModelOpt NVFP4", "mxfp4": "gpt-oss's MXFP4"}
 
 
 def _trtllm_dtype_notes(weight_dtype: str, kv_dtype: str) -> list[str]:

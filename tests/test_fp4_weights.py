@@ -1,6 +1,7 @@
-"""NVFP4 weights (W4A4 on Blackwell's FP4 tensor cores, weight-only elsewhere): the format's bytes, the
-peak it runs at, the fitted W4A4 GEMM by hand, the bf16 LM head, the measured tables that time it, and
-the launch lines' notes."""
+"""FP4 weights. NVFP4 (W4A4 on Blackwell's FP4 tensor cores, weight-only elsewhere): the format's bytes,
+the peak it runs at, the fitted W4A4 GEMM by hand, the bf16 LM head, the measured tables that time it, and
+the launch lines' notes. MXFP4 (gpt-oss's experts: W4A8 with MXFP8 activations on Blackwell, W4A16
+before it): its bytes, paths and MoE table formats."""
 
 from __future__ import annotations
 
@@ -22,6 +23,30 @@ def test_nvfp4_bytes_are_four_bits_and_one_fp8_scale_per_16_whatever_the_group_a
     assert f4.bytes_for(17, 4) == 17 / 2 + 2  # ceil(17 / 16) = 2 scales; the scenario's group of 4 is ignored
     assert f4.bytes_for(2**20, 128) / 2**20 == 0.5625  # 4.5 bits a weight
     assert WEIGHT_DTYPES["int4"].bytes_for(32, 16) == 16 + 2 * 2  # int4 keeps its 2-byte scale and the group asked
+
+
+def test_mxfp4_bytes_are_four_bits_and_one_e8m0_scale_per_32():
+    mx = WEIGHT_DTYPES["mxfp4"]
+    assert mx.bytes_for(64, 128) == 64 / 2 + 2 * 1
+    assert mx.bytes_for(2**20, 16) / 2**20 == 0.53125  # 4.25 bits; int4 in groups of 32 (its old stand-in): 4.5
+    assert WEIGHT_DTYPES["int4"].bytes_for(2**20, 32) / 2**20 == 0.5625
+
+
+def test_mxfp4_runs_w4a8_at_the_fp8_peak_on_blackwell_and_weight_only_before_it():
+    assert catalog.gpu("b200").matmul_peak("mxfp4") == (4500e12, "fp8")
+    assert catalog.gpu("h200-sxm").matmul_peak("mxfp4") == (989e12, "bf16")  # has fp8, lacks the FP4 MMA
+    b200 = datasheet_hardware("b200", "mxfp4")
+    assert b200.weight_kernel == "mxfp4 W4A8 GEMM at the b200 fp8 tensor-core peak"
+    assert b200.gemm_io.activation_bytes == 1.0 and b200.lm_head_gemm is not None
+    assert "fp8 GEMMs" in b200.sources["gemm_flop_per_s"]  # no mxfp4 dense table: the fp8 fit
+    h200 = datasheet_hardware("h200-sxm", "mxfp4")
+    assert h200.weight_kernel.startswith("mxfp4 weight-only (W4A16)") and "no fp4 tensor cores" in h200.weight_kernel
+    assert h200.dequant_ops_per_weight == 2.0
+    from sim.device.moe_mla_costs import moe_format
+    assert moe_format(b200, "mxfp4", 32) == "w4a8_mxfp4_mxfp8" and moe_format(h200, "mxfp4", 32) == "w4a16_mxfp4"
+    assert moe_format(b200, "int4", 32) == "w4a16_mxfp4"  # the integer stand-in keeps its W4A16 table
+    assert moe_peak_flop_per_s(catalog.gpu("b200"), "w4a8_mxfp4_mxfp8") == 4500e12
+    assert moe_peak_flop_per_s(catalog.gpu("h200-sxm"), "w4a8_mxfp4_mxfp8") == 989e12
 
 
 def test_nvfp4_runs_at_the_fp4_peak_where_the_gpu_has_fp4_tensor_cores():
@@ -98,3 +123,5 @@ def test_launch_lines_say_nvfp4_needs_a_quantised_checkpoint():
         assert "weight_dtype nvfp4: serve an NVFP4 checkpoint" in comment
     trt = L.trtllm_serve_command(*layout, "full_hbm", None, "nvfp4", "fp8")
     assert "ModelOpt NVFP4" in trt
+    mx = L.launch_commands("openai/gpt-oss-120b", 1, 1, 256, 8192, 0.9, True, "full_hbm", None, "mxfp4", "fp8")
+    assert all("weight_dtype mxfp4: serve an MXFP4 checkpoint (e.g. gpt-oss's)" in line for line in mx.values())
