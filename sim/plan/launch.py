@@ -117,9 +117,10 @@ def _dtype_args(engine: str, weight_dtype: str, kv_dtype: str, notes: list[str])
         notes.append(f"weight_dtype {weight_dtype}: serve a checkpoint already quantized (e.g. AWQ/GPTQ, gpt-oss's "
                      f"MXFP4); the engine reads the method from the checkpoint's config, no flag added")
     elif weight_dtype in ("nvfp4", "mxfp4"):  # neither engine quantises to them online
-        example = "NVIDIA's ModelOpt '-FP4' or a compressed-tensors nvfp4 one" if weight_dtype == "nvfp4" else "gpt-oss's"
-        notes.append(f"weight_dtype {weight_dtype}: serve an {weight_dtype.upper()} checkpoint (e.g. {example}); the engine "
-                     f"reads the method from the checkpoint's config, no flag added")
+        example = ("NVIDIA's ModelOpt '-FP4' or a compressed-tensors nvfp4 one" if weight_dtype == "nvfp4"
+                   else "gpt-oss's")
+        notes.append(f"weight_dtype {weight_dtype}: serve an {weight_dtype.upper()} checkpoint (e.g. {example}); the "
+                     f"engine reads the method from the checkpoint's config, no flag added")
     if kv_dtype in FP8_KV_DTYPES:
         args += ["--kv-cache-dtype", "fp8" if engine == "vllm" else "fp8_e4m3"]
     elif kv_dtype == "int8":
