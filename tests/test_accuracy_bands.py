@@ -96,14 +96,14 @@ def test_a_band_is_the_gpus_where_the_table_has_its_rows_else_all_gpus():
 
 
 def test_a_models_own_rows_make_its_band_where_there_are_enough():
-    """gpt-oss-120b's ten offline rows make its band, whatever the GPU; an alias takes its catalog model's
+    """gpt-oss-120b's 22 offline rows make its band, whatever the GPU; an alias takes its catalog model's
     (the DeepSeek-R1 distill of Llama-70B is llama-3.1-70b); a dense GQA model without MODEL_MIN_ROWS rows of
     its own in the family takes every dense GQA model's (Qwen3-32B has none: Llama's rows); a MoE model
     without them, or a model the catalog does not hold, takes the GPU's."""
     bands = load_bands()
     oss, whose = bands.pick_model("datasheet", "offline-throughput", "gpt-oss-120b")
     assert whose == "gpt-oss-120b" and oss == bands.by_model["datasheet"]["offline-throughput"]["gpt-oss-120b"]
-    assert oss.rows == 10
+    assert oss.rows == 22  # ten on Hopper, twelve on Blackwell
     assert band_phrase("offline-throughput", "datasheet", "b200", model="gpt-oss-120b") == _expected_model(
         "datasheet", "offline-throughput", "gpt-oss-120b")
     llama, whose = bands.pick_model("datasheet", "served-itl", "deepseek-r1-distill-llama-70b")
