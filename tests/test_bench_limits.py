@@ -111,6 +111,7 @@ def test_an_nvfp4_checkpoint_is_tuned_over_its_packed_element_count():
     assert checkpoint_elements(m, "fp8") == m.params
     bf16_rest = m.embedding_params() + m.lm_head_params() + m.hidden_size + m.num_layers * m.small_params_layer()
     assert checkpoint_elements(m, "nvfp4") == pytest.approx(bf16_rest + (m.params - bf16_rest) * 0.5625)
+    assert checkpoint_elements(m, "mxfp4") == pytest.approx(bf16_rest + (m.params - bf16_rest) * 0.53125)  # per 32
     b200 = catalog.gpu("b200").memory_bytes
     ckpt = bench_checkpoint(m, "nvfp4", "fp8")
     kv_gib_token = 2 * 80 * 8 * 128 * 1.0 / GIB

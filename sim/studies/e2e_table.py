@@ -149,15 +149,19 @@ def bench_checkpoint(model: ModelSpec, weight_dtype: str, kv_dtype: str) -> Benc
     return BenchCheckpoint(kv_heads, head_size, model.num_layers, params, weight_dtype, kv_dtype)
 
 
+PACKED_FP4 = ("nvfp4", "mxfp4")  # weight formats whose checkpoints pack two values to a uint8 element
+
+
 def checkpoint_elements(model: ModelSpec, weight_dtype: str) -> float:
     """The parameter count trtllm-bench reads (bench ModelConfig.get_param_count: the safetensors metadata's
-    elements of every tensor, whatever their dtype). An NVFP4 checkpoint stores its quantised linear weights
-    two to a uint8 element with one fp8 scale element per 16, so each counts 0.5625 (its bytes); embeddings,
-    LM head and norms stay bf16, one element each. Other formats: the catalog's count."""
-    if weight_dtype != "nvfp4":
+    elements of every tensor, whatever their dtype). An FP4 checkpoint stores its quantised linear weights
+    two to a uint8 element with one one-byte scale element per group (NVFP4: fp8 per 16, 0.5625 a weight;
+    MXFP4: E8M0 per 32, 0.53125), so each counts its bytes; embeddings, LM head and norms stay bf16, one
+    element each. Other formats: the catalog's count."""
+    if weight_dtype not in PACKED_FP4:
         return float(model.params)
-    per_weight = WEIGHT_DTYPES["nvfp4"].bytes_for(2**20, 16) / 2**20
-    quantised = (model.weight_bytes("bf16") - model.weight_bytes("nvfp4")) / (2.0 - per_weight)
+    per_weight = WEIGHT_DTYPES[weight_dtype].bytes_for(2**20, 16) / 2**20
+    quantised = (model.weight_bytes("bf16") - model.weight_bytes(weight_dtype)) / (2.0 - per_weight)
     return float(model.params) - quantised * (1.0 - per_weight)
 
 
