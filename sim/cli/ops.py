@@ -26,8 +26,8 @@ def ops(
     m: Optional[int] = typer.Option(None, "--m", help="gemm, elementwise: rows (tokens)"),
     n: Optional[int] = typer.Option(None, "--n", help="gemm: output features per GPU"),
     k: Optional[int] = typer.Option(None, "--k", help="gemm: input features (the reduction)"),
-    dtype: Optional[str] = typer.Option(None, "--dtype",
-                                        help="gemm: weight dtype bf16, fp16, fp8, int8, int4, nvfp4, mxfp4; mlabmm: bf16, fp8"),
+    dtype: Optional[str] = typer.Option(
+        None, "--dtype", help="gemm: weight dtype bf16, fp16, fp8, int8, int4, nvfp4, mxfp4; mlabmm: bf16, fp8"),
     batch: Optional[int] = typer.Option(None, "--batch", help="attention: sequences"),
     kv_tokens: Optional[int] = typer.Option(None, "--kv-tokens", help="attention: cached tokens each attends; "
                                             "prefill: each prompt's tokens"),
