@@ -5,6 +5,8 @@ before it): its bytes, paths and MoE table formats."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from sim.device.kernels import Gemm, datasheet_cost, datasheet_hardware
@@ -125,3 +127,18 @@ def test_launch_lines_say_nvfp4_needs_a_quantised_checkpoint():
     assert "ModelOpt NVFP4" in trt
     mx = L.launch_commands("openai/gpt-oss-120b", 1, 1, 256, 8192, 0.9, True, "full_hbm", None, "mxfp4", "fp8")
     assert all("weight_dtype mxfp4: serve an MXFP4 checkpoint (e.g. gpt-oss's)" in line for line in mx.values())
+
+
+def test_the_catalog_commands_show_fp4():
+    """`kvsim gpus --json` carries each GPU's FP4 peak (none before Blackwell); `kvsim models --json` the
+    weight bytes in both FP4 formats: the same linear weights at 4.5 and 4.25 bits, the rest bf16."""
+    from .conftest import run_cli
+
+    gpus = {g["name"]: g for g in json.loads(run_cli("gpus", "--json").stdout)}
+    assert gpus["b200"]["fp4_flop_per_s"] == 9000e12 and gpus["gb200"]["fp4_flop_per_s"] == 10000e12
+    assert gpus["h200-sxm"]["fp4_flop_per_s"] is None
+    row = next(m for m in json.loads(run_cli("models", "--json").stdout) if m["name"] == "llama-3.1-70b")
+    w = row["weight_bytes_by_dtype"]
+    assert w["fp8"] > w["nvfp4"] > w["mxfp4"] > w["int4"]  # int4: a 2-byte scale per 128, 4.125 bits
+    linear = (w["bf16"] - w["nvfp4"]) / (2 - 0.5625)  # the quantised weights, whichever format prices them
+    assert (w["bf16"] - w["mxfp4"]) / (2 - 0.53125) == pytest.approx(linear)
