@@ -251,13 +251,13 @@ def _prefill(gpu, tune, held, attention: dict) -> dict | None:
     spec = catalog.gpu(gpu)
     out = {}
     for dtype in ("bf16", "fp8"):
-        def domain(c):
-            c = c[(c["kv_dtype"] == dtype) & (c["head_dim"] == 128) & (c["window"] == 0) & (c["kv_tokens"] >= 15)]
+        def domain(c, d=128):
+            c = c[(c["kv_dtype"] == dtype) & (c["head_dim"] == d) & (c["window"] == 0) & (c["kv_tokens"] >= 15)]
             kv_heads = np.where(c["kv_heads"] == 0, c["heads"], c["kv_heads"])
             b, n, h = (c[k].to_numpy().astype(float) for k in ("batch", "kv_tokens", "heads"))
-            flop = 4 * h * 128 * b * n * (n + 1) / 2
+            flop = 4 * h * d * b * n * (n + 1) / 2
             tiles = b * h * np.ceil(n / 128)
-            return (flop, b * n * 2 * kv_heads * 128 * ELEMENT_BYTES[dtype], n, tiles, b * n * kv_heads, spec.bf16_flop_per_s,
+            return (flop, b * n * 2 * kv_heads * d * ELEMENT_BYTES[dtype], n, tiles, b * n * kv_heads, spec.bf16_flop_per_s,
                     spec.hbm_bytes_per_s * attention["hbm_efficiency"]), c["latency_s"].to_numpy()
 
         args, meas = domain(tune.context_attention)
@@ -269,8 +269,24 @@ def _prefill(gpu, tune, held, attention: dict) -> dict | None:
         out[dtype] = {"floor_s": float(f"{p[0]:.4g}"), "flop_efficiency": round(float(p[1]), 4),
                       "half_tokens": float(f"{p[2]:.4g}"), "half_tiles": float(f"{p[3]:.4g}"),
                       "kv_write_s": float(f"{p[4]:.4g}"),
-                      "tune": _errors(_prefill_model(p, *args), meas), "held_out": _errors(_prefill_model(p, *h_args), h_meas)}
+                      "tune": _errors(_prefill_model(p, *args), meas), "held_out": _errors(_prefill_model(p, *h_args), h_meas),
+                      **_head_dim_64(p, domain(tune.context_attention, 64), domain(held.context_attention, 64))}
     return out or None
+
+
+def _head_dim_64(p, tune: tuple, held: tuple) -> dict:
+    """Head dim 64's FLOP efficiency as a scale on the head-dim-128 fit `p` (the rest held), fitted on the
+    tune split's head-dim-64 rows and scored on the held-out ones; nothing where the tables time none."""
+    (args, meas), (h_args, h_meas) = tune, held
+    if not len(meas) or not len(h_meas):
+        return {}
+
+    def model(q, *a):
+        return _prefill_model([p[0], p[1] * q[0], *p[2:]], *a)
+
+    scale = _fit(model, [1.0], [0.1], [2.0], args, meas)
+    return {"head_dim_64_flop_scale": round(float(scale[0]), 4),
+            "held_out_head_dim_64": _errors(model(scale, *h_args), h_meas)}
 
 
 MLA_BLOCK_HEADS = 64  # query heads one block of the absorbed MLA kernel takes (FlashMLA's tile)

@@ -113,6 +113,7 @@ class PrefillKV:
     half_tokens: float = 0.0
     half_tiles: float = 0.0
     kv_write_s: float = 0.0
+    head_dim_64_scale: float = 1.0  # the rate at head dim 64 (gpt-oss) over head dim 128's, where a table times it
 
 
 @dataclass(frozen=True)
@@ -590,7 +591,8 @@ def _prefill_figures(fit, eff: EfficiencyDefaults, ov) -> tuple[Sourced, Sourced
                                                          f"floor {bf.says('prefill attention')}", pinned=True)
 
     def kv(p) -> PrefillKV:
-        return PrefillKV(p.floor_s, p.flop_efficiency / bf.flop_efficiency, p.half_tokens, p.half_tiles, p.kv_write_s)
+        return PrefillKV(p.floor_s, p.flop_efficiency / bf.flop_efficiency, p.half_tokens, p.half_tiles, p.kv_write_s,
+                         p.head_dim_64_flop_scale)
 
     f8 = pf.get("fp8", bf)
     said = (f"{bf.says('prefill attention')} (bf16 KV); fp8 KV "

@@ -161,7 +161,7 @@ def datasheet_cost(gpu: str, op: Operator, framework: str = FRAMEWORK, fit_from:
         tokens = op.batch * op.prompt_tokens
         fp8 = KV_DTYPES[op.kv_dtype].bytes_per_element < 1.5
         seconds = datasheet_prefill_attention_s(hw, flop, tokens * kv_layer, op.prompt_tokens, op.batch, tokens, op.heads,
-                                                op.kv_heads, fp8)
+                                                op.kv_heads, fp8, op.head_dim)
         return OpCost(seconds, "datasheet: physics.datasheet_prefill_attention_s")
     if isinstance(op, (AllToAll, MlaBmm)):
         return _datasheet_moe_mla_op(gpu, op, framework, fit_from)

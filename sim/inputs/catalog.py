@@ -205,6 +205,10 @@ class FittedPrefill(_Fitted):
     half_tokens: float = 0.0  # the prompt length at which it is half the plateau (0: flat)
     half_tiles: float = 0.0  # the query tiles (prompts x heads x ceil(n / 128)) at which it is half (0: none)
     kv_write_s: float = 0.0  # each new token's K/V written to the cache, per KV head
+    # the FLOP efficiency at head dim 64 (gpt-oss) over head dim 128's, fitted on the head-dim-64 rows with the
+    # rest held (1: none timed), and its held-out errors there
+    head_dim_64_flop_scale: float = 1.0
+    held_out_head_dim_64: FitErrors | None = None
 
 
 class AllReduceProtocols(_Frozen):
