@@ -257,7 +257,8 @@ def _prefill(gpu, tune, held, attention: dict) -> dict | None:
             b, n, h = (c[k].to_numpy().astype(float) for k in ("batch", "kv_tokens", "heads"))
             flop = 4 * h * d * b * n * (n + 1) / 2
             tiles = b * h * np.ceil(n / 128)
-            return (flop, b * n * 2 * kv_heads * d * ELEMENT_BYTES[dtype], n, tiles, b * n * kv_heads, spec.bf16_flop_per_s,
+            kv_bytes = b * n * 2 * kv_heads * d * ELEMENT_BYTES[dtype]
+            return (flop, kv_bytes, n, tiles, b * n * kv_heads, spec.bf16_flop_per_s,
                     spec.hbm_bytes_per_s * attention["hbm_efficiency"]), c["latency_s"].to_numpy()
 
         args, meas = domain(tune.context_attention)
@@ -269,7 +270,8 @@ def _prefill(gpu, tune, held, attention: dict) -> dict | None:
         out[dtype] = {"floor_s": float(f"{p[0]:.4g}"), "flop_efficiency": round(float(p[1]), 4),
                       "half_tokens": float(f"{p[2]:.4g}"), "half_tiles": float(f"{p[3]:.4g}"),
                       "kv_write_s": float(f"{p[4]:.4g}"),
-                      "tune": _errors(_prefill_model(p, *args), meas), "held_out": _errors(_prefill_model(p, *h_args), h_meas),
+                      "tune": _errors(_prefill_model(p, *args), meas),
+                      "held_out": _errors(_prefill_model(p, *h_args), h_meas),
                       **_head_dim_64(p, domain(tune.context_attention, 64), domain(held.context_attention, 64))}
     return out or None
 

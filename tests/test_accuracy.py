@@ -166,8 +166,8 @@ def _level(summary, mode, by, key):
     return r["median_abs_error"], r["worst_abs_error"]
 
 
-# TensorRT-LLM's small-active MoE rows at 1,000+ sequences: GPT-OSS on Hopper (kvtier +12..+62%) and on Blackwell
-# (+20..+66%), Qwen3-30B-A3B on B200 / GB200 (+11..+115%; GB200's Grace host slower than B200's where the batch is
+# TensorRT-LLM's small-active MoE rows at 1,000+ sequences: GPT-OSS on Hopper (kvtier +5..+61%) and on Blackwell
+# (+20..+65%), Qwen3-30B-A3B on B200 / GB200 (+11..+115%; GB200's Grace host slower than B200's where the batch is
 # largest) - docs/accuracy.md
 SMALL_MOE = ("gpt-oss-120b", "gpt-oss-20b", "qwen3-30b-a3b")
 
@@ -182,11 +182,11 @@ def summary_without_small_moe(full_points):
 
 @NEEDS_TABLES
 def test_end_to_end_accuracy_with_measured_tables(full_summary, summary_without_small_moe):
-    # the whole table: 18.2% / 115.4% over 140 rows, 56 of them small-active MoE (GPT-OSS on Hopper +12..+62% and on
-    # Blackwell +20..+66%, Qwen3-30B-A3B +11..+115%); 11.4% over the 116 before GPT-OSS's 24 Blackwell rows, 13.9% /
-    # 70.0% over the 80 before the NVFP4 rows
+    # the whole table: 16.1% / 115.4% over 140 rows, 56 of them small-active MoE (GPT-OSS on Hopper +5..+61% and on
+    # Blackwell +20..+65%, Qwen3-30B-A3B +11..+115%); 18.2% before head dim 64's prefill rate, 11.4% over the 116
+    # before GPT-OSS's 24 Blackwell rows, 13.9% / 70.0% over the 80 before the NVFP4 rows
     assert _level(full_summary, "measured", "all", "all")[0] <= 0.20
-    assert _level(full_summary, "measured", "family", "offline-throughput")[0] <= 0.25  # 21.2% (18.0% before NVFP4)
+    assert _level(full_summary, "measured", "family", "offline-throughput")[0] <= 0.25  # 20.7% (18.0% before NVFP4)
     median, worst = _level(summary_without_small_moe, "measured", "all", "all")
     # current level (5.9% over the 84 rows without the small MoE ones, 7.1% over the 60 before the NVFP4 rows; 6.9% over
     # 57 rows:
@@ -229,10 +229,10 @@ def test_blackwell_without_the_small_moe_rows(summary_without_small_moe, mode):
 
 
 def test_end_to_end_accuracy_in_datasheet_mode(full_summary, summary_without_small_moe):
-    # the whole table: 14.8% / 67.4% over 140 rows (10.6% over the 116 before GPT-OSS's Blackwell rows, 14.0% over
+    # the whole table: 14.7% / 65.3% over 140 rows (10.6% over the 116 before GPT-OSS's Blackwell rows, 14.0% over
     # the 80 before the NVFP4 rows): the 10% goal NOT met
     assert _level(full_summary, "datasheet", "all", "all")[0] <= 0.20
-    assert _level(full_summary, "datasheet", "family", "offline-throughput")[0] <= 0.20  # 15.4% (16.2% before NVFP4)
+    assert _level(full_summary, "datasheet", "family", "offline-throughput")[0] <= 0.20  # 15.1% (16.2% before NVFP4)
     median, worst = _level(summary_without_small_moe, "datasheet", "all", "all")
     # current level (7.3% over the 84 rows without the small MoE ones, 8.0% over the 60 before the NVFP4 rows; 8.2% over
     # 57 rows,

@@ -125,6 +125,24 @@ def test_the_datasheet_prefill_by_hand():
     assert (eff.prefill_attention_floor_s, eff.attention_flop_efficiency) == (1.8e-5, 0.46)
 
 
+def test_head_dim_64_prefill_runs_at_its_own_share_of_the_rate():
+    """gpt-oss's head dim 64: the same form at the fitted head_dim_64_flop_scale x head dim 128's rate, the
+    FLOP and bytes of d = 64 (B200's about 0.63: half the FLOP a key pair, about 0.8 of the time)."""
+    from sim.device.kernels import PrefillAttention, datasheet_cost
+    from sim.inputs import catalog
+
+    fit = catalog.fitted_kernels()["b200"].prefill_attention["bf16"]
+    assert 0.5 < fit.head_dim_64_flop_scale < 0.8 and fit.held_out_head_dim_64.median < 0.15
+    gpu, a_eff = catalog.gpu("b200"), catalog.fitted_kernels()["b200"].attention.hbm_efficiency
+    b, n, h, hkv, d = 1, 8192, 64, 8, 64
+    flop, nbytes, tiles = 4 * h * d * b * n * (n + 1) / 2, b * n * 2 * hkv * d * 2, b * h * 64
+    rate = (gpu.bf16_flop_per_s * fit.flop_efficiency * fit.head_dim_64_flop_scale * n / (n + fit.half_tokens)
+            * tiles / (tiles + fit.half_tiles))
+    by_hand = fit.floor_s + max(flop / rate, nbytes / (gpu.hbm_bytes_per_s * a_eff)) + b * n * hkv * fit.kv_write_s
+    assert datasheet_cost("b200", PrefillAttention(b, n, h, hkv, d)).seconds == pytest.approx(by_hand, rel=1e-12)
+    assert catalog.fitted_kernels()["a100-80gb-sxm"].prefill_attention["bf16"].head_dim_64_flop_scale == 1.0  # none timed
+
+
 def test_attention_data_parallel_prefill_waits_for_the_busiest_rank():
     """Under attention data parallelism a step's chunks are spread whole over the ranks and the step
     waits for the rank with ceil(chunks / ranks) of them: one 1,024-token prompt over 4 ranks is one

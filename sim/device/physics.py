@@ -1094,7 +1094,8 @@ PREFILL_TILE_TOKENS = 128  # query rows of one attention tile (FlashAttention's 
 
 
 def datasheet_prefill_attention_s(hw: Hardware, flop: float, kv_bytes: float, prompt_tokens: float, seqs: float,
-                                  new_tokens: float, heads: int, kv_heads: int, fp8_kv: bool, head_dim: int = 128) -> float:
+                                  new_tokens: float, heads: int, kv_heads: int, fp8_kv: bool,
+                                  head_dim: int = 128) -> float:
     """One layer's causal prefill attention, datasheet, over `seqs` prompts (or chunks) of `prompt_tokens`
     (their equivalent length), `new_tokens` in all:
 
