@@ -140,7 +140,8 @@ def test_head_dim_64_prefill_runs_at_its_own_share_of_the_rate():
             * tiles / (tiles + fit.half_tiles))
     by_hand = fit.floor_s + max(flop / rate, nbytes / (gpu.hbm_bytes_per_s * a_eff)) + b * n * hkv * fit.kv_write_s
     assert datasheet_cost("b200", PrefillAttention(b, n, h, hkv, d)).seconds == pytest.approx(by_hand, rel=1e-12)
-    assert catalog.fitted_kernels()["a100-80gb-sxm"].prefill_attention["bf16"].head_dim_64_flop_scale == 1.0  # none timed
+    a100 = catalog.fitted_kernels()["a100-80gb-sxm"].prefill_attention["bf16"]
+    assert a100.head_dim_64_flop_scale == 1.0  # its tables time no head dim 64
 
 
 def test_attention_data_parallel_prefill_waits_for_the_busiest_rank():
