@@ -54,7 +54,7 @@ def mla_grids(table: pd.DataFrame, spec) -> list[np.ndarray]:
     grids = []
     for (d, h), s in table.groupby(["kv_dtype", "heads"]):
         roof = mla_roofline_s(s["batch"].to_numpy(), s["kv_tokens"].to_numpy(), h, *MEASURED_MLA,
-                              KV_FORMATS[d].bytes_per_element, spec.tensor_flop_per_s(d == "fp8"), spec.hbm_bytes_per_s)
+                              KV_FORMATS[d].bytes_per_element, spec.matmul_peak(d)[0], spec.hbm_bytes_per_s)
         grids.append(_grid(s, roof))
     return grids
 

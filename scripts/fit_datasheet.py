@@ -93,7 +93,7 @@ HEADER = """\
 """
 
 
-def _gemm_model(p, W, F, shape, A, O, M, K, N, peak, hbm, fp8, dq=None):
+def _gemm_model(p, W, F, shape, A, O, M, K, N, peak, hbm, w8a8, dq=None):
     """`physics.weight_gemm_s` of one call: floor + max((weights + activations) / (HBM x ew), FLOP / (peak x ef x
     shape)) + output elements / (HBM x eo) [+ W8A8: rows x per-row quantisation + input elements / (HBM x eq)].
     `shape`: the default efficiency-by-rows curve over its plateau at each point's rows (the small-row tile waste
@@ -101,17 +101,18 @@ def _gemm_model(p, W, F, shape, A, O, M, K, N, peak, hbm, fp8, dq=None):
     (`physics.weight_stream_s`): each further 128-row tile re-reads a share of the weights, and the stream and the
     compute run at B / (B + half) of their rates over B = ceil(m / 128) x ceil(n / 128) output tiles, the small-M
     kernels (m <= 64) at their own half point. Weight-only int4/int8 (`dq`: the catalog's dequantisation seconds
-    per weight, not fitted) have the grid fill (p[4], one half point) and no quantisation or re-read."""
+    per weight, not fitted) have the grid fill (p[4], one half point) and no quantisation or re-read. `w8a8`: the
+    quantised-activation form, fp8 W8A8's and nvfp4 W4A4's alike."""
     floor, ew, ef, eo = p[:4]
-    if fp8 or dq is not None:
+    if w8a8 or dq is not None:
         tiles_m = np.ceil(M / 128)
         tiles = tiles_m * np.ceil(N / 128)
-        half = np.where(M <= 64, p[8], p[7]) if fp8 else p[4]
+        half = np.where(M <= 64, p[8], p[7]) if w8a8 else p[4]
         fill = tiles / (tiles + half)
-        reread = 1 + p[6] * (tiles_m - 1) if fp8 else 1.0
-        compute = (0.0 if fp8 else N * K / M * dq) + F / (peak * ef * shape)  # K is m x k: N K / M the weights
+        reread = 1 + p[6] * (tiles_m - 1) if w8a8 else 1.0
+        compute = (0.0 if w8a8 else N * K / M * dq) + F / (peak * ef * shape)  # K is m x k: N K / M the weights
         t = floor + np.maximum((W * reread + A) / (hbm * ew * fill), compute / fill) + O / (hbm * eo)
-        return t + M * p[4] + K / (hbm * p[5]) if fp8 else t
+        return t + M * p[4] + K / (hbm * p[5]) if w8a8 else t
     return floor + np.maximum((W + A) / (hbm * ew), F / (peak * ef * shape)) + O / (hbm * eo)
 
 
@@ -138,9 +139,10 @@ def _gemm(gpu, tune, held) -> dict:
     out = {}
     for dtype in sorted(set(tune.gemm["dtype"])):
         peak, precision = spec.matmul_peak(dtype)
-        # fp8 W8A8 and nvfp4 W4A4 (quantised activations, their tiles) at their peak; TensorRT-LLM's weight-only
-        fp8 = precision != "bf16"
-        if not (dtype == "bf16" or fp8 or dtype in WEIGHT_ONLY):
+        # fp8 W8A8 and nvfp4 W4A4 take the quantised-activation form (their tiles) at their peak; weight-only
+        # int4 / int8 (TensorRT-LLM's tables) their own
+        w8a8 = precision != "bf16"
+        if not (dtype == "bf16" or w8a8 or dtype in WEIGHT_ONLY):
             continue
         eb = ACTIVATION_BYTES[precision]  # bytes an input element streams (weight-only: bf16 activations)
         # weight-only: the catalog's dequantisation per weight at the CUDA-core rate (not identifiable here)
@@ -152,22 +154,23 @@ def _gemm(gpu, tune, held) -> dict:
             m, n, k = (t[c].to_numpy().astype(float) for c in ("m", "n", "k"))
             w = WEIGHT_DTYPES[dtype].bytes_for(n * k, DEFAULT_GROUP_SIZE)  # as a run counts them
             return (w, 2.0 * m * n * k, _row_shape(m), m * k * eb, m * n, m, m * k, n, peak,
-                    spec.hbm_bytes_per_s, fp8, dq), t["latency_s"].to_numpy()
+                    spec.hbm_bytes_per_s, w8a8, dq), t["latency_s"].to_numpy()
 
         args, meas = domain(tune.gemm)
         x0, lo, hi = [5e-6, 0.85, 0.6, 0.5], [0.0, 0.2, 0.1, 0.01], [1e-4, 1.0, 1.0, 20.0]
-        if fp8:  # + quantisation (per row, per input element), re-read, half tiles (m > 64, m <= 64)
+        if w8a8:  # + quantisation (per row, per input element), re-read, half tiles (m > 64, m <= 64)
             x0, lo, hi = x0 + [5e-9, 0.2, 0.3, 10.0, 10.0], lo + [0.0, 0.01, 0.0, 0.0, 0.0], hi + [1e-6, 5.0, 1.0, 1e4, 1e4]
         if dq:  # + half tiles
             x0, lo, hi = x0 + [16.0], lo + [0.0], hi + [1e4]
         p = _fit(_gemm_model, x0, lo, hi, args, meas)
         h_args, h_meas = domain(held.gemm)
         tiles = ({"weight_reread": round(float(p[6]), 4), "half_tiles": float(f"{p[7]:.4g}"),
-                  "half_tiles_decode": float(f"{p[8]:.4g}")} if fp8 else
+                  "half_tiles_decode": float(f"{p[8]:.4g}")} if w8a8 else
                  {"half_tiles": float(f"{p[4]:.4g}"), "half_tiles_decode": float(f"{p[4]:.4g}")} if dq else {})
         out[dtype] = {"floor_s": float(f"{p[0]:.4g}"), "weight_hbm_efficiency": round(float(p[1]), 4),
                       "flop_efficiency": round(float(p[2]), 4), "output_hbm_efficiency": round(float(p[3]), 4),
-                      **({"quant_row_s": float(f"{p[4]:.4g}"), "quant_hbm_efficiency": round(float(p[5]), 4)} if fp8 else {}),
+                      **({"quant_row_s": float(f"{p[4]:.4g}"), "quant_hbm_efficiency": round(float(p[5]), 4)}
+                         if w8a8 else {}),
                       **tiles,
                       "tune": _errors(_gemm_model(p, *args), meas), "held_out": _errors(_gemm_model(p, *h_args), h_meas)}
     return out
@@ -339,7 +342,7 @@ def _mla_bmm(gpu, tune, held) -> dict | None:
     spec = catalog.gpu(gpu)
     out = {}
     for dtype, t in tune.mla_bmm.groupby("dtype"):
-        peak = spec.tensor_flop_per_s(dtype == "fp8")
+        peak = spec.matmul_peak(dtype)[0]
 
         def domain(b, dtype=dtype, peak=peak):
             b = b[b["dtype"] == dtype]

@@ -31,6 +31,7 @@ from sim.inputs.kernel_tables import (
     with_moe_mla,
 )
 from sim.model.dtypes import KV_DTYPES as KV_FORMATS
+from sim.model.dtypes import WEIGHT_DTYPES
 from sim.model.experts import expected_experts_touched, expected_remote_ranks
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
@@ -42,7 +43,8 @@ ACTIVATION_BYTES = 2  # bf16 activations in and out of a GEMM, queries and outpu
 MEASURED_AS = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8": "int8", "int4": "int4", "nvfp4": "nvfp4"}
 MEASURED_MLA = (512, 64)  # kv_lora_rank, qk_rope_head_dim of the MLA table (DeepSeek-V3 shapes)
 MOE_WEIGHT_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "int4_wo": 0.5, "w4a16_mxfp4": 0.5,
-                    "w4a8_mxfp4_mxfp8": 0.53125, "nvfp4": 0.5625}
+                    "w4a8_mxfp4_mxfp8": WEIGHT_DTYPES["mxfp4"].packed_bytes_per_element,
+                    "nvfp4": WEIGHT_DTYPES["nvfp4"].packed_bytes_per_element}
 # a MoE table format -> the weight dtype whose matmul peak it runs at (W8A8 fp8, W4A4 fp4, W4A8 fp8); W4A16: bf16
 MOE_COMPUTE_AS = {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "nvfp4", "w4a8_mxfp4_mxfp8": "mxfp4"}
 EXPERT_MATRICES = 3  # gate, up, down

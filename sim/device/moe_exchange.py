@@ -36,12 +36,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.model.dtypes import WEIGHT_DTYPES
+
 ALLGATHER_REDUCESCATTER = "allgather_reducescatter"
 ALLTOALL = "alltoall"
 MOE_COMMS = ("engine", ALLTOALL)  # scenario parallel.moe_comm: the engine's default, or an all-to-all
 BF16_BYTES = 2.0
 FP8_WITH_BLOCK_SCALES = 1.0 + 4.0 / 128  # one byte an element, an fp32 scale per 128 (vLLM's block-quantised dispatch)
-NVFP4_BYTES = 0.5 + 1.0 / 16  # TensorRT-LLM's post-quant all-gather: FP4 values, an fp8 scale per 16
+NVFP4_BYTES = WEIGHT_DTYPES["nvfp4"].packed_bytes_per_element  # TensorRT-LLM's post-quant all-gather
 ROUTING_BYTES_PER_PICK = 8.0  # an int32 expert id and an fp32 weight per routed pick, gathered with the token
 LL_MAX_TOKENS = 256  # tokens a rank DeepEP's low-latency tables reach (TensorRT-LLM's and vLLM's: 1-256)
 A2A_PHASES = ("dispatch", "combine")

@@ -109,7 +109,7 @@ def datasheet_mla_bmm_s(hw: Hardware, dtype: str, tokens: float, heads: int) -> 
     floor + max(FLOP / (peak x ef), bytes / (HBM x eh)), the fp8 peak for an fp8 BMM."""
     floor, ef, eh = next((f, e, h) for d, f, e, h in hw.mla_bmm_fits if d == dtype)
     gpu = hw.gpu
-    peak = gpu.tensor_flop_per_s(dtype == "fp8")
+    peak = gpu.matmul_peak(dtype)[0]
     flop, nbytes = mla_bmm_work(tokens, heads, 1.0 if dtype == "fp8" else 2.0)
     return floor + max(flop / (peak * ef), nbytes / (gpu.hbm_bytes_per_s * eh))
 

@@ -58,10 +58,6 @@ class GpuSpec(_Frozen):
             data = {**data, "memory_bytes": float(data["memory_total_mib"] * MiB)}
         return data
 
-    def tensor_flop_per_s(self, fp8: bool) -> float:
-        """The tensor-core peak an fp8 (`fp8`) or bf16 matmul runs at: fp8's where the GPU has one."""
-        return self.fp8_flop_per_s if fp8 and self.fp8_flop_per_s else self.bf16_flop_per_s
-
     def matmul_peak(self, weight_dtype: str) -> tuple[float, str]:
         """(peak FLOP/s, its precision) a layer GEMM of `weight_dtype` weights runs at: fp8 W8A8 at the fp8
         peak, nvfp4 W4A4 at the fp4 peak, mxfp4 W4A8 at the fp8 peak, where the GPU has the tensor cores each

@@ -73,6 +73,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from sim.model.dtypes import WEIGHT_DTYPES
+
 from . import catalog
 from .errors import ConfigError
 
@@ -171,7 +173,8 @@ def load_tables(gpu: str, framework: str = FRAMEWORK) -> KernelTables:
 # calls ever stream - those of >= COLD_BYTES, past every GPU's L2, at or under the DRAM peak - is
 # dropped (`cache_served`), and the grids fill its cell from the larger calls beside it
 # (`kernel_grid.fill_cold_side`).
-WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "nvfp4": 0.5625}  # a table dtype's bytes a weight
+WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5,  # a table dtype's bytes a weight
+                "nvfp4": WEIGHT_DTYPES["nvfp4"].packed_bytes_per_element}
 COLD_BYTES = 256 * 2**20
 
 

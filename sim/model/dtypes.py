@@ -24,6 +24,12 @@ class DType:
     def bytes_per_element(self) -> float:
         return self.bits / 8
 
+    @property
+    def packed_bytes_per_element(self) -> float:
+        """An element's bytes with its share of a fixed-group format's scale (NVFP4 0.5625, MXFP4 0.53125);
+        bits / 8 where the scenario sets the group (its scales are counted by `bytes_for`)."""
+        return self.bits / 8 + (self.scale_bytes / self.fixed_group if self.fixed_group else 0.0)
+
     def bytes_for(self, elements: int, group_size: int) -> float:
         """Bytes for `elements` values: elements * bits / 8, plus one scale per group if grouped (a format
         that fixes its group, NVFP4, ignores `group_size`)."""
@@ -67,5 +73,5 @@ COMPRESSED_DTYPES: dict[str, DType] = {
 # MMA at the fp8 rate (TensorRT-LLM's W4A8_MXFP4_MXFP8 on SM100). Weight-only int formats - and these where
 # the GPU lacks those tensor cores (mxfp4 on Hopper: W4A16) - dequantise to bf16 at the bf16 rate.
 TENSOR_CORE_PATHS = {"fp8": ("fp8", "fp8"), "nvfp4": ("fp4", "fp4"), "mxfp4": ("fp4", "fp8")}
-# bytes a GEMM streams per input element once its activations are quantised (nvfp4: 4 bits + a 1-byte scale per 16)
-ACTIVATION_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5 + NVFP4_SCALE_BYTES / NVFP4_GROUP}
+# bytes a GEMM streams per input element once its activations are quantised (fp4: NVFP4's, a scale per 16)
+ACTIVATION_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": WEIGHT_DTYPES["nvfp4"].packed_bytes_per_element}

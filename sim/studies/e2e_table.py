@@ -160,7 +160,7 @@ def checkpoint_elements(model: ModelSpec, weight_dtype: str) -> float:
     element each. Other formats: the catalog's count."""
     if weight_dtype not in PACKED_FP4:
         return float(model.params)
-    per_weight = WEIGHT_DTYPES[weight_dtype].bytes_for(2**20, 16) / 2**20
+    per_weight = WEIGHT_DTYPES[weight_dtype].packed_bytes_per_element
     quantised = (model.weight_bytes("bf16") - model.weight_bytes(weight_dtype)) / (2.0 - per_weight)
     return float(model.params) - quantised * (1.0 - per_weight)
 
