@@ -34,9 +34,13 @@ def mk():
 
 
 def _raw(path: str) -> pd.DataFrame:
+    return _raw_system("h200_sxm", path)
+
+
+def _raw_system(system: str, path: str) -> pd.DataFrame:
     from sim.inputs.kernel_tables import _package_root
 
-    return pd.read_parquet(_package_root() / "systems" / "data" / "h200_sxm" / path)
+    return pd.read_parquet(_package_root() / "systems" / "data" / system / path)
 
 
 # ---- the adapter ---------------------------------------------------------------------------------
@@ -145,6 +149,28 @@ def test_one_query_calls_give_the_array_calls_answer(mk):
     for t, tp, ep, q in ((1, 8, 1, "fp8_block"), (100, 1, 8, "fp8_block"), (50_000, 8, 1, "bfloat16")):
         one = mk.moe_one_s(t, 256, 8, 7168, 2048, tp, ep, q)
         assert one == pytest.approx(float(mk.moe_s(t, 256, 8, 7168, 2048, tp, ep, q).seconds[0]), rel=1e-12)
+
+
+@pytest.mark.parametrize("system", ["b200", "gb200"])
+def test_blackwell_trtllm_nvfp4_moe_takes_the_min_latency_kernel_only_at_small_batches(system):
+    """TensorRT-LLM's Blackwell NVFP4 table times the CUTLASS fused MoE and trtllm-gen's min-latency
+    kernel on the same keys; the engine runs the latter at <= 128 tokens only (AIConfigurator's query),
+    whichever row the file lists first. Qwen3-30B-A3B's experts, one GPU, checked against the parquet."""
+    pytest.importorskip("aiconfigurator_core")
+    from sim.inputs.kernel_tables import load_tables, with_moe_mla
+
+    path = {"b200": "b200_sxm", "gb200": "gb200"}[system]
+    raw = _raw_system(path, "moe/trtllm/1.3.0rc20/moe_perf.parquet")
+    raw = raw[(raw.moe_dtype == "nvfp4") & (raw.num_experts == 128) & (raw.hidden_size == 2048)
+              & (raw.inter_size == 768) & (raw.moe_tp_size == 1) & (raw.moe_ep_size == 1)
+              & (raw.distribution == "balanced")]
+    lane = raw.set_index(["kernel_source", "num_tokens"])["latency"] * 1e-3
+    e = with_moe_mla(load_tables(system, "trtllm")).moe
+    s = e[(e.quant == "nvfp4") & (e.experts == 128) & (e.hidden == 2048) & (e.inter == 768) & (e.tp == 1)
+          & (e.ep == 1) & (e.distribution == "balanced")].set_index("tokens")["latency_s"]
+    assert s[64] == lane["moe_torch_flow_min_latency", 64] and s[128] == lane["moe_torch_flow_min_latency", 128]
+    assert s[1024] == lane["moe_torch_flow_cutlass", 1024] and s[160] == lane["moe_torch_flow_cutlass", 160]
+    assert lane["moe_torch_flow_cutlass", 1024] > 2 * lane["moe_torch_flow_min_latency", 1024]  # what a mix-up costs
 
 
 def test_moe_shape_the_table_lacks_takes_the_nearest_and_says_so(mk):

@@ -517,10 +517,29 @@ def _mla_decode(df: pd.DataFrame) -> pd.DataFrame:
     return drop_spikes(out, ("batch", "kv_tokens", "heads"), ("kv_dtype",))
 
 
+# TensorRT-LLM's Blackwell NVFP4 tables time two kernels on the same keys: the CUTLASS fused MoE (the
+# default backend) and trtllm-gen's min-latency kernel. The engine takes the latter only for small
+# batches: AIConfigurator's TensorRT-LLM query (perf_database.py query_moe, "aligned with trtllm, kernel
+# source selection") reads its low-latency table at num_tokens <= 128 for nvfp4, the standard one above.
+MIN_LATENCY_LANE = "moe_torch_flow_min_latency"
+MIN_LATENCY_MAX_TOKENS = 128
+
+
+def _moe_lanes(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows the engine would run: min-latency rows up to MIN_LATENCY_MAX_TOKENS and only there, so
+    that a key both lanes time takes the min-latency kernel's time at small batches and the standard
+    kernel's above (without this, whichever lane's row came first in the file won the key)."""
+    if "kernel_source" not in df:
+        return df
+    low = df["kernel_source"] == MIN_LATENCY_LANE
+    small = df["num_tokens"] <= MIN_LATENCY_MAX_TOKENS
+    return pd.concat([df[low & small], df[~low]])  # min-latency rows first: they win their keys
+
+
 def _moe(df: pd.DataFrame) -> pd.DataFrame:
-    """The fused-experts rows in kvtier's units (seconds), the weight formats of `MOE_QUANTS`; the
-    first row of a duplicated (slice, tokens) key wins."""
-    df = df[df["moe_dtype"].isin(MOE_QUANTS)]
+    """The fused-experts rows in kvtier's units (seconds), the weight formats of `MOE_QUANTS`, the
+    kernel lanes `_moe_lanes` keeps; otherwise the first row of a duplicated (slice, tokens) key wins."""
+    df = _moe_lanes(df[df["moe_dtype"].isin(MOE_QUANTS)])
     kernel = df["kernel_source"] if "kernel_source" in df else pd.Series("", index=df.index)
     out = pd.DataFrame({"quant": df["moe_dtype"].to_numpy(), "distribution": df["distribution"].to_numpy(),
                         "experts": df["num_experts"].to_numpy(), "top_k": df["topk"].to_numpy(),
