@@ -170,7 +170,8 @@ def with_moe_exchange(hw: Hardware, scenario: Scenario) -> Hardware:
     (vLLM's rules without `engine:`; `device.moe_exchange`), or by all-to-all where parallel.moe_comm
     says so; its source names the rule and what costs it."""
     engine = scenario.engine.name if scenario.engine else "vllm"
-    x = moe_exchange(engine, scenario.model.weight_dtype, scenario.parallel.moe_comm)
+    m = scenario.model  # the exchange's wire follows the experts' format
+    x = moe_exchange(engine, m.expert_weight_dtype or m.weight_dtype, scenario.parallel.moe_comm)
     if x.method == ALLTOALL and hw.kernels is not None and hw.kernels.a2a_slices():
         cost = hw.kernels.tables.source("moe_a2a DeepEP dispatch / combine")
     elif x.method == ALLTOALL and hw.alltoall_fits:

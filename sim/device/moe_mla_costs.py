@@ -55,10 +55,11 @@ def _mla_dtypes(kernels) -> frozenset[str]:
 
 
 def moe_quant(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int) -> str | None:
-    """The measured MoE format this run's routed experts take, or None where the datasheet model stays."""
+    """The measured MoE format this run's routed experts take (in their own format where the checkpoint sets
+    one apart: `ModelSpec.expert_format`), or None where the datasheet model stays."""
     if hw.kernels is None or not model.moe_layers or model.routing_skew > 0:
         return None
-    quant = moe_format(hw, weight_dtype, group_size)
+    quant = moe_format(hw, model.expert_format(weight_dtype), group_size)
     return quant if quant in _moe_quants(hw.kernels) else None
 
 
@@ -75,7 +76,7 @@ def routed_work(model: ModelSpec, weight_dtype: str, group_size: int, rows: int)
     share = model.moe_layers / model.num_layers
     touched = model.expected_experts_touched(rows)
     expert = model.expert_params()
-    nbytes = share * touched * WEIGHT_DTYPES[weight_dtype].bytes_for(expert, group_size)
+    nbytes = share * touched * model.one_expert_bytes(weight_dtype, group_size)
     per_token = model.experts_per_token * expert
     if model.expert_parallel > 1:
         ep = model.expert_parallel

@@ -305,7 +305,7 @@ def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
         r_bytes, r_params, r_flop = routed_work(model, weight_dtype, group_size, rows)
         rest = weight_gemm_s(hw, w_bytes - r_bytes, params_read - r_params, flop - r_flop, rows, GEMM_CALLS_PER_LAYER)
         routed = (measured_moe_s(model, hw, quant, rows) if quant is not None
-                  else model_moe_s(model, fitted, weight_dtype, group_size, rows))
+                  else model_moe_s(model, fitted, model.expert_format(weight_dtype), group_size, rows))
         return rest + routed + bmm_s
     return weight_gemm_s(hw, w_bytes, params_read, flop, rows, GEMM_CALLS_PER_LAYER,
                          _layer_shapes(model) if model.gqa_gemms else ()) + bmm_s
@@ -318,10 +318,10 @@ def _layer_shapes(model: ModelSpec) -> tuple[tuple[float, float], ...]:
 
 
 def _moe_fit(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int):
-    """The fitted fused-experts constants for this run's weight format (`hw.moe_fits`), or None."""
+    """The fitted fused-experts constants for this run's expert weight format (`hw.moe_fits`), or None."""
     if not model.moe_layers or not hw.moe_fits:
         return None
-    quant = moe_format(hw, weight_dtype, group_size)
+    quant = moe_format(hw, model.expert_format(weight_dtype), group_size)
     return next((f for q, f in hw.moe_fits if q == quant), None)
 
 

@@ -504,7 +504,11 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
 
 def resolve_model(model_cfg) -> ModelSpec:
     """The whole model a scenario's `model` section names: a catalog entry or a Hugging Face config,
-    with the section's routing skew (a mixture of experts' expert popularity, `sim/model/experts.py`)."""
+    with the section's routing skew (a mixture of experts' expert popularity, `sim/model/experts.py`) and
+    its experts' own weight format (`ModelSpec.expert_format`)."""
     spec = model(model_cfg.name) if model_cfg.name else model_from_hf_config(model_cfg.hf_config)
     skew = getattr(model_cfg, "routing_skew", 0.0)
-    return replace(spec, routing_skew=skew) if skew else spec
+    experts = getattr(model_cfg, "expert_weight_dtype", None)
+    if skew:
+        spec = replace(spec, routing_skew=skew)
+    return replace(spec, expert_weight_dtype=experts) if experts else spec

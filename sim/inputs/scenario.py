@@ -59,8 +59,11 @@ class ModelCfg(Strict, QuietDefaults):
     weight_group_size: int = Field(128, ge=1, le=GROUP_SIZE_MAX)
     # a mixture of experts' expert popularity, Zipf(routing_skew) over the experts (sim/model/experts.py); 0: uniform
     routing_skew: float = Field(0.0, ge=0.0, le=4.0)
+    # a mixture of experts' routed experts in their own format, the rest in weight_dtype (gpt-oss: mxfp4 experts,
+    # bf16 attention; DeepSeek-R1 NVFP4: nvfp4 experts, fp8 attention); None: weight_dtype throughout
+    expert_weight_dtype: WeightDType | None = None
 
-    QUIET_DEFAULTS = {"routing_skew": 0.0}
+    QUIET_DEFAULTS = {"routing_skew": 0.0, "expert_weight_dtype": None}
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -580,6 +583,9 @@ def _check_against_model(scenario: Scenario, source: str) -> None:
             raise ConfigError(problem[1], source=source, field=problem[0])
     if scenario.parallel.pp > 1:
         _check_pipeline(scenario, source, spec)
+    if scenario.model.expert_weight_dtype and not spec.is_moe:
+        raise ConfigError(f"expert_weight_dtype applies to a mixture-of-experts model; {spec.name} is dense",
+                          source=source, field="model.expert_weight_dtype")
     if scenario.model.routing_skew and not spec.is_moe:
         raise ConfigError(f"routing_skew applies to a mixture-of-experts model; {spec.name} is dense", source=source,
                           field="model.routing_skew")

@@ -83,6 +83,9 @@ class ModelSpec:
     dense_dp: bool = False  # under attention DP the dense MLPs, shared experts and vocab run data-parallel too (`shard`)
     embedding_vocab_size: int | None = None  # rows of the embedding a GPU holds where not the LM head's (`shard`)
     routing_skew: float = 0.0  # Zipf exponent of expert popularity (sim/model/experts.py); 0: uniform routing
+    # the routed experts' weight format where a checkpoint quantises them apart from the rest (gpt-oss: MXFP4
+    # experts, bf16 attention); None: the scenario's weight_dtype for every linear layer (`expert_format`)
+    expert_weight_dtype: str | None = None
     pipeline_stages: int = 1  # one pipeline stage of a model split over this many (`stage`); 1 = every layer
     # the longest sequence an engine serves by default: config.json's max_position_embeddings as rope
     # scaling stretches it (`inputs.hf_config.context_tokens`); None: config.json gives none
@@ -512,10 +515,23 @@ class ModelSpec:
         """Every layer a dense GQA layer (full or window attention, dense MLP): `layer_gemm_shapes` holds."""
         return not self.is_moe and all(k in (FULL, WINDOW) for k in self.kind_counts)
 
+    def expert_format(self, weight_dtype: str) -> str:
+        """The routed experts' weight format: `expert_weight_dtype` where the checkpoint sets one apart, else
+        the layers' `weight_dtype`. Shared experts, dense MLPs, attention and the router keep the latter."""
+        return self.expert_weight_dtype or weight_dtype
+
+    def one_expert_bytes(self, weight_dtype: str, group_size: int) -> float:
+        """One routed expert's weights in its format (`expert_format`)."""
+        return WEIGHT_DTYPES[self.expert_format(weight_dtype)].bytes_for(self.expert_params(), group_size)
+
+    def _routed_experts_bytes(self, weight_dtype: str, group_size: int) -> float:
+        """The GPU's routed experts (`local_experts`), matrix by matrix, in their format (`expert_format`)."""
+        return self.local_experts * self._linear_bytes(self._dense_mlp_matrices(self.moe_intermediate_size),
+                                                       self.expert_format(weight_dtype), group_size)
+
     def _moe_mlp_bytes(self, weight_dtype: str, group_size: int) -> float:
         hp = HIGH_PRECISION_BITS / 8
-        b = self.local_experts * self._linear_bytes(self._dense_mlp_matrices(self.moe_intermediate_size), weight_dtype,
-                                                    group_size)
+        b = self._routed_experts_bytes(weight_dtype, group_size)
         b += self._linear_bytes(self._dense_mlp_matrices(self.shared_expert_intermediate_size), weight_dtype, group_size)
         return b + self.hidden_size * self.num_experts * hp
 
@@ -527,9 +543,7 @@ class ModelSpec:
         hp = HIGH_PRECISION_BITS / 8
         b = self._linear_bytes(self._attention_matrices(), weight_dtype, group_size)
         if self.is_moe:
-            b += self.local_experts * self._linear_bytes(
-                self._dense_mlp_matrices(self.moe_intermediate_size), weight_dtype, group_size
-            )
+            b += self._routed_experts_bytes(weight_dtype, group_size)
             b += self._linear_bytes(self._dense_mlp_matrices(self.shared_expert_intermediate_size), weight_dtype, group_size)
             b += self.hidden_size * self.num_experts * hp
         else:
@@ -588,8 +602,7 @@ class ModelSpec:
         full = self.layer_weight_bytes(weight_dtype, group_size)
         if not self.is_moe:
             return full
-        dt = WEIGHT_DTYPES[weight_dtype]
-        one_expert = dt.bytes_for(self.expert_params(), group_size)
+        one_expert = self.one_expert_bytes(weight_dtype, group_size)
         untouched = self.local_experts - self.expected_experts_touched(batch)
         if self.dense_mlp_layers:
             return full - self.moe_layers * untouched * one_expert / self.num_layers

@@ -5,6 +5,7 @@ the row and the field."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -64,6 +65,7 @@ class Measurement(Strict):
     source_model: str = _text()  # as the source names it
     weight_dtype: WeightDType
     weight_group_size: int | None = Field(None, ge=1, le=1024)  # None: the scenario's default (gpt-oss's MXFP4: 32)
+    expert_weight_dtype: WeightDType | None = None  # the routed experts' own format (gpt-oss: mxfp4, the rest bf16)
     kv_dtype: KvDType
     tp: int = Field(ge=1, le=64)
     ep: int = Field(1, ge=1, le=64)
@@ -129,8 +131,8 @@ class Measurement(Strict):
             return self.max_num_seqs, self.max_num_batched_tokens, "the row's limits"
         gpu = catalog.gpu(self.gpu)
         isl, osl = (self.isl, self.osl) if self.lengths == "fixed" else ((1 + self.isl) / 2, (1 + self.osl) / 2)
-        limits = trtllm_bench_limits(bench_checkpoint(catalog.model(self.model), self.weight_dtype,
-                                                      self.bench_kv_dtype or self.kv_dtype),
+        model = replace(catalog.model(self.model), expert_weight_dtype=self.expert_weight_dtype)
+        limits = trtllm_bench_limits(bench_checkpoint(model, self.weight_dtype, self.bench_kv_dtype or self.kv_dtype),
                                      self.tp, 1, gpu.memory_bytes, isl, osl, self.chunked_prefill, self.isl)
         return limits.max_batch_size, limits.max_num_tokens, limits.describe()
 
@@ -146,7 +148,8 @@ def bench_checkpoint(model: ModelSpec, weight_dtype: str, kv_dtype: str) -> Benc
     else:
         kv_heads, head_size = model.num_kv_heads, model.head_dim
     params = checkpoint_elements(model, weight_dtype)
-    return BenchCheckpoint(kv_heads, head_size, model.num_layers, params, weight_dtype, kv_dtype)
+    # the checkpoint's quant algo: its experts' where it quantises them apart (gpt-oss's MXFP4)
+    return BenchCheckpoint(kv_heads, head_size, model.num_layers, params, model.expert_format(weight_dtype), kv_dtype)
 
 
 PACKED_FP4 = ("nvfp4", "mxfp4")  # weight formats whose checkpoints pack two values to a uint8 element
@@ -157,7 +160,12 @@ def checkpoint_elements(model: ModelSpec, weight_dtype: str) -> float:
     elements of every tensor, whatever their dtype). An FP4 checkpoint stores its quantised linear weights
     two to a uint8 element with one one-byte scale element per group (NVFP4: fp8 per 16, 0.5625 a weight;
     MXFP4: E8M0 per 32, 0.53125), so each counts its bytes; embeddings, LM head and norms stay bf16, one
-    element each. Other formats: the catalog's count."""
+    element each; where only the routed experts are FP4 (`ModelSpec.expert_weight_dtype`), only theirs are
+    packed. Other formats: the catalog's count."""
+    experts = model.expert_format(weight_dtype)
+    if weight_dtype not in PACKED_FP4 and experts in PACKED_FP4:
+        packed = model.moe_layers * model.num_experts * model.expert_params()
+        return float(model.params) - packed * (1.0 - WEIGHT_DTYPES[experts].packed_bytes_per_element)
     if weight_dtype not in PACKED_FP4:
         return float(model.params)
     per_weight = WEIGHT_DTYPES[weight_dtype].packed_bytes_per_element

@@ -47,7 +47,7 @@ from sim.model.units import FLOP_PER_MAC
 MLA_MODEL = "deepseek-r1"  # the table's shapes: 128 heads, kv_lora_rank 512 + rope 64
 MOE_CALLS = 2  # of physics.GEMM_CALLS_PER_LAYER (qkv, o, gate_up, down): the experts' gate_up and down
 QUANT_AS = {"bfloat16": ("bf16", 128), "fp8": ("fp8", 128), "fp8_block": ("fp8", 128), "int4_wo": ("int4", 128),
-            "w4a16_mxfp4": ("int4", 32), "w4a8_mxfp4_mxfp8": ("mxfp4", 32),
+            "w4a16_mxfp4": ("mxfp4", 32), "w4a8_mxfp4_mxfp8": ("mxfp4", 32),
             "nvfp4": ("nvfp4", 16)}  # table format -> the dtype and group it runs as
 MLA_BINS = (0, 2**14, 2**20, np.inf)  # latents one call reads (batch x tokens): floor-bound, middle, streaming
 MOE_BINS = (0, 16, 256, 2048, np.inf)  # tokens: decode batches, large decode, prefill chunks
