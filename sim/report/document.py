@@ -110,7 +110,7 @@ def _moe_model_html(moe: MoeResult, label: str) -> str:
     experts = f", {spec.num_experts} experts, {spec.experts_per_token} a token" if spec.is_moe else ""
     head = f"<h3>{h.esc(f'{label} ({m.name}): {spec.describe_kinds()}{experts}')}</h3>"
     groups = f" in groups of {m.weight_group_size}" if m.weight_dtype == "int4" else ""
-    body = h.paragraph(f"Weights {m.weight_dtype}{groups} ({m.why}). "
+    body = h.paragraph(f"Weights {m.formats()}{groups} ({m.why}). "
                        + " ".join(figures_moe.placement_text(pl) for pl in pls))
     rows = figures_moe.table_rows(moe, label)
     return head + body + (h.table_html(figures_moe.TABLE_HEADERS, rows) if rows else "")

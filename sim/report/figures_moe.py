@@ -36,7 +36,7 @@ def dimensions(moe: MoeResult) -> list[Dimension]:
 
 
 def model_axis_label(pl: Placement) -> str:
-    return f"{pl.model.label} ({pl.model.weight_dtype}, {layout(pl)})" if pl.tp else f"{pl.model.label} (does not fit)"
+    return f"{pl.model.label} ({pl.model.formats()}, {layout(pl)})" if pl.tp else f"{pl.model.label} (does not fit)"
 
 
 def max_batch_figure(moe: MoeResult) -> SelectableFigure:

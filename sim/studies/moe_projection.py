@@ -58,13 +58,18 @@ class MoeModel:
     weight_group_size: int = 128
     why: str = ""
     experts: str | None = None  # None: tensor parallelism alone; "ep+dpa": experts and attention data-parallel
+    expert_weight_dtype: str | None = None  # the routed experts' own format (None: weight_dtype)
+
+    def formats(self) -> str:
+        """The weight format(s) as a label: 'bf16 + mxfp4 experts' where the experts have their own."""
+        return f"{self.weight_dtype} + {self.expert_weight_dtype} experts" if self.expert_weight_dtype else self.weight_dtype
 
     def parallel(self, tp: int) -> dict:
         """The scenario's `parallel:` on `tp` GPUs."""
         return {"tp": tp, "ep": tp, "attention_dp": tp} if self.experts == DPA and tp > 1 else {"tp": tp}
 
 
-MXFP4 = "the nearest format here to the checkpoint's MXFP4 experts, 4.25 bits a weight"
+MXFP4 = "the checkpoint's own formats: MXFP4 experts (4.25 bits a weight), bf16 attention and embeddings"
 DPA = "ep+dpa"
 DPA_WHY = ("the checkpoint's own format; attention data-parallel with the experts split over the group (each GPU "
            "holds its own sequences' latents), vLLM's recommended EP/DP mode for DeepSeek")
@@ -73,8 +78,8 @@ MOE_MODELS: tuple[MoeModel, ...] = (
     MoeModel("DeepSeek-R1, DPA+EP", "deepseek-r1", "fp8", 128, DPA_WHY, DPA),
     MoeModel("DeepSeek-V3.2", "deepseek-v3.2", "fp8", 128, "the checkpoint's own format"),
     MoeModel("DeepSeek-V3.2, DPA+EP", "deepseek-v3.2", "fp8", 128, DPA_WHY, DPA),
-    MoeModel("gpt-oss-120b", "gpt-oss-120b", "int4", 32, MXFP4),
-    MoeModel("gpt-oss-20b", "gpt-oss-20b", "int4", 32, MXFP4),
+    MoeModel("gpt-oss-120b", "gpt-oss-120b", "bf16", 128, MXFP4, expert_weight_dtype="mxfp4"),
+    MoeModel("gpt-oss-20b", "gpt-oss-20b", "bf16", 128, MXFP4, expert_weight_dtype="mxfp4"),
     MoeModel("Qwen3-235B-A22B", "qwen3-235b-a22b", "fp8", 128, "Qwen's published FP8 checkpoint"),
     MoeModel("Qwen3-30B-A3B", "qwen3-30b-a3b", "bf16", 128, "the checkpoint's own format"),
 )
@@ -118,9 +123,13 @@ class MoeGridSpec:
 
 def moe_scenario(model: MoeModel, gpu: str, tp: int, length: int, batch: int, policy: PolicyVariant,
                  prompt_tokens: int) -> Scenario:
+    dtype = model.weight_dtype + (f"-{model.expert_weight_dtype}" if model.expert_weight_dtype else "")
+    weights = {"weight_dtype": model.weight_dtype, "weight_group_size": model.weight_group_size}
+    if model.expert_weight_dtype:
+        weights["expert_weight_dtype"] = model.expert_weight_dtype
     data = {
-        "name": f"{model.name}-{model.weight_dtype}-{gpu}-tp{tp}{'-dpa' if model.experts else ''}-{length}-{policy.key}-b{batch}",
-        "model": {"name": model.name, "weight_dtype": model.weight_dtype, "weight_group_size": model.weight_group_size},
+        "name": f"{model.name}-{dtype}-{gpu}-tp{tp}{'-dpa' if model.experts else ''}-{length}-{policy.key}-b{batch}",
+        "model": {"name": model.name, **weights},
         "hardware": {"gpu": gpu},
         "parallel": model.parallel(tp),
         "workload": {"batch_size": batch, "prompt_tokens": prompt_tokens, "reasoning_tokens": length},
@@ -188,9 +197,15 @@ class MoeCell(Cell):
     tp: int = 1
     weight_group_size: int = 128
     experts: str | None = None  # MoeModel.experts
+    expert_weight_dtype: str | None = None  # MoeModel.expert_weight_dtype
+
+    @property
+    def weights_label(self) -> str:
+        return self.weight_dtype + (f" + {self.expert_weight_dtype} experts" if self.expert_weight_dtype else "")
 
     def scenario(self, batch: int, policy: PolicyVariant) -> Scenario:
-        m = MoeModel(self.model_label, self.model, self.weight_dtype, self.weight_group_size, experts=self.experts)
+        m = MoeModel(self.model_label, self.model, self.weight_dtype, self.weight_group_size, experts=self.experts,
+                     expert_weight_dtype=self.expert_weight_dtype)
         return moe_scenario(m, self.gpu.base_gpu, self.tp, self.length, batch, policy, self.prompt_tokens)
 
     def run(self) -> dict[str, list[dict]]:
@@ -299,7 +314,7 @@ def moe_cells(spec: MoeGridSpec, placements: list[Placement]) -> list[MoeCell]:
         gpu = GpuColumn(key=pl.gpu, label=catalog.gpu(pl.gpu).name, base_gpu=catalog.gpu(pl.gpu).name)
         cells += [MoeCell(pl.model.label, pl.model.name, pl.model.weight_dtype, gpu, n, spec.batches, spec.policies,
                           spec.prompt_tokens, tp=pl.tp, weight_group_size=pl.model.weight_group_size,
-                          experts=pl.model.experts)
+                          experts=pl.model.experts, expert_weight_dtype=pl.model.expert_weight_dtype)
                   for n in spec.lengths]
     return cells
 

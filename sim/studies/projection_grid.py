@@ -147,6 +147,11 @@ class Cell:
     def scenario(self, batch: int, policy: PolicyVariant) -> Scenario:
         return grid_scenario(self.model, self.weight_dtype, self.gpu.base_gpu, self.length, batch, policy, self.prompt_tokens)
 
+    @property
+    def weights_label(self) -> str:
+        """The `weights` label of the cell's rows: its weight dtype."""
+        return self.weight_dtype
+
     def inputs(self) -> dict[str, Any]:
         prof = self.gpu.profile
         return {"labels": {"model": self.model_label, "gpu": self.gpu.key}, "batches": list(self.batches),
@@ -167,7 +172,7 @@ class Cell:
         if not (isinstance(result, dict) and set(result) == {"points", "limits"}
                 and isinstance(result["points"], list) and isinstance(result["limits"], list)):
             return False
-        labels = {"model": self.model_label, "weights": self.weight_dtype, "gpu": self.gpu.key,
+        labels = {"model": self.model_label, "weights": self.weights_label, "gpu": self.gpu.key,
                   "length": length_label(self.length)}
         policies = {p.key for p in self.policies}
         rows = [(r, POINT_FIELDS) for r in result["points"]] + [(r, LIMIT_FIELDS) for r in result["limits"]]
@@ -217,7 +222,7 @@ def _link_bound_batch(cell: Cell, policy: PolicyVariant, util: dict[int, float],
 def cell_rows(cell: Cell) -> tuple[list[dict], list[dict]]:
     """All points and limits of one (model, dtype, GPU, length) cell."""
     points, limits = [], []
-    base = {"model": cell.model_label, "weights": cell.weight_dtype, "gpu": cell.gpu.key, "length": length_label(cell.length)}
+    base = {"model": cell.model_label, "weights": cell.weights_label, "gpu": cell.gpu.key, "length": length_label(cell.length)}
     for pol in cell.policies:
         ctx = build_context(cell.scenario(1, pol), cell.gpu.profile)
         mb = max_batch(ctx)
