@@ -17,7 +17,7 @@ from sim.device.bench_limits import (
 )
 from sim.inputs import catalog
 from sim.inputs.errors import ConfigError
-from sim.studies.e2e_table import bench_checkpoint, default_path, load_measurements
+from sim.studies.e2e_table import bench_checkpoint, checkpoint_elements, default_path, load_measurements
 
 GIB = 1024**3
 H200_BYTES = 143771 * 1024**2  # NVML's total of an H200, as the catalog holds it
@@ -92,12 +92,17 @@ def test_a_checkpoint_that_leaves_no_room_is_refused():
 
 def test_the_rows_that_take_the_heuristic():
     rows = {m.id: m for m in load_measurements() if m.batch_limits == "trtllm-bench"}
-    assert len(rows) == 99 and all(not m.chunked_prefill and m.admission == "no_evict" for m in rows.values())
+    assert len(rows) == 109 and all(not m.chunked_prefill and m.admission == "no_evict" for m in rows.values())
     # gpt-oss's MXFP4 (W4A16_MXFP4 below SM100) is not among the heuristic's tuned quantisations: the defaults,
     # max_num_tokens raised to hold a 32,768-token prompt beside a full batch of 2,048
     assert rows["trt-h200-gpt-oss-120b-tp1-1k1k"].rank_limits()[:2] == (2048, 8192)
     assert rows["trt-h200-gpt-oss-120b-tp1-32k1k"].rank_limits()[:2] == (2048, 32768 + 2048)
     assert rows["trt-h200-deepseek-r1-dep8-1k1k"].rank_limits()[:2] == (160, 2048)
+    # DeepSeek-R1 NVFP4 on 4 x B200 (tuned, 0.5 B an element of its 378.3 B packed elements: 176.2 GiB): a token
+    # 2 x 61 x 128 x 56 x 1 B = 8.144e-4 GiB (MLA read as 128 KV heads of 7168 / 128), (4 x 179.06 - 176.2) x 0.95
+    # / (8.144e-4 x 2048) = 308 requests -> 384 sequences (a multiple of 128 below 1,024), 768 tokens -> 2,048
+    assert checkpoint_elements(catalog.model("deepseek-r1"), "nvfp4") == pytest.approx(378.31e9, rel=1e-5)
+    assert rows["trt-b200-deepseek-r1-nvfp4-dep4-1k1k"].rank_limits()[:2] == (384, 2048)
     assert rows["trt-h200-70b-fp8-tp2-1k1k"].rank_limits()[:2] == (768, 2048)
     assert rows["trt-h200-70b-fp8-tp2-32k1k"].rank_limits()[:2] == (64, 32768 + 64)  # raised to hold a prompt
 
