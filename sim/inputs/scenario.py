@@ -60,7 +60,7 @@ class ModelCfg(Strict, QuietDefaults):
     # a mixture of experts' expert popularity, Zipf(routing_skew) over the experts (sim/model/experts.py); 0: uniform
     routing_skew: float = Field(0.0, ge=0.0, le=4.0)
     # a mixture of experts' routed experts in their own format, the rest in weight_dtype (gpt-oss: mxfp4 experts,
-    # bf16 attention; DeepSeek-R1 NVFP4: nvfp4 experts, fp8 attention); None: weight_dtype throughout
+    # bf16 attention, router and embeddings); None: weight_dtype throughout
     expert_weight_dtype: WeightDType | None = None
 
     QUIET_DEFAULTS = {"routing_skew": 0.0, "expert_weight_dtype": None}

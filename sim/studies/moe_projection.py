@@ -47,6 +47,11 @@ FALLBACK_DTYPES = ("bf16", "fp8", "int4")
 CHOOSE = ""  # MoeModel.weight_dtype of such a model: chosen by `choose_dtype`
 
 
+def formats_label(weight_dtype: str, expert_weight_dtype: str | None) -> str:
+    """A model's weight format(s) as a label: 'bf16 + mxfp4 experts' where the experts have their own."""
+    return f"{weight_dtype} + {expert_weight_dtype} experts" if expert_weight_dtype else weight_dtype
+
+
 @dataclass(frozen=True)
 class MoeModel:
     """A model of the section: its label, catalog name, the weight format it is projected in and why
@@ -61,8 +66,7 @@ class MoeModel:
     expert_weight_dtype: str | None = None  # the routed experts' own format (None: weight_dtype)
 
     def formats(self) -> str:
-        """The weight format(s) as a label: 'bf16 + mxfp4 experts' where the experts have their own."""
-        return f"{self.weight_dtype} + {self.expert_weight_dtype} experts" if self.expert_weight_dtype else self.weight_dtype
+        return formats_label(self.weight_dtype, self.expert_weight_dtype)
 
     def parallel(self, tp: int) -> dict:
         """The scenario's `parallel:` on `tp` GPUs."""
@@ -201,7 +205,7 @@ class MoeCell(Cell):
 
     @property
     def weights_label(self) -> str:
-        return self.weight_dtype + (f" + {self.expert_weight_dtype} experts" if self.expert_weight_dtype else "")
+        return formats_label(self.weight_dtype, self.expert_weight_dtype)
 
     def scenario(self, batch: int, policy: PolicyVariant) -> Scenario:
         m = MoeModel(self.model_label, self.model, self.weight_dtype, self.weight_group_size, experts=self.experts,
