@@ -115,7 +115,7 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
     if moe_mla:
         hw = replace(hw, sources={**hw.sources, "kernels_moe_mla": moe_mla})
     if model.attention_dp > 1:  # the experts' dispatch and combine cross the interconnect
-        hw = with_moe_exchange(hw, scenario)
+        hw = with_moe_exchange(hw, scenario, model.expert_format(m.weight_dtype))
     t2_layer = model.compressed_bytes_per_token_layer(COMPRESSED_DTYPES[p.compressed_dtype], p.compressed_group_size)
     ctx = RunContext(
         scenario=scenario, model=model, hw=hw, policy=policy,
@@ -165,13 +165,13 @@ def with_context_rule(ctx: RunContext, sc: SchedulerCfg) -> RunContext:
     return replace(ctx, max_model_len=declared, hw=replace(ctx.hw, sources=sources))
 
 
-def with_moe_exchange(hw: Hardware, scenario: Scenario) -> Hardware:
+def with_moe_exchange(hw: Hardware, scenario: Scenario, experts_format: str) -> Hardware:
     """`hw` exchanging an attention-DP group's tokens with the experts as the scenario's engine does
     (vLLM's rules without `engine:`; `device.moe_exchange`), or by all-to-all where parallel.moe_comm
-    says so; its source names the rule and what costs it."""
+    says so; its source names the rule and what costs it. The wire follows the routed experts' format
+    (`experts_format`, `ModelSpec.expert_format`)."""
     engine = scenario.engine.name if scenario.engine else "vllm"
-    m = scenario.model  # the exchange's wire follows the experts' format
-    x = moe_exchange(engine, m.expert_weight_dtype or m.weight_dtype, scenario.parallel.moe_comm)
+    x = moe_exchange(engine, experts_format, scenario.parallel.moe_comm)
     if x.method == ALLTOALL and hw.kernels is not None and hw.kernels.a2a_slices():
         cost = hw.kernels.tables.source("moe_a2a DeepEP dispatch / combine")
     elif x.method == ALLTOALL and hw.alltoall_fits:

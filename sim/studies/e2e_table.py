@@ -162,12 +162,12 @@ def checkpoint_elements(model: ModelSpec, weight_dtype: str) -> float:
     MXFP4: E8M0 per 32, 0.53125), so each counts its bytes; embeddings, LM head and norms stay bf16, one
     element each; where only the routed experts are FP4 (`ModelSpec.expert_weight_dtype`), only theirs are
     packed. Other formats: the catalog's count."""
-    experts = model.expert_format(weight_dtype)
-    if weight_dtype not in PACKED_FP4 and experts in PACKED_FP4:
+    if weight_dtype not in PACKED_FP4:
+        experts = model.expert_format(weight_dtype)
+        if experts not in PACKED_FP4:
+            return float(model.params)
         packed = model.moe_layers * model.num_experts * model.expert_params()
         return float(model.params) - packed * (1.0 - WEIGHT_DTYPES[experts].packed_bytes_per_element)
-    if weight_dtype not in PACKED_FP4:
-        return float(model.params)
     per_weight = WEIGHT_DTYPES[weight_dtype].packed_bytes_per_element
     quantised = (model.weight_bytes("bf16") - model.weight_bytes(weight_dtype)) / (2.0 - per_weight)
     return float(model.params) - quantised * (1.0 - per_weight)
