@@ -40,6 +40,7 @@ KV_BY_HAND = {
     "qwen3-30b-a3b": 2 * 48 * 4 * 128 * BF16,  # 98,304
     "qwen3-next-80b-a3b": 12 * 2 * 2 * 256 * BF16,  # the 12 full layers only: 24,576
     "deepseek-v3.2": 61 * (512 + 64) * BF16,  # the latent, as R1's (its indexer keys stay in HBM: test_sparse_fetch)
+    "llama-4-maverick": 48 * 2 * 8 * 128 * BF16,  # chunked layers keep every token, as the engines do: 196,608
 }
 WINDOW_BY_HAND = {  # window layers x 2 x Hkv x d x 2 B x 128 tokens: the most a sequence holds in them
     "gpt-oss-120b": 18 * 2 * 8 * 64 * BF16 * 128,  # 4,718,592
@@ -129,6 +130,17 @@ def _qwen3_next_params_by_hand() -> int:
     return 12 * full + 36 * linear + 48 * (moe + 2 * h) + V * h + h + V * h
 
 
+def _maverick_params_by_hand() -> int:
+    """48 layers of q, k, v, o (40 x 128 query, 8 x 128 KV heads) and two norms; 24 MoE layers of 128
+    experts of 8,192 + one shared expert of 8,192 + the router; 24 dense MLPs of 16,384; embedding, final
+    norm and LM head of 202,048 x 5,120."""
+    h, V = 5120, 202048
+    attention = h * 40 * 128 + 2 * h * 8 * 128 + 40 * 128 * h
+    moe = 128 * 3 * h * 8192 + 3 * h * 8192 + h * 128
+    dense = 3 * h * 16384
+    return 48 * (attention + 2 * h) + 24 * moe + 24 * dense + V * h + h + V * h
+
+
 NEW_MODEL_PARAMS = {
     "deepseek-r1": _r1_params_by_hand(),
     "gpt-oss-120b": _gpt_oss_params_by_hand(36, 128),
@@ -137,6 +149,7 @@ NEW_MODEL_PARAMS = {
     "qwen3-30b-a3b": _qwen3_moe_params_by_hand(48, 2048, 32, 768),
     "qwen3-next-80b-a3b": _qwen3_next_params_by_hand(),
     # R1's + each layer's lightning indexer: wq_b 1536 -> 64 x 128, wk 7168 -> 128, weights_proj 7168 -> 64, k_norm
+    "llama-4-maverick": _maverick_params_by_hand(),
     "deepseek-v3.2": _r1_params_by_hand() + 61 * (1536 * 64 * 128 + 7168 * 128 + 7168 * 64 + 2 * 128),
 }
 
@@ -353,7 +366,9 @@ def test_moe_dense_first_layers_and_shared_experts_by_hand(tmp_path):
 # ---- config.json errors ------------------------------------------------------------------------------
 BAD = [
     (_gpt_oss_like(layer_types=["full_attention"] * 3), "layer_types", "3 entries for 24 layers"),
-    (_gpt_oss_like(layer_types=["full_attention", "chunked_attention"] * 12), "layer_types.1", "not a layer kind"),
+    (_gpt_oss_like(layer_types=["full_attention", "mamba"] * 12), "layer_types.1", "not a layer kind"),
+    (_gpt_oss_like(layer_types=["full_attention", "chunked_attention"] * 12), "attention_chunk_size",
+     "Field required (chunked_attention layers)"),
     (_gpt_oss_like(sliding_window=None), "sliding_window", "Field required (sliding_attention layers)"),
     (_gpt_oss_like(sliding_window=0), "sliding_window", "greater than or equal to 1"),
     (_gpt_oss_like(layer_types="sliding_attention"), "layer_types", "list"),

@@ -21,7 +21,7 @@ import numpy as np
 
 from sim.model.dtypes import KV_DTYPES
 from sim.model.experts import expected_remote_ranks
-from sim.model.layers import FULL, LINEAR, MLA, SPARSE, TIERED_KINDS, WINDOW
+from sim.model.layers import CHUNKED, FULL, LINEAR, MLA, SPARSE, TIERED_KINDS, WINDOW, chunk_pairs
 from sim.model.spec import ModelSpec
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
@@ -146,10 +146,12 @@ def kind_prefill_flop_per_pair(model: ModelSpec, kind: str) -> float:
 
 def prefill_attention_flop(model: ModelSpec, position_sum: float) -> float:
     """Prefill attention FLOP of one (mean) layer whose chunk tokens attend `position_sum` pairs in all:
-    `attention_flop` with each tiered kind at its prefill cost (`kind_prefill_flop_per_pair`)."""
+    `attention_flop` with each tiered kind at its prefill cost (`kind_prefill_flop_per_pair`); chunked
+    layers attend within their chunks, `_bounded_prefill_flop`."""
     if not model.layer_kinds:
         return attention_flop(model, position_sum)
-    per_pair = sum(n * kind_prefill_flop_per_pair(model, k) for k, n in model.kind_counts.items() if k in TIERED_KINDS)
+    per_pair = sum(n * kind_prefill_flop_per_pair(model, k) for k, n in model.kind_counts.items()
+                   if k in TIERED_KINDS and k != CHUNKED)
     return per_pair * position_sum / model.num_layers
 
 
@@ -170,13 +172,17 @@ def kv_dtype_of(model: ModelSpec, kv_bytes_per_token_layer: float) -> str:
     return "bf16"
 
 
-def kinds_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer: float):
+def kinds_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer: float,
+                      chunk_tokens=None):
     """Decode attention of a model with layer kinds, as the mean of its L layers' calls (scalars, or
     arrays over steps):
       tiered (full, MLA; n_t layers): `kv_bytes` is the mean layer's, so one tiered layer reads
         kv_bytes x L / n_t, at `kind_attention_flop_per_token` x attended tokens;
       window (n_w): min(attended, B x W) tokens read and B written at its bytes/token/layer (exact when
         every sequence is at least W long), FLOP as full attention over those tokens;
+      chunked (n_c): the tokens of each sequence's current chunk (`chunk_tokens`, sum_b ((n_b - 1) mod C)
+        + 1, where the caller knows each sequence's length; else the bound min(attended, B x C), exact
+        while every sequence is in its first chunk), the tiered layer's bytes in that share;
       linear (n_l): each sequence's state read and written, 2 x B x state bytes, B x state FLOP;
     time = sum_kind n_kind x call_kind / L. Full and window layers are GQA calls (`gqa_attention_s`:
     the measured table where the run has one); MLA and linear layers are the datasheet `attention_s`
@@ -195,14 +201,28 @@ def kinds_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv
             t = _mla_s(model, hw, batch, attended_tokens, kv_bytes * L / model.tiered_layers, flop, kv_dtype, call, arrays)
         elif kind == SPARSE:
             t = _sparse_s(model, hw, batch, attended_tokens, kv_dtype, call, arrays)
-        else:
-            tokens = attended_tokens if kind == FULL else np.minimum(attended_tokens, batch * model.sliding_window)
+        else:  # the GQA kinds: full, chunked, window
             per_token = model.kind_kv_bytes_per_token_layer(kind, kv_dtype)
-            nbytes = kv_bytes * L / model.tiered_layers if kind == FULL else (tokens + batch) * per_token
+            tokens, nbytes = _gqa_kind_read(model, kind, batch, attended_tokens, kv_bytes, per_token, chunk_tokens)
             flop = kind_attention_flop_per_token(model, kind) * np.asarray(tokens, dtype=float)
             t = gqa_attention_s(model, hw, batch, tokens, nbytes, per_token, flop if arrays else float(flop))
         total = total + n * t
     return total / L
+
+
+def _gqa_kind_read(model: ModelSpec, kind: str, batch, attended_tokens, kv_bytes, per_token: float, chunk_tokens):
+    """(tokens attended, bytes read) of one GQA layer of `kind` in a decode step (`kinds_attention_s`). A
+    chunked layer attends `chunk_tokens` where the caller counted them per sequence, else min(attended,
+    B x C) - an upper bound, each sequence attending ((n - 1) mod C) + 1 <= min(n, C) tokens."""
+    tiered_bytes = kv_bytes * model.num_layers / model.tiered_layers
+    if kind == FULL:
+        return attended_tokens, tiered_bytes
+    if kind == CHUNKED:
+        bound = np.minimum(attended_tokens, batch * model.attention_chunk)
+        tokens = bound if chunk_tokens is None else np.minimum(chunk_tokens, attended_tokens)
+        return tokens, tiered_bytes * tokens / np.maximum(attended_tokens, 1)
+    tokens = np.minimum(attended_tokens, batch * model.sliding_window)
+    return tokens, (tokens + batch) * per_token
 
 
 def _mla_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, nbytes, flop, kv_dtype: str, call, arrays: bool):
@@ -465,17 +485,20 @@ def xqa_ctas(ctas, tokens_per_seq, split_ctas: float):
     return np.maximum(ctas, np.minimum(ctas * m0, split_ctas))
 
 
-def decode_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer: float):
+def decode_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_bytes,
+                       kv_bytes_per_token_layer: float, chunk_tokens=None):
     """One layer's decode attention of `batch` sequences attending `attended_tokens` in all, reading
     and writing `kv_bytes` (scalars, or arrays over steps). Datasheet: `attention_s`. Measured
     kernels: the table's call at the batch's mean context per sequence, plus what the table's kernel
     does not move (T2's dequantisation traffic) at the datasheet attention rate. A model with layer
-    kinds: `kinds_attention_s`. Attention data parallelism: the busiest rank's share (`busiest_rank_factor`)."""
+    kinds: `kinds_attention_s` (`chunk_tokens`: its chunked layers' tokens, counted per sequence). Attention
+    data parallelism: the busiest rank's share (`busiest_rank_factor`)."""
     if model.attention_dp > 1:
         f = busiest_rank_factor(batch, model.attention_dp)
         batch, attended_tokens, kv_bytes = batch * f, attended_tokens * f, kv_bytes * f
+        chunk_tokens = None if chunk_tokens is None else chunk_tokens * f
     if model.layer_kinds:
-        return kinds_attention_s(model, hw, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer)
+        return kinds_attention_s(model, hw, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer, chunk_tokens)
     return gqa_attention_s(model, hw, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer,
                            attention_flop(model, attended_tokens))
 
@@ -600,7 +623,7 @@ def moe_exchange_s(model: ModelSpec, hw: Hardware, rows: float) -> float:
 def decode_layer_cost(
     model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, batch: int,
     attended_tokens: int, kv_bytes_per_token_layer: float,
-    t2_staged_tokens: int = 0, t2_bytes_per_token_layer: float = 0.0,
+    t2_staged_tokens: int = 0, t2_bytes_per_token_layer: float = 0.0, chunk_tokens: int | None = None,
 ) -> LayerCost:
     """One layer of one decode step for a batch.
 
@@ -614,7 +637,7 @@ def decode_layer_cost(
     rows = decode_rows(hw.launch, batch)
     gemm_s = weight_kernel_s(model, hw, weight_dtype, group_size, rows, absorbed=True)
     attn_s = decode_layer_attention_s(model, hw, batch, attended_tokens, kv_bytes_per_token_layer, t2_staged_tokens,
-                                      t2_bytes_per_token_layer)
+                                      t2_bytes_per_token_layer, chunk_tokens)
     allreduce_s = layer_comm_s(model, hw, rows)
     return LayerCost(gemm_s, attn_s, layer_overhead_s(model, hw, rows), allreduce_s=allreduce_s,
                      qkv_share=qkv_share(model), host_s=host_times(hw, batch, DECODE)[0])
@@ -660,12 +683,12 @@ def elementwise_widths(model: ModelSpec) -> dict[str, tuple[tuple[float, float],
 
 def decode_layer_attention_s(model: ModelSpec, hw: Hardware, batch: int, attended_tokens: int,
                              kv_bytes_per_token_layer: float, t2_staged_tokens: int = 0,
-                             t2_bytes_per_token_layer: float = 0.0) -> float:
+                             t2_bytes_per_token_layer: float = 0.0, chunk_tokens: int | None = None) -> float:
     """`decode_layer_cost`'s attention: `decode_attention_s` reading the attended KV, the staged T2's
-    dequantisation read + write and writing the new K/V."""
+    dequantisation read + write and writing the new K/V (`chunk_tokens`: the chunked layers' own count)."""
     dequant_bytes = t2_staged_tokens * (t2_bytes_per_token_layer + kv_bytes_per_token_layer)
     kv_bytes = (attended_tokens + batch) * kv_bytes_per_token_layer + dequant_bytes
-    return decode_attention_s(model, hw, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer)
+    return decode_attention_s(model, hw, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer, chunk_tokens)
 
 
 def with_decode_attention(cost: StepCost, attention_s: float) -> StepCost:
@@ -761,7 +784,8 @@ def prompts_attention_s(model: ModelSpec, hw: Hardware, batch: int, prompt_token
 
 def kinds_prefill_flop(model: ModelSpec, batch: int, prompt_tokens: int) -> float:
     """Causal attention FLOP of B prompts of P tokens in the mean layer of a model with kinds: tiered
-    layers sum_{i<=P} i tokens attended (P (P + 1) / 2), window layers sum_{i<=P} min(i, W), linear
+    layers sum_{i<=P} i tokens attended (P (P + 1) / 2), window layers sum_{i<=P} min(i, W), chunked layers
+    causal within each chunk (`chunk_pairs`), linear
     layers P state updates; each at its kind's prefill FLOP (`kind_prefill_flop_per_pair`: MLA
     unabsorbed), summed over the layers / L."""
     P, W = prompt_tokens, model.sliding_window
@@ -774,6 +798,8 @@ def kinds_prefill_flop(model: ModelSpec, batch: int, prompt_tokens: int) -> floa
             k = model.sparse.index_topk
             pairs = min(P, k) * (min(P, k) + 1) / 2 + max(P - k, 0) * k
             flop += n * model.sparse.flop_per_token / model.attention_dp * P * (P + 1) / 2
+        elif kind == CHUNKED:
+            pairs = chunk_pairs(P, model.attention_chunk)
         else:
             pairs = P * (P + 1) / 2 if kind != WINDOW else (min(P, W) * (min(P, W) + 1) / 2 + max(P - W, 0) * W)
         flop += n * kind_prefill_flop_per_pair(model, kind) * pairs
@@ -1003,7 +1029,8 @@ class StepCost:
 def decode_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, prefetch: str,
                      batch: int, t0: int, t1: int, t2: int, kv_bytes_per_token_layer: float,
                      t2_bytes_per_token_layer: float, staged: bool = True, access: str = "prefetch",
-                     buffers: int = 2, host_fraction: float | None = None, fetch: SparseFetch | None = None) -> StepCost:
+                     buffers: int = 2, host_fraction: float | None = None, fetch: SparseFetch | None = None,
+                     chunk_tokens: int | None = None) -> StepCost:
     """One decode step for tier counts summed over the batch: each layer attends T0 + T1 + T2
     (`decode_layer_cost`), the tail is `step_tail_s`, and - when `staged` (a tiered policy that
     stages its host tiers every step) - each layer's T1/T2 crosses the link:
@@ -1011,7 +1038,9 @@ def decode_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_si
     copies = `prefetch_copies_per_layer`; the prototype (sync_per_step) packs its T1 on the host first.
     Host access: `split` tries fractions 1, 15/16, ..., 0 of the host-resident tokens on the host and
     keeps the first fastest by `StepCost.closed_form_s`; `host_fraction` gives the fraction instead
-    (one already chosen, e.g. by the fast level's arrays). `sparse_fetch`: `_sparse_fetch_cost`."""
+    (one already chosen, e.g. by the fast level's arrays). `sparse_fetch`: `_sparse_fetch_cost`. `chunk_tokens`:
+    the tokens the batch's chunked layers attend, counted per sequence (`decode_layer_cost`; the host and
+    sparse-fetch paths take their bound)."""
     if staged and access == "sparse_fetch" and t1 + t2 > 0:
         return _sparse_fetch_cost(model, hw, weight_dtype, group_size, batch, t0, t1, t2, kv_bytes_per_token_layer,
                                   t2_bytes_per_token_layer, fetch or SparseFetch())
@@ -1023,7 +1052,7 @@ def decode_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_si
         options = [_host_split_cost(*args, fraction_on_host=1.0 - i / SPLIT_STEPS) for i in range(SPLIT_STEPS + 1)]
         return min(options, key=lambda c: c.closed_form_s(hw, c.prefetch_copy_s(hw.h2d), buffers))
     layer = decode_layer_cost(model, hw, weight_dtype, group_size, batch, t0 + t1 + t2, kv_bytes_per_token_layer,
-                              t2, t2_bytes_per_token_layer)
+                              t2, t2_bytes_per_token_layer, chunk_tokens)
     tail_s = step_tail_s(model, hw, batch)
     nbytes = float(t1 * kv_bytes_per_token_layer + t2 * t2_bytes_per_token_layer) if staged else 0.0
     copies = prefetch_copies_per_layer(prefetch, t1 > 0, t2 > 0) if staged else 0
@@ -1069,7 +1098,7 @@ def prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_
         return measured
     flop = prefill_attention_flop(model, position_sum)
     if model.layer_kinds:
-        flop += _bounded_prefill_flop(model, position_sum, kv_tokens)
+        flop += _bounded_prefill_flop(model, position_sum, kv_tokens, seqs)
     n = equivalent_prompt_tokens(position_sum, seqs)
     return datasheet_prefill_attention_s(hw, flop, kv_tokens * kv_bytes_per_token_layer, n, seqs, new_tokens or seqs * n,
                                          model.num_heads, model.num_kv_heads, _fp8_kv(model, kv_bytes_per_token_layer),
@@ -1148,12 +1177,19 @@ def measured_prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: f
     return k.context_attention_one_s(seqs, n, model.num_heads, model.num_kv_heads, model.head_dim, kv_dtype)
 
 
-def _bounded_prefill_flop(model: ModelSpec, position_sum: float, kv_tokens: float) -> float:
-    """The mean layer's window and linear prefill FLOP of `prefill_attention_s` (upper bounds)."""
+def _bounded_prefill_flop(model: ModelSpec, position_sum: float, kv_tokens: float, seqs: int) -> float:
+    """The mean layer's window and linear prefill FLOP of `prefill_attention_s` (upper bounds), and its
+    chunked layers': `seqs` whole prompts of the chunks' equivalent length attending within their chunks
+    (`chunk_pairs`; exact for whole prompts of one length, as `equivalent_prompt_tokens`), at most the
+    position sum."""
     counts = model.kind_counts
     flop = counts.get(WINDOW, 0) * kind_attention_flop_per_token(model, WINDOW) * min(position_sum, kv_tokens * model.sliding_window)
     if counts.get(LINEAR):
         flop += counts[LINEAR] * kv_tokens * linear_state_flop(model)
+    if counts.get(CHUNKED):
+        whole = seqs * chunk_pairs(equivalent_prompt_tokens(position_sum, seqs), model.attention_chunk)
+        pairs = min(position_sum, whole) if seqs > 0 else position_sum
+        flop += counts[CHUNKED] * kind_attention_flop_per_token(model, CHUNKED) * pairs
     if counts.get(SPARSE):  # the indexer over every attended pair (its MLA part is in `attention_flop`, uncapped)
         flop += counts[SPARSE] * model.sparse.flop_per_token / model.attention_dp * position_sum
     return flop / model.num_layers
@@ -1163,7 +1199,8 @@ def mixed_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
                     decodes: int, t0: int, t1: int, t2: int, kv_bytes_per_token_layer: float,
                     t2_bytes_per_token_layer: float, prefill_tokens: int = 0, prefill_position_sum: float = 0,
                     prefill_kv_tokens: float = 0, prefill_seqs: int = 0, staged: bool = True,
-                    access: str = "prefetch", buffers: int = 2, fetch: SparseFetch | None = None) -> StepCost:
+                    access: str = "prefetch", buffers: int = 2, fetch: SparseFetch | None = None,
+                    chunk_tokens: int | None = None) -> StepCost:
     """One continuous-batching step: `decodes` decoding sequences (tier counts t0/t1/t2 summed over
     them, each at its own context) plus prefill chunks of `prefill_tokens` tokens from `prefill_seqs`
     sequences. Per layer:
@@ -1176,7 +1213,8 @@ def mixed_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
     chunks attend T0 only). With no prefill this is `decode_step_cost` exactly."""
     if decodes:
         base = decode_step_cost(model, hw, weight_dtype, group_size, prefetch, decodes, t0, t1, t2,
-                                kv_bytes_per_token_layer, t2_bytes_per_token_layer, staged, access, buffers, fetch=fetch)
+                                kv_bytes_per_token_layer, t2_bytes_per_token_layer, staged, access, buffers,
+                                fetch=fetch, chunk_tokens=chunk_tokens)
     else:
         base = StepCost(LayerCost(0.0, 0.0, 0.0, qkv_share=qkv_share(model),
                                   host_s=host_times(hw, prefill_tokens, PREFILL)[0]),

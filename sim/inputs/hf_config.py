@@ -9,12 +9,15 @@ Layers by kind (`sim/model/layers.py`): `layer_types` names each layer's attenti
 (`full_attention`, `sliding_attention` with `sliding_window`, `linear_attention` with the
 `linear_*` fields; or Qwen3-Next's `full_attention_interval`); `kv_lora_rank` makes the attention
 layers MLA (with `qk_rope_head_dim`, `qk_nope_head_dim`, `v_head_dim`, optional `q_lora_rank`), and
-with `index_topk` (`index_n_heads`, `index_head_dim`) DeepSeek sparse attention: every MLA layer sparse.
+with `index_topk` (`index_n_heads`, `index_head_dim`) DeepSeek sparse attention: every MLA layer sparse;
+Llama 4's `attention_chunk_size` makes its RoPE layers (`no_rope_layers`) chunked local attention.
+A multimodal config.json's language model is read from its `text_config`.
 Mixture of experts: `num_experts` / `num_local_experts` / `n_routed_experts`, `num_experts_per_tok`
 (or gpt-oss's `experts_per_token`), `moe_intermediate_size` (else `intermediate_size`), shared
 experts as `shared_expert_intermediate_size` or `n_shared_experts` x `moe_intermediate_size`, and
 the layers whose MLP stays dense: DeepSeek's `first_k_dense_replace` and `moe_layer_freq`, Qwen's
-`decoder_sparse_step` and `mlp_only_layers`.
+`decoder_sparse_step` and `mlp_only_layers`, Llama 4's `moe_layers` or `interleave_moe_layer_step`
+(its `intermediate_size` the experts' width, `intermediate_size_mlp` the dense MLP's, one shared expert).
 The context an engine serves by default (`context_tokens`): `max_position_embeddings` scaled by
 `rope_scaling` as vLLM derives it (`context_tokens`).
 """
@@ -25,7 +28,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sim.model.layers import FULL, LINEAR, MLA, SPARSE, WINDOW, LinearShape, MlaShape, SparseShape
+from sim.model.layers import CHUNKED, FULL, LINEAR, MLA, SPARSE, WINDOW, LinearShape, MlaShape, SparseShape
 from sim.model.spec import ModelSpec
 
 from .errors import ConfigError
@@ -102,10 +105,15 @@ class HfConfig(BaseModel):
     first_k_dense_replace: int | None = Field(None, ge=0, le=MAX_LAYERS)  # DeepSeek: the first k layers' MLP is dense
     moe_layer_freq: int | None = Field(None, ge=1, le=MAX_LAYERS)  # DeepSeek: every n-th layer past them is MoE
     decoder_sparse_step: int | None = Field(None, ge=1, le=MAX_LAYERS)  # Qwen MoE: every n-th layer is MoE
+    interleave_moe_layer_step: int | None = Field(None, ge=1, le=MAX_LAYERS)  # Llama 4: every n-th layer is MoE
+    moe_layers: list[int] | None = Field(None, max_length=MAX_LAYERS)  # Llama 4: these layers are MoE (else the step)
+    intermediate_size_mlp: int | None = Field(None, ge=1, le=MAX_INTERMEDIATE)  # Llama 4: the dense MLP's width
     mlp_only_layers: list[int] | None = Field(None, max_length=MAX_LAYERS)  # Qwen MoE: these layers' MLP is dense
     # layers by kind
     layer_types: list[str] | None = Field(None, max_length=MAX_LAYERS)
     sliding_window: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    attention_chunk_size: int | None = Field(None, ge=1, le=MAX_TOKENS)  # Llama 4: the chunk of its RoPE layers
+    no_rope_layers: list[int] | None = Field(None, max_length=MAX_LAYERS)  # Llama 4: 1 = RoPE (chunked), 0 = NoPE
     use_sliding_window: bool | None = None
     full_attention_interval: int | None = Field(None, ge=1, le=MAX_LAYERS)  # Qwen3-Next: every n-th layer is full
     kv_lora_rank: int | None = Field(None, ge=1, le=MAX_HEAD_DIM)
@@ -154,12 +162,15 @@ def _check_shapes(cfg: HfConfig, source: str) -> None:
                           source=source, field="num_experts_per_tok")
     if cfg.moe_intermediate_size is None and cfg.intermediate_size is None:
         raise ConfigError("Field required (a mixture-of-experts model)", source=source, field="moe_intermediate_size")
-    if _dense_mlp_layers(cfg) and cfg.intermediate_size is None:
+    if _dense_mlp_layers(cfg) and _dense_intermediate(cfg) is None:
         raise ConfigError("Field required (the dense MLP of first_k_dense_replace / mlp_only_layers)", source=source,
                           field="intermediate_size")
 
 
-LAYER_TYPES = {"full_attention": FULL, "sliding_attention": WINDOW, "linear_attention": LINEAR}
+LAYER_TYPES = {"full_attention": FULL, "chunked_attention": CHUNKED, "sliding_attention": WINDOW,
+               "linear_attention": LINEAR}
+NO_ROPE_INTERVAL = 4  # Llama 4 without no_rope_layers: every 4th layer NoPE (transformers' Llama4TextConfig)
+LLAMA4_SHARED_EXPERTS = 1  # Llama 4's MoE layers: one shared expert of intermediate_size beside the routed ones
 MLA_FIELDS = ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 SPARSE_FIELDS = ("kv_lora_rank", "index_n_heads", "index_head_dim")
 LINEAR_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
@@ -167,12 +178,17 @@ LINEAR_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_h
 
 def _layer_types(cfg) -> list[str]:
     """config.json's name of every layer's attention: `layer_types`, else every `full_attention_interval`-th
-    layer full and the rest linear (Qwen3-Next), else all full."""
+    layer full and the rest linear (Qwen3-Next), else with `attention_chunk_size` the RoPE layers of
+    `no_rope_layers` chunked and its NoPE layers full (Llama 4; empty or absent: every 4th layer NoPE,
+    as transformers' Llama4TextConfig fills it), else all full."""
     if cfg.layer_types is not None:
         return list(cfg.layer_types)
     n = cfg.num_hidden_layers
     if cfg.full_attention_interval is not None:
         return ["full_attention" if (i + 1) % cfg.full_attention_interval == 0 else "linear_attention" for i in range(n)]
+    if cfg.attention_chunk_size is not None:
+        rope = cfg.no_rope_layers or [int((i + 1) % NO_ROPE_INTERVAL != 0) for i in range(n)]
+        return ["chunked_attention" if r else "full_attention" for r in rope]
     return ["full_attention"] * n
 
 
@@ -186,13 +202,33 @@ def layer_kinds(cfg) -> tuple[str, ...]:
 
 def _dense_mlp_layers(cfg) -> int:
     """Layers of a mixture-of-experts model whose MLP is dense: DeepSeek's first_k_dense_replace (and
-    moe_layer_freq), Qwen's decoder_sparse_step and mlp_only_layers."""
+    moe_layer_freq), Qwen's decoder_sparse_step and mlp_only_layers, Llama 4's moe_layers (else every
+    interleave_moe_layer_step-th layer MoE)."""
     if not cfg.experts:
         return 0
     n, k = cfg.num_hidden_layers, min(cfg.first_k_dense_replace or 0, cfg.num_hidden_layers)
+    if cfg.moe_layers:
+        return n - len({i for i in cfg.moe_layers if 0 <= i < n})
     freq, step, only = cfg.moe_layer_freq or 1, cfg.decoder_sparse_step or 1, set(cfg.mlp_only_layers or ())
+    step *= cfg.interleave_moe_layer_step or 1
     moe = [i >= k and i % freq == 0 and (i + 1) % step == 0 and i not in only for i in range(n)]
     return n - sum(moe)
+
+
+def _dense_intermediate(cfg) -> int | None:
+    """The dense MLP's width: Llama 4's intermediate_size_mlp (its intermediate_size is the experts'), else
+    intermediate_size."""
+    return cfg.intermediate_size_mlp or cfg.intermediate_size
+
+
+def _shared_intermediate(cfg, moe_inter: int) -> int:
+    """The shared experts' width: shared_expert_intermediate_size, DeepSeek's n_shared_experts x
+    moe_intermediate_size, Llama 4's one shared expert of intermediate_size."""
+    if cfg.shared_expert_intermediate_size:
+        return cfg.shared_expert_intermediate_size
+    if (cfg.model_type or "").startswith("llama4") and cfg.experts:
+        return LLAMA4_SHARED_EXPERTS * moe_inter
+    return (cfg.n_shared_experts or 0) * moe_inter
 
 
 def mla_shape(cfg) -> MlaShape | None:
@@ -222,6 +258,9 @@ def check_kinds(cfg, source: str) -> None:
             if getattr(cfg, f) is None:
                 raise ConfigError(f"Field required ({why})", source=source, field=f)
 
+    if cfg.no_rope_layers and cfg.layer_types is None and len(cfg.no_rope_layers) != cfg.num_hidden_layers:
+        raise ConfigError(f"{len(cfg.no_rope_layers)} entries for {cfg.num_hidden_layers} layers (num_hidden_layers)",
+                          source=source, field="no_rope_layers")
     types = _layer_types(cfg)
     if len(types) != cfg.num_hidden_layers:
         raise ConfigError(f"{len(types)} entries for {cfg.num_hidden_layers} layers (num_hidden_layers)",
@@ -235,6 +274,8 @@ def check_kinds(cfg, source: str) -> None:
                           source=source, field="use_sliding_window")
     if "sliding_attention" in types:
         need(["sliding_window"], "sliding_attention layers")
+    if "chunked_attention" in types:
+        need(["attention_chunk_size"], "chunked_attention layers")
     if "linear_attention" in types:
         need(LINEAR_FIELDS, "linear_attention layers")
     if cfg.kv_lora_rank is not None:
@@ -252,7 +293,13 @@ def load_hf_config(path: str | Path) -> HfConfig:
 
 
 def config_from_mapping(data: dict, source: str) -> HfConfig:
-    """config.json's fields (a file's, or a catalog entry's `config:`) validated strictly, kinds and shapes checked."""
+    """config.json's fields (a file's, or a catalog entry's `config:`) validated strictly, kinds and shapes checked.
+    A multimodal config.json (Llama 4's Llama4ForConditionalGeneration) gives the language model's fields
+    under `text_config`: read from there."""
+    text = data.get("text_config")
+    if isinstance(text, dict) and "num_hidden_layers" not in data:
+        data = {**text, **{k: data[k] for k in ("_name_or_path",) if k in data}}
+        source = f"{source} (text_config)"
     try:
         cfg = HfConfig.model_validate(data)
     except ValidationError as err:
@@ -266,14 +313,16 @@ def config_from_mapping(data: dict, source: str) -> HfConfig:
 
 def kind_fields(cfg) -> dict:
     """The ModelSpec fields of layers by kind and experts, from config.json's names (or a catalog entry
-    that uses them): layer_kinds, sliding_window, mla, linear, dense_mlp_layers, experts, shared experts."""
-    n_experts, inter = cfg.experts, cfg.intermediate_size
-    moe_inter = cfg.moe_intermediate_size or (inter if n_experts else 0) or 0
-    shared = cfg.shared_expert_intermediate_size or (cfg.n_shared_experts or 0) * moe_inter
+    that uses them): layer_kinds, sliding_window, attention_chunk, mla, linear, dense_mlp_layers, experts,
+    shared experts."""
+    n_experts, inter = cfg.experts, _dense_intermediate(cfg)
+    moe_inter = cfg.moe_intermediate_size or (cfg.intermediate_size if n_experts else 0) or 0
+    shared = _shared_intermediate(cfg, moe_inter)
     dense = _dense_mlp_layers(cfg)
     mla = mla_shape(cfg)
     kinds = layer_kinds(cfg)
     return dict(layer_kinds=kinds, sliding_window=(cfg.sliding_window or 0) if WINDOW in kinds else 0, mla=mla,
+                attention_chunk=(cfg.attention_chunk_size or 0) if CHUNKED in kinds else 0,
                 linear=linear_shape(cfg) if LINEAR in kinds else None, dense_mlp_layers=dense,
                 sparse=sparse_shape(cfg) if SPARSE in kinds else None,
                 num_experts=n_experts, experts_per_token=cfg.top_k or 0, moe_intermediate_size=moe_inter,

@@ -6,10 +6,19 @@ linear-attention fields; `sim/inputs/hf_config.py`):
 | kind     | what it stores                                               | grows with the sequence? |
 | -------- | ------------------------------------------------------------ | ------------------------ |
 | `full`   | K and V of every token: 2 x Hkv x d values (MHA / GQA)       | yes: tiers per token     |
+| `chunked`| K and V of every token, as `full`; a token at position p attends only its own chunk of C, positions C floor(p / C) .. p (Llama 4's chunked local attention) | yes: tiers per token (the engines keep every token) |
 | `mla`    | one latent of kv_lora_rank + qk_rope_head_dim values a token, shared by every query head (DeepSeek multi-head latent attention) | yes: tiers per token |
 | `sparse` | MLA's latent (tiered per token) + the indexer's small fp8 key of every token (kept in HBM); a step attends only the top-k tokens the indexer picks (DeepSeek sparse attention, V3.2) | yes: the latent tiers, the indexer keys stay in HBM |
 | `window` | K and V of the last W tokens only (sliding window)           | no: min(tokens, W), stays in HBM |
 | `linear` | a fixed recurrent state (linear attention, Gated DeltaNet)  | no: fixed bytes, stays in HBM |
+
+A chunked layer stores every token because the engines keep them: TensorRT-LLM's KV cache manager
+sizes every layer for max_seq_len (`resource_manager.py`, no per-layer window for Llama 4), and vLLM
+frees the blocks before a chunk only under its hybrid KV cache manager, which it leaves off for
+chunked local attention unless VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE is set. Decode
+reads the current chunk alone (TensorRT-LLM passes the chunk size to its decode kernels,
+`attentionOp.cpp`; vLLM splits each request into virtual batches by chunk), and prefill attends
+causally within each chunk: `chunk_attended`, `chunk_pairs`.
 
 Only the kinds in `TIERED_KINDS` hold per-token KV that the tier policy moves between T0..T3; the
 bounded kinds (`BOUNDED_KINDS`) are per-sequence and stay in HBM, as do a sparse layer's indexer keys. Pure shapes and counts here; the
@@ -18,15 +27,18 @@ sizes per model are `ModelSpec`'s (`sim/model/spec.py`), the costs `sim/device/p
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 FULL = "full"
+CHUNKED = "chunked"
 MLA = "mla"
 WINDOW = "window"
 LINEAR = "linear"
 SPARSE = "sparse"
-KINDS = (FULL, MLA, SPARSE, WINDOW, LINEAR)
-TIERED_KINDS = (FULL, MLA, SPARSE)  # per-token KV: tiered per token as the policy says
+KINDS = (FULL, CHUNKED, MLA, SPARSE, WINDOW, LINEAR)
+TIERED_KINDS = (FULL, CHUNKED, MLA, SPARSE)  # per-token KV: tiered per token as the policy says
+GQA_KINDS = (FULL, CHUNKED, WINDOW)  # GQA attention (q, k, v, o; 2 x Hkv x d values a token)
 BOUNDED_KINDS = (WINDOW, LINEAR)  # per-sequence, bounded: kept in HBM
 
 STATE_BYTES_PER_ELEMENT = 2  # a linear layer's recurrent and conv state, kept in 16-bit (the model dtype)
@@ -130,6 +142,20 @@ class LinearShape:
         """One GPU of a tp group: key and value heads split tp ways (as vLLM shards them)."""
         return LinearShape(self.key_heads // tp, self.value_heads // tp, self.key_head_dim, self.value_head_dim,
                            self.conv_kernel)
+
+
+def chunk_attended(tokens, chunk: int):
+    """Tokens a sequence of `tokens` (the new one included) attends in a chunked layer: its own chunk's,
+    ((tokens - 1) mod C) + 1 (scalars or integer arrays)."""
+    return (tokens - 1) % chunk + 1
+
+
+def chunk_pairs(prompt_tokens: float, chunk: int) -> float:
+    """(query, key) pairs a prompt of P tokens attends in a chunked layer from position 0: k whole chunks
+    of C (k = floor(P / C)), C (C + 1) / 2 pairs each, and the rest r = P - k C, r (r + 1) / 2."""
+    k = math.floor(prompt_tokens / chunk)
+    r = prompt_tokens - k * chunk
+    return k * chunk * (chunk + 1) / 2 + r * (r + 1) / 2
 
 
 def kind_counts(kinds: tuple[str, ...]) -> dict[str, int]:

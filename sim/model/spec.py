@@ -33,7 +33,9 @@ from .experts import (
 )
 from .layers import (
     BOUNDED_KINDS,
+    CHUNKED,
     FULL,
+    GQA_KINDS,
     KINDS,
     LINEAR,
     MLA,
@@ -73,6 +75,7 @@ class ModelSpec:
     source: str = ""
     layer_kinds: tuple[str, ...] = ()  # one kind per layer (sim/model/layers.py); () = every layer full attention
     sliding_window: int = 0  # W of the `window` layers
+    attention_chunk: int = 0  # C of the `chunked` layers (Llama 4's attention_chunk_size)
     mla: MlaShape | None = None  # the `mla` layers' shape
     linear: LinearShape | None = None  # the `linear` layers' shape
     sparse: SparseShape | None = None  # the `sparse` layers' indexer (their latent is `mla`)
@@ -105,11 +108,13 @@ class ModelSpec:
             return f"{len(kinds)} layer kinds for {self.num_layers} layers"
         if set(kinds) - set(KINDS):
             return f"unknown layer kinds {sorted(set(kinds) - set(KINDS))}; expected {', '.join(KINDS)}"
-        needs = {WINDOW: self.sliding_window > 0, MLA: self.mla is not None, LINEAR: self.linear is not None,
+        needs = {WINDOW: self.sliding_window > 0, CHUNKED: self.attention_chunk > 0, MLA: self.mla is not None,
+                 LINEAR: self.linear is not None,
                  SPARSE: self.mla is not None and self.sparse is not None}
         missing = [k for k, ok in needs.items() if k in kinds and not ok]
         if missing:
-            return f"{', '.join(missing)} layers without their shape (sliding_window, mla, linear, mla + sparse)"
+            return (f"{', '.join(missing)} layers without their shape (sliding_window, attention_chunk, mla, linear, "
+                    "mla + sparse)")
         if self.dense_mlp_layers and not (self.is_moe and self.dense_mlp_layers <= self.num_layers):
             return "dense_mlp_layers applies to a mixture-of-experts model, at most its layers"
         return None
@@ -183,7 +188,8 @@ class ModelSpec:
 
     def describe_kinds(self) -> str:
         """'18 full + 18 window (128)', '61 mla', '36 linear + 12 full'; MoE models add their dense-MLP layers."""
-        label = {WINDOW: f" ({self.sliding_window})", SPARSE: f" (top-{self.sparse.index_topk})" if self.sparse else ""}
+        label = {WINDOW: f" ({self.sliding_window})", CHUNKED: f" ({self.attention_chunk})",
+                 SPARSE: f" (top-{self.sparse.index_topk})" if self.sparse else ""}
         parts = [f"{n} {k}" + label.get(k, "") for k, n in self.kind_counts.items()]
         text = " + ".join(parts)
         return f"{text}; {self.dense_mlp_layers} dense MLP" if self.dense_mlp_layers else text
@@ -288,11 +294,11 @@ class ModelSpec:
 
     # ---- KV -----------------------------------------------------------------------------
     def kind_kv_bytes_per_token_layer(self, kind: str, kv_dtype: str = "bf16") -> float:
-        """One token in one layer of `kind`: full and window 2 * Hkv * d * bytes (+ one scale per head
+        """One token in one layer of `kind`: full, chunked and window 2 * Hkv * d * bytes (+ one scale per head
         for int8); MLA one latent of kv_lora_rank + qk_rope_head_dim values (+ one scale); linear 0
         (its state is per sequence: `state_bytes_per_sequence`)."""
         dt = KV_DTYPES[kv_dtype]
-        if kind in (FULL, WINDOW):
+        if kind in GQA_KINDS:
             per_head = dt.bytes_for(self.head_dim, self.head_dim)
             out = KV_TENSORS * self.num_kv_heads * per_head
         elif kind in (MLA, SPARSE):
@@ -333,7 +339,7 @@ class ModelSpec:
             return out / self.attention_dp if self.attention_dp > 1 else out
         total = 0.0
         for kind, n in self.kind_counts.items():
-            if kind == FULL:
+            if kind in (FULL, CHUNKED):
                 total += n * KV_TENSORS * self.num_kv_heads * dtype.bytes_for(self.head_dim, min(group_size, self.head_dim))
             elif kind in (MLA, SPARSE):
                 total += n * dtype.bytes_for(self.mla.latent_dim, min(group_size, self.mla.latent_dim))
@@ -375,6 +381,8 @@ class ModelSpec:
         for kind, n in self.kind_counts.items():
             per_token = n * self.kind_kv_bytes_per_token_layer(kind, kv_dtype)
             row = {"layers": n, "bytes_per_token": per_token}
+            if kind == CHUNKED:
+                row.update(chunk_tokens=self.attention_chunk)
             if kind == WINDOW:
                 row.update(window_tokens=self.sliding_window, max_bytes_per_sequence=per_token * self.sliding_window)
             if kind == LINEAR:
@@ -386,12 +394,12 @@ class ModelSpec:
 
     # ---- parameters ---------------------------------------------------------------------
     def _attention_matrices(self, kind: str = FULL) -> list[tuple[int, int]]:
-        """(rows, cols) of one layer's attention weights. Full and window: q, k, v, o. MLA: q (through
+        """(rows, cols) of one layer's attention weights. Full, chunked and window: q, k, v, o. MLA: q (through
         q_lora_rank when it has one), kv_a (h -> latent, shared by the heads), kv_b (kv_lora_rank ->
         H x (qk_nope + v)), o. Linear (Gated DeltaNet): in_proj_qkvz (h -> conv channels + Hv x dv),
         in_proj_ba (h -> 2 Hv gates), out_proj."""
         h = self.hidden_size
-        if kind in (FULL, WINDOW):
+        if kind in GQA_KINDS:
             return [(h, self.q_dim), (h, self.kv_dim), (h, self.kv_dim), (self.q_dim, h)]
         if kind == SPARSE:  # the indexer's projections, then the MLA layer's
             return [*self._indexer_matrices(), *self._attention_matrices(MLA)]
@@ -411,10 +419,10 @@ class ModelSpec:
         return [(self.mla.q_lora_rank or h, i.index_n_heads * i.index_head_dim), (h, i.index_head_dim), (h, i.index_n_heads)]
 
     def _attention_small_params(self, kind: str = FULL) -> int:
-        """Biases and norms of one layer's attention (high precision). Full and window: q/k/v bias,
+        """Biases and norms of one layer's attention (high precision). Full, chunked and window: q/k/v bias,
         q/k RMSNorm. MLA: the q_a and kv_a RMSNorms. Linear: conv weights, A_log and dt_bias per value
         head, the output norm."""
-        if kind in (FULL, WINDOW):
+        if kind in GQA_KINDS:
             bias = self.q_dim + 2 * self.kv_dim if self.qkv_bias else 0
             return bias + (2 * self.head_dim if self.qk_norm else 0)
         if kind == MLA:
@@ -506,14 +514,14 @@ class ModelSpec:
     def layer_gemm_shapes(self) -> list[tuple[int, int]]:
         """(n outputs, k inputs) of a dense layer's GEMMs as engines fuse them (vLLM's
         QKVParallelLinear and MergedColumnParallelLinear): qkv, o, gate_up, down. Per GPU once sharded.
-        Dense GQA layers (full or window) only: `gqa_gemms`."""
+        Dense GQA layers (full, chunked or window) only: `gqa_gemms`."""
         h, inter = self.hidden_size, self.intermediate_size
         return [(self.q_dim + 2 * self.kv_dim, h), (h, self.q_dim), (2 * inter, h), (h, inter)]
 
     @property
     def gqa_gemms(self) -> bool:
-        """Every layer a dense GQA layer (full or window attention, dense MLP): `layer_gemm_shapes` holds."""
-        return not self.is_moe and all(k in (FULL, WINDOW) for k in self.kind_counts)
+        """Every layer a dense GQA layer (full, chunked or window attention, dense MLP): `layer_gemm_shapes` holds."""
+        return not self.is_moe and all(k in GQA_KINDS for k in self.kind_counts)
 
     def expert_format(self, weight_dtype: str) -> str:
         """The routed experts' weight format: `expert_weight_dtype` where the checkpoint sets one apart, else

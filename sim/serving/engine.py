@@ -29,6 +29,7 @@ from sim.device.physics import (
     with_prefill,
 )
 from sim.inputs.requests import RequestSet
+from sim.model.layers import chunk_attended
 
 from .request import RequestTable
 from .scheduler import Scheduler, StepPlan
@@ -180,19 +181,29 @@ class ServingSim:
         ctx, m, pol = self.ctx, self.ctx.scenario.model, self.ctx.scenario.policy
         a = plan.attended
         n = len(plan.decodes)
+        chunk = self.chunk_tokens(plan.decodes)
         if n and not a[1] and not a[2] and ctx.sparse_fetch is None:  # the decodes attend T0 alone
+            base = self.decode_cost(n, int(a[0]), chunk)
             if not len(plan.chunks):
-                return self.decode_cost(n, int(a[0]))
-            return with_prefill(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, self.decode_cost(n, int(a[0])), n,
+                return base
+            return with_prefill(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, base, n,
                                 ctx.kv_bytes_per_token_layer, plan.prefill_tokens, plan.prefill_position_sum(),
                                 plan.prefill_kv_tokens(), len(plan.chunks))
         return mixed_step_cost(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, pol.prefetch,
                                len(plan.decodes), int(a[0]), int(a[1]), int(a[2]), ctx.kv_bytes_per_token_layer,
                                ctx.t2_bytes_per_token_layer, plan.prefill_tokens, plan.prefill_position_sum(),
                                plan.prefill_kv_tokens(), len(plan.chunks), self.device.staged, pol.access,
-                               pol.staging_buffers, fetch=ctx.sparse_fetch)
+                               pol.staging_buffers, fetch=ctx.sparse_fetch, chunk_tokens=chunk)
 
-    def decode_cost(self, n: int, t0: int) -> StepCost:
+    def chunk_tokens(self, decodes: np.ndarray) -> int | None:
+        """Tokens the decodes attend in a chunked layer, each its own chunk's (`layers.chunk_attended` of its
+        prompt + generated tokens); None for a model without chunked layers."""
+        chunk = self.ctx.model.attention_chunk
+        if not chunk or not len(decodes):
+            return None
+        return int(chunk_attended(self.table.prompt[decodes] + self.table.generated[decodes], chunk).sum())
+
+    def decode_cost(self, n: int, t0: int, chunk_tokens: int | None = None) -> StepCost:
         """The decodes' step where they attend T0 alone (most steps; a mixed step adds its chunks to it,
         `physics.with_prefill`): the parts that depend on the batch alone computed once per batch
         size, the attention per step (`physics.with_decode_attention`)."""
@@ -204,7 +215,8 @@ class ServingSim:
                 ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, pol.prefetch, n, t0, 0, 0,
                 ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer, staged=self.device.staged,
                 access=pol.access, buffers=pol.staging_buffers)
-        attention_s = decode_layer_attention_s(ctx.model, ctx.hw, n, t0, ctx.kv_bytes_per_token_layer)
+        attention_s = decode_layer_attention_s(ctx.model, ctx.hw, n, t0, ctx.kv_bytes_per_token_layer,
+                                               chunk_tokens=chunk_tokens)
         return with_decode_attention(base, attention_s)
 
     def retier_traffic(self, plan: StepPlan) -> RetierTraffic:

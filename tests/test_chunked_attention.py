@@ -1,0 +1,112 @@
+"""Chunked local attention (Llama 4's RoPE layers, `layers.CHUNKED`): the chunk a token attends, the prefill
+pairs by hand, the Llama 4 config.json fields, and the decode attention that reads the current chunk only."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from sim.device.kernels import datasheet_hardware
+from sim.device.physics import decode_layer_attention_s, kinds_prefill_flop
+from sim.inputs import catalog
+from sim.inputs.errors import ConfigError
+from sim.model.layers import CHUNKED, FULL, chunk_attended, chunk_pairs
+from sim.serving.engine import ServingSim
+
+MAVERICK = catalog.model("llama-4-maverick")
+C = 8192
+
+
+def test_a_token_attends_its_own_chunk():
+    # position p (0-based) = tokens - 1 attends C floor(p / C) .. p
+    assert chunk_attended(1, C) == 1
+    assert chunk_attended(C, C) == C  # the last token of the first chunk attends all of it
+    assert chunk_attended(C + 1, C) == 1  # the first of the second attends itself alone
+    assert chunk_attended(8192 + 1024, C) == 1024
+    assert list(chunk_attended(np.array([5, 8192, 8193, 20000]), C)) == [5, 8192, 1, 20000 - 2 * 8192]
+
+
+def test_prefill_pairs_within_chunks_by_hand():
+    assert chunk_pairs(100, C) == 100 * 101 / 2  # one partial chunk: causal as full attention
+    assert chunk_pairs(C, C) == C * (C + 1) / 2
+    assert chunk_pairs(20000, C) == 2 * C * (C + 1) / 2 + 3616 * 3617 / 2
+    # the pairs are the sum of each token's chunk_attended
+    assert chunk_pairs(20000, C) == sum(chunk_attended(np.arange(1, 20001), C))
+
+
+def test_maverick_from_its_config_fields():
+    m = MAVERICK
+    assert m.kind_counts == {FULL: 12, CHUNKED: 36} and m.attention_chunk == C
+    assert [i for i, k in enumerate(m.kinds) if k == FULL] == list(range(3, 48, 4))  # every 4th NoPE layer
+    assert (m.num_experts, m.experts_per_token, m.moe_intermediate_size) == (128, 1, 8192)
+    assert m.shared_expert_intermediate_size == 8192 and m.intermediate_size == 16384 and m.dense_mlp_layers == 24
+    assert m.describe_kinds() == "12 full + 36 chunked (8192); 24 dense MLP"
+    # every layer stores every token (the engines keep them): 48 x 2 x 8 x 128 x 2 B
+    assert m.kv_bytes_per_token("bf16") == 48 * 2 * 8 * 128 * 2 == 196_608
+
+
+def test_maverick_parameters_as_published():
+    # by hand: test_layer_kinds.NEW_MODEL_PARAMS
+    assert round(MAVERICK.params / 1e9, -1) == 400  # Meta: 400 B in all (the vision encoder not counted here)
+
+
+def test_a_multimodal_config_json_reads_its_text_config(tmp_path):
+    entry = next(e for e in catalog._read_catalog("models.yaml")["models"] if e["name"] == "llama-4-maverick")
+    text = {**entry["config"], "no_rope_layers": [], "moe_layers": list(range(1, 48, 2))}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+                                "text_config": text, "vision_config": {"hidden_size": 1408}}))
+    m = catalog.model_from_hf_config(path)
+    assert m.kind_counts == MAVERICK.kind_counts and m.params == MAVERICK.params
+    text["no_rope_layers"] = [1, 1, 1, 0] * 11
+    path.write_text(json.dumps({"model_type": "llama4", "text_config": text}))
+    with pytest.raises(ConfigError) as err:
+        catalog.model_from_hf_config(path)
+    assert err.value.field == "no_rope_layers" and "44 entries for 48 layers" in err.value.message
+
+
+def _all_full(model):
+    return replace(model, layer_kinds=(), attention_chunk=0)
+
+
+@pytest.mark.parametrize("gpu", ["h200-sxm", "b200"])
+def test_decode_reads_the_current_chunk(gpu):
+    hw = datasheet_hardware(gpu, "fp8")
+    m = MAVERICK.shard(8, ep=8, attention_dp=8, dense_dp=True)
+    kvl = m.kv_bytes_per_token_layer("fp8")
+    batch = 512
+    # within the first chunk a chunked layer attends what a full one does: the same time as all-full layers
+    short = np.full(batch, 2000)
+    t_chunked = decode_layer_attention_s(m, hw, batch, int(short.sum()), kvl,
+                                         chunk_tokens=int(chunk_attended(short, C).sum()))
+    assert t_chunked == pytest.approx(decode_layer_attention_s(_all_full(m), hw, batch, int(short.sum()), kvl), rel=1e-12)
+    # past it (8k/1k: positions 8,192 .. 9,216) the 36 chunked layers read ~1/17 of what a full layer reads
+    long = np.full(batch, 8192 + 512)
+    exact = decode_layer_attention_s(m, hw, batch, int(long.sum()), kvl, chunk_tokens=int(chunk_attended(long, C).sum()))
+    bound = decode_layer_attention_s(m, hw, batch, int(long.sum()), kvl)  # no per-sequence count: min(n, C) each
+    full = decode_layer_attention_s(_all_full(m), hw, batch, int(long.sum()), kvl)
+    assert exact < bound < full
+    assert exact < 0.5 * full  # 12 of 48 layers read the whole context, the rest 512 tokens a sequence
+
+
+def test_prefill_flop_attends_within_chunks():
+    m = MAVERICK
+    P = 32768
+    chunked = kinds_prefill_flop(m, 1, P)
+    full = kinds_prefill_flop(_all_full(m), 1, P)
+    per_pair = 4 * 40 * 128  # QK^T and PV, 2 FLOP a MAC
+    assert full == pytest.approx(per_pair * P * (P + 1) / 2, rel=1e-12)
+    assert chunked == pytest.approx(per_pair * (12 * P * (P + 1) / 2 + 36 * 4 * C * (C + 1) / 2) / 48, rel=1e-12)
+
+
+def test_a_serving_step_counts_each_decodes_chunk():
+    sim = SimpleNamespace(ctx=SimpleNamespace(model=MAVERICK),
+                          table=SimpleNamespace(prompt=np.array([1024, 8192, 32768]), generated=np.array([10, 100, 1])))
+    assert ServingSim.chunk_tokens(sim, np.array([0, 1, 2])) == 1034 + 100 + 1
+    assert ServingSim.chunk_tokens(sim, np.array([], dtype=np.int64)) is None
+    sim.ctx.model = catalog.model("llama-3.1-8b")
+    assert ServingSim.chunk_tokens(sim, np.array([0])) is None
