@@ -387,3 +387,39 @@ def test_a_data_parallel_dense_layer_reduces_within_its_attention_group_only():
         attention + (r1.moe_layers * exchange + r1.dense_mlp_layers * group) / L)
     assert layer_comm_s(replicated, hw, rows) == pytest.approx(
         attention + (r1.moe_layers * exchange + r1.dense_mlp_layers * attention) / L)
+
+
+def test_a_data_parallel_dense_gemm_runs_over_its_ranks_rows():
+    """Under attention DP with data-parallel dense parts (TensorRT-LLM's DEP) each rank multiplies its own
+    ceil(rows / D) tokens through its whole dense weights: the GEMM's tiles, weight re-reads and per-row
+    work are the rank's. DeepSeek-R1 NVFP4 over 4 B200s at 2,048 rows: the dense part is the datasheet
+    kernel at 512 rows; where the dense parts split over the group (SGLang), at 2,048."""
+    from sim.device.moe_mla_costs import routed_work
+    from sim.device.physics import (
+        GEMM_CALLS_PER_LAYER,
+        _layer_weights_read,
+        _moe_fit,
+        gemm_flop,
+        model_moe_s,
+        moe_quant,
+        rank_rows,
+        weight_gemm_s,
+        weight_kernel_s,
+    )
+
+    r1 = catalog.model("deepseek-r1")
+    hw = datasheet_hardware("b200", "nvfp4", tp=4)
+    replicated, split = r1.shard(4, 4, 4, dense_dp=True), r1.shard(4, 4, 4)
+    assert rank_rows(replicated, 2048) == 512 and rank_rows(split, 2048) == 2048
+    assert rank_rows(replicated, 2045) == 512 and rank_rows(r1.shard(4, 4, 1, dense_dp=True), 2048) == 2048
+    rows = 2048
+    quant = moe_quant(replicated, hw, "nvfp4", 16)
+    w, p = _layer_weights_read(replicated, "nvfp4", 16, rows)
+    rb, rp, rf = routed_work(replicated, "nvfp4", 16, rows)
+    rest = weight_gemm_s(hw, w - rb, p - rp, gemm_flop(replicated, rows) - rf, 512, GEMM_CALLS_PER_LAYER)
+    fitted = _moe_fit(replicated, hw, "nvfp4", 16)
+    routed = model_moe_s(replicated, fitted, "nvfp4", 16, rows)  # the datasheet's MoE fit over the group's rows
+    assert quant is None and fitted is not None
+    assert weight_kernel_s(replicated, hw, "nvfp4", 16, rows) == pytest.approx(rest + routed, rel=1e-12)
+    # the 16 row tiles of the group's batch would re-read the weights 4x as often as the rank's 4
+    assert weight_gemm_s(hw, w - rb, p - rp, gemm_flop(replicated, rows) - rf, rows, GEMM_CALLS_PER_LAYER) > 2 * rest

@@ -323,12 +323,22 @@ def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
     fitted = None if quant is not None else _moe_fit(model, hw, weight_dtype, group_size)
     if quant is not None or fitted is not None:  # the routed experts from the MoE table or its fit, the rest datasheet
         r_bytes, r_params, r_flop = routed_work(model, weight_dtype, group_size, rows)
-        rest = weight_gemm_s(hw, w_bytes - r_bytes, params_read - r_params, flop - r_flop, rows, GEMM_CALLS_PER_LAYER)
+        rest = weight_gemm_s(hw, w_bytes - r_bytes, params_read - r_params, flop - r_flop, rank_rows(model, rows),
+                             GEMM_CALLS_PER_LAYER)
         routed = (measured_moe_s(model, hw, quant, rows) if quant is not None
                   else model_moe_s(model, fitted, model.expert_format(weight_dtype), group_size, rows))
         return rest + routed + bmm_s
-    return weight_gemm_s(hw, w_bytes, params_read, flop, rows, GEMM_CALLS_PER_LAYER,
+    return weight_gemm_s(hw, w_bytes, params_read, flop, rank_rows(model, rows), GEMM_CALLS_PER_LAYER,
                          _layer_shapes(model) if model.gqa_gemms else ()) + bmm_s
+
+
+def rank_rows(model: ModelSpec, rows: int) -> int:
+    """The rows one GPU's dense GEMMs (all but the routed experts) run over: under attention data parallelism
+    with data-parallel dense parts (`ModelSpec.dense_dp`, TensorRT-LLM's DEP) its busiest rank's ceil(rows / D)
+    - each rank multiplies its own tokens through the whole weights, so the GEMM's tiles, re-reads and
+    per-row work are a rank's (the FLOP is already the rank's share, `_parallel_active_params`); else the
+    group's rows (tensor-parallel dense parts run every token)."""
+    return math.ceil(rows / model.attention_dp) if model.dense_dp and model.attention_dp > 1 else rows
 
 
 @lru_cache(maxsize=64)
