@@ -92,7 +92,7 @@ def test_a_checkpoint_that_leaves_no_room_is_refused():
 
 def test_the_rows_that_take_the_heuristic():
     rows = {m.id: m for m in load_measurements() if m.batch_limits == "trtllm-bench"}
-    assert len(rows) == 126 and all(not m.chunked_prefill and m.admission == "no_evict" for m in rows.values())
+    assert len(rows) == 139 and all(not m.chunked_prefill and m.admission == "no_evict" for m in rows.values())
     # gpt-oss's MXFP4 (W4A16_MXFP4 below SM100) is not among the heuristic's tuned quantisations: the defaults,
     # max_num_tokens raised to hold a 32,768-token prompt beside a full batch of 2,048
     assert rows["trt-h200-gpt-oss-120b-tp1-1k1k"].rank_limits()[:2] == (2048, 8192)
