@@ -47,11 +47,11 @@ def general(monkeypatch) -> None:
     """Turn both shortcuts off: the tier counter's counts and every step through `mixed_step_cost`."""
     monkeypatch.setattr(Scheduler, "dense", property(lambda self: False, lambda self, value: None), raising=False)
 
-    def full_cost(self, n: int, t0: int):
+    def full_cost(self, n: int, t0: int, chunk_tokens: int | None = None):
         ctx, m, pol = self.ctx, self.ctx.scenario.model, self.ctx.scenario.policy
         return mixed_step_cost(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, pol.prefetch, n, t0, 0, 0,
                                ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer, staged=self.device.staged,
-                               access=pol.access, buffers=pol.staging_buffers)
+                               access=pol.access, buffers=pol.staging_buffers, chunk_tokens=chunk_tokens)
 
     monkeypatch.setattr(ServingSim, "decode_cost", full_cost)
 
