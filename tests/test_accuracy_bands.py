@@ -117,8 +117,8 @@ def test_a_models_own_rows_make_its_band_where_there_are_enough():
     assert band_phrase("offline-throughput", "measured", "h100-sxm", model="qwen3-32b") == _expected_model(
         "measured", "offline-throughput", DENSE_GQA)
     assert bands.pick_model("datasheet", "offline-throughput", "qwen3-next-80b-a3b") == (None, "")  # MoE, no rows
-    small, whose = bands.pick_model("measured", "offline-throughput", "qwen3-30b-a3b")  # its NVFP4 rows on Blackwell
-    assert whose == "qwen3-30b-a3b" and small.rows == 12
+    small, whose = bands.pick_model("measured", "offline-throughput", "qwen3-30b-a3b")  # NVFP4: B200, GB200, RTX PRO
+    assert whose == "qwen3-30b-a3b" and small.rows == 22
     assert bands.pick_model("datasheet", "served-itl", "/some/config.json") == (None, "")
 
 
