@@ -218,8 +218,7 @@ def _gqa_kind_read(model: ModelSpec, kind: str, batch, attended_tokens, kv_bytes
     if kind == FULL:
         return attended_tokens, tiered_bytes
     if kind == CHUNKED:
-        bound = np.minimum(attended_tokens, batch * model.attention_chunk)
-        tokens = bound if chunk_tokens is None else np.minimum(chunk_tokens, attended_tokens)
+        tokens = np.minimum(attended_tokens, batch * model.attention_chunk if chunk_tokens is None else chunk_tokens)
         return tokens, tiered_bytes * tokens / np.maximum(attended_tokens, 1)
     tokens = np.minimum(attended_tokens, batch * model.sliding_window)
     return tokens, (tokens + batch) * per_token
