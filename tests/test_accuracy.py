@@ -50,12 +50,14 @@ def test_every_row_becomes_its_scenario():
     for m in load_measurements():
         sc = scenario_for(m, "datasheet")
         assert sc.model.name == m.model and sc.hardware.gpu == m.gpu and sc.parallel.tp == m.tp
+        assert sc.parallel.pp == m.pp and m.gpus == m.tp * m.pp
         assert sc.model.weight_dtype == m.weight_dtype and sc.model.kv_dtype == m.kv_dtype
         assert sc.model.weight_group_size == (m.weight_group_size or 128), m.id  # gpt-oss's MXFP4: 32
         assert (sc.workload.arrivals is None) == (m.workload == "closed_batch")
         if m.admission == "no_evict":  # TensorRT-LLM's Guaranteed No Evict: the whole length reserved
             assert sc.scheduler.admission == "no_evict"
-            assert sc.scheduler.max_num_seqs == m.rank_limits()[0] * m.attention_dp
+            # each of the pp micro-batches in flight holds up to max_batch_size (TensorRT-LLM's capacity: x pp)
+            assert sc.scheduler.max_num_seqs == m.rank_limits()[0] * m.attention_dp * m.pp
         assert sc.scheduler is None or sc.scheduler.chunked_prefill == m.chunked_prefill or m.workload == "closed_batch"
         said = {"TensorRT-LLM": "tensorrt-llm", "SGLang": "sglang", "vLLM": "vllm"}
         engine = next(name for text, name in said.items() if text in m.engine)  # every row names one
@@ -79,7 +81,8 @@ def _write_table(tmp_path, **change):
     ({"metric": "itl_p50_ms"}, "family batch-latency reports latency_ms"),
     ({"batch_size": None}, "a closed_batch workload needs batch_size"),
     ({"source_url": "http://example.com"}, "source_url"),
-    ({"gpus": 2}, "gpus (2) must equal tp (1)"),
+    ({"gpus": 2}, "gpus (2) must equal tp x pp (1 x 1)"),
+    ({"pp": 2}, "gpus (1) must equal tp x pp (1 x 2)"),
     ({"colour": "red"}, "colour: unknown key"),
 ])
 def test_a_bad_row_is_one_line_naming_its_field(tmp_path, change, said):

@@ -92,7 +92,7 @@ def test_a_checkpoint_that_leaves_no_room_is_refused():
 
 def test_the_rows_that_take_the_heuristic():
     rows = {m.id: m for m in load_measurements() if m.batch_limits == "trtllm-bench"}
-    assert len(rows) == 139 and all(not m.chunked_prefill and m.admission == "no_evict" for m in rows.values())
+    assert len(rows) == 150 and all(not m.chunked_prefill and m.admission == "no_evict" for m in rows.values())
     # gpt-oss's MXFP4 (W4A16_MXFP4 below SM100) is not among the heuristic's tuned quantisations: the defaults,
     # max_num_tokens raised to hold a 32,768-token prompt beside a full batch of 2,048
     assert rows["trt-h200-gpt-oss-120b-tp1-1k1k"].rank_limits()[:2] == (2048, 8192)
@@ -105,6 +105,12 @@ def test_the_rows_that_take_the_heuristic():
     assert rows["trt-b200-deepseek-r1-nvfp4-dep4-1k1k"].rank_limits()[:2] == (384, 2048)
     assert rows["trt-h200-70b-fp8-tp2-1k1k"].rank_limits()[:2] == (768, 2048)
     assert rows["trt-h200-70b-fp8-tp2-32k1k"].rank_limits()[:2] == (64, 32768 + 64)  # raised to hold a prompt
+    # pipeline stages: the KV estimate takes tp x pp GPUs, the batch is divided by pp (finetune_setting). Llama-3.3-70B
+    # NVFP4 on 2 RTX PRO 6000 (97,887 MiB each), TP1 PP2, 1024/1024: a token 2 x 80 x 8 x 128 x 1 B = 1.526e-4 GiB,
+    # (2 x 95.59 - 18.91) x 0.95 / (1.526e-4 x 2048) = 524 requests; 524 / 2 = 262 -> 384 sequences, 524 tokens -> 2,048
+    pipelined = rows["trt-rtxpro6000-70b-nvfp4-tp1pp2-1k1k"]
+    assert pipelined.rank_limits()[:2] == (384, 2048) and "524 requests" in pipelined.rank_limits()[2]
+    assert rows["trt-rtxpro6000-70b-nvfp4-tp1-1k1k"].rank_limits()[:2] == (256, 2048)  # one GPU: 233 requests
 
 
 def test_an_nvfp4_checkpoint_is_tuned_over_its_packed_element_count():

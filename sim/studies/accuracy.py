@@ -115,7 +115,9 @@ def scenario_for(m: Measurement, mode: str) -> Scenario:
     data["workload"] = {"prompt_tokens": prompt, "reasoning_tokens": output, "arrivals": _arrivals(m)}
     seqs, tokens, _ = m.rank_limits()
     d = m.attention_dp  # the limits are each attention rank's; kvtier's scheduler is the group's
-    data["scheduler"] = {"max_num_seqs": seqs * d, "max_num_batched_tokens": tokens * d}
+    # under pipeline parallelism TensorRT-LLM's capacity scheduler holds max_batch_size x pp requests
+    # (_util.py create_py_executor_instance), each of the pp micro-batches in flight up to max_batch_size
+    data["scheduler"] = {"max_num_seqs": seqs * d * m.pp, "max_num_batched_tokens": tokens * d}
     data["sim"] = {"detail": "step"}
     # the row's admission: the engine's own (kvtier's on demand without one or under vLLM, SGLang's
     # reserve_ratio), or Guaranteed No Evict (a request runs only with its whole length reserved)

@@ -70,6 +70,7 @@ class Measurement(Strict):
     tp: int = Field(ge=1, le=64)
     ep: int = Field(1, ge=1, le=64)
     attention_dp: int = Field(1, ge=1, le=64)
+    pp: int = Field(1, ge=1, le=8)  # pipeline stages, each a tensor-parallel group of tp GPUs
     workload: Literal["closed_batch", "poisson", "concurrency", "offline"]
     batch_size: int | None = Field(None, ge=1, le=MAX_BATCH)
     concurrency: int | None = Field(None, ge=1, le=MAX_BATCH)
@@ -107,8 +108,9 @@ class Measurement(Strict):
         if missing:
             article = "an" if self.workload[0] in "aeiou" else "a"
             raise ValueError(f"{article} {self.workload} workload needs {', '.join(missing)}")
-        if self.gpus != self.tp:
-            raise ValueError(f"gpus ({self.gpus}) must equal tp ({self.tp}): one tensor-parallel group")
+        if self.gpus != self.tp * self.pp:
+            raise ValueError(f"gpus ({self.gpus}) must equal tp x pp ({self.tp} x {self.pp}): one replica's "
+                             "tensor-parallel groups, one a pipeline stage")
         if self.family == "batch-latency" and self.workload != "closed_batch":
             raise ValueError("batch-latency rows are closed batches (workload closed_batch)")
         if self.workload == "concurrency" and self.metric not in CONCURRENCY_METRICS:
@@ -120,7 +122,7 @@ class Measurement(Strict):
 
     @property
     def parallel(self) -> dict:
-        return {"tp": self.tp, "ep": self.ep, "attention_dp": self.attention_dp}
+        return {"tp": self.tp, "ep": self.ep, "attention_dp": self.attention_dp, "pp": self.pp}
 
     def rank_limits(self) -> tuple[int, int, str]:
         """(max_num_seqs, max_num_batched_tokens) of each attention rank, and where they come from: the
@@ -133,7 +135,7 @@ class Measurement(Strict):
         isl, osl = (self.isl, self.osl) if self.lengths == "fixed" else ((1 + self.isl) / 2, (1 + self.osl) / 2)
         model = replace(catalog.model(self.model), expert_weight_dtype=self.expert_weight_dtype)
         limits = trtllm_bench_limits(bench_checkpoint(model, self.weight_dtype, self.bench_kv_dtype or self.kv_dtype),
-                                     self.tp, 1, gpu.memory_bytes, isl, osl, self.chunked_prefill, self.isl)
+                                     self.tp, self.pp, gpu.memory_bytes, isl, osl, self.chunked_prefill, self.isl)
         return limits.max_batch_size, limits.max_num_tokens, limits.describe()
 
 
