@@ -118,7 +118,7 @@ def test_a_models_own_rows_make_its_band_where_there_are_enough():
         "measured", "offline-throughput", DENSE_GQA)
     assert bands.pick_model("datasheet", "offline-throughput", "qwen3-next-80b-a3b") == (None, "")  # MoE, no rows
     small, whose = bands.pick_model("measured", "offline-throughput", "qwen3-30b-a3b")  # NVFP4: B200, GB200, RTX PRO
-    assert whose == "qwen3-30b-a3b" and small.rows == 22
+    assert whose == "qwen3-30b-a3b" and small.rows == 25  # B200 and GB200 6 each, the RTX PRO 6000's 13
     assert bands.pick_model("datasheet", "served-itl", "/some/config.json") == (None, "")
 
 
