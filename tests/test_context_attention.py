@@ -6,7 +6,9 @@ interpolated as the decode table is, and used by a step's prefill chunks and a c
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from sim.decode.context import build_context
@@ -36,6 +38,29 @@ def test_at_a_measured_point_the_answer_is_the_measurement():
     assert mk.context_attention_one_s(2, 512, 32, 8, 128) == pytest.approx(_row("h200-sxm", 32, 2, 512), rel=1e-9)
     trt = measured_kernels_for("h200-sxm", "trtllm")  # each engine's own table
     assert trt.context_attention_one_s(1, 1024, 64, 8, 128) == pytest.approx(_row("h200-sxm", 64, 1, 1024, "trtllm"), rel=1e-9)
+
+
+def _raw(system: str, framework: str, attn: str, kv: str, isl: int) -> float:
+    """A row of the package's own parquet (ms -> s): RTX PRO 6000, Qwen3-30B-A3B's 32 / 4 heads of 128."""
+    import aiconfigurator_core
+
+    root = Path(aiconfigurator_core.__file__).parent / "systems" / "data" / system / "attention" / framework
+    df = pd.read_parquet(next(root.glob("*/context_attention_perf.parquet")))
+    hit = df[(df.attn_dtype == attn) & (df.kv_cache_dtype == kv) & (df.num_heads == 32) & (df.num_key_value_heads == 4)
+             & (df.head_dim == 128) & (df.window_size == 0) & (df.batch_size == 1) & (df.isl == isl) & (df.step == 0)]
+    return float(hit["latency"].iloc[0]) * 1e-3
+
+
+def test_tensorrt_llm_prefills_an_fp8_kv_cache_with_fp8_context_fmha():
+    # thop attentionOp.cpp: mFP8ContextFMHA = is_fp8_out || is_fp4_out || (fp8 KV && paged context FMHA); the
+    # table's fp8-attention rows are that kernel, ~1.9x its bf16 rows on the RTX PRO 6000 (sm_120)
+    trt = measured_kernels_for("rtx-pro-6000-server", "trtllm")
+    fp8 = _raw("rtx_pro_6000_server", "trtllm", "fp8", "fp8", 16384)
+    assert trt.context_attention_one_s(1, 16384, 32, 4, 128, "fp8") == pytest.approx(fp8, rel=1e-9)
+    assert fp8 < 0.6 * _raw("rtx_pro_6000_server", "trtllm", "bfloat16", "fp8", 16384)
+    # a bf16 KV cache keeps the bf16 rows
+    bf16 = _raw("rtx_pro_6000_server", "trtllm", "bfloat16", "bfloat16", 16384)
+    assert trt.context_attention_one_s(1, 16384, 32, 4, 128, "bf16") == pytest.approx(bf16, rel=1e-9)
 
 
 def test_the_roofline_by_hand():

@@ -92,6 +92,12 @@ GEMM_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "int8": "in
                "nvfp4": "nvfp4"}  # nvfp4: W4A4 (Blackwell: vLLM's and SGLang's FlashInfer kernels, TensorRT-LLM's)
 KV_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
 PROFILE_SOURCE = "hwprobe"  # KernelTables.framework of tables read from a `hwprobe calibrate` profile
+# TensorRT-LLM's attention op runs fp8 context FMHA with an fp8 KV cache (thop attentionOp.cpp
+# `mFP8ContextFMHA = is_fp8_out || is_fp4_out || (hasFp8KvCache && use_paged_context_fmha)`): the output is
+# quantised for an FP8 / NVFP4 o_proj (modules/attention.py out_scale; trtllm.py get_quantize_output_dtype:
+# fp8 with an fp8 KV cache), and paged context FMHA is on with block reuse (KvCacheConfig's default) or
+# chunked prefill, and always on SM90; AIConfigurator's own estimate takes fp8 FMHA for such runs too
+FP8_FMHA_FRAMEWORKS = ("trtllm",)
 MLA_FRAMEWORK = "trtllm"  # the MLA decode kernel table's framework (vLLM measures only the whole module)
 MLA_TABLE, MOE_TABLE = "generation_mla", "moe"  # KernelTables.table_sources keys, as `source` names them
 MOE_QUANTS = ("bfloat16", "fp8", "fp8_block", "int4_wo", "w4a16_mxfp4", "w4a8_mxfp4_mxfp8", "nvfp4")  # formats read
@@ -249,6 +255,7 @@ def _load(system: str, framework: str = FRAMEWORK) -> KernelTables:
     gemm = _read(required("gemm", "gemm_perf.parquet", "gemm"), GEMM_READ)
     attn = _read(required("attention", "generation_attention_perf.parquet", "generation_attention"), ATTENTION_READ)
     context = table("attention", "context_attention_perf.parquet", "context_attention")
+    fp8_fmha = (sources.get("context_attention") or framework).split()[0] in FP8_FMHA_FRAMEWORKS
     nccl_version = str((spec.get("misc") or {}).get("nccl_version") or "")
     custom = table("comm", "custom_allreduce_perf.parquet", "custom_allreduce")
     allreduce = {"custom": _allreduce_graphs(_read(custom, ALLREDUCE_READ)) if custom is not None else None}
@@ -261,7 +268,8 @@ def _load(system: str, framework: str = FRAMEWORK) -> KernelTables:
                         allreduce={k: v for k, v in allreduce.items() if v is not None}, gather=gather,
                         a2a=_a2a(_read(a2a)) if a2a is not None else None,
                         nccl_version=nccl_version or None,
-                        context_attention=_context_attention(_read(context, ATTENTION_READ)) if context is not None else None,
+                        context_attention=(_context_attention(_read(context, ATTENTION_READ), fp8_fmha)
+                                           if context is not None else None),
                         table_sources=sources)
 
 
@@ -369,12 +377,16 @@ def isolated_spikes(df: pd.DataFrame, axes: tuple[str, ...], by: tuple[str, ...]
     return peaks >= min_axes
 
 
-def _decode_attention(df: pd.DataFrame, tokens: str = "step") -> pd.DataFrame:
+SLICE = ["num_heads", "num_key_value_heads", "head_dim", "window_size"]  # an attention table's shape
+
+
+def _decode_attention(df: pd.DataFrame, tokens: str = "step", fp8_fmha: bool = False) -> pd.DataFrame:
     """Attention rows in kvtier's units, `tokens` the column of each sequence's tokens (decode: `step`
-    cached tokens; context: `isl`)."""
+    cached tokens; context: `isl`): the bf16-attention rows, or with `fp8_fmha` the fp8 ones for an fp8
+    KV cache where the table times that shape so (`_attention_dtype`)."""
     by_dtype = {v: k for k, v in KV_DTYPES.items() if k != "fp16"}
     df = df.assign(**{c: df[c] if c in df else d for c, d in (("window_size", 0), ("beam_width", 1), ("attn_dtype", "bfloat16"))})
-    df = df[df["kv_cache_dtype"].isin(by_dtype) & (df["attn_dtype"] == "bfloat16") & (df["beam_width"] == 1)]
+    df = df[df["kv_cache_dtype"].isin(by_dtype) & (df["attn_dtype"] == _attention_dtype(df, fp8_fmha)) & (df["beam_width"] == 1)]
     # one kernel lane per slice, the one with most rows first (lanes never mix, as in the engine)
     lanes = df["kernel_source"].value_counts()
     df = df.assign(_lane=df["kernel_source"].map({k: i for i, k in enumerate(lanes.index)})).sort_values("_lane", kind="stable")
@@ -387,11 +399,22 @@ def _decode_attention(df: pd.DataFrame, tokens: str = "step") -> pd.DataFrame:
     return drop_spikes(out, ("batch", "kv_tokens"), ("kv_dtype", "kv_heads", "head_dim", "window", "heads"))
 
 
-def _context_attention(df: pd.DataFrame) -> pd.DataFrame:
+def _attention_dtype(df: pd.DataFrame, fp8_fmha: bool) -> pd.Series:
+    """Each row's wanted attention dtype: bfloat16, or with `fp8_fmha` fp8 for an fp8 KV cache in a shape
+    (`SLICE`) the table times with fp8 attention (bf16 where it does not)."""
+    if not fp8_fmha:
+        return pd.Series("bfloat16", index=df.index)
+    timed = df[(df["attn_dtype"] == "fp8") & (df["kv_cache_dtype"] == "fp8")][SLICE].drop_duplicates()
+    fp8 = df[SLICE].merge(timed.assign(_fp8=True), how="left", on=SLICE)["_fp8"].fillna(False).to_numpy(dtype=bool)
+    return pd.Series(np.where(fp8 & (df["kv_cache_dtype"] == "fp8").to_numpy(), "fp8", "bfloat16"), index=df.index)
+
+
+def _context_attention(df: pd.DataFrame, fp8_fmha: bool = False) -> pd.DataFrame:
     """`context_attention_perf`: one layer's causal prefill attention of `batch_size` prompts of `isl`
     tokens each, nothing cached before them (`step` is always 0), heads per GPU; ms. Its bf16-attention
-    rows (TensorRT-LLM also times fp8 context FMHA), by KV dtype, as `_decode_attention` reads its own."""
-    return _decode_attention(df[df["step"] == 0], tokens="isl")
+    rows by KV dtype, as `_decode_attention` reads its own; with `fp8_fmha` (TensorRT-LLM's tables) an fp8
+    KV cache's prefill takes the fp8 context-FMHA rows, the kernel that engine runs then (`FP8_FMHA_FRAMEWORKS`)."""
+    return _decode_attention(df[df["step"] == 0], tokens="isl", fp8_fmha=fp8_fmha)
 
 
 def _allreduce_graphs(df: pd.DataFrame) -> pd.DataFrame:
