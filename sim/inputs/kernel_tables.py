@@ -386,7 +386,8 @@ def _decode_attention(df: pd.DataFrame, tokens: str = "step", fp8_fmha: bool = F
     KV cache where the table times that shape so (`_attention_dtype`)."""
     by_dtype = {v: k for k, v in KV_DTYPES.items() if k != "fp16"}
     df = df.assign(**{c: df[c] if c in df else d for c, d in (("window_size", 0), ("beam_width", 1), ("attn_dtype", "bfloat16"))})
-    df = df[df["kv_cache_dtype"].isin(by_dtype) & (df["attn_dtype"] == _attention_dtype(df, fp8_fmha)) & (df["beam_width"] == 1)]
+    wanted = _attention_dtype(df, fp8_fmha)
+    df = df[df["kv_cache_dtype"].isin(by_dtype) & (df["attn_dtype"] == wanted) & (df["beam_width"] == 1)]
     # one kernel lane per slice, the one with most rows first (lanes never mix, as in the engine)
     lanes = df["kernel_source"].value_counts()
     df = df.assign(_lane=df["kernel_source"].map({k: i for i, k in enumerate(lanes.index)})).sort_values("_lane", kind="stable")
