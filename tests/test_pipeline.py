@@ -156,6 +156,9 @@ def test_a_pipelined_row_launches_with_each_engines_pipeline_flag():
     assert "--tensor-parallel-size 2" in lines["vllm"] and "--pipeline-parallel-size 2" in lines["vllm"]
     assert "--tp-size 2" in lines["sglang"] and "--pp-size 2" in lines["sglang"]
     assert "--tp_size 2 --pp_size 2" in lines["trtllm"]
+    # vLLM's max_num_seqs holds for every batch in flight, TensorRT-LLM's --max_batch_size for each of its pp
+    # micro-batches (its capacity: max_batch_size x pp), so 256 sequences in all are 128 a micro-batch
+    assert "--max-num-seqs 256" in lines["vllm"] and "--max_batch_size 128 " in lines["trtllm"]
     assert math.isclose(row["usd_per_hour"], 4.8)
 
 

@@ -398,11 +398,19 @@ def with_flags(line: str, flags: str) -> str:
 PIPELINE_FLAGS = {"vllm": "--pipeline-parallel-size {pp}", "sglang": "--pp-size {pp}"}
 
 
+_TRTLLM_BATCH = re.compile(r"--max_batch_size (\d+)")
+
+
 def with_pipeline(engine: str, line: str, pp: int) -> str:
-    """`line` of `engine` ("vllm", "sglang", "trtllm") with `pp` pipeline stages."""
+    """`line` of `engine` ("vllm", "sglang", "trtllm") with `pp` pipeline stages. The plan's max_num_seqs
+    holds for all the batches in flight together (`sim.serving.pipeline`, as vLLM's); TensorRT-LLM's
+    --max_batch_size bounds each of its pp micro-batches and its capacity scheduler holds max_batch_size x
+    pp requests (pyexecutor _util.py `max_num_sequences = max_batch_size * mapping.pp_size`), so its
+    --max_batch_size is divided by pp, rounded up."""
     if pp <= 1:
         return line
     if engine == "trtllm":
+        line = _TRTLLM_BATCH.sub(lambda m: f"--max_batch_size {_ceil_div(int(m.group(1)), int(pp))}", line, count=1)
         return line.replace("--pp_size 1", f"--pp_size {int(pp)}", 1)
     return with_flags(line, PIPELINE_FLAGS[engine].format(pp=int(pp)))
 
