@@ -377,7 +377,7 @@ def isolated_spikes(df: pd.DataFrame, axes: tuple[str, ...], by: tuple[str, ...]
     return peaks >= min_axes
 
 
-SLICE = ["num_heads", "num_key_value_heads", "head_dim", "window_size"]  # an attention table's shape
+ATTENTION_SHAPE = ["num_heads", "num_key_value_heads", "head_dim", "window_size"]  # an attention table's shape
 
 
 def _decode_attention(df: pd.DataFrame, tokens: str = "step", fp8_fmha: bool = False) -> pd.DataFrame:
@@ -402,12 +402,13 @@ def _decode_attention(df: pd.DataFrame, tokens: str = "step", fp8_fmha: bool = F
 
 def _attention_dtype(df: pd.DataFrame, fp8_fmha: bool) -> pd.Series:
     """Each row's wanted attention dtype: bfloat16, or with `fp8_fmha` fp8 for an fp8 KV cache in a shape
-    (`SLICE`) the table times with fp8 attention (bf16 where it does not)."""
+    (`ATTENTION_SHAPE`) the table times with fp8 attention (bf16 where it does not)."""
     if not fp8_fmha:
         return pd.Series("bfloat16", index=df.index)
-    timed = df[(df["attn_dtype"] == "fp8") & (df["kv_cache_dtype"] == "fp8")][SLICE].drop_duplicates()
-    fp8 = df[SLICE].merge(timed.assign(_fp8=True), how="left", on=SLICE)["_fp8"].fillna(False).to_numpy(dtype=bool)
-    return pd.Series(np.where(fp8 & (df["kv_cache_dtype"] == "fp8").to_numpy(), "fp8", "bfloat16"), index=df.index)
+    shape = pd.MultiIndex.from_frame(df[ATTENTION_SHAPE])
+    fp8_kv = (df["kv_cache_dtype"] == "fp8").to_numpy()
+    timed = shape[fp8_kv & (df["attn_dtype"] == "fp8").to_numpy()]
+    return pd.Series(np.where(fp8_kv & shape.isin(timed), "fp8", "bfloat16"), index=df.index)
 
 
 def _context_attention(df: pd.DataFrame, fp8_fmha: bool = False) -> pd.DataFrame:
