@@ -1,16 +1,20 @@
 """Serving with layer kinds: each running request holds its window and linear layers' bounded bytes
 in HBM (min(tokens, W) tokens of window KV, as vLLM frees the blocks that left the window, + its
 linear state), admission reserves them, and the run's HBM peak includes them - by hand for
-gpt-oss-20b and Qwen3-Next. A dense model reserves nothing (its goldens are byte-identical)."""
+gpt-oss-20b and Qwen3-Next. A dense model reserves nothing (its goldens are byte-identical).
+Under TensorRT-LLM the window layers' KV lives in a pool of its own, half the budget for gpt-oss
+(`device.memory.trtllm_window_tokens`, `serving.kv_memory.trtllm_window_pools`)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 import sim.serving.run as serving_run
 from sim.decode.context import build_context
+from sim.device.memory import trtllm_temporary_window, trtllm_window_tokens
 from sim.inputs.scenario import scenario_from_dict
 from sim.serving.kv_memory import kv_memory
 from sim.serving.run import simulate_serving
@@ -88,3 +92,46 @@ def test_admission_reserves_the_window_so_fewer_requests_run_and_the_peak_holds_
     monkeypatch.setattr(serving_run, "kv_memory", without_bounded)
     unreserved = simulate_serving(scenario_from_dict(data, "test.yaml")).summary
     assert unreserved.max_running == 40  # floor(40.25)
+
+
+def test_trtllm_window_reserve_by_hand():
+    """calculateTemporaryAttentionWindow: min(max_num_tokens, max_seq_len - 1 - W), 0 where the input fits
+    the window; getRemainingBlocksToCompletion: min(tokens, W + that) + one 32-token block past W."""
+    assert trtllm_temporary_window(128, 2048, 8192) == 1919  # trtllm-bench's 1k/1k: max_seq_len 2,048
+    assert trtllm_temporary_window(128, 131_072, 8192) == 8192  # the model's context: max_num_tokens binds
+    assert trtllm_temporary_window(4096, 2048, 8192) == 0  # every input fits the window
+    assert trtllm_window_tokens(100, 128, 131_072, 8192) == 100  # inside the window: no extra block
+    assert trtllm_window_tokens(2048, 128, 131_072, 8192) == 2048 + 32
+    assert trtllm_window_tokens(20_000, 128, 131_072, 8192) == 128 + 8192 + 32
+    assert list(trtllm_window_tokens(np.array([100, 20_000]), 128, 2048, 8192)) == [100, 128 + 1919 + 32]
+
+
+def _trtllm(data: dict, non_torch_bytes: float = 1e9) -> dict:
+    return data | {"engine": {"name": "tensorrt-llm", "non_torch_bytes": non_torch_bytes}}
+
+
+def test_trtllm_counts_a_request_against_the_fuller_of_two_equal_pools():
+    """gpt-oss-20b (12 full + 12 window layers of 24,576 B a token): TensorRT-LLM gives each window size
+    half the budget, so a request counts as twice what it holds in the fuller pool; max_num_tokens
+    65,536 and the model's 131,072-token context leave W + 65,536 tokens for the window's."""
+    _, mem = _memory(_trtllm(_scenario()))
+    assert mem.pools == 2 and mem.kv_bytes_per_token == OSS20_KV
+    assert mem.bounded_bytes(1_000) == (1_000 + 32) * OSS20_WINDOW  # past W: the window's reserve + a block
+    assert mem.hbm_kv_bytes(1_000, 0, 1_000) == 2 * (1_000 + 32) * OSS20_WINDOW  # the window pool is the fuller
+    assert mem.hbm_kv_bytes(100_000, 0, 100_000) == 2 * 100_000 * OSS20_KV  # the full pool is
+    assert mem.bounded_bytes() == (W + 65_536 + 32) * OSS20_WINDOW  # the most one holds
+    _, dense = _memory(_trtllm(_scenario("llama-3.1-8b")))
+    assert dense.pools == 1 and dense.request_bounded is None  # no window layers: one pool, as before
+
+
+def test_trtllm_admits_whole_requests_against_the_window_pools():
+    """GUARANTEED_NO_EVICT under the two pools: each request of 1,024 + 4 tokens reserves 2 x (1,028 + 32)
+    x 24,576 B, so floor(budget / that) run at once; vLLM's rule (one pool, W tokens of window KV)
+    would fit nearly twice as many in the same budget. 34 GB outside torch leaves a budget that binds."""
+    data = _trtllm(_scenario(), non_torch_bytes=34e9)
+    res = simulate_serving(scenario_from_dict(data, "test.yaml")).summary
+    per_request = 2 * (PROMPT + OUTPUT + 32) * OSS20_WINDOW
+    fits = int(res.kv_budget_bytes // per_request)
+    assert 8 <= fits < 64 and res.max_running == fits and res.preemptions == 0
+    one_pool = (PROMPT + OUTPUT) * OSS20_KV + W * OSS20_WINDOW
+    assert int(res.kv_budget_bytes // one_pool) >= 1.8 * fits

@@ -6,6 +6,8 @@ Host = T1 (full precision) + T2 (compressed) KV, pinned or pageable.
 
 from __future__ import annotations
 
+import numpy as np
+
 from sim.model.spec import ModelSpec
 
 ACTIVATION_BYTES = 2  # bf16 activations
@@ -112,3 +114,34 @@ def trtllm_engine_memory(memory_bytes: float, free_gpu_memory_fraction: float, n
     peak = non_torch_bytes + weights_bytes + profile_activation_bytes
     return peak + free_gpu_memory_fraction * max(memory_bytes - peak, 0.0), non_torch_bytes, profile_activation_bytes
 
+
+
+# ---- TensorRT-LLM's KV pools under variable sliding-window attention (VSWA) -------------------------
+# Read (stored copies of NVIDIA/TensorRT-LLM, the linear-SWA KV cache manager, PR #6768 on):
+# - cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp `BaseKVCacheManager::calculateMaxNumBlocks`: one pool
+#   per window size (full attention's is max_seq_len), each given an equal share of the KV memory ("we are
+#   first allocating identical number of blocks for all layers to achieve identical performance";
+#   TRTLLM_WINDOW_SIZE_SHARES unset), and `KVCacheManager::getRemainingBlocksToCompletion`, what
+#   GUARANTEED_NO_EVICT reserves in a window's pool: min(prompt + max new tokens, W + temporary window)
+#   tokens, and one block more where the sequence outgrows W (the block the window slides into);
+# - tensorrt_llm/_torch/pyexecutor/resource_manager.py `calculate_max_num_blocks_from_cpp` (the PyTorch
+#   flow's VSWA path) and `_set_temp_attention_window_inputs`: paged context FMHA, max_input_len =
+#   max_seq_len - 1, max_num_tokens; the window manager's `calculateTemporaryAttentionWindow` makes that
+#   min(max_num_tokens, max_input_len - W) (0 where the input fits the window).
+TRTLLM_TOKENS_PER_BLOCK = 32  # KvCacheConfig's tokens_per_block default
+
+
+def trtllm_temporary_window(window: int, max_seq_len: int, max_num_tokens: int) -> int:
+    """The temporary attention window a sliding-window pool keeps beside W for a context chunk:
+    min(max_num_tokens, max_seq_len - 1 - W), 0 where max_seq_len - 1 <= W."""
+    max_input_len = max_seq_len - 1
+    return max(0, min(max_num_tokens, max_input_len - window)) if max_input_len > window else 0
+
+
+def trtllm_window_tokens(tokens, window: int, max_seq_len: int, max_num_tokens: int):
+    """Tokens a request of `tokens` tokens (scalar or array) reserves in a window layer's pool:
+    min(tokens, W + temporary window) + one block where tokens > W."""
+    t = np.asarray(tokens, dtype=float)
+    reach = window + trtllm_temporary_window(window, max_seq_len, max_num_tokens)
+    out = np.minimum(t, reach) + np.where(t > window, TRTLLM_TOKENS_PER_BLOCK, 0)
+    return out if np.ndim(out) else float(out)

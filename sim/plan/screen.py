@@ -195,7 +195,7 @@ def concurrency_caps(memory, sched, m, mem_share, pp: int) -> dict[str, float]:
     footprint (`mem_share`: its tier shares), and the scheduler's two settings, named with their values."""
     per_request_hbm = memory.hbm_kv_bytes(m.running_context_tokens * mem_share[0], 0.0)
     if sched.admission == "no_evict":  # each running request holds its whole length's reservation
-        per_request_hbm = memory.hbm_kv_bytes(m.reserved_tokens, 0.0)
+        per_request_hbm = memory.hbm_kv_bytes(m.reserved_tokens, 0.0, m.reserved_tokens)
     if sched.admission == "reserve_ratio":  # SGLang keeps the floor ratio of its remaining output free
         remaining = min(m.reserved_tokens - m.running_context_tokens, CLIP_NEW_TOKENS)  # E[n n/2] / E[n]
         per_request_hbm += remaining * NewTokenRatio().floor * memory.kv_bytes_per_token

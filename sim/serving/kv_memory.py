@@ -6,7 +6,10 @@ for the step's T1/T2 + each running request's bounded bytes (layer kinds: its wi
 its last min(tokens, W) tokens, as vLLM's SlidingWindowManager frees the blocks that left the window
 (vllm/v1/core/single_type_kv_cache_manager.py remove_skipped_blocks), and its linear layers' fixed
 state; `RunContext.bounded_bytes` of one sequence, the closed batch's rule); host = T1 x full KV
-bytes + T2 x compressed bytes, against host capacity.
+bytes + T2 x compressed bytes, against host capacity. Under TensorRT-LLM a model with window layers
+(and no linear or sparse ones) keeps each window size's KV in a pool of its own, an equal share of the
+budget each, and reserves a window's W + temporary window tokens (`device.memory.trtllm_window_tokens`):
+its requests are counted against the fullest pool (`KvMemory.pools`).
 The activations are held for the largest step the scheduler can form, as vLLM sizes its KV cache
 after a profiling forward pass of `max_num_batched_tokens` tokens (logits only for the rows that
 sample: at most `max_num_seqs`). Under SGLang the pool also caps the requests that run at once
@@ -16,13 +19,16 @@ sample: at most `max_num_seqs`). Under SGLang the pool also caps the requests th
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
+
+import numpy as np
 
 from sim.decode.context import RunContext
 from sim.device.engine_rules import sglang_max_running_requests
-from sim.device.memory import profile_run_activation_bytes, staging_bytes
+from sim.device.memory import profile_run_activation_bytes, staging_bytes, trtllm_window_tokens
 from sim.inputs.serving_config import SchedulerCfg
+from sim.model.layers import LINEAR, SPARSE, WINDOW
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,7 @@ class KvMemory:
     staging_bytes_per_token: float  # HBM staging per T1/T2 token a step attends on the GPU (0: nothing staged)
     bounded_bytes_per_request: float = 0.0  # window and linear layers' HBM a running request holds at most
     request_bounded: Callable | None = None  # tokens a request holds -> its window/state bytes (None: no such layers)
+    pools: int = 1  # TensorRT-LLM's VSWA: the budget split equally over this many window sizes' pools
 
     @property
     def fixed_bytes(self) -> float:
@@ -57,8 +64,13 @@ class KvMemory:
 
     def hbm_kv_bytes(self, t0, staged, tokens=None):
         """T0 tokens x KV bytes + staged T1/T2 tokens x staging bytes per token + the request's bounded
-        bytes (`bounded_bytes(tokens)`; 0 for a dense model), per request."""
-        return t0 * self.kv_bytes_per_token + staged * self.staging_bytes_per_token + self.bounded_bytes(tokens)
+        bytes (`bounded_bytes(tokens)`; 0 for a dense model), per request. With `pools` > 1 (equal
+        shares of the budget) a request counts as `pools` x what it holds in the fuller of the two: the
+        budget then binds as the fullest pool does, exactly where every request's fullest pool is the same."""
+        full = t0 * self.kv_bytes_per_token + staged * self.staging_bytes_per_token
+        if self.pools > 1:
+            return self.pools * np.maximum(full, self.bounded_bytes(tokens))
+        return full + self.bounded_bytes(tokens)
 
     def host_bytes(self, t1, t2):
         return t1 * self.kv_bytes_per_token + t2 * self.t2_bytes_per_token
@@ -79,10 +91,33 @@ def kv_memory(ctx: RunContext, max_num_batched_tokens: int, max_num_seqs: int) -
     window = ctx.model.sliding_window or 0
     bounded = ctx.bounded_bytes(window, 1)  # the most one request holds: W tokens of window KV + its state
     per_request = partial(ctx.bounded_bytes, sequences=1) if ctx.model.has_bounded_layers else None
-    return KvMemory(hbm_capacity_bytes=ctx.hw.memory_bytes, weights_bytes=ctx.weights_bytes, activation_bytes=act,
-                    runtime_reserve_bytes=ctx.hw.runtime_reserve_bytes, host_capacity_bytes=ctx.hw.host_memory_bytes,
-                    kv_bytes_per_token=ctx.kv_bytes_per_token, t2_bytes_per_token=ctx.t2_bytes_per_token,
-                    staging_bytes_per_token=stage, bounded_bytes_per_request=bounded, request_bounded=per_request)
+    memory = KvMemory(hbm_capacity_bytes=ctx.hw.memory_bytes, weights_bytes=ctx.weights_bytes, activation_bytes=act,
+                      runtime_reserve_bytes=ctx.hw.runtime_reserve_bytes, host_capacity_bytes=ctx.hw.host_memory_bytes,
+                      kv_bytes_per_token=ctx.kv_bytes_per_token, t2_bytes_per_token=ctx.t2_bytes_per_token,
+                      staging_bytes_per_token=stage, bounded_bytes_per_request=bounded, request_bounded=per_request)
+    return trtllm_window_pools(ctx, memory, max_num_batched_tokens)
+
+
+def trtllm_window_pools(ctx: RunContext, memory: KvMemory, max_num_tokens: int) -> KvMemory:
+    """`memory` under TensorRT-LLM's VSWA pools (`device.memory.trtllm_window_tokens`) where the run's
+    engine is TensorRT-LLM and its model has window layers and no linear or sparse ones: a pool per
+    window size (full attention's one, the window's another), each request reserving its whole length in
+    the full pool and min(length, W + temporary window) + a block in the window's; `max_num_tokens` the
+    group's (an attention-data-parallel rank's is its share, as the scheduler pools the ranks'). Else `memory`."""
+    e, kinds = ctx.scenario.engine, ctx.model.kind_counts
+    if e is None or e.name != "tensorrt-llm" or WINDOW not in kinds or LINEAR in kinds or SPARSE in kinds:
+        return memory
+    per_token = kinds[WINDOW] * ctx.model.kind_kv_bytes_per_token_layer(WINDOW, ctx.scenario.model.kv_dtype)
+    longest = ctx.max_model_len or ctx.model.context_tokens
+    held = partial(_window_pool_bytes, per_token=per_token, window=ctx.model.sliding_window, max_seq_len=longest,
+                   max_num_tokens=max_num_tokens // max(ctx.model.attention_dp, 1))
+    pools = 1 + any(k != WINDOW for k in kinds)  # the window's pool, and full attention's where it has such layers
+    return replace(memory, pools=pools, request_bounded=held, bounded_bytes_per_request=held(longest))
+
+
+def _window_pool_bytes(tokens, per_token: float, **rule):
+    """A request's bytes in TensorRT-LLM's window pool: `per_token` x `trtllm_window_tokens`."""
+    return per_token * trtllm_window_tokens(tokens, **rule)
 
 
 def engine_scheduler(ctx: RunContext, memory: KvMemory) -> SchedulerCfg:
