@@ -2,8 +2,9 @@
 in HBM (min(tokens, W) tokens of window KV, as vLLM frees the blocks that left the window, + its
 linear state), admission reserves them, and the run's HBM peak includes them - by hand for
 gpt-oss-20b and Qwen3-Next. A dense model reserves nothing (its goldens are byte-identical).
-Under TensorRT-LLM the window layers' KV lives in a pool of its own, half the budget for gpt-oss
-(`device.memory.trtllm_window_tokens`, `serving.kv_memory.trtllm_window_pools`)."""
+Under TensorRT-LLM and SGLang the window layers' KV lives in a pool of its own, half the budget for
+gpt-oss under TensorRT-LLM, 0.8 / 1.8 of it under SGLang (`device.memory.trtllm_window_tokens`,
+`device.memory.sglang_swa_pool_shares`, `serving.kv_memory.window_pools`)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import pytest
 
 import sim.serving.run as serving_run
 from sim.decode.context import build_context
-from sim.device.memory import trtllm_temporary_window, trtllm_window_tokens
+from sim.device.memory import sglang_swa_pool_shares, trtllm_temporary_window, trtllm_window_tokens
 from sim.inputs.scenario import scenario_from_dict
-from sim.serving.kv_memory import kv_memory
+from sim.serving.kv_memory import engine_scheduler, kv_memory
 from sim.serving.run import simulate_serving
 
 BF16 = 2
@@ -115,13 +116,13 @@ def test_trtllm_counts_a_request_against_the_fuller_of_two_equal_pools():
     half the budget, so a request counts as twice what it holds in the fuller pool; max_num_tokens
     65,536 and the model's 131,072-token context leave W + 65,536 tokens for the window's."""
     _, mem = _memory(_trtllm(_scenario()))
-    assert mem.pools == 2 and mem.kv_bytes_per_token == OSS20_KV
+    assert mem.pool_shares == (0.5, 0.5) and mem.kv_bytes_per_token == OSS20_KV
     assert mem.bounded_bytes(1_000) == (1_000 + 32) * OSS20_WINDOW  # past W: the window's reserve + a block
     assert mem.hbm_kv_bytes(1_000, 0, 1_000) == 2 * (1_000 + 32) * OSS20_WINDOW  # the window pool is the fuller
     assert mem.hbm_kv_bytes(100_000, 0, 100_000) == 2 * 100_000 * OSS20_KV  # the full pool is
     assert mem.bounded_bytes() == (W + 65_536 + 32) * OSS20_WINDOW  # the most one holds
     _, dense = _memory(_trtllm(_scenario("llama-3.1-8b")))
-    assert dense.pools == 1 and dense.request_bounded is None  # no window layers: one pool, as before
+    assert dense.pool_shares is None and dense.request_bounded is None  # no window layers: one pool, as before
 
 
 def test_trtllm_admits_whole_requests_against_the_window_pools():
@@ -135,3 +136,37 @@ def test_trtllm_admits_whole_requests_against_the_window_pools():
     assert 8 <= fits < 64 and res.max_running == fits and res.preemptions == 0
     one_pool = (PROMPT + OUTPUT) * OSS20_KV + W * OSS20_WINDOW
     assert int(res.kv_budget_bytes // one_pool) >= 1.8 * fits
+
+
+def test_sglang_splits_by_swa_full_tokens_ratio():
+    """_resolve_hybrid_swa_tokens: full_tokens = M / (F n_full + r S n_swa), swa_tokens = r full_tokens, so
+    the full pool has F n_full / (F n_full + r S n_swa) of the memory: 1 / 1.8 for gpt-oss-20b at r = 0.8."""
+    assert sglang_swa_pool_shares(3.0, 1.0) == (3.0 / 3.8, 0.8 / 3.8)
+    assert sglang_swa_pool_shares(1.0, 1.0, 0.5) == (1 / 1.5, 0.5 / 1.5)
+    _, mem = _memory(_scenario() | {"engine": {"name": "sglang"}})
+    assert mem.pool_shares == pytest.approx((1 / 1.8, 0.8 / 1.8))
+    assert mem.pool_bytes_per_token == pytest.approx(1.8 * OSS20_KV)
+    assert mem.hbm_kv_bytes(1_000, 0, 1_000) == pytest.approx(1.8 * 1_000 * OSS20_KV)  # the full pool binds
+    assert mem.hbm_kv_bytes(100, 0, 100) == pytest.approx(1.8 / 0.8 * 100 * OSS20_WINDOW)  # under W: the window's
+    _, half = _memory(_scenario() | {"engine": {"name": "sglang", "swa_full_tokens_ratio": 0.5}})
+    assert half.pool_bytes_per_token == pytest.approx(1.5 * OSS20_KV)
+
+
+def test_sglangs_running_cap_counts_the_full_pool():
+    """max_running_requests = clamp(int(max_total_num_tokens / context x 512), 2048, 4096), the pool being
+    the full one's tokens (budget / (1.8 x 24,576 B)); a budget of ~34.8 GB puts it between the two:
+    ~786k tokens -> 3,072 where the whole budget's 1.42M tokens would give the ceiling."""
+    over = {"model": {"name": "gpt-oss-20b", "expert_weight_dtype": "mxfp4"}, "hardware": {"gpu": "h200-sxm"},
+            "engine": {"name": "sglang", "mem_fraction_static": 0.344}, "scheduler": {"max_num_batched_tokens": 8192}}
+    data = _scenario() | over
+    ctx = build_context(scenario_from_dict(data, "test.yaml"))
+    mem = kv_memory(ctx, 8192, 4096)
+    full_pool = mem.kv_budget_bytes / (1.8 * OSS20_KV)
+    assert 4 * 131_072 < full_pool < 8 * 131_072 < 1.8 * full_pool
+    assert engine_scheduler(ctx, mem).max_num_seqs == int(full_pool / 131_072 * 512)
+
+
+def test_swa_full_tokens_ratio_is_sglangs_alone():
+    from sim.inputs.errors import ConfigError
+    with pytest.raises(ConfigError, match="swa_full_tokens_ratio is SGLang's"):
+        scenario_from_dict(_scenario() | {"engine": {"name": "vllm", "swa_full_tokens_ratio": 0.5}}, "test.yaml")

@@ -145,3 +145,21 @@ def trtllm_window_tokens(tokens, window: int, max_seq_len: int, max_num_tokens: 
     reach = window + trtllm_temporary_window(window, max_seq_len, max_num_tokens)
     out = np.minimum(t, reach) + np.where(t > window, TRTLLM_TOKENS_PER_BLOCK, 0)
     return out if np.ndim(out) else float(out)
+
+
+# ---- SGLang's hybrid sliding-window pools -------------------------------------------------------------
+# Read (sgl-project/sglang): model_config.py `is_hybrid_swa_model` (GptOssForCausalLM, Llama4, MiMo-V2,
+# Step-3.5, Gemma 4 keep a separate window pool unless --disable-hybrid-swa-memory), server_args.py
+# swa_full_tokens_ratio (0.8 by default), and model_runner_kv_cache_mixin.py `_resolve_hybrid_swa_tokens`:
+# the KV memory M, profiled as if every layer held every token, is split so that full_tokens x F x n_full +
+# swa_tokens x S x n_swa = M with swa_tokens = r x full_tokens; full_tokens is the pool size the scheduler
+# counts (max_total_num_tokens). SWAKVPool frees a request's window tokens as the window slides.
+SGLANG_SWA_FULL_TOKENS_RATIO = 0.8  # server_args.py swa_full_tokens_ratio
+
+
+def sglang_swa_pool_shares(full_bytes_per_token: float, window_bytes_per_token: float,
+                           ratio: float = SGLANG_SWA_FULL_TOKENS_RATIO) -> tuple[float, float]:
+    """(full pool's share, window pool's share) of SGLang's KV memory, the bytes per token over each kind's
+    layers (F x n_full, S x n_swa): F n_full / D and r S n_swa / D, D = F n_full + r S n_swa."""
+    d = full_bytes_per_token + ratio * window_bytes_per_token
+    return full_bytes_per_token / d, ratio * window_bytes_per_token / d

@@ -30,6 +30,7 @@ MAX_FLOP_PER_S = 1e18  # any compute rate (1 EFLOP/s)
 MIN_BYTES_PER_S = 1e3  # 1 kB/s
 MIN_FLOP_PER_S = 1e6  # 1 MFLOP/s
 MIN_EFFICIENCY = 1e-3  # an achieved fraction of a datasheet figure
+MAX_RATIO = 1e3  # a ratio of one pool's or count's size to another's (SGLang's swa_full_tokens_ratio)
 MAX_SEED = 2**63 - 1
 MAX_NAME_CHARS = 200  # names (scenario, GPU, link, ...)
 MAX_TEXT_CHARS = 10_000  # descriptions, paths

@@ -22,6 +22,7 @@ from .limits import (
     MAX_LAYER_STEPS,
     MAX_NAME_CHARS,
     MAX_OVERHEAD_S,
+    MAX_RATIO,
     MAX_SEED,
     MAX_TEXT_CHARS,
     MAX_TOKEN_SLOTS,
@@ -277,7 +278,8 @@ class EngineCfg(Strict, QuietDefaults):
 
     QUIET_DEFAULTS = {"gpu_memory_utilization": None, "mem_fraction_static": None, "cuda_graphs": True,
                       "cuda_graph_max_batch": None, "free_gpu_memory_fraction": None, "kernel_tables": "own",
-                      "cuda_graph_batch_sizes": None, "cuda_graph_padding": False, "max_model_len": None}  # dumps as before these existed
+                      "cuda_graph_batch_sizes": None, "cuda_graph_padding": False, "max_model_len": None,
+                      "swa_full_tokens_ratio": None}  # dumps as before these existed
 
     name: Literal["vllm", "sglang", "tensorrt-llm"]
     version: str = Field(max_length=MAX_NAME_CHARS)  # informational: the engine the rules are read from
@@ -298,6 +300,9 @@ class EngineCfg(Strict, QuietDefaults):
     # TensorRT-LLM's max_seq_len; None: the model's context (`ModelSpec.context_tokens`); "auto": vLLM's
     # --max-model-len -1, the longest its KV budget holds one request of (`engine_context`)
     max_model_len: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | Literal["auto"] | None = None
+    # SGLang's --swa-full-tokens-ratio: its window pool's tokens per full-attention pool token (a model with
+    # window layers); None: its default 0.8 (`device.memory.sglang_swa_pool_shares`)
+    swa_full_tokens_ratio: float | None = Field(None, gt=0.0, le=MAX_RATIO)
 
     @model_validator(mode="before")
     @classmethod
@@ -314,8 +319,12 @@ class EngineCfg(Strict, QuietDefaults):
         return data
 
     @model_validator(mode="after")
-    def _trtllm_graph_config(self):
-        """cuda_graph_batch_sizes and cuda_graph_padding are TensorRT-LLM's cuda_graph_config keys."""
+    def _engine_own_keys(self):
+        """cuda_graph_batch_sizes and cuda_graph_padding are TensorRT-LLM's cuda_graph_config keys,
+        swa_full_tokens_ratio SGLang's server argument."""
+        if self.name != "sglang" and self.swa_full_tokens_ratio is not None:
+            raise ValueError("swa_full_tokens_ratio is SGLang's (--swa-full-tokens-ratio); "
+                             f"engine {self.name} has no such setting")
         if self.name != "tensorrt-llm" and (self.cuda_graph_batch_sizes is not None or self.cuda_graph_padding):
             raise ValueError("cuda_graph_batch_sizes and cuda_graph_padding are TensorRT-LLM's (cuda_graph_config); "
                              f"{self.name} takes cuda_graph_max_batch")

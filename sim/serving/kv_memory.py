@@ -6,10 +6,12 @@ for the step's T1/T2 + each running request's bounded bytes (layer kinds: its wi
 its last min(tokens, W) tokens, as vLLM's SlidingWindowManager frees the blocks that left the window
 (vllm/v1/core/single_type_kv_cache_manager.py remove_skipped_blocks), and its linear layers' fixed
 state; `RunContext.bounded_bytes` of one sequence, the closed batch's rule); host = T1 x full KV
-bytes + T2 x compressed bytes, against host capacity. Under TensorRT-LLM a model with window layers
-(and no linear or sparse ones) keeps each window size's KV in a pool of its own, an equal share of the
-budget each, and reserves a window's W + temporary window tokens (`device.memory.trtllm_window_tokens`):
-its requests are counted against the fullest pool (`KvMemory.pools`).
+bytes + T2 x compressed bytes, against host capacity. TensorRT-LLM and SGLang keep a model's window
+layers (a model without linear or sparse ones) in a pool of their own beside full attention's, each a
+share of the budget (`window_pools`): TensorRT-LLM equal shares, a window's W + temporary window tokens
+reserved (`device.memory.trtllm_window_tokens`); SGLang its swa_full_tokens_ratio split
+(`device.memory.sglang_swa_pool_shares`). A request then counts as its bytes in the fuller pool over
+that pool's share (`KvMemory.pool_shares`).
 The activations are held for the largest step the scheduler can form, as vLLM sizes its KV cache
 after a profiling forward pass of `max_num_batched_tokens` tokens (logits only for the rows that
 sample: at most `max_num_seqs`). Under SGLang the pool also caps the requests that run at once
@@ -26,7 +28,13 @@ import numpy as np
 
 from sim.decode.context import RunContext
 from sim.device.engine_rules import sglang_max_running_requests
-from sim.device.memory import profile_run_activation_bytes, staging_bytes, trtllm_window_tokens
+from sim.device.memory import (
+    SGLANG_SWA_FULL_TOKENS_RATIO,
+    profile_run_activation_bytes,
+    sglang_swa_pool_shares,
+    staging_bytes,
+    trtllm_window_tokens,
+)
 from sim.inputs.serving_config import SchedulerCfg
 from sim.model.layers import LINEAR, SPARSE, WINDOW
 
@@ -43,7 +51,9 @@ class KvMemory:
     staging_bytes_per_token: float  # HBM staging per T1/T2 token a step attends on the GPU (0: nothing staged)
     bounded_bytes_per_request: float = 0.0  # window and linear layers' HBM a running request holds at most
     request_bounded: Callable | None = None  # tokens a request holds -> its window/state bytes (None: no such layers)
-    pools: int = 1  # TensorRT-LLM's VSWA: the budget split equally over this many window sizes' pools
+    # (full attention's, the window's) shares of the budget where the engine keeps the window layers' KV in
+    # a pool of its own (`window_pools`); None: one pool
+    pool_shares: tuple[float, float] | None = None
 
     @property
     def fixed_bytes(self) -> float:
@@ -62,14 +72,21 @@ class KvMemory:
             return self.bounded_bytes_per_request
         return self.request_bounded(tokens)
 
+    @property
+    def pool_bytes_per_token(self) -> float:
+        """The budget one token of the tiered layers takes: its KV bytes, over the full pool's share
+        where the engine splits the budget (SGLang's token pool and reservations count these)."""
+        return self.kv_bytes_per_token / self.pool_shares[0] if self.pool_shares else self.kv_bytes_per_token
+
     def hbm_kv_bytes(self, t0, staged, tokens=None):
         """T0 tokens x KV bytes + staged T1/T2 tokens x staging bytes per token + the request's bounded
-        bytes (`bounded_bytes(tokens)`; 0 for a dense model), per request. With `pools` > 1 (equal
-        shares of the budget) a request counts as `pools` x what it holds in the fuller of the two: the
-        budget then binds as the fullest pool does, exactly where every request's fullest pool is the same."""
+        bytes (`bounded_bytes(tokens)`; 0 for a dense model), per request. With `pool_shares` each part
+        is over its pool's share and the request counts as the larger: the budget binds as the fuller
+        pool does, exactly where every request's fuller pool is the same."""
         full = t0 * self.kv_bytes_per_token + staged * self.staging_bytes_per_token
-        if self.pools > 1:
-            return self.pools * np.maximum(full, self.bounded_bytes(tokens))
+        if self.pool_shares:
+            full_share, window_share = self.pool_shares
+            return np.maximum(full / full_share, self.bounded_bytes(tokens) / window_share)
         return full + self.bounded_bytes(tokens)
 
     def host_bytes(self, t1, t2):
@@ -95,24 +112,28 @@ def kv_memory(ctx: RunContext, max_num_batched_tokens: int, max_num_seqs: int) -
                       runtime_reserve_bytes=ctx.hw.runtime_reserve_bytes, host_capacity_bytes=ctx.hw.host_memory_bytes,
                       kv_bytes_per_token=ctx.kv_bytes_per_token, t2_bytes_per_token=ctx.t2_bytes_per_token,
                       staging_bytes_per_token=stage, bounded_bytes_per_request=bounded, request_bounded=per_request)
-    return trtllm_window_pools(ctx, memory, max_num_batched_tokens)
+    return window_pools(ctx, memory, max_num_batched_tokens)
 
 
-def trtllm_window_pools(ctx: RunContext, memory: KvMemory, max_num_tokens: int) -> KvMemory:
-    """`memory` under TensorRT-LLM's VSWA pools (`device.memory.trtllm_window_tokens`) where the run's
-    engine is TensorRT-LLM and its model has window layers and no linear or sparse ones: a pool per
-    window size (full attention's one, the window's another), each request reserving its whole length in
-    the full pool and min(length, W + temporary window) + a block in the window's; `max_num_tokens` the
-    group's (an attention-data-parallel rank's is its share, as the scheduler pools the ranks'). Else `memory`."""
+def window_pools(ctx: RunContext, memory: KvMemory, max_num_tokens: int) -> KvMemory:
+    """`memory` under its engine's window pools, for a model with window and full-attention layers and
+    no linear or sparse ones (else `memory`):
+      TensorRT-LLM (`device.memory` "VSWA"): one pool per window size, equal shares; a request reserves
+        its whole length in the full pool and min(length, W + temporary window) + a block in the window's
+        (`max_num_tokens` the group's: an attention-data-parallel rank's is its share);
+      SGLang (`device.memory.sglang_swa_pool_shares`): swa_full_tokens_ratio's split; a request holds
+        min(length, W) tokens in the window's pool, as vLLM's (`RunContext.bounded_bytes`)."""
     e, kinds = ctx.scenario.engine, ctx.model.kind_counts
-    if e is None or e.name != "tensorrt-llm" or WINDOW not in kinds or LINEAR in kinds or SPARSE in kinds:
+    if e is None or e.name == "vllm" or WINDOW not in kinds or LINEAR in kinds or SPARSE in kinds or len(kinds) < 2:
         return memory
     per_token = kinds[WINDOW] * ctx.model.kind_kv_bytes_per_token_layer(WINDOW, ctx.scenario.model.kv_dtype)
+    if e.name == "sglang":
+        ratio = e.swa_full_tokens_ratio or SGLANG_SWA_FULL_TOKENS_RATIO
+        return replace(memory, pool_shares=sglang_swa_pool_shares(memory.kv_bytes_per_token, per_token, ratio))
     longest = ctx.max_model_len or ctx.model.context_tokens
     held = partial(_window_pool_bytes, per_token=per_token, window=ctx.model.sliding_window, max_seq_len=longest,
                    max_num_tokens=max_num_tokens // max(ctx.model.attention_dp, 1))
-    pools = 1 + any(k != WINDOW for k in kinds)  # the window's pool, and full attention's where it has such layers
-    return replace(memory, pools=pools, request_bounded=held, bounded_bytes_per_request=held(longest))
+    return replace(memory, pool_shares=(0.5, 0.5), request_bounded=held, bounded_bytes_per_request=held(longest))
 
 
 def _window_pool_bytes(tokens, per_token: float, **rule):
@@ -128,6 +149,6 @@ def engine_scheduler(ctx: RunContext, memory: KvMemory) -> SchedulerCfg:
     if e is None or e.name != "sglang" or memory.kv_bytes_per_token <= 0 or memory.kv_budget_bytes <= 0:
         return sc
     context = ctx.max_model_len or ctx.model.context_tokens
-    cap = sglang_max_running_requests(sc.max_num_seqs, memory.kv_budget_bytes / memory.kv_bytes_per_token, context,
+    cap = sglang_max_running_requests(sc.max_num_seqs, memory.kv_budget_bytes / memory.pool_bytes_per_token, context,
                                       ctx.model.attention_dp)
     return sc if cap == sc.max_num_seqs else sc.model_copy(update={"max_num_seqs": cap})

@@ -108,7 +108,7 @@ class PressureRows:
         m = self.memory
         now = self.attended(rows, steps)  # a prefill: what it holds once prefilled (its step generated - 1 too)
         staged = m.staging_bytes_per_token * (now[decoding][:, HOST]).sum()
-        budget = (m.kv_budget_bytes - staged) / m.kv_bytes_per_token - len(rows) * self.policy.retier_interval
+        budget = (m.kv_budget_bytes - staged) / m.pool_bytes_per_token - len(rows) * self.policy.retier_interval
         n, prot = self._unprotected(rows[due], steps[due])
         unprot = int((n - prot).sum())
         if unprot:

@@ -274,7 +274,7 @@ class Scheduler:
         elif over:  # all fit unless the last does not
             keep = int(np.count_nonzero((cum_hbm <= m.kv_budget_bytes) & (np.cumsum(d.host) <= host_free)))
         if over and self.ratio is not None:
-            keep = sglang_retraction_keep(cum_hbm, keep, m.kv_budget_bytes, m.kv_bytes_per_token)
+            keep = sglang_retraction_keep(cum_hbm, keep, m.kv_budget_bytes, m.pool_bytes_per_token)
         if keep < len(d.run):
             self._preempt(d.run[keep:][::-1], m.host_capacity_bytes - float(d.host[:keep].sum()), plan)
             d.keep(keep)
@@ -390,7 +390,7 @@ class Scheduler:
         if self.ratio is None or not len(running):
             return 0.0
         rest = clipped_remaining(self.table.output[running], self.table.generated[running])
-        return float(rest.sum()) * self.ratio.current * self.memory.kv_bytes_per_token
+        return float(rest.sum()) * self.ratio.current * self.memory.pool_bytes_per_token
 
     def _reserve(self, i: int, left: int, d: _Draft, alone: bool, reserved: float) -> float | None:
         """`reserved` with waiting request i's reservation added, or None where it does not fit (a request
@@ -402,8 +402,8 @@ class Scheduler:
             add = float(self._whole_length_bytes(np.array([i]))[0])
             blocked = reserved + add > m.kv_budget_bytes
         elif self.ratio is not None:
-            add = float(clipped_remaining(self.table.output[i], self.table.generated[i])) * m.kv_bytes_per_token
-            blocked = d.admit_hbm + reserved + left * m.kv_bytes_per_token + add >= m.kv_budget_bytes
+            add = float(clipped_remaining(self.table.output[i], self.table.generated[i])) * m.pool_bytes_per_token
+            blocked = d.admit_hbm + reserved + left * m.pool_bytes_per_token + add >= m.kv_budget_bytes
         else:
             return reserved
         return None if blocked and not alone else reserved + add
