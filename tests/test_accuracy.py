@@ -169,8 +169,8 @@ def _level(summary, mode, by, key):
     return r["median_abs_error"], r["worst_abs_error"]
 
 
-# TensorRT-LLM's small-active MoE rows at 1,000+ sequences: GPT-OSS on Hopper (kvtier +6..+62%) and on Blackwell
-# (+23..+65%), Qwen3-30B-A3B on B200 / GB200 (-6..+45%, +11..+115% before the MoE kernel lanes; GB200's Grace host
+# TensorRT-LLM's small-active MoE rows at 1,000+ sequences: GPT-OSS on Hopper (kvtier -13..+43%; +6..+62% before
+# TensorRT-LLM's window pools) and on Blackwell (-1..+57%; +23..+65%), Qwen3-30B-A3B on B200 / GB200 (-6..+45%, +11..+115% before the MoE kernel lanes; GB200's Grace host
 # slower than B200's where the batch is largest) - docs/accuracy.md
 SMALL_MOE = ("gpt-oss-120b", "gpt-oss-20b", "qwen3-30b-a3b")
 
@@ -185,8 +185,9 @@ def summary_without_small_moe(full_points):
 
 @NEEDS_TABLES
 def test_end_to_end_accuracy_with_measured_tables(full_summary, summary_without_small_moe):
-    # the whole table: 14.2% / 88.8% over 191 rows since TensorRT-LLM's fp8 KV prefills with its fp8 context FMHA
-    # (2026-12-06); 14.1% / 88.8% with the RTX PRO 6000's 11 pipeline-parallel cells (2026-12-06,
+    # the whole table: 12.5% / 88.8% over 191 rows since TensorRT-LLM's window pools (2026-12-06: gpt-oss's full
+    # layers get half the KV budget, kvCacheManager.cpp; GPT-OSS 44.4% / 39.1% -> 23.1% / 27.4%, the rest unchanged);
+    # 14.2% / 88.8% since TensorRT-LLM's fp8 KV prefills with its fp8 context FMHA (2026-12-06); 14.1% / 88.8% with the RTX PRO 6000's 11 pipeline-parallel cells (2026-12-06,
     # 12.6%, the Qwen3 DEP2,PP2 ones up to +30%); 14.1% over 180 with its 13 Qwen3 cells (7.6%); 14.6% /
     # 88.8% over the 167 since Llama-4 Maverick's 17 (2026-12-06; its H200 DEP8 FP8 1k/8k
     # +88.8%: Hopper's chunked decode runs on TensorRT-LLM's MMHA kernel, not modelled) and the attention-DP dense
@@ -196,8 +197,13 @@ def test_end_to_end_accuracy_with_measured_tables(full_summary, summary_without_
     # slow); 13.0% over the 140 before those, 16.1% / 115.4% before TensorRT-LLM's MoE kernel lanes, 18.2% before
     # head dim 64's prefill rate, 11.4% over the 116 before GPT-OSS's 24 Blackwell rows, 13.9% / 70.0% over the 80
     # before the NVFP4 rows
-    assert _level(full_summary, "measured", "all", "all")[0] <= 0.17
-    assert _level(full_summary, "measured", "family", "offline-throughput")[0] <= 0.18  # 16.2% (20.7% before lanes)
+    assert _level(full_summary, "measured", "all", "all")[0] <= 0.14
+    assert _level(full_summary, "measured", "family", "offline-throughput")[0] <= 0.15  # 13.0% (14.3% before the pools)
+    # GPT-OSS under TensorRT-LLM's window pools: 120b 23.1% / 56.7%, 20b 27.4% / 46.0% (44.4% and 39.1% while
+    # its window layers shared one pool, as vLLM's): the Blackwell 1k/1k rows, bound by max_batch_size not KV,
+    # still +23..+57%
+    assert _level(full_summary, "measured", "model", "gpt-oss-120b")[0] <= 0.30
+    assert _level(full_summary, "measured", "model", "gpt-oss-20b")[0] <= 0.32
     # Qwen3-30B-A3B: 7.6% / 45.4% (9.5% before TensorRT-LLM's fp8 context FMHA; 8.8% before its three
     # pipeline-parallel rows, 10.2% before the RTX PRO 6000's
     # one-stage ones); 37.8% / 115.4% while half the Blackwell NVFP4 MoE points took the min-latency
@@ -263,7 +269,8 @@ def test_blackwell_without_the_small_moe_rows(summary_without_small_moe, mode):
 
 
 def test_end_to_end_accuracy_in_datasheet_mode(full_summary, summary_without_small_moe):
-    # the whole table: 13.4% / 89.5% over 191 rows since TensorRT-LLM's fp8 context FMHA; 13.9% with the RTX PRO
+    # the whole table: 11.4% / 89.5% over 191 rows since TensorRT-LLM's window pools (GPT-OSS 43.2% / 33.3% ->
+    # 21.1% / 22.9%); 13.4% / 89.5% since TensorRT-LLM's fp8 context FMHA; 13.9% with the RTX PRO
     # 6000's pipeline-parallel cells (13.0%); 14.1% /
     # 89.5% over 180 with its Qwen3 cells; 14.7% / 89.5% over the 167
     # since Llama-4 Maverick's and the attention-DP dense GEMMs over their
@@ -271,8 +278,8 @@ def test_end_to_end_accuracy_in_datasheet_mode(full_summary, summary_without_sma
     # before DeepSeek-R1's NVFP4 rows; 14.7% / 65.3%
     # before TensorRT-LLM's MoE kernel lanes, 10.6% over
     # the 116 before GPT-OSS's Blackwell rows, 14.0% over the 80 before the NVFP4 rows): the 10% goal NOT met
-    assert _level(full_summary, "datasheet", "all", "all")[0] <= 0.20
-    assert _level(full_summary, "datasheet", "family", "offline-throughput")[0] <= 0.20  # 14.6% (16.2% before NVFP4)
+    assert _level(full_summary, "datasheet", "all", "all")[0] <= 0.13
+    assert _level(full_summary, "datasheet", "family", "offline-throughput")[0] <= 0.13  # 11.4% (13.7% before the pools)
     median, worst = _level(summary_without_small_moe, "datasheet", "all", "all")
     # current level (9.4% over the 122 rows without the small MoE ones since TensorRT-LLM's fp8 context FMHA, 9.7%
     # before it; 9.7% over the 114 rows without the small MoE ones with the RTX PRO 6000's Qwen3-235B DEP8; 10.5%
