@@ -115,7 +115,6 @@ def trtllm_engine_memory(memory_bytes: float, free_gpu_memory_fraction: float, n
     return peak + free_gpu_memory_fraction * max(memory_bytes - peak, 0.0), non_torch_bytes, profile_activation_bytes
 
 
-
 # ---- TensorRT-LLM's KV pools under variable sliding-window attention (VSWA) -------------------------
 # Read (stored copies of NVIDIA/TensorRT-LLM, the linear-SWA KV cache manager, PR #6768 on):
 # - cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp `BaseKVCacheManager::calculateMaxNumBlocks`: one pool

@@ -133,7 +133,8 @@ def window_pools(ctx: RunContext, memory: KvMemory, max_num_tokens: int) -> KvMe
     longest = ctx.max_model_len or ctx.model.context_tokens
     held = partial(_window_pool_bytes, per_token=per_token, window=ctx.model.sliding_window, max_seq_len=longest,
                    max_num_tokens=max_num_tokens // max(ctx.model.attention_dp, 1))
-    return replace(memory, pool_shares=(0.5, 0.5), request_bounded=held, bounded_bytes_per_request=held(longest))
+    halves = (0.5, 0.5)  # two window sizes, full attention's and the window's: an equal share each
+    return replace(memory, pool_shares=halves, request_bounded=held, bounded_bytes_per_request=held(longest))
 
 
 def _window_pool_bytes(tokens, per_token: float, **rule):
