@@ -1,5 +1,6 @@
 """Chunked local attention (Llama 4's RoPE layers, `layers.CHUNKED`): the chunk a token attends, the prefill
-pairs by hand, the Llama 4 config.json fields, and the decode attention that reads the current chunk only."""
+pairs by hand, the Llama 4 config.json fields, the decode attention that reads the current chunk only, and
+vLLM's chunked-local KV manager, which holds that chunk alone (TensorRT-LLM every token)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from sim.decode.context import build_context
 from sim.device.kernels import datasheet_hardware
+from sim.device.memory import vllm_chunk_tokens
 from sim.device.physics import decode_layer_attention_s, kinds_prefill_flop
 from sim.inputs import catalog
 from sim.inputs.errors import ConfigError
 from sim.model.layers import CHUNKED, FULL, chunk_attended, chunk_pairs
+from sim.inputs.scenario import scenario_from_dict
 from sim.serving.engine import ServingSim
+from sim.serving.kv_memory import kv_memory
 
 MAVERICK = catalog.model("llama-4-maverick")
 C = 8192
@@ -110,3 +115,28 @@ def test_a_serving_step_counts_each_decodes_chunk():
     assert ServingSim.chunk_tokens(sim, np.array([], dtype=np.int64)) is None
     sim.ctx.model = catalog.model("llama-3.1-8b")
     assert ServingSim.chunk_tokens(sim, np.array([0])) is None
+
+
+def test_vllm_holds_the_current_chunk_alone():
+    """ChunkedLocalAttentionManager frees the blocks before a chunk's start: a chunked layer holds
+    ((n - 1) mod C) + 1 tokens. Maverick at TP 8 (one KV head of 128 a GPU, bf16): 512 B a token a layer;
+    10,000 tokens hold 12 x 10,000 + 36 x 1,808 token-layers under vLLM, 48 x 10,000 under TensorRT-LLM."""
+    assert vllm_chunk_tokens(1, C) == 1 and vllm_chunk_tokens(C, C) == C and vllm_chunk_tokens(C + 1, C) == 1
+    assert list(vllm_chunk_tokens(np.array([0, 10_000, 2 * C]), C)) == [0, 10_000 - C, C]
+
+    def memory(engine):
+        data = {"name": "m", "model": {"name": "llama-4-maverick"}, "hardware": {"gpu": "h200-sxm"}, "parallel": {"tp": 8},
+                "workload": {"prompt_tokens": 1024, "reasoning_tokens": 4096, "seed": 1,
+                             "arrivals": {"kind": "closed_loop", "concurrency": 8, "requests": 8}},
+                "policy": {"kind": "full_hbm"}, "sim": {"detail": "step"}}
+        data |= {"engine": {"name": engine}} if engine else {}
+        return kv_memory(build_context(scenario_from_dict(data, "t.yaml")), 8192, 256)
+
+    per_layer = 2 * 1 * 128 * 2
+    for engine in (None, "vllm"):
+        m = memory(engine)
+        assert m.chunk_rule == (36 * per_layer, C)
+        assert m.hbm_kv_bytes(10_000, 0, 10_000) == (12 * 10_000 + 36 * 1808) * per_layer
+        assert m.hbm_kv_bytes(5000, 0, 5000) == 48 * 5000 * per_layer  # still in its first chunk
+    trt = memory("tensorrt-llm")
+    assert trt.chunk_rule is None and trt.hbm_kv_bytes(10_000, 0, 10_000) == 48 * 10_000 * per_layer

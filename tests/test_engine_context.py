@@ -61,6 +61,11 @@ def test_request_kv_bytes_by_hand():
     per_layer = 2 * 8 * 64 * 2
     assert vllm_request_kv_bytes(oss, "bf16", 100_000, 8192) == (12 * 100_000 + 12 * (128 - 1 + 8192)) * per_layer
     assert vllm_request_kv_bytes(oss, "bf16", 1000, 8192) == (12 * 1000 + 12 * 1000) * per_layer
+    mav = catalog.model("llama-4-maverick")  # 12 full + 36 chunked (8,192) layers, 8 KV heads of 128
+    per_layer = 2 * 8 * 128 * 2
+    # ChunkedLocalAttentionSpec: a chunked layer counts min(tokens, C + max_num_batched_tokens) tokens
+    assert vllm_request_kv_bytes(mav, "bf16", 100_000, 8192) == (12 * 100_000 + 36 * (8192 + 8192)) * per_layer
+    assert vllm_request_kv_bytes(mav, "bf16", 5000, 8192) == (12 * 5000 + 36 * 5000) * per_layer
 
 
 def test_fitting_context_is_the_longest_that_fits():

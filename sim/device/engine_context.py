@@ -4,7 +4,8 @@ vLLM's refusal to start when its KV budget cannot hold one such request, as pure
 vLLM (vllm/v1/core/kv_cache_utils.py `check_enough_kv_cache_memory`, read at vllm-project/vllm main):
 after the profiling run it checks that the KV memory left holds one request of max_model_len tokens -
 each layer's `max_memory_usage_bytes`: a full-attention or MLA layer every token, a sliding-window layer
-min(W - 1 + max_num_batched_tokens, max_model_len) tokens, a linear-attention layer its one state - and
+min(W - 1 + max_num_batched_tokens, max_model_len) tokens, a chunked-local-attention layer min(C +
+max_num_batched_tokens, max_model_len) (`ChunkedLocalAttentionSpec`), a linear-attention layer its one state - and
 otherwise raises "To serve at least one request with the models's max seq len (...)". With
 --max-model-len -1 it instead fits max_model_len to the largest that holds (`_auto_fit_max_model_len`,
 a binary search as `vllm_fitting_context` here). Pages round each layer group up to a block: left out
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sim.model.layers import WINDOW
+from sim.model.layers import CHUNKED, WINDOW
 from sim.model.spec import ModelSpec
 
 VLLM_CHECK = "vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory"
@@ -27,9 +28,12 @@ def vllm_request_kv_bytes(model: ModelSpec, kv_dtype: str, tokens: int, max_num_
     """The KV bytes one GPU holds for one request of `tokens` tokens as vLLM's start check counts them
     (`model` one GPU's shard): the per-token layers (full, MLA; `ModelSpec.kv_bytes_per_token`) and the
     sparse indexer's keys x tokens, window layers x min(tokens, W - 1 + max_num_batched_tokens) tokens,
-    linear layers' state once."""
-    per_token = model.kv_bytes_per_token(kv_dtype) + model.indexer_bytes_per_token()
+    chunked layers x min(tokens, C + max_num_batched_tokens), linear layers' state once."""
+    chunked = model.kind_counts.get(CHUNKED, 0) * model.kind_kv_bytes_per_token_layer(CHUNKED, kv_dtype)
+    per_token = model.kv_bytes_per_token(kv_dtype) - chunked + model.indexer_bytes_per_token()
     out = per_token * tokens + model.state_bytes_per_sequence()
+    if chunked:
+        out += chunked * min(tokens, model.attention_chunk + max_num_batched_tokens)
     n_window = model.kind_counts.get(WINDOW, 0)
     if n_window:
         held = min(tokens, model.sliding_window - 1 + max_num_batched_tokens)

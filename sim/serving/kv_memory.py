@@ -11,7 +11,8 @@ layers (a model without linear or sparse ones) in a pool of their own beside ful
 share of the budget (`window_pools`): TensorRT-LLM equal shares, a window's W + temporary window tokens
 reserved (`device.memory.trtllm_window_tokens`); SGLang its swa_full_tokens_ratio split
 (`device.memory.sglang_swa_pool_shares`). A request then counts as its bytes in the fuller pool over
-that pool's share (`KvMemory.pool_shares`).
+that pool's share (`KvMemory.pool_shares`). Under vLLM (and without an engine) a chunked-local-attention
+layer holds its current chunk's tokens only (`device.memory.vllm_chunk_tokens`, `KvMemory.chunk_rule`).
 The activations are held for the largest step the scheduler can form, as vLLM sizes its KV cache
 after a profiling forward pass of `max_num_batched_tokens` tokens (logits only for the rows that
 sample: at most `max_num_seqs`). Under SGLang the pool also caps the requests that run at once
@@ -34,9 +35,10 @@ from sim.device.memory import (
     sglang_swa_pool_shares,
     staging_bytes,
     trtllm_window_tokens,
+    vllm_chunk_tokens,
 )
 from sim.inputs.serving_config import SchedulerCfg
-from sim.model.layers import LINEAR, SPARSE, WINDOW
+from sim.model.layers import CHUNKED, LINEAR, SPARSE, WINDOW
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,9 @@ class KvMemory:
     # (full attention's, the window's) shares of the budget where the engine keeps the window layers' KV in
     # a pool of its own (`window_pools`); None: one pool
     pool_shares: tuple[float, float] | None = None
+    # (chunked layers' KV bytes a token, chunk C) where the engine frees a chunked layer's blocks before its
+    # current chunk (vLLM's ChunkedLocalAttentionManager); None: those layers hold every token
+    chunk_rule: tuple[float, int] | None = None
 
     @property
     def fixed_bytes(self) -> float:
@@ -80,10 +85,15 @@ class KvMemory:
 
     def hbm_kv_bytes(self, t0, staged, tokens=None):
         """T0 tokens x KV bytes + staged T1/T2 tokens x staging bytes per token + the request's bounded
-        bytes (`bounded_bytes(tokens)`; 0 for a dense model), per request. With `pool_shares` each part
+        bytes (`bounded_bytes(tokens)`; 0 for a dense model), per request; with `chunk_rule` the chunked
+        layers' T0 bytes past their current chunk left out. With `pool_shares` each part
         is over its pool's share and the request counts as the larger: the budget binds as the fuller
         pool does, exactly where every request's fuller pool is the same."""
         full = t0 * self.kv_bytes_per_token + staged * self.staging_bytes_per_token
+        if self.chunk_rule:  # the chunked layers keep the T0 tokens of their current chunk alone
+            chunk_bytes, chunk = self.chunk_rule
+            current = vllm_chunk_tokens(t0 if tokens is None else tokens, chunk)
+            full = full - chunk_bytes * (t0 - np.minimum(t0, current))
         if self.pool_shares:
             full_share, window_share = self.pool_shares
             return np.maximum(full / full_share, self.bounded_bytes(tokens) / window_share)
@@ -112,7 +122,21 @@ def kv_memory(ctx: RunContext, max_num_batched_tokens: int, max_num_seqs: int) -
                       runtime_reserve_bytes=ctx.hw.runtime_reserve_bytes, host_capacity_bytes=ctx.hw.host_memory_bytes,
                       kv_bytes_per_token=ctx.kv_bytes_per_token, t2_bytes_per_token=ctx.t2_bytes_per_token,
                       staging_bytes_per_token=stage, bounded_bytes_per_request=bounded, request_bounded=per_request)
-    return window_pools(ctx, memory, max_num_batched_tokens)
+    return chunked_local(ctx, window_pools(ctx, memory, max_num_batched_tokens))
+
+
+def chunked_local(ctx: RunContext, memory: KvMemory) -> KvMemory:
+    """`memory` with vLLM's chunked local attention (`device.memory.vllm_chunk_tokens`) where the run's
+    engine is vLLM or none (kvtier's default rules, vLLM's) and its model has chunked layers: they hold
+    their current chunk's tokens, the blocks before it freed. TensorRT-LLM keeps every token (its KV
+    cache sizes every layer for max_seq_len); SGLang's own rule for them (its window pool) is not
+    modelled: every token. Else `memory`."""
+    e, model = ctx.scenario.engine, ctx.model
+    n = model.kind_counts.get(CHUNKED, 0)
+    if not n or (e is not None and e.name != "vllm"):
+        return memory
+    per_token = n * model.kind_kv_bytes_per_token_layer(CHUNKED, ctx.scenario.model.kv_dtype)
+    return replace(memory, chunk_rule=(per_token, model.attention_chunk))
 
 
 def window_pools(ctx: RunContext, memory: KvMemory, max_num_tokens: int) -> KvMemory:
