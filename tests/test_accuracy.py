@@ -170,8 +170,9 @@ def _level(summary, mode, by, key):
 
 
 # TensorRT-LLM's small-active MoE rows at 1,000+ sequences: GPT-OSS on Hopper (kvtier -13..+43%; +6..+62% before
-# TensorRT-LLM's window pools) and on Blackwell (-1..+57%; +23..+65%), Qwen3-30B-A3B on B200 / GB200 (-6..+45%, +11..+115% before the MoE kernel lanes; GB200's Grace host
-# slower than B200's where the batch is largest) - docs/accuracy.md
+# TensorRT-LLM's window pools) and on Blackwell (-1..+57%; +23..+65%), Qwen3-30B-A3B on B200 / GB200 (-6..+45%,
+# +11..+115% before the MoE kernel lanes; GB200's Grace host slower than B200's where the batch is largest) -
+# docs/accuracy.md
 SMALL_MOE = ("gpt-oss-120b", "gpt-oss-20b", "qwen3-30b-a3b")
 
 
@@ -187,8 +188,8 @@ def summary_without_small_moe(full_points):
 def test_end_to_end_accuracy_with_measured_tables(full_summary, summary_without_small_moe):
     # the whole table: 12.5% / 88.8% over 191 rows since TensorRT-LLM's window pools (2026-12-06: gpt-oss's full
     # layers get half the KV budget, kvCacheManager.cpp; GPT-OSS 44.4% / 39.1% -> 23.1% / 27.4%, the rest unchanged);
-    # 14.2% / 88.8% since TensorRT-LLM's fp8 KV prefills with its fp8 context FMHA (2026-12-06); 14.1% / 88.8% with the RTX PRO 6000's 11 pipeline-parallel cells (2026-12-06,
-    # 12.6%, the Qwen3 DEP2,PP2 ones up to +30%); 14.1% over 180 with its 13 Qwen3 cells (7.6%); 14.6% /
+    # 14.2% / 88.8% since TensorRT-LLM's fp8 KV prefills with its fp8 context FMHA (2026-12-06); 14.1% / 88.8%
+    # with the RTX PRO 6000's 11 pipeline-parallel cells (2026-12-06, 12.6%, the Qwen3 DEP2,PP2 ones up to +30%); 14.1% over 180 with its 13 Qwen3 cells (7.6%); 14.6% /
     # 88.8% over the 167 since Llama-4 Maverick's 17 (2026-12-06; its H200 DEP8 FP8 1k/8k
     # +88.8%: Hopper's chunked decode runs on TensorRT-LLM's MMHA kernel, not modelled) and the attention-DP dense
     # GEMMs over their rank's rows (14.8% over the 150 before Maverick); before them 15.2% / 70.0% over 150 rows, 56
@@ -279,7 +280,7 @@ def test_end_to_end_accuracy_in_datasheet_mode(full_summary, summary_without_sma
     # before TensorRT-LLM's MoE kernel lanes, 10.6% over
     # the 116 before GPT-OSS's Blackwell rows, 14.0% over the 80 before the NVFP4 rows): the 10% goal NOT met
     assert _level(full_summary, "datasheet", "all", "all")[0] <= 0.13
-    assert _level(full_summary, "datasheet", "family", "offline-throughput")[0] <= 0.13  # 11.4% (13.7% before the pools)
+    assert _level(full_summary, "datasheet", "family", "offline-throughput")[0] <= 0.13  # 11.4% (13.7% before pools)
     median, worst = _level(summary_without_small_moe, "datasheet", "all", "all")
     # current level (9.4% over the 122 rows without the small MoE ones since TensorRT-LLM's fp8 context FMHA, 9.7%
     # before it; 9.7% over the 114 rows without the small MoE ones with the RTX PRO 6000's Qwen3-235B DEP8; 10.5%

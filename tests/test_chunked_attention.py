@@ -17,8 +17,8 @@ from sim.device.memory import vllm_chunk_tokens
 from sim.device.physics import decode_layer_attention_s, kinds_prefill_flop
 from sim.inputs import catalog
 from sim.inputs.errors import ConfigError
-from sim.model.layers import CHUNKED, FULL, chunk_attended, chunk_pairs
 from sim.inputs.scenario import scenario_from_dict
+from sim.model.layers import CHUNKED, FULL, chunk_attended, chunk_pairs
 from sim.serving.engine import ServingSim
 from sim.serving.kv_memory import kv_memory
 
@@ -125,7 +125,8 @@ def test_vllm_holds_the_current_chunk_alone():
     assert list(vllm_chunk_tokens(np.array([0, 10_000, 2 * C]), C)) == [0, 10_000 - C, C]
 
     def memory(engine):
-        data = {"name": "m", "model": {"name": "llama-4-maverick"}, "hardware": {"gpu": "h200-sxm"}, "parallel": {"tp": 8},
+        data = {"name": "m", "model": {"name": "llama-4-maverick"}, "hardware": {"gpu": "h200-sxm"},
+                "parallel": {"tp": 8},
                 "workload": {"prompt_tokens": 1024, "reasoning_tokens": 4096, "seed": 1,
                              "arrivals": {"kind": "closed_loop", "concurrency": 8, "requests": 8}},
                 "policy": {"kind": "full_hbm"}, "sim": {"detail": "step"}}
