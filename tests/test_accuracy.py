@@ -189,7 +189,8 @@ def test_end_to_end_accuracy_with_measured_tables(full_summary, summary_without_
     # the whole table: 12.5% / 88.8% over 191 rows since TensorRT-LLM's window pools (2026-12-06: gpt-oss's full
     # layers get half the KV budget, kvCacheManager.cpp; GPT-OSS 44.4% / 39.1% -> 23.1% / 27.4%, the rest unchanged);
     # 14.2% / 88.8% since TensorRT-LLM's fp8 KV prefills with its fp8 context FMHA (2026-12-06); 14.1% / 88.8%
-    # with the RTX PRO 6000's 11 pipeline-parallel cells (2026-12-06, 12.6%, the Qwen3 DEP2,PP2 ones up to +30%); 14.1% over 180 with its 13 Qwen3 cells (7.6%); 14.6% /
+    # with the RTX PRO 6000's 11 pipeline-parallel cells (2026-12-06, 12.6%, the Qwen3 DEP2,PP2 ones up to +30%);
+    # 14.1% over 180 with its 13 Qwen3 cells (7.6%); 14.6% /
     # 88.8% over the 167 since Llama-4 Maverick's 17 (2026-12-06; its H200 DEP8 FP8 1k/8k
     # +88.8%: Hopper's chunked decode runs on TensorRT-LLM's MMHA kernel, not modelled) and the attention-DP dense
     # GEMMs over their rank's rows (14.8% over the 150 before Maverick); before them 15.2% / 70.0% over 150 rows, 56
