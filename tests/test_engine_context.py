@@ -186,3 +186,10 @@ def test_every_launch_line_states_a_declared_context():
     assert "--max-model-len " in fitted["vllm"] and "--context-length" not in fitted["sglang"]
     whole = launch_lines(row, load_scenario(SERVING, TIGHT))  # TP2 holds the whole context: no flag
     assert "--max-model-len" not in whole["vllm"]
+
+
+def test_sglangs_line_states_a_declared_swa_ratio():
+    row = {"gpu": "h100-sxm", "gpus": 2, "tp": 2, "dp": 1, "policy": "full_hbm", "max_num_seqs": 256}
+    lines = launch_lines(row, load_scenario(SERVING, ["engine.name=sglang", "engine.swa_full_tokens_ratio=0.5"]))
+    assert lines["sglang"].split("  # ")[0].endswith("--swa-full-tokens-ratio 0.5")
+    assert "--swa-full-tokens-ratio" not in launch_lines(row, load_scenario(SERVING, ["engine.name=sglang"]))["sglang"]

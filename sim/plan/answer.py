@@ -166,7 +166,7 @@ def launch_lines(best: dict, base: Scenario, host_peak_bytes_per_gpu: float | No
     if not best.get("prefill"):
         one_server = 1 if moe or best.get("experts") else best["dp"]  # else a server per replica (`launch_commands`)
         lines = balanced(commands(best["tp"], best["dp"], best["policy"], host_offload_bytes), balancer, one_server)
-        lines = with_context_flags(lines, base, instance_scenarios(base, best))
+        lines = with_swa_ratio(with_context_flags(lines, base, instance_scenarios(base, best)), base)
         return {e: with_pipeline(e, line, int(best.get("pp") or 1)) for e, line in lines.items()}
     x, tp_p = parse_prefill_label(best["prefill"])
     pre, dec = instance_scenarios(base, best)
@@ -174,6 +174,7 @@ def launch_lines(best: dict, base: Scenario, host_peak_bytes_per_gpu: float | No
     for role, cmds in (("prefill", with_context_flags(commands(tp_p, x, "full_hbm", None, False), base, pre)),
                        ("decode", with_context_flags(commands(best["tp"], best["dp"], best["policy"], host_offload_bytes,
                                                               False), base, dec))):  # an instance of one phase mixes none
+        cmds = with_swa_ratio(cmds, base)
         for engine, line in cmds.items():
             out[f"{engine} {role}"] = (with_flags(line, DISAGG_FLAGS[engine].replace("{role}", role))
                                        if engine in DISAGG_FLAGS else with_note(line, DISAGG_NOTES[engine]))
@@ -196,6 +197,15 @@ def with_context_flags(lines: dict[str, str], base: Scenario, instance) -> dict[
         return lines
     context = vllm_max_model_len(instance())
     return {**lines, "vllm": with_flags(lines["vllm"], f"--max-model-len {context}")} if context is not None else lines
+
+
+def with_swa_ratio(lines: dict[str, str], base: Scenario) -> dict[str, str]:
+    """The engines' lines with SGLang's --swa-full-tokens-ratio where the scenario sets it
+    (engine.swa_full_tokens_ratio, the window pool the plan ran with); else `lines` (SGLang's default 0.8)."""
+    ratio = base.engine.swa_full_tokens_ratio if base.engine is not None else None
+    if ratio is None or "sglang" not in lines:
+        return lines
+    return {**lines, "sglang": with_flags(lines["sglang"], f"--swa-full-tokens-ratio {ratio:g}")}
 
 
 def vllm_max_model_len(instance: Scenario) -> int | None:
