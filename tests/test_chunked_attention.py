@@ -13,7 +13,6 @@ import pytest
 
 from sim.decode.context import build_context
 from sim.device.kernels import datasheet_hardware
-from sim.device.memory import vllm_chunk_tokens
 from sim.device.physics import decode_layer_attention_s, kinds_prefill_flop
 from sim.inputs import catalog
 from sim.inputs.errors import ConfigError
@@ -121,8 +120,8 @@ def test_vllm_holds_the_current_chunk_alone():
     """ChunkedLocalAttentionManager frees the blocks before a chunk's start: a chunked layer holds
     ((n - 1) mod C) + 1 tokens. Maverick at TP 8 (one KV head of 128 a GPU, bf16): 512 B a token a layer;
     10,000 tokens hold 12 x 10,000 + 36 x 1,808 token-layers under vLLM, 48 x 10,000 under TensorRT-LLM."""
-    assert vllm_chunk_tokens(1, C) == 1 and vllm_chunk_tokens(C, C) == C and vllm_chunk_tokens(C + 1, C) == 1
-    assert list(vllm_chunk_tokens(np.array([0, 10_000, 2 * C]), C)) == [0, 10_000 - C, C]
+    assert chunk_attended(1, C) == 1 and chunk_attended(C, C) == C and chunk_attended(C + 1, C) == 1
+    assert list(chunk_attended(np.array([10_000, 2 * C]), C)) == [10_000 - C, C]
 
     def memory(engine):
         data = {"name": "m", "model": {"name": "llama-4-maverick"}, "hardware": {"gpu": "h200-sxm"},

@@ -162,21 +162,3 @@ def sglang_swa_pool_shares(full_bytes_per_token: float, window_bytes_per_token: 
     layers (F x n_full, S x n_swa): F n_full / D and r S n_swa / D, D = F n_full + r S n_swa."""
     d = full_bytes_per_token + ratio * window_bytes_per_token
     return full_bytes_per_token / d, ratio * window_bytes_per_token / d
-
-
-# ---- vLLM's chunked local attention (Llama 4) ------------------------------------------------------------
-# Read (vllm-project/vllm): v1/core/single_type_kv_cache_manager.py `ChunkedLocalAttentionManager`
-# (`get_num_skipped_tokens`: the tokens before the current chunk's start, whose blocks
-# `remove_skipped_blocks` frees), under the hybrid KV cache manager, which chunked local attention runs with
-# by default since VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE defaults to 1 (vllm/envs.py; PR #21761
-# had added it off, #29627 turned it on, and #46553's proposal to turn it off again was closed unmerged);
-# v1/kv_cache_interface.py `ChunkedLocalAttentionSpec.max_admission_blocks_per_request`: the start check
-# and the admission gate count min(C + max_num_batched_tokens, max_model_len) tokens a chunked layer.
-
-
-def vllm_chunk_tokens(tokens, chunk: int):
-    """Tokens a chunked-local-attention layer holds for a sequence of `tokens` tokens (scalar or array)
-    under vLLM: its current chunk's, ((n - 1) mod C) + 1 (0 for an empty sequence)."""
-    n = np.asarray(tokens, dtype=float)
-    out = np.where(n > 0, np.mod(np.maximum(n, 1) - 1, chunk) + 1, 0.0)
-    return out if np.ndim(out) else float(out)

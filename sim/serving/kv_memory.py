@@ -12,7 +12,7 @@ share of the budget (`window_pools`): TensorRT-LLM equal shares, a window's W + 
 reserved (`device.memory.trtllm_window_tokens`); SGLang its swa_full_tokens_ratio split
 (`device.memory.sglang_swa_pool_shares`). A request then counts as its bytes in the fuller pool over
 that pool's share (`KvMemory.pool_shares`). Under vLLM (and without an engine) a chunked-local-attention
-layer holds its current chunk's tokens only (`device.memory.vllm_chunk_tokens`, `KvMemory.chunk_rule`).
+layer holds its current chunk's tokens only (`model.layers.chunk_attended`, `KvMemory.chunk_rule`).
 The activations are held for the largest step the scheduler can form, as vLLM sizes its KV cache
 after a profiling forward pass of `max_num_batched_tokens` tokens (logits only for the rows that
 sample: at most `max_num_seqs`). Under SGLang the pool also caps the requests that run at once
@@ -35,10 +35,9 @@ from sim.device.memory import (
     sglang_swa_pool_shares,
     staging_bytes,
     trtllm_window_tokens,
-    vllm_chunk_tokens,
 )
 from sim.inputs.serving_config import SchedulerCfg
-from sim.model.layers import CHUNKED, LINEAR, SPARSE, WINDOW
+from sim.model.layers import CHUNKED, LINEAR, SPARSE, WINDOW, chunk_attended
 
 
 @dataclass(frozen=True)
@@ -92,7 +91,7 @@ class KvMemory:
         full = t0 * self.kv_bytes_per_token + staged * self.staging_bytes_per_token
         if self.chunk_rule:  # the chunked layers keep the T0 tokens of their current chunk alone
             chunk_bytes, chunk = self.chunk_rule
-            current = vllm_chunk_tokens(t0 if tokens is None else tokens, chunk)
+            current = chunk_attended(t0 if tokens is None else tokens, chunk)  # (t0 = 0: nothing left out)
             full = full - chunk_bytes * (t0 - np.minimum(t0, current))
         if self.pool_shares:
             full_share, window_share = self.pool_shares
@@ -126,9 +125,12 @@ def kv_memory(ctx: RunContext, max_num_batched_tokens: int, max_num_seqs: int) -
 
 
 def chunked_local(ctx: RunContext, memory: KvMemory) -> KvMemory:
-    """`memory` with vLLM's chunked local attention (`device.memory.vllm_chunk_tokens`) where the run's
-    engine is vLLM or none (kvtier's default rules, vLLM's) and its model has chunked layers: they hold
-    their current chunk's tokens, the blocks before it freed. TensorRT-LLM keeps every token (its KV
+    """`memory` with vLLM's chunked local attention where the run's engine is vLLM or none (kvtier's
+    default rules, vLLM's) and its model has chunked layers: they hold their current chunk's tokens
+    (`model.layers.chunk_attended`), the blocks before it freed (vllm/v1/core/single_type_kv_cache_manager.py
+    `ChunkedLocalAttentionManager`, under the hybrid KV cache manager, on for chunked attention by default:
+    VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE 1 since PR #29627; #46553's proposal to turn it off
+    again was closed unmerged). TensorRT-LLM keeps every token (its KV
     cache sizes every layer for max_seq_len); SGLang's own rule for them (its window pool) is not
     modelled: every token. Else `memory`."""
     e, model = ctx.scenario.engine, ctx.model
