@@ -29,15 +29,14 @@ def vllm_request_kv_bytes(model: ModelSpec, kv_dtype: str, tokens: int, max_num_
     (`model` one GPU's shard): the per-token layers (full, MLA; `ModelSpec.kv_bytes_per_token`) and the
     sparse indexer's keys x tokens, window layers x min(tokens, W - 1 + max_num_batched_tokens) tokens,
     chunked layers x min(tokens, C + max_num_batched_tokens), linear layers' state once."""
-    chunked = model.kind_counts.get(CHUNKED, 0) * model.kind_kv_bytes_per_token_layer(CHUNKED, kv_dtype)
+    chunked = model.kind_kv_bytes_per_token(CHUNKED, kv_dtype)
     per_token = model.kv_bytes_per_token(kv_dtype) - chunked + model.indexer_bytes_per_token()
     out = per_token * tokens + model.state_bytes_per_sequence()
     if chunked:
         out += chunked * min(tokens, model.attention_chunk + max_num_batched_tokens)
-    n_window = model.kind_counts.get(WINDOW, 0)
-    if n_window:
+    if WINDOW in model.kind_counts:
         held = min(tokens, model.sliding_window - 1 + max_num_batched_tokens)
-        out += n_window * model.kind_kv_bytes_per_token_layer(WINDOW, kv_dtype) * held
+        out += model.kind_kv_bytes_per_token(WINDOW, kv_dtype) * held
     return float(out)
 
 

@@ -315,13 +315,16 @@ class ModelSpec:
             return self.kind_kv_bytes_per_token_layer(FULL, kv_dtype)
         return self.kv_bytes_per_token(kv_dtype) / self.num_layers
 
+    def kind_kv_bytes_per_token(self, kind: str, kv_dtype: str = "bf16") -> float:
+        """One token over all the layers of `kind` (`kind_kv_bytes_per_token_layer` x their count; 0 without)."""
+        return self.kind_counts.get(kind, 0) * self.kind_kv_bytes_per_token_layer(kind, kv_dtype)
+
     def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> float:
         """K and V of one token over all layers: 2 * L * Hkv * d * bytes(kv_dtype). With layer kinds:
         the sum over the layers that grow per token (full, MLA) - what tiers per token."""
         if not self.layer_kinds:
             return self.num_layers * self.kv_bytes_per_token_layer(kv_dtype)
-        return sum(n * self.kind_kv_bytes_per_token_layer(k, kv_dtype) for k, n in self.kind_counts.items()
-                   if k in TIERED_KINDS)
+        return sum(self.kind_kv_bytes_per_token(k, kv_dtype) for k in self.kind_counts if k in TIERED_KINDS)
 
     def tiered_kv_bytes_per_token_layer(self, kv_dtype: str = "bf16") -> float:
         """One token in one tiered layer (what a staging buffer holds per token): `kv_bytes_per_token_layer`
@@ -359,11 +362,10 @@ class ModelSpec:
         bytes. min(sum, B x W) is sum_b min(n_b, W) exactly when every sequence is at least W long
         (or all are shorter), and an upper bound otherwise. Sparse layers add every token's indexer key
         (`indexer_bytes_per_token`): the indexer scores all tokens each step, so its keys stay in HBM."""
-        n_window = self.kind_counts.get(WINDOW, 0)
         out = np.asarray(sequences, dtype=float) * self.state_bytes_per_sequence()
-        if n_window:
+        if WINDOW in self.kind_counts:
             held = np.minimum(np.asarray(tokens, dtype=float), np.asarray(sequences, dtype=float) * self.sliding_window)
-            out = out + n_window * self.kind_kv_bytes_per_token_layer(WINDOW, kv_dtype) * held
+            out = out + self.kind_kv_bytes_per_token(WINDOW, kv_dtype) * held
         if SPARSE in self.kind_counts:
             out = out + self.indexer_bytes_per_token() * np.asarray(tokens, dtype=float)
         return out if np.ndim(out) else float(out)
@@ -379,7 +381,7 @@ class ModelSpec:
         sequence holds in them (window: W tokens' worth; linear: its state)."""
         rows = {}
         for kind, n in self.kind_counts.items():
-            per_token = n * self.kind_kv_bytes_per_token_layer(kind, kv_dtype)
+            per_token = self.kind_kv_bytes_per_token(kind, kv_dtype)
             row = {"layers": n, "bytes_per_token": per_token}
             if kind == CHUNKED:
                 row.update(chunk_tokens=self.attention_chunk)

@@ -134,10 +134,9 @@ def chunked_local(ctx: RunContext, memory: KvMemory) -> KvMemory:
     cache sizes every layer for max_seq_len); SGLang's own rule for them (its window pool) is not
     modelled: every token. Else `memory`."""
     e, model = ctx.scenario.engine, ctx.model
-    n = model.kind_counts.get(CHUNKED, 0)
-    if not n or (e is not None and e.name != "vllm"):
+    if CHUNKED not in model.kind_counts or (e is not None and e.name != "vllm"):
         return memory
-    per_token = n * model.kind_kv_bytes_per_token_layer(CHUNKED, ctx.scenario.model.kv_dtype)
+    per_token = model.kind_kv_bytes_per_token(CHUNKED, ctx.scenario.model.kv_dtype)
     return replace(memory, chunk_rule=(per_token, model.attention_chunk))
 
 
@@ -152,7 +151,7 @@ def window_pools(ctx: RunContext, memory: KvMemory, max_num_tokens: int) -> KvMe
     e, kinds = ctx.scenario.engine, ctx.model.kind_counts
     if e is None or e.name == "vllm" or WINDOW not in kinds or LINEAR in kinds or SPARSE in kinds or len(kinds) < 2:
         return memory
-    per_token = kinds[WINDOW] * ctx.model.kind_kv_bytes_per_token_layer(WINDOW, ctx.scenario.model.kv_dtype)
+    per_token = ctx.model.kind_kv_bytes_per_token(WINDOW, ctx.scenario.model.kv_dtype)
     if e.name == "sglang":
         ratio = e.swa_full_tokens_ratio or SGLANG_SWA_FULL_TOKENS_RATIO
         return replace(memory, pool_shares=sglang_swa_pool_shares(memory.kv_bytes_per_token, per_token, ratio))
