@@ -55,7 +55,7 @@ STEP_KINDS = (DECODE, MIXED, PREFILL)
 
 VLLM_MAX_CAPTURE = 512  # _set_cudagraph_sizes: default_max_graph_size
 VLLM_SM100_MAX_CAPTURE = 1024  # ... on compute capability 10.x (is_device_capability_family(100))
-SM100_GPUS = frozenset({"b200", "gb200"})  # the catalog's GPUs of compute capability 10.x
+SM100_GPUS = frozenset({"b200", "gb200", "b300", "gb300"})  # the catalog's GPUs of compute capability 10.x (B300: 10.3)
 
 VLLM_MEMORY = "vllm/v1/worker/gpu_worker.py determine_available_memory"
 SGLANG_MEMORY = "python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py profile_max_num_token"

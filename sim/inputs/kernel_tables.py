@@ -85,7 +85,8 @@ MS_TO_S = 1e-3
 ELEMENT_BYTES = 2  # all-reduce message sizes are counted in bf16/half elements
 # kvtier catalog GPU -> AIConfigurator system (its systems/<name>.yaml and data/<name>/)
 SYSTEMS = {"h100-sxm": "h100_sxm", "h200-sxm": "h200_sxm", "a100-80gb-sxm": "a100_sxm", "l40s": "l40s",
-           "b200": "b200_sxm", "gb200": "gb200", "rtx-pro-6000-server": "rtx_pro_6000_server"}
+           "b200": "b200_sxm", "gb200": "gb200", "b300": "b300_sxm", "gb300": "gb300",
+           "rtx-pro-6000-server": "rtx_pro_6000_server"}
 # weight dtype -> measured GEMM dtype; the weight-only int8/int4 tables are TensorRT-LLM's (its
 # WeightOnlyQuantMatmul plugin, per-channel scales: A100 1.0.0 only), the other frameworks time none
 GEMM_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "int8": "int8_wo", "int4": "int4_wo",
