@@ -91,3 +91,16 @@ def test_vllm_captures_graphs_to_1024_on_them_as_on_sm100():
         return build_context(sc).hw.launch.graph_max_batch
 
     assert largest("b300") == largest("gb300") == 1024 and largest("h200-sxm") == 512
+
+
+def test_a_profile_of_either_gpu_finds_its_catalog_entry():
+    """The device names their tables record ("NVIDIA B300 SXM6 AC", "NVIDIA GB300") match the new entries,
+    in hwprobe's check and in the report's measured column - not B200's or GB200's."""
+    from hwprobe.calibrate.checks import match_gpu
+    from sim.inputs.profile import Profile
+    from sim.studies.projection_grid import profile_base_gpu
+
+    for device, gpu in (("NVIDIA B300 SXM6 AC", "b300"), ("NVIDIA GB300", "gb300"), ("NVIDIA GB200", "gb200")):
+        assert match_gpu(device).name == gpu
+        prof = Profile(device="cuda", device_name=device, machine="t", created_utc="2026-12-06T00:00:00Z")
+        assert profile_base_gpu(prof) == gpu
