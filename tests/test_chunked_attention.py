@@ -140,3 +140,55 @@ def test_vllm_holds_the_current_chunk_alone():
         assert m.hbm_kv_bytes(5000, 0, 5000) == 48 * 5000 * per_layer  # still in its first chunk
     trt = memory("tensorrt-llm")
     assert trt.chunk_rule is None and trt.hbm_kv_bytes(10_000, 0, 10_000) == 48 * 10_000 * per_layer
+
+
+def test_tensorrt_llm_decodes_chunked_layers_on_mmha_below_sm100():
+    """XQA refuses a chunk (kernelUtils.cpp supportConfigCommon) and attentionOp.cpp falls back to MMHA;
+    compute capability 10.x decodes on trtllm-gen, which takes it; below max_seq_len = C no chunk is handed on."""
+    from sim.device.engine_rules import trtllm_chunked_decode_on_mmha as on_mmha
+
+    assert on_mmha("tensorrt-llm", "h200-sxm", C, 9216) and on_mmha("tensorrt-llm", "rtx-pro-6000-server", C, C)
+    assert not on_mmha("tensorrt-llm", "h200-sxm", C, 2048)
+    assert not on_mmha("tensorrt-llm", "b200", C, 9216) and not on_mmha("tensorrt-llm", "gb300", C, 9216)
+    assert not on_mmha("vllm", "h200-sxm", C, 9216) and not on_mmha("sglang", "h100-sxm", C, 9216)
+    assert not on_mmha("tensorrt-llm", "h200-sxm", 0, 9216) and not on_mmha("tensorrt-llm", "h200-sxm", C, None)
+
+
+def _row_context(row_id: str):
+    from sim.studies.accuracy import scenario_for
+    from sim.studies.e2e_table import load_measurements
+
+    return build_context(scenario_for(next(m for m in load_measurements() if m.id == row_id), "measured"))
+
+
+def test_the_perf_overviews_h200_maverick_runs_decode_on_mmha_past_the_chunk():
+    """trtllm-bench's max_seq_len is ISL + OSL: 9,216 at 1k/8k reaches the chunk, 2,048 at 1k/1k does not;
+    B200 decodes the same on trtllm-gen."""
+    from sim.inputs.kernel_tables import tables_available
+
+    if not tables_available():
+        pytest.skip("the .[measured] extra is not installed")
+    ctx = _row_context("trt-h200-llama4-maverick-fp8-dep8-1k8k")
+    assert ctx.max_model_len == 9216 and ctx.hw.chunked_decode_per_query_head
+    assert "MMHA" in ctx.hw.sources["chunked_decode"] and "5x the reads" in ctx.hw.sources["chunked_decode"]
+    assert not _row_context("trt-h200-llama4-maverick-fp8-dep8-1k1k").hw.chunked_decode_per_query_head
+    assert not _row_context("trt-b200-llama4-maverick-nvfp4-dep4-1k8k").hw.chunked_decode_per_query_head
+
+
+def test_a_chunked_layer_on_mmha_costs_the_tables_mha_row():
+    """One block per query head: the measured tables time MMHA in their MHA rows (kv heads = heads). At 16
+    sequences x 4,095 tokens, fp8 KV, H200's TensorRT-LLM table reads 313.8 us for 40 MHA heads, where XQA's
+    40 / 8 GQA row reads 45.6; a layer of Maverick's chunked attention takes the first on MMHA."""
+    from sim.device.physics import kinds_attention_s
+    from sim.inputs.kernel_tables import tables_available
+
+    if not tables_available():
+        pytest.skip("the .[measured] extra is not installed")
+    ctx = _row_context("trt-h200-llama4-maverick-fp8-dep8-1k8k")
+    rank = replace(ctx.model, attention_dp=1, layer_kinds=(CHUNKED,) * ctx.model.num_layers)
+    kvl = rank.kind_kv_bytes_per_token_layer(CHUNKED, "fp8")
+    b, n = 16, 4095
+    gqa_hw = replace(ctx.hw, chunked_decode_per_query_head=False)
+    mmha, xqa = (kinds_attention_s(rank, hw, b, b * n, (b * n + b) * kvl, kvl) for hw in (ctx.hw, gqa_hw))
+    assert mmha == pytest.approx(313.8e-6, abs=0.1e-6) and xqa == pytest.approx(45.6e-6, abs=0.1e-6)
+    assert mmha == pytest.approx(ctx.hw.kernels.decode_attention_one_s(b, n, 40, 40, 128, "fp8"), rel=1e-12)

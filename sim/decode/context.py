@@ -12,6 +12,7 @@ from sim.device.engine_rules import (
     engine_whole_embedding,
     host_launch_s,
     launch_rule,
+    trtllm_chunked_decode_on_mmha,
 )
 from sim.device.hardware import Hardware, resolve_hardware
 from sim.device.memory import profile_run_activation_bytes
@@ -26,7 +27,7 @@ from sim.inputs.profile import Profile
 from sim.inputs.scenario import Scenario
 from sim.inputs.serving_config import SchedulerCfg
 from sim.model.dtypes import COMPRESSED_DTYPES
-from sim.model.layers import MLA
+from sim.model.layers import CHUNKED, MLA
 from sim.model.spec import ModelSpec
 from sim.model.units import GiB
 from sim.tiering.tiers import TierPolicy
@@ -124,7 +125,7 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
         weights_bytes=model.weight_bytes(m.weight_dtype, m.weight_group_size),
         profile_path=profile_path,
     )
-    return with_context_rule(ctx, engine_sched) if engine_sched is not None else ctx
+    return with_chunked_decode_rule(with_context_rule(ctx, engine_sched)) if engine_sched is not None else ctx
 
 
 def with_context_rule(ctx: RunContext, sc: SchedulerCfg) -> RunContext:
@@ -163,6 +164,21 @@ def with_context_rule(ctx: RunContext, sc: SchedulerCfg) -> RunContext:
                               "or raise gpu_memory_utilization", field="engine.max_model_len")
     sources = {**ctx.hw.sources, "max_model_len": f"{declared:,} tokens: {origin}"}
     return replace(ctx, max_model_len=declared, hw=replace(ctx.hw, sources=sources))
+
+
+def with_chunked_decode_rule(ctx: RunContext) -> RunContext:
+    """`ctx` whose chunked layers decode one thread block per query head where its engine runs them so
+    (`engine_rules.trtllm_chunked_decode_on_mmha`: TensorRT-LLM's MMHA below compute capability 10.x, once
+    the longest sequence it serves, `RunContext.max_model_len`, reaches the chunk)."""
+    e, model = ctx.scenario.engine, ctx.model
+    if e is None or CHUNKED not in model.kind_counts or not trtllm_chunked_decode_on_mmha(
+            e.name, ctx.hw.gpu.name, model.attention_chunk, ctx.max_model_len):
+        return ctx
+    why = (f"TensorRT-LLM on {ctx.hw.gpu.name}: XQA refuses a chunk (kernelUtils.cpp supportConfigCommon), so the "
+           f"{model.kind_counts[CHUNKED]} chunked layers decode on MMHA, one block per query head streaming its KV "
+           f"head's cache: {model.num_heads // model.num_kv_heads}x the reads, timed as MHA of {model.num_heads} heads")
+    hw = replace(ctx.hw, chunked_decode_per_query_head=True, sources={**ctx.hw.sources, "chunked_decode": why})
+    return replace(ctx, hw=hw)
 
 
 def with_moe_exchange(hw: Hardware, scenario: Scenario, experts_format: str) -> Hardware:

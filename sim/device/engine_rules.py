@@ -92,6 +92,19 @@ def engine_allreduce_impl(engine: str, gpus: int, nvlink: bool) -> str:
 DENSE_DP_ENGINES = frozenset({"vllm", "tensorrt-llm"})
 
 
+def trtllm_chunked_decode_on_mmha(engine: str | None, gpu_name: str, attention_chunk: int,
+                                  max_seq_len: int | None) -> bool:
+    """Whether TensorRT-LLM decodes chunked-attention layers on its MMHA kernel, one thread block per query
+    head, each streaming its KV head's cache (decoderMaskedMultiheadAttention: grid of heads x sequences):
+    where it hands the chunk to its generation kernels - max_seq_len reaching the chunk; below it a chunk
+    holds every sequence whole - on a GPU whose decode kernel is XQA, which refuses a chunk
+    (decoderXQAImplJIT/kernelUtils.cpp `supportConfigCommon`: "chunked attention is not supported yet";
+    attentionOp.cpp falls back to MMHA). Compute capability 10.x decodes on trtllm-gen's kernels instead,
+    which take the chunk (xqaDispatcher.cpp, `mChunkedAttentionSize`)."""
+    return (engine == "tensorrt-llm" and attention_chunk > 0 and gpu_name not in SM100_GPUS
+            and max_seq_len is not None and max_seq_len >= attention_chunk)
+
+
 def engine_dense_dp(engine: str | None) -> bool:
     """Whether `engine` runs the dense MLPs, shared experts, embedding and LM head data-parallel under
     attention data parallelism (`ModelSpec.shard`'s dense_dp): TensorRT-LLM (_torch/models/

@@ -336,6 +336,9 @@ class Hardware:
     kernels: MeasuredKernels | None = field(default=None, compare=False)  # hardware.kernels: measured
     # a layer's elementwise passes by bytes (`device.elementwise`); None: layer_overhead_s flat per layer
     elementwise: Elementwise | None = None
+    # chunked layers decode one thread block per query head (TensorRT-LLM's MMHA below compute capability 10.x:
+    # `engine_rules.trtllm_chunked_decode_on_mmha`); False: the GQA kernel, one read of each KV head's cache
+    chunked_decode_per_query_head: bool = False
 
     def allreduce_s(self, nbytes: float, gpus: int | None = None) -> float:
         """All-reduce of `nbytes` over the TP group (or `gpus` of it). With measured kernels the table of

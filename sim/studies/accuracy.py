@@ -71,6 +71,8 @@ def engine_for(m: Measurement) -> dict | None:
         engine["cuda_graph_batch_sizes"] = m.cuda_graph_batch_sizes
     if engine is not None and m.cuda_graph_padding:
         engine["cuda_graph_padding"] = True
+    if engine is not None and m.batch_limits == "trtllm-bench":  # its max_seq_len: the dataset's longest request
+        engine["max_model_len"] = m.isl + m.osl
     return engine
 
 
