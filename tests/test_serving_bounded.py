@@ -170,3 +170,39 @@ def test_swa_full_tokens_ratio_is_sglangs_alone():
     from sim.inputs.errors import ConfigError
     with pytest.raises(ConfigError, match="swa_full_tokens_ratio is SGLang's"):
         scenario_from_dict(_scenario() | {"engine": {"name": "vllm", "swa_full_tokens_ratio": 0.5}}, "test.yaml")
+
+
+def _closed_batch(engine: str) -> dict:
+    """gpt-oss-120b on one H200, a closed batch of 1,024 + 1,024 tokens, under `engine` serving 2,048 tokens."""
+    return {"name": "closed-pools", "model": {"name": "gpt-oss-120b", "weight_dtype": "bf16",
+                                              "expert_weight_dtype": "mxfp4", "kv_dtype": "bf16"},
+            "hardware": {"gpu": "h200-sxm", "kernels": "datasheet"}, "policy": {"kind": "full_hbm"},
+            "workload": {"batch_size": 64, "prompt_tokens": 1024, "reasoning_tokens": 1024},
+            "engine": {"name": engine, "max_model_len": 2048}}
+
+
+def test_a_closed_batch_holds_the_window_layers_in_the_engines_pools():
+    """The closed batch's memory trace applies the pools the serving run does (`RunContext.window_pools`):
+    under TensorRT-LLM gpt-oss-120b's 18 full layers (36,864 B a token) and 18 window layers each get half
+    the KV budget, and at 2,048 tokens a sequence reserves 2,047 + 32 tokens in the window's pool (a
+    temporary window of min(max_num_tokens, 2,048 - 1 - 128) = 1,919): 2 x 2,079 x 36,864 B, the fuller
+    pool, so floor(budget / 153.3 MB) = 482 fit where vLLM's one pool fits 846; under SGLang the full pool
+    (1 / (1 + 0.8) of the budget) binds."""
+    from sim.decode.capacity import baseline_max_batches
+
+    ctx = build_context(scenario_from_dict(_closed_batch("tensorrt-llm"), "t"))
+    pools = ctx.window_pools
+    assert pools.shares == (0.5, 0.5) and pools.reach == 128 + 1919 and pools.per_token == 36_864
+    budget = ctx.hw.memory_bytes - ctx.weights_bytes - ctx.hw.held_activation_bytes - ctx.hw.runtime_reserve_bytes
+    per_sequence = 2 * (2047 + 32) * 36_864
+    assert baseline_max_batches(ctx)["full_hbm"] == budget // per_sequence == 482
+    assert baseline_max_batches(ctx)["evict_only"] == 482  # evicting full-layer tokens frees nothing that binds
+    vllm = build_context(scenario_from_dict(_closed_batch("vllm"), "t"))  # one pool: W tokens of window KV beside
+    budget = vllm.hw.memory_bytes - vllm.weights_bytes - vllm.hw.held_activation_bytes - vllm.hw.runtime_reserve_bytes
+    assert vllm.window_pools is None and baseline_max_batches(vllm)["full_hbm"] == budget // ((2048 + 128) * 36_864)
+    sglang = build_context(scenario_from_dict(_closed_batch("sglang"), "t"))
+    full_share = sglang.window_pools.shares[0]
+    assert full_share == pytest.approx(1 / 1.8) and sglang.window_pools.reach == 128
+    budget = (sglang.hw.memory_bytes - sglang.weights_bytes - sglang.hw.held_activation_bytes
+              - sglang.hw.runtime_reserve_bytes)
+    assert baseline_max_batches(sglang)["full_hbm"] == budget // (2048 * 36_864 / full_share)

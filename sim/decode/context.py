@@ -15,7 +15,7 @@ from sim.device.engine_rules import (
     trtllm_chunked_decode_on_mmha,
 )
 from sim.device.hardware import Hardware, resolve_hardware
-from sim.device.memory import profile_run_activation_bytes
+from sim.device.memory import WindowPools, profile_run_activation_bytes, window_pools_rule
 from sim.device.moe_exchange import ALLTOALL, moe_exchange
 from sim.device.moe_mla_costs import source_line
 from sim.device.sparse_fetch import SparseFetch
@@ -27,7 +27,7 @@ from sim.inputs.profile import Profile
 from sim.inputs.scenario import Scenario
 from sim.inputs.serving_config import SchedulerCfg
 from sim.model.dtypes import COMPRESSED_DTYPES
-from sim.model.layers import CHUNKED, MLA
+from sim.model.layers import CHUNKED, LINEAR, MLA, SPARSE, WINDOW
 from sim.model.spec import ModelSpec
 from sim.model.units import GiB
 from sim.tiering.tiers import TierPolicy
@@ -44,6 +44,7 @@ class RunContext:
     weights_bytes: float
     profile_path: str | None = None
     max_model_len: int | None = None  # the longest sequence the engine serves (`with_context_rule`); None: no rule
+    window_pools: WindowPools | None = None  # the engine's own pool for window layers (`engine_window_pools`)
 
     @property
     def num_layers(self) -> int:
@@ -125,7 +126,10 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
         weights_bytes=model.weight_bytes(m.weight_dtype, m.weight_group_size),
         profile_path=profile_path,
     )
-    return with_chunked_decode_rule(with_context_rule(ctx, engine_sched)) if engine_sched is not None else ctx
+    if engine_sched is None:
+        return ctx
+    ctx = with_chunked_decode_rule(with_context_rule(ctx, engine_sched))
+    return replace(ctx, window_pools=engine_window_pools(ctx, engine_sched.max_num_batched_tokens))
 
 
 def with_context_rule(ctx: RunContext, sc: SchedulerCfg) -> RunContext:
@@ -164,6 +168,19 @@ def with_context_rule(ctx: RunContext, sc: SchedulerCfg) -> RunContext:
                               "or raise gpu_memory_utilization", field="engine.max_model_len")
     sources = {**ctx.hw.sources, "max_model_len": f"{declared:,} tokens: {origin}"}
     return replace(ctx, max_model_len=declared, hw=replace(ctx.hw, sources=sources))
+
+
+def engine_window_pools(ctx: RunContext, max_num_tokens: int) -> WindowPools | None:
+    """The run's engine's window pools (`device.memory.window_pools_rule`) where its model has window and
+    full-attention layers and no linear or sparse ones; None otherwise. `max_num_tokens`: the group's
+    token budget a step (an attention-data-parallel rank's is its share)."""
+    e, kinds = ctx.scenario.engine, ctx.model.kind_counts
+    if e is None or WINDOW not in kinds or LINEAR in kinds or SPARSE in kinds or len(kinds) < 2:
+        return None
+    per_token = ctx.model.kind_kv_bytes_per_token(WINDOW, ctx.scenario.model.kv_dtype)
+    return window_pools_rule(e.name, ctx.kv_bytes_per_token, per_token, ctx.model.sliding_window,
+                             ctx.max_model_len or ctx.model.context_tokens,
+                             max_num_tokens // max(ctx.model.attention_dp, 1), e.swa_full_tokens_ratio)
 
 
 def with_chunked_decode_rule(ctx: RunContext) -> RunContext:

@@ -6,6 +6,8 @@ Host = T1 (full precision) + T2 (compressed) KV, pinned or pageable.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from sim.model.spec import ModelSpec
@@ -140,9 +142,14 @@ def trtllm_temporary_window(window: int, max_seq_len: int, max_num_tokens: int) 
 def trtllm_window_tokens(tokens, window: int, max_seq_len: int, max_num_tokens: int):
     """Tokens a request of `tokens` tokens (scalar or array) reserves in a window layer's pool:
     min(tokens, W + temporary window) + one block where tokens > W."""
-    t = np.asarray(tokens, dtype=float)
     reach = window + trtllm_temporary_window(window, max_seq_len, max_num_tokens)
-    out = np.minimum(t, reach) + np.where(t > window, TRTLLM_TOKENS_PER_BLOCK, 0)
+    return _pool_tokens(tokens, window, reach, TRTLLM_TOKENS_PER_BLOCK)
+
+
+def _pool_tokens(tokens, window: int, reach: float, block_tokens: int):
+    """min(tokens, reach) + `block_tokens` where tokens > W: a request's tokens in a window pool."""
+    t = np.asarray(tokens, dtype=float)
+    out = np.minimum(t, reach) + np.where(t > window, block_tokens, 0)
     return out if np.ndim(out) else float(out)
 
 
@@ -162,3 +169,46 @@ def sglang_swa_pool_shares(full_bytes_per_token: float, window_bytes_per_token: 
     layers (F x n_full, S x n_swa): F n_full / D and r S n_swa / D, D = F n_full + r S n_swa."""
     d = full_bytes_per_token + ratio * window_bytes_per_token
     return full_bytes_per_token / d, ratio * window_bytes_per_token / d
+
+
+# ---- an engine's window pools, as a rule both the serving run and the closed batch apply ----------------
+@dataclass(frozen=True)
+class WindowPools:
+    """An engine's separate KV pool for a model's window layers: the budget's (full pool, window pool)
+    shares, and what a request holds in the window pool - `per_token` (the window layers' bytes a token)
+    x min(tokens, reach), plus `block_tokens` once it outgrows W. The budget binds as the fuller pool does."""
+
+    shares: tuple[float, float]
+    per_token: float
+    window: int
+    reach: float  # the most tokens a request holds in the window pool: W, or W + TensorRT-LLM's temporary window
+    block_tokens: int = 0  # TensorRT-LLM's block more past W (`trtllm_window_tokens`)
+
+    def request_bytes(self, tokens):
+        """One request's window-pool bytes at `tokens` tokens (scalar or array)."""
+        return self.per_token * _pool_tokens(tokens, self.window, self.reach, self.block_tokens)
+
+    def batch_bytes(self, tokens, sequences):
+        """`sequences` requests holding `tokens` in all (scalars or arrays over steps): per_token x (min(tokens,
+        B x reach) + B x block where tokens > B x W) - exact when every request holds the same number."""
+        t, b = np.asarray(tokens, dtype=float), np.asarray(sequences, dtype=float)
+        out = self.per_token * (np.minimum(t, b * self.reach) + np.where(t > b * self.window, b * self.block_tokens, 0))
+        return out if np.ndim(out) else float(out)
+
+
+def window_pools_rule(engine: str | None, full_bytes_per_token: float, window_bytes_per_token: float, window: int,
+                      max_seq_len: int | None, max_num_tokens: int,
+                      swa_ratio: float | None = None) -> WindowPools | None:
+    """The window pools `engine` keeps for a model with full and window layers: TensorRT-LLM's equal shares
+    with its no-evict window reserve (`trtllm_window_tokens`; max_seq_len None: no temporary window), SGLang's
+    swa_full_tokens_ratio split with W tokens a request (`sglang_swa_pool_shares`); None for vLLM and no
+    engine, whose hybrid allocator keeps one pool (a request's W tokens of window KV beside its full KV)."""
+    if engine == "sglang":
+        shares = sglang_swa_pool_shares(full_bytes_per_token, window_bytes_per_token,
+                                        swa_ratio or SGLANG_SWA_FULL_TOKENS_RATIO)
+        return WindowPools(shares, window_bytes_per_token, window, float(window))
+    if engine == "tensorrt-llm":
+        temporary = trtllm_temporary_window(window, max_seq_len, max_num_tokens) if max_seq_len else 0
+        halves = (0.5, 0.5)  # two window sizes, full attention's and the window's: an equal share each
+        return WindowPools(halves, window_bytes_per_token, window, float(window + temporary), TRTLLM_TOKENS_PER_BLOCK)
+    return None

@@ -27,17 +27,11 @@ from functools import partial
 
 import numpy as np
 
-from sim.decode.context import RunContext
+from sim.decode.context import RunContext, engine_window_pools
 from sim.device.engine_rules import sglang_max_running_requests
-from sim.device.memory import (
-    SGLANG_SWA_FULL_TOKENS_RATIO,
-    profile_run_activation_bytes,
-    sglang_swa_pool_shares,
-    staging_bytes,
-    trtllm_window_tokens,
-)
+from sim.device.memory import profile_run_activation_bytes, staging_bytes
 from sim.inputs.serving_config import SchedulerCfg
-from sim.model.layers import CHUNKED, LINEAR, SPARSE, WINDOW, chunk_attended
+from sim.model.layers import CHUNKED, chunk_attended
 
 
 @dataclass(frozen=True)
@@ -141,30 +135,21 @@ def chunked_local(ctx: RunContext, memory: KvMemory) -> KvMemory:
 
 
 def window_pools(ctx: RunContext, memory: KvMemory, max_num_tokens: int) -> KvMemory:
-    """`memory` under its engine's window pools, for a model with window and full-attention layers and
-    no linear or sparse ones (else `memory`):
-      TensorRT-LLM (`device.memory` "VSWA"): one pool per window size, equal shares; a request reserves
-        its whole length in the full pool and min(length, W + temporary window) + a block in the window's
-        (`max_num_tokens` the group's: an attention-data-parallel rank's is its share);
-      SGLang (`device.memory.sglang_swa_pool_shares`): swa_full_tokens_ratio's split; a request holds
-        min(length, W) tokens in the window's pool, as vLLM's (`RunContext.bounded_bytes`)."""
-    e, kinds = ctx.scenario.engine, ctx.model.kind_counts
-    if e is None or e.name == "vllm" or WINDOW not in kinds or LINEAR in kinds or SPARSE in kinds or len(kinds) < 2:
+    """`memory` under its engine's window pools (`device.memory.window_pools_rule`), for a model with window
+    and full-attention layers and no linear or sparse ones (else `memory`):
+      TensorRT-LLM: one pool per window size, equal shares; a request reserves its whole length in the
+        full pool and min(length, W + temporary window) + a block in the window's (`max_num_tokens` the
+        group's: an attention-data-parallel rank's is its share);
+      SGLang: swa_full_tokens_ratio's split; a request holds min(length, W) tokens in the window's pool,
+        as vLLM's (`RunContext.bounded_bytes`)."""
+    rule = engine_window_pools(ctx, max_num_tokens)
+    if rule is None:
         return memory
-    per_token = ctx.model.kind_kv_bytes_per_token(WINDOW, ctx.scenario.model.kv_dtype)
-    if e.name == "sglang":
-        ratio = e.swa_full_tokens_ratio or SGLANG_SWA_FULL_TOKENS_RATIO
-        return replace(memory, pool_shares=sglang_swa_pool_shares(memory.kv_bytes_per_token, per_token, ratio))
+    if ctx.scenario.engine.name == "sglang":
+        return replace(memory, pool_shares=rule.shares)
     longest = ctx.max_model_len or ctx.model.context_tokens
-    held = partial(_window_pool_bytes, per_token=per_token, window=ctx.model.sliding_window, max_seq_len=longest,
-                   max_num_tokens=max_num_tokens // max(ctx.model.attention_dp, 1))
-    halves = (0.5, 0.5)  # two window sizes, full attention's and the window's: an equal share each
-    return replace(memory, pool_shares=halves, request_bounded=held, bounded_bytes_per_request=held(longest))
-
-
-def _window_pool_bytes(tokens, per_token: float, **rule):
-    """A request's bytes in TensorRT-LLM's window pool: `per_token` x `trtllm_window_tokens`."""
-    return per_token * trtllm_window_tokens(tokens, **rule)
+    return replace(memory, pool_shares=rule.shares, request_bounded=rule.request_bytes,
+                   bounded_bytes_per_request=rule.request_bytes(longest))
 
 
 def engine_scheduler(ctx: RunContext, memory: KvMemory) -> SchedulerCfg:
