@@ -143,13 +143,14 @@ def trtllm_window_tokens(tokens, window: int, max_seq_len: int, max_num_tokens: 
     """Tokens a request of `tokens` tokens (scalar or array) reserves in a window layer's pool:
     min(tokens, W + temporary window) + one block where tokens > W."""
     reach = window + trtllm_temporary_window(window, max_seq_len, max_num_tokens)
-    return _pool_tokens(tokens, window, reach, TRTLLM_TOKENS_PER_BLOCK)
+    return _pool_tokens(tokens, 1, window, reach, TRTLLM_TOKENS_PER_BLOCK)
 
 
-def _pool_tokens(tokens, window: int, reach: float, block_tokens: int):
-    """min(tokens, reach) + `block_tokens` where tokens > W: a request's tokens in a window pool."""
-    t = np.asarray(tokens, dtype=float)
-    out = np.minimum(t, reach) + np.where(t > window, block_tokens, 0)
+def _pool_tokens(tokens, sequences, window: int, reach: float, block_tokens: int):
+    """Tokens `sequences` requests holding `tokens` in all keep in a window pool (scalars or arrays):
+    min(tokens, B x reach) + B x `block_tokens` where tokens > B x W - exact when each holds as many."""
+    t, b = np.asarray(tokens, dtype=float), np.asarray(sequences, dtype=float)
+    out = np.minimum(t, b * reach) + np.where(t > b * window, b * block_tokens, 0)
     return out if np.ndim(out) else float(out)
 
 
@@ -184,16 +185,10 @@ class WindowPools:
     reach: float  # the most tokens a request holds in the window pool: W, or W + TensorRT-LLM's temporary window
     block_tokens: int = 0  # TensorRT-LLM's block more past W (`trtllm_window_tokens`)
 
-    def request_bytes(self, tokens):
-        """One request's window-pool bytes at `tokens` tokens (scalar or array)."""
-        return self.per_token * _pool_tokens(tokens, self.window, self.reach, self.block_tokens)
-
-    def batch_bytes(self, tokens, sequences):
-        """`sequences` requests holding `tokens` in all (scalars or arrays over steps): per_token x (min(tokens,
-        B x reach) + B x block where tokens > B x W) - exact when every request holds the same number."""
-        t, b = np.asarray(tokens, dtype=float), np.asarray(sequences, dtype=float)
-        out = self.per_token * (np.minimum(t, b * self.reach) + np.where(t > b * self.window, b * self.block_tokens, 0))
-        return out if np.ndim(out) else float(out)
+    def batch_bytes(self, tokens, sequences=1):
+        """The window-pool bytes of `sequences` requests holding `tokens` in all (scalars or arrays over
+        steps; one request by default): per_token x `_pool_tokens`."""
+        return self.per_token * _pool_tokens(tokens, sequences, self.window, self.reach, self.block_tokens)
 
 
 def window_pools_rule(engine: str | None, full_bytes_per_token: float, window_bytes_per_token: float, window: int,

@@ -145,11 +145,9 @@ def window_pools(ctx: RunContext, memory: KvMemory, max_num_tokens: int) -> KvMe
     rule = engine_window_pools(ctx, max_num_tokens)
     if rule is None:
         return memory
-    if ctx.scenario.engine.name == "sglang":
-        return replace(memory, pool_shares=rule.shares)
-    longest = ctx.max_model_len or ctx.model.context_tokens
-    return replace(memory, pool_shares=rule.shares, request_bounded=rule.request_bytes,
-                   bounded_bytes_per_request=rule.request_bytes(longest))
+    longest = ctx.max_model_len or ctx.model.context_tokens or rule.reach  # the most a request holds
+    return replace(memory, pool_shares=rule.shares, request_bounded=rule.batch_bytes,
+                   bounded_bytes_per_request=rule.batch_bytes(longest))
 
 
 def engine_scheduler(ctx: RunContext, memory: KvMemory) -> SchedulerCfg:

@@ -68,7 +68,7 @@ def memory_trace(ctx, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray, active: np
     bounded = 0.0
     if ctx.model.has_bounded_layers:
         held = t0 + t1 + t2 if after is None else np.maximum(t0 + t1 + t2, after.sum(axis=1))
-        pools = getattr(ctx, "window_pools", None)
+        pools = ctx.window_pools
         if pools is None:
             bounded = ctx.bounded_bytes(held, active)
             hbm = hbm + bounded
