@@ -15,7 +15,7 @@ from sim.device.engine_rules import (
     trtllm_chunked_decode_on_mmha,
 )
 from sim.device.hardware import Hardware, resolve_hardware
-from sim.device.memory import WindowPools, profile_run_activation_bytes, window_pools_rule
+from sim.device.memory import WindowPools, profile_run_activation_bytes, sglang_chunk_pools, window_pools_rule
 from sim.device.moe_exchange import ALLTOALL, moe_exchange
 from sim.device.moe_mla_costs import source_line
 from sim.device.sparse_fetch import SparseFetch
@@ -171,12 +171,18 @@ def with_context_rule(ctx: RunContext, sc: SchedulerCfg) -> RunContext:
 
 
 def engine_window_pools(ctx: RunContext, max_num_tokens: int) -> WindowPools | None:
-    """The run's engine's window pools (`device.memory.window_pools_rule`) where its model has window and
-    full-attention layers and no linear or sparse ones; None otherwise. `max_num_tokens`: the group's
-    token budget a step (an attention-data-parallel rank's is its share)."""
+    """The run's engine's window pools where its model has full-attention layers beside window layers
+    (`device.memory.window_pools_rule`) or, under SGLang, chunked ones (`device.memory.sglang_chunk_pools`),
+    and no linear or sparse ones; None otherwise. `max_num_tokens`: the group's token budget a step (an
+    attention-data-parallel rank's is its share)."""
     e, kinds = ctx.scenario.engine, ctx.model.kind_counts
-    if e is None or WINDOW not in kinds or LINEAR in kinds or SPARSE in kinds or len(kinds) < 2:
+    if e is None or LINEAR in kinds or SPARSE in kinds or len(kinds) < 2:
         return None
+    if WINDOW not in kinds:
+        if CHUNKED not in kinds or e.name != "sglang":
+            return None
+        chunked = ctx.model.kind_kv_bytes_per_token(CHUNKED, ctx.scenario.model.kv_dtype)
+        return sglang_chunk_pools(ctx.kv_bytes_per_token, chunked, ctx.model.attention_chunk, e.swa_full_tokens_ratio)
     per_token = ctx.model.kind_kv_bytes_per_token(WINDOW, ctx.scenario.model.kv_dtype)
     return window_pools_rule(e.name, ctx.kv_bytes_per_token, per_token, ctx.model.sliding_window,
                              ctx.max_model_len or ctx.model.context_tokens,

@@ -184,11 +184,19 @@ class WindowPools:
     window: int
     reach: float  # the most tokens a request holds in the window pool: W, or W + TensorRT-LLM's temporary window
     block_tokens: int = 0  # TensorRT-LLM's block more past W (`trtllm_window_tokens`)
+    # the window-pool layers' bytes a token where they are tiered kinds, so counted in the run's KV bytes a
+    # token (Llama 4's chunked layers under SGLang, `sglang_chunk_pools`): the full pool holds the rest
+    tiered_per_token: float = 0.0
 
     def batch_bytes(self, tokens, sequences=1):
         """The window-pool bytes of `sequences` requests holding `tokens` in all (scalars or arrays over
         steps; one request by default): per_token x `_pool_tokens`."""
         return self.per_token * _pool_tokens(tokens, sequences, self.window, self.reach, self.block_tokens)
+
+    def full_bytes(self, kv_bytes, t0):
+        """The full pool's bytes of `t0` T0 tokens whose tiered layers hold `kv_bytes` (scalars or arrays):
+        kv_bytes less the window-pool layers' share of them (`tiered_per_token` x t0)."""
+        return kv_bytes - self.tiered_per_token * np.asarray(t0, dtype=float)
 
 
 def window_pools_rule(engine: str | None, full_bytes_per_token: float, window_bytes_per_token: float, window: int,
@@ -207,3 +215,19 @@ def window_pools_rule(engine: str | None, full_bytes_per_token: float, window_by
         halves = (0.5, 0.5)  # two window sizes, full attention's and the window's: an equal share each
         return WindowPools(halves, window_bytes_per_token, window, float(window + temporary), TRTLLM_TOKENS_PER_BLOCK)
     return None
+
+
+# SGLang keeps Llama 4's chunked layers in its window pool (model_config.py `is_hybrid_swa_model` lists
+# Llama4ForConditionalGeneration, and `get_hybrid_layer_ids` puts its layers with (i + 1) % 4 != 0 - the 36
+# RoPE layers, chunked - in the SWA pool, the NoPE ones in the full pool). Their window is the chunk:
+# Llama 4's config has no sliding_window key, so model_runner.py sets sliding_window_size =
+# attention_chunk_size ("Setting sliding_window_size to be attention_chunk_size"), and the SWA caches free
+# what falls behind it. The last C tokens cover a chunk, whose tokens reach back at most C - 1.
+def sglang_chunk_pools(kv_bytes_per_token: float, chunk_bytes_per_token: float, chunk: int,
+                       swa_ratio: float | None = None) -> WindowPools:
+    """SGLang's pools for a model whose chunked layers it keeps in its window pool: the full-attention
+    layers' bytes a token (kv_bytes_per_token less the chunked layers') against the chunked layers' in
+    swa_full_tokens_ratio's split, a request holding min(tokens, C) tokens in the window pool."""
+    full = kv_bytes_per_token - chunk_bytes_per_token
+    shares = sglang_swa_pool_shares(full, chunk_bytes_per_token, swa_ratio or SGLANG_SWA_FULL_TOKENS_RATIO)
+    return WindowPools(shares, chunk_bytes_per_token, chunk, float(chunk), tiered_per_token=chunk_bytes_per_token)

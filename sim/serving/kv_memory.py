@@ -10,7 +10,8 @@ bytes + T2 x compressed bytes, against host capacity. TensorRT-LLM and SGLang ke
 layers (a model without linear or sparse ones) in a pool of their own beside full attention's, each a
 share of the budget (`window_pools`): TensorRT-LLM equal shares, a window's W + temporary window tokens
 reserved (`device.memory.trtllm_window_tokens`); SGLang its swa_full_tokens_ratio split
-(`device.memory.sglang_swa_pool_shares`). A request then counts as its bytes in the fuller pool over
+(`device.memory.sglang_swa_pool_shares`), its window pool holding Llama 4's chunked layers too, their last
+C tokens (`device.memory.sglang_chunk_pools`). A request then counts as its bytes in the fuller pool over
 that pool's share (`KvMemory.pool_shares`). Under vLLM (and without an engine) a chunked-local-attention
 layer holds its current chunk's tokens only (`model.layers.chunk_attended`, `KvMemory.chunk_rule`).
 The activations are held for the largest step the scheduler can form, as vLLM sizes its KV cache
@@ -49,6 +50,9 @@ class KvMemory:
     # (full attention's, the window's) shares of the budget where the engine keeps the window layers' KV in
     # a pool of its own (`window_pools`); None: one pool
     pool_shares: tuple[float, float] | None = None
+    # the window pool's layers' bytes a token where `kv_bytes_per_token` counts them too (Llama 4's chunked
+    # layers under SGLang): the full pool holds the rest
+    pool_tiered_bytes_per_token: float = 0.0
     # (chunked layers' KV bytes a token, chunk C) where the engine frees a chunked layer's blocks before its
     # current chunk (vLLM's ChunkedLocalAttentionManager); None: those layers hold every token
     chunk_rule: tuple[float, int] | None = None
@@ -72,9 +76,11 @@ class KvMemory:
 
     @property
     def pool_bytes_per_token(self) -> float:
-        """The budget one token of the tiered layers takes: its KV bytes, over the full pool's share
-        where the engine splits the budget (SGLang's token pool and reservations count these)."""
-        return self.kv_bytes_per_token / self.pool_shares[0] if self.pool_shares else self.kv_bytes_per_token
+        """The budget one token of the tiered layers takes: its KV bytes, or where the engine splits the
+        budget its full pool's bytes over that pool's share (SGLang's token pool and reservations count these)."""
+        if not self.pool_shares:
+            return self.kv_bytes_per_token
+        return (self.kv_bytes_per_token - self.pool_tiered_bytes_per_token) / self.pool_shares[0]
 
     def hbm_kv_bytes(self, t0, staged, tokens=None):
         """T0 tokens x KV bytes + staged T1/T2 tokens x staging bytes per token + the request's bounded
@@ -89,6 +95,7 @@ class KvMemory:
             full = full - chunk_bytes * (t0 - np.minimum(t0, current))
         if self.pool_shares:
             full_share, window_share = self.pool_shares
+            full = full - self.pool_tiered_bytes_per_token * t0  # the window pool's own layers (Llama 4's chunked)
             return np.maximum(full / full_share, self.bounded_bytes(tokens) / window_share)
         return full + self.bounded_bytes(tokens)
 
@@ -125,8 +132,8 @@ def chunked_local(ctx: RunContext, memory: KvMemory) -> KvMemory:
     `ChunkedLocalAttentionManager`, under the hybrid KV cache manager, on for chunked attention by default:
     VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE 1 since PR #29627; #46553's proposal to turn it off
     again was closed unmerged). TensorRT-LLM keeps every token (its KV
-    cache sizes every layer for max_seq_len); SGLang's own rule for them (its window pool) is not
-    modelled: every token. Else `memory`."""
+    cache sizes every layer for max_seq_len); SGLang keeps them in its window pool (`window_pools`).
+    Else `memory`."""
     e, model = ctx.scenario.engine, ctx.model
     if CHUNKED not in model.kind_counts or (e is not None and e.name != "vllm"):
         return memory
@@ -141,13 +148,15 @@ def window_pools(ctx: RunContext, memory: KvMemory, max_num_tokens: int) -> KvMe
         full pool and min(length, W + temporary window) + a block in the window's (`max_num_tokens` the
         group's: an attention-data-parallel rank's is its share);
       SGLang: swa_full_tokens_ratio's split; a request holds min(length, W) tokens in the window's pool,
-        as vLLM's (`RunContext.bounded_bytes`)."""
+        as vLLM's (`RunContext.bounded_bytes`); a model with chunked layers and no window ones (Llama 4)
+        keeps them there, min(length, C) tokens, the full pool the rest (`device.memory.sglang_chunk_pools`)."""
     rule = engine_window_pools(ctx, max_num_tokens)
     if rule is None:
         return memory
     longest = ctx.max_model_len or ctx.model.context_tokens or rule.reach  # the most a request holds
     return replace(memory, pool_shares=rule.shares, request_bounded=rule.batch_bytes,
-                   bounded_bytes_per_request=rule.batch_bytes(longest))
+                   bounded_bytes_per_request=rule.batch_bytes(longest),
+                   pool_tiered_bytes_per_token=rule.tiered_per_token)
 
 
 def engine_scheduler(ctx: RunContext, memory: KvMemory) -> SchedulerCfg:

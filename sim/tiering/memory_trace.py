@@ -45,8 +45,9 @@ def memory_trace(ctx, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray, active: np
     layer, and the window and linear layers add their bounded bytes (`RunContext.bounded_bytes` of
     the tokens each sequence holds, T3 counted: a window covers the latest tokens whatever the policy
     evicted) - they never leave HBM. Where the engine keeps the window layers in a pool of their own
-    (`RunContext.window_pools`: TensorRT-LLM, SGLang), T0 KV with its staging and the window bytes each
-    count over their pool's share and HBM holds the larger, as a serving run's `KvMemory.hbm_kv_bytes`."""
+    (`RunContext.window_pools`: TensorRT-LLM, SGLang; SGLang's also holds Llama 4's chunked layers, their
+    last C tokens), the full pool's T0 KV with its staging and the window bytes each count over their
+    pool's share and HBM holds the larger, as a serving run's `KvMemory.hbm_kv_bytes`."""
     p = ctx.scenario.policy
     kvl = ctx.staged_bytes_per_token_layer
     staged_layer = t1 * kvl + t2 * kvl  # T2 dequantised into staging
@@ -66,17 +67,16 @@ def memory_trace(ctx, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray, active: np
         transit = to_t1 * ctx.kv_bytes_per_token + to_t2 * ctx.t2_bytes_per_token
     hbm = ctx.weights_bytes + kv_t0 + stage + act + transit + ctx.hw.runtime_reserve_bytes
     bounded = 0.0
-    if ctx.model.has_bounded_layers:
-        held = t0 + t1 + t2 if after is None else np.maximum(t0 + t1 + t2, after.sum(axis=1))
-        pools = ctx.window_pools
-        if pools is None:
-            bounded = ctx.bounded_bytes(held, active)
-            hbm = hbm + bounded
-        else:  # the engine's own window pool: its share of the budget binds as the fuller pool does
-            bounded = pools.batch_bytes(held, active)
-            full, window = pools.shares
-            pooled = np.maximum((kv_t0 + stage) / full, bounded / window)
-            hbm = ctx.weights_bytes + pooled + act + transit + ctx.hw.runtime_reserve_bytes
+    held = t0 + t1 + t2 if after is None else np.maximum(t0 + t1 + t2, after.sum(axis=1))
+    pools = ctx.window_pools
+    if pools is not None:  # the engine's own window pool: its share of the budget binds as the fuller pool does
+        bounded = pools.batch_bytes(held, active)
+        full, window = pools.shares
+        pooled = np.maximum((pools.full_bytes(kv_t0, t0) + stage) / full, bounded / window)
+        hbm = ctx.weights_bytes + pooled + act + transit + ctx.hw.runtime_reserve_bytes
+    elif ctx.model.has_bounded_layers:
+        bounded = ctx.bounded_bytes(held, active)
+        hbm = hbm + bounded
     host = t1 * ctx.kv_bytes_per_token + t2 * ctx.t2_bytes_per_token
     if after is not None:
         host = np.maximum(host, after[:, T1] * ctx.kv_bytes_per_token + after[:, T2] * ctx.t2_bytes_per_token)
