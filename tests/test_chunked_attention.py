@@ -1,6 +1,7 @@
 """Chunked local attention (Llama 4's RoPE layers, `layers.CHUNKED`): the chunk a token attends, the prefill
 pairs by hand, the Llama 4 config.json fields, the decode attention that reads the current chunk only, and
-vLLM's chunked-local KV manager, which holds that chunk alone (TensorRT-LLM every token)."""
+vLLM's chunked-local KV manager, which holds that chunk alone in a serving run and a closed batch (TensorRT-LLM
+every token)."""
 
 from __future__ import annotations
 
@@ -140,6 +141,29 @@ def test_vllm_holds_the_current_chunk_alone():
         assert m.hbm_kv_bytes(5000, 0, 5000) == 48 * 5000 * per_layer  # still in its first chunk
     trt = memory("tensorrt-llm")
     assert trt.chunk_rule is None and trt.hbm_kv_bytes(10_000, 0, 10_000) == 48 * 10_000 * per_layer
+
+
+def test_a_closed_batch_under_vllm_holds_the_current_chunk_and_the_prefills_last():
+    """The closed batch's trace applies vLLM's rule as the serving run does (`RunContext.chunk_freed_bytes`).
+    Four sequences of 8,192 + 1,024 tokens, Maverick at TP 8 (bf16: F = 12 x 512 B full, S = 36 x 512 B
+    chunked a token): the first decode step still holds the prompt's whole chunk (the trace has no prefill
+    row; vLLM frees it as that step starts, so it is the peak), the next holds 2 tokens of the new chunk,
+    the last 1,024; TensorRT-LLM every token."""
+    from sim.decode.capacity import batch_memory_trace
+
+    def trace(engine):
+        data = {"name": "m", "model": {"name": "llama-4-maverick"}, "hardware": {"gpu": "h200-sxm"},
+                "parallel": {"tp": 8}, "workload": {"batch_size": 4, "prompt_tokens": C, "reasoning_tokens": 1024},
+                "policy": {"kind": "full_hbm"}} | ({"engine": {"name": engine}} if engine else {})
+        return batch_memory_trace(build_context(scenario_from_dict(data, "t.yaml")), 4).kv_t0_bytes
+
+    full, chunked = 12 * 512, 36 * 512
+    for engine in (None, "vllm"):
+        kv = trace(engine)
+        assert kv[0] == 4 * (8193 * full + C * chunked) == kv.max()
+        assert kv[1] == 4 * (8194 * full + 2 * chunked)
+        assert kv[-1] == 4 * (9216 * full + 1024 * chunked)
+    assert trace("tensorrt-llm")[-1] == 4 * 9216 * (full + chunked)
 
 
 def test_tensorrt_llm_decodes_chunked_layers_on_mmha_below_sm100():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from sim.device.engine_context import VLLM_CHECK, vllm_fitting_context, vllm_request_kv_bytes
 from sim.device.engine_rules import (
     DECODE,
@@ -27,7 +29,7 @@ from sim.inputs.profile import Profile
 from sim.inputs.scenario import Scenario
 from sim.inputs.serving_config import SchedulerCfg
 from sim.model.dtypes import COMPRESSED_DTYPES
-from sim.model.layers import CHUNKED, LINEAR, MLA, SPARSE, WINDOW
+from sim.model.layers import CHUNKED, LINEAR, MLA, SPARSE, WINDOW, chunk_attended
 from sim.model.spec import ModelSpec
 from sim.model.units import GiB
 from sim.tiering.tiers import TierPolicy
@@ -88,6 +90,32 @@ class RunContext:
         if not self.model.has_bounded_layers:
             return 0.0
         return self.model.bounded_bytes(tokens, sequences, self.scenario.model.kv_dtype)
+
+    @property
+    def chunk_rule(self) -> tuple[float, int] | None:
+        """(chunked layers' KV bytes a token, chunk C) where the run's engine frees a chunked layer's blocks
+        before its current chunk: vLLM's ChunkedLocalAttentionManager, and without an engine (kvtier's default
+        rules, vLLM's); None for a model without chunked layers, TensorRT-LLM (every token) and SGLang (its
+        window pool, `window_pools`)."""
+        e = self.scenario.engine
+        if CHUNKED not in self.model.kind_counts or (e is not None and e.name != "vllm"):
+            return None
+        return self.model.kind_kv_bytes_per_token(CHUNKED, self.scenario.model.kv_dtype), self.model.attention_chunk
+
+    def chunk_freed_bytes(self, t0, tokens, sequences):
+        """T0 KV bytes `chunk_rule` frees for `sequences` sequences holding `tokens` in all, `t0` of them in T0
+        (scalars or arrays over a closed batch's steps, whose running sequences share one length): the chunked
+        layers' bytes of the T0 tokens past each sequence's current chunk (`layers.chunk_attended`), the
+        larger of this step's and the step before's - the trace has no row for the prefill, whose last chunk
+        the first decode step frees (a prompt of C tokens holds C until then); 0 without the rule."""
+        if self.chunk_rule is None:
+            return 0.0
+        per_token, chunk = self.chunk_rule
+        seqs = np.asarray(sequences, dtype=float)
+        each = np.divide(tokens, seqs, out=np.zeros(np.shape(seqs * tokens)), where=seqs > 0)
+        before = np.where(each > 1, chunk_attended(each - 1, chunk), 0)
+        current = seqs * np.maximum(chunk_attended(each, chunk), before)
+        return per_token * (t0 - np.minimum(t0, current))
 
 
 def build_context(scenario: Scenario, profile: Profile | None = None, profile_path: str | None = None) -> RunContext:

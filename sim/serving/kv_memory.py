@@ -32,7 +32,7 @@ from sim.decode.context import RunContext, engine_window_pools
 from sim.device.engine_rules import sglang_max_running_requests
 from sim.device.memory import profile_run_activation_bytes, staging_bytes
 from sim.inputs.serving_config import SchedulerCfg
-from sim.model.layers import CHUNKED, chunk_attended
+from sim.model.layers import chunk_attended
 
 
 @dataclass(frozen=True)
@@ -134,11 +134,7 @@ def chunked_local(ctx: RunContext, memory: KvMemory) -> KvMemory:
     again was closed unmerged). TensorRT-LLM keeps every token (its KV
     cache sizes every layer for max_seq_len); SGLang keeps them in its window pool (`window_pools`).
     Else `memory`."""
-    e, model = ctx.scenario.engine, ctx.model
-    if CHUNKED not in model.kind_counts or (e is not None and e.name != "vllm"):
-        return memory
-    per_token = model.kind_kv_bytes_per_token(CHUNKED, ctx.scenario.model.kv_dtype)
-    return replace(memory, chunk_rule=(per_token, model.attention_chunk))
+    return replace(memory, chunk_rule=ctx.chunk_rule) if ctx.chunk_rule else memory
 
 
 def window_pools(ctx: RunContext, memory: KvMemory, max_num_tokens: int) -> KvMemory:

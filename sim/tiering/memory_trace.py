@@ -44,10 +44,13 @@ def memory_trace(ctx, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray, active: np
     Layer kinds: the KV above is the tiered layers' (full, MLA), a staging buffer holds one tiered
     layer, and the window and linear layers add their bounded bytes (`RunContext.bounded_bytes` of
     the tokens each sequence holds, T3 counted: a window covers the latest tokens whatever the policy
-    evicted) - they never leave HBM. Where the engine keeps the window layers in a pool of their own
-    (`RunContext.window_pools`: TensorRT-LLM, SGLang; SGLang's also holds Llama 4's chunked layers, their
-    last C tokens), the full pool's T0 KV with its staging and the window bytes each count over their
-    pool's share and HBM holds the larger, as a serving run's `KvMemory.hbm_kv_bytes`."""
+    evicted) - they never leave HBM. Under vLLM (and without an engine) a chunked layer's T0 KV is its
+    current chunk's alone (`RunContext.chunk_freed_bytes`: the serving run's rule, exact for a closed
+    batch's equal lengths; the host tiers still count every layer). Where the engine keeps the window
+    layers in a pool of their own (`RunContext.window_pools`: TensorRT-LLM, SGLang; SGLang's also holds
+    Llama 4's chunked layers, their last C tokens), the full pool's T0 KV with its staging and the window
+    bytes each count over their pool's share and HBM holds the larger, as a serving run's
+    `KvMemory.hbm_kv_bytes`."""
     p = ctx.scenario.policy
     kvl = ctx.staged_bytes_per_token_layer
     staged_layer = t1 * kvl + t2 * kvl  # T2 dequantised into staging
@@ -57,7 +60,8 @@ def memory_trace(ctx, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray, active: np
     elif p.access == "sparse_fetch":  # only the indexer's host picks are staged
         stage = np.asarray(sparse_staging_bytes(ctx.model, ctx.sparse_fetch, p.staging_buffers, active, t0, t1, t2, kvl),
                            dtype=float) * np.ones_like(staged_layer, dtype=float)
-    kv_t0 = t0 * ctx.kv_bytes_per_token
+    held = t0 + t1 + t2 if after is None else np.maximum(t0 + t1 + t2, after.sum(axis=1))
+    kv_t0 = t0 * ctx.kv_bytes_per_token - ctx.chunk_freed_bytes(t0, held, active)  # vLLM's chunked layers
     act = np.asarray(active, dtype=float) * activation_bytes(ctx.model, 1)  # linear in batch
     if ctx.hw.held_activation_bytes > 0:  # an engine holds its profiling pass's activations (scenario engine:)
         act = np.maximum(act, ctx.hw.held_activation_bytes)
@@ -67,7 +71,6 @@ def memory_trace(ctx, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray, active: np
         transit = to_t1 * ctx.kv_bytes_per_token + to_t2 * ctx.t2_bytes_per_token
     hbm = ctx.weights_bytes + kv_t0 + stage + act + transit + ctx.hw.runtime_reserve_bytes
     bounded = 0.0
-    held = t0 + t1 + t2 if after is None else np.maximum(t0 + t1 + t2, after.sum(axis=1))
     pools = ctx.window_pools
     if pools is not None:  # the engine's own window pool: its share of the budget binds as the fuller pool does
         bounded = pools.batch_bytes(held, active)
