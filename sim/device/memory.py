@@ -220,9 +220,10 @@ def window_pools_rule(engine: str | None, full_bytes_per_token: float, window_by
 # SGLang keeps Llama 4's chunked layers in its window pool (model_config.py `is_hybrid_swa_model` lists
 # Llama4ForConditionalGeneration, and `get_hybrid_layer_ids` puts its layers with (i + 1) % 4 != 0 - the 36
 # RoPE layers, chunked - in the SWA pool, the NoPE ones in the full pool). Their window is the chunk:
-# Llama 4's config has no sliding_window key, so model_runner.py sets sliding_window_size =
-# attention_chunk_size ("Setting sliding_window_size to be attention_chunk_size"), and the SWA caches free
-# what falls behind it. The last C tokens cover a chunk, whose tokens reach back at most C - 1.
+# Llama 4's config has no sliding_window key (aiconfigurator-core's stored copy of Maverick's config.json: only
+# attention_chunk_size 8192), so model_runner.py sets sliding_window_size = attention_chunk_size ("Setting
+# sliding_window_size to be attention_chunk_size"), and the SWA caches free what falls behind it. The last C
+# tokens cover a chunk, whose tokens reach back at most C - 1.
 def sglang_chunk_pools(kv_bytes_per_token: float, chunk_bytes_per_token: float, chunk: int,
                        swa_ratio: float | None = None) -> WindowPools:
     """SGLang's pools for a model whose chunked layers it keeps in its window pool: the full-attention
