@@ -22,7 +22,9 @@ measurements only - never on end-to-end figures, which are for validation:
   split fits the tune split better (H100, H200, A100): floor + KV bytes / (HBM x efficiency x c / (c + half_ctas))
   + blocks x (per-block cost + g x per-head cost), blocks = max(c, min(c x m0, 8 x SMs)), m0 = max(1, min(k,
   round(sqrt(8 k)))), k = floor(n / 128) (XQA's computeMultiBlockCount), g query heads per KV head, n cached
-  tokens (the overlapping form over the same points: 11-17% held-out median, this one 8-15%);
+  tokens (the overlapping form over the same points: 11-17% held-out median, this one 8-15%); and TensorRT-LLM's
+  one-query-head-per-KV-head rows apart (MMHA, the kernel it decodes chunked layers on below compute capability
+  10.x) in the overlapping form, c = batch x heads (`mha_attention`);
 - prefill attention (one layer's causal call over b whole prompts of n tokens), per KV dtype (bf16, fp8), head
   dim 128, prompts >= 15 tokens: floor + max(FLOP / (bf16 peak x FLOP efficiency x n / (n + half_tokens) x
   tiles / (tiles + half_tiles)), K/V bytes / (HBM x the decode fit's efficiency)) + b n x KV heads x cache
@@ -204,6 +206,42 @@ def _attention_fit(args, meas, split: bool):
     return full(q)
 
 
+def _attention_domain(a, hbm: float, split: float, heads_per_kv: tuple[float, float] | None):
+    """(model args, measured seconds) of the decode-attention rows at head dim 128 over >= 15 cached tokens
+    (bf16 and fp8 KV), `heads_per_kv` (lo, hi) query heads per KV head only (None: all)."""
+    a = a[(a["head_dim"] == 128) & (a["window"] == 0) & (a["kv_tokens"] >= 15) & a["kv_dtype"].isin(["bf16", "fp8"])]
+    kv_heads = np.where(a["kv_heads"] == 0, a["heads"], a["kv_heads"]).astype(float)
+    g = a["heads"].to_numpy() / kv_heads
+    if heads_per_kv is not None:
+        a, kv_heads, g = (x[(g >= heads_per_kv[0]) & (g <= heads_per_kv[1])] for x in (a, kv_heads, g))
+    fp8 = (a["kv_dtype"] == "fp8").to_numpy()
+    b, n = a["batch"].to_numpy().astype(float), a["kv_tokens"].to_numpy().astype(float)
+    nbytes = (b * n + b) * 2 * kv_heads * 128 * np.where(fp8, 1.0, 2.0)  # every cached token read, the new one written
+    return (nbytes, b * kv_heads, fp8, hbm, g, n, split), a["latency_s"].to_numpy()
+
+
+def _figures(p, tune_errors: dict, held_errors: dict) -> dict:
+    """The decode-attention figures the catalog reads (`catalog.FittedAttention`), p as `_attention_fit`'s."""
+    return {"floor_s": float(f"{p[0]:.4g}"), "hbm_efficiency": round(float(p[1]), 4),
+            "fp8_hbm_efficiency": round(float(p[2]), 4), "half_ctas": float(f"{p[3]:.4g}"),
+            "per_cta_s": float(f"{p[4]:.4g}"), "fp8_floor_s": float(f"{p[5]:.4g}"),
+            "fp8_per_cta_s": float(f"{p[6]:.4g}"), "tune": tune_errors, "held_out": held_errors}
+
+
+def _mha_attention(gpu, tune, held) -> dict | None:
+    """TensorRT-LLM's multi-head decode kernel (MMHA) on its own: the tables' rows of one query head per KV head,
+    which XQA leaves to it (`XQA_HEADS_PER_KV`), in the overlapping form with c = batch x heads blocks. The
+    engine runs it for the chunked layers XQA refuses below compute capability 10.x
+    (`engine_rules.trtllm_chunked_decode_on_mmha`); None where the tables time no such row."""
+    spec = catalog.gpu(gpu)
+    args, meas = _attention_domain(tune.decode_attention, spec.hbm_bytes_per_s, 0.0, (1.0, 1.0))
+    if not len(meas):
+        return None
+    p = _attention_fit(args, meas, False)
+    h_args, h_meas = _attention_domain(held.decode_attention, spec.hbm_bytes_per_s, 0.0, (1.0, 1.0))
+    return _figures(p, _errors(_attention_model(p, *args), meas), _errors(_attention_model(p, *h_args), h_meas))
+
+
 def _attention(gpu, tune, held, framework: str = FRAMEWORK) -> dict:
     """bf16 and fp8 KV together (fp8 its own streaming efficiency; the bf16 one where no fp8 KV is timed).
     TensorRT-LLM (XQA): over 2-32 query heads per KV head, the overlapping form and XQA's sequence split
@@ -213,15 +251,7 @@ def _attention(gpu, tune, held, framework: str = FRAMEWORK) -> dict:
     xqa = framework == XQA_FRAMEWORK
 
     def domain(a, split):
-        a = a[(a["head_dim"] == 128) & (a["window"] == 0) & (a["kv_tokens"] >= 15) & a["kv_dtype"].isin(["bf16", "fp8"])]
-        kv_heads = np.where(a["kv_heads"] == 0, a["heads"], a["kv_heads"]).astype(float)
-        g = a["heads"].to_numpy() / kv_heads
-        if xqa:
-            a, kv_heads, g = (x[(g >= XQA_HEADS_PER_KV[0]) & (g <= XQA_HEADS_PER_KV[1])] for x in (a, kv_heads, g))
-        fp8 = (a["kv_dtype"] == "fp8").to_numpy()
-        b, n = a["batch"].to_numpy().astype(float), a["kv_tokens"].to_numpy().astype(float)
-        nbytes = (b * n + b) * 2 * kv_heads * 128 * np.where(fp8, 1.0, 2.0)  # every cached token read, the new one written
-        return (nbytes, b * kv_heads, fp8, spec.hbm_bytes_per_s, g, n, split), a["latency_s"].to_numpy()
+        return _attention_domain(a, spec.hbm_bytes_per_s, split, XQA_HEADS_PER_KV if xqa else None)
 
     fits = []  # the split needs the GPU's SM count (B200's is not published: the overlapping form only)
     for split in ((0.0, 8.0 * spec.sm_count) if xqa and spec.sm_count else (0.0,)):
@@ -232,10 +262,9 @@ def _attention(gpu, tune, held, framework: str = FRAMEWORK) -> dict:
     tune_errors, p, split = fits[1] if len(fits) > 1 and fits[1][0]["median"] <= fits[0][0]["median"] - XQA_GAIN else fits[0]
     h_args, h_meas = domain(held.decode_attention, split)
     xqa_figures = {"per_cta_head_s": float(f"{p[7]:.4g}") if split else 0.0, "sequence_split": bool(split)} if xqa else {}
-    return {"floor_s": float(f"{p[0]:.4g}"), "hbm_efficiency": round(float(p[1]), 4),
-            "fp8_hbm_efficiency": round(float(p[2]), 4), "half_ctas": float(f"{p[3]:.4g}"),
-            "per_cta_s": float(f"{p[4]:.4g}"), "fp8_floor_s": float(f"{p[5]:.4g}"), "fp8_per_cta_s": float(f"{p[6]:.4g}"),
-            **xqa_figures, "tune": tune_errors, "held_out": _errors(_attention_model(p, *h_args), h_meas)}
+    figures = _figures(p, tune_errors, _errors(_attention_model(p, *h_args), h_meas))
+    return {**{k: v for k, v in figures.items() if k not in ("tune", "held_out")}, **xqa_figures,
+            "tune": figures["tune"], "held_out": figures["held_out"]}
 
 
 def _prefill_model(p, flop, nbytes, n, tiles, token_heads, peak, hbm):
@@ -494,6 +523,9 @@ def fit(framework: str = FRAMEWORK) -> dict:
         prefill = _prefill(gpu, tune, held, attention)
         if prefill is not None:
             gpus[gpu]["prefill_attention"] = prefill
+        mha = _mha_attention(gpu, tune, held) if framework == XQA_FRAMEWORK else None
+        if mha is not None:
+            gpus[gpu]["mha_attention"] = mha
         mla = _mla(gpu, tune, held)
         if mla is not None:
             gpus[gpu]["mla_attention"] = mla

@@ -216,3 +216,34 @@ def test_a_chunked_layer_on_mmha_costs_the_tables_mha_row():
     mmha, xqa = (kinds_attention_s(rank, hw, b, b * n, (b * n + b) * kvl, kvl) for hw in (ctx.hw, gqa_hw))
     assert mmha == pytest.approx(313.8e-6, abs=0.1e-6) and xqa == pytest.approx(45.6e-6, abs=0.1e-6)
     assert mmha == pytest.approx(ctx.hw.kernels.decode_attention_one_s(b, n, 40, 40, 128, "fp8"), rel=1e-12)
+
+
+def test_datasheet_mode_costs_mmha_by_its_own_fit():
+    """Datasheet mode takes MMHA's own fit (`catalog.FittedKernels.mha_attention`, TensorRT-LLM's one-query-
+    head-per-KV-head rows) for the chunked layers, not XQA's: floor + bytes / (HBM x fp8 efficiency x c /
+    (c + half)), c = 16 x 40 blocks, by hand; measured mode has none (the tables' MHA rows), nor has a
+    scenario that sets the decode-attention rate."""
+    from sim.device.physics import kinds_attention_s
+    from sim.studies.accuracy import scenario_for
+    from sim.studies.e2e_table import load_measurements
+
+    row = next(m for m in load_measurements() if m.id == "trt-h200-llama4-maverick-fp8-dep8-1k8k")
+    sc = scenario_for(row, "datasheet")
+    ctx = build_context(sc)
+    fit = catalog.fitted_kernels_for("h200-sxm", "trtllm").mha_attention
+    hbm = catalog.gpu("h200-sxm").hbm_bytes_per_s
+    k = ctx.hw.mha_decode
+    assert k.floor_s == fit.floor_s and k.hbm_bytes_per_s == hbm * fit.hbm_efficiency
+    assert k.shape.fp8_hbm_bytes_per_s == hbm * fit.fp8_hbm_efficiency and fit.held_out.points > 100
+    assert "MMHA decode attention" in ctx.hw.sources["chunked_decode"]
+    rank = replace(ctx.model, attention_dp=1, layer_kinds=(CHUNKED,) * ctx.model.num_layers)
+    kvl = rank.kind_kv_bytes_per_token_layer(CHUNKED, "fp8")
+    b, n = 16, 4095
+    ctas, nbytes = b * 40, (b * n + b) * kvl * 5  # 40 query heads a rank, each its KV head's cache: 5x the bytes
+    by_hand = fit.fp8_floor_s + max(nbytes / (k.shape.fp8_hbm_bytes_per_s * ctas / (ctas + fit.half_ctas)),
+                                    fit.fp8_per_cta_s * ctas)
+    assert kinds_attention_s(rank, ctx.hw, b, b * n, (b * n + b) * kvl, kvl) == pytest.approx(by_hand, rel=1e-12)
+    assert build_context(scenario_for(row, "measured")).hw.mha_decode is None
+    pinned = sc.model_copy(update={"hardware": sc.hardware.model_copy(update={
+        "efficiency": sc.hardware.efficiency.model_copy(update={"attention_hbm_efficiency": 0.8})})})
+    assert build_context(pinned).hw.mha_decode is None

@@ -16,7 +16,7 @@ from sim.device.engine_rules import (
     launch_rule,
     trtllm_chunked_decode_on_mmha,
 )
-from sim.device.hardware import Hardware, resolve_hardware
+from sim.device.hardware import Hardware, MhaDecode, mha_decode, resolve_hardware
 from sim.device.memory import WindowPools, profile_run_activation_bytes, sglang_chunk_pools, window_pools_rule
 from sim.device.moe_exchange import ALLTOALL, moe_exchange
 from sim.device.moe_mla_costs import source_line
@@ -228,8 +228,25 @@ def with_chunked_decode_rule(ctx: RunContext) -> RunContext:
     why = (f"TensorRT-LLM on {ctx.hw.gpu.name}: XQA refuses a chunk (kernelUtils.cpp supportConfigCommon), so the "
            f"{model.kind_counts[CHUNKED]} chunked layers decode on MMHA, one block per query head streaming its KV "
            f"head's cache: {model.num_heads // model.num_kv_heads}x the reads, timed as MHA of {model.num_heads} heads")
-    hw = replace(ctx.hw, chunked_decode_per_query_head=True, sources={**ctx.hw.sources, "chunked_decode": why})
+    kernel, said = mmha_datasheet(ctx)
+    hw = replace(ctx.hw, chunked_decode_per_query_head=True, mha_decode=kernel,
+                 sources={**ctx.hw.sources, "chunked_decode": f"{why}{said}"})
     return replace(ctx, hw=hw)
+
+
+def mmha_datasheet(ctx: RunContext) -> tuple[MhaDecode | None, str]:
+    """(MMHA's datasheet figures, what the source line adds): with measured tables none (their MHA rows are
+    MMHA's); else the fit on TensorRT-LLM's multi-head rows for the GPU (`catalog.FittedKernels.mha_attention`),
+    or none where no fit covers it or the scenario sets the decode-attention rate or floor (the decode fit's
+    figures then)."""
+    if ctx.hw.kernels is not None:
+        return None, " (the measured tables' MHA rows)"
+    ov = ctx.scenario.hardware.efficiency
+    fit = catalog.fitted_kernels_for(ctx.hw.gpu.name, "trtllm", ctx.hw.fit_from)
+    if fit is None or fit.mha_attention is None or ov.attention_hbm_efficiency is not None \
+            or ov.attention_latency_s is not None:
+        return None, " (datasheet: the decode fit's figures; no MMHA fit applies)"
+    return mha_decode(ctx.hw.gpu, fit.mha_attention), f" ({fit.mha_attention.says('MMHA decode attention')})"
 
 
 def with_moe_exchange(hw: Hardware, scenario: Scenario, experts_format: str) -> Hardware:

@@ -153,6 +153,25 @@ class AttentionShape:
 
 
 @dataclass(frozen=True)
+class MhaDecode:
+    """A decode kernel with one thread block per query head (TensorRT-LLM's MMHA), datasheet: its floor, bf16
+    KV streaming rate and shape in `physics.gqa_datasheet_attention_s`'s form, fitted on the measured tables'
+    multi-head rows (`catalog.FittedKernels.mha_attention`)."""
+
+    floor_s: float
+    hbm_bytes_per_s: float
+    shape: AttentionShape
+
+
+def mha_decode(gpu: GpuSpec, fit) -> MhaDecode:
+    """`MhaDecode` of a `catalog.FittedAttention` fitted on the multi-head rows (the overlapping form, no split)."""
+    hbm = gpu.hbm_bytes_per_s
+    shape = AttentionShape(hbm * fit.fp8_hbm_efficiency, fit.half_ctas, fit.per_cta_s, fit.fp8_floor_s,
+                           fit.fp8_per_cta_s)
+    return MhaDecode(fit.floor_s, hbm * fit.hbm_efficiency, shape)
+
+
+@dataclass(frozen=True)
 class LinkModel:
     """One direction's copy time: measured curve if profiled, else latency + bytes / bandwidth."""
 
@@ -339,6 +358,7 @@ class Hardware:
     # chunked layers decode one thread block per query head (TensorRT-LLM's MMHA below compute capability 10.x:
     # `engine_rules.trtllm_chunked_decode_on_mmha`); False: the GQA kernel, one read of each KV head's cache
     chunked_decode_per_query_head: bool = False
+    mha_decode: MhaDecode | None = None  # ... their datasheet kernel, fitted on the MHA rows (None: the decode fit's)
 
     def allreduce_s(self, nbytes: float, gpus: int | None = None) -> float:
         """All-reduce of `nbytes` over the TP group (or `gpus` of it). With measured kernels the table of

@@ -27,7 +27,7 @@ from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
 from .elementwise import ADD, HEAD_NORMS, RMSNORM, ROPE, SILU_MUL, layer_passes_s
 from .engine_rules import DECODE, MIXED, PREFILL, decode_rows, host_times
-from .hardware import Hardware
+from .hardware import Hardware, MhaDecode
 from .host_pipeline import HostLayer, HostStepTimes, host_pipeline
 from .moe_exchange import A2A_PHASES, A2A_WIRE_BYTES, ALLGATHER_REDUCESCATTER
 from .moe_fit import model_moe_s
@@ -205,11 +205,11 @@ def kinds_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv
             per_token = model.kind_kv_bytes_per_token_layer(kind, kv_dtype)
             tokens, nbytes = _gqa_kind_read(model, kind, batch, attended_tokens, kv_bytes, per_token, chunk_tokens)
             flop = kind_attention_flop_per_token(model, kind) * np.asarray(tokens, dtype=float)
-            shape = model
+            shape, kernel = model, None
             if kind == CHUNKED and hw.chunked_decode_per_query_head:  # each query head's block reads its KV head
                 g = model.num_heads / model.num_kv_heads
-                shape, nbytes, per_token = per_query_head(model), nbytes * g, per_token * g
-            t = gqa_attention_s(shape, hw, batch, tokens, nbytes, per_token, flop if arrays else float(flop))
+                shape, nbytes, per_token, kernel = per_query_head(model), nbytes * g, per_token * g, hw.mha_decode
+            t = gqa_attention_s(shape, hw, batch, tokens, nbytes, per_token, flop if arrays else float(flop), kernel)
         total = total + n * t
     return total / L
 
@@ -452,7 +452,7 @@ def attention_s_array(flop: np.ndarray, kv_bytes: np.ndarray, hw: Hardware) -> n
 
 
 def gqa_datasheet_attention_s(hw: Hardware, batch, kv_heads: int, flop, kv_bytes, fp8_kv: bool, *,
-                              heads_per_kv=1.0, tokens_per_seq=None):
+                              heads_per_kv=1.0, tokens_per_seq=None, kernel: MhaDecode | None = None):
     """One GQA layer's decode attention, datasheet (scalars, or arrays over steps): the kernel's grid is
     one thread block per (sequence, KV head), c = batch x KV heads, and
 
@@ -469,10 +469,13 @@ def gqa_datasheet_attention_s(hw: Hardware, batch, kv_heads: int, flop, kv_bytes
     Where the shape has XQA's sequence split (`split_ctas`: TensorRT-LLM on H100, H200, GH200, A100) the stream
     and the blocks add, each block also paying per query head it serves (g = `heads_per_kv`):
     floor + bytes / (rate x c / (c + half)) + `xqa_ctas` x (per block + g x per head), the blocks over
-    `tokens_per_seq` cached tokens a sequence (None: no split)."""
-    shape = hw.attention_shape
-    rate = shape.fp8_hbm_bytes_per_s if fp8_kv and shape.fp8_hbm_bytes_per_s else hw.attention_hbm_bytes_per_s
-    floor = shape.fp8_floor_s if fp8_kv and shape.fp8_floor_s is not None else hw.attention_latency_s
+    `tokens_per_seq` cached tokens a sequence (None: no split). `kernel`: another kernel's fitted floor, rate
+    and shape in place of the decode fit's (`Hardware.mha_decode`, MMHA)."""
+    shape = kernel.shape if kernel else hw.attention_shape
+    bf16_rate, bf16_floor = (kernel.hbm_bytes_per_s, kernel.floor_s) if kernel else (hw.attention_hbm_bytes_per_s,
+                                                                                      hw.attention_latency_s)
+    rate = shape.fp8_hbm_bytes_per_s if fp8_kv and shape.fp8_hbm_bytes_per_s else bf16_rate
+    floor = shape.fp8_floor_s if fp8_kv and shape.fp8_floor_s is not None else bf16_floor
     per_cta = shape.fp8_per_cta_s if fp8_kv and shape.fp8_per_cta_s is not None else shape.per_cta_s
     split = shape.split_ctas and (np.ndim(heads_per_kv) or np.ndim(tokens_per_seq))
     if np.ndim(batch) or np.ndim(kv_bytes) or np.ndim(flop) or split:
@@ -537,14 +540,15 @@ def busiest_rank_factor(batch, ranks: int):
 
 
 def gqa_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer: float,
-                    flop):
+                    flop, kernel: MhaDecode | None = None):
     """One GQA layer's decode attention (`decode_attention_s` of a dense model; a full or window layer
-    of a model with kinds), its FLOP given: the measured table where the run has one, else `attention_s`.
-    An attention-data-parallel shard is one rank's call over its 1/D of the batch (same bytes and FLOP)."""
+    of a model with kinds), its FLOP given: the measured table where the run has one, else `attention_s`
+    (`kernel`: another datasheet kernel's figures, `gqa_datasheet_attention_s`'s). An attention-data-parallel
+    shard is one rank's call over its 1/D of the batch (same bytes and FLOP)."""
     if model.attention_dp > 1:
         dp = model.attention_dp
         return gqa_attention_s(_one_rank(model), hw, batch / dp, attended_tokens / dp, kv_bytes,
-                               kv_bytes_per_token_layer * dp, flop)
+                               kv_bytes_per_token_layer * dp, flop, kernel)
     if hw.kernels is not None and _plain(batch) and _plain(attended_tokens) and _plain(kv_bytes) and batch > 0 \
             and attended_tokens > 0:  # a serving step's one call: the scalar path below, without the array tests
         return _measured_gqa_one_s(model, hw, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer)
@@ -553,7 +557,7 @@ def gqa_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_b
         return gqa_datasheet_attention_s(hw, batch, model.num_kv_heads, flop, kv_bytes,
                                          _measured_kv_dtype(model, kv_bytes_per_token_layer) == "fp8",
                                          heads_per_kv=model.num_heads / model.num_kv_heads,
-                                         tokens_per_seq=_tokens_per_seq(batch, attended_tokens))
+                                         tokens_per_seq=_tokens_per_seq(batch, attended_tokens), kernel=kernel)
     if not (np.ndim(batch) or np.ndim(attended_tokens) or np.ndim(kv_bytes)):  # one step: scalars, same bits
         return _measured_gqa_one_s(model, hw, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer)
     kv_dtype = _measured_kv_dtype(model, kv_bytes_per_token_layer)

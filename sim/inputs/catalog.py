@@ -269,6 +269,8 @@ class FittedKernels(_Frozen):
     alltoall: dict[str, dict[str, FittedAllToAll]] | None = None  # DeepEP: kernel (ht, ll) -> phase -> fit
     prefill_attention: dict[str, FittedPrefill] | None = None  # by KV dtype, where the tables have a context table
     mla_attention: FittedMla | None = None  # absorbed MLA decode, where the tables time it
+    # TensorRT-LLM's multi-head decode kernel (MMHA) on its own: the tables' one-query-head-per-KV-head rows
+    mha_attention: FittedAttention | None = None
     mla_bmm: dict[str, FittedMlaBmm] | None = None  # absorbed MLA's BMMs by dtype (bf16, fp8), the engine's own
     moe: dict[str, FittedMoe] | None = None  # fused routed experts by the table's weight format (bfloat16, fp8_block, ...)
 
