@@ -193,6 +193,7 @@ def test_a_closed_batch_holds_the_window_layers_in_the_engines_pools():
     ctx = build_context(scenario_from_dict(_closed_batch("tensorrt-llm"), "t"))
     pools = ctx.window_pools
     assert pools.shares == (0.5, 0.5) and pools.reach == 128 + 1919 and pools.per_token == 36_864
+    assert ctx.hw.sources["kv_layout"].startswith("TensorRT-LLM's own pool for the 18 window layers, 0.500 of the KV")
     budget = ctx.hw.memory_bytes - ctx.weights_bytes - ctx.hw.held_activation_bytes - ctx.hw.runtime_reserve_bytes
     per_sequence = 2 * (2047 + 32) * 36_864
     assert baseline_max_batches(ctx)["full_hbm"] == budget // per_sequence == 482

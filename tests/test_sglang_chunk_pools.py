@@ -72,6 +72,16 @@ def test_the_other_engines_keep_one_pool():
         assert ctx.window_pools is None and m.pool_shares is None and m.pool_bytes_per_token == FULL + CHUNKED
 
 
+def test_the_run_says_how_its_engine_holds_the_chunked_layers():
+    """The sources' `kv_layout`: SGLang's pool and its share, vLLM's chunked-local rule (no engine: vLLM's rules),
+    nothing under TensorRT-LLM, which keeps every token as for a full layer."""
+    said = {e: _memory(e)[0].hw.sources.get("kv_layout") for e in ("sglang", "vllm", None, "tensorrt-llm")}
+    assert said["sglang"].startswith("SGLang's own pool for the 36 chunked layers, 0.706 of the KV budget")
+    assert "min(tokens, 8,192)" in said["sglang"]
+    assert said["vllm"] == said[None] and "ChunkedLocalAttentionManager: the 36 chunked layers" in said["vllm"]
+    assert said["tensorrt-llm"] is None
+
+
 def test_sglangs_running_cap_counts_the_full_pool():
     """max_running_requests from the full pool's tokens (budget / 3.4 F), not the whole budget over 4 F."""
     ctx, m = _memory("sglang")

@@ -155,9 +155,33 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
         profile_path=profile_path,
     )
     if engine_sched is None:
-        return ctx
+        return with_kv_layout_source(ctx)
     ctx = with_chunked_decode_rule(with_context_rule(ctx, engine_sched))
-    return replace(ctx, window_pools=engine_window_pools(ctx, engine_sched.max_num_batched_tokens))
+    pools = engine_window_pools(ctx, engine_sched.max_num_batched_tokens)
+    return with_kv_layout_source(replace(ctx, window_pools=pools))
+
+
+def _past_window(pools: WindowPools) -> str:
+    """TensorRT-LLM's reserve beyond the window, as `with_kv_layout_source` says it ("" for SGLang's pools)."""
+    return f" and the temporary window, + a {pools.block_tokens}-token block past it" if pools.block_tokens else ""
+
+
+def with_kv_layout_source(ctx: RunContext) -> RunContext:
+    """`ctx` whose sources say how its engine holds a window or chunked model's KV (`kv_layout`): its window
+    pools (`window_pools`) or vLLM's chunked-local rule (`chunk_rule`); unchanged for any other model."""
+    counts, pools, e = ctx.model.kind_counts, ctx.window_pools, ctx.scenario.engine
+    if pools is not None:
+        kind, held = (CHUNKED, "chunk") if pools.tiered_per_token else (WINDOW, "window")
+        name = {"sglang": "SGLang", "tensorrt-llm": "TensorRT-LLM"}.get(e.name, e.name)
+        said = (f"{name}'s own pool for the {counts[kind]} {kind} layers, {pools.shares[1]:.3f} of the KV budget "
+                f"(the full-attention layers' pool {pools.shares[0]:.3f}): a request holds min(tokens, "
+                f"{pools.reach:,.0f}) of their tokens there (the {held}{_past_window(pools)}); the fuller pool binds")
+    elif ctx.chunk_rule is not None:
+        said = (f"vLLM's ChunkedLocalAttentionManager: the {counts[CHUNKED]} chunked layers hold each sequence's "
+                f"current chunk, ((n - 1) mod {ctx.model.attention_chunk:,}) + 1 of its n tokens")
+    else:
+        return ctx
+    return replace(ctx, hw=replace(ctx.hw, sources={**ctx.hw.sources, "kv_layout": said}))
 
 
 def with_context_rule(ctx: RunContext, sc: SchedulerCfg) -> RunContext:
