@@ -111,3 +111,16 @@ def test_a_serving_run_conserves_its_tokens_within_the_pools():
     s = r.summary
     assert s.fits and s.requests == 8 and s.total_output_tokens == 8 * 8192
     assert s.hbm_peak_bytes <= s.hbm_capacity_bytes
+
+
+def test_the_planners_screen_counts_a_running_request_at_its_own_length():
+    """`plan.screen.concurrency_caps` holds the mean running request at its context (1,536 tokens for 1k + 1k):
+    under SGLang's pools its chunked layers hold those 1,536 tokens, not the 8,192 a request holds at most,
+    so the HBM cap is budget / max(1,536 F / (1 / 3.4), 1,536 S / (2.4 / 3.4))."""
+    from sim.inputs.serving_config import SchedulerCfg
+    from sim.plan.screen import Moments, concurrency_caps
+
+    ctx, m = _memory("sglang")
+    caps = concurrency_caps(m, SchedulerCfg(), Moments(1024, 1024, 1536, 100, 2048), (1.0, 0.0, 0.0), 1)
+    per_request = max(1536 * FULL * 3.4, 1536 * CHUNKED * 3.4 / 2.4)
+    assert caps["HBM capacity"] == pytest.approx(m.kv_budget_bytes / per_request)

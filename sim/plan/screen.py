@@ -193,7 +193,8 @@ def step_binds(cost, closed_s: float, rows: float, ridge_rows: float) -> str:
 def concurrency_caps(memory, sched, m, mem_share, pp: int) -> dict[str, float]:
     """The running requests each limit allows: HBM and host capacity at the mean running request's
     footprint (`mem_share`: its tier shares), and the scheduler's two settings, named with their values."""
-    per_request_hbm = memory.hbm_kv_bytes(m.running_context_tokens * mem_share[0], 0.0)
+    held = m.running_context_tokens  # its window or chunk layers hold the latest of them (`KvMemory.bounded_bytes`)
+    per_request_hbm = memory.hbm_kv_bytes(held * mem_share[0], 0.0, held)
     if sched.admission == "no_evict":  # each running request holds its whole length's reservation
         per_request_hbm = memory.hbm_kv_bytes(m.reserved_tokens, 0.0, m.reserved_tokens)
     if sched.admission == "reserve_ratio":  # SGLang keeps the floor ratio of its remaining output free
