@@ -220,12 +220,12 @@ def _attention_domain(a, hbm: float, split: float, heads_per_kv: tuple[float, fl
     return (nbytes, b * kv_heads, fp8, hbm, g, n, split), a["latency_s"].to_numpy()
 
 
-def _figures(p, tune_errors: dict, held_errors: dict) -> dict:
-    """The decode-attention figures the catalog reads (`catalog.FittedAttention`), p as `_attention_fit`'s."""
+def _figures(p) -> dict:
+    """The decode-attention constants the catalog reads (`catalog.FittedAttention`), p as `_attention_fit`'s."""
     return {"floor_s": float(f"{p[0]:.4g}"), "hbm_efficiency": round(float(p[1]), 4),
             "fp8_hbm_efficiency": round(float(p[2]), 4), "half_ctas": float(f"{p[3]:.4g}"),
             "per_cta_s": float(f"{p[4]:.4g}"), "fp8_floor_s": float(f"{p[5]:.4g}"),
-            "fp8_per_cta_s": float(f"{p[6]:.4g}"), "tune": tune_errors, "held_out": held_errors}
+            "fp8_per_cta_s": float(f"{p[6]:.4g}")}
 
 
 def _mha_attention(gpu, tune, held) -> dict | None:
@@ -239,7 +239,8 @@ def _mha_attention(gpu, tune, held) -> dict | None:
         return None
     p = _attention_fit(args, meas, False)
     h_args, h_meas = _attention_domain(held.decode_attention, spec.hbm_bytes_per_s, 0.0, (1.0, 1.0))
-    return _figures(p, _errors(_attention_model(p, *args), meas), _errors(_attention_model(p, *h_args), h_meas))
+    return {**_figures(p), "tune": _errors(_attention_model(p, *args), meas),
+            "held_out": _errors(_attention_model(p, *h_args), h_meas)}
 
 
 def _attention(gpu, tune, held, framework: str = FRAMEWORK) -> dict:
@@ -262,9 +263,8 @@ def _attention(gpu, tune, held, framework: str = FRAMEWORK) -> dict:
     tune_errors, p, split = fits[1] if len(fits) > 1 and fits[1][0]["median"] <= fits[0][0]["median"] - XQA_GAIN else fits[0]
     h_args, h_meas = domain(held.decode_attention, split)
     xqa_figures = {"per_cta_head_s": float(f"{p[7]:.4g}") if split else 0.0, "sequence_split": bool(split)} if xqa else {}
-    figures = _figures(p, tune_errors, _errors(_attention_model(p, *h_args), h_meas))
-    return {**{k: v for k, v in figures.items() if k not in ("tune", "held_out")}, **xqa_figures,
-            "tune": figures["tune"], "held_out": figures["held_out"]}
+    held_errors = _errors(_attention_model(p, *h_args), h_meas)
+    return {**_figures(p), **xqa_figures, "tune": tune_errors, "held_out": held_errors}
 
 
 def _prefill_model(p, flop, nbytes, n, tiles, token_heads, peak, hbm):

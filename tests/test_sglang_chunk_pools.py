@@ -120,7 +120,7 @@ def test_the_planners_screen_counts_a_running_request_at_its_own_length():
     from sim.inputs.serving_config import SchedulerCfg
     from sim.plan.screen import Moments, concurrency_caps
 
-    ctx, m = _memory("sglang")
+    _, m = _memory("sglang")
     caps = concurrency_caps(m, SchedulerCfg(), Moments(1024, 1024, 1536, 100, 2048), (1.0, 0.0, 0.0), 1)
     per_request = max(1536 * FULL * 3.4, 1536 * CHUNKED * 3.4 / 2.4)
     assert caps["HBM capacity"] == pytest.approx(m.kv_budget_bytes / per_request)

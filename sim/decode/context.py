@@ -108,9 +108,10 @@ class RunContext:
         layers' bytes of the T0 tokens past each sequence's current chunk (`layers.chunk_attended`), the
         larger of this step's and the step before's - the trace has no row for the prefill, whose last chunk
         the first decode step frees (a prompt of C tokens holds C until then); 0 without the rule."""
-        if self.chunk_rule is None:
+        rule = self.chunk_rule
+        if rule is None:
             return 0.0
-        per_token, chunk = self.chunk_rule
+        per_token, chunk = rule
         seqs = np.asarray(sequences, dtype=float)
         each = np.divide(tokens, seqs, out=np.zeros(np.shape(seqs * tokens)), where=seqs > 0)
         before = np.where(each > 1, chunk_attended(each - 1, chunk), 0)
@@ -260,17 +261,11 @@ def with_chunked_decode_rule(ctx: RunContext) -> RunContext:
 
 def mmha_datasheet(ctx: RunContext) -> tuple[MhaDecode | None, str]:
     """(MMHA's datasheet figures, what the source line adds): with measured tables none (their MHA rows are
-    MMHA's); else the fit on TensorRT-LLM's multi-head rows for the GPU (`catalog.FittedKernels.mha_attention`),
-    or none where no fit covers it or the scenario sets the decode-attention rate or floor (the decode fit's
-    figures then)."""
+    MMHA's); else `hardware.mha_decode` of the engine's fitted tables."""
     if ctx.hw.kernels is not None:
         return None, " (the measured tables' MHA rows)"
-    ov = ctx.scenario.hardware.efficiency
-    fit = catalog.fitted_kernels_for(ctx.hw.gpu.name, "trtllm", ctx.hw.fit_from)
-    if fit is None or fit.mha_attention is None or ov.attention_hbm_efficiency is not None \
-            or ov.attention_latency_s is not None:
-        return None, " (datasheet: the decode fit's figures; no MMHA fit applies)"
-    return mha_decode(ctx.hw.gpu, fit.mha_attention), f" ({fit.mha_attention.says('MMHA decode attention')})"
+    fig = mha_decode(ctx.hw.gpu, ctx.scenario.hardware.efficiency, ctx.hw.fitted_framework, ctx.hw.fit_from)
+    return fig.value, f" ({fig.source})"
 
 
 def with_moe_exchange(hw: Hardware, scenario: Scenario, experts_format: str) -> Hardware:

@@ -163,12 +163,18 @@ class MhaDecode:
     shape: AttentionShape
 
 
-def mha_decode(gpu: GpuSpec, fit) -> MhaDecode:
-    """`MhaDecode` of a `catalog.FittedAttention` fitted on the multi-head rows (the overlapping form, no split)."""
+def mha_decode(gpu: GpuSpec, ov, framework: str, fit_from: str | None = None) -> Sourced[MhaDecode | None]:
+    """MMHA's datasheet figures: `framework`'s fit on its tables' one-query-head-per-KV-head rows
+    (`catalog.FittedKernels.mha_attention`, the overlapping form, no split); None (the decode fit's figures)
+    where no fit covers the GPU or the scenario sets the decode-attention rate or floor."""
+    fitted = catalog.fitted_kernels_for(gpu.name, framework, fit_from)
+    fit = fitted.mha_attention if fitted else None
+    if fit is None or _sets_attention(ov):
+        return Sourced(None, "datasheet: the decode fit's figures; no MMHA fit applies")
     hbm = gpu.hbm_bytes_per_s
     shape = AttentionShape(hbm * fit.fp8_hbm_efficiency, fit.half_ctas, fit.per_cta_s, fit.fp8_floor_s,
                            fit.fp8_per_cta_s)
-    return MhaDecode(fit.floor_s, hbm * fit.hbm_efficiency, shape)
+    return Sourced(MhaDecode(fit.floor_s, hbm * fit.hbm_efficiency, shape), fit.says("MMHA decode attention"))
 
 
 @dataclass(frozen=True)

@@ -60,8 +60,11 @@ def memory_trace(ctx, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray, active: np
     elif p.access == "sparse_fetch":  # only the indexer's host picks are staged
         stage = np.asarray(sparse_staging_bytes(ctx.model, ctx.sparse_fetch, p.staging_buffers, active, t0, t1, t2, kvl),
                            dtype=float) * np.ones_like(staged_layer, dtype=float)
-    held = t0 + t1 + t2 if after is None else np.maximum(t0 + t1 + t2, after.sum(axis=1))
-    kv_t0 = t0 * ctx.kv_bytes_per_token - ctx.chunk_freed_bytes(t0, held, active)  # vLLM's chunked layers
+    kv_t0 = t0 * ctx.kv_bytes_per_token
+    pools, kinds = ctx.window_pools, ctx.model.layer_kinds
+    if kinds:  # tokens each sequence holds, T3 counted where `after` has it: what windows and chunks cover
+        held = t0 + t1 + t2 if after is None else np.maximum(t0 + t1 + t2, after.sum(axis=1))
+        kv_t0 = kv_t0 - ctx.chunk_freed_bytes(t0, held, active)  # vLLM's chunked layers
     act = np.asarray(active, dtype=float) * activation_bytes(ctx.model, 1)  # linear in batch
     if ctx.hw.held_activation_bytes > 0:  # an engine holds its profiling pass's activations (scenario engine:)
         act = np.maximum(act, ctx.hw.held_activation_bytes)
@@ -71,7 +74,6 @@ def memory_trace(ctx, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray, active: np
         transit = to_t1 * ctx.kv_bytes_per_token + to_t2 * ctx.t2_bytes_per_token
     hbm = ctx.weights_bytes + kv_t0 + stage + act + transit + ctx.hw.runtime_reserve_bytes
     bounded = 0.0
-    pools = ctx.window_pools
     if pools is not None:  # the engine's own window pool: its share of the budget binds as the fuller pool does
         bounded = pools.batch_bytes(held, active)
         full, window = pools.shares
