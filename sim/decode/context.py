@@ -142,7 +142,8 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
         hw = with_engine(hw, scenario, model, engine_sched)
     if hw.kernels is not None and hw.kernels.tables.context_attention is not None:
         hw = replace(hw, sources={**hw.sources, "prefill_attention": prefill_attention_source(model, hw)})
-    moe_mla = source_line(model, hw, m.weight_dtype, m.weight_group_size, m.kv_dtype)
+    moe_mla = source_line(model, hw, m.weight_dtype, m.weight_group_size, m.kv_dtype,
+                          scenario.engine.moe_backend if scenario.engine else None)
     if moe_mla:
         hw = replace(hw, sources={**hw.sources, "kernels_moe_mla": moe_mla})
     if model.attention_dp > 1:  # the experts' dispatch and combine cross the interconnect

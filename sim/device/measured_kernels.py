@@ -28,6 +28,7 @@ from sim.inputs.kernel_tables import (
     WEIGHT_BYTES,
     KernelTables,
     load_tables,
+    trtllm_moe_backend,
     with_moe_mla,
 )
 from sim.model.dtypes import KV_DTYPES as KV_FORMATS
@@ -474,6 +475,19 @@ class MeasuredKernels:
     def moe_table(self) -> str:
         """Whose fused-experts table the MoE costs come from ("vllm 0.24.0", "trtllm 1.3.0rc20", ...)."""
         return self._moe_mla_tables.table_sources.get(MOE_TABLE, "")
+
+    def moe_backends(self, experts: int, top_k: int, hidden: int, inter: int, tp: int, ep: int, quant: str,
+                     sm100: bool, distribution: str = "balanced") -> tuple[str, ...]:
+        """The TensorRT-LLM MoE backends (`kernel_tables.trtllm_moe_backend`) whose kernels timed the slice
+        `moe_s` reads for this shape (its nearest where the table lacks it), sorted; empty where the
+        table is another engine's or its lane names none."""
+        if not self.moe_table().startswith("trtllm"):
+            return ()
+        key, _ = self._moe_slice(quant, distribution, experts, top_k, hidden, inter, tp, ep)
+        moe = self._moe_mla_tables.moe
+        rows = moe[np.logical_and.reduce([moe[c] == v for c, v in zip(MOE_SLICE, key)])]
+        named = {trtllm_moe_backend(k, quant, sm100) for k in rows["kernel"].unique()}
+        return tuple(sorted(b for b in named if b))
 
     def moe_quants(self) -> set[str]:
         """The MoE weight formats the table measured (`kernel_tables.MOE_QUANTS`; `moe_quant_for`)."""

@@ -31,6 +31,7 @@ from sim.model.layers import MLA, SPARSE
 from sim.model.spec import ModelSpec
 from sim.model.units import FLOP_PER_MAC
 
+from .engine_rules import SM100_GPUS
 from .hardware import Hardware
 from .measured_kernels import MEASURED_MLA, mla_bmm_work
 from .moe_exchange import A2A_PHASES
@@ -84,13 +85,17 @@ def routed_work(model: ModelSpec, weight_dtype: str, group_size: int, rows: int)
     return nbytes, share * touched * expert, FLOP_PER_MAC * rows * share * per_token
 
 
-def measured_moe_s(model: ModelSpec, hw: Hardware, quant: str, rows: int) -> float:
-    """The mean layer's measured routed experts: moe layers / L x one MoE layer's fused experts."""
+def moe_shape(model: ModelSpec, hw: Hardware) -> tuple[int, int, int, int, int, int]:
+    """(experts, top-k, hidden, one expert's full width, moe tp, ep) of the table slice this run reads:
+    the shard's width x tp is one expert's full width; under expert parallelism the experts are whole."""
     ep = model.expert_parallel
     tp = 1 if ep > 1 else hw.tp
-    width = model.moe_intermediate_size * tp  # the shard's width x tp: one expert's full width
-    one = hw.kernels.moe_one_s(float(rows), model.num_experts, model.experts_per_token, model.hidden_size, width,
-                               tp, ep, quant, BALANCED)
+    return model.num_experts, model.experts_per_token, model.hidden_size, model.moe_intermediate_size * tp, tp, ep
+
+
+def measured_moe_s(model: ModelSpec, hw: Hardware, quant: str, rows: int) -> float:
+    """The mean layer's measured routed experts: moe layers / L x one MoE layer's fused experts."""
+    one = hw.kernels.moe_one_s(float(rows), *moe_shape(model, hw), quant, BALANCED)
     return model.moe_layers / model.num_layers * one
 
 
@@ -161,19 +166,40 @@ def measured_mla_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_dt
                                        kv_dtype)
 
 
-def source_line(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, kv_dtype: str) -> str | None:
+def source_line(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, kv_dtype: str,
+                run_backend: str | None = None) -> str | None:
     """What `sources.kernels_moe_mla` says of a run of a mixture of experts or an MLA model on measured
-    tables: which of its routed experts and MLA decode take measured kernels (None for any other run)."""
+    tables: which of its routed experts and MLA decode take measured kernels, and for TensorRT-LLM's
+    table which MoE backend timed it - and, where the scenario names the run's (`run_backend`,
+    engine.moe_backend) and the table did not time it, that the table's kernel stands in (None for any
+    other run)."""
     if hw.kernels is None or not (model.moe_layers or model.mla is not None):
         return None
     parts = []
     if model.moe_layers:
         quant = moe_quant(model, hw, weight_dtype, group_size)
-        parts.append(f"routed experts measured ({hw.kernels.moe_table()} fused-experts table, {quant}, {BALANCED} routing)"
-                     if quant else
+        parts.append(_moe_part(model, hw, quant, run_backend) if quant else
                      "routed experts datasheet (no measured table for this format or a routing skew)")
     if model.mla is not None:
         measured = (model.mla.kv_lora_rank, model.mla.qk_rope_head_dim) == MEASURED_MLA and kv_dtype in _mla_dtypes(hw.kernels)
         parts.append("MLA decode measured (TensorRT-LLM absorbed-MLA kernel; a sparse layer's indexer datasheet)"
                      if measured else "MLA decode datasheet (latent or KV dtype not in the table)")
     return "; ".join(parts)
+
+
+def _moe_part(model: ModelSpec, hw: Hardware, quant: str, run_backend: str | None) -> str:
+    """The routed experts' clause of `source_line`: the table, its format and routing, the TensorRT-LLM
+    backend whose kernel it timed, and a stand-in where that is not the run's."""
+    timed = hw.kernels.moe_backends(*moe_shape(model, hw), quant, hw.gpu.name in SM100_GPUS)
+    kernel = f" on TensorRT-LLM's {' and '.join(timed)} backend{'s' if len(timed) > 1 else ''}" if timed else ""
+    table = hw.kernels.moe_table()
+    said = f"routed experts measured ({table} fused-experts table, {quant}{kernel}, {BALANCED} routing)"
+    if run_backend is None or not timed or timed == (run_backend,):
+        return said
+    if run_backend in timed:  # another lane's rows (TensorRT-LLM's min-latency kernel) cover some token counts
+        others = " and ".join(b for b in timed if b != run_backend)
+        return (f"{said}; the run's {run_backend} backend (engine.moe_backend): the slice's {others} rows stand in for "
+                "it at the token counts they cover")
+    return (f"{said}; the run's {run_backend} backend (engine.moe_backend) is not measured for {quant}: the table's "
+            f"{' and '.join(timed)} kernel stands in")
+

@@ -596,6 +596,31 @@ def moe_quant_for(weight_dtype: str, group_size: int = 128, w4a8: bool = False) 
     return None
 
 
+# TensorRT-LLM's MoE backends (moe_config.backend), as scenario `engine.moe_backend` names them.
+TRTLLM_MOE_BACKENDS = ("CUTLASS", "TRTLLM", "TRITON", "DEEPGEMM")
+MXFP4_QUANTS = ("w4a16_mxfp4", "w4a8_mxfp4_mxfp8")
+
+
+def trtllm_moe_backend(kernel: str, quant: str, sm100: bool) -> str | None:
+    """The TensorRT-LLM MoE backend a row of its fused-experts table timed, from the row's kernel_source,
+    weight format and GPU (`sm100`: compute capability 10.x), as AIConfigurator's collector picks it
+    (collector/trtllm/collect_moe_v3.py, TensorRT-LLM >= 1.3.0rc20, `run_moe_torch`): deepgemm DEEPGEMM
+    (fp8_block on 10.x); min_latency TRTLLM (trtllm-gen); cutlass and nongated CUTLASS; Triton's fp8_block
+    TRITON; the unlabelled moe_torch_flow is MXFP4's own - TRITON on Hopper, TRTLLM on 10.x (the engine's
+    AUTO for gpt-oss there, model_config.py `resolve_moe_backend`). None: a lane it does not name."""
+    if kernel == "deepgemm":
+        return "DEEPGEMM"
+    if kernel == "moe_torch_flow_min_latency":
+        return "TRTLLM"
+    if kernel in ("moe_torch_flow_cutlass", "moe_torch_flow_nongated"):
+        return "CUTLASS"
+    if kernel == "moe_torch_flow_triton_fp8_block":
+        return "TRITON"
+    if kernel == "moe_torch_flow" and quant in MXFP4_QUANTS:
+        return "TRTLLM" if sm100 else "TRITON"
+    return None
+
+
 # ---- the held-out split ---------------------------------------------------------------------------
 # Whole grid lines are held out, so the held-out points test interpolation across a gap (a held-out
 # cell inside a kept line would only test the nearest-cell fill): every 4th value (from the 3rd) of

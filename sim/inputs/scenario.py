@@ -14,6 +14,7 @@ from sim.model.units import GiB, MiB
 from . import catalog, kernel_tables
 from .context_checks import check_context
 from .errors import ConfigError
+from .kernel_tables import TRTLLM_MOE_BACKENDS
 from .lengths import LengthDist, draw_lengths
 from .limits import (
     MAX_BATCH,
@@ -279,7 +280,7 @@ class EngineCfg(Strict, QuietDefaults):
     QUIET_DEFAULTS = {"gpu_memory_utilization": None, "mem_fraction_static": None, "cuda_graphs": True,
                       "cuda_graph_max_batch": None, "free_gpu_memory_fraction": None, "kernel_tables": "own",
                       "cuda_graph_batch_sizes": None, "cuda_graph_padding": False, "max_model_len": None,
-                      "swa_full_tokens_ratio": None}  # dumps as before these existed
+                      "swa_full_tokens_ratio": None, "moe_backend": None}  # dumps as before these existed
 
     name: Literal["vllm", "sglang", "tensorrt-llm"]
     version: str = Field(max_length=MAX_NAME_CHARS)  # informational: the engine the rules are read from
@@ -303,6 +304,9 @@ class EngineCfg(Strict, QuietDefaults):
     # SGLang's --swa-full-tokens-ratio: its window pool's tokens per full-attention pool token (a model with
     # window layers); None: its default 0.8 (`device.memory.sglang_swa_pool_shares`)
     swa_full_tokens_ratio: float | None = Field(None, gt=0.0, le=MAX_RATIO)
+    # TensorRT-LLM's moe_config.backend, where the run's options set it; None: the engine's own choice. It
+    # does not change the cost: the sources say whether the measured MoE table timed that backend's kernel
+    moe_backend: Literal[TRTLLM_MOE_BACKENDS] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -320,11 +324,14 @@ class EngineCfg(Strict, QuietDefaults):
 
     @model_validator(mode="after")
     def _engine_own_keys(self):
-        """cuda_graph_batch_sizes and cuda_graph_padding are TensorRT-LLM's cuda_graph_config keys,
-        swa_full_tokens_ratio SGLang's server argument."""
+        """cuda_graph_batch_sizes and cuda_graph_padding are TensorRT-LLM's cuda_graph_config keys and
+        moe_backend its moe_config.backend, swa_full_tokens_ratio SGLang's server argument."""
         if self.name != "sglang" and self.swa_full_tokens_ratio is not None:
             raise ValueError("swa_full_tokens_ratio is SGLang's (--swa-full-tokens-ratio); "
                              f"engine {self.name} has no such setting")
+        if self.name != "tensorrt-llm" and self.moe_backend is not None:
+            raise ValueError(f"moe_backend is TensorRT-LLM's (moe_config.backend); engine {self.name} has no such "
+                             "setting")
         if self.name != "tensorrt-llm" and (self.cuda_graph_batch_sizes is not None or self.cuda_graph_padding):
             raise ValueError("cuda_graph_batch_sizes and cuda_graph_padding are TensorRT-LLM's (cuda_graph_config); "
                              f"{self.name} takes cuda_graph_max_batch")

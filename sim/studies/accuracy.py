@@ -64,13 +64,15 @@ def mode_covers(mode: str, gpu: str) -> bool:
 
 
 def engine_for(m: Measurement) -> dict | None:
-    """The scenario `engine:` a row ran on (`ENGINES`), with the CUDA-graph options the row's run set, or
-    None (kvtier's defaults)."""
+    """The scenario `engine:` a row ran on (`ENGINES`), with the CUDA-graph and MoE-backend options the
+    row's run set, or None (kvtier's defaults)."""
     engine = next(({"name": name, "kernel_tables": tables} for said, name, tables in ENGINES if said in m.engine), None)
     if engine is not None and m.cuda_graph_batch_sizes is not None:
         engine["cuda_graph_batch_sizes"] = m.cuda_graph_batch_sizes
     if engine is not None and m.cuda_graph_padding:
         engine["cuda_graph_padding"] = True
+    if engine is not None and m.moe_backend is not None:
+        engine["moe_backend"] = m.moe_backend
     if engine is not None and m.batch_limits == "trtllm-bench":  # its max_seq_len: the dataset's longest request
         engine["max_model_len"] = m.isl + m.osl
     return engine

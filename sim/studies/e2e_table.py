@@ -15,6 +15,7 @@ from pydantic import Field, ValidationError, model_validator
 from sim.device.bench_limits import BenchCheckpoint, trtllm_bench_limits
 from sim.inputs import catalog
 from sim.inputs.errors import ConfigError
+from sim.inputs.kernel_tables import TRTLLM_MOE_BACKENDS
 from sim.inputs.limits import MAX_BATCH, MAX_RATE_PER_S, MAX_REQUESTS, MAX_TOKENS
 from sim.inputs.reader import read_yaml
 from sim.inputs.scenario import KvDType, WeightDType, validation_error_line
@@ -89,6 +90,7 @@ class Measurement(Strict):
     # TensorRT-LLM's cuda_graph_config as the run's options set it (engine.cuda_graph_batch_sizes / _padding)
     cuda_graph_batch_sizes: list[int] | None = Field(None, min_length=1, max_length=64)
     cuda_graph_padding: bool = False
+    moe_backend: Literal[TRTLLM_MOE_BACKENDS] | None = None  # TensorRT-LLM's moe_config.backend as the options set it
     admission: Literal["engine", "no_evict"] = "engine"
     metric: Metric
     measured: float = Field(gt=0)
