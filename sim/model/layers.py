@@ -6,16 +6,17 @@ linear-attention fields; `sim/inputs/hf_config.py`):
 | kind     | what it stores                                               | grows with the sequence? |
 | -------- | ------------------------------------------------------------ | ------------------------ |
 | `full`   | K and V of every token: 2 x Hkv x d values (MHA / GQA)       | yes: tiers per token     |
-| `chunked`| K and V of every token, as `full`; a token at position p attends only its own chunk of C, positions C floor(p / C) .. p (Llama 4's chunked local attention) | yes: tiers per token (the engines keep every token) |
+| `chunked`| K and V of every token, as `full`; a token at position p attends only its own chunk of C, positions C floor(p / C) .. p (Llama 4's chunked local attention) | yes: tiers per token (what HBM holds follows the engine, below) |
 | `mla`    | one latent of kv_lora_rank + qk_rope_head_dim values a token, shared by every query head (DeepSeek multi-head latent attention) | yes: tiers per token |
 | `sparse` | MLA's latent (tiered per token) + the indexer's small fp8 key of every token (kept in HBM); a step attends only the top-k tokens the indexer picks (DeepSeek sparse attention, V3.2) | yes: the latent tiers, the indexer keys stay in HBM |
 | `window` | K and V of the last W tokens only (sliding window)           | no: min(tokens, W), stays in HBM |
 | `linear` | a fixed recurrent state (linear attention, Gated DeltaNet)  | no: fixed bytes, stays in HBM |
 
-A chunked layer stores every token because the engines keep them: TensorRT-LLM's KV cache manager
-sizes every layer for max_seq_len (`resource_manager.py`, no per-layer window for Llama 4), and vLLM
-frees the blocks before a chunk only under its hybrid KV cache manager, which it leaves off for
-chunked local attention unless VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE is set. Decode
+A chunked layer stores every token as a full one does; which of them HBM holds follows the engine
+(`decode.context.RunContext.chunk_rule` / `window_pools`): TensorRT-LLM's KV cache manager sizes every
+layer for max_seq_len (`resource_manager.py`, no per-layer window for Llama 4), vLLM's hybrid KV cache
+manager frees the blocks before a chunk (ChunkedLocalAttentionManager) and SGLang keeps the chunked
+layers' last C tokens in its window pool (docs/models.md, docs/scenarios.md "Window pools"). Decode
 reads the current chunk alone (TensorRT-LLM passes the chunk size to its decode kernels,
 `attentionOp.cpp`; vLLM splits each request into virtual batches by chunk), and prefill attends
 causally within each chunk: `chunk_attended`, `chunk_pairs`.
