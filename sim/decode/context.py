@@ -16,10 +16,10 @@ from sim.device.engine_rules import (
     launch_rule,
     trtllm_chunked_decode_on_mmha,
 )
-from sim.device.hardware import Hardware, MhaDecode, mha_decode, resolve_hardware
+from sim.device.hardware import Hardware, MhaDecode, measured_kernels_line, mha_decode, resolve_hardware
 from sim.device.memory import WindowPools, profile_run_activation_bytes, sglang_chunk_pools, window_pools_rule
 from sim.device.moe_exchange import ALLTOALL, moe_exchange
-from sim.device.moe_mla_costs import source_line
+from sim.device.moe_mla_costs import mla_prefill_measured, source_line
 from sim.device.sparse_fetch import SparseFetch
 from sim.inputs import catalog
 from sim.inputs.context_checks import longest_request_tokens
@@ -140,12 +140,14 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
         engine_sched = scenario.engine.scheduler_for(scenario.scheduler, hw.memory_bytes, scenario.parallel.tp,
                                                      hw.gpu.name, scenario.parallel.attention_dp, model.context_tokens)
         hw = with_engine(hw, scenario, model, engine_sched)
-    if hw.kernels is not None and hw.kernels.tables.context_attention is not None:
+    if hw.kernels is not None and (hw.kernels.tables.context_attention is not None or mla_prefill_measured(model, hw)):
         hw = replace(hw, sources={**hw.sources, "prefill_attention": prefill_attention_source(model, hw)})
     moe_mla = source_line(model, hw, m.weight_dtype, m.weight_group_size, m.kv_dtype,
                           scenario.engine.moe_backend if scenario.engine else None)
     if moe_mla:
         hw = replace(hw, sources={**hw.sources, "kernels_moe_mla": moe_mla})
+    if mla_prefill_measured(model, hw):  # the kernels line says so
+        hw = replace(hw, sources={**hw.sources, "kernels": measured_kernels_line(hw, hw.kernels, mla_prefill=True)})
     if model.attention_dp > 1:  # the experts' dispatch and combine cross the interconnect
         hw = with_moe_exchange(hw, scenario, model.expert_format(m.weight_dtype))
     t2_layer = model.compressed_bytes_per_token_layer(COMPRESSED_DTYPES[p.compressed_dtype], p.compressed_group_size)
@@ -294,6 +296,9 @@ def with_moe_exchange(hw: Hardware, scenario: Scenario, experts_format: str) -> 
 
 def prefill_attention_source(model: ModelSpec, hw: Hardware) -> str:
     """Where this run's prefill attention comes from (`physics.measured_prefill_attention_s`)."""
+    if mla_prefill_measured(model, hw):
+        return (hw.kernels.mla_context_source() + ": TensorRT-LLM's MLA prefill kernel (not absorbed), each step's "
+                "chunks as prompts of the length that attends as many pairs")
     if model.layer_kinds:
         return "datasheet: physics.prefill_attention_s (the context-attention table is not used with layer kinds)"
     busiest = ("; under attention data parallelism the busiest rank's ceil(chunks / ranks) of them"

@@ -511,6 +511,12 @@ def with_measured_kernels(hw: Hardware, framework: str = FRAMEWORK) -> Hardware:
     """`hw` with AIConfigurator's measured tables (as `framework` runs them) for its GPU's GEMMs, decode
     attention and all-reduce (`physics` asks them where they apply; everything else stays datasheet)."""
     kernels = measured_kernels_for(hw.gpu.name, framework)
+    return replace(hw, kernels=kernels, sources={**hw.sources, "kernels": measured_kernels_line(hw, kernels)})
+
+
+def measured_kernels_line(hw: Hardware, kernels, mla_prefill: bool = False) -> str:
+    """What `sources.kernels` says of a run on measured tables: which operators they cost and which stay
+    datasheet (`mla_prefill`: the run's MLA prefill takes TensorRT-LLM's context-MLA table)."""
     tables = kernels.tables
     borrowed = "".join(f" ({table} {said})" for table, said in tables.table_sources.items())
     measured = [d for d in ("bf16", "fp8", "nvfp4", "int8", "int4") if d in kernels.gemm_dtypes()]
@@ -519,14 +525,14 @@ def with_measured_kernels(hw: Hardware, framework: str = FRAMEWORK) -> Hardware:
     allreduce = "custom" if hw.allreduce_impl == CUSTOM_ALLREDUCE else f"NCCL {tables.nccl_version}"
     what = (f"measured: {PACKAGE} {tables.package_version} {tables.system} ({tables.device}) "
             f"{tables.framework} {tables.framework_version}{borrowed}: dense GEMMs ({', '.join(measured)}), GQA decode "
-            f"{'and prefill ' if context else ''}attention, {allreduce} all-reduce, and MoE experts and MLA decode "
-            f"where their tables hold the format; datasheet: "
-            f"{'' if context else 'prefill attention, '}MLA prefill, linear-attention layers, {weight_only}"
-            f"per-layer overheads")
+            f"{'and prefill ' if context else ''}attention, {allreduce} all-reduce, and MoE experts and MLA decode"
+            f"{' and prefill' if mla_prefill else ''} where their tables hold the format; datasheet: "
+            f"{'' if context else 'prefill attention, '}{'' if mla_prefill else 'MLA prefill, '}linear-attention "
+            f"layers, {weight_only}per-layer overheads")
     if tables.cache_served:  # points the collector timed from a warm L2 (kernel_tables.cache_served)
         what += "; dropped as served from a warm L2: " + " and ".join(
             f"{n:,} {WARM_TABLE_NAMES.get(t, t)} points" for t, n in tables.cache_served.items())
-    return replace(hw, kernels=kernels, sources={**hw.sources, "kernels": what})
+    return what
 
 
 @lru_cache(maxsize=4096)

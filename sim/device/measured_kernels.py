@@ -22,6 +22,7 @@ from sim.inputs.kernel_tables import (
     A2A_SLICE,
     FRAMEWORK,
     GEMM_DTYPES,
+    MLA_CONTEXT_TABLE,
     MLA_TABLE,
     MOE_SLICE,
     MOE_TABLE,
@@ -43,6 +44,7 @@ ACTIVATION_BYTES = 2  # bf16 activations in and out of a GEMM, queries and outpu
 # a dtype -> the measured table standing for it
 MEASURED_AS = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8": "int8", "int4": "int4", "nvfp4": "nvfp4"}
 MEASURED_MLA = (512, 64)  # kv_lora_rank, qk_rope_head_dim of the MLA table (DeepSeek-V3 shapes)
+MEASURED_MLA_CONTEXT = (192, 128)  # q / k head dim (nope 128 + rope 64) and v head dim of the MLA prefill table
 MOE_WEIGHT_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "int4_wo": 0.5, "w4a16_mxfp4": 0.5,
                     "w4a8_mxfp4_mxfp8": WEIGHT_DTYPES["mxfp4"].packed_bytes_per_element,
                     "nvfp4": WEIGHT_DTYPES["nvfp4"].packed_bytes_per_element}
@@ -95,6 +97,17 @@ def mla_roofline_s(batch, kv_tokens, heads, kv_lora_rank: int, rope_dim: int, kv
     latent, per_head = kv_lora_rank + rope_dim, 2 * kv_lora_rank + rope_dim
     flop = FLOP_PER_MAC * b * n * heads * per_head
     moved = b * n * latent * kv_bytes + b * heads * per_head * ACTIVATION_BYTES
+    return np.maximum(flop / flop_per_s, moved / hbm_bytes_per_s)
+
+
+def mla_context_roofline_s(batch, tokens, heads, qk_dim: int, v_dim: int, flop_per_s: float, hbm_bytes_per_s: float):
+    """One MLA prefill call, not absorbed (each head's q and k of qk_dim = nope + rope, v of v_dim, as
+    GQA with one KV head per query head), causal over whole prompts of n:
+    max(2 b H n (n + 1) / 2 (qk + v) / FLOP/s, b n H (2 qk + 2 v) x 2 / HBM) - q, k, v in and the output
+    out in bf16 (the FMHA's dtype)."""
+    b, n = np.asarray(batch, dtype=float), np.asarray(tokens, dtype=float)
+    flop = FLOP_PER_MAC * b * heads * n * (n + 1) / 2 * (qk_dim + v_dim)
+    moved = b * n * heads * (2 * qk_dim + 2 * v_dim) * ACTIVATION_BYTES
     return np.maximum(flop / flop_per_s, moved / hbm_bytes_per_s)
 
 
@@ -470,6 +483,36 @@ class MeasuredKernels:
         ratio, _ = self._mla_grids[key]._at((float(heads), b, n))
         roof = mla_roofline_s(b, n, heads, *MEASURED_MLA, KV_FORMATS[kv_dtype].bytes_per_element, self._peak(key),
                               self.gpu.hbm_bytes_per_s)
+        return float(roof) * ratio
+
+    def mla_context_source(self) -> str:
+        """Where the MLA prefill costs come from (`KernelTables.source` of the context-MLA table)."""
+        return self._moe_mla_tables.source(MLA_CONTEXT_TABLE)
+
+    def mla_context_kv_dtypes(self) -> set[str]:
+        """KV dtypes the MLA prefill table measured (bf16, fp16 as bf16, fp8); empty: no table."""
+        return {d for d, m in MEASURED_AS.items() if m in self._mla_context_grids}
+
+    @cached_property
+    def _mla_context_grids(self) -> dict[str, RatioGrid]:
+        grids = {}
+        for kv_dtype, t in self._moe_mla_tables.mla_context.groupby("kv_dtype"):
+            roof = mla_context_roofline_s(t["batch"], t["tokens"], t["heads"].to_numpy(), *MEASURED_MLA_CONTEXT,
+                                          self._peak("bf16"), self.gpu.hbm_bytes_per_s)
+            grids[kv_dtype] = RatioGrid.from_points(t[["heads", "batch", "tokens"]].to_numpy(dtype=float),
+                                                    t["latency_s"].to_numpy() / roof, fill=fill_from_below)
+        return grids
+
+    def mla_context_one_s(self, batch: float, tokens: float, heads: int, kv_dtype: str = "bf16") -> float:
+        """One layer's MLA prefill attention on one GPU (TensorRT-LLM's context kernel, DeepSeek's 128 + 64
+        / 128 heads): `batch` whole prompts of `tokens`, `heads` query heads per GPU; a KV dtype the table
+        lacks takes bf16's ratio."""
+        key = MEASURED_AS.get(kv_dtype)
+        if key not in self._mla_context_grids:
+            key = "bf16"
+        b, n = max(float(batch), 1.0), max(float(tokens), 1.0)
+        ratio, _ = self._mla_context_grids[key]._at((float(heads), b, n))
+        roof = mla_context_roofline_s(b, n, heads, *MEASURED_MLA_CONTEXT, self._peak("bf16"), self.gpu.hbm_bytes_per_s)
         return float(roof) * ratio
 
     def moe_table(self) -> str:

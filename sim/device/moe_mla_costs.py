@@ -20,6 +20,7 @@ misses against these tables (MoE 25-61% median, mostly too fast; MLA 12-57%).
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import numpy as np
@@ -33,7 +34,7 @@ from sim.model.units import FLOP_PER_MAC
 
 from .engine_rules import SM100_GPUS
 from .hardware import Hardware
-from .measured_kernels import MEASURED_MLA, mla_bmm_work
+from .measured_kernels import MEASURED_MLA, MEASURED_MLA_CONTEXT, mla_bmm_work
 from .moe_exchange import A2A_PHASES
 
 BALANCED = "balanced"  # the table's routing that matches uniform routing (routing_skew 0)
@@ -110,6 +111,39 @@ def measured_a2a_s(model: ModelSpec, hw: Hardware, tokens_per_rank: float) -> fl
     return total
 
 
+def measured_mla_prefill_s(model: ModelSpec, hw: Hardware, position_sum: float, seqs: int,
+                           kv_dtype: str) -> float | None:
+    """A step's MLA prefill attention from TensorRT-LLM's context-MLA table (`MeasuredKernels.mla_context_one_s`,
+    the engines' stand-in as its decode table is), for a model whose every layer is MLA of DeepSeek's
+    head dims (q / k 128 + 64, v 128): its `seqs` chunks as that many prompts of the length n that attends as
+    many (query, key) pairs (`physics.equivalent_prompt_tokens`: exact for whole prompts of one length).
+    None (the datasheet formula) where the table or the shape does not apply."""
+    if hw.kernels is None or seqs <= 0 or not _mla_prefill_applies(model, hw.kernels):
+        return None
+    n = (math.sqrt(1.0 + 8.0 * position_sum / seqs) - 1.0) / 2.0
+    return hw.kernels.mla_context_one_s(seqs, n, model.num_heads, kv_dtype)
+
+
+def mla_prefill_measured(model: ModelSpec, hw: Hardware) -> bool:
+    """Whether this run's MLA prefill takes the context-MLA table (`measured_mla_prefill_s`)."""
+    return hw.kernels is not None and _mla_prefill_applies(model, hw.kernels)
+
+
+def _mla_prefill_applies(model: ModelSpec, kernels) -> bool:
+    shape = model.mla
+    return (shape is not None and model.kind_counts == {MLA: model.num_layers}
+            and (shape.qk_nope_head_dim + shape.qk_rope_head_dim, shape.v_head_dim) == MEASURED_MLA_CONTEXT
+            and bool(_mla_context_dtypes(kernels)))
+
+
+@lru_cache(maxsize=16)
+def _mla_context_dtypes(kernels) -> frozenset[str]:
+    try:
+        return frozenset(kernels.mla_context_kv_dtypes())
+    except (KeyError, AttributeError):
+        return frozenset()
+
+
 def datasheet_mla_bmm_s(hw: Hardware, dtype: str, tokens: float, heads: int) -> float:
     """One absorbed-MLA BMM, datasheet, fitted on the engine's BMM tables (`hw.mla_bmm_fits`):
     floor + max(FLOP / (peak x ef), bytes / (HBM x eh)), the fp8 peak for an fp8 BMM."""
@@ -184,6 +218,9 @@ def source_line(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: i
         measured = (model.mla.kv_lora_rank, model.mla.qk_rope_head_dim) == MEASURED_MLA and kv_dtype in _mla_dtypes(hw.kernels)
         parts.append("MLA decode measured (TensorRT-LLM absorbed-MLA kernel; a sparse layer's indexer datasheet)"
                      if measured else "MLA decode datasheet (latent or KV dtype not in the table)")
+        parts.append("MLA prefill measured (TensorRT-LLM's context-MLA kernel, not absorbed; each step's chunks as "
+                     "prompts of the length that attends as many pairs)" if _mla_prefill_applies(model, hw.kernels) else
+                     "MLA prefill datasheet (no context-MLA table, or not every layer MLA of its head dims)")
     return "; ".join(parts)
 
 

@@ -31,8 +31,8 @@ from .hardware import Hardware, MhaDecode
 from .host_pipeline import HostLayer, HostStepTimes, host_pipeline
 from .moe_exchange import A2A_PHASES, A2A_WIRE_BYTES, ALLGATHER_REDUCESCATTER
 from .moe_fit import model_moe_s
-from .moe_mla_costs import (absorbed_bmm_swap, measured_a2a_s, measured_mla_s, measured_moe_s, moe_format, moe_quant,
-                             routed_work)
+from .moe_mla_costs import (absorbed_bmm_swap, measured_a2a_s, measured_mla_prefill_s, measured_mla_s, measured_moe_s,
+                            moe_format, moe_quant, routed_work)
 from .sparse_fetch import SparseFetch, fetch_layer, mean_layer_share
 
 ALLREDUCES_PER_LAYER = 2  # tensor parallelism: after the attention output and after the MLP down projection
@@ -1192,11 +1192,16 @@ def measured_prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: f
     context_attention_one_s`): its `seqs` chunks as that many prompts of the length n that attends as
     many (query, key) pairs, seqs x n (n + 1) / 2 = position sum, i.e. n = (sqrt(1 + 8 S / seqs) - 1) / 2 -
     exact for whole prompts of one length; chunks behind a computed prefix and mixed lengths take the
-    table's efficiency at that equivalent length. None (the datasheet formula) without such a table,
-    with layer kinds or for an attention-data-parallel shard (`prefill_attention_s` asks for its
-    busiest rank's call instead)."""
+    table's efficiency at that equivalent length. An MLA model takes TensorRT-LLM's context-MLA table
+    the same way (`moe_mla_costs.measured_mla_prefill_s`). None (the datasheet formula) without such a
+    table, with other layer kinds or for an attention-data-parallel shard (`prefill_attention_s` asks for
+    its busiest rank's call instead)."""
     k = hw.kernels
-    if k is None or seqs <= 0 or model.layer_kinds or model.attention_dp > 1 or not k.has_context_attention():
+    if k is None or seqs <= 0 or model.attention_dp > 1:
+        return None
+    if model.mla is not None:  # TensorRT-LLM's context-MLA kernel, where its table and the shape apply
+        return measured_mla_prefill_s(model, hw, position_sum, seqs, kv_dtype_of(model, kv_bytes_per_token_layer))
+    if model.layer_kinds or not k.has_context_attention():
         return None
     n = equivalent_prompt_tokens(position_sum, seqs)
     element = kv_bytes_per_token_layer / (2 * model.num_kv_heads * model.head_dim)

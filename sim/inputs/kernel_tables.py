@@ -27,7 +27,7 @@ were checked against the 0.12.0 engine to ~1e-16):
   vLLM's 'default'); `latency` in MICROseconds (the collector's transmit_us; 44-11,594 for 16-65,536
   tokens on H200), read into seconds (`KernelTables.a2a`).
 
-Two more families are read on first use only (`with_moe_mla`; a run of a dense model never pays
+Three more families are read on first use only (`with_moe_mla`; a run of a dense model never pays
 for them), with the meanings of the package's loaders (aic-core perf_database/mla.rs
 `load_op_gen_parquet`, = Python operations/mla.py `load_generation_mla_data`; perf_database/moe.rs
 `load_moe_parquet`, = operations/moe.py `load_moe_data`) and its collectors:
@@ -42,6 +42,12 @@ for them), with the meanings of the package's loaders (aic-core perf_database/ml
   + attention, mla_generation_module_perf), so the kernel table is TensorRT-LLM's (its
   kernel_source 'default' rows, which the package lends other backends as a shared fallback:
   perf_data_reuse_manifest.yaml); duplicate keys: the first row wins, as in the loader.
+- `mla/trtllm/<ver>/context_mla_perf.parquet`: one layer's MLA prefill attention kernel as TensorRT-LLM
+  runs it, not absorbed (collector/trtllm/collect_mla.py, the context phase: q and k of 128 + 64 and v
+  of 128 per head after kv_b, causal FMHA over whole prompts; the projections outside it): `batch_size`
+  prompts of `isl` tokens, `num_heads` query heads per GPU (the `tp_size` column is not a key),
+  `kv_cache_dtype` bfloat16 or fp8 (the KV written; `mla_dtype`, the FMHA's, is bfloat16 throughout),
+  `latency` ms per call; the same framework and version as the decode table, first row wins on a key.
 - `moe/vllm/<ver>/moe_perf.parquet`: one call of vLLM's fused experts on one GPU
   (collector/vllm/collect_moe.py: `fused_experts` / FusedMoE, routing given, no router GEMM, no
   all-reduce or all-to-all): `num_tokens` tokens entering the layer (hidden states before routing,
@@ -105,6 +111,8 @@ MOE_QUANTS = ("bfloat16", "fp8", "fp8_block", "int4_wo", "w4a16_mxfp4", "w4a8_mx
 MLA_COLUMNS = ["kv_dtype", "heads", "batch", "kv_tokens", "latency_s"]
 MLA_BMM_COLUMNS = ["op", "dtype", "heads", "tokens", "latency_s"]
 MLA_BMM_TABLE = "mla_bmm"
+MLA_CONTEXT_COLUMNS = ["kv_dtype", "heads", "batch", "tokens", "latency_s"]
+MLA_CONTEXT_TABLE = "context_mla"
 MOE_COLUMNS = ["quant", "distribution", "experts", "top_k", "hidden", "inter", "tp", "ep", "tokens", "kernel",
                "latency_s"]
 MOE_SLICE = ["quant", "distribution", "experts", "top_k", "hidden", "inter", "tp", "ep"]  # one token curve each
@@ -132,6 +140,7 @@ class KernelTables:
     mla_decode: pd.DataFrame | None = None  # MLA_COLUMNS: kv_dtype, heads, batch, kv_tokens (new one included), latency_s
     moe: pd.DataFrame | None = None  # MOE_COLUMNS: quant, distribution, experts, top_k, hidden, inter, tp, ep, tokens, ...
     mla_bmm: pd.DataFrame | None = None  # MLA_BMM_COLUMNS: op (pre, post), dtype, heads, tokens, latency_s
+    mla_context: pd.DataFrame | None = None  # MLA_CONTEXT_COLUMNS: kv_dtype, heads, batch, tokens (a prompt), latency_s
     table_sources: dict[str, str] = field(default_factory=dict)  # table -> "framework version" where not `framework`'s
     cache_served: dict[str, int] = field(default_factory=dict)  # table -> points dropped as timed from a warm L2
 
@@ -489,10 +498,34 @@ def with_moe_mla(tables: KernelTables) -> KernelTables:
         return tables
     if tables.framework == PROFILE_SOURCE or tables.system not in SYSTEMS.values() or not tables_available():
         return replace(tables, mla_decode=pd.DataFrame(columns=MLA_COLUMNS), moe=pd.DataFrame(columns=MOE_COLUMNS),
-                       mla_bmm=pd.DataFrame(columns=MLA_BMM_COLUMNS))
+                       mla_bmm=pd.DataFrame(columns=MLA_BMM_COLUMNS),
+                       mla_context=pd.DataFrame(columns=MLA_CONTEXT_COLUMNS))
     mla, moe, sources = _moe_mla(tables.system, tables.framework)
     bmm = _mla_bmm_table(tables.system, tables.framework)
-    return replace(tables, mla_decode=mla, moe=moe, mla_bmm=bmm, table_sources={**tables.table_sources, **sources})
+    context = _mla_context_table(tables.system)
+    if len(context) and MLA_TABLE in sources:  # the decode table's framework and version
+        sources = {**sources, MLA_CONTEXT_TABLE: sources[MLA_TABLE]}
+    return replace(tables, mla_decode=mla, moe=moe, mla_bmm=bmm, mla_context=context,
+                   table_sources={**tables.table_sources, **sources})
+
+
+@lru_cache(maxsize=8)
+def _mla_context_table(system: str) -> pd.DataFrame:
+    """TensorRT-LLM's MLA prefill rows (the decode table's framework and version) in kvtier's units;
+    empty where the package has none for the system."""
+    root = _package_root() / "systems"
+    path = _backfilled(root / "data" / system / "mla" / MLA_FRAMEWORK, _query_version(root, system, MLA_FRAMEWORK),
+                       "context_mla_perf.parquet")
+    if path is None:
+        return pd.DataFrame(columns=MLA_CONTEXT_COLUMNS)
+    by_dtype = {v: k for k, v in KV_DTYPES.items() if k != "fp16"}
+    df = _read(path)
+    df = df[df["kv_cache_dtype"].isin(by_dtype) & (df["mla_dtype"] == "bfloat16")]
+    out = pd.DataFrame({"kv_dtype": df["kv_cache_dtype"].map(by_dtype).to_numpy(), "heads": df["num_heads"].to_numpy(),
+                        "batch": df["batch_size"].to_numpy(), "tokens": df["isl"].to_numpy(),
+                        "latency_s": df["latency"].to_numpy() * MS_TO_S})
+    out = out.drop_duplicates(["kv_dtype", "heads", "batch", "tokens"], keep="first")
+    return drop_spikes(out, ("batch", "tokens", "heads"), ("kv_dtype",))
 
 
 @lru_cache(maxsize=8)
@@ -626,7 +659,7 @@ def trtllm_moe_backend(kernel: str, quant: str, sm100: bool) -> str | None:
 # cell inside a kept line would only test the nearest-cell fill): every 4th value (from the 3rd) of
 # GEMM n and k, of decode and prefill attention tokens and batch, and of all-reduce, all-gather and
 # reduce-scatter message size; of DeepEP's tokens a rank (per kernel); of MLA decode kv_tokens and batch,
-# and of MoE and MLA BMM tokens (where the tables carry them: `with_moe_mla`).
+# of MLA prefill tokens and batch, and of MoE and MLA BMM tokens (where the tables carry them: `with_moe_mla`).
 HELD_OUT_EVERY, HELD_OUT_FROM = 4, 2
 
 
@@ -655,7 +688,9 @@ def split_tables(tables: KernelTables) -> tuple[KernelTables, KernelTables]:
     m = tables.mla_decode if tables.mla_decode is not None else pd.DataFrame(columns=MLA_COLUMNS)
     e = tables.moe if tables.moe is not None else pd.DataFrame(columns=MOE_COLUMNS)
     b = tables.mla_bmm if tables.mla_bmm is not None else pd.DataFrame(columns=MLA_BMM_COLUMNS)
+    p = tables.mla_context if tables.mla_context is not None else pd.DataFrame(columns=MLA_CONTEXT_COLUMNS)
     m_held = _held_lines(m["kv_tokens"]) | _held_lines(m["batch"])
+    p_held = _held_lines(p["tokens"]) | _held_lines(p["batch"])
     e_held = _held_lines(e["tokens"])
     b_held = _held_lines(b["tokens"])
 
@@ -665,6 +700,7 @@ def split_tables(tables: KernelTables) -> tuple[KernelTables, KernelTables]:
                        gather={op: t[gather_held[op] == held] for op, t in tables.gather.items()},
                        a2a=x[x_held == held] if x is not None else None,
                        mla_decode=m[m_held == held], moe=e[e_held == held], mla_bmm=b[b_held == held],
+                       mla_context=p[p_held == held],
                        context_attention=c[c_held == held] if c is not None else None)
 
     return part(False), part(True)
