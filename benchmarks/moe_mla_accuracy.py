@@ -1,9 +1,9 @@
-"""MLA decode and MoE operators (not a test): kvtier's datasheet model and the measured kernel tables
-against AIConfigurator's held-out MLA decode and MoE measurements (sim/studies/moe_mla_accuracy.py).
+"""MLA decode and prefill and MoE operators (not a test): kvtier's datasheet model and the measured kernel
+tables against AIConfigurator's held-out MLA and MoE measurements (sim/studies/moe_mla_accuracy.py).
 
     .venv/bin/python benchmarks/moe_mla_accuracy.py [--gpu h200-sxm] [--by-op] [--models] [--csv points.csv]
 
-For every GPU the tables cover: per family (MLA decode; MoE by routing), the held-out points, the
+For every GPU the tables cover: per family (MLA decode, MLA prefill; MoE by routing), the held-out points, the
 datasheet model's median / 90th-percentile / worst |error|, its mean signed error and the share of
 points where it is optimistic (predicted faster than measured), the same kernel at the balanced
 benchmark's own routing, and the measured tables across the held-out gap; then where it is

@@ -1,4 +1,4 @@
-"""MLA decode attention and MoE experts held against AIConfigurator's measured tables (issue #22
+"""MLA decode and prefill attention and MoE experts held against AIConfigurator's measured tables (issue #22
 item 6): every point of the held-out split (`kernel_tables.split_tables`, the lines operator_accuracy
 holds out) predicted by the datasheet model kvtier uses today and by the measured tables with the
 held-out lines removed. Error = predicted / measured - 1 (negative: kvtier too fast, optimistic).
@@ -9,6 +9,8 @@ held-out lines removed. Error = predicted / measured - 1 (negative: kvtier too f
   `kind_kv_bytes_per_token_layer(MLA)`: `mla_datasheet_attention_s` where the GPU has an MLA fit (on
   the tune split of these tables), else `attention_s` - on deepseek-r1 sharded to the row's heads
   per GPU (every row is R1 at TP 128 / heads).
+- MLA prefill (`kernel_tables` context_mla, TensorRT-LLM's kernel not absorbed, whole prompts): the
+  datasheet call is `physics.prefill_attention_s` for deepseek-r1 sharded to the row's heads per GPU.
 - MoE (vLLM's fused experts): the datasheet call is `moe_fit.datasheet_moe_s` where the GPU has a fit
   for the row's format (on the tune split of these tables), else `physics.weight_gemm_s` of the routed
   experts' terms of `ModelSpec.layer_weight_bytes_read` / `layer_linear_params_read` /
@@ -35,7 +37,13 @@ import pandas as pd
 from sim.device.kernels import MlaBmm, datasheet_cost, datasheet_hardware
 from sim.device.measured_kernels import MeasuredKernels
 from sim.device.moe_fit import datasheet_moe_s
-from sim.device.physics import attention_s, kind_attention_flop_per_token, mla_datasheet_attention_s, weight_gemm_s
+from sim.device.physics import (
+    attention_s,
+    kind_attention_flop_per_token,
+    mla_datasheet_attention_s,
+    prefill_attention_s,
+    weight_gemm_s,
+)
 from sim.inputs import catalog
 from sim.inputs.kernel_tables import MOE_SLICE, SYSTEMS, load_tables, split_tables, with_moe_mla
 from sim.model.dtypes import WEIGHT_DTYPES
@@ -64,7 +72,8 @@ def held_out_points(gpu: str) -> tuple[pd.DataFrame, MeasuredKernels]:
     spec = catalog.gpu(gpu)
     tune, held = split_tables(with_moe_mla(load_tables(gpu)))
     mk = MeasuredKernels(tune, spec, catalog.interconnect(spec.interconnect).bus_bytes_per_s)
-    frames = [f for f in (_mla(gpu, held.mla_decode, mk), _moe(gpu, held.moe, mk), _bmm(gpu, held.mla_bmm, mk)) if len(f)]
+    frames = [f for f in (_mla(gpu, held.mla_decode, mk), _moe(gpu, held.moe, mk), _bmm(gpu, held.mla_bmm, mk),
+                          _mla_prefill(gpu, held.mla_context, mk)) if len(f)]
     out = pd.concat(frames, ignore_index=True)
     out["datasheet_err"] = out["datasheet_s"] / out["measured_s"] - 1
     out["tables_err"] = out["tables_s"] / out["measured_s"] - 1
@@ -105,6 +114,28 @@ def _mla(gpu: str, m: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
                          "model": MLA_MODEL, "layout": f"TP{tp}", "size": b * n, "measured_s": meas,
                          "datasheet_s": mla_datasheet_s(gpu, int(b), int(n), int(heads), kv_dtype), "tables_s": tab,
                          "below_hbm": meas < b * n * latent / hbm})
+    return pd.DataFrame(rows)
+
+
+def mla_prefill_datasheet_s(gpu: str, batch: int, tokens: int, heads: int, kv_dtype: str) -> float:
+    """kvtier's datasheet MLA prefill call (`physics.prefill_attention_s` for deepseek-r1 sharded to
+    `heads` query heads a GPU): `batch` whole prompts of `tokens`."""
+    model = _mla_model(heads)
+    pos = batch * tokens * (tokens + 1) / 2
+    return prefill_attention_s(model, datasheet_hardware(gpu), pos, batch * tokens,
+                               model.kv_bytes_per_token_layer(kv_dtype), seqs=batch, new_tokens=batch * tokens)
+
+
+def _mla_prefill(gpu: str, c: pd.DataFrame | None, mk: MeasuredKernels) -> pd.DataFrame:
+    """MLA prefill (TensorRT-LLM's context-MLA kernel) by KV dtype: the datasheet call and the tables'."""
+    rows = []
+    for r in (c.itertuples(index=False) if c is not None else ()):
+        heads, tp = int(r.heads), catalog.model(MLA_MODEL).num_heads // int(r.heads)
+        shape = f"b{r.batch} n{r.tokens} H{heads}"
+        rows.append({"op": f"mla prefill kv {r.kv_dtype}", "family": "mla prefill", "shape": shape,
+                     "model": MLA_MODEL, "layout": f"TP{tp}", "size": r.batch * r.tokens, "measured_s": r.latency_s,
+                     "datasheet_s": mla_prefill_datasheet_s(gpu, int(r.batch), int(r.tokens), heads, r.kv_dtype),
+                     "tables_s": mk.mla_context_one_s(r.batch, r.tokens, heads, r.kv_dtype), "below_hbm": False})
     return pd.DataFrame(rows)
 
 
