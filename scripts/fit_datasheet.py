@@ -72,11 +72,12 @@ from scipy.optimize import least_squares
 from sim.device.kernels import DEFAULT_GROUP_SIZE
 from sim.device.measured_kernels import mla_bmm_work, moe_peak_flop_per_s
 from sim.device.moe_exchange import A2A_WIRE_BYTES
-from sim.device.physics import xqa_ctas
+from sim.device.physics import kind_prefill_flop_per_pair, xqa_ctas
 from sim.inputs import catalog
 from sim.inputs.kernel_tables import FRAMEWORK, FRAMEWORKS, PACKAGE, SYSTEMS, load_tables, split_tables, with_moe_mla
 from sim.model.dtypes import ACTIVATION_BYTES, WEIGHT_DTYPES
 from sim.model.experts import expected_remote_ranks
+from sim.model.layers import MLA
 from sim.model.units import FLOP_PER_MAC
 from sim.studies.moe_mla_accuracy import QUANT_AS, balanced_rank0
 
@@ -267,6 +268,10 @@ def _attention(gpu, tune, held, framework: str = FRAMEWORK) -> dict:
     return {**_figures(p), **xqa_figures, "tune": tune_errors, "held_out": held_errors}
 
 
+# the prefill form's start and bounds: floor, FLOP efficiency, half tokens, half tiles, cache write a token and KV head
+PREFILL_START_BOUNDS = ([1e-5, 0.6, 500.0, 50.0, 1e-12], [0.0, 0.05, 1.0, 0.0, 0.0], [1e-3, 1.0, 1e5, 1e5, 1e-8])
+
+
 def _prefill_model(p, flop, nbytes, n, tiles, token_heads, peak, hbm):
     """`physics.datasheet_prefill_attention_s` of whole prompts."""
     floor, ef, half, half_tiles, kv_write = p
@@ -296,8 +301,7 @@ def _prefill(gpu, tune, held, attention: dict) -> dict | None:
         args, meas = domain(tune.context_attention)
         if not len(meas):
             continue
-        p = _fit(_prefill_model, [1e-5, 0.6, 500.0, 50.0, 1e-12], [0.0, 0.05, 1.0, 0.0, 0.0], [1e-3, 1.0, 1e5, 1e5, 1e-8],
-                 args, meas)
+        p = _fit(_prefill_model, *PREFILL_START_BOUNDS, args, meas)
         h_args, h_meas = domain(held.context_attention)
         out[dtype] = {"floor_s": float(f"{p[0]:.4g}"), "flop_efficiency": round(float(p[1]), 4),
                       "half_tokens": float(f"{p[2]:.4g}"), "half_tiles": float(f"{p[3]:.4g}"),
@@ -305,6 +309,40 @@ def _prefill(gpu, tune, held, attention: dict) -> dict | None:
                       "tune": _errors(_prefill_model(p, *args), meas),
                       "held_out": _errors(_prefill_model(p, *h_args), h_meas),
                       **_head_dim_64(p, domain(tune.context_attention, 64), domain(held.context_attention, 64))}
+    return out or None
+
+
+def _mla_prefill_domain(gpu: str, c, dtype: str, attention: dict) -> tuple:
+    """TensorRT-LLM's context-MLA rows of one KV dtype as `physics.prefill_attention_s` asks the datasheet
+    formula for DeepSeek-R1 sharded to the row's heads: its MLA FLOP a pair (q / k of 192, v of 128 a head),
+    the latent bytes a token, head dim 192, one latent KV head."""
+    if c is None or not len(c):
+        return (), np.array([])
+    c = c[c["kv_dtype"] == dtype]
+    spec, r1 = catalog.gpu(gpu), catalog.model("deepseek-r1")
+    b, n, h = (c[k].to_numpy().astype(float) for k in ("batch", "tokens", "heads"))
+    per_pair = np.array([kind_prefill_flop_per_pair(r1.shard(r1.num_heads // int(x)), MLA) for x in h])
+    latent = r1.kind_kv_bytes_per_token_layer(MLA, dtype)
+    return ((per_pair * b * n * (n + 1) / 2, b * n * latent, n, b * h * np.ceil(n / 128), b * n, spec.bf16_flop_per_s,
+             spec.hbm_bytes_per_s * attention["hbm_efficiency"]), c["latency_s"].to_numpy())
+
+
+def _mla_prefill(gpu, tune, held, attention: dict) -> dict | None:
+    """MLA prefill (TensorRT-LLM's context-MLA kernel, not absorbed) on its own fit per KV dtype, the prefill
+    attention form and parameters (`_prefill_model`) on the context-MLA rows as physics asks them for
+    DeepSeek-R1 (`_mla_prefill_domain`); the GQA fit's shape left its held-out median at 9-18% there. None
+    where the tables time none."""
+    out = {}
+    for dtype in ("bf16", "fp8"):
+        args, meas = _mla_prefill_domain(gpu, tune.mla_context, dtype, attention)
+        h_args, h_meas = _mla_prefill_domain(gpu, held.mla_context, dtype, attention)
+        if not len(meas) or not len(h_meas):
+            continue
+        p = _fit(_prefill_model, *PREFILL_START_BOUNDS, args, meas)
+        out[dtype] = {"floor_s": float(f"{p[0]:.4g}"), "flop_efficiency": round(float(p[1]), 4),
+                      "half_tokens": float(f"{p[2]:.4g}"), "half_tiles": float(f"{p[3]:.4g}"),
+                      "kv_write_s": float(f"{p[4]:.4g}"), "tune": _errors(_prefill_model(p, *args), meas),
+                      "held_out": _errors(_prefill_model(p, *h_args), h_meas)}
     return out or None
 
 
@@ -523,6 +561,9 @@ def fit(framework: str = FRAMEWORK) -> dict:
         prefill = _prefill(gpu, tune, held, attention)
         if prefill is not None:
             gpus[gpu]["prefill_attention"] = prefill
+        mla_prefill = _mla_prefill(gpu, tune, held, attention)
+        if mla_prefill is not None:
+            gpus[gpu]["mla_prefill"] = mla_prefill
         mha = _mha_attention(gpu, tune, held) if framework == XQA_FRAMEWORK else None
         if mha is not None:
             gpus[gpu]["mha_attention"] = mha

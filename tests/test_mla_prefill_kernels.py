@@ -1,7 +1,7 @@
 """MLA prefill from TensorRT-LLM's context-MLA table: the adapter reads its rows in the loader's units
 (checked against the raw parquet), the measured call returns the table at its points, a DeepSeek step's
-prefill attention takes it in measured mode (datasheet mode unchanged), the held-out split removes whole
-lines, and the run's sources say so."""
+prefill attention takes it in measured mode, the held-out split removes whole lines, datasheet mode costs
+it on its own fit of that table, and the run's sources say so."""
 
 from __future__ import annotations
 
@@ -91,4 +91,24 @@ def test_the_sources_name_the_context_mla_table(h200):
     assert "MLA decode and prefill where their tables hold the format" in s["kernels"]
     assert "MLA prefill, " not in s["kernels"]
     assert "MLA prefill measured" in s["kernels_moe_mla"]
-    assert "prefill_attention" not in _r1("datasheet").hw.sources
+    assert _r1("datasheet").hw.sources["prefill_attention"].startswith("datasheet: physics.prefill_attention_s, MLA")
+
+
+def test_datasheet_mode_costs_mla_prefill_on_its_own_fit():
+    """datasheet: floor + max(FLOP / rate, KV bytes / HBM) + each new token's write, the MLA fit's figures
+    (rate = peak x its FLOP efficiency x n / (n + half tokens) x tiles / (tiles + half tiles)), by hand."""
+    ctx = _r1("datasheet")
+    hw, model = ctx.hw, ctx.model
+    p = hw.prefill_attention_shape.of(True, mla=True)
+    assert p is hw.prefill_attention_shape.mla[1] and p is not hw.prefill_attention_shape.fp8
+    b, n = 4, 1024
+    pos = b * n * (n + 1) / 2
+    flop = 2 * 16 * (192 + 128) * pos  # 16 heads a GPU: QK^T over 192, PV over 128, a multiply-add each
+    rate = hw.attention_flop_per_s * p.flop_scale * n / (n + p.half_tokens)
+    tiles = b * 16 * math.ceil(n / 128)
+    rate *= tiles / (tiles + p.half_tiles)
+    kv_bytes = b * n * ctx.kv_bytes_per_token_layer
+    want = p.floor_s + max(flop / rate, kv_bytes / hw.attention_hbm_bytes_per_s) + p.kv_write_s * b * n * 1
+    got = prefill_attention_s(model, hw, pos, b * n, ctx.kv_bytes_per_token_layer, seqs=b, new_tokens=b * n)
+    assert got == pytest.approx(want, rel=1e-9)
+    assert "MLA prefill on its own fit" in hw.sources["prefill_attention"]

@@ -140,7 +140,8 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
         engine_sched = scenario.engine.scheduler_for(scenario.scheduler, hw.memory_bytes, scenario.parallel.tp,
                                                      hw.gpu.name, scenario.parallel.attention_dp, model.context_tokens)
         hw = with_engine(hw, scenario, model, engine_sched)
-    if hw.kernels is not None and (hw.kernels.tables.context_attention is not None or mla_prefill_measured(model, hw)):
+    if (hw.kernels is not None and (hw.kernels.tables.context_attention is not None or mla_prefill_measured(model, hw))
+            or (model.mla is not None and hw.prefill_attention_shape.mla is not None)):
         hw = replace(hw, sources={**hw.sources, "prefill_attention": prefill_attention_source(model, hw)})
     moe_mla = source_line(model, hw, m.weight_dtype, m.weight_group_size, m.kv_dtype,
                           scenario.engine.moe_backend if scenario.engine else None)
@@ -295,10 +296,13 @@ def with_moe_exchange(hw: Hardware, scenario: Scenario, experts_format: str) -> 
 
 
 def prefill_attention_source(model: ModelSpec, hw: Hardware) -> str:
-    """Where this run's prefill attention comes from (`physics.measured_prefill_attention_s`)."""
+    """Where this run's prefill attention comes from (`physics.measured_prefill_attention_s`, or an MLA
+    model's own datasheet fit)."""
     if mla_prefill_measured(model, hw):
         return (hw.kernels.mla_context_source() + ": TensorRT-LLM's MLA prefill kernel (not absorbed), each step's "
                 "chunks as prompts of the length that attends as many pairs")
+    if model.mla is not None and hw.prefill_attention_shape.mla is not None:
+        return f"datasheet: physics.prefill_attention_s, {hw.prefill_attention_shape.mla_said}"
     if model.layer_kinds:
         return "datasheet: physics.prefill_attention_s (the context-attention table is not used with layer kinds)"
     busiest = ("; under attention data parallelism the busiest rank's ceil(chunks / ranks) of them"

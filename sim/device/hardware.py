@@ -118,12 +118,17 @@ class PrefillKV:
 
 @dataclass(frozen=True)
 class PrefillShapes:
-    """Prefill attention's figures by KV dtype: bf16 (and fp16), and fp8 (int8 KV takes it)."""
+    """Prefill attention's figures by KV dtype: bf16 (and fp16), and fp8 (int8 KV takes it); an MLA model's
+    on their own fit where one covers the GPU (`mla`, bf16 and fp8, and what it says of its fit)."""
 
     bf16: PrefillKV = PrefillKV()
     fp8: PrefillKV = PrefillKV()
+    mla: tuple[PrefillKV, PrefillKV] | None = None
+    mla_said: str = ""
 
-    def of(self, fp8_kv: bool) -> PrefillKV:
+    def of(self, fp8_kv: bool, mla: bool = False) -> PrefillKV:
+        if mla and self.mla is not None:
+            return self.mla[1] if fp8_kv else self.mla[0]
         return self.fp8 if fp8_kv else self.bf16
 
 
@@ -632,7 +637,12 @@ def _prefill_figures(fit, eff: EfficiencyDefaults, ov) -> tuple[Sourced, Sourced
     f8 = pf.get("fp8", bf)
     said = (f"{bf.says('prefill attention')} (bf16 KV); fp8 KV "
             + (f"held-out median {f8.held_out.median:.1%}" if f8 is not bf else "takes bf16's (no fp8 KV timed)"))
-    return f_eff, Sourced(PrefillShapes(kv(bf), kv(f8)), said)
+    mla = fit.mla_prefill or {}
+    m16, m8 = mla.get("bf16"), mla.get("fp8", mla.get("bf16"))
+    mla_said = (f"MLA prefill on its own fit, {m16.says('MLA prefill (TensorRT-LLM context-MLA)')} (bf16 KV); fp8 KV "
+                f"held-out median {m8.held_out.median:.1%}") if m16 else ""
+    shapes = PrefillShapes(kv(bf), kv(f8), (kv(m16), kv(m8)) if m16 else None, mla_said)
+    return f_eff, Sourced(shapes, said)
 
 
 def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyDefaults,

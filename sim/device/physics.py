@@ -806,7 +806,7 @@ def prompts_attention_s(model: ModelSpec, hw: Hardware, batch: int, prompt_token
     kv_bytes = rows * (kv_bytes_per_token_layer or 0.0)
     fp8 = kv_bytes_per_token_layer is not None and _fp8_kv(model, kv_bytes_per_token_layer)
     return datasheet_prefill_attention_s(hw, causal_flop, kv_bytes, prompt_tokens, batch, rows, model.num_heads,
-                                         model.num_kv_heads, fp8, model.head_dim)
+                                         model.num_kv_heads, fp8, model.head_dim, model.mla is not None)
 
 
 def kinds_prefill_flop(model: ModelSpec, batch: int, prompt_tokens: int) -> float:
@@ -1129,7 +1129,7 @@ def prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_
     n = equivalent_prompt_tokens(position_sum, seqs)
     return datasheet_prefill_attention_s(hw, flop, kv_tokens * kv_bytes_per_token_layer, n, seqs, new_tokens or seqs * n,
                                          model.num_heads, model.num_kv_heads, _fp8_kv(model, kv_bytes_per_token_layer),
-                                         model.head_dim)
+                                         model.head_dim, model.mla is not None)
 
 
 def _busiest_rank_prefill_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_tokens: float,
@@ -1151,7 +1151,7 @@ PREFILL_TILE_TOKENS = 128  # query rows of one attention tile (FlashAttention's 
 
 def datasheet_prefill_attention_s(hw: Hardware, flop: float, kv_bytes: float, prompt_tokens: float, seqs: float,
                                   new_tokens: float, heads: int, kv_heads: int, fp8_kv: bool,
-                                  head_dim: int = 128) -> float:
+                                  head_dim: int = 128, mla: bool = False) -> float:
     """One layer's causal prefill attention, datasheet, over `seqs` prompts (or chunks) of `prompt_tokens`
     (their equivalent length), `new_tokens` in all:
 
@@ -1163,9 +1163,10 @@ def datasheet_prefill_attention_s(hw: Hardware, flop: float, kv_bytes: float, pr
     query tiles leave SMs idle (B200: half at ~170 tiles; 5-95 elsewhere); each new token's K/V is
     rotated, (fp8: quantised,) and stored. The figures are the KV dtype's (`hw.prefill_attention_shape`),
     fitted per GPU on the measured context-attention tables (`scripts/fit_datasheet.py`) at head dim 128,
-    head dim 64 at its own fitted share of that rate (0.6-0.8: half the FLOP a key, not half the time); one
-    floor and one flat rate where no fit covers the GPU or the scenario sets the attention FLOP efficiency."""
-    p = hw.prefill_attention_shape.of(fp8_kv)
+    head dim 64 at its own fitted share of that rate (0.6-0.8: half the FLOP a key, not half the time), an
+    MLA model's (`mla`) on its own fit of TensorRT-LLM's context-MLA rows where one covers the GPU; one floor
+    and one flat rate where no fit covers the GPU or the scenario sets the attention FLOP efficiency."""
+    p = hw.prefill_attention_shape.of(fp8_kv, mla)
     rate = hw.attention_flop_per_s * p.flop_scale * (p.head_dim_64_scale if head_dim <= 64 else 1.0)
     if p.half_tokens > 0 and prompt_tokens > 0:
         rate *= prompt_tokens / (prompt_tokens + p.half_tokens)

@@ -268,6 +268,8 @@ class FittedKernels(_Frozen):
     gather: dict[str, FittedAllReduce] | None = None  # NCCL's all_gather and reduce_scatter (the whole buffer's size)
     alltoall: dict[str, dict[str, FittedAllToAll]] | None = None  # DeepEP: kernel (ht, ll) -> phase -> fit
     prefill_attention: dict[str, FittedPrefill] | None = None  # by KV dtype, where the tables have a context table
+    # MLA prefill (not absorbed) by KV dtype, fitted on TensorRT-LLM's context-MLA rows, where the tables time it
+    mla_prefill: dict[str, FittedPrefill] | None = None
     mla_attention: FittedMla | None = None  # absorbed MLA decode, where the tables time it
     # TensorRT-LLM's multi-head decode kernel (MMHA) on its own: the tables' one-query-head-per-KV-head rows
     mha_attention: FittedAttention | None = None
