@@ -20,7 +20,6 @@ misses against these tables (MoE 25-61% median, mostly too fast; MLA 12-57%).
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 
 import numpy as np
@@ -111,17 +110,16 @@ def measured_a2a_s(model: ModelSpec, hw: Hardware, tokens_per_rank: float) -> fl
     return total
 
 
-def measured_mla_prefill_s(model: ModelSpec, hw: Hardware, position_sum: float, seqs: int,
+def measured_mla_prefill_s(model: ModelSpec, hw: Hardware, prompt_tokens: float, seqs: int,
                            kv_dtype: str) -> float | None:
     """A step's MLA prefill attention from TensorRT-LLM's context-MLA table (`MeasuredKernels.mla_context_one_s`,
     the engines' stand-in as its decode table is), for a model whose every layer is MLA of DeepSeek's
-    head dims (q / k 128 + 64, v 128): its `seqs` chunks as that many prompts of the length n that attends as
-    many (query, key) pairs (`physics.equivalent_prompt_tokens`: exact for whole prompts of one length).
-    None (the datasheet formula) where the table or the shape does not apply."""
+    head dims (q / k 128 + 64, v 128): its `seqs` chunks as that many prompts of `prompt_tokens`, the length
+    that attends as many (query, key) pairs (`physics.equivalent_prompt_tokens`). None (the datasheet
+    formula) where the table or the shape does not apply."""
     if hw.kernels is None or seqs <= 0 or not _mla_prefill_applies(model, hw.kernels):
         return None
-    n = (math.sqrt(1.0 + 8.0 * position_sum / seqs) - 1.0) / 2.0
-    return hw.kernels.mla_context_one_s(seqs, n, model.num_heads, kv_dtype)
+    return hw.kernels.mla_context_one_s(seqs, prompt_tokens, model.num_heads, kv_dtype)
 
 
 def mla_prefill_measured(model: ModelSpec, hw: Hardware) -> bool:

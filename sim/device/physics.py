@@ -1201,7 +1201,8 @@ def measured_prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: f
     if k is None or seqs <= 0 or model.attention_dp > 1:
         return None
     if model.mla is not None:  # TensorRT-LLM's context-MLA kernel, where its table and the shape apply
-        return measured_mla_prefill_s(model, hw, position_sum, seqs, kv_dtype_of(model, kv_bytes_per_token_layer))
+        return measured_mla_prefill_s(model, hw, equivalent_prompt_tokens(position_sum, seqs), seqs,
+                                      kv_dtype_of(model, kv_bytes_per_token_layer))
     if model.layer_kinds or not k.has_context_attention():
         return None
     n = equivalent_prompt_tokens(position_sum, seqs)
