@@ -442,13 +442,9 @@ class MeasuredKernels:
 
     @cached_property
     def _mla_grids(self) -> dict[str, RatioGrid]:
-        grids = {}
-        for kv_dtype, t in self._moe_mla_tables.mla_decode.groupby("kv_dtype"):
-            roof = mla_roofline_s(t["batch"], t["kv_tokens"], t["heads"].to_numpy(), *MEASURED_MLA,
-                                  KV_FORMATS[kv_dtype].bytes_per_element, self._peak(kv_dtype), self.gpu.hbm_bytes_per_s)
-            grids[kv_dtype] = RatioGrid.from_points(t[["heads", "batch", "kv_tokens"]].to_numpy(dtype=float),
-                                                    t["latency_s"].to_numpy() / roof, fill=fill_from_below)
-        return grids
+        return _grids_by_kv_dtype(self._moe_mla_tables.mla_decode, "kv_tokens", lambda t, kv_dtype: mla_roofline_s(
+            t["batch"], t["kv_tokens"], t["heads"].to_numpy(), *MEASURED_MLA, KV_FORMATS[kv_dtype].bytes_per_element,
+            self._peak(kv_dtype), self.gpu.hbm_bytes_per_s))
 
     def mla_decode_s(self, batch, kv_tokens, heads: int, kv_dtype: str = "bf16", kv_lora_rank: int = 512,
                      qk_rope_head_dim: int = 64) -> Lookup:
@@ -495,13 +491,9 @@ class MeasuredKernels:
 
     @cached_property
     def _mla_context_grids(self) -> dict[str, RatioGrid]:
-        grids = {}
-        for kv_dtype, t in self._moe_mla_tables.mla_context.groupby("kv_dtype"):
-            roof = mla_context_roofline_s(t["batch"], t["tokens"], t["heads"].to_numpy(), *MEASURED_MLA_CONTEXT,
-                                          self._peak("bf16"), self.gpu.hbm_bytes_per_s)
-            grids[kv_dtype] = RatioGrid.from_points(t[["heads", "batch", "tokens"]].to_numpy(dtype=float),
-                                                    t["latency_s"].to_numpy() / roof, fill=fill_from_below)
-        return grids
+        return _grids_by_kv_dtype(self._moe_mla_tables.mla_context, "tokens", lambda t, _: mla_context_roofline_s(
+            t["batch"], t["tokens"], t["heads"].to_numpy(), *MEASURED_MLA_CONTEXT, self._peak("bf16"),
+            self.gpu.hbm_bytes_per_s))
 
     def mla_context_one_s(self, batch: float, tokens: float, heads: int, kv_dtype: str = "bf16") -> float:
         """One layer's MLA prefill attention on one GPU (TensorRT-LLM's context kernel, DeepSeek's 128 + 64
@@ -599,6 +591,14 @@ class MeasuredKernels:
         names = ("experts", "top-k", "hidden", "inter", "tp", "ep")
         said = ", ".join(f"{n} {v}" for n, v in zip(names, best[2:]))
         return best, f"not measured ({', '.join(f'{n} {v}' for n, v in zip(names, asked[2:]))}): the ratio of ({said})"
+
+
+def _grids_by_kv_dtype(table, tokens: str, roof) -> dict[str, RatioGrid]:
+    """One ratio grid over (heads, batch, `tokens`) per KV dtype of an MLA table: its latency over
+    `roof(rows, kv_dtype)`, the cold side filled from below."""
+    return {kv_dtype: RatioGrid.from_points(t[["heads", "batch", tokens]].to_numpy(dtype=float),
+                                            t["latency_s"].to_numpy() / roof(t, kv_dtype), fill=fill_from_below)
+            for kv_dtype, t in table.groupby("kv_dtype")}
 
 
 @lru_cache(maxsize=32)

@@ -39,20 +39,22 @@ from .moe_exchange import A2A_PHASES
 BALANCED = "balanced"  # the table's routing that matches uniform routing (routing_skew 0)
 
 
-@lru_cache(maxsize=16)
-def _moe_quants(kernels) -> frozenset[str]:
+@lru_cache(maxsize=64)
+def _measured_keys(kernels, family: str) -> frozenset[str]:
+    """The formats or KV dtypes one family of `kernels` measured (`family` the method naming them:
+    moe_quants, mla_kv_dtypes, mla_context_kv_dtypes); empty for tables without it (a profile's own)."""
     try:
-        return frozenset(kernels.moe_quants())
-    except (KeyError, AttributeError):  # tables without an MoE family (a profile's own tables)
-        return frozenset()
-
-
-@lru_cache(maxsize=16)
-def _mla_dtypes(kernels) -> frozenset[str]:
-    try:
-        return frozenset(kernels.mla_kv_dtypes())
+        return frozenset(getattr(kernels, family)())
     except (KeyError, AttributeError):
         return frozenset()
+
+
+def _moe_quants(kernels) -> frozenset[str]:
+    return _measured_keys(kernels, "moe_quants")
+
+
+def _mla_dtypes(kernels) -> frozenset[str]:
+    return _measured_keys(kernels, "mla_kv_dtypes")
 
 
 def moe_quant(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int) -> str | None:
@@ -131,15 +133,7 @@ def _mla_prefill_applies(model: ModelSpec, kernels) -> bool:
     shape = model.mla
     return (shape is not None and model.kind_counts == {MLA: model.num_layers}
             and (shape.qk_nope_head_dim + shape.qk_rope_head_dim, shape.v_head_dim) == MEASURED_MLA_CONTEXT
-            and bool(_mla_context_dtypes(kernels)))
-
-
-@lru_cache(maxsize=16)
-def _mla_context_dtypes(kernels) -> frozenset[str]:
-    try:
-        return frozenset(kernels.mla_context_kv_dtypes())
-    except (KeyError, AttributeError):
-        return frozenset()
+            and bool(_measured_keys(kernels, "mla_context_kv_dtypes")))
 
 
 def datasheet_mla_bmm_s(hw: Hardware, dtype: str, tokens: float, heads: int) -> float:
