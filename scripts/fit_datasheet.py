@@ -30,7 +30,8 @@ measurements only - never on end-to-end figures, which are for validation:
   tiles / (tiles + half_tiles)), K/V bytes / (HBM x the decode fit's efficiency)) + b n x KV heads x cache
   write, tiles = b x heads x ceil(n / 128) (short prompts fill the kernel's tiles poorly, few tiles leave SMs
   idle, each new token's K/V is rotated, quantised and stored: one flat efficiency left a 21-31% held-out
-  median, the length alone 9-16% for bf16 KV and 17-20% for fp8 KV);
+  median, the length alone 9-16% for bf16 KV and 17-20% for fp8 KV); a sliding window's on its own fit of
+  that form over the window's pairs at the rate of a min(n, W)-token prompt (`window_prefill`);
 - absorbed MLA decode attention (the tables' generation_mla, TensorRT-LLM's kernel, DeepSeek-V3's latent):
   floor + max(latent bytes / (HBM x efficiency(KV dtype) x blocks / (blocks + half_blocks)), FLOP / (bf16 peak
   x FLOP efficiency)), blocks = batch x ceil(heads / 64) (the GQA fit it took before: 10-66% held-out median);
@@ -346,6 +347,43 @@ def _mla_prefill(gpu, tune, held, attention: dict) -> dict | None:
     return out or None
 
 
+def _window_prefill_domain(gpu: str, c, dtype: str, attention: dict) -> tuple:
+    """The context table's sliding-window rows of one KV dtype (every window and head dim it times:
+    gpt-oss's 128 at head dim 64 among them) as physics asks the datasheet formula for a window layer:
+    4 H d b x the window's pairs (`window_pairs`), at the rate of a prompt of min(n, W) tokens - the
+    length the kernel's key loop runs (a fit at n left a 7-23% held-out median on H100 / H200 / B200,
+    and 2-3x on the head-dim-128 rows)."""
+    if c is None:
+        return (), np.array([])
+    c = c[(c["kv_dtype"] == dtype) & (c["window"] > 0) & (c["kv_tokens"] >= 15)]
+    spec = catalog.gpu(gpu)
+    kv_heads = np.where(c["kv_heads"] == 0, c["heads"], c["kv_heads"])
+    b, n, h, d, w = (c[k].to_numpy().astype(float) for k in ("batch", "kv_tokens", "heads", "head_dim", "window"))
+    pairs = np.where(n <= w, n * (n + 1) / 2, w * (w + 1) / 2 + (n - w) * w)
+    return ((4 * h * d * b * pairs, b * n * 2 * kv_heads * d * ELEMENT_BYTES[dtype], np.minimum(n, w),
+             b * h * np.ceil(n / 128), b * n * kv_heads, spec.bf16_flop_per_s,
+             spec.hbm_bytes_per_s * attention["hbm_efficiency"]), c["latency_s"].to_numpy())
+
+
+def _window_prefill(gpu, tune, held, attention: dict) -> dict | None:
+    """A sliding window's prefill attention on its own fit per KV dtype, the prefill form and parameters
+    (`_prefill_model`) on the window rows (`_window_prefill_domain`): the head-dim-128 fit, which physics
+    gave a window layer's FLOP before, left a 21-31% held-out median there (a window-128 prompt of 8,192
+    tokens on H200 5x too fast). None where the tables time no window."""
+    out = {}
+    for dtype in ("bf16", "fp8"):
+        args, meas = _window_prefill_domain(gpu, tune.context_attention, dtype, attention)
+        h_args, h_meas = _window_prefill_domain(gpu, held.context_attention, dtype, attention)
+        if not len(meas) or not len(h_meas):
+            continue
+        p = _fit(_prefill_model, *PREFILL_START_BOUNDS, args, meas)
+        out[dtype] = {"floor_s": float(f"{p[0]:.4g}"), "flop_efficiency": round(float(p[1]), 4),
+                      "half_tokens": float(f"{p[2]:.4g}"), "half_tiles": float(f"{p[3]:.4g}"),
+                      "kv_write_s": float(f"{p[4]:.4g}"), "tune": _errors(_prefill_model(p, *args), meas),
+                      "held_out": _errors(_prefill_model(p, *h_args), h_meas)}
+    return out or None
+
+
 def _head_dim_64(p, tune: tuple, held: tuple) -> dict:
     """Head dim 64's FLOP efficiency as a scale on the head-dim-128 fit `p` (the rest held), fitted on the
     tune split's head-dim-64 rows and scored on the held-out ones; nothing where the tables time none."""
@@ -564,6 +602,9 @@ def fit(framework: str = FRAMEWORK) -> dict:
         mla_prefill = _mla_prefill(gpu, tune, held, attention)
         if mla_prefill is not None:
             gpus[gpu]["mla_prefill"] = mla_prefill
+        window_prefill = _window_prefill(gpu, tune, held, attention)
+        if window_prefill is not None:
+            gpus[gpu]["window_prefill"] = window_prefill
         mha = _mha_attention(gpu, tune, held) if framework == XQA_FRAMEWORK else None
         if mha is not None:
             gpus[gpu]["mha_attention"] = mha

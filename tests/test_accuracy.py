@@ -116,9 +116,9 @@ def test_the_study_on_a_subset_gives_finite_errors():
 @NEEDS_TABLES
 def test_the_operator_table_per_family_and_gpu():
     ops = operator_table(["h100-sxm"])
-    assert set(ops["family"]) == {"gemm", "decode attention", "prefill attention", "all-reduce", "all-gather",
-                                  "reduce-scatter", "all-to-all", "mla decode", "mla bmm", "mla prefill", "moe experts",
-                                  "elementwise (per layer)"}
+    assert set(ops["family"]) == {"gemm", "decode attention", "prefill attention", "window decode attention",
+                                  "window prefill attention", "all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+                                  "mla decode", "mla bmm", "mla prefill", "moe experts", "elementwise (per layer)"}
     assert set(ops["gpu"]) == {"h100-sxm", "all"}
     elementwise = ops["family"] == "elementwise (per layer)"  # Vidur's profiles: no table, the datasheet alone
     assert ops[elementwise]["tables_median"].isna().all() and (ops[elementwise]["points"] == 26).all()  # 70B, held out

@@ -35,6 +35,7 @@ def ops(
     kv_heads: Optional[int] = typer.Option(None, "--kv-heads", help="attention: KV heads per GPU"),
     head_dim: Optional[int] = typer.Option(None, "--head-dim", help="attention: head dimension"),
     kv_dtype: Optional[str] = typer.Option(None, "--kv-dtype", help="attention: KV dtype bf16, fp16, fp8, int8"),
+    window: Optional[int] = typer.Option(None, "--window", help="attention, prefill: a sliding window of W tokens"),
     nbytes: Optional[float] = typer.Option(None, "--bytes", help="allreduce: message bytes; allgather / reducescatter: "
                                            "the whole buffer (gathered output, reduced input)"),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="allreduce, allgather, reducescatter: GPUs; alltoall: EP ranks"),
@@ -63,7 +64,8 @@ def ops(
     """Predicted time of one operator call (GEMM, decode or prefill attention, all-reduce, all-gather,
     reduce-scatter, DeepEP all-to-all, absorbed-MLA BMM, an elementwise pass)."""
     values = {"op": op, "gpu": gpu, "m": m, "n": n, "k": k, "dtype": dtype, "batch": batch, "kv_tokens": kv_tokens,
-              "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "kv_dtype": kv_dtype, "bytes": nbytes,
+              "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "kv_dtype": kv_dtype, "window": window,
+              "bytes": nbytes,
               "gpus": gpus, "impl": impl, "tokens": tokens, "hidden": hidden, "top_k": top_k, "experts": experts,
               "phase": phase, "kernel": kernel, "wire": wire, "bmm": bmm, "kind": kind, "width": width}
     _run(values, csv_in, out, kernels, framework, profile, as_json)
@@ -137,10 +139,13 @@ def _print_one(q, result: dict, chosen: tuple[str, ...], as_json: bool) -> None:
 def _shape(q) -> str:
     if q.op == "gemm":
         return f"m {q.m} x n {q.n} x k {q.k}, {q.dtype} weights"
+    window = f", window {q.window}" if q.window else ""
     if q.op == "prefill":
-        return f"{q.batch} prompts x {q.kv_tokens} tokens, {q.heads} heads / {q.kv_heads} KV heads x {q.head_dim}, KV {q.kv_dtype}"
+        return (f"{q.batch} prompts x {q.kv_tokens} tokens, {q.heads} heads / {q.kv_heads} KV heads x {q.head_dim}, "
+                f"KV {q.kv_dtype}{window}")
     if q.op == "attention":
-        return f"batch {q.batch} x {q.kv_tokens} cached tokens, {q.heads} heads / {q.kv_heads} KV heads x {q.head_dim}, KV {q.kv_dtype}"
+        return (f"batch {q.batch} x {q.kv_tokens} cached tokens, {q.heads} heads / {q.kv_heads} KV heads x "
+                f"{q.head_dim}, KV {q.kv_dtype}{window}")
     if q.op in ("allgather", "reducescatter"):
         return f"a {q.bytes:,.0f}-byte buffer over {q.gpus} GPUs (NCCL)"
     if q.op == "alltoall":

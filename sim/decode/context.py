@@ -17,6 +17,7 @@ from sim.device.engine_rules import (
     trtllm_chunked_decode_on_mmha,
 )
 from sim.device.hardware import Hardware, MhaDecode, measured_kernels_line, mha_decode, resolve_hardware
+from sim.device.kinds_prefill import GQA_KINDS, kinds_measured, kinds_prefill_said
 from sim.device.memory import WindowPools, profile_run_activation_bytes, sglang_chunk_pools, window_pools_rule
 from sim.device.moe_exchange import ALLTOALL, moe_exchange
 from sim.device.moe_mla_costs import mla_prefill_measured, source_line
@@ -141,8 +142,9 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
                                                      hw.gpu.name, scenario.parallel.attention_dp, model.context_tokens)
         hw = with_engine(hw, scenario, model, engine_sched)
     if (hw.kernels is not None and (hw.kernels.tables.context_attention is not None or mla_prefill_measured(model, hw))
-            or (model.mla is not None and hw.prefill_attention_shape.mla is not None)):
-        hw = replace(hw, sources={**hw.sources, "prefill_attention": prefill_attention_source(model, hw)})
+            or (model.mla is not None and hw.prefill_attention_shape.mla is not None)
+            or (WINDOW in model.kind_counts and hw.prefill_attention_shape.window is not None)):
+        hw = replace(hw, sources={**hw.sources, "prefill_attention": prefill_attention_source(model, hw, m.kv_dtype)})
     moe_mla = source_line(model, hw, m.weight_dtype, m.weight_group_size, m.kv_dtype,
                           scenario.engine.moe_backend if scenario.engine else None)
     if moe_mla:
@@ -295,16 +297,25 @@ def with_moe_exchange(hw: Hardware, scenario: Scenario, experts_format: str) -> 
     return replace(hw, moe_exchange=x, sources={**hw.sources, "moe_exchange": f"{x.source}; costed by {cost}"})
 
 
-def prefill_attention_source(model: ModelSpec, hw: Hardware) -> str:
+def prefill_attention_source(model: ModelSpec, hw: Hardware, kv_dtype: str) -> str:
     """Where this run's prefill attention comes from (`physics.measured_prefill_attention_s`, or an MLA
-    model's own datasheet fit)."""
+    model's or window layers' own datasheet fit)."""
     if mla_prefill_measured(model, hw):
         return (hw.kernels.mla_context_source() + ": TensorRT-LLM's MLA prefill kernel (not absorbed), each step's "
                 "chunks as prompts of the length that attends as many pairs")
     if model.mla is not None and hw.prefill_attention_shape.mla is not None:
         return f"datasheet: physics.prefill_attention_s, {hw.prefill_attention_shape.mla_said}"
+    tables = hw.kernels is not None and hw.kernels.has_context_attention()
+    if model.layer_kinds and tables and kinds_measured(model, hw.kernels, kv_dtype):
+        return hw.kernels.tables.source("context_attention") + ": " + kinds_prefill_said(model)
+    own = (f", {hw.prefill_attention_shape.window_said}" if WINDOW in model.kind_counts
+           and hw.prefill_attention_shape.window is not None else "")
+    if model.layer_kinds and tables:
+        why = (f"no rows of window {model.sliding_window} at KV {kv_dtype}" if set(model.kind_counts) <= GQA_KINDS
+               else f"full, window and chunked layers only, not {model.describe_kinds()}")
+        return f"datasheet: physics.prefill_attention_s (the context-attention table has {why}){own}"
     if model.layer_kinds:
-        return "datasheet: physics.prefill_attention_s (the context-attention table is not used with layer kinds)"
+        return f"datasheet: physics.prefill_attention_s{own}"
     busiest = ("; under attention data parallelism the busiest rank's ceil(chunks / ranks) of them"
                if model.attention_dp > 1 else "")
     return (hw.kernels.tables.source("context_attention") + ": each step's chunks as prompts of the length that "

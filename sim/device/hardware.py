@@ -119,16 +119,20 @@ class PrefillKV:
 @dataclass(frozen=True)
 class PrefillShapes:
     """Prefill attention's figures by KV dtype: bf16 (and fp16), and fp8 (int8 KV takes it); an MLA model's
-    on their own fit where one covers the GPU (`mla`, bf16 and fp8, and what it says of its fit)."""
+    and a sliding window's on their own fits where one covers the GPU (`mla`, `window`: bf16 and fp8, and
+    what each says of its fit)."""
 
     bf16: PrefillKV = PrefillKV()
     fp8: PrefillKV = PrefillKV()
     mla: tuple[PrefillKV, PrefillKV] | None = None
     mla_said: str = ""
+    window: tuple[PrefillKV, PrefillKV] | None = None
+    window_said: str = ""
 
-    def of(self, fp8_kv: bool, mla: bool = False) -> PrefillKV:
-        if mla and self.mla is not None:
-            return self.mla[1] if fp8_kv else self.mla[0]
+    def of(self, fp8_kv: bool, mla: bool = False, window: bool = False) -> PrefillKV:
+        own = self.mla if mla else self.window if window else None
+        if own is not None:
+            return own[1] if fp8_kv else own[0]
         return self.fp8 if fp8_kv else self.bf16
 
 
@@ -637,11 +641,15 @@ def _prefill_figures(fit, eff: EfficiencyDefaults, ov) -> tuple[Sourced, Sourced
     f8 = pf.get("fp8", bf)
     said = (f"{bf.says('prefill attention')} (bf16 KV); fp8 KV "
             + (f"held-out median {f8.held_out.median:.1%}" if f8 is not bf else "takes bf16's (no fp8 KV timed)"))
-    mla = fit.mla_prefill or {}
+    mla, win = fit.mla_prefill or {}, fit.window_prefill or {}
     m16, m8 = mla.get("bf16"), mla.get("fp8", mla.get("bf16"))
     mla_said = (f"MLA prefill on its own fit, {m16.says('MLA prefill (TensorRT-LLM context-MLA)')} (bf16 KV); fp8 KV "
                 f"held-out median {m8.held_out.median:.1%}") if m16 else ""
-    shapes = PrefillShapes(kv(bf), kv(f8), (kv(m16), kv(m8)) if m16 else None, mla_said)
+    w16, w8 = win.get("bf16"), win.get("fp8", win.get("bf16"))
+    window_said = (f"window layers on their own fit, {w16.says('sliding-window prefill attention')} (bf16 KV); "
+                   f"fp8 KV held-out median {w8.held_out.median:.1%}") if w16 else ""
+    shapes = PrefillShapes(kv(bf), kv(f8), (kv(m16), kv(m8)) if m16 else None, mla_said,
+                           (kv(w16), kv(w8)) if w16 else None, window_said)
     return f_eff, Sourced(shapes, said)
 
 

@@ -216,6 +216,21 @@ def fill_cold_side(grid: np.ndarray) -> np.ndarray:
     return fill_from_below(np.where(missing, best, grid))
 
 
+def fill_past_window(grid: np.ndarray, window_index: int) -> np.ndarray:
+    """A sliding window's decode-attention grid (heads, batch, tokens): every NaN cell past the window
+    (token index >= `window_index`) with a measured cell past it at fewer tokens in its row takes the
+    nearest one's ratio. There a call's work does not grow with the tokens cached, nor does its roofline
+    (`attention_roofline_s` at min(n, W)), so the ratio carries along the tokens axis; filling from smaller
+    batches (`fill_from_below`) would carry their lower ratio to a kernel that runs no better with more
+    tokens. Cells left: `fill_cold_side`."""
+    missing = np.isnan(grid)
+    if not missing.any():
+        return grid
+    past = np.arange(grid.shape[-1]) >= window_index
+    carried = _below_along(np.where(past, grid, np.nan), grid.ndim - 1)
+    return fill_cold_side(np.where(missing & past, carried, grid))
+
+
 def _above_along(grid: np.ndarray, axis: int) -> np.ndarray:
     """Each cell's nearest measured value at a higher index along `axis` (NaN where none): a backward fill."""
     return np.flip(_below_along(np.flip(grid, axis), axis), axis)

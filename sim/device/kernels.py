@@ -25,6 +25,7 @@ from sim.inputs.kernel_tables import FRAMEWORK, tables_from_profile
 from sim.inputs.scenario import HardwareCfg
 from sim.model.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from sim.model.experts import expected_remote_ranks
+from sim.model.layers import window_pairs
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
 from .elementwise import elementwise_for, pass_s, row_bytes
@@ -54,6 +55,7 @@ class DecodeAttention:
     kv_heads: int  # per GPU
     head_dim: int
     kv_dtype: str = "bf16"
+    window: int = 0  # a sliding window: each sequence attends its last min(kv_tokens, window) (0: all)
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class PrefillAttention:
     kv_heads: int  # per GPU
     head_dim: int
     kv_dtype: str = "bf16"
+    window: int = 0  # a sliding window: token i attends min(i, window) (0: all)
 
 
 @dataclass(frozen=True)
@@ -147,19 +150,28 @@ def datasheet_cost(gpu: str, op: Operator, framework: str = FRAMEWORK, fit_from:
     if isinstance(op, DecodeAttention):
         hw = datasheet_hardware(gpu, framework=framework, fit_from=fit_from)
         kv_layer = 2 * op.kv_heads * op.head_dim * KV_DTYPES[op.kv_dtype].bytes_per_element
-        flop = ATTN_MATMULS * FLOP_PER_MAC * op.batch * op.kv_tokens * op.heads * op.head_dim
-        kv_bytes = (op.batch * op.kv_tokens + op.batch) * kv_layer  # reads every cached token, writes the new one
+        n = min(op.kv_tokens, op.window) if op.window else op.kv_tokens  # a window layer's, as the step cost asks
+        flop = ATTN_MATMULS * FLOP_PER_MAC * op.batch * n * op.heads * op.head_dim
+        kv_bytes = (op.batch * n + op.batch) * kv_layer  # reads every attended token, writes the new one
         fp8 = KV_DTYPES[op.kv_dtype].bytes_per_element < 1.5  # int8 KV streams as fp8 does (the step cost's rule)
         return OpCost(gqa_datasheet_attention_s(hw, op.batch, op.kv_heads, flop, kv_bytes, fp8,
-                                                heads_per_kv=op.heads / op.kv_heads, tokens_per_seq=op.kv_tokens),
-                      "datasheet: physics.gqa_datasheet_attention_s")
+                                                heads_per_kv=op.heads / op.kv_heads, tokens_per_seq=n),
+                      "datasheet: physics.gqa_datasheet_attention_s" + (" over the window" if op.window else ""))
     if isinstance(op, PrefillAttention):
         hw = datasheet_hardware(gpu, framework=framework, fit_from=fit_from)
         kv_layer = 2 * op.kv_heads * op.head_dim * KV_DTYPES[op.kv_dtype].bytes_per_element
+        tokens, fp8 = op.batch * op.prompt_tokens, KV_DTYPES[op.kv_dtype].bytes_per_element < 1.5
+        if op.window and hw.prefill_attention_shape.window is not None:  # its own fit (`physics._window_prefill_s`)
+            pairs = op.batch * window_pairs(op.prompt_tokens, op.window)
+            flop = ATTN_MATMULS * FLOP_PER_MAC * op.heads * op.head_dim * pairs
+            length = min(op.prompt_tokens, op.window)
+            seconds = datasheet_prefill_attention_s(hw, flop, tokens * kv_layer, length, op.batch, tokens, op.heads,
+                                                    op.kv_heads, fp8, op.head_dim, window=True)
+            return OpCost(seconds, "datasheet: physics.datasheet_prefill_attention_s (the window fit)")
         pairs = op.batch * op.prompt_tokens * (op.prompt_tokens + 1) / 2
+        if op.window:  # no window fit: the step's bound on a window layer's pairs (`physics._bounded_prefill_flop`)
+            pairs = min(pairs, op.batch * op.prompt_tokens * op.window)
         flop = ATTN_MATMULS * FLOP_PER_MAC * op.heads * op.head_dim * pairs
-        tokens = op.batch * op.prompt_tokens
-        fp8 = KV_DTYPES[op.kv_dtype].bytes_per_element < 1.5
         seconds = datasheet_prefill_attention_s(hw, flop, tokens * kv_layer, op.prompt_tokens, op.batch, tokens, op.heads,
                                                 op.kv_heads, fp8, op.head_dim)
         return OpCost(seconds, "datasheet: physics.datasheet_prefill_attention_s")
@@ -216,12 +228,13 @@ def measured_cost(gpu: str, op: Operator, mk: MeasuredKernels | None = None, fra
         if not len(mk.tables.decode_attention):
             d = datasheet_cost(gpu, op, framework)
             return OpCost(d.seconds, d.source, False, "no measured attention points: the datasheet model")
-        r = mk.decode_attention_s(op.batch, op.kv_tokens, op.heads, op.kv_heads, op.head_dim, op.kv_dtype)
+        r = mk.decode_attention_s(op.batch, op.kv_tokens, op.heads, op.kv_heads, op.head_dim, op.kv_dtype, op.window)
     elif isinstance(op, PrefillAttention):
         if not mk.has_context_attention():
             d = datasheet_cost(gpu, op, framework)
             return OpCost(d.seconds, d.source, False, "no measured prefill-attention table: the datasheet model")
-        r = mk.context_attention_s(op.batch, op.prompt_tokens, op.heads, op.kv_heads, op.head_dim, op.kv_dtype)
+        r = mk.context_attention_s(op.batch, op.prompt_tokens, op.heads, op.kv_heads, op.head_dim, op.kv_dtype,
+                                   op.window)
     elif isinstance(op, AllToAll) and mk.a2a_slices():
         r = mk.a2a_s(op.kernel, op.phase, op.wire, op.tokens, op.hidden, op.top_k, op.experts, op.ep)
     elif isinstance(op, MlaBmm) and op.dtype in mk.mla_bmm_dtypes():
@@ -253,9 +266,9 @@ def operator_of(q) -> Operator:
     if q.op == "gemm":
         return Gemm(q.m, q.n, q.k, q.dtype)
     if q.op == "attention":
-        return DecodeAttention(q.batch, q.kv_tokens, q.heads, q.kv_heads, q.head_dim, q.kv_dtype)
+        return DecodeAttention(q.batch, q.kv_tokens, q.heads, q.kv_heads, q.head_dim, q.kv_dtype, q.window)
     if q.op == "prefill":
-        return PrefillAttention(q.batch, q.kv_tokens, q.heads, q.kv_heads, q.head_dim, q.kv_dtype)
+        return PrefillAttention(q.batch, q.kv_tokens, q.heads, q.kv_heads, q.head_dim, q.kv_dtype, q.window)
     if q.op in GATHER_OPS:
         return Gather(q.bytes, q.gpus, GATHER_OPS[q.op])
     if q.op == "alltoall":

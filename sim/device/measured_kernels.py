@@ -12,7 +12,7 @@ it fell inside the table and which slice it used.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property, lru_cache, partial
 
 import numpy as np
 
@@ -35,9 +35,10 @@ from sim.inputs.kernel_tables import (
 from sim.model.dtypes import KV_DTYPES as KV_FORMATS
 from sim.model.dtypes import WEIGHT_DTYPES
 from sim.model.experts import expected_experts_touched, expected_remote_ranks
+from sim.model.layers import window_pairs
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
-from .kernel_grid import LazyGrids, RatioGrid, fill_cold_side, fill_from_below
+from .kernel_grid import LazyGrids, RatioGrid, fill_cold_side, fill_from_below, fill_past_window
 from .moe_exchange import A2A_WIRE_BYTES
 
 ACTIVATION_BYTES = 2  # bf16 activations in and out of a GEMM, queries and outputs of attention
@@ -70,22 +71,30 @@ def gemm_roofline_s(m, n, k, elem_bytes: float, flop_per_s: float, hbm_bytes_per
 
 
 def attention_roofline_s(batch, kv_tokens, heads, kv_heads, head_dim, kv_bytes: float, flop_per_s: float,
-                         hbm_bytes_per_s: float):
-    """One decode-attention call: max(4 b n H d / FLOP/s, (b n 2 Hkv d x KV bytes + b H d x 2 x 2) / HBM)."""
-    b, n = np.asarray(batch, dtype=float), np.asarray(kv_tokens, dtype=float)
+                         hbm_bytes_per_s: float, window: int = 0):
+    """One decode-attention call: max(4 b n H d / FLOP/s, (b n 2 Hkv d x KV bytes + b H d x 2 x 2) / HBM),
+    n the cached tokens a sequence attends: min(n, W) under a sliding window of W (0: none)."""
+    b, n = np.asarray(batch, dtype=float), windowed_tokens(kv_tokens, window)
     flop = ATTN_MATMULS * FLOP_PER_MAC * b * n * heads * head_dim
     moved = b * n * 2 * kv_heads * head_dim * kv_bytes + b * heads * head_dim * ACTIVATION_BYTES * 2
     return np.maximum(flop / flop_per_s, moved / hbm_bytes_per_s)
 
 
 def context_roofline_s(batch, prompt_tokens, heads, kv_heads, head_dim, kv_bytes: float, flop_per_s: float,
-                       hbm_bytes_per_s: float):
-    """One causal prefill-attention call of b prompts of n tokens: max(4 H d b n (n + 1) / 2 / FLOP/s,
-    b n (2 Hkv d x KV bytes + 2 H d x 2) / HBM) - token i attends i tokens; Q read, O written, K/V written."""
+                       hbm_bytes_per_s: float, window: int = 0):
+    """One causal prefill-attention call of b prompts of n tokens: max(4 H d b pairs / FLOP/s,
+    b n (2 Hkv d x KV bytes + 2 H d x 2) / HBM) - token i attends i tokens, pairs = n (n + 1) / 2, or
+    min(i, W) under a sliding window of W (`window_pairs`); Q read, O written, K/V written."""
     b, n = np.asarray(batch, dtype=float), np.asarray(prompt_tokens, dtype=float)
-    flop = ATTN_MATMULS * FLOP_PER_MAC * heads * head_dim * b * n * (n + 1) / 2
+    flop = ATTN_MATMULS * FLOP_PER_MAC * heads * head_dim * b * window_pairs(n, window)
     moved = b * n * (2 * kv_heads * head_dim * kv_bytes + 2 * heads * head_dim * ACTIVATION_BYTES)
     return np.maximum(flop / flop_per_s, moved / hbm_bytes_per_s)
+
+
+def windowed_tokens(kv_tokens, window: int):
+    """Cached tokens one decode query attends: all n, or the last min(n, W) under a sliding window of W."""
+    n = np.asarray(kv_tokens, dtype=float)
+    return np.minimum(n, float(window)) if window else n
 
 
 def mla_roofline_s(batch, kv_tokens, heads, kv_lora_rank: int, rope_dim: int, kv_bytes: float, flop_per_s: float,
@@ -210,9 +219,14 @@ class MeasuredKernels:
             (kv_dtype, kv_heads, head_dim, window), t = part
             hkv = np.where(kv_heads == 0, t["heads"], kv_heads)
             roof = roofline(t["batch"], t["kv_tokens"], t["heads"].to_numpy(), hkv, head_dim,
-                            KV_FORMATS[kv_dtype].bytes_per_element, self.gpu.bf16_flop_per_s, self.gpu.hbm_bytes_per_s)
+                            KV_FORMATS[kv_dtype].bytes_per_element, self.gpu.bf16_flop_per_s, self.gpu.hbm_bytes_per_s,
+                            window=window)
+            holes = fill
+            if window and fill is fill_cold_side:  # a window's decode rows (cached tokens run 2^k - 1: W - 1 is W)
+                index = int(np.searchsorted(np.unique(t["kv_tokens"]), window - 1))
+                holes = partial(fill_past_window, window_index=index)
             return RatioGrid.floored(t[["heads", "batch", "kv_tokens"]].to_numpy(), t["latency_s"].to_numpy(), roof,
-                                     fill)
+                                     holes)
 
         parts = table.groupby(["kv_dtype", "kv_heads", "head_dim", "window"])
         return LazyGrids(build, {(d, int(h), int(hd), int(w)): ((d, h, hd, w), t) for (d, h, hd, w), t in parts})
@@ -226,7 +240,8 @@ class MeasuredKernels:
         grid = self._attention_slices[key]
         ratio, inside = grid(np.column_stack([np.full(len(b), float(heads)), b, n]))
         kv_bytes = KV_FORMATS[kv_dtype].bytes_per_element
-        roof = attention_roofline_s(b, n, heads, kv_heads, head_dim, kv_bytes, self.gpu.bf16_flop_per_s, self.gpu.hbm_bytes_per_s)
+        roof = attention_roofline_s(b, n, heads, kv_heads, head_dim, kv_bytes, self.gpu.bf16_flop_per_s,
+                                    self.gpu.hbm_bytes_per_s, window=window)
         return Lookup((roof + grid.floor_s) * ratio, inside & (note == ""), self.tables.source("generation_attention"), note)
 
     def decode_attention_one_s(self, batch: float, kv_tokens: float, heads: int, kv_heads: int, head_dim: int,
@@ -238,10 +253,16 @@ class MeasuredKernels:
         grid = self._attention_slices[key]
         ratio, _ = grid._at((float(heads), b, n))
         kv_bytes = KV_FORMATS[kv_dtype].bytes_per_element
+        if window:  # the window's tokens (`attention_roofline_s`)
+            n = min(n, float(window))
         flop = ATTN_MATMULS * FLOP_PER_MAC * b * n * heads * head_dim
         moved = b * n * 2 * kv_heads * head_dim * kv_bytes + b * heads * head_dim * ACTIVATION_BYTES * 2
         roof = max(flop / self.gpu.bf16_flop_per_s, moved / self.gpu.hbm_bytes_per_s)
         return (roof + grid.floor_s) * ratio
+
+    def has_decode_slice(self, heads: int, kv_heads: int, head_dim: int, kv_dtype: str, window: int) -> bool:
+        """Whether the decode-attention table times exactly this slice (`has_context_slice`'s rule)."""
+        return self._attention_slice(heads, kv_heads, head_dim, kv_dtype, window)[1] == ""
 
     def _attention_slice(self, heads, kv_heads, head_dim, kv_dtype, window) -> tuple[tuple, str]:
         """The measured slice for these shapes; where the table lacks it, the one nearest in log
@@ -279,35 +300,43 @@ class MeasuredKernels:
         return bool(self._context_slices)
 
     def context_attention_s(self, batch, prompt_tokens, heads: int, kv_heads: int, head_dim: int,
-                            kv_dtype: str = "bf16") -> Lookup:
+                            kv_dtype: str = "bf16", window: int = 0) -> Lookup:
         """`context_attention_one_s` over arrays of (batch, prompt tokens), with whether each lay inside."""
-        key, note = self._context_key(heads, kv_heads, head_dim, kv_dtype)
+        key, note = self._context_key(heads, kv_heads, head_dim, kv_dtype, window)
         b, n = np.broadcast_arrays(np.atleast_1d(np.asarray(batch, dtype=float)),
                                    np.atleast_1d(np.asarray(prompt_tokens, dtype=float)))
         b, n = np.maximum(b, 1.0), np.maximum(n, 1.0)
         grid = self._context_slices[key]
         ratio, inside = grid(np.column_stack([np.full(len(b), float(heads)), b, n]))
         roof = context_roofline_s(b, n, heads, kv_heads, head_dim, KV_FORMATS[kv_dtype].bytes_per_element,
-                                  self.gpu.bf16_flop_per_s, self.gpu.hbm_bytes_per_s)
+                                  self.gpu.bf16_flop_per_s, self.gpu.hbm_bytes_per_s, window=window)
         return Lookup((roof + grid.floor_s) * ratio, inside & (note == ""), self.tables.source("context_attention"), note)
 
-    def _context_key(self, heads, kv_heads, head_dim, kv_dtype) -> tuple[tuple, str]:
-        asked = ("context", heads, kv_heads, head_dim, kv_dtype)
+    def _context_key(self, heads, kv_heads, head_dim, kv_dtype, window: int = 0) -> tuple[tuple, str]:
+        asked = ("context", heads, kv_heads, head_dim, kv_dtype, window)
         if asked not in self._slice_of:
-            self._slice_of[asked] = self._find_attention_slice(heads, kv_heads, head_dim, kv_dtype, 0, self._context_slices)
+            self._slice_of[asked] = self._find_attention_slice(heads, kv_heads, head_dim, kv_dtype, window,
+                                                               self._context_slices)
         return self._slice_of[asked]
 
+    def has_context_slice(self, heads: int, kv_heads: int, head_dim: int, kv_dtype: str, window: int) -> bool:
+        """Whether the context-attention table times exactly this slice (a sliding window's prefill needs
+        its own window's rows: another window's ratio does not carry over)."""
+        return bool(self._context_slices) and self._context_key(heads, kv_heads, head_dim, kv_dtype, window)[1] == ""
+
     def context_attention_one_s(self, batch: float, prompt_tokens: float, heads: int, kv_heads: int, head_dim: int,
-                                kv_dtype: str = "bf16") -> float:
+                                kv_dtype: str = "bf16", window: int = 0) -> float:
         """One layer's causal prefill attention of `batch` prompts of `prompt_tokens` tokens each (the
-        table's query; a step's chunks come as their equivalent, `physics.prefill_attention_s`): the
-        table's ratio to `context_roofline_s`, interpolated log-log, at the edge's ratio outside it."""
-        key = self._context_key(heads, kv_heads, head_dim, kv_dtype)[0]
+        table's query; a step's chunks come as their equivalent, `physics.prefill_attention_s`), each
+        token attending at most the last `window` (0: all): the table's ratio to `context_roofline_s` (of the
+        window's pairs), interpolated log-log, at the edge's ratio outside it; a slice standing in for a
+        window the table lacks lends its ratio to the asked window's roofline."""
+        key = self._context_key(heads, kv_heads, head_dim, kv_dtype, window)[0]
         b, n = max(float(batch), 1.0), max(float(prompt_tokens), 1.0)
         grid = self._context_slices[key]
         ratio, _ = grid._at((float(heads), b, n))
         roof = context_roofline_s(b, n, heads, kv_heads, head_dim, KV_FORMATS[kv_dtype].bytes_per_element,
-                                  self.gpu.bf16_flop_per_s, self.gpu.hbm_bytes_per_s)
+                                  self.gpu.bf16_flop_per_s, self.gpu.hbm_bytes_per_s, window=window)
         return (float(roof) + grid.floor_s) * ratio
 
     # ---- all-reduce -------------------------------------------------------------------------------

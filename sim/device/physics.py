@@ -21,13 +21,14 @@ import numpy as np
 
 from sim.model.dtypes import KV_DTYPES
 from sim.model.experts import expected_remote_ranks
-from sim.model.layers import CHUNKED, FULL, LINEAR, MLA, SPARSE, TIERED_KINDS, WINDOW, chunk_pairs
+from sim.model.layers import CHUNKED, FULL, LINEAR, MLA, SPARSE, TIERED_KINDS, WINDOW, chunk_pairs, window_pairs
 from sim.model.spec import ModelSpec
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
 from .elementwise import ADD, HEAD_NORMS, RMSNORM, ROPE, SILU_MUL, layer_passes_s
 from .engine_rules import DECODE, MIXED, PREFILL, decode_rows, host_times
 from .hardware import Hardware, MhaDecode
+from .kinds_prefill import measured_kinds_prefill_s
 from .host_pipeline import HostLayer, HostStepTimes, host_pipeline
 from .moe_exchange import A2A_PHASES, A2A_WIRE_BYTES, ALLGATHER_REDUCESCATTER
 from .moe_fit import model_moe_s
@@ -185,8 +186,9 @@ def kinds_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv
         while every sequence is in its first chunk), the tiered layer's bytes in that share;
       linear (n_l): each sequence's state read and written, 2 x B x state bytes, B x state FLOP;
     time = sum_kind n_kind x call_kind / L. Full and window layers are GQA calls (`gqa_attention_s`:
-    the measured table where the run has one); MLA and linear layers are the datasheet `attention_s`
-    (kvtier has no measured MLA or linear-attention kernels yet)."""
+    the measured table where the run has one; a window layer the table's rows of its window where it
+    times them, `_measured_window_s`); MLA layers the measured MLA table where it applies (`_mla_s`),
+    linear layers the datasheet `attention_s`."""
     L = model.num_layers
     arrays = bool(np.ndim(kv_bytes) or np.ndim(attended_tokens) or np.ndim(batch))
     call = attention_s_array if arrays else attention_s
@@ -201,6 +203,8 @@ def kinds_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv
             t = _mla_s(model, hw, batch, attended_tokens, kv_bytes * L / model.tiered_layers, flop, kv_dtype, call, arrays)
         elif kind == SPARSE:
             t = _sparse_s(model, hw, batch, attended_tokens, kv_dtype, call, arrays)
+        elif kind == WINDOW and (table := _measured_window_s(model, hw, batch, attended_tokens, kv_dtype)) is not None:
+            t = table
         else:  # the GQA kinds: full, chunked, window
             per_token = model.kind_kv_bytes_per_token_layer(kind, kv_dtype)
             tokens, nbytes = _gqa_kind_read(model, kind, batch, attended_tokens, kv_bytes, per_token, chunk_tokens)
@@ -212,6 +216,26 @@ def kinds_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv
             t = gqa_attention_s(shape, hw, batch, tokens, nbytes, per_token, flop if arrays else float(flop), kernel)
         total = total + n * t
     return total / L
+
+
+def _measured_window_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_dtype: str):
+    """A window layer's decode attention from the measured table's rows of its window: `batch` sequences at
+    their mean context, attended / batch (the kernel reads each one's last W), one rank's call under
+    attention data parallelism (its 1/D of the batch, as `gqa_attention_s`). None where the run's tables
+    do not time that window or the step attends nothing: the caller then costs each sequence's last
+    min(n, W) tokens as a full layer's call."""
+    k, window = hw.kernels, model.sliding_window
+    shape = (model.num_heads, model.num_kv_heads, model.head_dim, kv_dtype)
+    if k is None or np.all(np.asarray(batch) <= 0) or np.all(np.asarray(attended_tokens) <= 0) \
+            or not k.has_decode_slice(*shape, window):
+        return None
+    dp = model.attention_dp
+    if not (np.ndim(batch) or np.ndim(attended_tokens)):  # one step: scalars
+        b = max(float(batch) / dp, 1.0)
+        return k.decode_attention_one_s(b, max(float(attended_tokens) / dp / b, 1.0), *shape, window=window)
+    b = np.maximum(np.asarray(batch, dtype=float) / dp, 1.0)
+    n = np.maximum(np.asarray(attended_tokens, dtype=float) / dp / b, 1.0)
+    return k.decode_attention_s(b, n, *shape, window=window).seconds
 
 
 @lru_cache(maxsize=64)
@@ -799,25 +823,34 @@ def prompts_attention_s(model: ModelSpec, hw: Hardware, batch: int, prompt_token
         measured = measured_prefill_attention_s(model, hw, pairs, batch, kv_bytes_per_token_layer)
         if measured is not None:
             return measured
+    pairs = batch * prompt_tokens * (prompt_tokens + 1) / 2
+    window = None if kv_bytes_per_token_layer is None else _window_prefill_s(
+        model, hw, pairs, prompt_tokens, batch, rows, kv_bytes_per_token_layer)
     if model.layer_kinds:
-        causal_flop = kinds_prefill_flop(model, batch, prompt_tokens)
+        causal_flop = kinds_prefill_flop(model, batch, prompt_tokens, windows=window is None)
     else:
         causal_flop = batch * ATTN_MATMULS * FLOP_PER_MAC * model.num_heads * model.head_dim * prompt_tokens * (prompt_tokens + 1) / 2
     kv_bytes = rows * (kv_bytes_per_token_layer or 0.0)
     fp8 = kv_bytes_per_token_layer is not None and _fp8_kv(model, kv_bytes_per_token_layer)
-    return datasheet_prefill_attention_s(hw, causal_flop, kv_bytes, prompt_tokens, batch, rows, model.num_heads,
-                                         model.num_kv_heads, fp8, model.head_dim, model.mla is not None)
+
+    def call(scale: float) -> float:  # the mean layer's call (but window layers with a fit of their own), x scale
+        return datasheet_prefill_attention_s(hw, causal_flop * scale, kv_bytes * scale, prompt_tokens, batch, rows,
+                                             model.num_heads, model.num_kv_heads, fp8, model.head_dim,
+                                             model.mla is not None)
+    return call(1.0) if window is None else with_window_layers(model, call, window)
 
 
-def kinds_prefill_flop(model: ModelSpec, batch: int, prompt_tokens: int) -> float:
+def kinds_prefill_flop(model: ModelSpec, batch: int, prompt_tokens: int, windows: bool = True) -> float:
     """Causal attention FLOP of B prompts of P tokens in the mean layer of a model with kinds: tiered
-    layers sum_{i<=P} i tokens attended (P (P + 1) / 2), window layers sum_{i<=P} min(i, W), chunked layers
-    causal within each chunk (`chunk_pairs`), linear
+    layers sum_{i<=P} i tokens attended (P (P + 1) / 2), window layers (`windows`: unless their own fit
+    costs them) sum_{i<=P} min(i, W), chunked layers causal within each chunk (`chunk_pairs`), linear
     layers P state updates; each at its kind's prefill FLOP (`kind_prefill_flop_per_pair`: MLA
     unabsorbed), summed over the layers / L."""
     P, W = prompt_tokens, model.sliding_window
     flop = 0.0
     for kind, n in model.kind_counts.items():
+        if kind == WINDOW and not windows:
+            continue
         if kind == LINEAR:
             flop += n * P * linear_state_flop(model)
             continue
@@ -1113,9 +1146,9 @@ def prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_
     all but short chunks behind a long prefix. With layer kinds: the tiered layers as above
     (`attention_flop`, the mean layer's), window layers at most min(position sum, kv tokens x W) tokens
     attended and linear layers at most kv tokens state updates - upper bounds, the chunk's own token
-    count not being known here. Measured tables with a context-attention table (a dense GQA model,
-    `seqs` chunks): `measured_prefill_attention_s`. Attention data parallelism: the busiest rank's call
-    (`_busiest_rank_prefill_s`)."""
+    count not being known here. Measured tables with a context-attention table (a dense GQA model or one
+    of GQA layer kinds, `seqs` chunks): `measured_prefill_attention_s`. Attention data parallelism: the
+    busiest rank's call (`_busiest_rank_prefill_s`)."""
     if position_sum <= 0:
         return 0.0
     if model.attention_dp > 1 and seqs > 0:
@@ -1124,12 +1157,43 @@ def prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_
     if measured is not None:
         return measured
     flop = prefill_attention_flop(model, position_sum)
-    if model.layer_kinds:
-        flop += _bounded_prefill_flop(model, position_sum, kv_tokens, seqs)
     n = equivalent_prompt_tokens(position_sum, seqs)
-    return datasheet_prefill_attention_s(hw, flop, kv_tokens * kv_bytes_per_token_layer, n, seqs, new_tokens or seqs * n,
-                                         model.num_heads, model.num_kv_heads, _fp8_kv(model, kv_bytes_per_token_layer),
-                                         model.head_dim, model.mla is not None)
+    new_tokens = new_tokens or seqs * n
+    window = _window_prefill_s(model, hw, position_sum, n, seqs, new_tokens, kv_bytes_per_token_layer)
+    if model.layer_kinds:
+        flop += _bounded_prefill_flop(model, position_sum, kv_tokens, seqs, windows=window is None)
+
+    def call(scale: float) -> float:  # the mean layer's call (but window layers with a fit of their own), x scale
+        return datasheet_prefill_attention_s(hw, flop * scale, kv_tokens * kv_bytes_per_token_layer * scale, n, seqs,
+                                             new_tokens, model.num_heads, model.num_kv_heads,
+                                             _fp8_kv(model, kv_bytes_per_token_layer), model.head_dim,
+                                             model.mla is not None)
+    return call(1.0) if window is None else with_window_layers(model, call, window)
+
+
+def _window_prefill_s(model: ModelSpec, hw: Hardware, position_sum: float, n: float, seqs: int, new_tokens: float,
+                      kv_bytes_per_token_layer: float) -> float | None:
+    """One window layer's datasheet prefill attention on the window fit (`PrefillShapes.window`): `seqs`
+    prompts of the equivalent length n attending 4 H d x their window's pairs (`window_pairs`, at most the
+    position sum), at the rate of a prompt of min(n, W) tokens (the kernel's key loop), the new tokens'
+    K/V written. None without window layers, a window fit or chunks: the lumped call then counts them."""
+    if WINDOW not in model.kind_counts or hw.prefill_attention_shape.window is None or seqs <= 0:
+        return None
+    w, kv_dtype = model.sliding_window, kv_dtype_of(model, kv_bytes_per_token_layer)
+    pairs = min(position_sum, seqs * window_pairs(n, w))
+    return datasheet_prefill_attention_s(hw, kind_prefill_flop_per_pair(model, WINDOW) * pairs,
+                                         new_tokens * model.kind_kv_bytes_per_token_layer(WINDOW, kv_dtype), min(n, w),
+                                         seqs, new_tokens, model.num_heads, model.num_kv_heads, kv_dtype in ONE_BYTE_KV,
+                                         model.head_dim, window=True)
+
+
+def with_window_layers(model: ModelSpec, call, window_s: float) -> float:
+    """The mean layer's prefill attention with the window layers on their own fit: ((L - n_w) x the other
+    layers' call + n_w x a window layer's `window_s`) / L, `call(scale)` the lumped call without window
+    FLOP at `scale` x the mean layer's FLOP and bytes (L / (L - n_w): one of the other layers')."""
+    layers, windows = model.num_layers, model.kind_counts[WINDOW]
+    rest = call(layers / (layers - windows)) if layers > windows else 0.0
+    return ((layers - windows) * rest + windows * window_s) / layers
 
 
 def _busiest_rank_prefill_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_tokens: float,
@@ -1151,7 +1215,7 @@ PREFILL_TILE_TOKENS = 128  # query rows of one attention tile (FlashAttention's 
 
 def datasheet_prefill_attention_s(hw: Hardware, flop: float, kv_bytes: float, prompt_tokens: float, seqs: float,
                                   new_tokens: float, heads: int, kv_heads: int, fp8_kv: bool,
-                                  head_dim: int = 128, mla: bool = False) -> float:
+                                  head_dim: int = 128, mla: bool = False, window: bool = False) -> float:
     """One layer's causal prefill attention, datasheet, over `seqs` prompts (or chunks) of `prompt_tokens`
     (their equivalent length), `new_tokens` in all:
 
@@ -1164,9 +1228,10 @@ def datasheet_prefill_attention_s(hw: Hardware, flop: float, kv_bytes: float, pr
     rotated, (fp8: quantised,) and stored. The figures are the KV dtype's (`hw.prefill_attention_shape`),
     fitted per GPU on the measured context-attention tables (`scripts/fit_datasheet.py`) at head dim 128,
     head dim 64 at its own fitted share of that rate (0.6-0.8: half the FLOP a key, not half the time), an
-    MLA model's (`mla`) on its own fit of TensorRT-LLM's context-MLA rows where one covers the GPU; one floor
-    and one flat rate where no fit covers the GPU or the scenario sets the attention FLOP efficiency."""
-    p = hw.prefill_attention_shape.of(fp8_kv, mla)
+    MLA model's (`mla`) on its own fit of TensorRT-LLM's context-MLA rows where one covers the GPU, a window
+    layer's (`window`, `_window_prefill_s`) on its own fit of the tables' window rows; one floor and one flat
+    rate where no fit covers the GPU or the scenario sets the attention FLOP efficiency."""
+    p = hw.prefill_attention_shape.of(fp8_kv, mla, window)
     rate = hw.attention_flop_per_s * p.flop_scale * (p.head_dim_64_scale if head_dim <= 64 else 1.0)
     if p.half_tokens > 0 and prompt_tokens > 0:
         rate *= prompt_tokens / (prompt_tokens + p.half_tokens)
@@ -1194,30 +1259,37 @@ def measured_prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: f
     many (query, key) pairs, seqs x n (n + 1) / 2 = position sum, i.e. n = (sqrt(1 + 8 S / seqs) - 1) / 2 -
     exact for whole prompts of one length; chunks behind a computed prefix and mixed lengths take the
     table's efficiency at that equivalent length. An MLA model takes TensorRT-LLM's context-MLA table
-    the same way (`moe_mla_costs.measured_mla_prefill_s`). None (the datasheet formula) without such a
-    table, with other layer kinds or for an attention-data-parallel shard (`prefill_attention_s` asks for
-    its busiest rank's call instead)."""
+    the same way (`moe_mla_costs.measured_mla_prefill_s`), a model of full, window and chunked layers kind
+    by kind (`kinds_prefill.measured_kinds_prefill_s`). None (the datasheet formula) without such a table,
+    with other layer kinds, a window the table does not time, or for an attention-data-parallel shard
+    (`prefill_attention_s` asks for its busiest rank's call instead)."""
     k = hw.kernels
     if k is None or seqs <= 0 or model.attention_dp > 1:
         return None
     if model.mla is not None:  # TensorRT-LLM's context-MLA kernel, where its table and the shape apply
         return measured_mla_prefill_s(model, hw, equivalent_prompt_tokens(position_sum, seqs), seqs,
                                       kv_dtype_of(model, kv_bytes_per_token_layer))
-    if model.layer_kinds or not k.has_context_attention():
+    if not k.has_context_attention():
         return None
     n = equivalent_prompt_tokens(position_sum, seqs)
+    if model.layer_kinds:  # kind by kind, where the table times each kind's kernel
+        return measured_kinds_prefill_s(model, k, n, seqs, kv_dtype_of(model, kv_bytes_per_token_layer))
     element = kv_bytes_per_token_layer / (2 * model.num_kv_heads * model.head_dim)
     kv_dtype = "fp8" if element < 1.5 else "bf16"  # as `gqa_attention_s`
     return k.context_attention_one_s(seqs, n, model.num_heads, model.num_kv_heads, model.head_dim, kv_dtype)
 
 
-def _bounded_prefill_flop(model: ModelSpec, position_sum: float, kv_tokens: float, seqs: int) -> float:
-    """The mean layer's window and linear prefill FLOP of `prefill_attention_s` (upper bounds), and its
-    chunked layers': `seqs` whole prompts of the chunks' equivalent length attending within their chunks
-    (`chunk_pairs`; exact for whole prompts of one length, as `equivalent_prompt_tokens`), at most the
-    position sum."""
+def _bounded_prefill_flop(model: ModelSpec, position_sum: float, kv_tokens: float, seqs: int,
+                          windows: bool = True) -> float:
+    """The mean layer's window (`windows`: unless their own fit costs them) and linear prefill FLOP of
+    `prefill_attention_s` (upper bounds), and its chunked layers': `seqs` whole prompts of the chunks'
+    equivalent length attending within their chunks (`chunk_pairs`; exact for whole prompts of one length,
+    as `equivalent_prompt_tokens`), at most the position sum."""
     counts = model.kind_counts
-    flop = counts.get(WINDOW, 0) * kind_attention_flop_per_token(model, WINDOW) * min(position_sum, kv_tokens * model.sliding_window)
+    flop = 0.0
+    if windows:
+        attended = min(position_sum, kv_tokens * model.sliding_window)
+        flop += counts.get(WINDOW, 0) * kind_attention_flop_per_token(model, WINDOW) * attended
     if counts.get(LINEAR):
         flop += counts[LINEAR] * kv_tokens * linear_state_flop(model)
     if counts.get(CHUNKED):

@@ -270,6 +270,8 @@ class FittedKernels(_Frozen):
     prefill_attention: dict[str, FittedPrefill] | None = None  # by KV dtype, where the tables have a context table
     # MLA prefill (not absorbed) by KV dtype, fitted on TensorRT-LLM's context-MLA rows, where the tables time it
     mla_prefill: dict[str, FittedPrefill] | None = None
+    # a sliding window's prefill by KV dtype, fitted on the context table's window rows, where the tables time them
+    window_prefill: dict[str, FittedPrefill] | None = None
     mla_attention: FittedMla | None = None  # absorbed MLA decode, where the tables time it
     # TensorRT-LLM's multi-head decode kernel (MMHA) on its own: the tables' one-query-head-per-KV-head rows
     mha_attention: FittedAttention | None = None

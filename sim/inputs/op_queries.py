@@ -31,11 +31,11 @@ OP_FIELDS = {
     "mlabmm": ("tokens", "heads"),  # absorbed MLA's BMM (DeepSeek-V3 widths), heads per GPU
     "elementwise": ("m", "width"),  # one elementwise pass (`kind`) over m rows of width elements (bf16, one GPU)
 }
-INTEGER_COLUMNS = {"m", "n", "k", "batch", "kv_tokens", "heads", "kv_heads", "head_dim", "gpus", "tokens", "hidden",
-                   "top_k", "experts", "width"}
+INTEGER_COLUMNS = {"m", "n", "k", "batch", "kv_tokens", "heads", "kv_heads", "head_dim", "window", "gpus", "tokens",
+                   "hidden", "top_k", "experts", "width"}
 COLUMNS = ("op", "gpu", "m", "n", "k", "dtype", "batch", "kv_tokens", "heads", "kv_heads", "head_dim", "kv_dtype",
-           "bytes", "gpus", "impl", "tokens", "hidden", "top_k", "experts", "phase", "kernel", "wire", "bmm", "kind",
-           "width")
+           "window", "bytes", "gpus", "impl", "tokens", "hidden", "top_k", "experts", "phase", "kernel", "wire", "bmm",
+           "kind", "width")
 
 
 class OpQuery(Strict):
@@ -52,6 +52,7 @@ class OpQuery(Strict):
     kv_heads: int | None = Field(None, ge=1, le=1024)
     head_dim: int | None = Field(None, ge=1, le=4096)
     kv_dtype: KvDType = "bf16"
+    window: int = Field(0, ge=0, le=MAX_DIM)  # attention, prefill: a sliding window of W tokens (0: none)
     bytes: float | None = Field(None, gt=0, le=MAX_OP_BYTES)
     gpus: int | None = Field(None, ge=1, le=1024)
     impl: Literal["custom", "nccl"] = "custom"

@@ -31,6 +31,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 FULL = "full"
 CHUNKED = "chunked"
 MLA = "mla"
@@ -157,6 +159,17 @@ def chunk_pairs(prompt_tokens: float, chunk: int) -> float:
     k = math.floor(prompt_tokens / chunk)
     r = prompt_tokens - k * chunk
     return k * chunk * (chunk + 1) / 2 + r * (r + 1) / 2
+
+
+def window_pairs(prompt_tokens, window: int):
+    """(query, key) pairs a causal prompt of n tokens attends (scalars or numpy arrays): n (n + 1) / 2, or under
+    a sliding window of W (0: none) sum_i min(i, W) = W (W + 1) / 2 + (n - W) W past its first W tokens."""
+    full = prompt_tokens * (prompt_tokens + 1) / 2
+    if not window:
+        return full
+    past = window * (window + 1) / 2 + (prompt_tokens - window) * window
+    return np.where(prompt_tokens <= window, full, past) if np.ndim(prompt_tokens) else (
+        full if prompt_tokens <= window else past)
 
 
 def kind_counts(kinds: tuple[str, ...]) -> dict[str, int]:

@@ -5,7 +5,8 @@ interpolation across a gap, never a table point itself). Error = predicted / mea
 
 The domain is what kvtier's step cost asks for: GEMMs of 1-8192 rows with n, k >= 256 (bf16, fp8),
 decode attention at head dim 128 without a sliding window over >= 16 cached tokens, prefill
-attention at head dim 128 without a window over prompts of >= 16 tokens, all-reduces up to 64 MiB
+attention at head dim 128 without a window over prompts of >= 16 tokens, both kinds of attention in every
+sliding-window slice the tables time (families "window decode / prefill attention"), all-reduces up to 64 MiB
 over 2-8 GPUs (custom and NCCL), NCCL's all-gathers and reduce-scatters up to 64 MiB buffers, and
 DeepEP's all-to-alls (one node's EP8). Every `STRIDE`-th point of the domain is
 kept, in table order, so a run is seconds, not minutes.
@@ -34,8 +35,10 @@ from sim.inputs import catalog
 from sim.inputs.kernel_tables import SYSTEMS, load_tables, split_tables
 
 STRIDE = 7
-FAMILY = r"^(gemm|decode attention|prefill attention|all-reduce|all-gather|reduce-scatter|all-to-all)"  # from its name
+FAMILY = (r"^(gemm|decode attention|prefill attention|window decode attention|window prefill attention|all-reduce|"
+          r"all-gather|reduce-scatter|all-to-all)")  # from its name
 MAX_ALLREDUCE_BYTES = 64 * 2**20
+WINDOWED = {False: "", True: "window "}  # an attention family's name prefix
 P95 = 0.95  # the tail quantile `summary` reports beside the worst point
 Costing = Callable[[Operator], OpCost]  # one GPU's datasheet cost of an operator
 
@@ -48,9 +51,10 @@ def held_out_points(gpu: str, fit_from: str | None = None) -> tuple[pd.DataFrame
     tune, held = split_tables(load_tables(gpu))
     mk = MeasuredKernels(tune, spec, catalog.interconnect(spec.interconnect).bus_bytes_per_s)
     ds = partial(datasheet_cost, gpu, fit_from=fit_from)
-    frames = [_gemms(ds, held.gemm, mk), _attention(ds, held.decode_attention, mk)]
+    frames = [_gemms(ds, held.gemm, mk), _attention(ds, held.decode_attention, mk),
+              _attention(ds, held.decode_attention, mk, windowed=True)]
     if held.context_attention is not None:
-        frames.append(_prefill(ds, held.context_attention, mk))
+        frames += [_prefill(ds, held.context_attention, mk), _prefill(ds, held.context_attention, mk, windowed=True)]
     frames += [_allreduce(ds, impl, t, mk) for impl, t in held.allreduce.items()]
     frames += [_gather(ds, op, t, mk) for op, t in held.gather.items()]
     if held.a2a is not None:
@@ -74,30 +78,40 @@ def _gemms(ds: Costing, g: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _attention(ds: Costing, a: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
-    a = a[(a["head_dim"] == 128) & (a["window"] == 0) & (a["kv_tokens"] >= 15)].iloc[::STRIDE]
+def _domain(t: pd.DataFrame, windowed: bool) -> pd.DataFrame:
+    """An attention table's held-out domain: head dim 128 without a window, or every sliding-window slice
+    (`windowed`: gpt-oss's window-128 layers at head dim 64 among them), >= 16 cached / prompt tokens."""
+    keep = (t["window"] > 0) if windowed else (t["head_dim"] == 128) & (t["window"] == 0)
+    return t[keep & (t["kv_tokens"] >= 15)].iloc[::STRIDE]
+
+
+def _attention(ds: Costing, a: pd.DataFrame, mk: MeasuredKernels, windowed: bool = False) -> pd.DataFrame:
     rows = []
-    for r in a.itertuples(index=False):
-        kv_heads = r.kv_heads or r.heads
-        tab = mk.decode_attention_s(r.batch, r.kv_tokens, int(r.heads), int(kv_heads), int(r.head_dim), r.kv_dtype)
-        op = DecodeAttention(int(r.batch), int(r.kv_tokens), int(r.heads), int(kv_heads), int(r.head_dim), r.kv_dtype)
-        rows.append({"op": f"decode attention kv {r.kv_dtype}", "measured_s": r.latency_s, "datasheet_s": ds(op).seconds,
-                     "tables_s": float(tab.seconds[0]),
-                     "shape": f"b{r.batch} n{r.kv_tokens} H{r.heads}/{kv_heads}"})
+    for r in _domain(a, windowed).itertuples(index=False):
+        shape = (int(r.heads), int(r.kv_heads or r.heads), int(r.head_dim), r.kv_dtype, int(r.window))
+        tab = mk.decode_attention_s(r.batch, r.kv_tokens, *shape)
+        op = DecodeAttention(int(r.batch), int(r.kv_tokens), *shape)
+        rows.append({"op": f"{WINDOWED[windowed]}decode attention kv {r.kv_dtype}", "measured_s": r.latency_s,
+                     "datasheet_s": ds(op).seconds, "tables_s": float(tab.seconds[0]), "shape": _shape(r, shape)})
     return pd.DataFrame(rows)
 
 
-def _prefill(ds: Costing, c: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
-    c = c[(c["head_dim"] == 128) & (c["window"] == 0) & (c["kv_tokens"] >= 15)].iloc[::STRIDE]
+def _prefill(ds: Costing, c: pd.DataFrame, mk: MeasuredKernels, windowed: bool = False) -> pd.DataFrame:
     rows = []
-    for r in c.itertuples(index=False):
-        kv_heads = int(r.kv_heads or r.heads)
-        op = PrefillAttention(int(r.batch), int(r.kv_tokens), int(r.heads), kv_heads, int(r.head_dim), r.kv_dtype)
-        tab = mk.context_attention_s(r.batch, r.kv_tokens, int(r.heads), kv_heads, int(r.head_dim), r.kv_dtype)
-        rows.append({"op": f"prefill attention kv {r.kv_dtype}", "measured_s": r.latency_s,
-                     "datasheet_s": ds(op).seconds, "tables_s": float(tab.seconds[0]),
-                     "shape": f"b{r.batch} n{r.kv_tokens} H{r.heads}/{kv_heads}"})
+    for r in _domain(c, windowed).itertuples(index=False):
+        shape = (int(r.heads), int(r.kv_heads or r.heads), int(r.head_dim), r.kv_dtype, int(r.window))
+        op = PrefillAttention(int(r.batch), int(r.kv_tokens), *shape)
+        tab = mk.context_attention_s(r.batch, r.kv_tokens, *shape)
+        rows.append({"op": f"{WINDOWED[windowed]}prefill attention kv {r.kv_dtype}", "measured_s": r.latency_s,
+                     "datasheet_s": ds(op).seconds, "tables_s": float(tab.seconds[0]), "shape": _shape(r, shape)})
     return pd.DataFrame(rows)
+
+
+def _shape(r, shape: tuple) -> str:
+    """An attention point's shape as the table says it: batch, tokens, heads / KV heads (and a window's head
+    dim and window)."""
+    heads, kv_heads, head_dim, _, window = shape
+    return f"b{r.batch} n{r.kv_tokens} H{heads}/{kv_heads}" + (f" d{head_dim} W{window}" if window else "")
 
 
 def _allreduce(ds: Costing, impl: str, t: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:

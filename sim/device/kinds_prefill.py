@@ -1,0 +1,67 @@
+"""Prefill attention of a model with GQA layer kinds (full, sliding window, chunked; sim/model/layers.py)
+from the measured context-attention table, kind by kind: what `physics.measured_prefill_attention_s` asks
+for gpt-oss (full and window-128 layers at head dim 64) and Llama 4 (full and chunked layers).
+
+A step's chunks come as `seqs` prompts of the equivalent length n (`physics.equivalent_prompt_tokens`):
+- full layers: the table's call at (seqs, n), as a dense model's;
+- window layers: the same call on the table's rows of that window (TensorRT-LLM's tables time windows
+  of 128 at head dims 64 to 192, e.g. gpt-oss's): a window's FLOP grow with n x W, not n^2, so no other
+  slice stands in, and without that window's rows the step keeps the datasheet formula;
+- chunked layers: each prompt's floor(n / C) whole chunks as prompts of C, and its rest r as a prompt of
+  r - exact for whole prompts, as `layers.chunk_pairs` counts the pairs.
+"""
+
+from __future__ import annotations
+
+import math
+
+from sim.model.layers import CHUNKED, FULL, WINDOW
+from sim.model.spec import ModelSpec
+
+from .measured_kernels import MeasuredKernels
+
+GQA_KINDS = frozenset({FULL, WINDOW, CHUNKED})
+
+
+def measured_kinds_prefill_s(model: ModelSpec, kernels: MeasuredKernels, prompt_tokens: float, seqs: int,
+                             kv_dtype: str) -> float | None:
+    """The mean layer's prefill attention over `seqs` prompts of `prompt_tokens` (equivalent) tokens,
+    sum over kinds of layers x call / L; None (the datasheet formula) for a model with a kind other than
+    full, window or chunked, or a window the table does not time."""
+    if not kinds_measured(model, kernels, kv_dtype):
+        return None
+    counts, shape = model.kind_counts, (model.num_heads, model.num_kv_heads, model.head_dim, kv_dtype)
+
+    def call(batch: float, tokens: float, window: int = 0) -> float:
+        if batch <= 0 or tokens < 1:  # no whole chunk, or no rest
+            return 0.0
+        return kernels.context_attention_one_s(batch, tokens, *shape, window=window)
+
+    total = 0.0
+    for kind, layers in counts.items():
+        if kind == FULL:
+            t = call(seqs, prompt_tokens)
+        elif kind == WINDOW:
+            t = call(seqs, prompt_tokens, model.sliding_window)
+        else:
+            c = model.attention_chunk
+            whole = math.floor(prompt_tokens / c)
+            t = call(seqs * whole, c) + call(seqs, prompt_tokens - whole * c)
+        total += layers * t
+    return total / model.num_layers
+
+
+def kinds_measured(model: ModelSpec, kernels: MeasuredKernels, kv_dtype: str) -> bool:
+    """Whether the table times every kind of the model's layers: full, chunked, and window layers where it
+    has rows of that window."""
+    counts = model.kind_counts
+    return set(counts) <= GQA_KINDS and (WINDOW not in counts or kernels.has_context_slice(
+        model.num_heads, model.num_kv_heads, model.head_dim, kv_dtype, model.sliding_window))
+
+
+def kinds_prefill_said(model: ModelSpec) -> str:
+    """How `measured_kinds_prefill_s` takes each kind of the model's layers (its sources line)."""
+    said = {FULL: "full layers at the chunks' equivalent prompt length",
+            WINDOW: f"window layers on the table's rows of window {model.sliding_window}",
+            CHUNKED: f"chunked layers as whole chunks of {model.attention_chunk} and the rest"}
+    return "kind by kind: " + ", ".join(f"{n} {said[kind]}" for kind, n in model.kind_counts.items())

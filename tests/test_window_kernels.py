@@ -1,0 +1,172 @@
+"""Layer kinds on the measured attention tables (issue #20: the tables drive what they cover). A model of
+full, sliding-window and chunked layers takes its prefill attention from the context-attention table
+kind by kind (`kinds_prefill.measured_kinds_prefill_s`), a window layer's decode from the table's rows
+of that window (`physics._measured_window_s`); the window slices' rooflines count the window's tokens,
+and their decode grids carry a ratio along the tokens past the window (`kernel_grid.fill_past_window`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from sim.decode.context import build_context
+from sim.device.kernel_grid import fill_past_window
+from sim.device.kinds_prefill import measured_kinds_prefill_s
+from sim.device.measured_kernels import attention_roofline_s, context_roofline_s, measured_kernels_for, windowed_tokens
+from sim.device.physics import decode_attention_s, measured_prefill_attention_s, prefill_attention_s
+from sim.inputs.kernel_tables import load_tables, tables_available
+from sim.inputs.scenario import load_scenario
+from sim.model.layers import window_pairs
+
+from .conftest import SCENARIOS
+
+OSS = SCENARIOS / "serving-h200-gpt-oss-120b.yaml"  # vLLM's tables (no engine section), bf16 KV
+
+
+def test_window_pairs_and_tokens_by_hand():
+    assert window_pairs(100, 0) == 100 * 101 / 2
+    assert window_pairs(100, 128) == 100 * 101 / 2  # inside the window: causal as full attention
+    assert window_pairs(1000, 128) == 128 * 129 / 2 + 872 * 128  # then W keys a token
+    assert window_pairs(1000, 128) == sum(min(i, 128) for i in range(1, 1001))
+    assert windowed_tokens(1000, 128) == 128 and windowed_tokens(100, 128) == 100 and windowed_tokens(1000, 0) == 1000
+
+
+def test_window_rooflines_count_the_window():
+    # decode: 4 H d b min(n, W) FLOP; the KV read of min(n, W) tokens
+    flop_bound = attention_roofline_s(2, 1000, 8, 1, 64, 2.0, 1.0, 1e30, window=128)
+    assert flop_bound == pytest.approx(4 * 8 * 64 * 2 * 128)
+    assert attention_roofline_s(2, 1000, 8, 1, 64, 2.0, 1.0, 1e30) == pytest.approx(4 * 8 * 64 * 2 * 1000)
+    # prefill: 4 H d b pairs; past the window the pairs grow by W a token
+    prefill = context_roofline_s(1, 1000, 8, 1, 64, 2.0, 1.0, 1e30, window=128)
+    assert prefill == pytest.approx(4 * 8 * 64 * window_pairs(1000, 128))
+
+
+def test_past_the_window_a_row_carries_its_ratio_along_the_tokens():
+    nan = np.nan
+    grid = np.log(np.array([[[2.0, 3.0, 4.0, nan, nan],      # batch 1: measured to index 2
+                             [5.0, 6.0, nan, nan, nan]]]))   # batch 2: measured to index 1
+    out = np.exp(fill_past_window(grid, window_index=2))
+    assert out[0, 0].tolist() == pytest.approx([2, 3, 4, 4, 4])  # the last measured past the window
+    # batch 2 has nothing measured past the window: the cold side's fill (the larger batch's, none here;
+    # then from below: batch 1's at the same tokens)
+    assert out[0, 1, :2].tolist() == pytest.approx([5, 6])
+    assert not np.isnan(out).any()
+
+
+needs_tables = pytest.mark.skipif(not tables_available(),
+                                  reason="aiconfigurator-core (the .[measured] extra) not installed")
+
+
+def _raw(framework: str, window: int, batch: int, tokens: int, table: str = "context") -> float:
+    t = load_tables("h200-sxm", framework)
+    c = t.context_attention if table == "context" else t.decode_attention
+    hit = c[(c.kv_dtype == "bf16") & (c.kv_heads == 8) & (c.head_dim == 64) & (c.heads == 64) & (c.window == window)
+            & (c.batch == batch) & (c.kv_tokens == tokens)]
+    assert len(hit) == 1
+    return float(hit["latency_s"].iloc[0])
+
+
+@needs_tables
+def test_gpt_oss_prefill_is_its_full_and_window_rows_at_a_measured_point():
+    ctx = build_context(load_scenario(OSS, ["hardware.kernels=measured"]))
+    m, kv = ctx.model, ctx.kv_bytes_per_token_layer
+    P = 2048  # one whole prompt: 2048 x 2049 / 2 pairs, the equivalent length 2048 exactly
+    got = measured_prefill_attention_s(m, ctx.hw, P * (P + 1) / 2, 1, kv)
+    assert got == pytest.approx((18 * _raw("vllm", 0, 1, P) + 18 * _raw("vllm", 128, 1, P)) / 36, rel=1e-9)
+    assert prefill_attention_s(m, ctx.hw, P * (P + 1) / 2, P, kv, 1) == got
+    assert ctx.hw.sources["prefill_attention"].endswith(
+        "kind by kind: 18 full layers at the chunks' equivalent prompt length, 18 window layers on the table's rows "
+        "of window 128")
+
+
+@needs_tables
+def test_chunked_layers_prefill_as_whole_chunks_and_the_rest():
+    ctx = build_context(load_scenario(OSS, ["hardware.kernels=measured", "model.name=llama-4-maverick",
+                                            "model.expert_weight_dtype=bf16", "parallel.tp=8"]))
+    m, k = ctx.model, ctx.hw.kernels
+    assert m.kind_counts == {"full": 12, "chunked": 36} and m.attention_chunk == 8192
+
+    def one(b, n):
+        return k.context_attention_one_s(b, n, m.num_heads, m.num_kv_heads, m.head_dim, "bf16")
+    P = 20000  # two whole chunks of 8192 and 3616
+    by_hand = (12 * one(2, P) + 36 * (one(2 * 2, 8192) + one(2, 3616))) / 48
+    assert measured_kinds_prefill_s(m, k, P, 2, "bf16") == pytest.approx(by_hand, rel=1e-12)
+    assert measured_kinds_prefill_s(m, k, 4096, 2, "bf16") == pytest.approx(one(2, 4096), rel=1e-12)  # one chunk
+
+
+@needs_tables
+def test_the_datasheet_where_the_table_lacks_a_kind_or_the_window():
+    nxt = build_context(load_scenario(OSS, ["hardware.kernels=measured", "model.name=qwen3-next-80b-a3b"]))
+    assert measured_prefill_attention_s(nxt.model, nxt.hw, 1e6, 2, nxt.kv_bytes_per_token_layer) is None
+    assert nxt.hw.sources["prefill_attention"] == (
+        "datasheet: physics.prefill_attention_s (the context-attention table has full, window and chunked layers "
+        "only, not 12 full + 36 linear)")
+    oss = build_context(load_scenario(OSS, ["hardware.kernels=measured"]))
+    other_window = replace(oss.model, sliding_window=4096)  # no table times a 4096-token window at these heads
+    assert measured_kinds_prefill_s(other_window, oss.hw.kernels, 3000, 2, "bf16") is None
+    int8 = build_context(load_scenario(OSS, ["hardware.kernels=measured", "model.kv_dtype=int8"]))
+    assert "has no rows of window 128 at KV int8), window layers on their own fit" in int8.hw.sources["prefill_attention"]
+
+
+@needs_tables
+def test_a_window_layer_decodes_on_its_windows_rows():
+    ctx = build_context(load_scenario(OSS, ["hardware.kernels=measured"]))
+    m, hw, kv = ctx.model, ctx.hw, ctx.kv_bytes_per_token_layer
+    k = hw.kernels
+    b, n = 32, 2047  # a measured point of both slices
+    full = k.decode_attention_one_s(b, n, 64, 8, 64, "bf16")
+    window = _raw("vllm", 128, b, n, "decode")
+    assert k.decode_attention_one_s(b, n, 64, 8, 64, "bf16", window=128) == pytest.approx(window, rel=1e-9)
+    kv_bytes = (b * n + b) * kv  # the mean layer's bytes, as the engines pass them
+    got = decode_attention_s(m, hw, b, b * n, kv_bytes, kv)
+    assert got == pytest.approx((18 * full + 18 * window) / 36, rel=1e-9)
+    arrays = decode_attention_s(m, hw, np.array([b, b]), np.array([b * n, b * n]), np.array([kv_bytes, kv_bytes]), kv)
+    assert arrays.tolist() == pytest.approx([got, got], rel=1e-9)
+
+
+@needs_tables
+def test_past_its_measured_tokens_a_window_decode_stays_flat():
+    trt = measured_kernels_for("h200-sxm", "trtllm")
+    at = [trt.decode_attention_one_s(512, n, 64, 8, 64, "bf16", window=128) for n in (255, 1500, 20000)]
+    # the table's 512-sequence window rows stop at 255 cached tokens; past the window the work does not grow
+    assert at[0] == pytest.approx(_raw("trtllm", 128, 512, 255, "decode"), rel=1e-9)
+    assert at[1] == pytest.approx(at[0], rel=1e-9) and at[2] == pytest.approx(at[0], rel=1e-9)
+
+
+def test_datasheet_window_layers_prefill_on_their_own_fit_by_hand():
+    """floor + max(4 H d x the window's pairs / (peak x efficiency x w / (w + half_tokens) x tiles / (tiles +
+    half_tiles)), K/V bytes / attention HBM) + new tokens x KV heads x cache write, w = min(n, W), the window
+    fit's figures (fitted_kernels.yaml window_prefill); the full layers keep the head-dim-128 fit's call."""
+    from sim.device.physics import datasheet_prefill_attention_s, prompts_attention_s
+    from sim.inputs import catalog
+
+    ctx = build_context(load_scenario(OSS, ["hardware.kernels=datasheet"]))
+    m, hw, kv = ctx.model, ctx.hw, ctx.kv_bytes_per_token_layer
+    fit = catalog.fitted_kernels()["h200-sxm"].window_prefill["bf16"]
+    seqs, n = 2, 3000
+    S = seqs * n * (n + 1) / 2
+    flop = 4 * 64 * 64 * seqs * (128 * 129 / 2 + (n - 128) * 128)
+    tiles = seqs * 64 * math.ceil(n / 128)
+    rate = (hw.gpu.bf16_flop_per_s * fit.flop_efficiency * 128 / (128 + fit.half_tokens)
+            * tiles / (tiles + fit.half_tiles))
+    written = seqs * n * 2 * 8 * 64 * 2
+    window = fit.floor_s + max(flop / rate, written / hw.attention_hbm_bytes_per_s) + seqs * n * 8 * fit.kv_write_s
+    full = datasheet_prefill_attention_s(hw, 4 * 64 * 64 * S, written, n, seqs, seqs * n, 64, 8, False, 64)
+    got = prefill_attention_s(m, hw, S, seqs * n, kv, seqs)
+    assert got == pytest.approx((18 * full + 18 * window) / 36, rel=1e-9)
+    assert prompts_attention_s(m, hw, seqs, n, kv) == pytest.approx(got, rel=1e-12)  # a closed batch's whole prompts
+    assert hw.prefill_attention_shape.window_said.startswith("window layers on their own fit")
+
+
+def test_ops_prices_a_window_as_the_step_does():
+    from sim.device.kernels import PrefillAttention, datasheet_cost
+    from sim.device.physics import _window_prefill_s
+
+    ctx = build_context(load_scenario(OSS, ["hardware.kernels=datasheet"]))
+    op = datasheet_cost("h200-sxm", PrefillAttention(2, 3000, 64, 8, 64, "bf16", window=128))
+    # `kvsim ops prefill --window 128` is the step's call of one window layer
+    step = _window_prefill_s(ctx.model, ctx.hw, 2 * 3000 * 3001 / 2, 3000, 2, 6000, ctx.kv_bytes_per_token_layer)
+    assert op.seconds == pytest.approx(step, rel=1e-12) and "the window fit" in op.source
