@@ -28,8 +28,8 @@ from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 from .elementwise import ADD, HEAD_NORMS, RMSNORM, ROPE, SILU_MUL, layer_passes_s
 from .engine_rules import DECODE, MIXED, PREFILL, decode_rows, host_times
 from .hardware import Hardware, MhaDecode
-from .kinds_prefill import measured_kinds_prefill_s
 from .host_pipeline import HostLayer, HostStepTimes, host_pipeline
+from .kinds_prefill import measured_kinds_prefill_s
 from .moe_exchange import A2A_PHASES, A2A_WIRE_BYTES, ALLGATHER_REDUCESCATTER
 from .moe_fit import model_moe_s
 from .moe_mla_costs import (absorbed_bmm_swap, measured_a2a_s, measured_mla_prefill_s, measured_mla_s, measured_moe_s,
@@ -817,13 +817,11 @@ def prompts_attention_s(model: ModelSpec, hw: Hardware, batch: int, prompt_token
         dp = model.attention_dp
         return prompts_attention_s(_one_rank(model), hw, math.ceil(batch / dp), prompt_tokens,
                                    None if kv_bytes_per_token_layer is None else kv_bytes_per_token_layer * dp)
-    rows = batch * prompt_tokens
+    rows, pairs = batch * prompt_tokens, batch * prompt_tokens * (prompt_tokens + 1) / 2
     if kv_bytes_per_token_layer is not None:
-        pairs = batch * prompt_tokens * (prompt_tokens + 1) / 2
         measured = measured_prefill_attention_s(model, hw, pairs, batch, kv_bytes_per_token_layer)
         if measured is not None:
             return measured
-    pairs = batch * prompt_tokens * (prompt_tokens + 1) / 2
     window = None if kv_bytes_per_token_layer is None else _window_prefill_s(
         model, hw, pairs, prompt_tokens, batch, rows, kv_bytes_per_token_layer)
     if model.layer_kinds:
