@@ -170,3 +170,27 @@ def test_ops_prices_a_window_as_the_step_does():
     # `kvsim ops prefill --window 128` is the step's call of one window layer
     step = _window_prefill_s(ctx.model, ctx.hw, 2 * 3000 * 3001 / 2, 3000, 2, 6000, ctx.kv_bytes_per_token_layer)
     assert op.seconds == pytest.approx(step, rel=1e-12) and "the window fit" in op.source
+
+
+def test_window_prompt_tokens_inverts_the_pairs():
+    from sim.model.layers import window_prompt_tokens
+
+    for n in (1, 50, 128, 129, 1000, 20000):
+        assert window_prompt_tokens(window_pairs(n, 128), 128) == pytest.approx(n, rel=1e-12)
+
+
+@needs_tables
+def test_a_chunk_behind_a_prefix_asks_a_window_layer_for_its_own_tokens():
+    from sim.model.layers import window_prompt_tokens
+
+    ctx = build_context(load_scenario(OSS, ["hardware.kernels=measured"]))
+    m, k = ctx.model, ctx.hw.kernels
+    c, prefix = 2048, 30000  # one chunk of 2,048 new tokens behind 30,000 computed ones
+    S = c * prefix + c * (c + 1) / 2
+    n = (math.sqrt(1 + 8 * S) - 1) / 2  # the full layers' equivalent whole prompt (~11,300 tokens)
+    full = k.context_attention_one_s(1, n, 64, 8, 64, "bf16")
+    # the window layers attend W keys a new token: the prompt that attends c x W pairs, ~2,111 tokens
+    window = k.context_attention_one_s(1, window_prompt_tokens(c * 128, 128), 64, 8, 64, "bf16", window=128)
+    got = measured_prefill_attention_s(m, ctx.hw, S, 1, ctx.kv_bytes_per_token_layer, new_tokens=c)
+    assert got == pytest.approx((18 * full + 18 * window) / 36, rel=1e-12)
+    assert got < measured_prefill_attention_s(m, ctx.hw, S, 1, ctx.kv_bytes_per_token_layer)  # new tokens unknown

@@ -4,9 +4,11 @@ for gpt-oss (full and window-128 layers at head dim 64) and Llama 4 (full and ch
 
 A step's chunks come as `seqs` prompts of the equivalent length n (`physics.equivalent_prompt_tokens`):
 - full layers: the table's call at (seqs, n), as a dense model's;
-- window layers: the same call on the table's rows of that window (TensorRT-LLM's tables time windows
-  of 128 at head dims 64 to 192, e.g. gpt-oss's): a window's FLOP grow with n x W, not n^2, so no other
-  slice stands in, and without that window's rows the step keeps the datasheet formula;
+- window layers: the same call on the table's rows of that window (every engine's tables time windows
+  of 128 at head dims 64 to 192, gpt-oss's among them): a window's FLOP grow with n x W, not n^2, so no
+  other slice stands in, and without that window's rows the step keeps the datasheet formula. Chunks
+  behind a computed prefix attend at most W keys a new token, so a window layer is asked at the length
+  whose whole prompts attend min(their window pairs, new tokens x W) (`layers.window_prompt_tokens`);
 - chunked layers: each prompt's floor(n / C) whole chunks as prompts of C, and its rest r as a prompt of
   r - exact for whole prompts, as `layers.chunk_pairs` counts the pairs.
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from sim.model.layers import CHUNKED, FULL, WINDOW
+from sim.model.layers import CHUNKED, FULL, WINDOW, window_pairs, window_prompt_tokens
 from sim.model.spec import ModelSpec
 
 from .measured_kernels import MeasuredKernels
@@ -24,10 +26,10 @@ GQA_KINDS = frozenset({FULL, WINDOW, CHUNKED})
 
 
 def measured_kinds_prefill_s(model: ModelSpec, kernels: MeasuredKernels, prompt_tokens: float, seqs: int,
-                             kv_dtype: str) -> float | None:
+                             kv_dtype: str, new_tokens: float = 0.0) -> float | None:
     """The mean layer's prefill attention over `seqs` prompts of `prompt_tokens` (equivalent) tokens,
-    sum over kinds of layers x call / L; None (the datasheet formula) for a model with a kind other than
-    full, window or chunked, or a window the table does not time."""
+    `new_tokens` of them new (0: all), sum over kinds of layers x call / L; None (the datasheet formula)
+    for a model with a kind other than full, window or chunked, or a window the table does not time."""
     if not kinds_measured(model, kernels, kv_dtype):
         return None
     counts, shape = model.kind_counts, (model.num_heads, model.num_kv_heads, model.head_dim, kv_dtype)
@@ -42,13 +44,22 @@ def measured_kinds_prefill_s(model: ModelSpec, kernels: MeasuredKernels, prompt_
         if kind == FULL:
             t = call(seqs, prompt_tokens)
         elif kind == WINDOW:
-            t = call(seqs, prompt_tokens, model.sliding_window)
+            t = call(seqs, _window_length(prompt_tokens, seqs, new_tokens, model.sliding_window), model.sliding_window)
         else:
             c = model.attention_chunk
             whole = math.floor(prompt_tokens / c)
             t = call(seqs * whole, c) + call(seqs, prompt_tokens - whole * c)
         total += layers * t
     return total / model.num_layers
+
+
+def _window_length(prompt_tokens: float, seqs: int, new_tokens: float, window: int) -> float:
+    """The prompt length a window layer's call is asked at: whole prompts of `prompt_tokens`, or fewer where
+    the step's `new_tokens` (chunks behind a prefix) attend fewer pairs, W each at most."""
+    pairs = window_pairs(prompt_tokens, window)
+    if new_tokens > 0 and seqs > 0:
+        pairs = min(pairs, new_tokens * window / seqs)
+    return window_prompt_tokens(pairs, window)
 
 
 def kinds_measured(model: ModelSpec, kernels: MeasuredKernels, kv_dtype: str) -> bool:

@@ -1151,7 +1151,7 @@ def prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_
         return 0.0
     if model.attention_dp > 1 and seqs > 0:
         return _busiest_rank_prefill_s(model, hw, position_sum, kv_tokens, kv_bytes_per_token_layer, seqs, new_tokens)
-    measured = measured_prefill_attention_s(model, hw, position_sum, seqs, kv_bytes_per_token_layer)
+    measured = measured_prefill_attention_s(model, hw, position_sum, seqs, kv_bytes_per_token_layer, new_tokens)
     if measured is not None:
         return measured
     flop = prefill_attention_flop(model, position_sum)
@@ -1172,13 +1172,14 @@ def prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_
 def _window_prefill_s(model: ModelSpec, hw: Hardware, position_sum: float, n: float, seqs: int, new_tokens: float,
                       kv_bytes_per_token_layer: float) -> float | None:
     """One window layer's datasheet prefill attention on the window fit (`PrefillShapes.window`): `seqs`
-    prompts of the equivalent length n attending 4 H d x their window's pairs (`window_pairs`, at most the
-    position sum), at the rate of a prompt of min(n, W) tokens (the kernel's key loop), the new tokens'
-    K/V written. None without window layers, a window fit or chunks: the lumped call then counts them."""
+    prompts of the equivalent length n attending 4 H d x their window's pairs (`window_pairs`; at most the
+    position sum, and W a new token: chunks behind a prefix), at the rate of a prompt of min(n, W) tokens
+    (the kernel's key loop), the new tokens' K/V written. None without window layers, a window fit or
+    chunks: the lumped call then counts them."""
     if WINDOW not in model.kind_counts or hw.prefill_attention_shape.window is None or seqs <= 0:
         return None
     w, kv_dtype = model.sliding_window, kv_dtype_of(model, kv_bytes_per_token_layer)
-    pairs = min(position_sum, seqs * window_pairs(n, w))
+    pairs = min(position_sum, seqs * window_pairs(n, w), new_tokens * w)
     return datasheet_prefill_attention_s(hw, kind_prefill_flop_per_pair(model, WINDOW) * pairs,
                                          new_tokens * model.kind_kv_bytes_per_token_layer(WINDOW, kv_dtype), min(n, w),
                                          seqs, new_tokens, model.num_heads, model.num_kv_heads, kv_dtype in ONE_BYTE_KV,
@@ -1251,7 +1252,7 @@ def equivalent_prompt_tokens(position_sum: float, seqs: int) -> float:
 
 
 def measured_prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, seqs: int,
-                                 kv_bytes_per_token_layer: float) -> float | None:
+                                 kv_bytes_per_token_layer: float, new_tokens: float = 0.0) -> float | None:
     """A step's prefill attention from the measured context-attention table (`MeasuredKernels.
     context_attention_one_s`): its `seqs` chunks as that many prompts of the length n that attends as
     many (query, key) pairs, seqs x n (n + 1) / 2 = position sum, i.e. n = (sqrt(1 + 8 S / seqs) - 1) / 2 -
@@ -1271,7 +1272,7 @@ def measured_prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: f
         return None
     n = equivalent_prompt_tokens(position_sum, seqs)
     if model.layer_kinds:  # kind by kind, where the table times each kind's kernel
-        return measured_kinds_prefill_s(model, k, n, seqs, kv_dtype_of(model, kv_bytes_per_token_layer))
+        return measured_kinds_prefill_s(model, k, n, seqs, kv_dtype_of(model, kv_bytes_per_token_layer), new_tokens)
     element = kv_bytes_per_token_layer / (2 * model.num_kv_heads * model.head_dim)
     kv_dtype = "fp8" if element < 1.5 else "bf16"  # as `gqa_attention_s`
     return k.context_attention_one_s(seqs, n, model.num_heads, model.num_kv_heads, model.head_dim, kv_dtype)

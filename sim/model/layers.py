@@ -172,6 +172,16 @@ def window_pairs(prompt_tokens, window: int):
         full if prompt_tokens <= window else past)
 
 
+def window_prompt_tokens(pairs: float, window: int) -> float:
+    """The prompt length whose causal attention under a sliding window of W attends `pairs` (query, key)
+    pairs: `window_pairs`'s inverse - (sqrt(1 + 8 x pairs) - 1) / 2 within the first W tokens, W + (pairs
+    - W (W + 1) / 2) / W past them."""
+    first = window * (window + 1) / 2
+    if pairs <= first:
+        return (math.sqrt(1.0 + 8.0 * pairs) - 1.0) / 2.0
+    return window + (pairs - first) / window
+
+
 def kind_counts(kinds: tuple[str, ...]) -> dict[str, int]:
     """{kind: layers of that kind}, in `KINDS` order, kinds with no layer left out."""
     return {k: n for k in KINDS if (n := kinds.count(k))}
