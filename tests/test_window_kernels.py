@@ -194,3 +194,41 @@ def test_a_chunk_behind_a_prefix_asks_a_window_layer_for_its_own_tokens():
     got = measured_prefill_attention_s(m, ctx.hw, S, 1, ctx.kv_bytes_per_token_layer, new_tokens=c)
     assert got == pytest.approx((18 * full + 18 * window) / 36, rel=1e-12)
     assert got < measured_prefill_attention_s(m, ctx.hw, S, 1, ctx.kv_bytes_per_token_layer)  # new tokens unknown
+
+
+@needs_tables
+def test_a_chunk_behind_a_prefix_asks_a_chunked_layer_for_at_most_c_keys_a_token():
+    ctx = build_context(load_scenario(OSS, ["hardware.kernels=measured", "model.name=llama-4-maverick",
+                                            "model.expert_weight_dtype=bf16", "parallel.tp=8"]))
+    m, k = ctx.model, ctx.hw.kernels
+
+    def one(b, n):
+        return k.context_attention_one_s(b, n, m.num_heads, m.num_kv_heads, m.head_dim, "bf16")
+
+    c, prefix = 2048, 30000
+    S = c * prefix + c * (c + 1) / 2
+    n = (math.sqrt(1 + 8 * S) - 1) / 2  # ~11,300: one whole chunk and ~3,100 as the equivalent prompt
+    # 2,048 new tokens attend at most 2,048 x 8,192 pairs in a chunked layer: no whole chunk, one prompt of
+    # r tokens with r (r + 1) / 2 = that, ~5,793
+    r = (math.sqrt(1 + 8 * c * 8192) - 1) / 2
+    by_hand = (12 * one(1, n) + 36 * one(1, r)) / 48
+    assert measured_kinds_prefill_s(m, k, n, 1, "bf16", new_tokens=c) == pytest.approx(by_hand, rel=1e-12)
+    whole = n // 8192
+    assert measured_kinds_prefill_s(m, k, n, 1, "bf16") == pytest.approx(
+        (12 * one(1, n) + 36 * (one(whole, 8192) + one(1, n - whole * 8192))) / 48, rel=1e-12)
+
+
+def test_the_datasheet_bounds_a_chunked_layers_pairs_by_c_keys_a_new_token():
+    from sim.device.physics import _bounded_prefill_flop, kind_attention_flop_per_token
+    from sim.inputs import catalog
+
+    m = catalog.model("llama-4-maverick")
+    c, prefix = 2048, 30000
+    S = c * prefix + c * (c + 1) / 2
+    per_pair = kind_attention_flop_per_token(m, "chunked")
+    capped = _bounded_prefill_flop(m, S, prefix + c, 1, new_tokens=c)
+    assert capped == pytest.approx(36 * per_pair * c * 8192 / 48, rel=1e-12)
+    n = (math.sqrt(1 + 8 * S) - 1) / 2  # without the new tokens: the equivalent whole prompt's chunk pairs
+    whole = n // 8192
+    uncapped = 36 * per_pair * (whole * 8192 * 8193 / 2 + (n - whole * 8192) * (n - whole * 8192 + 1) / 2) / 48
+    assert _bounded_prefill_flop(m, S, prefix + c, 1) == pytest.approx(uncapped, rel=1e-9)

@@ -10,14 +10,16 @@ A step's chunks come as `seqs` prompts of the equivalent length n (`physics.equi
   behind a computed prefix attend at most W keys a new token, so a window layer is asked at the length
   whose whole prompts attend min(their window pairs, new tokens x W) (`layers.window_prompt_tokens`);
 - chunked layers: each prompt's floor(n / C) whole chunks as prompts of C, and its rest r as a prompt of
-  r - exact for whole prompts, as `layers.chunk_pairs` counts the pairs.
+  r - exact for whole prompts, as `layers.chunk_pairs` counts the pairs; chunks behind a prefix attend at
+  most C keys a new token, so at most new tokens x C pairs, asked as the whole chunks and rest that attend
+  as many.
 """
 
 from __future__ import annotations
 
 import math
 
-from sim.model.layers import CHUNKED, FULL, WINDOW, window_pairs, window_prompt_tokens
+from sim.model.layers import CHUNKED, FULL, WINDOW, chunk_pairs, window_pairs, window_prompt_tokens
 from sim.model.spec import ModelSpec
 
 from .measured_kernels import MeasuredKernels
@@ -46,9 +48,8 @@ def measured_kinds_prefill_s(model: ModelSpec, kernels: MeasuredKernels, prompt_
         elif kind == WINDOW:
             t = call(seqs, _window_length(prompt_tokens, seqs, new_tokens, model.sliding_window), model.sliding_window)
         else:
-            c = model.attention_chunk
-            whole = math.floor(prompt_tokens / c)
-            t = call(seqs * whole, c) + call(seqs, prompt_tokens - whole * c)
+            whole, rest = _chunked_prompts(prompt_tokens, seqs, new_tokens, model.attention_chunk)
+            t = call(seqs * whole, model.attention_chunk) + call(seqs, rest)
         total += layers * t
     return total / model.num_layers
 
@@ -60,6 +61,18 @@ def _window_length(prompt_tokens: float, seqs: int, new_tokens: float, window: i
     if new_tokens > 0 and seqs > 0:
         pairs = min(pairs, new_tokens * window / seqs)
     return window_prompt_tokens(pairs, window)
+
+
+def _chunked_prompts(prompt_tokens: float, seqs: int, new_tokens: float, chunk: int) -> tuple[int, float]:
+    """(whole chunks, rest) a chunked layer's call takes a prompt as: the equivalent prompt's floor(n / C)
+    and n - that x C, or, where the step's new tokens attend fewer pairs (C each at most), the whole
+    chunks and rest that attend as many."""
+    whole = math.floor(prompt_tokens / chunk)
+    if not (new_tokens > 0 and seqs > 0 and new_tokens * chunk / seqs < chunk_pairs(prompt_tokens, chunk)):
+        return whole, prompt_tokens - whole * chunk
+    pairs, per_chunk = new_tokens * chunk / seqs, chunk * (chunk + 1) / 2
+    whole = math.floor(pairs / per_chunk)
+    return whole, (math.sqrt(1.0 + 8.0 * (pairs - whole * per_chunk)) - 1.0) / 2.0
 
 
 def kinds_measured(model: ModelSpec, kernels: MeasuredKernels, kv_dtype: str) -> bool:

@@ -1159,7 +1159,8 @@ def prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_
     new_tokens = new_tokens or seqs * n
     window = _window_prefill_s(model, hw, position_sum, n, seqs, new_tokens, kv_bytes_per_token_layer)
     if model.layer_kinds:
-        flop += _bounded_prefill_flop(model, position_sum, kv_tokens, seqs, windows=window is None)
+        flop += _bounded_prefill_flop(model, position_sum, kv_tokens, seqs, windows=window is None,
+                                      new_tokens=new_tokens)
 
     def call(scale: float) -> float:  # the mean layer's call (but window layers with a fit of their own), x scale
         return datasheet_prefill_attention_s(hw, flop * scale, kv_tokens * kv_bytes_per_token_layer * scale, n, seqs,
@@ -1279,11 +1280,12 @@ def measured_prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: f
 
 
 def _bounded_prefill_flop(model: ModelSpec, position_sum: float, kv_tokens: float, seqs: int,
-                          windows: bool = True) -> float:
+                          windows: bool = True, new_tokens: float = 0.0) -> float:
     """The mean layer's window (`windows`: unless their own fit costs them) and linear prefill FLOP of
     `prefill_attention_s` (upper bounds), and its chunked layers': `seqs` whole prompts of the chunks'
     equivalent length attending within their chunks (`chunk_pairs`; exact for whole prompts of one length,
-    as `equivalent_prompt_tokens`), at most the position sum."""
+    as `equivalent_prompt_tokens`), at most the position sum and C keys a new token (`new_tokens`: chunks
+    behind a prefix)."""
     counts = model.kind_counts
     flop = 0.0
     if windows:
@@ -1294,6 +1296,8 @@ def _bounded_prefill_flop(model: ModelSpec, position_sum: float, kv_tokens: floa
     if counts.get(CHUNKED):
         whole = seqs * chunk_pairs(equivalent_prompt_tokens(position_sum, seqs), model.attention_chunk)
         pairs = min(position_sum, whole) if seqs > 0 else position_sum
+        if new_tokens > 0:
+            pairs = min(pairs, new_tokens * model.attention_chunk)
         flop += counts[CHUNKED] * kind_attention_flop_per_token(model, CHUNKED) * pairs
     if counts.get(SPARSE):  # the indexer over every attended pair (its MLA part is in `attention_flop`, uncapped)
         flop += counts[SPARSE] * model.sparse.flop_per_token / model.attention_dp * position_sum
