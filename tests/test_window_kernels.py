@@ -6,6 +6,7 @@ and their decode grids carry a ratio along the tokens past the window (`kernel_g
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -21,7 +22,7 @@ from sim.inputs.kernel_tables import load_tables, tables_available
 from sim.inputs.scenario import load_scenario
 from sim.model.layers import window_pairs
 
-from .conftest import SCENARIOS
+from .conftest import SCENARIOS, run_cli
 
 OSS = SCENARIOS / "serving-h200-gpt-oss-120b.yaml"  # vLLM's tables (no engine section), bf16 KV
 
@@ -232,3 +233,23 @@ def test_the_datasheet_bounds_a_chunked_layers_pairs_by_c_keys_a_new_token():
     whole = n // 8192
     uncapped = 36 * per_pair * (whole * 8192 * 8193 / 2 + (n - whole * 8192) * (n - whole * 8192 + 1) / 2) / 48
     assert _bounded_prefill_flop(m, S, prefix + c, 1) == pytest.approx(uncapped, rel=1e-9)
+
+
+@needs_tables
+def test_kvsim_ops_asks_a_window(tmp_path):
+    res = run_cli("ops", "attention", "--batch", "32", "--kv-tokens", "2047", "--heads", "64", "--kv-heads", "8",
+                  "--head-dim", "64", "--window", "128", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["measured_s"] == pytest.approx(_raw("vllm", 128, 32, 2047, "decode"), rel=1e-9)
+    assert out["measured_inside"] and "over the window" in out["datasheet_source"]
+    src = tmp_path / "ops.csv"
+    src.write_text("op,batch,kv_tokens,heads,kv_heads,head_dim,window\nprefill,1,2048,64,8,64,128\n")
+    res = run_cli("ops", "--csv", str(src), "--kernels", "measured")
+    assert res.returncode == 0, res.stderr
+    header, row = res.stdout.splitlines()[:2]
+    got = dict(zip(header.split(","), row.split(",")))
+    assert float(got["measured_s"]) == pytest.approx(_raw("vllm", 128, 1, 2048), rel=1e-9)
+    bad = run_cli("ops", "attention", "--batch", "1", "--kv-tokens", "9", "--heads", "8", "--kv-heads", "8",
+                  "--head-dim", "64", "--window", "-1")
+    assert bad.returncode == 2 and "window" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
