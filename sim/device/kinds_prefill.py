@@ -30,7 +30,7 @@ GQA_KINDS = frozenset({FULL, WINDOW, CHUNKED})
 def measured_kinds_prefill_s(model: ModelSpec, kernels: MeasuredKernels, prompt_tokens: float, seqs: int,
                              kv_dtype: str, new_tokens: float = 0.0) -> float | None:
     """The mean layer's prefill attention over `seqs` prompts of `prompt_tokens` (equivalent) tokens,
-    `new_tokens` of them new (0: all), sum over kinds of layers x call / L; None (the datasheet formula)
+    `new_tokens` new tokens in all (0: every one), sum over kinds of layers x call / L; None (the datasheet formula)
     for a model with a kind other than full, window or chunked, or a window the table does not time."""
     if not kinds_measured(model, kernels, kv_dtype):
         return None
