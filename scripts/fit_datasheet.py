@@ -347,40 +347,51 @@ def _mla_prefill(gpu, tune, held, attention: dict) -> dict | None:
     return out or None
 
 
-def _window_prefill_domain(gpu: str, c, dtype: str, attention: dict) -> tuple:
+def _window_prefill_domain(gpu: str, c, dtype: str, attention: dict, skips: bool) -> tuple:
     """The context table's sliding-window rows of one KV dtype (every window and head dim it times:
-    gpt-oss's 128 at head dim 64 among them) as physics asks the datasheet formula for a window layer:
-    4 H d b x the window's pairs (`window_pairs`), at the rate of a prompt of min(n, W) tokens - the
-    length the kernel's key loop runs (a fit at n left a 7-23% held-out median on H100 / H200 / B200,
-    and 2-3x on the head-dim-128 rows)."""
+    gpt-oss's 128 at head dim 64 among them) as physics asks the datasheet formula for a window layer.
+    `skips`: a kernel that skips the key tiles outside the window, 4 H d b x the window's pairs
+    (`window_pairs`) at the rate of a prompt of min(n, W) tokens - the length its key loop runs (rated at
+    n, the fit left 7-23% on H100 / H200 / B200 and 2-3x on the head-dim-128 rows); else one that masks
+    them, the whole causal prompt's pairs at n's rate."""
     if c is None:
         return (), np.array([])
     c = c[(c["kv_dtype"] == dtype) & (c["window"] > 0) & (c["kv_tokens"] >= 15)]
     spec = catalog.gpu(gpu)
     kv_heads = np.where(c["kv_heads"] == 0, c["heads"], c["kv_heads"])
     b, n, h, d, w = (c[k].to_numpy().astype(float) for k in ("batch", "kv_tokens", "heads", "head_dim", "window"))
-    pairs = np.where(n <= w, n * (n + 1) / 2, w * (w + 1) / 2 + (n - w) * w)
-    return ((4 * h * d * b * pairs, b * n * 2 * kv_heads * d * ELEMENT_BYTES[dtype], np.minimum(n, w),
+    full = n * (n + 1) / 2
+    pairs, length = (np.where(n <= w, full, w * (w + 1) / 2 + (n - w) * w), np.minimum(n, w)) if skips else (full, n)
+    return ((4 * h * d * b * pairs, b * n * 2 * kv_heads * d * ELEMENT_BYTES[dtype], length,
              b * h * np.ceil(n / 128), b * n * kv_heads, spec.bf16_flop_per_s,
              spec.hbm_bytes_per_s * attention["hbm_efficiency"]), c["latency_s"].to_numpy())
 
 
 def _window_prefill(gpu, tune, held, attention: dict) -> dict | None:
     """A sliding window's prefill attention on its own fit per KV dtype, the prefill form and parameters
-    (`_prefill_model`) on the window rows (`_window_prefill_domain`): the head-dim-128 fit, which physics
-    gave a window layer's FLOP before, left a 21-31% held-out median there (a window-128 prompt of 8,192
-    tokens on H200 5x too fast). None where the tables time no window."""
+    (`_prefill_model`) on the window rows (`_window_prefill_domain`), as a kernel that skips the tiles
+    outside the window or one that masks them - whichever fits the tune split better (`skips_window`;
+    SGLang's kernels on L40S, the RTX PRO 6000 and Blackwell mask them: held-out 16-20% and, Blackwell fp8,
+    5%, where the skipping form left 30-52%; its Blackwell bf16 rows fit neither, 22-40%). The head-dim-128
+    fit, which physics gave a window layer's FLOP before, left a 21-31% held-out median there (a window-128
+    prompt of 8,192 tokens on H200 5x too fast). None where the tables time no window."""
     out = {}
     for dtype in ("bf16", "fp8"):
-        args, meas = _window_prefill_domain(gpu, tune.context_attention, dtype, attention)
-        h_args, h_meas = _window_prefill_domain(gpu, held.context_attention, dtype, attention)
-        if not len(meas) or not len(h_meas):
+        fits = []
+        for skips in (True, False):
+            args, meas = _window_prefill_domain(gpu, tune.context_attention, dtype, attention, skips)
+            h_args, h_meas = _window_prefill_domain(gpu, held.context_attention, dtype, attention, skips)
+            if not len(meas) or not len(h_meas):
+                break
+            p = _fit(_prefill_model, *PREFILL_START_BOUNDS, args, meas)
+            fits.append((_errors(_prefill_model(p, *args), meas), p, skips, _errors(_prefill_model(p, *h_args), h_meas)))
+        if not fits:
             continue
-        p = _fit(_prefill_model, *PREFILL_START_BOUNDS, args, meas)
+        tune_errors, p, skips, held_errors = min(fits, key=lambda f: f[0]["median"])
         out[dtype] = {"floor_s": float(f"{p[0]:.4g}"), "flop_efficiency": round(float(p[1]), 4),
                       "half_tokens": float(f"{p[2]:.4g}"), "half_tiles": float(f"{p[3]:.4g}"),
-                      "kv_write_s": float(f"{p[4]:.4g}"), "tune": _errors(_prefill_model(p, *args), meas),
-                      "held_out": _errors(_prefill_model(p, *h_args), h_meas)}
+                      "kv_write_s": float(f"{p[4]:.4g}"), "skips_window": skips, "tune": tune_errors,
+                      "held_out": held_errors}
     return out or None
 
 

@@ -253,3 +253,19 @@ def test_kvsim_ops_asks_a_window(tmp_path):
     bad = run_cli("ops", "attention", "--batch", "1", "--kv-tokens", "9", "--heads", "8", "--kv-heads", "8",
                   "--head-dim", "64", "--window", "-1")
     assert bad.returncode == 2 and "window" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_a_kernel_that_masks_the_window_prefills_the_whole_causal_prompt():
+    """SGLang's L40S window rows fit a kernel that masks the key tiles outside the window (`skips_window`
+    false): the datasheet asks the window fit for the whole causal prompt's pairs at n's rate."""
+    from sim.device.kernels import PrefillAttention, datasheet_cost, datasheet_hardware
+    from sim.device.physics import datasheet_prefill_attention_s
+    from sim.inputs import catalog
+
+    assert not catalog.fitted_kernels_for("l40s", "sglang").window_prefill["bf16"].skips_window
+    assert catalog.fitted_kernels_for("l40s", "trtllm").window_prefill["bf16"].skips_window
+    hw = datasheet_hardware("l40s", framework="sglang")
+    got = datasheet_cost("l40s", PrefillAttention(2, 3000, 64, 8, 64, "bf16", window=128), framework="sglang").seconds
+    want = datasheet_prefill_attention_s(hw, 4 * 64 * 64 * 2 * 3000 * 3001 / 2, 2 * 3000 * 2 * 8 * 64 * 2, 3000, 2, 6000,
+                                         64, 8, False, 64, window=True)
+    assert got == pytest.approx(want, rel=1e-12)

@@ -114,6 +114,7 @@ class PrefillKV:
     half_tiles: float = 0.0
     kv_write_s: float = 0.0
     head_dim_64_scale: float = 1.0  # the rate at head dim 64 (gpt-oss) over head dim 128's, where a table times it
+    skips_window: bool = True  # a window fit's: the kernel skips the tiles outside the window, or masks them
 
 
 @dataclass(frozen=True)
@@ -636,7 +637,7 @@ def _prefill_figures(fit, eff: EfficiencyDefaults, ov) -> tuple[Sourced, Sourced
 
     def kv(p) -> PrefillKV:
         return PrefillKV(p.floor_s, p.flop_efficiency / bf.flop_efficiency, p.half_tokens, p.half_tiles, p.kv_write_s,
-                         p.head_dim_64_flop_scale)
+                         p.head_dim_64_flop_scale, p.skips_window)
 
     f8 = pf.get("fp8", bf)
     said = (f"{bf.says('prefill attention')} (bf16 KV); fp8 KV "

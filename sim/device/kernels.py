@@ -162,9 +162,10 @@ def datasheet_cost(gpu: str, op: Operator, framework: str = FRAMEWORK, fit_from:
         kv_layer = 2 * op.kv_heads * op.head_dim * KV_DTYPES[op.kv_dtype].bytes_per_element
         tokens, fp8 = op.batch * op.prompt_tokens, KV_DTYPES[op.kv_dtype].bytes_per_element < 1.5
         if op.window and hw.prefill_attention_shape.window is not None:  # its own fit (`physics._window_prefill_s`)
-            pairs = op.batch * window_pairs(op.prompt_tokens, op.window)
+            skips = hw.prefill_attention_shape.of(fp8, window=True).skips_window  # else the kernel masks them
+            pairs = op.batch * window_pairs(op.prompt_tokens, op.window if skips else 0)
             flop = ATTN_MATMULS * FLOP_PER_MAC * op.heads * op.head_dim * pairs
-            length = min(op.prompt_tokens, op.window)
+            length = min(op.prompt_tokens, op.window) if skips else op.prompt_tokens
             seconds = datasheet_prefill_attention_s(hw, flop, tokens * kv_layer, length, op.batch, tokens, op.heads,
                                                     op.kv_heads, fp8, op.head_dim, window=True)
             return OpCost(seconds, "datasheet: physics.datasheet_prefill_attention_s (the window fit)")

@@ -1175,16 +1175,22 @@ def _window_prefill_s(model: ModelSpec, hw: Hardware, position_sum: float, n: fl
     """One window layer's datasheet prefill attention on the window fit (`PrefillShapes.window`): `seqs`
     prompts of the equivalent length n attending 4 H d x their window's pairs (`window_pairs`; at most the
     position sum, and W a new token: chunks behind a prefix), at the rate of a prompt of min(n, W) tokens
-    (the kernel's key loop), the new tokens' K/V written. None without window layers, a window fit or
-    chunks: the lumped call then counts them."""
-    if WINDOW not in model.kind_counts or hw.prefill_attention_shape.window is None or seqs <= 0:
+    (the kernel's key loop), the new tokens' K/V written - or, where the fit found the engine's kernel
+    masking the tiles outside the window instead of skipping them (`PrefillKV.skips_window`), the whole
+    position sum at n's rate. None without window layers, a window fit or chunks: the lumped call then
+    counts them."""
+    shapes = hw.prefill_attention_shape
+    if WINDOW not in model.kind_counts or shapes.window is None or seqs <= 0:
         return None
     w, kv_dtype = model.sliding_window, kv_dtype_of(model, kv_bytes_per_token_layer)
-    pairs = min(position_sum, seqs * window_pairs(n, w), new_tokens * w)
+    fp8 = kv_dtype in ONE_BYTE_KV
+    pairs, length = position_sum, n
+    if shapes.of(fp8, window=True).skips_window:
+        pairs, length = min(position_sum, seqs * window_pairs(n, w), new_tokens * w), min(n, w)
     return datasheet_prefill_attention_s(hw, kind_prefill_flop_per_pair(model, WINDOW) * pairs,
-                                         new_tokens * model.kind_kv_bytes_per_token_layer(WINDOW, kv_dtype), min(n, w),
-                                         seqs, new_tokens, model.num_heads, model.num_kv_heads, kv_dtype in ONE_BYTE_KV,
-                                         model.head_dim, window=True)
+                                         new_tokens * model.kind_kv_bytes_per_token_layer(WINDOW, kv_dtype), length,
+                                         seqs, new_tokens, model.num_heads, model.num_kv_heads, fp8, model.head_dim,
+                                         window=True)
 
 
 def with_window_layers(model: ModelSpec, call, window_s: float) -> float:

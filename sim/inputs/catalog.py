@@ -205,6 +205,9 @@ class FittedPrefill(_Fitted):
     # rest held (1: none timed), and its held-out errors there
     head_dim_64_flop_scale: float = 1.0
     held_out_head_dim_64: FitErrors | None = None
+    # a sliding window's fit: the kernel skips the key tiles outside the window (its pairs at min(n, W)'s rate)
+    # or masks them (the whole causal prompt's at n's)
+    skips_window: bool = True
 
 
 class AllReduceProtocols(_Frozen):
