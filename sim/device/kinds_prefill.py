@@ -19,7 +19,16 @@ from __future__ import annotations
 
 import math
 
-from sim.model.layers import CHUNKED, FULL, WINDOW, chunk_pairs, window_pairs, window_prompt_tokens
+from sim.model.layers import (
+    CHUNKED,
+    FULL,
+    WINDOW,
+    capped_pairs,
+    causal_prompt_tokens,
+    chunk_pairs,
+    window_pairs,
+    window_prompt_tokens,
+)
 from sim.model.spec import ModelSpec
 
 from .measured_kernels import MeasuredKernels
@@ -57,22 +66,20 @@ def measured_kinds_prefill_s(model: ModelSpec, kernels: MeasuredKernels, prompt_
 def _window_length(prompt_tokens: float, seqs: int, new_tokens: float, window: int) -> float:
     """The prompt length a window layer's call is asked at: whole prompts of `prompt_tokens`, or fewer where
     the step's `new_tokens` (chunks behind a prefix) attend fewer pairs, W each at most."""
-    pairs = window_pairs(prompt_tokens, window)
-    if new_tokens > 0 and seqs > 0:
-        pairs = min(pairs, new_tokens * window / seqs)
-    return window_prompt_tokens(pairs, window)
+    return window_prompt_tokens(capped_pairs(window_pairs(prompt_tokens, window), seqs, new_tokens, window), window)
 
 
 def _chunked_prompts(prompt_tokens: float, seqs: int, new_tokens: float, chunk: int) -> tuple[int, float]:
     """(whole chunks, rest) a chunked layer's call takes a prompt as: the equivalent prompt's floor(n / C)
     and n - that x C, or, where the step's new tokens attend fewer pairs (C each at most), the whole
     chunks and rest that attend as many."""
-    whole = math.floor(prompt_tokens / chunk)
-    if not (new_tokens > 0 and seqs > 0 and new_tokens * chunk / seqs < chunk_pairs(prompt_tokens, chunk)):
+    whole, uncapped = math.floor(prompt_tokens / chunk), chunk_pairs(prompt_tokens, chunk)
+    pairs = capped_pairs(uncapped, seqs, new_tokens, chunk)
+    if pairs >= uncapped:
         return whole, prompt_tokens - whole * chunk
-    pairs, per_chunk = new_tokens * chunk / seqs, chunk * (chunk + 1) / 2
+    per_chunk = chunk * (chunk + 1) / 2
     whole = math.floor(pairs / per_chunk)
-    return whole, (math.sqrt(1.0 + 8.0 * (pairs - whole * per_chunk)) - 1.0) / 2.0
+    return whole, causal_prompt_tokens(pairs - whole * per_chunk)
 
 
 def kinds_measured(model: ModelSpec, kernels: MeasuredKernels, kv_dtype: str) -> bool:

@@ -21,7 +21,18 @@ import numpy as np
 
 from sim.model.dtypes import KV_DTYPES
 from sim.model.experts import expected_remote_ranks
-from sim.model.layers import CHUNKED, FULL, LINEAR, MLA, SPARSE, TIERED_KINDS, WINDOW, chunk_pairs, window_pairs
+from sim.model.layers import (
+    CHUNKED,
+    FULL,
+    LINEAR,
+    MLA,
+    SPARSE,
+    TIERED_KINDS,
+    WINDOW,
+    capped_pairs,
+    chunk_pairs,
+    window_pairs,
+)
 from sim.model.spec import ModelSpec
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
@@ -1186,7 +1197,7 @@ def _window_prefill_s(model: ModelSpec, hw: Hardware, position_sum: float, n: fl
     fp8 = kv_dtype in ONE_BYTE_KV
     pairs, length = position_sum, n
     if shapes.of(fp8, window=True).skips_window:
-        pairs, length = min(position_sum, seqs * window_pairs(n, w), new_tokens * w), min(n, w)
+        pairs, length = min(position_sum, seqs * capped_pairs(window_pairs(n, w), seqs, new_tokens, w)), min(n, w)
     return datasheet_prefill_attention_s(hw, kind_prefill_flop_per_pair(model, WINDOW) * pairs,
                                          new_tokens * model.kind_kv_bytes_per_token_layer(WINDOW, kv_dtype), length,
                                          seqs, new_tokens, model.num_heads, model.num_kv_heads, fp8, model.head_dim,
@@ -1300,10 +1311,9 @@ def _bounded_prefill_flop(model: ModelSpec, position_sum: float, kv_tokens: floa
     if counts.get(LINEAR):
         flop += counts[LINEAR] * kv_tokens * linear_state_flop(model)
     if counts.get(CHUNKED):
-        whole = seqs * chunk_pairs(equivalent_prompt_tokens(position_sum, seqs), model.attention_chunk)
+        c = model.attention_chunk
+        whole = seqs * capped_pairs(chunk_pairs(equivalent_prompt_tokens(position_sum, seqs), c), seqs, new_tokens, c)
         pairs = min(position_sum, whole) if seqs > 0 else position_sum
-        if new_tokens > 0:
-            pairs = min(pairs, new_tokens * model.attention_chunk)
         flop += counts[CHUNKED] * kind_attention_flop_per_token(model, CHUNKED) * pairs
     if counts.get(SPARSE):  # the indexer over every attended pair (its MLA part is in `attention_flop`, uncapped)
         flop += counts[SPARSE] * model.sparse.flop_per_token / model.attention_dp * position_sum

@@ -172,14 +172,27 @@ def window_pairs(prompt_tokens, window: int):
         full if prompt_tokens <= window else past)
 
 
+def causal_prompt_tokens(pairs: float) -> float:
+    """The prompt length n whose causal attention attends `pairs` (query, key) pairs, n (n + 1) / 2 = pairs:
+    (sqrt(1 + 8 x pairs) - 1) / 2."""
+    return (math.sqrt(1.0 + 8.0 * pairs) - 1.0) / 2.0
+
+
 def window_prompt_tokens(pairs: float, window: int) -> float:
     """The prompt length whose causal attention under a sliding window of W attends `pairs` (query, key)
-    pairs: `window_pairs`'s inverse - (sqrt(1 + 8 x pairs) - 1) / 2 within the first W tokens, W + (pairs
+    pairs: `window_pairs`'s inverse - `causal_prompt_tokens` within the first W tokens, W + (pairs
     - W (W + 1) / 2) / W past them."""
     first = window * (window + 1) / 2
     if pairs <= first:
-        return (math.sqrt(1.0 + 8.0 * pairs) - 1.0) / 2.0
+        return causal_prompt_tokens(pairs)
     return window + (pairs - first) / window
+
+
+def capped_pairs(pairs: float, seqs: float, new_tokens: float, keys: int) -> float:
+    """A prompt's (query, key) pairs in a layer whose token attends at most `keys` keys (a window W, a
+    chunk C): whole prompts' `pairs`, or fewer where the step's `new_tokens` (chunks behind a computed
+    prefix, over `seqs` prompts) attend at most `keys` each; 0 new tokens or prompts: `pairs`."""
+    return min(pairs, new_tokens * keys / seqs) if new_tokens > 0 and seqs > 0 else pairs
 
 
 def kind_counts(kinds: tuple[str, ...]) -> dict[str, int]:
