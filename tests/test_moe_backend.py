@@ -86,8 +86,14 @@ def test_hopper_gpt_oss_runs_the_tables_triton_kernel(tables):
     assert "w4a16_mxfp4 on TensorRT-LLM's TRITON backend" in said and "stand" not in said
 
 
-def test_a_lane_that_covers_some_token_counts_is_said(tables):
-    """Blackwell's NVFP4 slice holds CUTLASS rows and trtllm-gen's min-latency rows (up to 128 tokens)."""
-    said = _moe_source(_row("trt-b200-deepseek-r1-nvfp4-dep4-1k8k"))
-    assert "nvfp4 on TensorRT-LLM's CUTLASS and TRTLLM backends" in said
-    assert "the slice's TRTLLM rows stand in for it at the token counts they cover" in said
+def test_blackwell_nvfp4_runs_the_tables_cutlass_kernel_and_a_trtllm_run_is_told_it_stands_in(tables):
+    """Blackwell's NVFP4 slices hold the CUTLASS rows alone (trtllm-gen's min-latency lane is left out); a run
+    that names the TRTLLM backend is told the CUTLASS kernel stands in."""
+    m = _row("trt-b200-deepseek-r1-nvfp4-dep4-1k8k")
+    said = _moe_source(m)
+    assert "nvfp4 on TensorRT-LLM's CUTLASS backend" in said and "stand" not in said
+    trtllm = _moe_source(m.model_copy(update={"moe_backend": "TRTLLM"}))
+    assert ("the run's TRTLLM backend (engine.moe_backend) is not measured for nvfp4: the table's CUTLASS kernel"
+            in trtllm)
+
+

@@ -152,12 +152,13 @@ def test_one_query_calls_give_the_array_calls_answer(mk):
 
 
 @pytest.mark.parametrize("system", ["b200", "gb200"])
-def test_blackwell_trtllm_nvfp4_moe_takes_the_min_latency_kernel_only_at_small_batches(system):
-    """TensorRT-LLM's Blackwell NVFP4 table times the CUTLASS fused MoE and trtllm-gen's min-latency
-    kernel on the same keys; the engine runs the latter at <= 128 tokens only (AIConfigurator's query),
-    whichever row the file lists first. Qwen3-30B-A3B's experts, one GPU, checked against the parquet."""
+def test_blackwell_trtllm_nvfp4_moe_takes_the_cutlass_kernel_at_every_batch(system):
+    """TensorRT-LLM's Blackwell NVFP4 table times the CUTLASS fused MoE and trtllm-gen's min-latency kernel
+    on the same keys; the engine runs the backend its options name at every batch (CUTLASS by default), so
+    the CUTLASS rows are kept at every token count, whichever row the file lists first. Qwen3-30B-A3B's
+    experts, one GPU, checked against the parquet."""
     pytest.importorskip("aiconfigurator_core")
-    from sim.inputs.kernel_tables import load_tables, with_moe_mla
+    from sim.inputs.kernel_tables import MIN_LATENCY_LANE, load_tables, with_moe_mla
 
     path = {"b200": "b200_sxm", "gb200": "gb200"}[system]
     raw = _raw_system(path, "moe/trtllm/1.3.0rc20/moe_perf.parquet")
@@ -166,11 +167,27 @@ def test_blackwell_trtllm_nvfp4_moe_takes_the_min_latency_kernel_only_at_small_b
               & (raw.distribution == "balanced")]
     lane = raw.set_index(["kernel_source", "num_tokens"])["latency"] * 1e-3
     e = with_moe_mla(load_tables(system, "trtllm")).moe
+    assert not (e.kernel == MIN_LATENCY_LANE).any()
     s = e[(e.quant == "nvfp4") & (e.experts == 128) & (e.hidden == 2048) & (e.inter == 768) & (e.tp == 1)
           & (e.ep == 1) & (e.distribution == "balanced")].set_index("tokens")["latency_s"]
-    assert s[64] == lane["moe_torch_flow_min_latency", 64] and s[128] == lane["moe_torch_flow_min_latency", 128]
-    assert s[1024] == lane["moe_torch_flow_cutlass", 1024] and s[160] == lane["moe_torch_flow_cutlass", 160]
-    assert lane["moe_torch_flow_cutlass", 1024] > 2 * lane["moe_torch_flow_min_latency", 1024]  # what a mix-up costs
+    for tokens in (1, 64, 128, 160, 1024):
+        assert s[tokens] == lane["moe_torch_flow_cutlass", tokens]
+    assert lane["moe_torch_flow_cutlass", 64] > 2 * lane[MIN_LATENCY_LANE, 64]  # what a mix-up costs
+
+
+def test_non_gated_experts_are_not_loaded():
+    """The TensorRT-LLM tables' non-gated lane (Nemotron-H's ReLU^2 experts, 2 h I weights) is another operator
+    than kvtier's gated experts (3 h I): none of its rows is loaded, and every gated row still is."""
+    pytest.importorskip("aiconfigurator_core")
+    from sim.inputs.kernel_tables import NONGATED_LANE, load_tables, with_moe_mla
+
+    raw = _raw_system("b200_sxm", "moe/trtllm/1.3.0rc20/moe_perf.parquet")
+    assert (raw.kernel_source == NONGATED_LANE).sum() > 0  # the table does time them
+    e = with_moe_mla(load_tables("b200", "trtllm")).moe
+    assert not (e.kernel == NONGATED_LANE).any()
+    ng = raw[raw.kernel_source == NONGATED_LANE][["num_experts", "topk", "hidden_size", "inter_size"]].drop_duplicates()
+    for experts, top_k, hidden, inter in ng.itertuples(index=False):  # their shapes: no gated lane times them
+        assert not ((e.experts == experts) & (e.top_k == top_k) & (e.hidden == hidden) & (e.inter == inter)).any()
 
 
 def test_moe_shape_the_table_lacks_takes_the_nearest_and_says_so(mk):

@@ -223,12 +223,8 @@ def _moe_part(model: ModelSpec, hw: Hardware, quant: str, run_backend: str | Non
     kernel = f" on TensorRT-LLM's {' and '.join(timed)} backend{'s' if len(timed) > 1 else ''}" if timed else ""
     table = hw.kernels.moe_table()
     said = f"routed experts measured ({table} fused-experts table, {quant}{kernel}, {BALANCED} routing)"
-    if run_backend is None or not timed or timed == (run_backend,):
+    if run_backend is None or not timed or run_backend in timed:
         return said
-    if run_backend in timed:  # another lane's rows (TensorRT-LLM's min-latency kernel) cover some token counts
-        others = " and ".join(b for b in timed if b != run_backend)
-        return (f"{said}; the run's {run_backend} backend (engine.moe_backend): the slice's {others} rows stand in for "
-                "it at the token counts they cover")
     return (f"{said}; the run's {run_backend} backend (engine.moe_backend) is not measured for {quant}: the table's "
             f"{' and '.join(timed)} kernel stands in")
 

@@ -576,29 +576,30 @@ def _mla_decode(df: pd.DataFrame) -> pd.DataFrame:
     return drop_spikes(out, ("batch", "kv_tokens", "heads"), ("kv_dtype",))
 
 
-# TensorRT-LLM's Blackwell NVFP4 tables time two kernels on the same keys: the CUTLASS fused MoE (the
-# default backend) and trtllm-gen's min-latency kernel. The engine takes the latter only for small
-# batches: AIConfigurator's TensorRT-LLM query (perf_database.py query_moe, "aligned with trtllm, kernel
-# source selection") reads its low-latency table at num_tokens <= 128 for nvfp4, the standard one above.
+# TensorRT-LLM's Blackwell NVFP4 tables time two kernels on the same keys: the CUTLASS fused MoE
+# (moe_config.backend CUTLASS, the default) and trtllm-gen's min-latency kernel (backend TRTLLM). The engine
+# runs the backend its options name at every batch size (`create_moe.get_moe_cls`: no switch by token count),
+# and the collector times the min-latency kernel under DeepSeek-V3's group-limited router (8 groups, top 4)
+# and without the finalize step that sums each token's experts (`do_finalize=False`; AIConfigurator
+# collector/trtllm/collect_moe.py `run_moe_torch`): another routing and less work than the CUTLASS rows'.
+# So the CUTLASS rows are kept at every token count and the min-latency lane is left out: every key it
+# times, CUTLASS times too. A run that names the TRTLLM backend takes the CUTLASS rows, and its sources say
+# so (`moe_mla_costs._moe_part`).
 MIN_LATENCY_LANE = "moe_torch_flow_min_latency"
-MIN_LATENCY_MAX_TOKENS = 128
-
-
-def _moe_lanes(df: pd.DataFrame) -> pd.DataFrame:
-    """The rows the engine would run: min-latency rows up to MIN_LATENCY_MAX_TOKENS and only there, so
-    that a key both lanes time takes the min-latency kernel's time at small batches and the standard
-    kernel's above (without this, whichever lane's row came first in the file won the key)."""
-    if "kernel_source" not in df:
-        return df
-    low = df["kernel_source"] == MIN_LATENCY_LANE
-    small = df["num_tokens"] <= MIN_LATENCY_MAX_TOKENS
-    return pd.concat([df[low & small], df[~low]])  # min-latency rows first: they win their keys
+# TensorRT-LLM's tables also time non-gated experts (Nemotron-H's ReLU^2 MLP: up and down, 2 h I weights an
+# expert) in their own lane. kvtier's experts are gated (gate, up, down: 3 h I), so those rows are another
+# operator: left out, lest a fit costing them at 3 h I bend the gated experts' constants.
+NONGATED_LANE = "moe_torch_flow_nongated"
+LANES_LEFT_OUT = (MIN_LATENCY_LANE, NONGATED_LANE)
 
 
 def _moe(df: pd.DataFrame) -> pd.DataFrame:
-    """The fused-experts rows in kvtier's units (seconds), the weight formats of `MOE_QUANTS`, the
-    kernel lanes `_moe_lanes` keeps; otherwise the first row of a duplicated (slice, tokens) key wins."""
-    df = _moe_lanes(df[df["moe_dtype"].isin(MOE_QUANTS)])
+    """The fused-experts rows in kvtier's units (seconds), the weight formats of `MOE_QUANTS`, without the
+    kernel lanes `LANES_LEFT_OUT` (TensorRT-LLM's min-latency and non-gated ones); otherwise the first row of a
+    duplicated (slice, tokens) key wins."""
+    df = df[df["moe_dtype"].isin(MOE_QUANTS)]
+    if "kernel_source" in df:
+        df = df[~df["kernel_source"].isin(LANES_LEFT_OUT)]
     kernel = df["kernel_source"] if "kernel_source" in df else pd.Series("", index=df.index)
     out = pd.DataFrame({"quant": df["moe_dtype"].to_numpy(), "distribution": df["distribution"].to_numpy(),
                         "experts": df["num_experts"].to_numpy(), "top_k": df["topk"].to_numpy(),
@@ -638,7 +639,8 @@ def trtllm_moe_backend(kernel: str, quant: str, sm100: bool) -> str | None:
     """The TensorRT-LLM MoE backend a row of its fused-experts table timed, from the row's kernel_source,
     weight format and GPU (`sm100`: compute capability 10.x), as AIConfigurator's collector picks it
     (collector/trtllm/collect_moe_v3.py, TensorRT-LLM >= 1.3.0rc20, `run_moe_torch`): deepgemm DEEPGEMM
-    (fp8_block on 10.x); min_latency TRTLLM (trtllm-gen); cutlass and nongated CUTLASS; Triton's fp8_block
+    (fp8_block on 10.x); min_latency TRTLLM (trtllm-gen; not loaded, `LANES_LEFT_OUT`); cutlass and nongated (not
+    loaded) CUTLASS; Triton's fp8_block
     TRITON; the unlabelled moe_torch_flow is MXFP4's own - TRITON on Hopper, TRTLLM on 10.x (the engine's
     AUTO for gpt-oss there, model_config.py `resolve_moe_backend`). None: a lane it does not name."""
     if kernel == "deepgemm":
