@@ -95,5 +95,3 @@ def test_blackwell_nvfp4_runs_the_tables_cutlass_kernel_and_a_trtllm_run_is_told
     trtllm = _moe_source(m.model_copy(update={"moe_backend": "TRTLLM"}))
     assert ("the run's TRTLLM backend (engine.moe_backend) is not measured for nvfp4: the table's CUTLASS kernel"
             in trtllm)
-
-

@@ -177,7 +177,8 @@ def test_blackwell_trtllm_nvfp4_moe_takes_the_cutlass_kernel_at_every_batch(syst
 
 def test_non_gated_experts_are_not_loaded():
     """The TensorRT-LLM tables' non-gated lane (Nemotron-H's ReLU^2 experts, 2 h I weights) is another operator
-    than kvtier's gated experts (3 h I): none of its rows is loaded, and every gated row still is."""
+    than kvtier's gated experts (3 h I): none of its rows is loaded, and no gated slice shares its shapes, so no
+    lookup of kvtier's loses a row."""
     pytest.importorskip("aiconfigurator_core")
     from sim.inputs.kernel_tables import NONGATED_LANE, load_tables, with_moe_mla
 
