@@ -78,7 +78,7 @@ from sim.inputs import catalog
 from sim.inputs.kernel_tables import FRAMEWORK, FRAMEWORKS, PACKAGE, SYSTEMS, load_tables, split_tables, with_moe_mla
 from sim.model.dtypes import ACTIVATION_BYTES, WEIGHT_DTYPES
 from sim.model.experts import expected_remote_ranks
-from sim.model.layers import MLA
+from sim.model.layers import MLA, window_prefill_work
 from sim.model.units import FLOP_PER_MAC
 from sim.studies.moe_mla_accuracy import QUANT_AS, balanced_rank0
 
@@ -360,8 +360,7 @@ def _window_prefill_domain(gpu: str, c, dtype: str, attention: dict, skips: bool
     spec = catalog.gpu(gpu)
     kv_heads = np.where(c["kv_heads"] == 0, c["heads"], c["kv_heads"])
     b, n, h, d, w = (c[k].to_numpy().astype(float) for k in ("batch", "kv_tokens", "heads", "head_dim", "window"))
-    full = n * (n + 1) / 2
-    pairs, length = (np.where(n <= w, full, w * (w + 1) / 2 + (n - w) * w), np.minimum(n, w)) if skips else (full, n)
+    pairs, length = window_prefill_work(n, w, skips)
     return ((4 * h * d * b * pairs, b * n * 2 * kv_heads * d * ELEMENT_BYTES[dtype], length,
              b * h * np.ceil(n / 128), b * n * kv_heads, spec.bf16_flop_per_s,
              spec.hbm_bytes_per_s * attention["hbm_efficiency"]), c["latency_s"].to_numpy())

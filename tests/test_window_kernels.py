@@ -268,3 +268,15 @@ def test_a_kernel_that_masks_the_window_prefills_the_whole_causal_prompt():
     want = datasheet_prefill_attention_s(hw, 4 * 64 * 64 * 2 * 3000 * 3001 / 2, 2 * 3000 * 2 * 8 * 64 * 2, 3000, 2, 6000,
                                          64, 8, False, 64, window=True)
     assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_window_prefill_work_by_hand_for_a_skipping_and_a_masking_kernel():
+    """A prompt of 300 tokens under a window of 128: a kernel that skips the tiles outside the window attends
+    128 x 129 / 2 + 172 x 128 pairs at a 128-token key loop; one that masks them the whole 300 x 301 / 2 at 300.
+    Arrays of prompts and windows (the fit script's rows) give the same figures."""
+    from sim.model.layers import window_prefill_work
+
+    assert window_prefill_work(300, 128, True) == (128 * 129 / 2 + 172 * 128, 128)
+    assert window_prefill_work(300, 128, False) == (300 * 301 / 2, 300)
+    pairs, length = window_prefill_work(np.array([100.0, 300.0]), np.array([128.0, 128.0]), True)
+    assert pairs.tolist() == [100 * 101 / 2, 128 * 129 / 2 + 172 * 128] and length.tolist() == [100, 128]

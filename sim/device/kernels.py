@@ -25,7 +25,7 @@ from sim.inputs.kernel_tables import FRAMEWORK, tables_from_profile
 from sim.inputs.scenario import HardwareCfg
 from sim.model.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from sim.model.experts import expected_remote_ranks
-from sim.model.layers import window_pairs
+from sim.model.layers import window_prefill_work
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
 from .elementwise import elementwise_for, pass_s, row_bytes
@@ -162,10 +162,9 @@ def datasheet_cost(gpu: str, op: Operator, framework: str = FRAMEWORK, fit_from:
         kv_layer = 2 * op.kv_heads * op.head_dim * KV_DTYPES[op.kv_dtype].bytes_per_element
         tokens, fp8 = op.batch * op.prompt_tokens, KV_DTYPES[op.kv_dtype].bytes_per_element < 1.5
         if op.window and hw.prefill_attention_shape.window is not None:  # its own fit (`physics._window_prefill_s`)
-            skips = hw.prefill_attention_shape.of(fp8, window=True).skips_window  # else the kernel masks them
-            pairs = op.batch * window_pairs(op.prompt_tokens, op.window if skips else 0)
-            flop = ATTN_MATMULS * FLOP_PER_MAC * op.heads * op.head_dim * pairs
-            length = min(op.prompt_tokens, op.window) if skips else op.prompt_tokens
+            pairs, length = window_prefill_work(op.prompt_tokens, op.window,
+                                                hw.prefill_attention_shape.of(fp8, window=True).skips_window)
+            flop = ATTN_MATMULS * FLOP_PER_MAC * op.heads * op.head_dim * (op.batch * pairs)
             seconds = datasheet_prefill_attention_s(hw, flop, tokens * kv_layer, length, op.batch, tokens, op.heads,
                                                     op.kv_heads, fp8, op.head_dim, window=True)
             return OpCost(seconds, "datasheet: physics.datasheet_prefill_attention_s (the window fit)")

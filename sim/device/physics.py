@@ -31,7 +31,7 @@ from sim.model.layers import (
     WINDOW,
     capped_pairs,
     chunk_pairs,
-    window_pairs,
+    window_prefill_work,
 )
 from sim.model.spec import ModelSpec
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
@@ -1184,7 +1184,7 @@ def prefill_attention_s(model: ModelSpec, hw: Hardware, position_sum: float, kv_
 def _window_prefill_s(model: ModelSpec, hw: Hardware, position_sum: float, n: float, seqs: int, new_tokens: float,
                       kv_bytes_per_token_layer: float) -> float | None:
     """One window layer's datasheet prefill attention on the window fit (`PrefillShapes.window`): `seqs`
-    prompts of the equivalent length n attending 4 H d x their window's pairs (`window_pairs`; at most the
+    prompts of the equivalent length n attending 4 H d x their window's pairs (`window_prefill_work`; at most the
     position sum, and W a new token: chunks behind a prefix), at the rate of a prompt of min(n, W) tokens
     (the kernel's key loop), the new tokens' K/V written - or, where the fit found the engine's kernel
     masking the tiles outside the window instead of skipping them (`PrefillKV.skips_window`), the whole
@@ -1195,9 +1195,10 @@ def _window_prefill_s(model: ModelSpec, hw: Hardware, position_sum: float, n: fl
         return None
     w, kv_dtype = model.sliding_window, kv_dtype_of(model, kv_bytes_per_token_layer)
     fp8 = kv_dtype in ONE_BYTE_KV
-    pairs, length = position_sum, n
-    if shapes.of(fp8, window=True).skips_window:
-        pairs, length = min(position_sum, seqs * capped_pairs(window_pairs(n, w), seqs, new_tokens, w)), min(n, w)
+    skips = shapes.of(fp8, window=True).skips_window
+    pairs, length = window_prefill_work(n, w, skips)
+    # a masking kernel computes the whole position sum; a skipping one at most its window's pairs, W a new token
+    pairs = min(position_sum, seqs * capped_pairs(pairs, seqs, new_tokens, w)) if skips else position_sum
     return datasheet_prefill_attention_s(hw, kind_prefill_flop_per_pair(model, WINDOW) * pairs,
                                          new_tokens * model.kind_kv_bytes_per_token_layer(WINDOW, kv_dtype), length,
                                          seqs, new_tokens, model.num_heads, model.num_kv_heads, fp8, model.head_dim,

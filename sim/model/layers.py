@@ -162,14 +162,26 @@ def chunk_pairs(prompt_tokens: float, chunk: int) -> float:
 
 
 def window_pairs(prompt_tokens, window: int):
-    """(query, key) pairs a causal prompt of n tokens attends (scalars or numpy arrays): n (n + 1) / 2, or under
-    a sliding window of W (0: none) sum_i min(i, W) = W (W + 1) / 2 + (n - W) W past its first W tokens."""
+    """(query, key) pairs a causal prompt of n tokens attends (scalars or numpy arrays, the window too): n (n + 1) / 2,
+    or under a sliding window of W (0: none) sum_i min(i, W) = W (W + 1) / 2 + (n - W) W past its first W tokens."""
     full = prompt_tokens * (prompt_tokens + 1) / 2
-    if not window:
+    if not np.ndim(window) and not window:
         return full
     past = window * (window + 1) / 2 + (prompt_tokens - window) * window
-    return np.where(prompt_tokens <= window, full, past) if np.ndim(prompt_tokens) else (
-        full if prompt_tokens <= window else past)
+    if np.ndim(prompt_tokens) or np.ndim(window):
+        return np.where(prompt_tokens <= window, full, past)
+    return full if prompt_tokens <= window else past
+
+
+def window_prefill_work(prompt_tokens, window, skips: bool):
+    """(pairs, length) a window layer's prefill kernel works through for a prompt of n tokens (scalars or
+    arrays): a kernel that skips the key tiles outside the window attends `window_pairs` at the rate of a
+    prompt of min(n, W) tokens, the length its key loop runs; one that masks them (`skips` False) computes
+    the whole causal prompt's pairs at n's rate. The datasheet window fit picks one per engine and KV dtype
+    (`PrefillKV.skips_window`)."""
+    if not skips:
+        return window_pairs(prompt_tokens, 0), prompt_tokens
+    return window_pairs(prompt_tokens, window), np.minimum(prompt_tokens, window)
 
 
 def causal_prompt_tokens(pairs: float) -> float:
