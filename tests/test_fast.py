@@ -181,7 +181,8 @@ def test_host_access_cases_reach_the_contended_branches():
     for case in ("70b-split-server", "7b-split-desktop", "7b-split-two-engines"):
         name, overrides = HOST_CASES[case]
         ctx = build_context(load_scenario(SCENARIOS / name, [*HOST_BASE, *overrides]))
-        a = host_step_arrays(ctx, fast_plan(ctx).attended[-1:])
+        att = fast_plan(ctx).attended
+        a = host_step_arrays(ctx, att[-1:], np.array([len(att) - 1]))
         assert 0 < a.fraction[0] < 1, case
     server, desktop = (build_context(load_scenario(SCENARIOS / HOST_CASES[c][0], [*HOST_BASE, *HOST_CASES[c][1]]))
                        for c in ("70b-split-server", "7b-split-desktop"))
@@ -211,7 +212,7 @@ def test_host_step_arrays_equal_the_physics_step_cost():
         ctx = build_context(load_scenario(SCENARIOS / name, [*HOST_BASE, *overrides]))
         att = plan_tiers(ctx).attended
         rows = np.flatnonzero(att[:, ATT_T1] + att[:, ATT_T2] > 0)
-        a = host_step_arrays(ctx, att[rows])
+        a = host_step_arrays(ctx, att[rows], rows)
         m, p = ctx.scenario.model, ctx.scenario.policy
         for j in range(0, len(rows), 7):
             row = att[rows[j]]

@@ -33,6 +33,8 @@ from sim.model.dtypes import COMPRESSED_DTYPES
 from sim.model.layers import CHUNKED, LINEAR, MLA, SPARSE, WINDOW, chunk_attended
 from sim.model.spec import ModelSpec
 from sim.model.units import GiB
+from sim.tiering.counts import unprotected_share_of_last
+from sim.tiering.tier_plan import ATT_T1, ATT_T2
 from sim.tiering.tiers import TierPolicy
 
 
@@ -91,6 +93,29 @@ class RunContext:
         if not self.model.has_bounded_layers:
             return 0.0
         return self.model.bounded_bytes(tokens, sequences, self.scenario.model.kv_dtype)
+
+    def staged_tokens(self, t1, t2, tokens, prompt_tokens):
+        """(T1, T2) tokens the mean layer stages - prefetches, or reads on the host - for sequences of
+        `tokens` tokens (prompt `prompt_tokens`) holding t1 and t2 (scalars or arrays, one entry a
+        sequence or a closed batch's equal sequences summed): all of them in the full and MLA layers, in
+        the chunked layers only those in each sequence's current chunk, the only ones their attention
+        reads (`layers.chunk_attended`). Which of a sequence's unprotected tokens sit in T1/T2 is taken
+        as independent of position (`counts.unprotected_share_of_last`). t1, t2 themselves without
+        chunked layers."""
+        q = self.model.chunked_tier_share
+        if not q:
+            return t1, t2
+        chunk = chunk_attended(np.asarray(tokens), self.model.attention_chunk)
+        kept = 1.0 - q * (1.0 - unprotected_share_of_last(tokens, prompt_tokens, self.policy, chunk))
+        return t1 * kept, t2 * kept
+
+    def closed_staged_tokens(self, att: np.ndarray, steps: np.ndarray):
+        """`staged_tokens` of a closed batch's rows `att` (columns `tier_plan.ATT_*`) at decode `steps`:
+        every running sequence holds prompt + step + 1 tokens. None without chunked layers."""
+        if not self.model.chunked_tier_share:
+            return None
+        prompt = self.scenario.workload.prompt_tokens
+        return self.staged_tokens(att[:, ATT_T1], att[:, ATT_T2], prompt + np.asarray(steps) + 1, prompt)
 
     @property
     def chunk_rule(self) -> tuple[float, int] | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 import simpy
 
@@ -169,7 +170,13 @@ class DecodeSim:
         return decode_step_cost(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, self.prefetch,
                                 int(row[ACTIVE]), int(row[ATT_T0]), int(row[ATT_T1]), int(row[ATT_T2]),
                                 ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer, self.staged, self.access,
-                                self.buffers, fetch=ctx.sparse_fetch)
+                                self.buffers, fetch=ctx.sparse_fetch, staged_tokens=self.staged_tokens(s))
+
+    def staged_tokens(self, s: int) -> tuple | None:
+        """Step `s`'s (T1, T2) the mean layer stages (`RunContext.closed_staged_tokens`); None without
+        chunked layers."""
+        out = self.ctx.closed_staged_tokens(self.plan.attended[[s]], np.array([s]))
+        return None if out is None else (float(out[0][0]), float(out[1][0]))
 
     def retier_traffic(self, s: int) -> RetierTraffic:
         ctx, mv, after = self.ctx, self.plan.retier_moves[s], self.plan.tiers_after[s]

@@ -29,13 +29,14 @@ class StepArrays:
     pack_s: np.ndarray
 
 
-def step_arrays(ctx: RunContext, att: np.ndarray) -> StepArrays:
+def step_arrays(ctx: RunContext, att: np.ndarray, steps: np.ndarray | None = None) -> StepArrays:
     """The step cost of `physics.decode_step_cost` (prefetch access) for every row of `att` (columns
-    `tier_plan.ATT_*`: T0, T1, T2 attended and sequences) at once: the batch-dependent parts (GEMMs,
-    all-reduces, overheads, tail) once per distinct batch, attention as `physics.attention_s_array`.
-    Same formulas, same order of operations: the same floats."""
+    `tier_plan.ATT_*`: T0, T1, T2 attended and sequences; the rows of decode `steps`, default every step
+    in order) at once: the batch-dependent parts (GEMMs, all-reduces, overheads, tail) once per distinct
+    batch, attention as `physics.attention_s_array`. Same formulas, same order of operations: the same floats."""
     m, pol, hw, model = ctx.scenario.model, ctx.scenario.policy, ctx.hw, ctx.model
     batch, t0, t1, t2 = att[:, ACTIVE], att[:, ATT_T0], att[:, ATT_T1], att[:, ATT_T2]
+    s1, s2 = staged_columns(ctx, att, np.arange(len(att)) if steps is None else steps)
     uniq, inv = np.unique(batch, return_inverse=True)
     per_batch = [decode_layer_cost(model, hw, m.weight_dtype, m.weight_group_size, int(b), 0,
                                    ctx.kv_bytes_per_token_layer) for b in uniq]
@@ -47,7 +48,7 @@ def step_arrays(ctx: RunContext, att: np.ndarray) -> StepArrays:
     tail = np.array([step_tail_s(model, hw, int(b)) for b in uniq])[inv]
     kvl, t2b = ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer
     attended = t0 + t1 + t2
-    kv_bytes = (attended + batch) * kvl + t2 * (t2b + kvl)
+    kv_bytes = (attended + batch) * kvl + s2 * (t2b + kvl)
     attn = decode_attention_s(model, hw, batch, attended, kv_bytes, kvl)
     device = gemm + attn + overhead + allreduce
     total = np.maximum(device, host)
@@ -56,13 +57,20 @@ def step_arrays(ctx: RunContext, att: np.ndarray) -> StepArrays:
     staged = ctx.policy.tiering and pol.prefetch != "per_interval"
     zeros = np.zeros(len(batch))
     if staged:
-        nbytes = (t1 * kvl + t2 * t2b).astype(float)
+        nbytes = (s1 * kvl + s2 * t2b).astype(float)
         per_tier = KV_SPLIT_COPIES if pol.prefetch == "sync_per_step" else 1
-        copies = per_tier * (t1 > 0) + T2_BLOCKS * (t2 > 0)
-        pack = t1 * kvl / hw.host_pack_bytes_per_s if pol.prefetch == "sync_per_step" else zeros
+        copies = per_tier * (s1 > 0) + T2_BLOCKS * (s2 > 0)
+        pack = s1 * kvl / hw.host_pack_bytes_per_s if pol.prefetch == "sync_per_step" else zeros
     else:
         nbytes, copies, pack = zeros, np.zeros(len(batch), dtype=np.int64), zeros
     return StepArrays(pre, total - pre, tail, ctx.num_layers * total + tail, nbytes, copies, pack)
+
+
+def staged_columns(ctx: RunContext, att: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (T1, T2) columns the mean layer stages at decode `steps` (`RunContext.closed_staged_tokens`):
+    `att`'s own T1 and T2 without chunked layers."""
+    staged = ctx.closed_staged_tokens(att, steps)
+    return (att[:, ATT_T1], att[:, ATT_T2]) if staged is None else staged
 
 
 def copy_times_s(link, nbytes: np.ndarray, copies: np.ndarray, both_busy: bool) -> np.ndarray:

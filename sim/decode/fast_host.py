@@ -38,7 +38,7 @@ from sim.tiering.tier_plan import ACTIVE, ATT_T0, ATT_T1, ATT_T2, TierPlan
 
 from .context import RunContext
 from .engine import STALL_EPS_S, DecodeSim
-from .fast_arrays import FastTiming, pipeline_finish_s, step_arrays
+from .fast_arrays import FastTiming, pipeline_finish_s, staged_columns, step_arrays
 
 
 def split_fractions(access: str) -> list[float]:
@@ -162,14 +162,15 @@ class HostStepArrays:
     fraction: np.ndarray  # share of the host-resident tokens attended on the host (0 where none)
 
 
-def host_step_arrays(ctx: RunContext, att: np.ndarray) -> HostStepArrays:
+def host_step_arrays(ctx: RunContext, att: np.ndarray, steps: np.ndarray) -> HostStepArrays:
     """`decode_step_cost` (host access) and its closed form for every row of `att` (columns
-    `tier_plan.ATT_*`) at once."""
+    `tier_plan.ATT_*`; the rows of decode `steps`) at once."""
     m, pol, hw, model, L = ctx.scenario.model, ctx.scenario.policy, ctx.hw, ctx.model, ctx.num_layers
     n = len(att)
     fr = np.array(split_fractions(pol.access))
     k = len(fr)
     batch, t0, t1, t2 = (np.tile(att[:, c], k) for c in (ACTIVE, ATT_T0, ATT_T1, ATT_T2))
+    s1, s2 = (np.tile(x, k) for x in staged_columns(ctx, att, steps))
     f = np.repeat(fr, n)
     kvl, t2b = ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer
     uniq, inv = np.unique(batch, return_inverse=True)
@@ -180,14 +181,15 @@ def host_step_arrays(ctx: RunContext, att: np.ndarray) -> HostStepArrays:
     qkv = per_batch[0].qkv_share if per_batch else 0.0
     # `_host_split_cost`: the GPU attends T0 + the prefetched part, the host the rest
     g1, g2 = (1.0 - f) * t1, (1.0 - f) * t2
+    p1, p2 = (1.0 - f) * s1, (1.0 - f) * s2  # the prefetched part as the link sees it (`staged_tokens`)
     attended = t0 + g1 + g2
-    attn = decode_attention_s(model, hw, batch, attended, (attended + batch) * kvl + g2 * (t2b + kvl), kvl)
+    attn = decode_attention_s(model, hw, batch, attended, (attended + batch) * kvl + p2 * (t2b + kvl), kvl)
     device = gemm + attn + overhead + allreduce
     total = np.maximum(device, np.array([c.host_s for c in per_batch])[inv])
     pre = gemm * qkv * np.where(device > 0, total / np.where(device > 0, device, 1.0), 1.0)
     post = total - pre
     compute = L * total + tail
-    h1, h2 = t1 - g1, t2 - g2
+    h1, h2 = s1 - p1, s2 - p2
     kv = h1 * kvl + h2 * t2b
     cpu = hw.host_cpu
     flop = attention_flop(model, h1 + h2)
@@ -195,8 +197,8 @@ def host_step_arrays(ctx: RunContext, att: np.ndarray) -> HostStepArrays:
     has_host = h1 + h2 > 0
     q_bytes = batch * model.num_heads * model.head_dim * QUERY_BYTES_PER_ELEMENT
     p_bytes = batch * model.num_heads * (model.head_dim + 1) * PARTIAL_BYTES_PER_ELEMENT
-    nbytes = g1 * kvl + g2 * t2b
-    copy_s = transfer_times_s(hw.h2d, nbytes, (g1 > 0).astype(int) + T2_BLOCKS * (g2 > 0))
+    nbytes = p1 * kvl + p2 * t2b
+    copy_s = transfer_times_s(hw.h2d, nbytes, (p1 > 0).astype(int) + T2_BLOCKS * (p2 > 0))
     query_s = transfer_times_s(hw.d2h, q_bytes, 1)
     query_shared_s = transfer_times_s(hw.d2h, q_bytes, 1, True) if hw.copy_engines >= 2 else query_s
     partials_s = transfer_times_s(hw.h2d, p_bytes, 1)
@@ -232,7 +234,7 @@ def fast_host_timing(ctx: RunContext, plan: TierPlan):
     h2d_bytes, d2h_bytes = np.zeros(steps), np.zeros(steps)
     busy = {d: np.zeros(steps) for d in ("h2d", "d2h", "h2d+d2h", "host")}
     if len(host_rows):
-        a = host_step_arrays(ctx, att[host_rows])
+        a = host_step_arrays(ctx, att[host_rows], host_rows)
         step_s[host_rows], compute_s[host_rows] = a.step_s, a.compute_s
         h2d_bytes[host_rows], d2h_bytes[host_rows] = a.h2d_bytes, a.d2h_bytes
         busy["h2d"][host_rows], busy["d2h"][host_rows] = a.h2d_busy_s, a.d2h_busy_s
@@ -285,7 +287,7 @@ class _WindowSim(DecodeSim):
         return decode_step_cost(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, self.prefetch,
                                 int(row[ACTIVE]), int(row[ATT_T0]), int(row[ATT_T1]), int(row[ATT_T2]),
                                 ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer, self.staged, self.access,
-                                self.buffers, host_fraction=f)
+                                self.buffers, host_fraction=f, staged_tokens=self.staged_tokens(s))
 
 
 def _plain_compute_s(ctx: RunContext, att: np.ndarray) -> np.ndarray:

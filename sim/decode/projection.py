@@ -22,7 +22,7 @@ from sim.tiering.tiers import T0, T1, T2
 
 from .capacity import batch_counts, fits, full_hbm_peak_bytes, max_batch
 from .context import RunContext, build_context
-from .fast_arrays import step_arrays, uncontended_step_s
+from .fast_arrays import staged_columns, step_arrays, uncontended_step_s
 
 DEFAULT_SAMPLES = 48
 
@@ -35,14 +35,15 @@ class StepTime:
     h2d_bytes: float = 0.0  # set where part of T1/T2 is attended on the host (prefetched part + partial outputs)
 
 
-def step_time(ctx: RunContext, batch: int, t0: int, t1: int, t2: int) -> StepTime:
+def step_time(ctx: RunContext, batch: int, t0: int, t1: int, t2: int, staged_tokens: tuple | None = None) -> StepTime:
     """One decode step for tier counts summed over the batch: the engine's step cost
-    (`physics.decode_step_cost`), its prefetch and host path in closed form with no link contention."""
+    (`physics.decode_step_cost`; `staged_tokens` as there), its prefetch and host path in closed form with
+    no link contention."""
     m, pol = ctx.scenario.model, ctx.scenario.policy
     staged = ctx.policy.tiering and pol.prefetch != "per_interval"  # per_interval keeps T1/T2 resident
     cost = decode_step_cost(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, pol.prefetch, batch, t0, t1, t2,
                             ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer, staged, pol.access,
-                            pol.staging_buffers, fetch=ctx.sparse_fetch)
+                            pol.staging_buffers, fetch=ctx.sparse_fetch, staged_tokens=staged_tokens)
     L = cost.num_layers
     if cost.host is not None:
         copy_s = cost.prefetch_copy_s(ctx.hw.h2d) if cost.stages else 0.0
@@ -71,12 +72,15 @@ class SampledSteps:
 def _step_times(ctx: RunContext, c, idx: np.ndarray) -> SampledSteps:
     """`step_time` of the sampled steps; with prefetch access all at once (`fast_arrays.step_arrays`, the
     same floats as the scalar physics), host access one step at a time."""
+    att = np.column_stack([c.attended[idx, T0], c.attended[idx, T1], c.attended[idx, T2], c.active[idx]])
     if ctx.scenario.policy.access != "prefetch" and ctx.policy.tiering:
-        times = [step_time(ctx, int(c.active[i]), *(int(x) for x in c.attended[i, [T0, T1, T2]])) for i in idx]
+        staged = ctx.closed_staged_tokens(att, idx)
+        times = [step_time(ctx, int(c.active[i]), *(int(x) for x in c.attended[i, [T0, T1, T2]]),
+                           None if staged is None else (float(staged[0][j]), float(staged[1][j])))
+                 for j, i in enumerate(idx)]
         return SampledSteps(*(np.array([getattr(t, f) for t in times])
                               for f in ("step_s", "compute_s", "h2d_busy_s", "h2d_bytes")))
-    att = np.column_stack([c.attended[idx, T0], c.attended[idx, T1], c.attended[idx, T2], c.active[idx]])
-    a = step_arrays(ctx, att)
+    a = step_arrays(ctx, att, idx)
     step_s, copy_s = uncontended_step_s(ctx, a)
     h2d_s = np.where(a.prefetch_bytes > 0, ctx.num_layers * copy_s, 0.0)
     return SampledSteps(step_s, a.compute_s, h2d_s, np.zeros(len(idx)))
@@ -89,7 +93,9 @@ def _h2d_bytes(ctx: RunContext, c, idx: np.ndarray, weights: np.ndarray, times: 
         return 0.0
     if ctx.scenario.policy.access != "prefetch":
         return float(np.sum(weights * times.h2d_bytes))
-    return float(np.sum(weights * (c.attended[idx, T1] * ctx.kv_bytes_per_token + c.attended[idx, T2] * ctx.t2_bytes_per_token)))
+    att = np.column_stack([c.attended[idx, T0], c.attended[idx, T1], c.attended[idx, T2], c.active[idx]])
+    s1, s2 = staged_columns(ctx, att, idx)
+    return float(np.sum(weights * (s1 * ctx.kv_bytes_per_token + s2 * ctx.t2_bytes_per_token)))
 
 
 def project(scenario: Scenario, profile: Profile | None = None, *, samples: int = DEFAULT_SAMPLES,

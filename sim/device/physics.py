@@ -1099,7 +1099,7 @@ def decode_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_si
                      batch: int, t0: int, t1: int, t2: int, kv_bytes_per_token_layer: float,
                      t2_bytes_per_token_layer: float, staged: bool = True, access: str = "prefetch",
                      buffers: int = 2, host_fraction: float | None = None, fetch: SparseFetch | None = None,
-                     chunk_tokens: int | None = None) -> StepCost:
+                     chunk_tokens: int | None = None, staged_tokens: tuple | None = None) -> StepCost:
     """One decode step for tier counts summed over the batch: each layer attends T0 + T1 + T2
     (`decode_layer_cost`), the tail is `step_tail_s`, and - when `staged` (a tiered policy that
     stages its host tiers every step) - each layer's T1/T2 crosses the link:
@@ -1109,7 +1109,9 @@ def decode_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_si
     keeps the first fastest by `StepCost.closed_form_s`; `host_fraction` gives the fraction instead
     (one already chosen, e.g. by the fast level's arrays). `sparse_fetch`: `_sparse_fetch_cost`. `chunk_tokens`:
     the tokens the batch's chunked layers attend, counted per sequence (`decode_layer_cost`; the host and
-    sparse-fetch paths take their bound)."""
+    sparse-fetch paths take their bound). `staged_tokens`: the (T1, T2) the mean layer stages where chunked
+    layers stage only their current chunk's (`RunContext.staged_tokens`; None: t1, t2) - the bytes crossing the
+    link, the T2 dequantised, the prototype's packing and the host's reads count them."""
     if staged and access == "sparse_fetch" and t1 + t2 > 0:
         return _sparse_fetch_cost(model, hw, weight_dtype, group_size, batch, t0, t1, t2, kv_bytes_per_token_layer,
                                   t2_bytes_per_token_layer, fetch or SparseFetch())
@@ -1117,15 +1119,18 @@ def decode_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_si
         args = (model, hw, weight_dtype, group_size, prefetch, batch, t0, t1, t2, kv_bytes_per_token_layer,
                 t2_bytes_per_token_layer)
         if access == "host_attention" or host_fraction is not None:
-            return _host_split_cost(*args, fraction_on_host=1.0 if host_fraction is None else host_fraction)
-        options = [_host_split_cost(*args, fraction_on_host=1.0 - i / SPLIT_STEPS) for i in range(SPLIT_STEPS + 1)]
+            return _host_split_cost(*args, fraction_on_host=1.0 if host_fraction is None else host_fraction,
+                                    staged_tokens=staged_tokens)
+        options = [_host_split_cost(*args, fraction_on_host=1.0 - i / SPLIT_STEPS, staged_tokens=staged_tokens)
+                   for i in range(SPLIT_STEPS + 1)]
         return min(options, key=lambda c: c.closed_form_s(hw, c.prefetch_copy_s(hw.h2d), buffers))
+    s1, s2 = (t1, t2) if staged_tokens is None else staged_tokens
     layer = decode_layer_cost(model, hw, weight_dtype, group_size, batch, t0 + t1 + t2, kv_bytes_per_token_layer,
-                              t2, t2_bytes_per_token_layer, chunk_tokens)
+                              s2, t2_bytes_per_token_layer, chunk_tokens)
     tail_s = step_tail_s(model, hw, batch)
-    nbytes = float(t1 * kv_bytes_per_token_layer + t2 * t2_bytes_per_token_layer) if staged else 0.0
-    copies = prefetch_copies_per_layer(prefetch, t1 > 0, t2 > 0) if staged else 0
-    pack_s = host_pack_s(hw, t1 * kv_bytes_per_token_layer) if staged and prefetch == "sync_per_step" else 0.0
+    nbytes = float(s1 * kv_bytes_per_token_layer + s2 * t2_bytes_per_token_layer) if staged else 0.0
+    copies = prefetch_copies_per_layer(prefetch, s1 > 0, s2 > 0) if staged else 0
+    pack_s = host_pack_s(hw, s1 * kv_bytes_per_token_layer) if staged and prefetch == "sync_per_step" else 0.0
     return StepCost(layer, model.num_layers, tail_s, nbytes, copies, pack_s)
 
 
@@ -1326,7 +1331,7 @@ def mixed_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
                     t2_bytes_per_token_layer: float, prefill_tokens: int = 0, prefill_position_sum: float = 0,
                     prefill_kv_tokens: float = 0, prefill_seqs: int = 0, staged: bool = True,
                     access: str = "prefetch", buffers: int = 2, fetch: SparseFetch | None = None,
-                    chunk_tokens: int | None = None) -> StepCost:
+                    chunk_tokens: int | None = None, staged_tokens: tuple | None = None) -> StepCost:
     """One continuous-batching step: `decodes` decoding sequences (tier counts t0/t1/t2 summed over
     them, each at its own context) plus prefill chunks of `prefill_tokens` tokens from `prefill_seqs`
     sequences. Per layer:
@@ -1340,7 +1345,7 @@ def mixed_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
     if decodes:
         base = decode_step_cost(model, hw, weight_dtype, group_size, prefetch, decodes, t0, t1, t2,
                                 kv_bytes_per_token_layer, t2_bytes_per_token_layer, staged, access, buffers,
-                                fetch=fetch, chunk_tokens=chunk_tokens)
+                                fetch=fetch, chunk_tokens=chunk_tokens, staged_tokens=staged_tokens)
     else:
         base = StepCost(LayerCost(0.0, 0.0, 0.0, qkv_share=qkv_share(model),
                                   host_s=host_times(hw, prefill_tokens, PREFILL)[0]),
@@ -1368,16 +1373,19 @@ def with_prefill(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: 
 
 def _host_split_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, prefetch: str, batch: int,
                      t0: int, t1: int, t2: int, kv_bytes_per_token_layer: float, t2_bytes_per_token_layer: float,
-                     fraction_on_host: float) -> StepCost:
+                     fraction_on_host: float, staged_tokens: tuple | None = None) -> StepCost:
     """A step whose host-resident tokens are attended `fraction_on_host` on the host and the rest
     prefetched (T1 and T2 in the same proportion): the GPU attends T0 + the prefetched part, the
-    host the rest, and each layer waits for the later of the two."""
+    host the rest, and each layer waits for the later of the two. The link and the host move the mean
+    layer's `staged_tokens` (`decode_step_cost`) in that proportion."""
     g1, g2 = (1.0 - fraction_on_host) * t1, (1.0 - fraction_on_host) * t2  # prefetched to the GPU
+    s1, s2 = (t1, t2) if staged_tokens is None else staged_tokens
+    p1, p2 = (1.0 - fraction_on_host) * s1, (1.0 - fraction_on_host) * s2  # the prefetched part as the link sees it
     layer = decode_layer_cost(model, hw, weight_dtype, group_size, batch, t0 + g1 + g2, kv_bytes_per_token_layer,
-                              g2, t2_bytes_per_token_layer)
-    path = host_path(model, hw, batch, t1 - g1, t2 - g2, kv_bytes_per_token_layer, t2_bytes_per_token_layer)
-    nbytes = float(g1 * kv_bytes_per_token_layer + g2 * t2_bytes_per_token_layer)
-    copies = prefetch_copies_per_layer(prefetch, g1 > 0, g2 > 0)
+                              p2, t2_bytes_per_token_layer)
+    path = host_path(model, hw, batch, s1 - p1, s2 - p2, kv_bytes_per_token_layer, t2_bytes_per_token_layer)
+    nbytes = float(p1 * kv_bytes_per_token_layer + p2 * t2_bytes_per_token_layer)
+    copies = prefetch_copies_per_layer(prefetch, p1 > 0, p2 > 0)
     return StepCost(layer, model.num_layers, step_tail_s(model, hw, batch), nbytes, copies,
                     host=path if path.tokens > 0 else None, host_fraction=fraction_on_host)
 

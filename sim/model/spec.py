@@ -176,6 +176,15 @@ class ModelSpec:
         return sum(n for k, n in self.kind_counts.items() if k in TIERED_KINDS)
 
     @property
+    def chunked_tier_share(self) -> float:
+        """The chunked layers' share of a token's tiered bytes (Llama 4 Maverick: 36 of 48 equal layers,
+        0.75); 0 without chunked layers. A staged token crosses the link for these layers
+        only where it lies in its sequence's current chunk (`decode.context.RunContext.staged_tokens`)."""
+        if CHUNKED not in self.kind_counts:
+            return 0.0
+        return self.kind_kv_bytes_per_token(CHUNKED) / self.kv_bytes_per_token()
+
+    @property
     def has_bounded_layers(self) -> bool:
         """Any window or linear layer (per-sequence bytes) or sparse layer (its indexer keys): bytes that
         never leave HBM (`bounded_bytes`)."""

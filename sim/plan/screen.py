@@ -164,18 +164,36 @@ def tier_shares(policy, m: Moments) -> np.ndarray:
 _SHARES: dict = {}
 
 
-def _step_weighted_shares(policy, m: Moments) -> np.ndarray:
+def _sampled_steps(policy, m: Moments) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(prompt, decode step, weight, tier counts attended) at up to SHARE_STEPS evenly spaced steps of each
+    sampled request, each weighted by the steps it stands for (n / points)."""
     prompts, outputs = (np.asarray(x, dtype=np.int64) for x in m.sample)
     if not len(prompts):  # no sample: the mean request alone
         prompts = np.array([max(1, round(m.prompt_tokens))])
         outputs = np.array([max(1, round(m.output_tokens))])
     outputs = np.maximum(outputs, 1)
-    # each request's steps at up to SHARE_STEPS evenly spaced points, each standing for n / points steps
     steps = [np.unique(np.linspace(0, k - 1, min(int(k), SHARE_STEPS)).astype(np.int64)) for k in outputs]
     weights = np.concatenate([np.full(len(st), k / len(st)) for st, k in zip(steps, outputs)])
-    counts = TierCounter(policy, prompts, outputs).attended(np.repeat(prompts, [len(st) for st in steps]),
-                                                            np.concatenate(steps)) * weights[:, None]
+    at, step = np.repeat(prompts, [len(st) for st in steps]), np.concatenate(steps)
+    return at, step, weights, TierCounter(policy, prompts, outputs).attended(at, step)
+
+
+def _step_weighted_shares(policy, m: Moments) -> np.ndarray:
+    _, _, weights, counts = _sampled_steps(policy, m)
+    counts = counts * weights[:, None]
     return counts[:, [T0, T1, T2]].sum(axis=0) / max(float(counts.sum()), 1.0)  # of every token, deleted ones too
+
+
+def staged_shares(ctx, policy, m: Moments) -> tuple[float, float] | None:
+    """The shares of a step's T1 and T2 that the mean layer stages where chunked layers stage only their
+    current chunk's (`RunContext.staged_tokens`), over the same step-weighted sample as `tier_shares`;
+    None without chunked layers."""
+    if not ctx.model.chunked_tier_share:
+        return None
+    prompt, step, weights, counts = _sampled_steps(policy, m)
+    h1, h2 = counts[:, T1] * weights, counts[:, T2] * weights
+    s1, s2 = ctx.staged_tokens(h1, h2, prompt + step + 1, prompt)
+    return (float(s1.sum() / h1.sum()) if h1.sum() > 0 else 1.0, float(s2.sum() / h2.sum()) if h2.sum() > 0 else 1.0)
 
 
 def step_binds(cost, closed_s: float, rows: float, ridge_rows: float) -> str:
@@ -219,6 +237,7 @@ def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
     timing_policy = ctx.policy.at_fraction(1.0) if ctx.policy.auto else ctx.policy  # auto: tiers only when full
     memory_policy = ctx.policy.at_fraction(0.0) if ctx.policy.auto else ctx.policy
     share = tier_shares(timing_policy, m)
+    kept = staged_shares(ctx, timing_policy, m)  # chunked layers stage their current chunk's T1/T2 alone
     pp = scenario.parallel.pp  # each of pp batches in flight is one engine step's (token budget included)
     caps = concurrency_caps(memory, sched, m, tier_shares(memory_policy, m), pp)
     cap_name = min(caps, key=caps.get)
@@ -241,10 +260,11 @@ def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
         """(decode-only step, the same step with one prompt chunk of `chunk` tokens - or that chunk alone,
         without mixed prefill), each timed."""
         ctx_tokens = b * m.running_context_tokens
-        plain = mixed_step_cost(ctx.model, ctx.hw, w_dtype, group, pol.prefetch, b, int(ctx_tokens * share[0]),
-                                int(ctx_tokens * share[1]), int(ctx_tokens * share[2]), ctx.kv_bytes_per_token_layer,
-                                ctx.t2_bytes_per_token_layer, 0, 0, 0, 0, ctx.policy.tiering, pol.access,
-                                pol.staging_buffers)
+        t1, t2 = int(ctx_tokens * share[1]), int(ctx_tokens * share[2])
+        plain = mixed_step_cost(ctx.model, ctx.hw, w_dtype, group, pol.prefetch, b, int(ctx_tokens * share[0]), t1, t2,
+                                ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer, 0, 0, 0, 0,
+                                ctx.policy.tiering, pol.access, pol.staging_buffers,
+                                staged_tokens=None if kept is None else (t1 * kept[0], t2 * kept[1]))
         base, rows = (empty, 0) if alone else (plain, b)
         mixed = with_prefill(ctx.model, ctx.hw, w_dtype, group, base, rows, ctx.kv_bytes_per_token_layer, chunk,
                              chunk * (chunk + 1) / 2, chunk, 1)  # (mixed_step_cost's own composition)

@@ -30,6 +30,7 @@ from sim.device.physics import (
 )
 from sim.inputs.requests import RequestSet
 from sim.model.layers import chunk_attended
+from sim.tiering.tiers import T1, T2
 
 from .request import RequestTable
 from .scheduler import Scheduler, StepPlan
@@ -193,7 +194,19 @@ class ServingSim:
                                len(plan.decodes), int(a[0]), int(a[1]), int(a[2]), ctx.kv_bytes_per_token_layer,
                                ctx.t2_bytes_per_token_layer, plan.prefill_tokens, plan.prefill_position_sum(),
                                plan.prefill_kv_tokens(), len(plan.chunks), self.device.staged, pol.access,
-                               pol.staging_buffers, fetch=ctx.sparse_fetch, chunk_tokens=chunk)
+                               pol.staging_buffers, fetch=ctx.sparse_fetch, chunk_tokens=chunk,
+                               staged_tokens=self.staged_tokens(plan))
+
+    def staged_tokens(self, plan: StepPlan) -> tuple[float, float] | None:
+        """The decodes' (T1, T2) the mean layer stages, each sequence at its own length
+        (`RunContext.staged_tokens`); None without chunked layers (t1, t2 themselves)."""
+        counts = plan.decode_counts
+        if not self.ctx.model.chunked_tier_share or counts is None:
+            return None
+        prompt = self.table.prompt[plan.decodes]
+        tokens = prompt + self.table.generated[plan.decodes]
+        s1, s2 = self.ctx.staged_tokens(counts[:, T1], counts[:, T2], tokens, prompt)
+        return float(np.sum(s1)), float(np.sum(s2))
 
     def chunk_tokens(self, decodes: np.ndarray) -> int | None:
         """Tokens the decodes attend in a chunked layer, each its own chunk's (`layers.chunk_attended` of its

@@ -61,6 +61,7 @@ class StepPlan:
     chunk_prefix: np.ndarray = field(default_factory=lambda: _EMPTY)  # tokens each chunk's request has computed before it
     preempted: list[int] = field(default_factory=list)
     attended: np.ndarray = field(default_factory=lambda: np.zeros(4, dtype=np.int64))  # T0..T3 over decodes
+    decode_counts: np.ndarray | None = None  # each decode's T0..T3 (rows as `decodes`); None when every token is in T0
     demoted: tuple[int, int] = (0, 0)  # tokens the decodes' re-tiers move to T1, T2 (net)
     promoted: tuple[int, int] = (0, 0)  # ... and back to T0 from T1, T2 (net; hbm_ratio auto as pressure falls)
     resident: tuple[int, int] = (0, 0)  # T1, T2 held after the step by the decodes that re-tier
@@ -441,7 +442,7 @@ class Scheduler:
         if self.dense:  # one column, T0; nothing re-tiers
             plan.attended = np.array([a.sum(), 0, 0, 0], dtype=np.int64)
             return
-        plan.attended = a.sum(axis=0)
+        plan.attended, plan.decode_counts = a.sum(axis=0), a
         steps = t.generated[plan.decodes] - 1
         due = self.counter.retier_due(steps)
         if due.any():

@@ -53,3 +53,22 @@ def count_trajectory(prompt_tokens: int, reasoning_tokens: int, policy: TierPoli
             counts = retier_counts(counts, prompt_tokens + step + 1, prompt_tokens, policy)
         out[step] = counts
     return out
+
+
+def unprotected_share_of_last(n_tokens, prompt_tokens, policy: TierPolicy, last):
+    """Share of a sequence's unprotected positions (those a re-tier may move out of T0: all but
+    `protected_count`'s) that lie in its last `last` positions; 0 where it has none. Scalars or arrays
+    (broadcast). With a token's tier taken as independent of its position among the unprotected ones,
+    this is the share of its T1/T2 tokens there - what a chunked layer reads of them (`last`: its
+    current chunk, `layers.chunk_attended`)."""
+    n, prompt, last = (np.asarray(x, dtype=np.int64) for x in (n_tokens, prompt_tokens, last))
+    prompt = np.minimum(prompt, n)
+    lo1 = np.zeros_like(prompt) if policy.protect_prompt else prompt  # [lo1, hi1): the prompt and the sinks
+    hi1 = np.minimum(prompt + policy.sink_tokens, n)
+    lo2 = np.maximum(0, n - policy.recent_window) if policy.recent_window > 0 else n  # [lo2, n): the recent ones
+    first = n - np.minimum(last, n)  # [first, n): the last positions
+    protected = np.maximum(0, hi1 - lo1) + (n - lo2) - np.maximum(0, hi1 - np.maximum(lo1, lo2))
+    in_last = (np.maximum(0, hi1 - np.maximum(lo1, first)) + (n - np.maximum(lo2, first))
+               - np.maximum(0, hi1 - np.maximum(np.maximum(lo1, lo2), first)))
+    free, free_last = n - protected, (n - first) - in_last
+    return np.where(free > 0, free_last / np.where(free > 0, free, 1), 0.0)
