@@ -1,6 +1,7 @@
 """A chunked layer reads only its current chunk, so a tiered run stages - prefetches, or reads on the host -
-only the T1/T2 tokens there for those layers (`RunContext.staged_tokens`); full and MLA layers stage every
-host token. Llama 4 Maverick: 12 full + 36 chunked (8,192) layers of equal bytes, so past its first chunk a
+only the T1/T2 tokens there for those layers (`RunContext.staged_tokens`), and its host tiers hold and its
+re-tiers move only those layers' copies there (`RunContext.chunk_kept`); full and MLA layers stage, hold and
+move every host token. Llama 4 Maverick: 12 full + 36 chunked (8,192) layers of equal bytes, so past its first chunk a
 staged token crosses the link for a quarter of the layers plus the chunked ones' share in the chunk."""
 
 from __future__ import annotations
@@ -94,10 +95,39 @@ def test_maverick_past_its_chunk_stages_less_and_every_level_agrees(monkeypatch)
     full layers' share of every host token and all of it, and the fast, step and layer levels count the same."""
     runs = {d: simulate(_closed(d, 6144, 4096), with_max_batch=False).summary for d in ("fast", "step", "layer")}
     assert runs["fast"].h2d_bytes == runs["step"].h2d_bytes == runs["layer"].h2d_bytes > 0
+    assert runs["fast"].d2h_bytes == runs["step"].d2h_bytes == runs["layer"].d2h_bytes > 0
     monkeypatch.setattr(ModelSpec, "chunked_tier_share", property(lambda self: 0.0))  # every layer stages all
     every = simulate(_closed("fast", 6144, 4096), with_max_batch=False).summary
-    assert 0.25 * every.h2d_bytes < runs["fast"].h2d_bytes < 0.9 * every.h2d_bytes
+    for field in ("h2d_bytes", "d2h_bytes", "host_peak_bytes"):  # the link both ways, and what the host holds
+        assert 0.25 * getattr(every, field) < getattr(runs["fast"], field) < 0.9 * getattr(every, field), field
     assert runs["fast"].throughput_tok_per_s > every.throughput_tok_per_s
+
+
+def test_the_host_holds_and_moves_the_kept_share_by_hand():
+    """The closed batch's host bytes at a step past the chunk are its T1/T2 bytes x `chunk_kept` of that
+    step's length; a re-tier moves the same share of its tokens; a serving request's host bytes likewise."""
+    from sim.decode.capacity import batch_counts
+    from sim.device.physics import retier_traffic
+    from sim.serving.kv_memory import kv_memory
+    from sim.tiering.tiers import T1, T2
+
+    ctx = build_context(_closed(prompt=6144, out=4096))
+    c = batch_counts(ctx, 4)
+    trace = c.trace(ctx)
+    s = 3000  # 6,144 + 3,001 tokens: 953 into the second chunk
+    kept = ctx.chunk_kept(6144 + s + 1, 6144)
+    assert kept == pytest.approx(0.25 + 0.75 * (953 - 128) / (3001 - 4 - 128), rel=1e-12)
+    host = (c.attended[s, T1] * ctx.kv_bytes_per_token + c.attended[s, T2] * ctx.t2_bytes_per_token) * kept
+    after = (c.tiers_after[s, T1] * ctx.kv_bytes_per_token + c.tiers_after[s, T2] * ctx.t2_bytes_per_token) * kept
+    assert trace.host_bytes[s] == pytest.approx(max(host, after), rel=1e-12)
+    kvl, t2l = ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer
+    tr = retier_traffic("layerwise", 48, kvl, t2l, 100, 40, 10, 4, kept=0.5)
+    assert tr.d2h_bytes == pytest.approx(48 * 0.5 * (100 * kvl + 40 * t2l)) and tr.d2h_copies > 0
+    assert tr.h2d_bytes == pytest.approx(48 * 0.5 * (10 * kvl + 4 * t2l))
+    memory = kv_memory(build_context(_serving()), 8192, 256)
+    assert memory.host_bytes(1000, 500, 10_000, 1024) == pytest.approx(
+        (1000 * ctx.kv_bytes_per_token + 500 * ctx.t2_bytes_per_token) * (0.25 + 0.75 * 1680 / 8844), rel=1e-12)
+    assert memory.host_bytes(1000, 500) == 1000 * ctx.kv_bytes_per_token + 500 * ctx.t2_bytes_per_token
 
 
 def test_maverick_in_its_first_chunk_stages_every_host_token(monkeypatch):

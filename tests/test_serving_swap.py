@@ -154,7 +154,7 @@ def tiered_scheduler(budget_factor: float, host_bytes: float | None = None, g: i
     mem = kv_memory(ctx, 8192, 256)
     probe = Scheduler(sc.scheduler, mem, counter, table)
     att, aft = counter.step_counts(np.array([0]), table.generated[:1], np.array([True]))
-    need = float(probe._needs(att, aft, np.array([True]))[0][0])
+    need = float(probe._needs(att, aft, np.array([True]), prompts[:1])[0][0])
     mem = replace(mem, runtime_reserve_bytes=mem.hbm_capacity_bytes - mem.weights_bytes - mem.activation_bytes
                   - budget_factor * need, **({"host_capacity_bytes": host_bytes} if host_bytes else {}))
     sched = Scheduler(sc.scheduler, mem, counter, table)

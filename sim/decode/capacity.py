@@ -47,7 +47,8 @@ class BatchCounts:
 
     def trace(self, ctx: RunContext) -> MemoryTrace:
         a = self.attended
-        return memory_trace(ctx, a[:, T0], a[:, T1], a[:, T2], self.active, self.tiers_after, self.net_demoted)
+        return memory_trace(ctx, a[:, T0], a[:, T1], a[:, T2], self.active, self.tiers_after, self.net_demoted,
+                            ctx.closed_kept(np.arange(len(a))))
 
 
 def batch_counts(ctx: RunContext, batch: int, policy: TierPolicy | None = None) -> BatchCounts:

@@ -94,28 +94,43 @@ class RunContext:
             return 0.0
         return self.model.bounded_bytes(tokens, sequences, self.scenario.model.kv_dtype)
 
+    def chunk_kept(self, tokens, prompt_tokens):
+        """The share of a host-tier token's tiered bytes that its tiers hold, move and read, for sequences
+        of `tokens` tokens (prompt `prompt_tokens`; scalars or arrays): all of its full and MLA layers',
+        and its chunked layers' only where it lies in its sequence's current chunk - the only tokens their
+        attention reads again (`layers.chunk_attended`), so the host keeps no chunked copy behind it. Which
+        of a sequence's unprotected tokens sit in T1/T2 is taken as independent of position
+        (`counts.unprotected_share_of_last`): 1 - q (1 - f), q the chunked layers' share of the tiered
+        bytes (`ModelSpec.chunked_tier_share`). 1.0 without chunked layers."""
+        q = self.model.chunked_tier_share
+        if not q:
+            return 1.0
+        chunk = chunk_attended(np.asarray(tokens), self.model.attention_chunk)
+        return 1.0 - q * (1.0 - unprotected_share_of_last(tokens, prompt_tokens, self.policy, chunk))
+
     def staged_tokens(self, t1, t2, tokens, prompt_tokens):
         """(T1, T2) tokens the mean layer stages - prefetches, or reads on the host - for sequences of
         `tokens` tokens (prompt `prompt_tokens`) holding t1 and t2 (scalars or arrays, one entry a
-        sequence or a closed batch's equal sequences summed): all of them in the full and MLA layers, in
-        the chunked layers only those in each sequence's current chunk, the only ones their attention
-        reads (`layers.chunk_attended`). Which of a sequence's unprotected tokens sit in T1/T2 is taken
-        as independent of position (`counts.unprotected_share_of_last`). t1, t2 themselves without
-        chunked layers."""
-        q = self.model.chunked_tier_share
-        if not q:
+        sequence or a closed batch's equal sequences summed): each scaled by `chunk_kept`; t1, t2
+        themselves without chunked layers."""
+        if not self.model.chunked_tier_share:
             return t1, t2
-        chunk = chunk_attended(np.asarray(tokens), self.model.attention_chunk)
-        kept = 1.0 - q * (1.0 - unprotected_share_of_last(tokens, prompt_tokens, self.policy, chunk))
+        kept = self.chunk_kept(tokens, prompt_tokens)
         return t1 * kept, t2 * kept
 
+    def closed_kept(self, steps):
+        """`chunk_kept` of a closed batch at decode `steps` (scalar or array), where every running sequence
+        holds prompt + step + 1 tokens; 1.0 without chunked layers."""
+        prompt = self.scenario.workload.prompt_tokens
+        return self.chunk_kept(prompt + np.asarray(steps) + 1, prompt) if self.model.chunked_tier_share else 1.0
+
     def closed_staged_tokens(self, att: np.ndarray, steps: np.ndarray):
-        """`staged_tokens` of a closed batch's rows `att` (columns `tier_plan.ATT_*`) at decode `steps`:
-        every running sequence holds prompt + step + 1 tokens. None without chunked layers."""
+        """`staged_tokens` of a closed batch's rows `att` (columns `tier_plan.ATT_*`) at decode `steps`
+        (`closed_kept`). None without chunked layers."""
         if not self.model.chunked_tier_share:
             return None
-        prompt = self.scenario.workload.prompt_tokens
-        return self.staged_tokens(att[:, ATT_T1], att[:, ATT_T2], prompt + np.asarray(steps) + 1, prompt)
+        kept = self.closed_kept(steps)
+        return att[:, ATT_T1] * kept, att[:, ATT_T2] * kept
 
     @property
     def chunk_rule(self) -> tuple[float, int] | None:

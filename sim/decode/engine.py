@@ -181,7 +181,8 @@ class DecodeSim:
     def retier_traffic(self, s: int) -> RetierTraffic:
         ctx, mv, after = self.ctx, self.plan.retier_moves[s], self.plan.tiers_after[s]
         return retier_traffic(self.prefetch, ctx.num_layers, ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer,
-                              mv[MV_D2H_T1], mv[MV_D2H_T2], mv[MV_H2D_T1], mv[MV_H2D_T2], after[T1], after[T2])
+                              mv[MV_D2H_T1], mv[MV_D2H_T2], mv[MV_H2D_T1], mv[MV_H2D_T2], after[T1], after[T2],
+                              float(ctx.closed_kept(s)))
 
     def forward_bytes(self, cost: StepCost) -> tuple[float, float]:
         """(H2D, D2H) bytes of a step's forward pass: prefetched T1/T2, host attention's partial

@@ -181,7 +181,7 @@ def _traffic(ctx: RunContext, plan: TierPlan, r: int):
     mv, after = plan.retier_moves[r], plan.tiers_after[r]
     return retier_traffic(ctx.scenario.policy.prefetch, ctx.num_layers, ctx.kv_bytes_per_token_layer,
                           ctx.t2_bytes_per_token_layer, mv[MV_D2H_T1], mv[MV_D2H_T2], mv[MV_H2D_T1], mv[MV_H2D_T2],
-                          after[T1], after[T2])
+                          after[T1], after[T2], float(ctx.closed_kept(r)))
 
 
 def _retier(tr, t: float, links: _Links, blocking: bool) -> float:

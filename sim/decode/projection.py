@@ -113,7 +113,7 @@ def project(scenario: Scenario, profile: Profile | None = None, *, samples: int 
     step_s, compute_s, h2d_s = times.step_s, times.compute_s, times.h2d_busy_s
     # net flow into the host at re-tiers (D2H), asynchronous unless the offload blocks
     d2h_tokens = np.clip(np.diff(np.concatenate([[0], c.tiers_after[:, T1] + c.tiers_after[:, T2]])), 0, None)
-    d2h_bytes = float(np.sum(d2h_tokens) * ctx.kv_bytes_per_token)
+    d2h_bytes = float(np.sum(d2h_tokens * ctx.closed_kept(np.arange(steps))) * ctx.kv_bytes_per_token)
     per_retier = retier_copies(scenario.policy.prefetch, ctx.num_layers, True, scenario.policy.compressed_ratio > 0)
     d2h_s = ctx.hw.d2h.transfer_time_s(d2h_bytes, int(np.count_nonzero(d2h_tokens)) * per_retier)
     blocking = scenario.policy.prefetch == "sync_per_step" or not scenario.policy.pinned

@@ -50,7 +50,7 @@ def simulate(scenario: Scenario, profile: Profile | None = None, *, profile_path
     plan = fast_plan(ctx) if fast else plan_tiers(ctx)
     att = plan.attended
     mem = memory_trace(ctx, att[:, ATT_T0], att[:, ATT_T1], att[:, ATT_T2], att[:, ACTIVE], plan.tiers_after,
-                       plan.retier_moves[:, [MV_D2H_T1, MV_D2H_T2]])
+                       plan.retier_moves[:, [MV_D2H_T1, MV_D2H_T2]], ctx.closed_kept(np.arange(plan.steps)))
     ok, hbm_short, host_short = fits(mem, ctx)
     timing = None
     if ok:

@@ -1418,11 +1418,16 @@ def pipeline_stage_s(cost: StepCost, pp: int, send_s: float) -> list[float]:
 
 def retier_traffic(prefetch: str, num_layers: int, kv_bytes_per_token_layer: float, t2_bytes_per_token_layer: float,
                    to_t1: int, to_t2: int, from_t1: int, from_t2: int,
-                   resident_t1: int = 0, resident_t2: int = 0) -> RetierTraffic:
+                   resident_t1: int = 0, resident_t2: int = 0, kept: float = 1.0) -> RetierTraffic:
     """d2h = L * (tokens to T1 * KV bytes + tokens to T2 * compressed bytes), h2d likewise for the
     promoted ones; copies from `retier_copies`. `per_interval` also brings every host-resident
-    token (`resident_*`, counts after the re-tier) back once and keeps it on the GPU."""
+    token (`resident_*`, counts after the re-tier) back once and keeps it on the GPU. `kept`: the share
+    of a moved token's bytes that moves (`RunContext.chunk_kept`: chunked layers' copies only within the
+    current chunk)."""
     L = num_layers
+    if kept != 1.0:
+        to_t1, to_t2, from_t1, from_t2 = to_t1 * kept, to_t2 * kept, from_t1 * kept, from_t2 * kept
+        resident_t1, resident_t2 = resident_t1 * kept, resident_t2 * kept
     d2h_bytes = L * (to_t1 * kv_bytes_per_token_layer + to_t2 * t2_bytes_per_token_layer)
     h2d_bytes = L * (from_t1 * kv_bytes_per_token_layer + from_t2 * t2_bytes_per_token_layer)
     d2h_copies = retier_copies(prefetch, L, to_t1 > 0, to_t2 > 0)

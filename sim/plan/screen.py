@@ -218,7 +218,7 @@ def concurrency_caps(memory, sched, m, mem_share, pp: int) -> dict[str, float]:
     if sched.admission == "reserve_ratio":  # SGLang keeps the floor ratio of its remaining output free
         remaining = min(m.reserved_tokens - m.running_context_tokens, CLIP_NEW_TOKENS)  # E[n n/2] / E[n]
         per_request_hbm += remaining * NewTokenRatio().floor * memory.pool_bytes_per_token
-    per_request_host = memory.host_bytes(m.running_context_tokens * mem_share[1], m.running_context_tokens * mem_share[2])
+    per_request_host = memory.host_bytes(held * mem_share[1], held * mem_share[2], round(held), round(m.prompt_tokens))
     return {"HBM capacity": memory.kv_budget_bytes / per_request_hbm if per_request_hbm > 0 else math.inf,
             "host memory": memory.host_capacity_bytes / per_request_host if per_request_host > 0 else math.inf,
             f"scheduler: max_num_seqs={sched.max_num_seqs}": float(sched.max_num_seqs),

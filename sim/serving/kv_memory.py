@@ -56,6 +56,9 @@ class KvMemory:
     # (chunked layers' KV bytes a token, chunk C) where the engine frees a chunked layer's blocks before its
     # current chunk (vLLM's ChunkedLocalAttentionManager); None: those layers hold every token
     chunk_rule: tuple[float, int] | None = None
+    # (tokens, prompt tokens) -> the share of a host-tier token's bytes the host holds (`RunContext.chunk_kept`:
+    # chunked layers' copies only within the current chunk); None: every tiered layer's
+    chunk_kept: Callable | None = None
 
     @property
     def fixed_bytes(self) -> float:
@@ -99,8 +102,14 @@ class KvMemory:
             return np.maximum(full / full_share, self.bounded_bytes(tokens) / window_share)
         return full + self.bounded_bytes(tokens)
 
-    def host_bytes(self, t1, t2):
-        return t1 * self.kv_bytes_per_token + t2 * self.t2_bytes_per_token
+    def host_bytes(self, t1, t2, tokens=None, prompt=None):
+        """T1 x full KV bytes + T2 x compressed bytes, per request; for requests of `tokens` tokens (their
+        counts' sum, T3 included) and prompt `prompt`, the chunked layers' copies only within the current
+        chunk (`chunk_kept`)."""
+        out = t1 * self.kv_bytes_per_token + t2 * self.t2_bytes_per_token
+        if self.chunk_kept is None or tokens is None:
+            return out
+        return out * self.chunk_kept(tokens, prompt)
 
     def fits(self, hbm_kv_bytes: float, host_bytes: float) -> bool:
         return hbm_kv_bytes <= self.kv_budget_bytes and host_bytes <= self.host_capacity_bytes
@@ -121,7 +130,8 @@ def kv_memory(ctx: RunContext, max_num_batched_tokens: int, max_num_seqs: int) -
     memory = KvMemory(hbm_capacity_bytes=ctx.hw.memory_bytes, weights_bytes=ctx.weights_bytes, activation_bytes=act,
                       runtime_reserve_bytes=ctx.hw.runtime_reserve_bytes, host_capacity_bytes=ctx.hw.host_memory_bytes,
                       kv_bytes_per_token=ctx.kv_bytes_per_token, t2_bytes_per_token=ctx.t2_bytes_per_token,
-                      staging_bytes_per_token=stage, bounded_bytes_per_request=bounded, request_bounded=per_request)
+                      staging_bytes_per_token=stage, bounded_bytes_per_request=bounded, request_bounded=per_request,
+                      chunk_kept=ctx.chunk_kept if ctx.model.chunked_tier_share else None)
     return chunked_local(ctx, window_pools(ctx, memory, max_num_batched_tokens))
 
 

@@ -56,8 +56,8 @@ def alone_shortfall(memory: KvMemory, counter: TierCounter, reqs: RequestSet) ->
         att, aft = counter.attended(int(p), steps), counter.after(int(p), steps)
         hbm = np.maximum.accumulate(np.maximum(memory.hbm_kv_bytes(att[:, T0], att[:, T1] + att[:, T2], att.sum(axis=1)),
                                                memory.hbm_kv_bytes(aft[:, T0], 0, aft.sum(axis=1))))
-        host = np.maximum.accumulate(np.maximum(memory.host_bytes(att[:, T1], att[:, T2]),
-                                                memory.host_bytes(aft[:, T1], aft[:, T2])))
+        host = np.maximum.accumulate(np.maximum(memory.host_bytes(att[:, T1], att[:, T2], att.sum(axis=1), int(p)),
+                                                memory.host_bytes(aft[:, T1], aft[:, T2], aft.sum(axis=1), int(p))))
         last = np.maximum(reqs.output_tokens[mine] - 2, 0)
         need_hbm = np.maximum(hbm[last], memory.hbm_kv_bytes(int(p), 0, int(p)))
         need_host = host[last]

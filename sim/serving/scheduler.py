@@ -62,7 +62,9 @@ class StepPlan:
     preempted: list[int] = field(default_factory=list)
     attended: np.ndarray = field(default_factory=lambda: np.zeros(4, dtype=np.int64))  # T0..T3 over decodes
     decode_counts: np.ndarray | None = None  # each decode's T0..T3 (rows as `decodes`); None when every token is in T0
-    demoted: tuple[int, int] = (0, 0)  # tokens the decodes' re-tiers move to T1, T2 (net)
+    # tokens the decodes' re-tiers move to T1, T2 (net); with chunked layers each at the share of its bytes the
+    # host holds (`KvMemory.chunk_kept`), as are `promoted` and `resident`
+    demoted: tuple[int, int] = (0, 0)
     promoted: tuple[int, int] = (0, 0)  # ... and back to T0 from T1, T2 (net; hbm_ratio auto as pressure falls)
     resident: tuple[int, int] = (0, 0)  # T1, T2 held after the step by the decodes that re-tier
     retiers: int = 0
@@ -177,13 +179,16 @@ class Scheduler:
     def arrive(self, i: int) -> None:
         self.waiting.append(i)
 
-    def _needs(self, att: np.ndarray, aft: np.ndarray, decoding: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(HBM KV bytes, host bytes) per request: T0 + staged T1/T2 (decodes only) + the window and
-        linear layers' bytes of the tokens it holds during the step; host the larger of during the
-        step and after its re-tier."""
+    def _needs(self, att: np.ndarray, aft: np.ndarray, decoding: np.ndarray,
+               prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(HBM KV bytes, host bytes) per request (prompt tokens `prompt`): T0 + staged T1/T2 (decodes only)
+        + the window and linear layers' bytes of the tokens it holds during the step; host the larger of
+        during the step and after its re-tier."""
         m = self.memory
-        hbm = m.hbm_kv_bytes(att[:, T0], np.where(decoding, att[:, T1] + att[:, T2], 0), att.sum(axis=1))
-        host = np.maximum(m.host_bytes(att[:, T1], att[:, T2]), m.host_bytes(aft[:, T1], aft[:, T2]))
+        held = att.sum(axis=1)
+        hbm = m.hbm_kv_bytes(att[:, T0], np.where(decoding, att[:, T1] + att[:, T2], 0), held)
+        host = np.maximum(m.host_bytes(att[:, T1], att[:, T2], held, prompt),
+                          m.host_bytes(aft[:, T1], aft[:, T2], aft.sum(axis=1), prompt))
         return hbm, host
 
     def _held_host_bytes(self) -> float:
@@ -244,7 +249,7 @@ class Scheduler:
             return _Draft(run, decoding, tokens, tokens, hbm, np.zeros(len(run)))
         self.counter.begin_step(run, t.generated[run], decoding)
         att, aft = self.counter.step_counts(run, t.generated[run], decoding)
-        hbm, host = self._needs(att, aft, decoding)
+        hbm, host = self._needs(att, aft, decoding, t.prompt[run])
         return _Draft(run, decoding, att, aft, hbm, host)
 
     def _dense_needs(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -424,10 +429,10 @@ class Scheduler:
             return h, 0.0, h
         if resumes_decoding:  # a decode whose K/V comes back: this step's needs
             a, b = self.counter.step_counts(np.array([i]), t.generated[[i]], np.array([True]))
-            h, ho = (float(x[0]) for x in self._needs(a, b, np.array([True])))
+            h, ho = (float(x[0]) for x in self._needs(a, b, np.array([True]), t.prompt[[i]]))
         else:
             a = self.counter.held(i, int(t.generated[i]) + 1)[None, :]
-            h, ho = m.hbm_kv_bytes(a[0, T0], 0, a[0].sum()), m.host_bytes(a[0, T1], a[0, T2])
+            h, ho = m.hbm_kv_bytes(a[0, T0], 0, a[0].sum()), m.host_bytes(a[0, T1], a[0, T2], a[0].sum(), t.prompt[i])
         return h, ho, float(self.counter.admission_bytes(a, np.array([h]))[0])
 
     def _close(self, d: _Draft, plan: StepPlan) -> None:
@@ -446,10 +451,15 @@ class Scheduler:
         steps = t.generated[plan.decodes] - 1
         due = self.counter.retier_due(steps)
         if due.any():
-            moved, back = self.counter.retier_moves(a[due], b[due])
-            kept = b[due][:, [T1, T2]].sum(axis=0)
-            plan.demoted, plan.promoted = (int(moved[0]), int(moved[1])), (int(back[0]), int(back[1]))
-            plan.resident = (int(kept[0]), int(kept[1]))
+            ra, rb = a[due], b[due]
+            if self.memory.chunk_kept is not None:  # each row's moves and residents at the share the host holds
+                share = self.memory.chunk_kept(rb.sum(axis=1), t.prompt[plan.decodes[due]])[:, None]
+                ra, rb = ra * share, rb * share
+            moved, back = self.counter.retier_moves(ra, rb)
+            held = rb[:, [T1, T2]].sum(axis=0)
+            number = int if self.memory.chunk_kept is None else float
+            plan.demoted, plan.promoted = (number(moved[0]), number(moved[1])), (number(back[0]), number(back[1]))
+            plan.resident = (number(held[0]), number(held[1]))
             plan.retiers = int(due.sum())
             self.counter.commit(plan.decodes, steps, b)
 
@@ -485,7 +495,10 @@ class Scheduler:
         if t.computed[i] < t.target[i]:
             return swap_bytes(int(t.computed[i]), 0, 0, m.kv_bytes_per_token, m.t2_bytes_per_token)
         c = self.counter.held(i, int(t.generated[i]))
-        return swap_bytes(int(c[T0]), int(c[T1]), int(c[T2]), m.kv_bytes_per_token, m.t2_bytes_per_token)
+        link, held = swap_bytes(int(c[T0]), int(c[T1]), int(c[T2]), m.kv_bytes_per_token, m.t2_bytes_per_token)
+        if m.chunk_kept is not None:  # its T1/T2 at the share the host holds (`KvMemory.host_bytes`)
+            held = link + m.host_bytes(int(c[T1]), int(c[T2]), int(c.sum()), int(t.prompt[i]))
+        return link, held
 
     def _drop_swapped(self) -> float:
         """Recompute every swapped request instead (when nothing runs and their host memory keeps the

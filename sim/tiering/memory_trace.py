@@ -34,7 +34,7 @@ class MemoryTrace:
 
 
 def memory_trace(ctx, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray, active: np.ndarray,
-                 after: np.ndarray | None = None, demoted: np.ndarray | None = None) -> MemoryTrace:
+                 after: np.ndarray | None = None, demoted: np.ndarray | None = None, kept=1.0) -> MemoryTrace:
     """HBM(step) = weights + T0 KV + staging for this step's T1/T2 + activations + reserve, + at a
     re-tier its demoted tokens (`demoted`, (steps, 2): to T1, to T2), gathered on the device while
     their T0 slots are still held, until the offload lands;
@@ -46,11 +46,13 @@ def memory_trace(ctx, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray, active: np
     the tokens each sequence holds, T3 counted: a window covers the latest tokens whatever the policy
     evicted) - they never leave HBM. Under vLLM (and without an engine) a chunked layer's T0 KV is its
     current chunk's alone (`RunContext.chunk_freed_bytes`: the serving run's rule, exact for a closed
-    batch's equal lengths; the host tiers still count every layer). Where the engine keeps the window
+    batch's equal lengths; the host tiers by `kept`, below, whatever the engine). Where the engine keeps the window
     layers in a pool of their own (`RunContext.window_pools`: TensorRT-LLM, SGLang; SGLang's also holds
     Llama 4's chunked layers, their last C tokens), the full pool's T0 KV with its staging and the window
     bytes each count over their pool's share and HBM holds the larger, as a serving run's
-    `KvMemory.hbm_kv_bytes`."""
+    `KvMemory.hbm_kv_bytes`. `kept` (per step, or one figure): the share of a host-tier token's bytes the host
+    holds and a demotion gathers (`RunContext.chunk_kept`: chunked layers' copies only within the current
+    chunk; 1.0 without chunked layers)."""
     p = ctx.scenario.policy
     kvl = ctx.staged_bytes_per_token_layer
     staged_layer = t1 * kvl + t2 * kvl  # T2 dequantised into staging
@@ -71,7 +73,7 @@ def memory_trace(ctx, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray, active: np
     transit = np.zeros_like(kv_t0, dtype=float)
     if demoted is not None:
         to_t1, to_t2 = demoted.T
-        transit = to_t1 * ctx.kv_bytes_per_token + to_t2 * ctx.t2_bytes_per_token
+        transit = (to_t1 * ctx.kv_bytes_per_token + to_t2 * ctx.t2_bytes_per_token) * kept
     hbm = ctx.weights_bytes + kv_t0 + stage + act + transit + ctx.hw.runtime_reserve_bytes
     bounded = 0.0
     if pools is not None:  # the engine's own window pool: its share of the budget binds as the fuller pool does
@@ -82,8 +84,8 @@ def memory_trace(ctx, t0: np.ndarray, t1: np.ndarray, t2: np.ndarray, active: np
     elif ctx.model.has_bounded_layers:
         bounded = ctx.bounded_bytes(held, active)
         hbm = hbm + bounded
-    host = t1 * ctx.kv_bytes_per_token + t2 * ctx.t2_bytes_per_token
+    host = (t1 * ctx.kv_bytes_per_token + t2 * ctx.t2_bytes_per_token) * kept
     if after is not None:
-        host = np.maximum(host, after[:, T1] * ctx.kv_bytes_per_token + after[:, T2] * ctx.t2_bytes_per_token)
+        host = np.maximum(host, (after[:, T1] * ctx.kv_bytes_per_token + after[:, T2] * ctx.t2_bytes_per_token) * kept)
     return MemoryTrace(hbm_bytes=hbm, host_bytes=host, kv_t0_bytes=kv_t0, staging_bytes=stage, transit_bytes=transit,
                        bounded_bytes=bounded)
