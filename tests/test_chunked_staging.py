@@ -22,11 +22,12 @@ from sim.tiering.tiers import TierPolicy, protected_mask
 C = 8192
 
 
-def _closed(detail="fast", prompt=C, out=1024, access="prefetch", model="llama-4-maverick"):
+def _closed(detail="fast", prompt=C, out=1024, access="prefetch", model="llama-4-maverick", policy="tiered"):
+    tiers = {"kind": "tiered", "hbm_ratio": 0.25, "access": access} if policy == "tiered" else {"kind": policy}
     return scenario_from_dict({
         "name": "m", "model": {"name": model, "weight_dtype": "fp8"}, "hardware": {"gpu": "h200-sxm"},
         "parallel": {"tp": 8}, "workload": {"batch_size": 4, "prompt_tokens": prompt, "reasoning_tokens": out},
-        "policy": {"kind": "tiered", "hbm_ratio": 0.25, "access": access}, "sim": {"detail": detail}}, "t.yaml")
+        "policy": tiers, "sim": {"detail": detail}}, "t.yaml")
 
 
 def _serving(model="llama-4-maverick"):
@@ -173,3 +174,37 @@ def test_a_planner_screen_stages_the_sampled_share():
     assert 0.25 < k1 < 1.0 and 0.25 < k2 <= 1.0
     dense = build_context(_serving("llama-3.1-70b"))
     assert staged_shares(dense, dense.policy, moments(dense.scenario)) is None
+
+
+def test_a_closed_batch_reads_each_chunk_exactly(monkeypatch):
+    """Its sequences share one length, so a chunked layer's reads are exact: active x ((n - 1) mod C) + 1
+    with n = prompt + step + 1 (serving counts each sequence the same way). Prompt C: step s reads s + 1
+    tokens a sequence where the bound min(n, C) gave C; every level times it alike, faster than the bound."""
+    from sim.decode.context import RunContext
+
+    ctx = build_context(_closed(prompt=C))
+    att = np.array([[4 * (C + 11), 0, 0, 4], [3 * (C + 101), 0, 0, 3]])
+    assert list(ctx.closed_chunk_tokens(att, np.array([10, 100]))) == [4 * 11, 3 * 101]
+    assert build_context(_closed(model="llama-3.1-70b")).closed_chunk_tokens(att, np.array([10, 100])) is None
+    full = {d: simulate(_closed(d, C, 1024, policy="full_hbm"), with_max_batch=False).summary
+            for d in ("fast", "step", "layer")}
+    assert full["fast"].tpot_p50_s == pytest.approx(full["step"].tpot_p50_s, rel=1e-12)
+    assert full["fast"].tpot_p50_s == pytest.approx(full["layer"].tpot_p50_s, rel=1e-12)
+    monkeypatch.setattr(RunContext, "closed_chunk_tokens", lambda self, att, steps: None)  # the bound min(n, C)
+    bound = simulate(_closed("fast", C, 1024, policy="full_hbm"), with_max_batch=False).summary
+    assert full["fast"].tpot_p50_s < bound.tpot_p50_s
+
+
+def test_the_planner_screen_reads_the_mean_current_chunk():
+    """Requests of 7,680 + 1,024 tokens: the step-weighted mean of ((n - 1) mod C) + 1 over their decodes, below
+    the bound min(n, C) and above the second chunk's few tokens."""
+    from sim.plan.screen import _sampled_steps, mean_chunk_tokens, moments
+
+    ctx = build_context(_serving())
+    m = moments(ctx.scenario)
+    mean = mean_chunk_tokens(ctx, ctx.policy, m)
+    prompt, step, weights, _ = _sampled_steps(ctx.policy, m)
+    n = prompt + step + 1
+    assert mean == pytest.approx(np.sum(weights * np.where(n > C, n - C, n)) / np.sum(weights), rel=1e-12)
+    assert 512 < mean < np.sum(weights * np.minimum(n, C)) / np.sum(weights)
+    assert mean_chunk_tokens(build_context(_serving("llama-3.1-70b")), ctx.policy, m) is None

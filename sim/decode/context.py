@@ -34,7 +34,7 @@ from sim.model.layers import CHUNKED, LINEAR, MLA, SPARSE, WINDOW, chunk_attende
 from sim.model.spec import ModelSpec
 from sim.model.units import GiB
 from sim.tiering.counts import unprotected_share_of_last
-from sim.tiering.tier_plan import ATT_T1, ATT_T2
+from sim.tiering.tier_plan import ACTIVE, ATT_T1, ATT_T2
 from sim.tiering.tiers import TierPolicy
 
 
@@ -123,6 +123,16 @@ class RunContext:
         holds prompt + step + 1 tokens; 1.0 without chunked layers."""
         prompt = self.scenario.workload.prompt_tokens
         return self.chunk_kept(prompt + np.asarray(steps) + 1, prompt) if self.model.chunked_tier_share else 1.0
+
+    def closed_chunk_tokens(self, att: np.ndarray, steps: np.ndarray):
+        """The tokens a closed batch's chunked layers attend at decode `steps` (rows `att`, columns
+        `tier_plan.ATT_*`): each of its running sequences its current chunk's, ((n - 1) mod C) + 1 of
+        n = prompt + step + 1 (`layers.chunk_attended`; exact, the sequences sharing one length). None
+        without chunked layers."""
+        if not self.model.chunked_tier_share:
+            return None
+        prompt = self.scenario.workload.prompt_tokens
+        return att[:, ACTIVE] * chunk_attended(prompt + np.asarray(steps) + 1, self.model.attention_chunk)
 
     def closed_staged_tokens(self, att: np.ndarray, steps: np.ndarray):
         """`staged_tokens` of a closed batch's rows `att` (columns `tier_plan.ATT_*`) at decode `steps`

@@ -170,7 +170,13 @@ class DecodeSim:
         return decode_step_cost(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, self.prefetch,
                                 int(row[ACTIVE]), int(row[ATT_T0]), int(row[ATT_T1]), int(row[ATT_T2]),
                                 ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer, self.staged, self.access,
-                                self.buffers, fetch=ctx.sparse_fetch, staged_tokens=self.staged_tokens(s))
+                                self.buffers, fetch=ctx.sparse_fetch, chunk_tokens=self.chunk_tokens(s),
+                                staged_tokens=self.staged_tokens(s))
+
+    def chunk_tokens(self, s: int) -> int | None:
+        """Step `s`'s chunked-layer reads (`RunContext.closed_chunk_tokens`); None without chunked layers."""
+        out = self.ctx.closed_chunk_tokens(self.plan.attended[[s]], np.array([s]))
+        return None if out is None else int(out[0])
 
     def staged_tokens(self, s: int) -> tuple | None:
         """Step `s`'s (T1, T2) the mean layer stages (`RunContext.closed_staged_tokens`); None without

@@ -36,7 +36,8 @@ def step_arrays(ctx: RunContext, att: np.ndarray, steps: np.ndarray | None = Non
     batch, attention as `physics.attention_s_array`. Same formulas, same order of operations: the same floats."""
     m, pol, hw, model = ctx.scenario.model, ctx.scenario.policy, ctx.hw, ctx.model
     batch, t0, t1, t2 = att[:, ACTIVE], att[:, ATT_T0], att[:, ATT_T1], att[:, ATT_T2]
-    s1, s2 = staged_columns(ctx, att, np.arange(len(att)) if steps is None else steps)
+    steps = np.arange(len(att)) if steps is None else steps
+    s1, s2 = staged_columns(ctx, att, steps)
     uniq, inv = np.unique(batch, return_inverse=True)
     per_batch = [decode_layer_cost(model, hw, m.weight_dtype, m.weight_group_size, int(b), 0,
                                    ctx.kv_bytes_per_token_layer) for b in uniq]
@@ -49,7 +50,7 @@ def step_arrays(ctx: RunContext, att: np.ndarray, steps: np.ndarray | None = Non
     kvl, t2b = ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer
     attended = t0 + t1 + t2
     kv_bytes = (attended + batch) * kvl + s2 * (t2b + kvl)
-    attn = decode_attention_s(model, hw, batch, attended, kv_bytes, kvl)
+    attn = decode_attention_s(model, hw, batch, attended, kv_bytes, kvl, ctx.closed_chunk_tokens(att, steps))
     device = gemm + attn + overhead + allreduce
     total = np.maximum(device, host)
     stretch = np.where(device > 0, total / np.where(device > 0, device, 1.0), 1.0)

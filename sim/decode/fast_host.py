@@ -287,7 +287,8 @@ class _WindowSim(DecodeSim):
         return decode_step_cost(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, self.prefetch,
                                 int(row[ACTIVE]), int(row[ATT_T0]), int(row[ATT_T1]), int(row[ATT_T2]),
                                 ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer, self.staged, self.access,
-                                self.buffers, host_fraction=f, staged_tokens=self.staged_tokens(s))
+                                self.buffers, host_fraction=f, chunk_tokens=self.chunk_tokens(s),
+                                staged_tokens=self.staged_tokens(s))
 
 
 def _plain_compute_s(ctx: RunContext, att: np.ndarray) -> np.ndarray:

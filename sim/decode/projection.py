@@ -35,15 +35,17 @@ class StepTime:
     h2d_bytes: float = 0.0  # set where part of T1/T2 is attended on the host (prefetched part + partial outputs)
 
 
-def step_time(ctx: RunContext, batch: int, t0: int, t1: int, t2: int, staged_tokens: tuple | None = None) -> StepTime:
+def step_time(ctx: RunContext, batch: int, t0: int, t1: int, t2: int, staged_tokens: tuple | None = None,
+              chunk_tokens: int | None = None) -> StepTime:
     """One decode step for tier counts summed over the batch: the engine's step cost
-    (`physics.decode_step_cost`; `staged_tokens` as there), its prefetch and host path in closed form with
-    no link contention."""
+    (`physics.decode_step_cost`; `staged_tokens` and `chunk_tokens` as there), its prefetch and host path in
+    closed form with no link contention."""
     m, pol = ctx.scenario.model, ctx.scenario.policy
     staged = ctx.policy.tiering and pol.prefetch != "per_interval"  # per_interval keeps T1/T2 resident
     cost = decode_step_cost(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, pol.prefetch, batch, t0, t1, t2,
                             ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer, staged, pol.access,
-                            pol.staging_buffers, fetch=ctx.sparse_fetch, staged_tokens=staged_tokens)
+                            pol.staging_buffers, fetch=ctx.sparse_fetch, chunk_tokens=chunk_tokens,
+                            staged_tokens=staged_tokens)
     L = cost.num_layers
     if cost.host is not None:
         copy_s = cost.prefetch_copy_s(ctx.hw.h2d) if cost.stages else 0.0
@@ -74,9 +76,10 @@ def _step_times(ctx: RunContext, c, idx: np.ndarray) -> SampledSteps:
     same floats as the scalar physics), host access one step at a time."""
     att = np.column_stack([c.attended[idx, T0], c.attended[idx, T1], c.attended[idx, T2], c.active[idx]])
     if ctx.scenario.policy.access != "prefetch" and ctx.policy.tiering:
-        staged = ctx.closed_staged_tokens(att, idx)
+        staged, chunks = ctx.closed_staged_tokens(att, idx), ctx.closed_chunk_tokens(att, idx)
         times = [step_time(ctx, int(c.active[i]), *(int(x) for x in c.attended[i, [T0, T1, T2]]),
-                           None if staged is None else (float(staged[0][j]), float(staged[1][j])))
+                           None if staged is None else (float(staged[0][j]), float(staged[1][j])),
+                           None if chunks is None else int(chunks[j]))
                  for j, i in enumerate(idx)]
         return SampledSteps(*(np.array([getattr(t, f) for t in times])
                               for f in ("step_s", "compute_s", "h2d_busy_s", "h2d_bytes")))

@@ -41,6 +41,7 @@ from sim.device.physics import mixed_step_cost, pipeline_send_s, pipeline_stage_
 from sim.inputs import catalog
 from sim.inputs.requests import build_requests
 from sim.inputs.scenario import Scenario, WorkloadCfg
+from sim.model.layers import chunk_attended
 from sim.serving.kv_memory import engine_scheduler, kv_memory
 from sim.serving.new_token_ratio import CLIP_NEW_TOKENS, NewTokenRatio
 from sim.serving.tier_counts import TierCounter
@@ -196,6 +197,16 @@ def staged_shares(ctx, policy, m: Moments) -> tuple[float, float] | None:
     return (float(s1.sum() / h1.sum()) if h1.sum() > 0 else 1.0, float(s2.sum() / h2.sum()) if h2.sum() > 0 else 1.0)
 
 
+def mean_chunk_tokens(ctx, policy, m: Moments) -> float | None:
+    """The tokens a running request's chunked layers attend, its current chunk's ((n - 1) mod C) + 1
+    (`layers.chunk_attended`), as a step sees its batch: the step-weighted mean over the same sample as
+    `tier_shares`. None without chunked layers."""
+    if not ctx.model.chunked_tier_share:
+        return None
+    prompt, step, weights, _ = _sampled_steps(policy, m)
+    return float(np.sum(weights * chunk_attended(prompt + step + 1, ctx.model.attention_chunk)) / np.sum(weights))
+
+
 def step_binds(cost, closed_s: float, rows: float, ridge_rows: float) -> str:
     """The resource a step spends most on, in hardware words."""
     if closed_s > 1.1 * cost.compute_s:
@@ -237,7 +248,7 @@ def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
     timing_policy = ctx.policy.at_fraction(1.0) if ctx.policy.auto else ctx.policy  # auto: tiers only when full
     memory_policy = ctx.policy.at_fraction(0.0) if ctx.policy.auto else ctx.policy
     share = tier_shares(timing_policy, m)
-    kept = staged_shares(ctx, timing_policy, m)  # chunked layers stage their current chunk's T1/T2 alone
+    kept, chunk_read = staged_shares(ctx, timing_policy, m), mean_chunk_tokens(ctx, timing_policy, m)  # chunked layers
     pp = scenario.parallel.pp  # each of pp batches in flight is one engine step's (token budget included)
     caps = concurrency_caps(memory, sched, m, tier_shares(memory_policy, m), pp)
     cap_name = min(caps, key=caps.get)
@@ -245,7 +256,6 @@ def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
     batches = np.unique(np.geomspace(1.0, top, GRID))
     ridge = ctx.hw.peak_flop_per_s / ctx.hw.weight_hbm_bytes_per_s  # rows where a bf16 GEMM turns compute-bound
     token_s = pipeline_token_s(ctx, pp)
-
     w_dtype, group = scenario.model.weight_dtype, scenario.model.weight_group_size
 
     def timed(c, rows: int):
@@ -264,6 +274,7 @@ def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
         plain = mixed_step_cost(ctx.model, ctx.hw, w_dtype, group, pol.prefetch, b, int(ctx_tokens * share[0]), t1, t2,
                                 ctx.kv_bytes_per_token_layer, ctx.t2_bytes_per_token_layer, 0, 0, 0, 0,
                                 ctx.policy.tiering, pol.access, pol.staging_buffers,
+                                chunk_tokens=None if chunk_read is None else round(b * chunk_read),
                                 staged_tokens=None if kept is None else (t1 * kept[0], t2 * kept[1]))
         base, rows = (empty, 0) if alone else (plain, b)
         mixed = with_prefill(ctx.model, ctx.hw, w_dtype, group, base, rows, ctx.kv_bytes_per_token_layer, chunk,
