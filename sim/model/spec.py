@@ -178,8 +178,8 @@ class ModelSpec:
     @property
     def chunked_tier_share(self) -> float:
         """The chunked layers' share of a token's tiered bytes (Llama 4 Maverick: 36 of 48 equal layers,
-        0.75); 0 without chunked layers. A staged token crosses the link for these layers
-        only where it lies in its sequence's current chunk (`decode.context.RunContext.staged_tokens`)."""
+        0.75); 0 without chunked layers. A host-tier token is staged, held and moved for these layers only
+        where it lies in its sequence's current chunk (`decode.context.RunContext.chunk_kept`)."""
         if CHUNKED not in self.kind_counts:
             return 0.0
         return self.kind_kv_bytes_per_token(CHUNKED) / self.kv_bytes_per_token()
