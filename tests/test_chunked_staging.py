@@ -1,8 +1,9 @@
 """A chunked layer reads only its current chunk, so a tiered run stages - prefetches, or reads on the host -
 only the T1/T2 tokens there for those layers (`RunContext.staged_tokens`), and its host tiers hold and its
 re-tiers move only those layers' copies there (`RunContext.chunk_kept`); full and MLA layers stage, hold and
-move every host token. Llama 4 Maverick: 12 full + 36 chunked (8,192) layers of equal bytes, so past its first chunk a
-staged token crosses the link for a quarter of the layers plus the chunked ones' share in the chunk."""
+move every host token. Llama 4 Maverick: 12 full + 36 chunked (8,192) layers of equal bytes, so past its
+first chunk a staged token crosses the link for a quarter of the layers plus the chunked ones' share in the
+chunk. A closed batch's chunked reads are exact per step (`RunContext.closed_chunk_tokens`)."""
 
 from __future__ import annotations
 
@@ -160,7 +161,8 @@ def test_a_serving_run_stages_each_sequence_at_its_own_length(monkeypatch):
     assert any(s1 < attended[1] for (s1, _), attended, *_ in seen)  # past the chunk: fewer
     ctx = build_context(_serving())
     for (s1, s2), attended, prompt, generated, counts in seen[::10]:
-        by_hand = [ctx.staged_tokens(int(c[1]), int(c[2]), int(p + g), int(p)) for c, p, g in zip(counts, prompt, generated)]
+        by_hand = [ctx.staged_tokens(int(c[1]), int(c[2]), int(p + g), int(p))
+                   for c, p, g in zip(counts, prompt, generated)]
         assert s1 == pytest.approx(sum(x[0] for x in by_hand), rel=1e-12)
         assert s2 == pytest.approx(sum(x[1] for x in by_hand), rel=1e-12)
         assert s1 <= attended[1]
