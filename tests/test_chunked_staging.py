@@ -210,3 +210,31 @@ def test_the_planner_screen_reads_the_mean_current_chunk():
     assert mean == pytest.approx(np.sum(weights * np.where(n > C, n - C, n)) / np.sum(weights), rel=1e-12)
     assert 512 < mean < np.sum(weights * np.minimum(n, C)) / np.sum(weights)
     assert mean_chunk_tokens(build_context(_serving("llama-3.1-70b")), ctx.policy, m) is None
+
+
+def test_host_access_reads_the_chunks_on_the_gpu_less_what_the_host_attends():
+    """Host access: the GPU's chunked layers read their chunks' tokens less the host-tier tokens there that
+    the host attends (`physics.gpu_chunk_tokens`), by hand; the fast level's arrays give the scalar step
+    cost's floats, step for step, past the chunk."""
+    from sim.decode.fast_host import host_step_arrays
+    from sim.device.physics import gpu_chunk_tokens
+    from sim.tiering.tier_plan import ACTIVE, ATT_T0, ATT_T1, ATT_T2, plan_tiers
+
+    ctx = build_context(_closed(prompt=6144, out=4096, access="split"))
+    # 1,000 host tokens, 400 of them in the chunks: staged = 0.25 x 1,000 + 0.75 x 400 = 550
+    assert gpu_chunk_tokens(ctx.model, 2000, 1000, 550.0, 0.5) == pytest.approx(2000 - 0.5 * 400)
+    assert gpu_chunk_tokens(ctx.model, None, 1000, 550.0, 0.5) is None
+    att = plan_tiers(ctx).attended
+    rows = np.flatnonzero((att[:, ATT_T1] + att[:, ATT_T2] > 0) & (np.arange(len(att)) > 2100))[::97]
+    a = host_step_arrays(ctx, att[rows], rows)
+    m, p = ctx.scenario.model, ctx.scenario.policy
+    s1, s2 = ctx.closed_staged_tokens(att[rows], rows)
+    chunks = ctx.closed_chunk_tokens(att[rows], rows)
+    for j, r in enumerate(rows):
+        row = att[r]
+        c = decode_step_cost(ctx.model, ctx.hw, m.weight_dtype, m.weight_group_size, p.prefetch, int(row[ACTIVE]),
+                             int(row[ATT_T0]), int(row[ATT_T1]), int(row[ATT_T2]), ctx.kv_bytes_per_token_layer,
+                             ctx.t2_bytes_per_token_layer, True, p.access, p.staging_buffers,
+                             chunk_tokens=int(chunks[j]), staged_tokens=(float(s1[j]), float(s2[j])))
+        copy_s = c.prefetch_copy_s(ctx.hw.h2d) if c.stages else 0.0
+        assert (a.step_s[j], a.compute_s[j]) == (c.closed_form_s(ctx.hw, copy_s, p.staging_buffers), c.compute_s)

@@ -32,6 +32,7 @@ from sim.device.physics import (
     decode_attention_s,
     decode_layer_cost,
     decode_step_cost,
+    gpu_chunk_tokens,
     step_tail_s,
 )
 from sim.tiering.tier_plan import ACTIVE, ATT_T0, ATT_T1, ATT_T2, TierPlan
@@ -166,8 +167,7 @@ def host_step_arrays(ctx: RunContext, att: np.ndarray, steps: np.ndarray) -> Hos
     """`decode_step_cost` (host access) and its closed form for every row of `att` (columns
     `tier_plan.ATT_*`; the rows of decode `steps`) at once."""
     m, pol, hw, model, L = ctx.scenario.model, ctx.scenario.policy, ctx.hw, ctx.model, ctx.num_layers
-    n = len(att)
-    fr = np.array(split_fractions(pol.access))
+    n, fr = len(att), np.array(split_fractions(pol.access))
     k = len(fr)
     batch, t0, t1, t2 = (np.tile(att[:, c], k) for c in (ACTIVE, ATT_T0, ATT_T1, ATT_T2))
     s1, s2 = (np.tile(x, k) for x in staged_columns(ctx, att, steps))
@@ -183,12 +183,13 @@ def host_step_arrays(ctx: RunContext, att: np.ndarray, steps: np.ndarray) -> Hos
     g1, g2 = (1.0 - f) * t1, (1.0 - f) * t2
     p1, p2 = (1.0 - f) * s1, (1.0 - f) * s2  # the prefetched part as the link sees it (`staged_tokens`)
     attended = t0 + g1 + g2
-    attn = decode_attention_s(model, hw, batch, attended, (attended + batch) * kvl + p2 * (t2b + kvl), kvl)
+    chunks = ctx.closed_chunk_tokens(att, steps)
+    chunk = None if chunks is None else gpu_chunk_tokens(model, np.tile(chunks, k), t1 + t2, s1 + s2, f)
+    attn = decode_attention_s(model, hw, batch, attended, (attended + batch) * kvl + p2 * (t2b + kvl), kvl, chunk)
     device = gemm + attn + overhead + allreduce
     total = np.maximum(device, np.array([c.host_s for c in per_batch])[inv])
     pre = gemm * qkv * np.where(device > 0, total / np.where(device > 0, device, 1.0), 1.0)
-    post = total - pre
-    compute = L * total + tail
+    post, compute = total - pre, L * total + tail
     h1, h2 = s1 - p1, s2 - p2
     kv = h1 * kvl + h2 * t2b
     cpu = hw.host_cpu

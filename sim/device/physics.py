@@ -1108,8 +1108,8 @@ def decode_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_si
     Host access: `split` tries fractions 1, 15/16, ..., 0 of the host-resident tokens on the host and
     keeps the first fastest by `StepCost.closed_form_s`; `host_fraction` gives the fraction instead
     (one already chosen, e.g. by the fast level's arrays). `sparse_fetch`: `_sparse_fetch_cost`. `chunk_tokens`:
-    the tokens the batch's chunked layers attend, counted per sequence (`decode_layer_cost`; the host and
-    sparse-fetch paths take their bound). `staged_tokens`: the (T1, T2) the mean layer stages where chunked
+    the tokens the batch's chunked layers attend, counted per sequence (`decode_layer_cost`; host access less
+    what the host attends, `gpu_chunk_tokens`; the sparse-fetch path takes their bound). `staged_tokens`: the (T1, T2) the mean layer stages where chunked
     layers stage only their current chunk's (`RunContext.staged_tokens`; None: t1, t2) - the bytes crossing the
     link, the T2 dequantised, the prototype's packing and the host's reads count them."""
     if staged and access == "sparse_fetch" and t1 + t2 > 0:
@@ -1118,10 +1118,10 @@ def decode_step_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_si
     if staged and access not in ("prefetch", "sparse_fetch") and t1 + t2 > 0:
         args = (model, hw, weight_dtype, group_size, prefetch, batch, t0, t1, t2, kv_bytes_per_token_layer,
                 t2_bytes_per_token_layer)
+        more = {"staged_tokens": staged_tokens, "chunk_tokens": chunk_tokens}
         if access == "host_attention" or host_fraction is not None:
-            return _host_split_cost(*args, fraction_on_host=1.0 if host_fraction is None else host_fraction,
-                                    staged_tokens=staged_tokens)
-        options = [_host_split_cost(*args, fraction_on_host=1.0 - i / SPLIT_STEPS, staged_tokens=staged_tokens)
+            return _host_split_cost(*args, fraction_on_host=1.0 if host_fraction is None else host_fraction, **more)
+        options = [_host_split_cost(*args, fraction_on_host=1.0 - i / SPLIT_STEPS, **more)
                    for i in range(SPLIT_STEPS + 1)]
         return min(options, key=lambda c: c.closed_form_s(hw, c.prefetch_copy_s(hw.h2d), buffers))
     s1, s2 = (t1, t2) if staged_tokens is None else staged_tokens
@@ -1373,21 +1373,37 @@ def with_prefill(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: 
 
 def _host_split_cost(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, prefetch: str, batch: int,
                      t0: int, t1: int, t2: int, kv_bytes_per_token_layer: float, t2_bytes_per_token_layer: float,
-                     fraction_on_host: float, staged_tokens: tuple | None = None) -> StepCost:
+                     fraction_on_host: float, staged_tokens: tuple | None = None,
+                     chunk_tokens: int | None = None) -> StepCost:
     """A step whose host-resident tokens are attended `fraction_on_host` on the host and the rest
     prefetched (T1 and T2 in the same proportion): the GPU attends T0 + the prefetched part, the
     host the rest, and each layer waits for the later of the two. The link and the host move the mean
-    layer's `staged_tokens` (`decode_step_cost`) in that proportion."""
+    layer's `staged_tokens` (`decode_step_cost`) in that proportion; the GPU's chunked layers read
+    `gpu_chunk_tokens`."""
     g1, g2 = (1.0 - fraction_on_host) * t1, (1.0 - fraction_on_host) * t2  # prefetched to the GPU
     s1, s2 = (t1, t2) if staged_tokens is None else staged_tokens
     p1, p2 = (1.0 - fraction_on_host) * s1, (1.0 - fraction_on_host) * s2  # the prefetched part as the link sees it
+    chunk = gpu_chunk_tokens(model, chunk_tokens, t1 + t2, s1 + s2, fraction_on_host)
     layer = decode_layer_cost(model, hw, weight_dtype, group_size, batch, t0 + g1 + g2, kv_bytes_per_token_layer,
-                              p2, t2_bytes_per_token_layer)
+                              p2, t2_bytes_per_token_layer, chunk)
     path = host_path(model, hw, batch, s1 - p1, s2 - p2, kv_bytes_per_token_layer, t2_bytes_per_token_layer)
     nbytes = float(p1 * kv_bytes_per_token_layer + p2 * t2_bytes_per_token_layer)
     copies = prefetch_copies_per_layer(prefetch, p1 > 0, p2 > 0)
     return StepCost(layer, model.num_layers, step_tail_s(model, hw, batch), nbytes, copies,
                     host=path if path.tokens > 0 else None, host_fraction=fraction_on_host)
+
+
+def gpu_chunk_tokens(model: ModelSpec, chunk_tokens, host_tokens, staged_tokens, fraction_on_host):
+    """The tokens a host-split step's chunked layers attend on the GPU (scalars or arrays): their current
+    chunks' (`chunk_tokens`) less the host tier's tokens there that the host attends, `fraction_on_host` of
+    them. Of the `host_tokens` (T1 + T2), the chunks hold (staged - (1 - q) host) / q, the chunked layers'
+    part of the mean layer's `staged_tokens` (q = `ModelSpec.chunked_tier_share`; all of them where the
+    staged tokens are the host tokens). None where `chunk_tokens` is None (the bound)."""
+    if chunk_tokens is None:
+        return None
+    q = model.chunked_tier_share
+    in_chunks = (staged_tokens - (1.0 - q) * host_tokens) / q if q else host_tokens
+    return np.maximum(chunk_tokens - fraction_on_host * in_chunks, 0.0)
 
 
 @dataclass(frozen=True)
