@@ -169,13 +169,13 @@ def test_a_serving_run_stages_each_sequence_at_its_own_length(monkeypatch):
 
 
 def test_a_planner_screen_stages_the_sampled_share():
-    from sim.plan.screen import moments, staged_shares
+    from sim.plan.screen import chunked_step_figures, moments
 
     ctx = build_context(_serving())
-    k1, k2 = staged_shares(ctx, ctx.policy, moments(ctx.scenario))
+    (k1, k2), _ = chunked_step_figures(ctx, ctx.policy, moments(ctx.scenario))
     assert 0.25 < k1 < 1.0 and 0.25 < k2 <= 1.0
     dense = build_context(_serving("llama-3.1-70b"))
-    assert staged_shares(dense, dense.policy, moments(dense.scenario)) is None
+    assert chunked_step_figures(dense, dense.policy, moments(dense.scenario)) == (None, None)
 
 
 def test_a_closed_batch_reads_each_chunk_exactly(monkeypatch):
@@ -200,16 +200,16 @@ def test_a_closed_batch_reads_each_chunk_exactly(monkeypatch):
 def test_the_planner_screen_reads_the_mean_current_chunk():
     """Requests of 7,680 + 1,024 tokens: the step-weighted mean of ((n - 1) mod C) + 1 over their decodes, below
     the bound min(n, C) and above the second chunk's few tokens."""
-    from sim.plan.screen import _sampled_steps, mean_chunk_tokens, moments
+    from sim.plan.screen import _sampled_steps, chunked_step_figures, moments
 
     ctx = build_context(_serving())
     m = moments(ctx.scenario)
-    mean = mean_chunk_tokens(ctx, ctx.policy, m)
+    _, mean = chunked_step_figures(ctx, ctx.policy, m)
     prompt, step, weights, _ = _sampled_steps(ctx.policy, m)
     n = prompt + step + 1
     assert mean == pytest.approx(np.sum(weights * np.where(n > C, n - C, n)) / np.sum(weights), rel=1e-12)
     assert 512 < mean < np.sum(weights * np.minimum(n, C)) / np.sum(weights)
-    assert mean_chunk_tokens(build_context(_serving("llama-3.1-70b")), ctx.policy, m) is None
+    assert chunked_step_figures(build_context(_serving("llama-3.1-70b")), ctx.policy, m)[1] is None
 
 
 def test_host_access_reads_the_chunks_on_the_gpu_less_what_the_host_attends():

@@ -118,21 +118,25 @@ class RunContext:
         kept = self.chunk_kept(tokens, prompt_tokens)
         return t1 * kept, t2 * kept
 
+    def closed_tokens(self, steps):
+        """The tokens each running sequence of a closed batch holds at decode `steps`: prompt + step + 1."""
+        return self.scenario.workload.prompt_tokens + np.asarray(steps) + 1
+
     def closed_kept(self, steps):
-        """`chunk_kept` of a closed batch at decode `steps` (scalar or array), where every running sequence
-        holds prompt + step + 1 tokens; 1.0 without chunked layers."""
-        prompt = self.scenario.workload.prompt_tokens
-        return self.chunk_kept(prompt + np.asarray(steps) + 1, prompt) if self.model.chunked_tier_share else 1.0
+        """`chunk_kept` of a closed batch at decode `steps` (scalar or array; `closed_tokens`); 1.0 without
+        chunked layers."""
+        if not self.model.chunked_tier_share:
+            return 1.0
+        return self.chunk_kept(self.closed_tokens(steps), self.scenario.workload.prompt_tokens)
 
     def closed_chunk_tokens(self, att: np.ndarray, steps: np.ndarray):
         """The tokens a closed batch's chunked layers attend at decode `steps` (rows `att`, columns
         `tier_plan.ATT_*`): each of its running sequences its current chunk's, ((n - 1) mod C) + 1 of
-        n = prompt + step + 1 (`layers.chunk_attended`; exact, the sequences sharing one length). None
+        n = `closed_tokens` (`layers.chunk_attended`; exact, the sequences sharing one length). None
         without chunked layers."""
         if not self.model.chunked_tier_share:
             return None
-        prompt = self.scenario.workload.prompt_tokens
-        return att[:, ACTIVE] * chunk_attended(prompt + np.asarray(steps) + 1, self.model.attention_chunk)
+        return att[:, ACTIVE] * chunk_attended(self.closed_tokens(steps), self.model.attention_chunk)
 
     def closed_staged_tokens(self, att: np.ndarray, steps: np.ndarray):
         """`staged_tokens` of a closed batch's rows `att` (columns `tier_plan.ATT_*`) at decode `steps`

@@ -68,7 +68,7 @@ class SampledSteps:
     step_s: np.ndarray
     compute_s: np.ndarray
     h2d_busy_s: np.ndarray
-    h2d_bytes: np.ndarray  # host access only (zeros otherwise): see `StepTime.h2d_bytes`
+    h2d_bytes: np.ndarray  # each step's over the link: the staged T1/T2, or with host access `StepTime.h2d_bytes`
 
 
 def _step_times(ctx: RunContext, c, idx: np.ndarray) -> SampledSteps:
@@ -86,19 +86,8 @@ def _step_times(ctx: RunContext, c, idx: np.ndarray) -> SampledSteps:
     a = step_arrays(ctx, att, idx)
     step_s, copy_s = uncontended_step_s(ctx, a)
     h2d_s = np.where(a.prefetch_bytes > 0, ctx.num_layers * copy_s, 0.0)
-    return SampledSteps(step_s, a.compute_s, h2d_s, np.zeros(len(idx)))
-
-
-def _h2d_bytes(ctx: RunContext, c, idx: np.ndarray, weights: np.ndarray, times: SampledSteps) -> float:
-    """Bytes prefetched over the run: every T1/T2 token of every step, or - where part of them is
-    attended on the host - the prefetched part plus the partial outputs."""
-    if not ctx.policy.tiering:
-        return 0.0
-    if ctx.scenario.policy.access != "prefetch":
-        return float(np.sum(weights * times.h2d_bytes))
-    att = np.column_stack([c.attended[idx, T0], c.attended[idx, T1], c.attended[idx, T2], c.active[idx]])
-    s1, s2 = staged_columns(ctx, att, idx)
-    return float(np.sum(weights * (s1 * ctx.kv_bytes_per_token + s2 * ctx.t2_bytes_per_token)))
+    s1, s2 = staged_columns(ctx, att, idx)  # every staged T1/T2 token, all layers
+    return SampledSteps(step_s, a.compute_s, h2d_s, s1 * ctx.kv_bytes_per_token + s2 * ctx.t2_bytes_per_token)
 
 
 def project(scenario: Scenario, profile: Profile | None = None, *, samples: int = DEFAULT_SAMPLES,
@@ -135,6 +124,7 @@ def project(scenario: Scenario, profile: Profile | None = None, *, samples: int 
         d2h_utilization=min(1.0, d2h_s / decode_s),
         stall_share=float(np.sum((step_s - compute_s) * weights)) / decode_s,
         transfer_share=min(1.0, (h2d_total + (d2h_s if blocking else 0.0)) / decode_s),
-        h2d_bytes=_h2d_bytes(ctx, c, idx, weights, times),
+        # over the run: every staged T1/T2 token, or with host access the prefetched part + the partial outputs
+        h2d_bytes=float(np.sum(weights * times.h2d_bytes)) if ctx.policy.tiering else 0.0,
         d2h_bytes=d2h_bytes,
     )

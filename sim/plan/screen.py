@@ -185,26 +185,19 @@ def _step_weighted_shares(policy, m: Moments) -> np.ndarray:
     return counts[:, [T0, T1, T2]].sum(axis=0) / max(float(counts.sum()), 1.0)  # of every token, deleted ones too
 
 
-def staged_shares(ctx, policy, m: Moments) -> tuple[float, float] | None:
-    """The shares of a step's T1 and T2 that the mean layer stages where chunked layers stage only their
-    current chunk's (`RunContext.staged_tokens`), over the same step-weighted sample as `tier_shares`;
-    None without chunked layers."""
+def chunked_step_figures(ctx, policy, m: Moments) -> tuple[tuple[float, float] | None, float | None]:
+    """What a step's chunked layers take, over the same step-weighted sample as `tier_shares`: (the shares
+    of its T1 and T2 the mean layer stages, `RunContext.staged_tokens`; the tokens a running request's
+    chunked layers attend, its current chunk's ((n - 1) mod C) + 1, `layers.chunk_attended`). (None, None)
+    without chunked layers."""
     if not ctx.model.chunked_tier_share:
-        return None
+        return None, None
     prompt, step, weights, counts = _sampled_steps(policy, m)
+    tokens = prompt + step + 1
     h1, h2 = counts[:, T1] * weights, counts[:, T2] * weights
-    s1, s2 = ctx.staged_tokens(h1, h2, prompt + step + 1, prompt)
-    return (float(s1.sum() / h1.sum()) if h1.sum() > 0 else 1.0, float(s2.sum() / h2.sum()) if h2.sum() > 0 else 1.0)
-
-
-def mean_chunk_tokens(ctx, policy, m: Moments) -> float | None:
-    """The tokens a running request's chunked layers attend, its current chunk's ((n - 1) mod C) + 1
-    (`layers.chunk_attended`), as a step sees its batch: the step-weighted mean over the same sample as
-    `tier_shares`. None without chunked layers."""
-    if not ctx.model.chunked_tier_share:
-        return None
-    prompt, step, weights, _ = _sampled_steps(policy, m)
-    return float(np.sum(weights * chunk_attended(prompt + step + 1, ctx.model.attention_chunk)) / np.sum(weights))
+    s1, s2 = ctx.staged_tokens(h1, h2, tokens, prompt)
+    kept = (float(s1.sum() / h1.sum()) if h1.sum() > 0 else 1.0, float(s2.sum() / h2.sum()) if h2.sum() > 0 else 1.0)
+    return kept, float(np.sum(weights * chunk_attended(tokens, ctx.model.attention_chunk)) / np.sum(weights))
 
 
 def step_binds(cost, closed_s: float, rows: float, ridge_rows: float) -> str:
@@ -248,7 +241,7 @@ def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
     timing_policy = ctx.policy.at_fraction(1.0) if ctx.policy.auto else ctx.policy  # auto: tiers only when full
     memory_policy = ctx.policy.at_fraction(0.0) if ctx.policy.auto else ctx.policy
     share = tier_shares(timing_policy, m)
-    kept, chunk_read = staged_shares(ctx, timing_policy, m), mean_chunk_tokens(ctx, timing_policy, m)  # chunked layers
+    kept, chunk_read = chunked_step_figures(ctx, timing_policy, m)  # chunked layers: their chunk's T1/T2, their reads
     pp = scenario.parallel.pp  # each of pp batches in flight is one engine step's (token budget included)
     caps = concurrency_caps(memory, sched, m, tier_shares(memory_policy, m), pp)
     cap_name = min(caps, key=caps.get)
