@@ -111,6 +111,8 @@ def test_the_study_on_a_subset_gives_finite_errors():
     assert set(summary.loc[summary["by"] == "family", "key"]) == {m.family for m in rows}
     assert set(summary.loc[summary["by"] == "engine", "key"]) == {m.engine for m in rows}
     assert set(summary.loc[summary["by"] == "model", "key"]) == {m.model for m in rows}
+    assert set(summary.loc[summary["by"] == "shape", "key"]) == {m.shape for m in rows}
+    assert list(points["shape"]) == [m.shape for m in rows for _ in modes]
 
 
 @NEEDS_TABLES
@@ -137,7 +139,7 @@ def test_the_command(tmp_path):
     doc = json.loads(res.stdout)
     assert [r["id"] for r in doc["rows"]] == ["vllm-ci-h200-8b-b8"] and doc["operators"] == []
     assert math.isfinite(doc["rows"][0]["error"])
-    assert (tmp_path / "acc" / "e2e.csv").read_text().startswith("id,family,gpu,model,engine,metric,mode,")
+    assert (tmp_path / "acc" / "e2e.csv").read_text().startswith("id,family,gpu,model,engine,metric,shape,mode,")
     assert (tmp_path / "acc" / "e2e_summary.csv").exists()
 
 
@@ -365,7 +367,8 @@ def test_the_committed_accuracy_bands_are_what_the_study_computes_today(full_poi
 
     committed = yaml.safe_load(default_path().read_text())
     stale = (_band_differences(committed["bands"], bands(full_points))
-             + _band_differences(committed.get("by_model", {}), bands(full_points, "model")))
+             + _band_differences(committed.get("by_model", {}), bands(full_points, "model"))
+             + _band_differences(committed.get("by_shape", {}), bands(full_points, "shape")))
     assert not stale, ("sim/catalog/accuracy_bands.yaml is stale: it is not what the study computes today. Run "
                        "`kvsim accuracy --write-bands` and commit the file (and the figures of docs/accuracy.md).\n"
                        + "\n".join(stale[:20]))

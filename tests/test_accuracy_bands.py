@@ -1,7 +1,8 @@
 """The committed accuracy bands (sim/catalog/accuracy_bands.yaml, docs/accuracy.md): the loader,
 the band `kvsim run` prints beside its headline figures (the family, GPU and mode picked), the bands
 `kvsim plan` prints under its answer, and the report's Accuracy section. Whether the file is current
-is tests/test_accuracy.py's (it runs the whole study)."""
+is tests/test_accuracy.py's (it runs the whole study). A run's band carries its workload shape's
+(decode-heavy, balanced, prefill-heavy) where the family has enough rows of it."""
 
 from __future__ import annotations
 
@@ -12,16 +13,22 @@ import pytest
 import yaml
 
 from sim.inputs.accuracy_bands import (
+    BALANCED,
+    DECODE_HEAVY,
     DENSE_GQA,
     MODEL_MIN_ROWS,
     NO_BAND,
+    PREFILL_HEAVY,
+    SHAPE_WORDS,
     AccuracyBands,
     band_phrase,
     default_path,
     load_bands,
     mode_of,
     planned_mode,
+    workload_shape,
 )
+from sim.inputs.errors import ConfigError
 from sim.inputs.kernel_tables import tables_available
 from sim.studies.e2e_table import FAMILY_METRICS, load_measurements
 
@@ -37,19 +44,30 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%" if x < 0.1 else f"{100 * x:.0f}%"
 
 
-def _expected(mode: str, family: str, gpu: str, scope: str) -> str:
-    """The phrase for the raw file's band of (mode, family, scope), said of a run on `gpu`."""
+def _of_shape(mode: str, family: str, shape: str | None) -> str:
+    """The clause the raw file's band of `shape`'s rows in (mode, family) adds, where it has enough rows."""
+    b = RAW.get("by_shape", {}).get(mode, {}).get(family, {}).get(shape)
+    if b is None or b["rows"] < MODEL_MIN_ROWS:
+        return ""
+    return (f"; {shape} workloads ({SHAPE_WORDS[shape]}): median {_pct(b['median_abs_error'])}, "
+            f"worst {_pct(b['worst_abs_error'])} over {b['rows']} rows of every model and GPU")
+
+
+def _expected(mode: str, family: str, gpu: str, scope: str, shape: str | None = None) -> str:
+    """The phrase for the raw file's band of (mode, family, scope), said of a run on `gpu` of workload `shape`."""
     b = RAW["bands"][mode][family][scope]
     where = "all GPUs" if scope == "all" else gpu
     return (f"({b['rows']} public {family} measurement{'s' if b['rows'] != 1 else ''} on {where}, {mode} mode: "
-            f"median {_pct(b['median_abs_error'])}, worst {_pct(b['worst_abs_error'])} off; kvsim accuracy)")
+            f"median {_pct(b['median_abs_error'])}, worst {_pct(b['worst_abs_error'])} off"
+            f"{_of_shape(mode, family, shape)}; kvsim accuracy)")
 
 
-def _expected_model(mode: str, family: str, model: str) -> str:
-    """The phrase for the raw file's band of `model`'s rows in (mode, family)."""
+def _expected_model(mode: str, family: str, model: str, shape: str | None = None) -> str:
+    """The phrase for the raw file's band of `model`'s rows in (mode, family), of a run of workload `shape`."""
     b = RAW["by_model"][mode][family][model]
     return (f"({b['rows']} public {family} measurements of {model}, {mode} mode: "
-            f"median {_pct(b['median_abs_error'])}, worst {_pct(b['worst_abs_error'])} off; kvsim accuracy)")
+            f"median {_pct(b['median_abs_error'])}, worst {_pct(b['worst_abs_error'])} off"
+            f"{_of_shape(mode, family, shape)}; kvsim accuracy)")
 
 
 def test_the_loader_reads_the_committed_file():
@@ -79,6 +97,12 @@ def test_the_loader_reads_the_committed_file():
             assert set(by_model) == {m.model for m in mine} | ({DENSE_GQA} if dense else set()), (mode, family)
             assert sum(b.rows for k, b in by_model.items() if k != DENSE_GQA) == bands.bands[mode][family]["all"].rows
             assert not dense or by_model[DENSE_GQA].rows == len(dense)
+    assert set(bands.by_shape) == set(bands.bands)
+    for mode, families in bands.by_shape.items():  # each workload shape's rows, family by family
+        for family, by_shape in families.items():
+            mine = [m for m in rows if family in ("all", m.family)]
+            assert set(by_shape) == {m.shape for m in mine}, (mode, family)
+            assert sum(b.rows for b in by_shape.values()) == bands.bands[mode][family]["all"].rows
 
 
 def test_a_band_is_the_gpus_where_the_table_has_its_rows_else_all_gpus():
@@ -120,6 +144,46 @@ def test_a_models_own_rows_make_its_band_where_there_are_enough():
     small, whose = bands.pick_model("measured", "offline-throughput", "qwen3-30b-a3b")  # NVFP4: B200, GB200, RTX PRO
     assert whose == "qwen3-30b-a3b" and small.rows == 25  # B200 and GB200 6 each, the RTX PRO 6000's 13
     assert bands.pick_model("datasheet", "served-itl", "/some/config.json") == (None, "")
+
+
+def test_a_workloads_shape_is_the_ratio_of_its_mean_lengths():
+    assert workload_shape(1024, 8192) == workload_shape(32, 128) == DECODE_HEAVY  # 128 = 4 x 32: decode-heavy
+    assert workload_shape(32, 127) == workload_shape(1024, 1024) == workload_shape(1000, 251) == BALANCED
+    assert workload_shape(8192, 1024) == workload_shape(1000, 250) == PREFILL_HEAVY
+    rows = {m.id: m for m in load_measurements()}
+    assert rows["trt-h200-gpt-oss-20b-tp1-1k8k"].shape == DECODE_HEAVY
+    assert rows["trt-h200-gpt-oss-20b-tp1-1k1k"].shape == BALANCED
+    assert rows["trt-h200-gpt-oss-20b-tp1-8k1k"].shape == PREFILL_HEAVY
+    assert rows["vllm-ci-h200-8b-b8"].shape == DECODE_HEAVY  # a batch of 32 + 128 tokens
+
+
+def test_a_shapes_band_is_said_where_its_family_has_enough_rows():
+    band = {"rows": MODEL_MIN_ROWS, "median_abs_error": 0.073, "worst_abs_error": 0.4332, "mean_error": -0.014}
+    few = band | {"rows": MODEL_MIN_ROWS - 1}
+    bands = AccuracyBands.model_validate({**RAW, "by_model": {}, "by_shape": {
+        "measured": {"offline-throughput": {DECODE_HEAVY: band, PREFILL_HEAVY: few}}}})
+    assert bands.pick_shape("measured", "offline-throughput", DECODE_HEAVY).rows == MODEL_MIN_ROWS
+    assert bands.pick_shape("measured", "offline-throughput", PREFILL_HEAVY) is None  # too few rows
+    assert bands.pick_shape("measured", "served-itl", DECODE_HEAVY) is None  # no row of the family
+    assert bands.pick_shape("measured", "offline-throughput", None) is None  # a run of no known shape
+    b = RAW["bands"]["measured"]["offline-throughput"]["all"]
+    assert band_phrase("offline-throughput", "measured", "rtx-5080", bands, shape=DECODE_HEAVY) == (
+        f"({b['rows']} public offline-throughput measurements on all GPUs, measured mode: "
+        f"median {_pct(b['median_abs_error'])}, worst {_pct(b['worst_abs_error'])} off; decode-heavy workloads "
+        f"(output >= 4x prompt): median 7.3%, worst 43% over {MODEL_MIN_ROWS} rows of every model and GPU; kvsim accuracy)")
+    assert band_phrase("offline-throughput", "measured", "rtx-5080", bands, shape=PREFILL_HEAVY) == band_phrase(
+        "offline-throughput", "measured", "rtx-5080", bands)
+
+
+def test_a_bands_file_of_an_unknown_shape_is_one_line(tmp_path):
+    band = {"rows": 3, "median_abs_error": 0.1, "worst_abs_error": 0.2, "mean_error": 0.0}
+    path = tmp_path / "bands.yaml"
+    path.write_text(yaml.safe_dump({**RAW, "by_shape": {"measured": {"all": {"long": band}}}}))
+    with pytest.raises(ConfigError) as err:
+        load_bands(path)
+    assert str(err.value).startswith(f"{path}: cannot read the accuracy bands (")
+    assert "by_shape: expected shapes among decode-heavy, balanced, prefill-heavy, got 'long'" in str(err.value)
+    assert "\n" not in str(err.value)
 
 
 def test_the_mode_is_read_from_what_the_run_used():
@@ -173,12 +237,13 @@ def test_a_datasheet_gpu_without_rows_prints_every_gpus_band(tmp_path):
 def test_a_serving_run_prints_each_figures_family(tmp_path):
     doc = tiny_serving_scenario()  # h100-sxm, whose rows the table has in every served family
     doc["hardware"]["kernels"] = "datasheet"
-    out = _run(tmp_path, doc)
-    assert _row(out, "TTFT mean / p50 / p99").endswith(_expected("datasheet", "served-ttft", "h100-sxm", "h100-sxm"))
-    assert _row(out, "TPOT mean / p50 / p99").endswith(_expected("datasheet", "served-itl", "h100-sxm", "h100-sxm"))
-    assert _row(out, "ITL p50 / p99").endswith(_expected("datasheet", "served-itl", "h100-sxm", "h100-sxm"))
+    out = _run(tmp_path, doc)  # 16-token prompts, 4-16-token outputs: balanced
+    ttft, tpot = (_expected("datasheet", f, "h100-sxm", "h100-sxm", BALANCED) for f in ("served-ttft", "served-itl"))
+    assert _row(out, "TTFT mean / p50 / p99").endswith(ttft) and "; balanced workloads (prompt and" in ttft
+    assert _row(out, "TPOT mean / p50 / p99").endswith(tpot)
+    assert _row(out, "ITL p50 / p99").endswith(tpot)
     assert _row(out, "request / output throughput").endswith(
-        "tok/s " + _expected("datasheet", "offline-throughput", "h100-sxm", "h100-sxm"))
+        "tok/s " + _expected("datasheet", "offline-throughput", "h100-sxm", "h100-sxm", BALANCED))
     assert "kvsim accuracy" not in _row(out, "E2E mean / p99")  # no public measurement: no band
 
 
@@ -200,8 +265,10 @@ def test_plan_prints_the_bands_of_its_answer():
     assert lines[0].startswith("Cheapest: 4 x H100 SXM as TP4") and lines[1].startswith("vllm: ")
     tpot = next(i for i, line in enumerate(lines) if line.startswith("TPOT ("))
     # the scenario's DeepSeek-R1 distill of Llama-70B has llama-3.1-70b's shapes, whose served rows make its band
-    assert lines[tpot] == "TPOT " + _expected_model("datasheet", "served-itl", "llama-3.1-70b")
-    assert lines[tpot + 1] == "TTFT " + _expected_model("datasheet", "served-ttft", "llama-3.1-70b")
+    # its 512-token prompts and ~512-token outputs are balanced
+    assert lines[tpot] == "TPOT " + _expected_model("datasheet", "served-itl", "llama-3.1-70b", BALANCED)
+    assert lines[tpot + 1] == "TTFT " + _expected_model("datasheet", "served-ttft", "llama-3.1-70b", BALANCED)
+    assert "; balanced workloads (prompt and output within 4x): median" in lines[tpot]
     assert tpot < next(i for i, line in enumerate(lines) if "TTFT p99" in line)  # under the answer, above the table
 
 
@@ -225,9 +292,11 @@ def test_the_report_section_carries_the_committed_table():
         assert said + "." in page, said
     rows = sum(len(by_gpu) for families in bands.bands.values() for by_gpu in families.values())
     models = sum(len(families["all"]) for families in bands.by_model.values())
+    shapes = sum(len(by) for families in bands.by_shape.values() for by in families.values())
     section = page[page.index('<section id="accuracy">'):]
-    assert section.count("<tr>") == rows + 1 + models + 1  # each table's header, then one row per band in the file
-    assert "<td>gpt-oss-120b</td>" in section
+    # each table's header, then one row per band in the file
+    assert section.count("<tr>") == rows + 1 + models + 1 + shapes + 1
+    assert "<td>gpt-oss-120b</td>" in section and "<td>decode-heavy (output >= 4x prompt)</td>" in page
     assert bands.computed_at.commit in section
     assert [s[0] for s in sections(ReportData(), "c")] == []  # only where the report is given the bands
 

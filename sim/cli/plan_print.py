@@ -66,8 +66,9 @@ def plan_table(rows: list[dict], spec, title: str, reasons: bool) -> Table:
 def band_lines(rows: list[dict], sc) -> list[str]:
     """Under the answer (after its launch commands): the public measurements' band of its TPOT
     (served-itl) and TTFT (served-ttft), for the answer's row (the best, else the cheapest tried) in the
-    mode its GPU runs in (docs/accuracy.md)."""
-    from sim.inputs.accuracy_bands import SERVED_ITL, SERVED_TTFT, band_phrase, planned_mode
+    mode its GPU runs in, with the band of the workload's shape (docs/accuracy.md)."""
+    from sim.inputs.accuracy_bands import SERVED_ITL, SERVED_TTFT, band_phrase, planned_mode, workload_shape
+    from sim.plan.screen import moments
 
     row = next((r for r in rows if r["rank"] == 1), None)
     if row is None:
@@ -75,7 +76,9 @@ def band_lines(rows: list[dict], sc) -> list[str]:
     if row is None:
         return []
     mode = planned_mode(sc.hardware.kernels, row["gpu"])
-    return [f"  {what} {band_phrase(family, mode, row['gpu'], model=sc.model.name)}"
+    m = moments(sc)
+    shape = workload_shape(m.prompt_tokens, m.output_tokens)
+    return [f"  {what} {band_phrase(family, mode, row['gpu'], model=sc.model.name, shape=shape)}"
             for what, family in (("TPOT", SERVED_ITL), ("TTFT", SERVED_TTFT))]
 
 

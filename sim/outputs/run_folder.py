@@ -12,7 +12,8 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from sim.device.hardware import SCENARIO as SCENARIO_OVERRIDE
-from sim.inputs.accuracy_bands import BATCH_LATENCY, OFFLINE_THROUGHPUT, SERVED_ITL, SERVED_TTFT, run_band
+from sim.inputs.accuracy_bands import (BATCH_LATENCY, OFFLINE_THROUGHPUT, SERVED_ITL, SERVED_TTFT, run_band,
+                                      workload_shape)
 from sim.inputs.errors import ConfigError
 from sim.model.units import GB, MS
 
@@ -170,7 +171,7 @@ def summary_rows(s: SimRunSummary, measured_on: str | None = None) -> list[tuple
     tput = s.throughput_tok_per_s
     rows += [  # a closed batch is what the public batch-latency rows measured (docs/accuracy.md)
         ("decode throughput", "-" if tput is None else
-         f"{tput:,.1f} tok/s" + run_band(BATCH_LATENCY, s.gpu, s.sources, s.model)),
+         f"{tput:,.1f} tok/s" + run_band(BATCH_LATENCY, s.gpu, s.sources, s.model, _batch_shape(s))),
         ("TPOT p50 / p99", "-" if s.tpot_p50_s is None and s.tpot_p99_s is None else
          f"{_f(None if s.tpot_p50_s is None else s.tpot_p50_s / MS, '.3f')} / "
          f"{_f(None if s.tpot_p99_s is None else s.tpot_p99_s / MS, '.3f')} ms"),
@@ -194,6 +195,15 @@ def summary_rows(s: SimRunSummary, measured_on: str | None = None) -> list[tuple
     if s.link_bottleneck:
         rows.append(("bottleneck", "host link (a direction is busy >= 90% of decode time)"))
     return rows
+
+
+def _batch_shape(s: SimRunSummary) -> str | None:
+    """A closed batch's workload shape (`workload_shape`): its prompt against its mean output, the prefill's
+    token and the decode steps' (`generated_tokens` over the batch); None without a batch."""
+    prompt = s.resolved_scenario.get("workload", {}).get("prompt_tokens")
+    if not isinstance(prompt, int) or s.batch_size < 1:
+        return None
+    return workload_shape(prompt, 1 + s.generated_tokens / s.batch_size)
 
 
 def _ms(x) -> str:
@@ -228,8 +238,10 @@ def serving_summary_rows(s) -> list[tuple[str, str]]:
         rows.append(("fits", f"NO - does not fit: {s.does_not_fit}"))
         return rows
 
+    shape = workload_shape(s.total_input_tokens / s.requests, s.total_output_tokens / s.requests) if s.requests else None
+
     def band(value, family: str) -> str:  # the public measurements' band, beside a figure the run has
-        return "" if value is None else run_band(family, s.gpu, s.sources, s.model)
+        return "" if value is None else run_band(family, s.gpu, s.sources, s.model, shape)
 
     rows += [
         ("fits", "yes"),

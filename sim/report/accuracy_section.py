@@ -4,7 +4,7 @@ is recomputed here (docs/accuracy.md)."""
 
 from __future__ import annotations
 
-from sim.inputs.accuracy_bands import ALL, MODES, AccuracyBands, Band
+from sim.inputs.accuracy_bands import ALL, MODES, SHAPE_WORDS, AccuracyBands, Band
 
 from . import html as h
 
@@ -12,6 +12,7 @@ from . import html as h
 GOALS = {"measured": (0.05, 0.15), "datasheet": (0.10, None)}
 HEADERS = ["mode", "family", "GPU", "rows", "median |error|", "worst |error|", "signed mean"]
 MODEL_HEADERS = ["mode", "model", "rows (every family)", "median |error|", "worst |error|", "signed mean"]
+SHAPE_HEADERS = ["mode", "family", "workload shape", "rows", "median |error|", "worst |error|", "signed mean"]
 MODE_WORDS = {"measured": "measured kernel tables", "datasheet": "datasheet"}
 
 
@@ -37,6 +38,14 @@ def _model_rows(bands: AccuracyBands) -> list[list[str]]:
              _pct(b.mean_error, signed=True)]
             for mode in [m for m in MODES if m in bands.by_model]
             for model, b in bands.by_model[mode].get(ALL, {}).items()]
+
+
+def _shape_rows(bands: AccuracyBands) -> list[list[str]]:
+    """One row per mode, family ("all" first) and workload shape, as the file's by_shape orders them."""
+    return [[MODE_WORDS[mode], "every family" if family == ALL else family, f"{shape} ({SHAPE_WORDS[shape]})",
+             str(b.rows), _pct(b.median_abs_error), _pct(b.worst_abs_error), _pct(b.mean_error, signed=True)]
+            for mode in [m for m in MODES if m in bands.by_shape]
+            for family, by in bands.by_shape[mode].items() for shape, b in by.items()]
 
 
 def _goal_sentence(mode: str, b: Band) -> str:
@@ -69,4 +78,8 @@ def accuracy_section(bands: AccuracyBands) -> tuple[str, str, str]:
     body += h.table_html(HEADERS, _rows(bands))
     if bands.by_model:  # a dense 70B and gpt-oss's sliding-window experts miss differently
         body += h.paragraph("Per model, over every family:") + h.table_html(MODEL_HEADERS, _model_rows(bands))
+    if bands.by_shape:  # kvtier misses long outputs, balanced lengths and long prompts differently
+        body += (h.paragraph("Per workload shape (by the mean prompt and output lengths), every model and GPU; "
+                             "kvsim run and kvsim plan print the shape's band beside the model's where it has three rows:")
+                 + h.table_html(SHAPE_HEADERS, _shape_rows(bands)))
     return "accuracy", "Accuracy: kvtier against public measurements", body

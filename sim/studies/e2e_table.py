@@ -14,6 +14,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from sim.device.bench_limits import BenchCheckpoint, trtllm_bench_limits
 from sim.inputs import catalog
+from sim.inputs.accuracy_bands import workload_shape
 from sim.inputs.errors import ConfigError
 from sim.inputs.kernel_tables import TRTLLM_MOE_BACKENDS
 from sim.inputs.limits import MAX_BATCH, MAX_RATE_PER_S, MAX_REQUESTS, MAX_TOKENS
@@ -123,6 +124,16 @@ class Measurement(Strict):
         return self
 
     @property
+    def mean_lengths(self) -> tuple[float, float]:
+        """The mean prompt and output lengths of the row's requests (uniform lengths: their midpoints)."""
+        return (self.isl, self.osl) if self.lengths == "fixed" else ((1 + self.isl) / 2, (1 + self.osl) / 2)
+
+    @property
+    def shape(self) -> str:
+        """The row's workload shape (`accuracy_bands.workload_shape`: decode-heavy, balanced, prefill-heavy)."""
+        return workload_shape(*self.mean_lengths)
+
+    @property
     def parallel(self) -> dict:
         return {"tp": self.tp, "ep": self.ep, "attention_dp": self.attention_dp, "pp": self.pp}
 
@@ -134,7 +145,7 @@ class Measurement(Strict):
         if self.batch_limits == "row":
             return self.max_num_seqs, self.max_num_batched_tokens, "the row's limits"
         gpu = catalog.gpu(self.gpu)
-        isl, osl = (self.isl, self.osl) if self.lengths == "fixed" else ((1 + self.isl) / 2, (1 + self.osl) / 2)
+        isl, osl = self.mean_lengths
         model = replace(catalog.model(self.model), expert_weight_dtype=self.expert_weight_dtype)
         limits = trtllm_bench_limits(bench_checkpoint(model, self.weight_dtype, self.bench_kv_dtype or self.kv_dtype),
                                      self.tp, self.pp, gpu.memory_bytes, isl, osl, self.chunked_prefill, self.isl)
