@@ -553,6 +553,15 @@ class MeasuredKernels:
         named = {trtllm_moe_backend(k, quant, sm100) for k in rows["kernel"].unique()}
         return tuple(sorted(b for b in named if b))
 
+    def moe_twin_points(self, experts: int, top_k: int, hidden: int, inter: int, tp: int, ep: int, quant: str,
+                        distribution: str = "balanced") -> tuple[int, int]:
+        """(points that took the die twin's time, points) of the slice `moe_s` reads for this shape
+        (`kernel_tables.twin_checked_moe`)."""
+        key, _ = self._moe_slice(quant, distribution, experts, top_k, hidden, inter, tp, ep)
+        moe = self._moe_mla_tables.moe
+        rows = moe[np.logical_and.reduce([moe[c] == v for c, v in zip(MOE_SLICE, key)])]
+        return int(rows["from_twin"].sum()) if "from_twin" in rows else 0, len(rows)
+
     def moe_quants(self) -> set[str]:
         """The MoE weight formats the table measured (`kernel_tables.MOE_QUANTS`; `moe_quant_for`)."""
         return {k[0] for k in self._moe_slices}

@@ -24,7 +24,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from sim.inputs.kernel_tables import moe_quant_for
+from sim.inputs.kernel_tables import TWIN_APART, moe_quant_for
 from sim.model.dtypes import WEIGHT_DTYPES
 from sim.model.experts import busiest_routing_share
 from sim.model.layers import MLA, SPARSE
@@ -223,6 +223,10 @@ def _moe_part(model: ModelSpec, hw: Hardware, quant: str, run_backend: str | Non
     kernel = f" on TensorRT-LLM's {' and '.join(timed)} backend{'s' if len(timed) > 1 else ''}" if timed else ""
     table = hw.kernels.moe_table()
     said = f"routed experts measured ({table} fused-experts table, {quant}{kernel}, {BALANCED} routing)"
+    twin, points = hw.kernels.moe_twin_points(*moe_shape(model, hw), quant)
+    if twin:
+        said += (f"; {twin} of the slice's {points} points stood >= {TWIN_APART}x from the same die's other system's "
+                 "and from the four Blackwell tables' median, and take that system's time (kernel_tables.twin_checked_moe)")
     if run_backend is None or not timed or run_backend in timed:
         return said
     return (f"{said}; the run's {run_backend} backend (engine.moe_backend) is not measured for {quant}: the table's "
