@@ -170,7 +170,8 @@ def test_a_shapes_band_is_said_where_its_family_has_enough_rows():
     assert band_phrase("offline-throughput", "measured", "rtx-5080", bands, shape=DECODE_HEAVY) == (
         f"({b['rows']} public offline-throughput measurements on all GPUs, measured mode: "
         f"median {_pct(b['median_abs_error'])}, worst {_pct(b['worst_abs_error'])} off; decode-heavy workloads "
-        f"(output >= 4x prompt): median 7.3%, worst 43% over {MODEL_MIN_ROWS} rows of every model and GPU; kvsim accuracy)")
+        f"(output >= 4x prompt): median 7.3%, worst 43% over {MODEL_MIN_ROWS} rows of every model and GPU; "
+        "kvsim accuracy)")
     assert band_phrase("offline-throughput", "measured", "rtx-5080", bands, shape=PREFILL_HEAVY) == band_phrase(
         "offline-throughput", "measured", "rtx-5080", bands)
 

@@ -226,7 +226,8 @@ def _moe_part(model: ModelSpec, hw: Hardware, quant: str, run_backend: str | Non
     twin, points = hw.kernels.moe_twin_points(*moe_shape(model, hw), quant)
     if twin:
         said += (f"; {twin} of the slice's {points} points stood >= {TWIN_APART}x from the same die's other system's "
-                 "and from the four Blackwell tables' median, and take that system's time (kernel_tables.twin_checked_moe)")
+                 "and from the four Blackwell tables' median, and take that system's time "
+                 "(kernel_tables.twin_checked_moe)")
     if run_backend is None or not timed or run_backend in timed:
         return said
     return (f"{said}; the run's {run_backend} backend (engine.moe_backend) is not measured for {quant}: the table's "

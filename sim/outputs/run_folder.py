@@ -12,8 +12,14 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from sim.device.hardware import SCENARIO as SCENARIO_OVERRIDE
-from sim.inputs.accuracy_bands import (BATCH_LATENCY, OFFLINE_THROUGHPUT, SERVED_ITL, SERVED_TTFT, run_band,
-                                      workload_shape)
+from sim.inputs.accuracy_bands import (
+    BATCH_LATENCY,
+    OFFLINE_THROUGHPUT,
+    SERVED_ITL,
+    SERVED_TTFT,
+    run_band,
+    workload_shape,
+)
 from sim.inputs.errors import ConfigError
 from sim.model.units import GB, MS
 
@@ -238,7 +244,8 @@ def serving_summary_rows(s) -> list[tuple[str, str]]:
         rows.append(("fits", f"NO - does not fit: {s.does_not_fit}"))
         return rows
 
-    shape = workload_shape(s.total_input_tokens / s.requests, s.total_output_tokens / s.requests) if s.requests else None
+    n = s.requests
+    shape = workload_shape(s.total_input_tokens / n, s.total_output_tokens / n) if n else None  # the band's shape
 
     def band(value, family: str) -> str:  # the public measurements' band, beside a figure the run has
         return "" if value is None else run_band(family, s.gpu, s.sources, s.model, shape)

@@ -79,7 +79,7 @@ def accuracy_section(bands: AccuracyBands) -> tuple[str, str, str]:
     if bands.by_model:  # a dense 70B and gpt-oss's sliding-window experts miss differently
         body += h.paragraph("Per model, over every family:") + h.table_html(MODEL_HEADERS, _model_rows(bands))
     if bands.by_shape:  # kvtier misses long outputs, balanced lengths and long prompts differently
-        body += (h.paragraph("Per workload shape (by the mean prompt and output lengths), every model and GPU; "
-                             "kvsim run and kvsim plan print the shape's band beside the model's where it has three rows:")
+        body += (h.paragraph("Per workload shape (by the mean prompt and output lengths), every model and GPU; kvsim "
+                             "run and kvsim plan print the shape's band beside the model's where it has three rows:")
                  + h.table_html(SHAPE_HEADERS, _shape_rows(bands)))
     return "accuracy", "Accuracy: kvtier against public measurements", body
