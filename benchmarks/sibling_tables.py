@@ -17,8 +17,10 @@ rarely stand apart together (1.6-3.9% of slices), so the consensus names the out
 cannot. Found 2026-12-07 (TensorRT-LLM 1.3.0rc20 tables): each system stands apart in 2-7% of the bf16 and
 fp8 slices, either way; in NVFP4 B200 stands apart in 11% of its 1,554 slices, every one of them slower
 (DeepSeek-R1's and Qwen3-235B's EP4 slices among them), the other three in 2-4%. kvtier reads each table as
-measured; nothing here changes what a run costs. Needs the `.[measured]` extra; these are operator
-measurements from NVIDIA's harness, nothing here is timed.
+measured but for such points: since 2026-12-07 a point >= 1.3x from its die twin's (B200 / GB200, B300 / GB300) and
+from the four's median takes the twin's time (`kernel_tables.twin_checked_moe`). This benchmark reads the tables
+as the package holds them, before that check. Needs the `.[measured]` extra; these are operator measurements from
+NVIDIA's harness, nothing here is timed.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import sys
 import numpy as np
 import pandas as pd
 
-from sim.device.measured_kernels import measured_kernels_for
+from sim.inputs.kernel_tables import MOE_SLICE, raw_moe_table
 
 SHOWN = 15
 FOUR = ("b200", "gb200", "b300", "gb300")
@@ -36,10 +38,20 @@ APART = 1.3  # a slice stands apart where its median ratio to the consensus is t
 KEY = ["quant", "routing", "experts", "top_k", "hidden", "inter", "tp", "ep"]
 
 
+def raw_slices(gpu: str, framework: str) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
+    """(quant, routing, experts, top-k, hidden, inter, tp, ep) -> (tokens, seconds) of a GPU's fused-experts table
+    as read, before kvtier's die-twin check (`kernel_tables.raw_moe_table`)."""
+    table = raw_moe_table(gpu, framework)
+    if table is None:
+        raise SystemExit(f"no {framework} fused-experts table for {gpu} (the .[measured] extra installed?)")
+    return {tuple(k): (t["tokens"].to_numpy(dtype=float), t["latency_s"].to_numpy())
+            for k, t in table.groupby(MOE_SLICE)}
+
+
 def slice_ratios(gpu_a: str, gpu_b: str, framework: str) -> pd.DataFrame:
     """One row per MoE slice both tables time: its key, the common token counts, and the median, min and
     max of time(A) / time(B) over them."""
-    a, b = (measured_kernels_for(g, framework)._moe_slices for g in (gpu_a, gpu_b))
+    a, b = (raw_slices(g, framework) for g in (gpu_a, gpu_b))
     rows = []
     for key in sorted(set(a) & set(b)):
         (ta, sa), (tb, sb) = a[key], b[key]
@@ -54,7 +66,7 @@ def slice_ratios(gpu_a: str, gpu_b: str, framework: str) -> pd.DataFrame:
 def consensus_ratios(gpus: tuple[str, ...], framework: str) -> pd.DataFrame:
     """One row per MoE slice every one of `gpus` times: its key, the common token counts, and for each GPU the
     median over them of its time / the median of the GPUs' times at that count."""
-    slices = [measured_kernels_for(g, framework)._moe_slices for g in gpus]
+    slices = [raw_slices(g, framework) for g in gpus]
     rows = []
     for key in sorted(set.intersection(*(set(s) for s in slices))):
         common = slices[0][key][0]

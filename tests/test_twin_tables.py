@@ -78,3 +78,15 @@ def test_a_run_on_the_checked_slice_says_so():
     said = build_context(scenario_for(row, "measured")).hw.sources["kernels_moe_mla"]
     assert ("; 25 of the slice's 27 points stood >= 1.3x from the same die's other system's and from the four "
             "Blackwell tables' median, and take that system's time (kernel_tables.twin_checked_moe)") in said
+
+
+@NEEDS_TABLES
+def test_the_raw_table_is_what_the_package_holds():
+    """`raw_moe_table` (benchmarks/sibling_tables.py) reads B200's R1 slice before the check: ~0.5 ms at 64-160
+    tokens, where the checked table reads GB200's ~0.28 ms; a GPU without tables has none."""
+    from sim.inputs.kernel_tables import raw_moe_table
+
+    raw = raw_moe_table("b200", "trtllm")
+    keyed = raw.set_index(MOE_SLICE + ["tokens"])["latency_s"]
+    assert all(470e-6 < keyed[("nvfp4", "balanced", *(256, 8, 7168, 2048, 1, 4), t)] < 540e-6 for t in (64, 128, 160))
+    assert "from_twin" not in raw and raw_moe_table("rtx-5080") is None

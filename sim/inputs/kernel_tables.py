@@ -572,6 +572,14 @@ def _moe_path(system: str, framework: str) -> Path | None:
                        "moe_perf.parquet")
 
 
+def raw_moe_table(gpu: str, framework: str = FRAMEWORK) -> pd.DataFrame | None:
+    """A catalog GPU's fused-experts rows under `framework` as read, before the die-twin check (MOE_COLUMNS but
+    from_twin; `benchmarks/sibling_tables.py`), or None where the package holds no such table."""
+    system = system_for(gpu)
+    path = _moe_path(system, framework) if system and tables_available() else None
+    return _moe_rows(path) if path else None
+
+
 @lru_cache(maxsize=8)
 def _moe_rows(path: Path) -> pd.DataFrame:
     """One fused-experts table's rows as `_moe` reads them, before any twin check (read once per process)."""
@@ -586,7 +594,7 @@ def _moe_rows(path: Path) -> pd.DataFrame:
 # and Qwen3-235B's EP4 among them; `benchmarks/sibling_tables.py --four`) - as if the collector had timed
 # another tactic there - while the published B200 and GB200 throughputs of those models are within 1-13% of
 # each other. Such a point takes its die twin's time where the twin's agrees with the four's median; vLLM's
-# and SGLang's tables of the four hold no such point.
+# and SGLang's tables of the four hold few (32-463 points each, against TensorRT-LLM's 4,446-9,237).
 DIE_TWINS = {"b200_sxm": "gb200", "gb200": "b200_sxm", "b300_sxm": "gb300", "gb300": "b300_sxm"}
 TWIN_APART = 1.3  # a point this far from its twin's and from the four's median stands apart
 
@@ -605,8 +613,8 @@ def _twin_checked(system: str, framework: str, moe: pd.DataFrame) -> pd.DataFram
 def twin_checked_moe(moe: pd.DataFrame, twin: pd.DataFrame, others: list[pd.DataFrame]) -> pd.DataFrame:
     """`moe` (one system's fused-experts rows, MOE_COLUMNS) with a `from_twin` column: each point that stands
     TWIN_APART from its die twin's (`twin`: the same slice and token count) and from the median of the twin's
-    and `others`' (the other die's systems; at least two of the three timing it), while the twin's own point
-    is within TWIN_APART of that median, takes the twin's time and is flagged."""
+    and `others`' (the other die's systems, one of them at least timing it too), while the twin's own point is
+    within TWIN_APART of that median, takes the twin's time and is flagged."""
     key = MOE_SLICE + ["tokens"]
     m = moe[key + ["latency_s"]].merge(twin[key + ["latency_s"]].rename(columns={"latency_s": "twin"}), on=key,
                                        how="left")
