@@ -134,7 +134,7 @@ def _num(v) -> str:
 
 
 def _summary_table(summary: pd.DataFrame) -> Table:
-    t = Table(title="end to end: |error| per family, GPU, engine and model "
+    t = Table(title="end to end: |error| per family, GPU, engine, model and workload shape "
                     "(mean: signed, negative = predicted too low)")
     for col in ("mode", "by", "key", "rows", "median", "worst", "mean", "worst row"):
         t.add_column(col, justify="right" if col in ("rows", "median", "worst", "mean") else "left")
