@@ -30,7 +30,7 @@ import sys
 import numpy as np
 import pandas as pd
 
-from sim.inputs.kernel_tables import MOE_SLICE, raw_moe_table
+from sim.inputs.kernel_tables import moe_curves, raw_moe_table
 
 SHOWN = 15
 FOUR = ("b200", "gb200", "b300", "gb300")
@@ -44,8 +44,7 @@ def raw_slices(gpu: str, framework: str) -> dict[tuple, tuple[np.ndarray, np.nda
     table = raw_moe_table(gpu, framework)
     if table is None:
         raise SystemExit(f"no {framework} fused-experts table for {gpu} (the .[measured] extra installed?)")
-    return {tuple(k): (t["tokens"].to_numpy(dtype=float), t["latency_s"].to_numpy())
-            for k, t in table.groupby(MOE_SLICE)}
+    return moe_curves(table)
 
 
 def slice_ratios(gpu_a: str, gpu_b: str, framework: str) -> pd.DataFrame:

@@ -29,6 +29,7 @@ from sim.inputs.kernel_tables import (
     WEIGHT_BYTES,
     KernelTables,
     load_tables,
+    moe_curves,
     trtllm_moe_backend,
     with_moe_mla,
 )
@@ -547,9 +548,7 @@ class MeasuredKernels:
         table is another engine's or its lane names none."""
         if not self.moe_table().startswith("trtllm"):
             return ()
-        key, _ = self._moe_slice(quant, distribution, experts, top_k, hidden, inter, tp, ep)
-        moe = self._moe_mla_tables.moe
-        rows = moe[np.logical_and.reduce([moe[c] == v for c, v in zip(MOE_SLICE, key)])]
+        rows = self._moe_slice_rows(quant, distribution, experts, top_k, hidden, inter, tp, ep)
         named = {trtllm_moe_backend(k, quant, sm100) for k in rows["kernel"].unique()}
         return tuple(sorted(b for b in named if b))
 
@@ -557,10 +556,14 @@ class MeasuredKernels:
                         distribution: str = "balanced") -> tuple[int, int]:
         """(points that took the die twin's time, points) of the slice `moe_s` reads for this shape
         (`kernel_tables.twin_checked_moe`)."""
-        key, _ = self._moe_slice(quant, distribution, experts, top_k, hidden, inter, tp, ep)
-        moe = self._moe_mla_tables.moe
-        rows = moe[np.logical_and.reduce([moe[c] == v for c, v in zip(MOE_SLICE, key)])]
+        rows = self._moe_slice_rows(quant, distribution, experts, top_k, hidden, inter, tp, ep)
         return int(rows["from_twin"].sum()) if "from_twin" in rows else 0, len(rows)
+
+    def _moe_slice_rows(self, quant: str, distribution: str, *shape):
+        """The table's rows of the slice `moe_s` reads for this shape (`_moe_slice`)."""
+        key, _ = self._moe_slice(quant, distribution, *shape)
+        moe = self._moe_mla_tables.moe
+        return moe[np.logical_and.reduce([moe[c] == v for c, v in zip(MOE_SLICE, key)])]
 
     def moe_quants(self) -> set[str]:
         """The MoE weight formats the table measured (`kernel_tables.MOE_QUANTS`; `moe_quant_for`)."""
@@ -569,8 +572,7 @@ class MeasuredKernels:
     @cached_property
     def _moe_slices(self) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
         """(quant, distribution, experts, top-k, hidden, inter, tp, ep) -> its (tokens, seconds) curve."""
-        return {(k[0], k[1], *(int(x) for x in k[2:])): (t["tokens"].to_numpy(dtype=float), t["latency_s"].to_numpy())
-                for k, t in self._moe_mla_tables.moe.groupby(MOE_SLICE)}
+        return moe_curves(self._moe_mla_tables.moe)
 
     def _moe_curve(self, key: tuple) -> RatioGrid:
         """One slice's ratio curve over tokens, built on its first use (a table holds ~2,000 slices)."""

@@ -219,11 +219,12 @@ def source_line(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: i
 def _moe_part(model: ModelSpec, hw: Hardware, quant: str, run_backend: str | None) -> str:
     """The routed experts' clause of `source_line`: the table, its format and routing, the TensorRT-LLM
     backend whose kernel it timed, and a stand-in where that is not the run's."""
-    timed = hw.kernels.moe_backends(*moe_shape(model, hw), quant, hw.gpu.name in SM100_GPUS)
+    shape = moe_shape(model, hw)
+    timed = hw.kernels.moe_backends(*shape, quant, hw.gpu.name in SM100_GPUS)
     kernel = f" on TensorRT-LLM's {' and '.join(timed)} backend{'s' if len(timed) > 1 else ''}" if timed else ""
     table = hw.kernels.moe_table()
     said = f"routed experts measured ({table} fused-experts table, {quant}{kernel}, {BALANCED} routing)"
-    twin, points = hw.kernels.moe_twin_points(*moe_shape(model, hw), quant)
+    twin, points = hw.kernels.moe_twin_points(*shape, quant)
     if twin:
         said += (f"; {twin} of the slice's {points} points stood >= {TWIN_APART}x from the same die's other system's "
                  "and from the four Blackwell tables' median, and take that system's time "

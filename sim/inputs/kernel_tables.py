@@ -572,6 +572,13 @@ def _moe_path(system: str, framework: str) -> Path | None:
                        "moe_perf.parquet")
 
 
+def moe_curves(moe: pd.DataFrame) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
+    """A fused-experts table (MOE_COLUMNS) as (quant, distribution, experts, top-k, hidden, inter, tp, ep) -> its
+    (tokens, seconds) curve."""
+    return {(k[0], k[1], *(int(x) for x in k[2:])): (t["tokens"].to_numpy(dtype=float), t["latency_s"].to_numpy())
+            for k, t in moe.groupby(MOE_SLICE)}
+
+
 def raw_moe_table(gpu: str, framework: str = FRAMEWORK) -> pd.DataFrame | None:
     """A catalog GPU's fused-experts rows under `framework` as read, before the die-twin check (MOE_COLUMNS but
     from_twin; `benchmarks/sibling_tables.py`), or None where the package holds no such table."""
