@@ -24,7 +24,9 @@ measurements only - never on end-to-end figures, which are for validation:
   round(sqrt(8 k)))), k = floor(n / 128) (XQA's computeMultiBlockCount), g query heads per KV head, n cached
   tokens (the overlapping form over the same points: 11-17% held-out median, this one 8-15%); and TensorRT-LLM's
   one-query-head-per-KV-head rows apart (MMHA, the kernel it decodes chunked layers on below compute capability
-  10.x) in the overlapping form, c = batch x heads (`mha_attention`);
+  10.x) in the overlapping form, c = batch x heads (`mha_attention`); a sliding window's on its own fit of that
+  form per head dim over the window's tokens, plus a floor and a per-block cost once a sequence is longer than
+  its window (XQA's split counted over the whole sequence; `window_attention`);
 - prefill attention (one layer's causal call over b whole prompts of n tokens), per KV dtype (bf16, fp8), head
   dim 128, prompts >= 15 tokens: floor + max(FLOP / (bf16 peak x FLOP efficiency x n / (n + half_tokens) x
   tiles / (tiles + half_tiles)), K/V bytes / (HBM x the decode fit's efficiency)) + b n x KV heads x cache
@@ -228,6 +230,85 @@ def _figures(p) -> dict:
             "fp8_hbm_efficiency": round(float(p[2]), 4), "half_ctas": float(f"{p[3]:.4g}"),
             "per_cta_s": float(f"{p[4]:.4g}"), "fp8_floor_s": float(f"{p[5]:.4g}"),
             "fp8_per_cta_s": float(f"{p[6]:.4g}")}
+
+
+WINDOW_MIN_POINTS = 20  # a head dim's window rows in the tune split below this: no window fit of its own
+
+
+def _window_attention_model(p, nbytes, ctas, fp8, hbm, g, n, split, past):
+    """`_attention_model` over a window's tokens (each sequence's last min(n, W) read), plus what a sequence
+    longer than its window costs on top: past x (floor + c x per-block cost), past = 1 where n > W. XQA's
+    split (`split`) counts its blocks by the sequence's whole length n, as the tables show: TensorRT-LLM's
+    window-128 call over 64 sequences doubles from 23 to 43 us once n passes 128 (H200), though it reads no
+    more; vLLM's steps up 1-5 us there."""
+    return _attention_model(p[:8], nbytes, ctas, fp8, hbm, g, n, split) + past * (p[8] + p[9] * ctas)
+
+
+def _window_attention_fit(args, meas, split: bool) -> list:
+    """The figures [floor, eff, fp8 eff, half, per block, fp8 floor, fp8 per block, per head, past floor, past
+    per block]: per head 0 without XQA's split, the fp8 ones the bf16 ones where no fp8 KV is timed."""
+    x0 = [1e-5, 0.9, 0.8, 2.0, 2e-8, 1e-5, 2e-8, 1e-9, 1e-6, 1e-9]
+    lo, hi = [0.0, 0.05, 0.05] + [0.0] * 7, [1e-4, 1.0, 1.0, 1e4, 1e-5, 1e-4, 1e-5, 1e-6, 1e-4, 1e-6]
+    fp8 = bool(args[2].any())
+    keep = [0, 1, 3, 4] + ([2, 5, 6] if fp8 else []) + ([7] if split else []) + [8, 9]
+
+    def full(q):
+        p = dict(zip(keep, q))
+        out = [p.get(i, 0.0) for i in range(10)]
+        if not fp8:
+            out[2], out[5], out[6] = out[1], out[0], out[4]
+        return out
+
+    q = _fit(lambda q, *a: _window_attention_model(full(q), *a), [x0[i] for i in keep], [lo[i] for i in keep],
+             [hi[i] for i in keep], args, meas)
+    return full(q)
+
+
+def _window_attention_domain(a, hbm: float, split: float, head_dim: int, heads_per_kv: tuple[float, float] | None):
+    """(model args, measured seconds) of the decode table's sliding-window rows at `head_dim` over >= 15 cached
+    tokens (bf16 and fp8 KV; every window the tables time at that head dim), `heads_per_kv` as
+    `_attention_domain`'s."""
+    a = a[(a["window"] > 0) & (a["head_dim"] == head_dim) & (a["kv_tokens"] >= 15)
+          & a["kv_dtype"].isin(["bf16", "fp8"])]
+    kv_heads = np.where(a["kv_heads"] == 0, a["heads"], a["kv_heads"]).astype(float)
+    g = a["heads"].to_numpy() / kv_heads
+    if heads_per_kv is not None:
+        keep = (g >= heads_per_kv[0]) & (g <= heads_per_kv[1])
+        a, kv_heads, g = a[keep], kv_heads[keep], g[keep]
+    fp8 = (a["kv_dtype"] == "fp8").to_numpy()
+    b, n, w = (a[k].to_numpy().astype(float) for k in ("batch", "kv_tokens", "window"))
+    nbytes = (b * np.minimum(n, w) + b) * 2 * kv_heads * head_dim * np.where(fp8, 1.0, 2.0)
+    return (nbytes, b * kv_heads, fp8, hbm, g, n, split, (n > w).astype(float)), a["latency_s"].to_numpy()
+
+
+def _window_attention(gpu, tune, held, framework: str = FRAMEWORK) -> dict | None:
+    """A sliding window's decode attention on its own fit per head dim (`_window_attention_model` on
+    `_window_attention_domain`), where the tune split times >= `WINDOW_MIN_POINTS` rows of it; TensorRT-LLM's
+    over XQA's 2-32 query heads per KV head, its sequence split kept as `_attention` keeps it. The decode fit
+    over the window's tokens, which physics gave a window layer before, left a 14-26% held-out median on
+    H100 / H200 (TensorRT-LLM's blocks grow with n, not W; the head dims differ: SGLang's head-dim-192 rows
+    run ~2x slower than head dim 128's form says). None where the tables time no window."""
+    spec, xqa, out = catalog.gpu(gpu), framework == XQA_FRAMEWORK, {}
+    ranges = XQA_HEADS_PER_KV if xqa else None
+    a = tune.decode_attention
+    for head_dim in sorted(int(d) for d in a.loc[a["window"] > 0, "head_dim"].unique()):
+        fits = []
+        for split in ((0.0, 8.0 * spec.sm_count) if xqa and spec.sm_count else (0.0,)):
+            args, meas = _window_attention_domain(tune.decode_attention, spec.hbm_bytes_per_s, split, head_dim, ranges)
+            if len(meas) < WINDOW_MIN_POINTS:
+                break
+            p = _window_attention_fit(args, meas, bool(split))
+            fits.append((_errors(_window_attention_model(p, *args), meas), p, split))
+        if not fits:
+            continue
+        tune_errors, p, split = (fits[1] if len(fits) > 1 and fits[1][0]["median"] <= fits[0][0]["median"] - XQA_GAIN
+                                 else fits[0])
+        h_args, h_meas = _window_attention_domain(held.decode_attention, spec.hbm_bytes_per_s, split, head_dim, ranges)
+        out[head_dim] = {**_figures(p), "per_cta_head_s": float(f"{p[7]:.4g}") if split else 0.0,
+                         "sequence_split": bool(split), "past_window_floor_s": float(f"{p[8]:.4g}"),
+                         "past_window_per_cta_s": float(f"{p[9]:.4g}"), "tune": tune_errors,
+                         "held_out": _errors(_window_attention_model(p, *h_args), h_meas)}
+    return out or None
 
 
 def _mha_attention(gpu, tune, held) -> dict | None:
@@ -615,6 +696,9 @@ def fit(framework: str = FRAMEWORK) -> dict:
         window_prefill = _window_prefill(gpu, tune, held, attention)
         if window_prefill is not None:
             gpus[gpu]["window_prefill"] = window_prefill
+        window_attention = _window_attention(gpu, tune, held, framework)
+        if window_attention is not None:
+            gpus[gpu]["window_attention"] = window_attention
         mha = _mha_attention(gpu, tune, held) if framework == XQA_FRAMEWORK else None
         if mha is not None:
             gpus[gpu]["mha_attention"] = mha
@@ -632,7 +716,8 @@ def fit(framework: str = FRAMEWORK) -> dict:
                        f"split of {'; '.join(sorted(versions))}; GEMMs of 1-8192 rows with n, k >= 256, decode "
                        f"attention at head dim 128{XQA_DOMAIN if framework == XQA_FRAMEWORK else ''} over >= 15 cached "
                        f"tokens (bf16 and fp8 KV), prefill attention at "
-                       f"head dim 128 over prompts of >= 15 tokens (bf16 and fp8 KV), all-reduces, all-gathers and "
+                       f"head dim 128 over prompts of >= 15 tokens (bf16 and fp8 KV), sliding-window decode and "
+                       f"prefill attention (every window the tables time), all-reduces, all-gathers and "
                        f"reduce-scatters to 64 MiB, DeepEP all-to-alls"),
             "gpus": gpus}
 

@@ -241,7 +241,7 @@ def test_kvsim_ops_asks_a_window(tmp_path):
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["measured_s"] == pytest.approx(_raw("vllm", 128, 32, 2047, "decode"), rel=1e-9)
-    assert out["measured_inside"] and "over the window" in out["datasheet_source"]
+    assert out["measured_inside"] and "the window fit at head dim 64" in out["datasheet_source"]
     src = tmp_path / "ops.csv"
     src.write_text("op,batch,kv_tokens,heads,kv_heads,head_dim,window\nprefill,1,2048,64,8,64,128\n")
     res = run_cli("ops", "--csv", str(src), "--kernels", "measured")

@@ -16,7 +16,14 @@ from sim.device.engine_rules import (
     launch_rule,
     trtllm_chunked_decode_on_mmha,
 )
-from sim.device.hardware import Hardware, MhaDecode, measured_kernels_line, mha_decode, resolve_hardware
+from sim.device.hardware import (
+    DecodeKernel,
+    Hardware,
+    measured_kernels_line,
+    mha_decode,
+    resolve_hardware,
+    window_decode,
+)
 from sim.device.kinds_prefill import GQA_KINDS, kinds_measured, kinds_prefill_said
 from sim.device.memory import WindowPools, profile_run_activation_bytes, sglang_chunk_pools, window_pools_rule
 from sim.device.moe_exchange import ALLTOALL, moe_exchange
@@ -199,6 +206,8 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
             or (model.mla is not None and hw.prefill_attention_shape.mla is not None)
             or (WINDOW in model.kind_counts and hw.prefill_attention_shape.window is not None)):
         hw = replace(hw, sources={**hw.sources, "prefill_attention": prefill_attention_source(model, hw, m.kv_dtype)})
+    if WINDOW in model.kind_counts and hw.kernels is None:
+        hw = with_window_decode(hw, model, scenario.hardware.efficiency, profile)
     moe_mla = source_line(model, hw, m.weight_dtype, m.weight_group_size, m.kv_dtype,
                           scenario.engine.moe_backend if scenario.engine else None)
     if moe_mla:
@@ -319,7 +328,20 @@ def with_chunked_decode_rule(ctx: RunContext) -> RunContext:
     return replace(ctx, hw=hw)
 
 
-def mmha_datasheet(ctx: RunContext) -> tuple[MhaDecode | None, str]:
+def with_window_decode(hw: Hardware, model: ModelSpec, ov, profile: Profile | None) -> Hardware:
+    """Datasheet `hw` whose window layers decode on their own kernel figures (`hardware.window_decode`: the fit
+    on its engine's tables' window rows at the model's head dim), its source line saying which; the decode
+    fit's over the window's tokens where none applies or a profile measures the decode-attention rate (one
+    rate and floor, as a full layer's)."""
+    if profile is not None and profile.compute.attention_hbm_bytes_per_s is not None:
+        label = f"profile: {profile.device_name}"
+        return replace(hw, sources={**hw.sources, "window_decode": f"{label}: the measured decode-attention rate and "
+                                                                   f"floor over the window's tokens"})
+    fig = window_decode(hw.gpu, ov, hw.fitted_framework, model.head_dim, hw.fit_from)
+    return replace(hw, window_decode=fig.value, sources={**hw.sources, "window_decode": fig.source})
+
+
+def mmha_datasheet(ctx: RunContext) -> tuple[DecodeKernel | None, str]:
     """(MMHA's datasheet figures, what the source line adds): with measured tables none (their MHA rows are
     MMHA's); else `hardware.mha_decode` of the engine's fitted tables."""
     if ctx.hw.kernels is not None:

@@ -163,17 +163,21 @@ class AttentionShape:
 
 
 @dataclass(frozen=True)
-class MhaDecode:
-    """A decode kernel with one thread block per query head (TensorRT-LLM's MMHA), datasheet: its floor, bf16
-    KV streaming rate and shape in `physics.gqa_datasheet_attention_s`'s form, fitted on the measured tables'
-    multi-head rows (`catalog.FittedKernels.mha_attention`)."""
+class DecodeKernel:
+    """A decode kernel on its own datasheet figures - its floor, bf16 KV streaming rate and shape in
+    `physics.gqa_datasheet_attention_s`'s form - where the decode fit's do not describe it: TensorRT-LLM's
+    MMHA, one thread block per query head (fitted on the tables' multi-head rows, `mha_decode`), and a
+    sliding window's kernel (fitted on the tables' window rows at the model's head dim, `window_decode`),
+    which also pays a floor and a per-block cost once a sequence is longer than its window."""
 
     floor_s: float
     hbm_bytes_per_s: float
     shape: AttentionShape
+    past_window_floor_s: float = 0.0
+    past_window_per_cta_s: float = 0.0
 
 
-def mha_decode(gpu: GpuSpec, ov, framework: str, fit_from: str | None = None) -> Sourced[MhaDecode | None]:
+def mha_decode(gpu: GpuSpec, ov, framework: str, fit_from: str | None = None) -> Sourced[DecodeKernel | None]:
     """MMHA's datasheet figures: `framework`'s fit on its tables' one-query-head-per-KV-head rows
     (`catalog.FittedKernels.mha_attention`, the overlapping form, no split); None (the decode fit's figures)
     where no fit covers the GPU or the scenario sets the decode-attention rate or floor."""
@@ -184,7 +188,31 @@ def mha_decode(gpu: GpuSpec, ov, framework: str, fit_from: str | None = None) ->
     hbm = gpu.hbm_bytes_per_s
     shape = AttentionShape(hbm * fit.fp8_hbm_efficiency, fit.half_ctas, fit.per_cta_s, fit.fp8_floor_s,
                            fit.fp8_per_cta_s)
-    return Sourced(MhaDecode(fit.floor_s, hbm * fit.hbm_efficiency, shape), fit.says("MMHA decode attention"))
+    return Sourced(DecodeKernel(fit.floor_s, hbm * fit.hbm_efficiency, shape), fit.says("MMHA decode attention"))
+
+
+def window_decode(gpu: GpuSpec, ov, framework: str, head_dim: int,
+                  fit_from: str | None = None) -> Sourced[DecodeKernel | None]:
+    """A sliding window's decode kernel at `head_dim`: `framework`'s fit on its tables' window rows of that head
+    dim (`catalog.FittedKernels.window_attention`; XQA's sequence split where the fit kept it, over 8 x the
+    GPU's SMs); None (the decode fit's figures over the window's tokens) where no fit covers the GPU or that
+    head dim, or the scenario sets the decode-attention rate or floor."""
+    fitted = catalog.fitted_kernels_for(gpu.name, framework, fit_from)
+    fit = (fitted.window_attention or {}).get(head_dim) if fitted else None
+    if fit is None or _sets_attention(ov):
+        return Sourced(None, f"datasheet: the decode fit's figures over the window's tokens; no window fit at head dim "
+                             f"{head_dim} applies")
+    if fit.sequence_split and not gpu.sm_count:
+        raise ValueError(f"{gpu.name}: its window decode fit has XQA's sequence split, which needs gpus.yaml sm_count")
+    split = 8.0 * gpu.sm_count if fit.sequence_split else 0.0
+    hbm = gpu.hbm_bytes_per_s
+    shape = AttentionShape(hbm * fit.fp8_hbm_efficiency, fit.half_ctas, fit.per_cta_s, fit.fp8_floor_s,
+                           fit.fp8_per_cta_s, fit.per_cta_head_s if split else 0.0, split)
+    past = (f"; past the window {fit.past_window_floor_s * 1e6:.3g} us + {fit.past_window_per_cta_s * 1e9:.3g} ns a "
+            f"block" + (", XQA's split over the whole sequence" if split else ""))
+    return Sourced(DecodeKernel(fit.floor_s, hbm * fit.hbm_efficiency, shape, fit.past_window_floor_s,
+                                fit.past_window_per_cta_s),
+                   fit.says(f"sliding-window decode attention at head dim {head_dim}") + past)
 
 
 @dataclass(frozen=True)
@@ -374,7 +402,10 @@ class Hardware:
     # chunked layers decode one thread block per query head (TensorRT-LLM's MMHA below compute capability 10.x:
     # `engine_rules.trtllm_chunked_decode_on_mmha`); False: the GQA kernel, one read of each KV head's cache
     chunked_decode_per_query_head: bool = False
-    mha_decode: MhaDecode | None = None  # ... their datasheet kernel, fitted on the MHA rows (None: the decode fit's)
+    mha_decode: DecodeKernel | None = None  # ... their datasheet kernel, fitted on the MHA rows (None: the decode's)
+    # window layers' datasheet decode kernel, fitted on the tables' window rows at the model's head dim
+    # (`window_decode`); None: the decode fit's figures over the window's tokens
+    window_decode: DecodeKernel | None = None
 
     def allreduce_s(self, nbytes: float, gpus: int | None = None) -> float:
         """All-reduce of `nbytes` over the TP group (or `gpus` of it). With measured kernels the table of

@@ -22,18 +22,23 @@ from functools import lru_cache
 from sim.inputs import catalog
 from sim.inputs.errors import ConfigError
 from sim.inputs.kernel_tables import FRAMEWORK, tables_from_profile
-from sim.inputs.scenario import HardwareCfg
+from sim.inputs.scenario import EfficiencyCfg, HardwareCfg
 from sim.model.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from sim.model.experts import expected_remote_ranks
 from sim.model.layers import window_prefill_work
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
 from .elementwise import elementwise_for, pass_s, row_bytes
-from .hardware import Hardware, resolve_hardware, with_allreduce
+from .hardware import Hardware, resolve_hardware, window_decode, with_allreduce
 from .measured_kernels import MeasuredKernels, measured_kernels_for
 from .moe_exchange import A2A_WIRE_BYTES
 from .moe_mla_costs import datasheet_mla_bmm_s
-from .physics import datasheet_prefill_attention_s, gqa_datasheet_attention_s, weight_gemm_s
+from .physics import (
+    datasheet_prefill_attention_s,
+    gqa_datasheet_attention_s,
+    weight_gemm_s,
+    window_datasheet_attention_s,
+)
 
 KERNELS = ("datasheet", "measured")
 DEFAULT_GROUP_SIZE = 128
@@ -129,6 +134,26 @@ class OpCost:
     note: str = ""
 
 
+def _datasheet_decode(gpu: str, op: DecodeAttention, framework: str, fit_from: str | None) -> OpCost:
+    """A decode-attention call, datasheet, as the step cost asks it: the decode fit over every cached token; a
+    window layer's on its window kernel's fit at the op's head dim (`hardware.window_decode`,
+    `physics.window_datasheet_attention_s`), else the decode fit over the window's tokens."""
+    hw = datasheet_hardware(gpu, framework=framework, fit_from=fit_from)
+    kv_layer = 2 * op.kv_heads * op.head_dim * KV_DTYPES[op.kv_dtype].bytes_per_element
+    n = min(op.kv_tokens, op.window) if op.window else op.kv_tokens  # a window layer's, as the step cost asks
+    flop = ATTN_MATMULS * FLOP_PER_MAC * op.batch * n * op.heads * op.head_dim
+    kv_bytes = (op.batch * n + op.batch) * kv_layer  # reads every attended token, writes the new one
+    fp8 = KV_DTYPES[op.kv_dtype].bytes_per_element < 1.5  # int8 KV streams as fp8 does (the step cost's rule)
+    kernel = window_decode(hw.gpu, EfficiencyCfg(), framework, op.head_dim, fit_from).value if op.window else None
+    if kernel is not None:
+        return OpCost(window_datasheet_attention_s(hw, kernel, op.batch, op.kv_heads, op.heads / op.kv_heads,
+                                                   op.kv_tokens, op.window, kv_bytes, flop, fp8),
+                      f"datasheet: physics.window_datasheet_attention_s (the window fit at head dim {op.head_dim})")
+    return OpCost(gqa_datasheet_attention_s(hw, op.batch, op.kv_heads, flop, kv_bytes, fp8,
+                                            heads_per_kv=op.heads / op.kv_heads, tokens_per_seq=n),
+                  "datasheet: physics.gqa_datasheet_attention_s" + (" over the window" if op.window else ""))
+
+
 @lru_cache(maxsize=64)
 def datasheet_hardware(gpu: str, weight_dtype: str = "bf16", tp: int = 1, framework: str = FRAMEWORK,
                        fit_from: str | None = None) -> Hardware:
@@ -148,15 +173,7 @@ def datasheet_cost(gpu: str, op: Operator, framework: str = FRAMEWORK, fit_from:
         seconds = weight_gemm_s(hw, w_bytes, params, FLOP_PER_MAC * op.m * params, op.m, shapes=((op.n, op.k),))
         return OpCost(seconds, f"datasheet: physics.weight_gemm_s ({hw.weight_kernel})")
     if isinstance(op, DecodeAttention):
-        hw = datasheet_hardware(gpu, framework=framework, fit_from=fit_from)
-        kv_layer = 2 * op.kv_heads * op.head_dim * KV_DTYPES[op.kv_dtype].bytes_per_element
-        n = min(op.kv_tokens, op.window) if op.window else op.kv_tokens  # a window layer's, as the step cost asks
-        flop = ATTN_MATMULS * FLOP_PER_MAC * op.batch * n * op.heads * op.head_dim
-        kv_bytes = (op.batch * n + op.batch) * kv_layer  # reads every attended token, writes the new one
-        fp8 = KV_DTYPES[op.kv_dtype].bytes_per_element < 1.5  # int8 KV streams as fp8 does (the step cost's rule)
-        return OpCost(gqa_datasheet_attention_s(hw, op.batch, op.kv_heads, flop, kv_bytes, fp8,
-                                                heads_per_kv=op.heads / op.kv_heads, tokens_per_seq=n),
-                      "datasheet: physics.gqa_datasheet_attention_s" + (" over the window" if op.window else ""))
+        return _datasheet_decode(gpu, op, framework, fit_from)
     if isinstance(op, PrefillAttention):
         hw = datasheet_hardware(gpu, framework=framework, fit_from=fit_from)
         kv_layer = 2 * op.kv_heads * op.head_dim * KV_DTYPES[op.kv_dtype].bytes_per_element

@@ -38,7 +38,7 @@ from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
 from .elementwise import ADD, HEAD_NORMS, RMSNORM, ROPE, SILU_MUL, layer_passes_s
 from .engine_rules import DECODE, MIXED, PREFILL, decode_rows, host_times
-from .hardware import Hardware, MhaDecode
+from .hardware import DecodeKernel, Hardware
 from .host_pipeline import HostLayer, HostStepTimes, host_pipeline
 from .kinds_prefill import measured_kinds_prefill_s
 from .moe_exchange import A2A_PHASES, A2A_WIRE_BYTES, ALLGATHER_REDUCESCATTER
@@ -216,6 +216,8 @@ def kinds_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv
             t = _sparse_s(model, hw, batch, attended_tokens, kv_dtype, call, arrays)
         elif kind == WINDOW and (table := _measured_window_s(model, hw, batch, attended_tokens, kv_dtype)) is not None:
             t = table
+        elif kind == WINDOW and hw.kernels is None and hw.window_decode is not None:
+            t = _datasheet_window_s(model, hw, batch, attended_tokens, kv_dtype)
         else:  # the GQA kinds: full, chunked, window
             per_token = model.kind_kv_bytes_per_token_layer(kind, kv_dtype)
             tokens, nbytes = _gqa_kind_read(model, kind, batch, attended_tokens, kv_bytes, per_token, chunk_tokens)
@@ -247,6 +249,44 @@ def _measured_window_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, k
     b = np.maximum(np.asarray(batch, dtype=float) / dp, 1.0)
     n = np.maximum(np.asarray(attended_tokens, dtype=float) / dp / b, 1.0)
     return k.decode_attention_s(b, n, *shape, window=window).seconds
+
+
+def _datasheet_window_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_dtype: str):
+    """A window layer's datasheet decode attention on its own kernel figures (`hw.window_decode`), one rank's call
+    under attention data parallelism (its 1/D of the batch): `batch` sequences at their mean context n =
+    attended / batch, each reading its last min(n, W) tokens and writing one (`window_datasheet_attention_s`)."""
+    one, dp = _one_rank(model), model.attention_dp
+    b = np.asarray(batch, dtype=float) / dp
+    n = _tokens_per_seq(batch, attended_tokens)
+    read = b * np.minimum(n, model.sliding_window)
+    nbytes = (read + b) * one.kind_kv_bytes_per_token_layer(WINDOW, kv_dtype)
+    flop = kind_attention_flop_per_token(model, WINDOW) * read
+    if not (np.ndim(batch) or np.ndim(attended_tokens)):  # one step: scalars
+        b, n, nbytes, flop = float(b), float(n), float(nbytes), float(flop)
+    return window_datasheet_attention_s(hw, hw.window_decode, b, model.num_kv_heads,
+                                        model.num_heads / model.num_kv_heads, n, model.sliding_window, nbytes, flop,
+                                        kv_dtype in ONE_BYTE_KV)
+
+
+def window_datasheet_attention_s(hw: Hardware, kernel: DecodeKernel, batch, kv_heads: int, heads_per_kv: float,
+                                 tokens_per_seq, window: int, kv_bytes, flop, fp8_kv: bool):
+    """One window layer's decode attention, datasheet, on the window kernel's own figures (`hardware.window_decode`,
+    fitted per head dim on the tables' window rows; scalars, or arrays over steps): `gqa_datasheet_attention_s`
+    of the window's bytes and FLOP, XQA's split (where the fit kept it) counted over each sequence's whole
+    length `tokens_per_seq`, not its window - TensorRT-LLM's window-128 call over 64 sequences takes 43 us past
+    128 tokens where it took 23 us within them (H200) -, plus, for a sequence longer than its window, the
+    kernel's floor and per-block cost past it: c = batch x KV heads blocks, + past floor + c x past per block.
+    Example, H200 on vLLM's fit at head dim 64 (floor 9.54 us, 0.891 of HBM at half rate by 293 blocks, 25.4 ns
+    a block; past the window 2.89 us + 17.3 ns a block): gpt-oss's 64 sequences x 8 KV heads, window 128, 512
+    blocks reading 16.9 MB: 9.54 us + max(16.9 MB / (4.8 TB/s x 0.891 x 512 / 805), 512 x 25.4 ns) = 22.5 us
+    within the window; at 2,048 cached tokens + 2.89 us + 512 x 17.3 ns = 34.3 us (the table: 20 and 33 us)."""
+    base = gqa_datasheet_attention_s(hw, batch, kv_heads, flop, kv_bytes, fp8_kv, heads_per_kv=heads_per_kv,
+                                     tokens_per_seq=tokens_per_seq, kernel=kernel)
+    past = np.asarray(tokens_per_seq, dtype=float) > window
+    ctas = np.asarray(batch, dtype=float) * kv_heads
+    extra = np.where(past, kernel.past_window_floor_s + kernel.past_window_per_cta_s * ctas, 0.0)
+    out = base + extra
+    return out if np.ndim(out) else float(out)
 
 
 @lru_cache(maxsize=64)
@@ -487,7 +527,7 @@ def attention_s_array(flop: np.ndarray, kv_bytes: np.ndarray, hw: Hardware) -> n
 
 
 def gqa_datasheet_attention_s(hw: Hardware, batch, kv_heads: int, flop, kv_bytes, fp8_kv: bool, *,
-                              heads_per_kv=1.0, tokens_per_seq=None, kernel: MhaDecode | None = None):
+                              heads_per_kv=1.0, tokens_per_seq=None, kernel: DecodeKernel | None = None):
     """One GQA layer's decode attention, datasheet (scalars, or arrays over steps): the kernel's grid is
     one thread block per (sequence, KV head), c = batch x KV heads, and
 
@@ -575,7 +615,7 @@ def busiest_rank_factor(batch, ranks: int):
 
 
 def gqa_attention_s(model: ModelSpec, hw: Hardware, batch, attended_tokens, kv_bytes, kv_bytes_per_token_layer: float,
-                    flop, kernel: MhaDecode | None = None):
+                    flop, kernel: DecodeKernel | None = None):
     """One GQA layer's decode attention (`decode_attention_s` of a dense model; a full or window layer
     of a model with kinds), its FLOP given: the measured table where the run has one, else `attention_s`
     (`kernel`: another datasheet kernel's figures, `gqa_datasheet_attention_s`'s). An attention-data-parallel

@@ -195,6 +195,15 @@ class FittedAttention(_Fitted):
     sequence_split: bool = False
 
 
+class FittedWindowAttention(FittedAttention):
+    """A sliding window's decode attention at one head dim: the decode form over the window's tokens, plus a
+    floor and a per-block cost once a sequence is longer than its window (`physics.window_datasheet_attention_s`);
+    with XQA's sequence split, its blocks counted over the whole sequence."""
+
+    past_window_floor_s: float = 0.0
+    past_window_per_cta_s: float = 0.0
+
+
 class FittedPrefill(_Fitted):
     floor_s: float  # one prefill-attention call's floor
     flop_efficiency: float  # of the bf16 peak, its plateau over long prompts
@@ -275,6 +284,8 @@ class FittedKernels(_Frozen):
     mla_prefill: dict[str, FittedPrefill] | None = None
     # a sliding window's prefill by KV dtype, fitted on the context table's window rows, where the tables time them
     window_prefill: dict[str, FittedPrefill] | None = None
+    # a sliding window's decode attention by head dim, fitted on the decode table's window rows, where they time them
+    window_attention: dict[int, FittedWindowAttention] | None = None
     mla_attention: FittedMla | None = None  # absorbed MLA decode, where the tables time it
     # TensorRT-LLM's multi-head decode kernel (MMHA) on its own: the tables' one-query-head-per-KV-head rows
     mha_attention: FittedAttention | None = None
