@@ -156,12 +156,14 @@ def absorbed_bmm_swap(model: ModelSpec, hw: Hardware, weight_dtype: str, group_s
     latent, 128 a head) or a table or fit of the engine's BMMs.
     The BMMs run in the kv projection's dtype where the table times it (TensorRT-LLM: fp8 block-scaled
     when kv_b is, modules/attention.py `create_weights` / `fp8_block_scaling_bmm_out`; SGLang's bmm_fp8),
-    else bf16 (vLLM times only torch's bf16 bmm)."""
+    else bf16 (vLLM times only torch's bf16 bmm); kv_b in the attention's format (`ModelSpec.attention_formats`:
+    an NVFP4 checkpoint of R1 keeps it bf16)."""
     a = model.mla
     if a is None or (a.kv_lora_rank, a.qk_nope_head_dim, a.v_head_dim) != (512, 128, 128):
         return None
     dtypes = hw.kernels.mla_bmm_dtypes() if hw.kernels is not None else {d for d, *_ in hw.mla_bmm_fits}
-    dtype = "fp8" if weight_dtype == "fp8" and "fp8" in dtypes else "bf16"
+    kv_b = model.attention_formats(weight_dtype)[0]
+    dtype = "fp8" if kv_b == "fp8" and "fp8" in dtypes else "bf16"
     if dtype not in dtypes:
         return None
     share = (model.kind_counts.get(MLA, 0) + model.kind_counts.get(SPARSE, 0)) / model.num_layers
@@ -171,7 +173,7 @@ def absorbed_bmm_swap(model: ModelSpec, hw: Hardware, weight_dtype: str, group_s
         seconds = sum(hw.kernels.mla_bmm_one_s(op, dtype, tokens, model.num_heads) for op in ("pre", "post"))
     else:  # the datasheet fit: pre and post alike (the same FLOP and bytes)
         seconds = 2 * datasheet_mla_bmm_s(hw, dtype, tokens, model.num_heads)
-    return (share * WEIGHT_DTYPES[weight_dtype].bytes_for(params, group_size), share * params,
+    return (share * WEIGHT_DTYPES[kv_b].bytes_for(params, group_size), share * params,
             FLOP_PER_MAC * tokens * share * params, share * seconds)
 
 

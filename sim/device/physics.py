@@ -396,10 +396,14 @@ def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
     CUDA cores are slow against its memory (Marlin's speedup fades past batch 16-32 for this reason).
     A profile that timed the dtype's kernel across rows replaces the model: weight bytes / measured rate.
     `absorbed` (decode rows): an MLA layer's kv_b runs as the engine's measured BMMs where a table times
-    them (`moe_mla_costs.absorbed_bmm_swap`), the rest as above."""
+    them (`moe_mla_costs.absorbed_bmm_swap`), the rest as above. Attention projections a checkpoint keeps in
+    their own format (`ModelSpec.attention_formats`) stream their own bytes; the measured tables time a dense
+    layer's GEMMs each in its format, the datasheet model takes the layer's FLOP at the weight dtype's rate
+    (DeepSeek-R1's bf16 projections are ~0.4% of its active FLOP)."""
     profiled = bool(hw.weight_kernel_bytes_per_s_by_rows)
-    if not profiled and hw.kernels is not None and model.gqa_gemms and weight_dtype in hw.kernels.gemm_dtypes():
-        return _measured_gemms_s(hw.kernels, tuple(model.layer_gemm_shapes()), weight_dtype, int(rows))
+    formats = model.layer_gemm_formats(weight_dtype)
+    if not profiled and hw.kernels is not None and model.gqa_gemms and set(formats) <= set(hw.kernels.gemm_dtypes()):
+        return _measured_layer_gemms_s(hw.kernels, model, tuple(formats), int(rows))
     w_bytes, params_read = _layer_weights_read(model, weight_dtype, group_size, rows)
     if profiled:  # a profile timed this dtype's kernel across rows
         return hw.measured_weight_kernel_s(w_bytes, rows)
@@ -441,6 +445,14 @@ def _moe_fit(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int)
         return None
     quant = moe_format(hw, model.expert_format(weight_dtype), group_size)
     return next((f for q, f in hw.moe_fits if q == quant), None)
+
+
+def _measured_layer_gemms_s(kernels, model: ModelSpec, formats: tuple[str, ...], rows: int) -> float:
+    """A dense layer's fused GEMMs (`ModelSpec.layer_gemm_shapes`) from the measured tables, each in its weight
+    format (`ModelSpec.layer_gemm_formats`), one table query per format."""
+    shapes = model.layer_gemm_shapes()
+    return sum(_measured_gemms_s(kernels, tuple(s for s, f in zip(shapes, formats) if f == fmt), fmt, rows)
+               for fmt in dict.fromkeys(formats))
 
 
 @lru_cache(maxsize=8192)

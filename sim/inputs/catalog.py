@@ -525,10 +525,12 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
 def resolve_model(model_cfg) -> ModelSpec:
     """The whole model a scenario's `model` section names: a catalog entry or a Hugging Face config,
     with the section's routing skew (a mixture of experts' expert popularity, `sim/model/experts.py`) and
-    its experts' own weight format (`ModelSpec.expert_format`)."""
+    the weight formats its checkpoint sets apart: its experts' (`ModelSpec.expert_format`), its attention's
+    (`ModelSpec.attention_formats`)."""
     spec = model(model_cfg.name) if model_cfg.name else model_from_hf_config(model_cfg.hf_config)
     skew = getattr(model_cfg, "routing_skew", 0.0)
-    experts = getattr(model_cfg, "expert_weight_dtype", None)
     if skew:
         spec = replace(spec, routing_skew=skew)
-    return replace(spec, expert_weight_dtype=experts) if experts else spec
+    formats = {k: v for k in ("expert_weight_dtype", "attention_weight_dtype", "attention_output_weight_dtype")
+               if (v := getattr(model_cfg, k, None))}
+    return replace(spec, **formats) if formats else spec

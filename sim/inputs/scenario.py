@@ -64,8 +64,14 @@ class ModelCfg(Strict, QuietDefaults):
     # a mixture of experts' routed experts in their own format, the rest in weight_dtype (gpt-oss: mxfp4 experts,
     # bf16 attention, router and embeddings); None: weight_dtype throughout
     expert_weight_dtype: WeightDType | None = None
+    # the attention projections in their own format, and the output projection in its own where it differs again
+    # (ModelOpt's NVFP4 DeepSeek-R1 keeps self_attn in bf16; its -v2 quantises wo: attention bf16, output nvfp4);
+    # None: weight_dtype (the output projection: the attention's)
+    attention_weight_dtype: WeightDType | None = None
+    attention_output_weight_dtype: WeightDType | None = None
 
-    QUIET_DEFAULTS = {"routing_skew": 0.0, "expert_weight_dtype": None}
+    QUIET_DEFAULTS = {"routing_skew": 0.0, "expert_weight_dtype": None, "attention_weight_dtype": None,
+                      "attention_output_weight_dtype": None}
 
     @model_validator(mode="after")
     def _one_source(self):

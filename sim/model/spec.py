@@ -89,6 +89,11 @@ class ModelSpec:
     # the routed experts' weight format where a checkpoint quantises them apart from the rest (gpt-oss: MXFP4
     # experts, bf16 attention); None: the scenario's weight_dtype for every linear layer (`expert_format`)
     expert_weight_dtype: str | None = None
+    # the attention projections' own format where a checkpoint keeps them apart (ModelOpt's NVFP4 checkpoints of
+    # DeepSeek-R1 exclude self_attn*: bf16), and the output projection's where it differs again (R1 NVFP4-v2
+    # quantises wo); None: weight_dtype (`attention_formats`)
+    attention_weight_dtype: str | None = None
+    attention_output_weight_dtype: str | None = None
     pipeline_stages: int = 1  # one pipeline stage of a model split over this many (`stage`); 1 = every layer
     # the longest sequence an engine serves by default: config.json's max_position_embeddings as rope
     # scaling stretches it (`inputs.hf_config.context_tokens`); None: config.json gives none
@@ -529,10 +534,30 @@ class ModelSpec:
         h, inter = self.hidden_size, self.intermediate_size
         return [(self.q_dim + 2 * self.kv_dim, h), (h, self.q_dim), (2 * inter, h), (h, inter)]
 
+    def layer_gemm_formats(self, weight_dtype: str) -> list[str]:
+        """The weight format of each of `layer_gemm_shapes`: qkv and o in the attention's (`attention_formats`),
+        gate_up and down in `weight_dtype`."""
+        return [*self.attention_formats(weight_dtype), weight_dtype, weight_dtype]
+
     @property
     def gqa_gemms(self) -> bool:
         """Every layer a dense GQA layer (full, chunked or window attention, dense MLP): `layer_gemm_shapes` holds."""
         return not self.is_moe and all(k in GQA_KINDS for k in self.kind_counts)
+
+    def attention_formats(self, weight_dtype: str) -> tuple[str, str]:
+        """(the attention's input projections' format - q, k, v; MLA's q_a, q_b, kv_a, kv_b; a linear layer's
+        in_proj; a sparse layer's indexer -, its output projection's): `attention_weight_dtype` and
+        `attention_output_weight_dtype` where the checkpoint sets them apart, else the layers' `weight_dtype`
+        (the output projection: the input projections' unless set)."""
+        inputs = self.attention_weight_dtype or weight_dtype
+        return inputs, self.attention_output_weight_dtype or inputs
+
+    def _attention_bytes(self, kind: str, weight_dtype: str, group_size: int) -> float:
+        """One layer of `kind`'s attention matrices in their formats (`attention_formats`): every one but the
+        last (the output projection) in the first, the last in the second."""
+        matrices, (inputs, output) = self._attention_matrices(kind), self.attention_formats(weight_dtype)
+        return (self._linear_bytes(matrices[:-1], inputs, group_size)
+                + self._linear_bytes(matrices[-1:], output, group_size))
 
     def expert_format(self, weight_dtype: str) -> str:
         """The routed experts' weight format: `expert_weight_dtype` where the checkpoint sets one apart, else
@@ -560,7 +585,7 @@ class ModelSpec:
         if not self.uniform:
             return self._layers_weight_bytes(weight_dtype, group_size) / self.num_layers
         hp = HIGH_PRECISION_BITS / 8
-        b = self._linear_bytes(self._attention_matrices(), weight_dtype, group_size)
+        b = self._attention_bytes(FULL, weight_dtype, group_size)
         if self.is_moe:
             b += self._routed_experts_bytes(weight_dtype, group_size)
             b += self._linear_bytes(self._dense_mlp_matrices(self.shared_expert_intermediate_size), weight_dtype, group_size)
@@ -573,8 +598,8 @@ class ModelSpec:
         """All layers' weights, kind by kind: attention matrices and small parameters per kind, MoE
         and dense MLPs by their counts, two norms a layer."""
         hp = HIGH_PRECISION_BITS / 8
-        b = sum(n * (self._linear_bytes(self._attention_matrices(k), weight_dtype, group_size)
-                     + self._attention_small_params(k) * hp) for k, n in self.kind_counts.items())
+        b = sum(n * (self._attention_bytes(k, weight_dtype, group_size) + self._attention_small_params(k) * hp)
+                for k, n in self.kind_counts.items())
         if self.moe_layers:
             b += self.moe_layers * self._moe_mlp_bytes(weight_dtype, group_size)
         dense = self.num_layers - self.moe_layers

@@ -82,8 +82,9 @@ def _base(m: Measurement, mode: str) -> dict:
     model = {"name": m.model, "weight_dtype": m.weight_dtype, "kv_dtype": m.kv_dtype}
     if m.weight_group_size is not None:
         model["weight_group_size"] = m.weight_group_size
-    if m.expert_weight_dtype is not None:
-        model["expert_weight_dtype"] = m.expert_weight_dtype
+    for key in ("expert_weight_dtype", "attention_weight_dtype", "attention_output_weight_dtype"):
+        if getattr(m, key) is not None:
+            model[key] = getattr(m, key)
     data = {"name": m.id, "description": f"{m.publisher}: {m.source_model} on {m.gpus} x {m.gpu}", "model": model,
             "hardware": {"gpu": m.gpu, "kernels": mode}, "parallel": m.parallel, "policy": {"kind": "full_hbm"}}
     engine = engine_for(m)

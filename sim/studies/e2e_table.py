@@ -68,6 +68,9 @@ class Measurement(Strict):
     weight_dtype: WeightDType
     weight_group_size: int | None = Field(None, ge=1, le=1024)  # None: the scenario's default (gpt-oss's MXFP4: 32)
     expert_weight_dtype: WeightDType | None = None  # the routed experts' own format (gpt-oss: mxfp4, the rest bf16)
+    # the attention projections' own format and the output projection's (R1 NVFP4-v2: bf16, nvfp4; `ModelSpec`)
+    attention_weight_dtype: WeightDType | None = None
+    attention_output_weight_dtype: WeightDType | None = None
     kv_dtype: KvDType
     tp: int = Field(ge=1, le=64)
     ep: int = Field(1, ge=1, le=64)
@@ -146,7 +149,9 @@ class Measurement(Strict):
             return self.max_num_seqs, self.max_num_batched_tokens, "the row's limits"
         gpu = catalog.gpu(self.gpu)
         isl, osl = self.mean_lengths
-        model = replace(catalog.model(self.model), expert_weight_dtype=self.expert_weight_dtype)
+        model = replace(catalog.model(self.model), expert_weight_dtype=self.expert_weight_dtype,
+                        attention_weight_dtype=self.attention_weight_dtype,
+                        attention_output_weight_dtype=self.attention_output_weight_dtype)
         limits = trtllm_bench_limits(bench_checkpoint(model, self.weight_dtype, self.bench_kv_dtype or self.kv_dtype),
                                      self.tp, self.pp, gpu.memory_bytes, isl, osl, self.chunked_prefill, self.isl)
         return limits.max_batch_size, limits.max_num_tokens, limits.describe()
@@ -184,7 +189,9 @@ def checkpoint_elements(model: ModelSpec, weight_dtype: str) -> float:
         packed = model.moe_layers * model.num_experts * model.expert_params()
         return float(model.params) - packed * (1.0 - WEIGHT_DTYPES[experts].packed_bytes_per_element)
     per_weight = WEIGHT_DTYPES[weight_dtype].packed_bytes_per_element
-    quantised = (model.weight_bytes("bf16") - model.weight_bytes(weight_dtype)) / (2.0 - per_weight)
+    # every linear weight in bf16 against the checkpoint's: the quantised ones (not the attention it keeps bf16)
+    plain = replace(model, expert_weight_dtype=None, attention_weight_dtype=None, attention_output_weight_dtype=None)
+    quantised = (plain.weight_bytes("bf16") - model.weight_bytes(weight_dtype)) / (2.0 - per_weight)
     return float(model.params) - quantised * (1.0 - per_weight)
 
 
