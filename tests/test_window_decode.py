@@ -60,10 +60,10 @@ def test_xqa_splits_a_window_call_by_the_whole_sequence():
     calls = [window_datasheet_attention_s(hw, kernel, 4, 8, 8.0, float(n), 128, nbytes, flop, False)
              for n in (256, 2048, 16384)]
     assert calls[0] < calls[1] < calls[2]  # the same bytes, more blocks
-    assert calls[2] - calls[1] == pytest.approx(
-        gqa_datasheet_attention_s(hw, 4, 8, flop, nbytes, False, heads_per_kv=8.0, tokens_per_seq=16384.0, kernel=kernel)
-        - gqa_datasheet_attention_s(hw, 4, 8, flop, nbytes, False, heads_per_kv=8.0, tokens_per_seq=2048.0,
-                                    kernel=kernel), rel=1e-12)
+    def gqa(n):
+        return gqa_datasheet_attention_s(hw, 4, 8, flop, nbytes, False, heads_per_kv=8.0, tokens_per_seq=n, kernel=kernel)
+
+    assert calls[2] - calls[1] == pytest.approx(gqa(16384.0) - gqa(2048.0), rel=1e-12)
 
 
 def test_a_window_layer_decodes_on_the_window_fit_in_the_step():

@@ -185,10 +185,8 @@ def mha_decode(gpu: GpuSpec, ov, framework: str, fit_from: str | None = None) ->
     fit = fitted.mha_attention if fitted else None
     if fit is None or _sets_attention(ov):
         return Sourced(None, "datasheet: the decode fit's figures; no MMHA fit applies")
-    hbm = gpu.hbm_bytes_per_s
-    shape = AttentionShape(hbm * fit.fp8_hbm_efficiency, fit.half_ctas, fit.per_cta_s, fit.fp8_floor_s,
-                           fit.fp8_per_cta_s)
-    return Sourced(DecodeKernel(fit.floor_s, hbm * fit.hbm_efficiency, shape), fit.says("MMHA decode attention"))
+    kernel = DecodeKernel(fit.floor_s, gpu.hbm_bytes_per_s * fit.hbm_efficiency, _fitted_shape(gpu, fit, 0.0))
+    return Sourced(kernel, fit.says("MMHA decode attention"))
 
 
 def window_decode(gpu: GpuSpec, ov, framework: str, head_dim: int,
@@ -202,17 +200,27 @@ def window_decode(gpu: GpuSpec, ov, framework: str, head_dim: int,
     if fit is None or _sets_attention(ov):
         return Sourced(None, f"datasheet: the decode fit's figures over the window's tokens; no window fit at head dim "
                              f"{head_dim} applies")
-    if fit.sequence_split and not gpu.sm_count:
-        raise ValueError(f"{gpu.name}: its window decode fit has XQA's sequence split, which needs gpus.yaml sm_count")
-    split = 8.0 * gpu.sm_count if fit.sequence_split else 0.0
-    hbm = gpu.hbm_bytes_per_s
-    shape = AttentionShape(hbm * fit.fp8_hbm_efficiency, fit.half_ctas, fit.per_cta_s, fit.fp8_floor_s,
-                           fit.fp8_per_cta_s, fit.per_cta_head_s if split else 0.0, split)
+    split = _xqa_split(gpu, fit, "window decode")
     past = (f"; past the window {fit.past_window_floor_s * 1e6:.3g} us + {fit.past_window_per_cta_s * 1e9:.3g} ns a "
             f"block" + (", XQA's split over the whole sequence" if split else ""))
-    return Sourced(DecodeKernel(fit.floor_s, hbm * fit.hbm_efficiency, shape, fit.past_window_floor_s,
-                                fit.past_window_per_cta_s),
+    return Sourced(DecodeKernel(fit.floor_s, gpu.hbm_bytes_per_s * fit.hbm_efficiency, _fitted_shape(gpu, fit, split),
+                                fit.past_window_floor_s, fit.past_window_per_cta_s),
                    fit.says(f"sliding-window decode attention at head dim {head_dim}") + past)
+
+
+def _xqa_split(gpu: GpuSpec, fit, what: str) -> float:
+    """The grid XQA splits sequences up to (8 waves of the GPU's SMs) where a decode fit kept its sequence split
+    (`catalog.FittedAttention.sequence_split`), else 0."""
+    if fit.sequence_split and not gpu.sm_count:
+        raise ValueError(f"{gpu.name}: its {what} fit has XQA's sequence split, which needs gpus.yaml sm_count")
+    return 8.0 * gpu.sm_count if fit.sequence_split else 0.0
+
+
+def _fitted_shape(gpu: GpuSpec, fit, split: float) -> AttentionShape:
+    """A fitted decode kernel's shape (`catalog.FittedAttention`): fp8 KV's rate, floor and per-block cost, small
+    grids, the bf16 per-block cost, and XQA's split over up to `split` blocks (0: none)."""
+    return AttentionShape(gpu.hbm_bytes_per_s * fit.fp8_hbm_efficiency, fit.half_ctas, fit.per_cta_s, fit.fp8_floor_s,
+                          fit.fp8_per_cta_s, fit.per_cta_head_s if split else 0.0, split)
 
 
 @dataclass(frozen=True)
@@ -841,11 +849,8 @@ def _attention_shape(gpu: GpuSpec, a, ov) -> Sourced[AttentionShape]:
         return Sourced(AttentionShape(), "default: flat (no measured table to fit it on)")
     if _sets_attention(ov):
         return Sourced(AttentionShape(), f"flat: {SCENARIO} sets the decode-attention rate or floor", pinned=True)
-    if a.sequence_split and not gpu.sm_count:
-        raise ValueError(f"{gpu.name}: its decode-attention fit has XQA's sequence split, which needs gpus.yaml sm_count")
-    split = 8.0 * gpu.sm_count if a.sequence_split else 0.0  # XQA splits sequences up to 8 waves of SMs
-    shape = AttentionShape(gpu.hbm_bytes_per_s * a.fp8_hbm_efficiency, a.half_ctas, a.per_cta_s, a.fp8_floor_s,
-                           a.fp8_per_cta_s, a.per_cta_head_s if split else 0.0, split)
+    split = _xqa_split(gpu, a, "decode-attention")
+    shape = _fitted_shape(gpu, a, split)
     fp8 = (f", floor {a.fp8_floor_s * 1e6:.3g} us, {a.fp8_per_cta_s * 1e9:.3g} ns a block"
            if a.fp8_floor_s is not None and a.fp8_per_cta_s is not None else "")
     xqa = (f"; XQA's sequence split over up to {split:.0f} blocks (8 x {gpu.sm_count} SMs), stream and blocks "
