@@ -21,6 +21,7 @@ from sim.device.physics import (
     gqa_datasheet_attention_s,
     kind_attention_flop_per_token,
     kinds_prefill_flop,
+    window_datasheet_attention_s,
 )
 from sim.inputs import catalog
 from sim.inputs.errors import ConfigError
@@ -287,7 +288,10 @@ def test_decode_attention_by_kind_by_hand():
     full_layer = 2 * 8 * 64 * BF16
     kv_bytes = (attended + batch) * ctx.kv_bytes_per_token_layer  # the mean layer's, as the engines pass it
     t_full = gqa_datasheet_attention_s(hw, batch, 8, 4 * 3000 * 8 * 64 * 64, (attended + batch) * full_layer, False)
-    t_window = gqa_datasheet_attention_s(hw, batch, 8, 4 * 8 * 128 * 64 * 64, (8 * 128 + batch) * full_layer, False)
+    # the window layers on their own datasheet fit (`physics.window_datasheet_attention_s`, tests/test_window_decode.py)
+    assert hw.window_decode is not None
+    t_window = window_datasheet_attention_s(hw, hw.window_decode, batch, 8, 8.0, 3000.0, 128,
+                                            (8 * 128 + batch) * full_layer, 4 * 8 * 128 * 64 * 64, False)
     got = decode_attention_s(m, hw, batch, attended, kv_bytes, ctx.kv_bytes_per_token_layer)
     assert got == pytest.approx((18 * t_full + 18 * t_window) / 36)
     arrays = decode_attention_s(m, hw, np.array([batch, batch]), np.array([attended, attended]),
