@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -187,13 +188,30 @@ sys.exit(sweep_command(Path(sys.argv[1]), Path(sys.argv[2]), executor="local", a
 HANG_S = 120  # the waits below guard against a hang only: no signal races the run's own speed
 
 
+@contextmanager
+def sigint_as_at_a_terminal():
+    """A child started in this block gets SIGINT as a terminal gives it, whoever started the tests: a shell
+    without job control starts a background job (`cmd &`, nohup) with SIGINT ignored, a child inherits that
+    across exec, and Python then installs no KeyboardInterrupt handler - a Ctrl-C test would wait out its
+    run. A caught signal is reset to its default at exec, so catching it here for the Popen is enough."""
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def start_paused(args: list[str], marker: Path, after: int) -> subprocess.Popen:
     """`python ARGS` started with the task driver's test hook (sim.runner.tasks.TEST_PAUSE): returns
     once the run has stored `after` results and waits for a signal there (the marker file written),
     so a signal sent now lands mid-run with exactly `after` results stored, on any machine."""
     env = {**os.environ, TEST_PAUSE: f"{after}:{marker}"}
-    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    with sigint_as_at_a_terminal():
+        proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + HANG_S
     while not marker.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
