@@ -10,6 +10,7 @@ from sim.device.engine_context import VLLM_CHECK, vllm_fitting_context, vllm_req
 from sim.device.engine_rules import (
     DECODE,
     engine_dense_dp,
+    engine_host_s_per_sequence,
     engine_memory_rule,
     engine_whole_embedding,
     host_launch_s,
@@ -410,6 +411,10 @@ def with_engine(hw: Hardware, scenario: Scenario, model: ModelSpec, sc: Schedule
     mem = engine_memory_rule(e, sc, hw.memory_bytes, tp, model.kind_counts.get(MLA, 0) > 0, act, weights)
     rule, graphs = launch_rule(e, sc, hw.gpu.name, hw.memory_bytes, tp, hw.host_layer_s, hw.host_step_s,
                                model.attention_dp)
+    per_sequence_s, loop_source = engine_host_s_per_sequence(e)
+    rule = replace(rule, host_s_per_sequence=per_sequence_s)
+    if scenario.workload.arrivals is None and per_sequence_s:  # `sim.serving` applies it; the decode levels do not
+        loop_source += "; not applied: a closed batch's decode steps are timed on the GPU alone"
     batch = scenario.workload.batch_size if scenario.workload.arrivals is None else 1
     layer_s, step_s = host_launch_s(rule, batch, DECODE)
     eager = {k: hw.sources[k] for k in ("host_layer_s", "host_step_s")}
@@ -426,7 +431,7 @@ def with_engine(hw: Hardware, scenario: Scenario, model: ModelSpec, sc: Schedule
                "runtime_reserve_bytes": f"{mem.rule}: memory outside torch, engine.non_torch_bytes",
                "held_activation_bytes": f"{mem.rule}: a forward pass of max_num_batched_tokens {sc.max_num_batched_tokens}"
                                         f" (max_num_seqs {sc.max_num_seqs} sampling)",
-               **{k: launch + now + ("" if replayed else eager[k]) for k in eager}}
+               **{k: launch + now + ("" if replayed else eager[k]) for k in eager}, "host_loop_s": loop_source}
     return replace(hw, memory_bytes=mem.usable_bytes, runtime_reserve_bytes=mem.reserve_bytes,
                    held_activation_bytes=mem.held_activation_bytes, host_layer_s=layer_s, host_step_s=step_s,
                    launch=rule, sources=sources)

@@ -137,6 +137,7 @@ class LaunchRule:
     graph_sizes: frozenset[int] | None = None  # only these decode batches replay (TensorRT-LLM); None: 1..graph_max_batch
     padding: bool = False  # a decode batch below the largest graph is padded up to the next size (TensorRT-LLM's)
     ranks: int = 1  # attention data-parallel ranks: the graph sizes are each rank's batch
+    host_s_per_sequence: float = 0.0  # the engine's host loop a step, per request in it (`host_loop_s`)
 
 
 def decode_rows(rule: LaunchRule | None, batch: int) -> int:
@@ -165,6 +166,42 @@ def host_launch_s(rule: LaunchRule, batch: int, step_kind: str) -> tuple[float, 
             rule.graph_sizes is None or rule.padding or per_rank in rule.graph_sizes):
         return 0.0, 0.0
     return rule.eager_layer_s, rule.eager_step_s
+
+
+# TensorRT-LLM's PyTorch executor does a step's host work - scheduling, input preparation, its sampler's
+# update of every request - in one Python loop on each attention rank (py_executor.py `_executor_loop_overlap`):
+# with the overlap scheduler, on by default, it prepares and launches step i + 1, then waits for step i's
+# tokens and hands them out, so a step lasts the longer of the GPU's work and that loop, which grows with the
+# requests in the step. Measured (PR #11983, 2026-03): its TorchSampler - what greedy decoding gets (_util.py
+# `instantiate_sampler`: TRTLLMSampler only when asked for, or for beam search) - takes 11.3 ms of host time a
+# step at batch 1,000 (13.8 ms before that PR; Llama-3.2-1B, logprobs=0, an L40S machine's host). The
+# scheduler's and the input preparation's shares are not in it: a floor of the loop, not its whole.
+TRTLLM_SAMPLER_S_PER_SEQUENCE = 11.3e-6
+TRTLLM_HOST_LOOP = ("TensorRT-LLM's PyTorch executor, overlap scheduler: a step lasts max(GPU, host loop); the loop "
+                    "at its TorchSampler's 11.3 us a request a step (PR #11983: 11.3 ms at batch 1,000, an L40S "
+                    "machine's host; the scheduler's and input preparation's shares not counted)")
+
+
+def engine_host_s_per_sequence(engine) -> tuple[float, str]:
+    """The engine's host loop per request a step (`inputs.scenario.EngineCfg.host_s_per_sequence`, else the
+    engine's measured figure) and where it comes from: TensorRT-LLM's PyTorch executor
+    `TRTLLM_SAMPLER_S_PER_SEQUENCE`; vLLM's and SGLang's loops are not measured here: 0."""
+    if engine.host_s_per_sequence is not None:
+        return engine.host_s_per_sequence, (f"engine.host_s_per_sequence {engine.host_s_per_sequence * 1e6:g} us: "
+                                            "a step lasts max(GPU, host loop)")
+    if engine.name == "tensorrt-llm":
+        return TRTLLM_SAMPLER_S_PER_SEQUENCE, TRTLLM_HOST_LOOP
+    return 0.0, f"{engine.name}: its host loop is not measured: 0 (a step lasts the GPU's work)"
+
+
+def host_loop_s(rule: LaunchRule | None, sequences: int, ranks: int = 1) -> float:
+    """The engine's host loop over a step of `sequences` requests (decodes and prefills) on the busiest of
+    `ranks` attention ranks, each running its own: host_s_per_sequence x ceil(sequences / ranks); 0 without
+    a rule. The step lasts max(the device's work, this) (the loop overlaps the previous step's GPU work).
+    Example: TensorRT-LLM (11.3 us), 1,500 decodes on one rank: 17 ms."""
+    if rule is None or not rule.host_s_per_sequence or sequences < 1:
+        return 0.0
+    return rule.host_s_per_sequence * math.ceil(sequences / max(ranks, 1))
 
 
 def host_times(hw, batch: int, step_kind: str) -> tuple[float, float]:

@@ -286,7 +286,8 @@ class EngineCfg(Strict, QuietDefaults):
     QUIET_DEFAULTS = {"gpu_memory_utilization": None, "mem_fraction_static": None, "cuda_graphs": True,
                       "cuda_graph_max_batch": None, "free_gpu_memory_fraction": None, "kernel_tables": "own",
                       "cuda_graph_batch_sizes": None, "cuda_graph_padding": False, "max_model_len": None,
-                      "swa_full_tokens_ratio": None, "moe_backend": None}  # dumps as before these existed
+                      "swa_full_tokens_ratio": None, "moe_backend": None,
+                      "host_s_per_sequence": None}  # dumps as before these existed
 
     name: Literal["vllm", "sglang", "tensorrt-llm"]
     version: str = Field(max_length=MAX_NAME_CHARS)  # informational: the engine the rules are read from
@@ -313,6 +314,10 @@ class EngineCfg(Strict, QuietDefaults):
     # TensorRT-LLM's moe_config.backend, where the run's options set it; None: the engine's own choice. It
     # does not change the cost: the sources say whether the measured MoE table timed that backend's kernel
     moe_backend: Literal[TRTLLM_MOE_BACKENDS] | None = None
+    # the engine's host loop a step (scheduling, input preparation, the sampler), per request in the step; it
+    # overlaps the GPU's previous step, so a step lasts max(GPU, loop). None: the engine's measured figure
+    # (`device.engine_rules.engine_host_s_per_sequence`: TensorRT-LLM's PyTorch executor 11.3 us, others 0)
+    host_s_per_sequence: float | None = Field(None, ge=0.0, le=MAX_OVERHEAD_S)
 
     @model_validator(mode="before")
     @classmethod

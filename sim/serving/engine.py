@@ -18,6 +18,7 @@ import numpy as np
 
 from sim.decode.context import RunContext
 from sim.decode.engine import DecodeSim
+from sim.device.engine_rules import host_loop_s
 from sim.device.intervals import busy_union_s
 from sim.device.physics import (
     RetierTraffic,
@@ -232,6 +233,10 @@ class ServingSim:
                                                chunk_tokens=chunk_tokens)
         return with_decode_attention(base, attention_s)
 
+    def host_loop_s(self, plan: StepPlan) -> float:
+        """The engine's host loop over the step's requests (`engine_rules.host_loop_s`), 0 without an engine."""
+        return host_loop_s(self.ctx.hw.launch, len(plan.decodes) + len(plan.chunks), self.ctx.model.attention_dp)
+
     def retier_traffic(self, plan: StepPlan) -> RetierTraffic:
         ctx = self.ctx
         return retier_traffic(self.device.prefetch, ctx.num_layers, ctx.kv_bytes_per_token_layer,
@@ -290,6 +295,9 @@ class ServingSim:
             yield from self.device.forward(self.step_cost(plan), None)
             if plan.retiers:
                 yield from self.device.retier(self.retier_traffic(plan), None)
+            host_s = self.host_loop_s(plan)
+            if host_s > env.now - start:  # the engine's host loop outlasts the GPU's work: the step waits for it
+                yield env.timeout(host_s - (env.now - start))
             row.step_s = env.now - start
             self.record(row)
             out = sched.complete(plan, env.now, step)

@@ -70,10 +70,11 @@ class Pipeline:
             start = env.now
             row = StepRow(start, 0.0, len(sched.running), len(sched.waiting), len(plan.decodes), plan.prefill_tokens,
                           fixed_bytes + plan.hbm_kv_bytes, plan.host_bytes)
+            host_s = sim.host_loop_s(plan)  # each stage's ranks run the engine's host loop over the batch
             for stage, seconds in zip(self.stages, self.stage_s(plan)):
                 with stage.request() as turn:
                     yield turn
-                    yield env.timeout(seconds)
+                    yield env.timeout(max(seconds, host_s))
             row.step_s = env.now - start
             sim.record(row)
             sched.dispatch(plan, False)

@@ -43,9 +43,11 @@ MODES = ("measured", "datasheet")  # hardware.kernels of each mode
 # a row's engine (the first phrase its free text holds) -> the kvtier engine whose rules it runs under and
 # whose measured kernel tables cost it. AIConfigurator times TensorRT-LLM's PyTorch flow (its kernel_source
 # 'torch_flow'); TensorRT-LLM 0.13's benchmarks and NIM's TensorRT-LLM profiles ran built TensorRT engines,
-# whose kernels no table times, so those rows keep kvtier's default tables (vLLM's).
-ENGINES = (("TensorRT-LLM (PyTorch backend)", "tensorrt-llm", "own"), ("TensorRT-LLM", "tensorrt-llm", "vllm"),
-           ("SGLang", "sglang", "own"), ("vLLM", "vllm", "own"))
+# whose kernels no table times, so those rows keep kvtier's default tables (vLLM's), and ran under its C++
+# executor, not the PyTorch executor's Python loop: no host loop figure (engine_rules.TRTLLM_HOST_LOOP), 0.
+ENGINES = (("TensorRT-LLM (PyTorch backend)", "tensorrt-llm", {"kernel_tables": "own"}),
+           ("TensorRT-LLM", "tensorrt-llm", {"kernel_tables": "vllm", "host_s_per_sequence": 0.0}),
+           ("SGLang", "sglang", {"kernel_tables": "own"}), ("vLLM", "vllm", {"kernel_tables": "own"}))
 REQUESTS_PER_CLIENT = 8  # a fixed-concurrency row is simulated with 8 requests per client ...
 MIN_CLIENT_REQUESTS = 40  # ... and at least 40
 MS = 1e3
@@ -66,7 +68,7 @@ def mode_covers(mode: str, gpu: str) -> bool:
 def engine_for(m: Measurement) -> dict | None:
     """The scenario `engine:` a row ran on (`ENGINES`), with the CUDA-graph and MoE-backend options the
     row's run set, or None (kvtier's defaults)."""
-    engine = next(({"name": name, "kernel_tables": tables} for said, name, tables in ENGINES if said in m.engine), None)
+    engine = next(({"name": name, **options} for said, name, options in ENGINES if said in m.engine), None)
     if engine is not None and m.cuda_graph_batch_sizes is not None:
         engine["cuda_graph_batch_sizes"] = m.cuda_graph_batch_sizes
     if engine is not None and m.cuda_graph_padding:

@@ -1,0 +1,97 @@
+"""The engine's host loop a step (scheduling, input preparation, the sampler; `engine.host_s_per_sequence`,
+sim/device/engine_rules.py): it overlaps the GPU's previous step, so a serving step lasts
+max(the device's work, per request x the requests in the step on the busiest attention rank). TensorRT-LLM's
+PyTorch executor takes its TorchSampler's measured 11.3 us a request (PR #11983); vLLM and SGLang have no
+measured figure (0); TensorRT-LLM's older TensorRT-engine flow (the accuracy table's C++-executor rows) 0."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sim.decode.context import build_context
+from sim.device.engine_rules import (
+    TRTLLM_SAMPLER_S_PER_SEQUENCE,
+    LaunchRule,
+    engine_host_s_per_sequence,
+    host_loop_s,
+)
+from sim.inputs.errors import ConfigError
+from sim.inputs.scenario import EngineCfg, load_scenario, scenario_to_yaml
+from sim.serving.run import simulate_serving
+from sim.studies.accuracy import engine_for
+from sim.studies.e2e_table import load_measurements
+
+from .conftest import SCENARIOS
+from .promise import assert_error_line
+
+SERVING = SCENARIOS / "serving-h100-70b-tp4.yaml"
+PROMPT = 600
+
+
+def test_host_loop_by_hand():
+    rule = LaunchRule(True, 128, 0.0, 0.0, host_s_per_sequence=11.3e-6)
+    assert host_loop_s(rule, 1500) == pytest.approx(1500 * 11.3e-6)  # 16.95 ms
+    assert host_loop_s(rule, 1501, ranks=2) == pytest.approx(751 * 11.3e-6)  # the busiest rank: ceil(1501 / 2)
+    assert host_loop_s(rule, 0) == 0.0 and host_loop_s(None, 1500) == 0.0
+    assert host_loop_s(LaunchRule(True, 128, 0.0, 0.0), 1500) == 0.0  # no figure: the step is the device's
+
+
+def test_each_engines_figure_and_its_source():
+    trt = EngineCfg.model_validate({"name": "tensorrt-llm"}, strict=True)
+    per, said = engine_host_s_per_sequence(trt)
+    assert per == TRTLLM_SAMPLER_S_PER_SEQUENCE == 11.3e-6 and "PR #11983" in said
+    for name in ("vllm", "sglang"):
+        per, said = engine_host_s_per_sequence(EngineCfg.model_validate({"name": name}, strict=True))
+        assert per == 0.0 and "not measured" in said
+    own = EngineCfg.model_validate({"name": "vllm", "host_s_per_sequence": 2e-5}, strict=True)
+    said = "engine.host_s_per_sequence 20 us: a step lasts max(GPU, host loop)"
+    assert engine_host_s_per_sequence(own) == (2e-5, said)
+
+
+def test_the_run_says_where_its_host_loop_comes_from():
+    trt = build_context(load_scenario(SERVING, ["engine.name=tensorrt-llm"]))
+    assert trt.hw.launch.host_s_per_sequence == 11.3e-6 and "PR #11983" in trt.hw.sources["host_loop_s"]
+    vllm = build_context(load_scenario(SERVING, ["engine.name=vllm"]))
+    assert vllm.hw.launch.host_s_per_sequence == 0.0 and "not measured" in vllm.hw.sources["host_loop_s"]
+    assert build_context(load_scenario(SERVING)).hw.launch is None  # no engine: no rule, no loop
+
+
+def _offline(per_request_s: float):
+    """48 requests of 600 + 200 tokens queued at once on one L40S, 8B bf16, TensorRT-LLM (no chunked prefill:
+    a prompt is prefilled whole), the host loop at `per_request_s`. All arrive at t = 0 and none follows, so
+    which requests run in each step does not depend on how long the steps take."""
+    over = ["model.name=llama-3.1-8b", "hardware.gpu=l40s", "hardware.kernels=datasheet", "parallel.tp=1",
+            "policy.kind=full_hbm", f"workload.prompt_tokens={PROMPT}", "workload.reasoning_tokens=200",
+            "workload.arrivals={kind: closed_loop, concurrency: 48, requests: 48}", "engine.name=tensorrt-llm",
+            "scheduler.max_num_seqs=48", f"engine.host_s_per_sequence={per_request_s}"]
+    return simulate_serving(load_scenario(SERVING, over)).timeline
+
+
+def test_a_step_lasts_the_longer_of_the_gpu_and_the_host_loop():
+    device, loop = _offline(0.0), _offline(1e-3)  # 1 ms a request: 48 ms at 48, above a decode step's ~28
+    device, loop = device[device.step_s > 0], loop[loop.step_s > 0]
+    assert (device[["decodes", "prefill_tokens"]].to_numpy() == loop[["decodes", "prefill_tokens"]].to_numpy()).all()
+    requests = device["decodes"].to_numpy() + device["prefill_tokens"].to_numpy() // PROMPT  # prefills run whole
+    expected = np.maximum(device["step_s"].to_numpy(), 1e-3 * requests)
+    assert loop["step_s"].to_numpy() == pytest.approx(expected, rel=1e-9)
+    assert (loop["step_s"].to_numpy() > device["step_s"].to_numpy()).any()  # the loop binds somewhere ...
+    assert (loop["step_s"].to_numpy() == device["step_s"].to_numpy()).any()  # ... and not everywhere
+
+
+def test_the_accuracy_tables_tensorrt_engine_rows_have_no_python_loop():
+    rows = load_measurements()
+    engine_flow = [m for m in rows if "TensorRT-LLM" in m.engine and "PyTorch" not in m.engine]  # 0.13's, NIM's
+    assert len(engine_flow) >= 20 and all(engine_for(m)["host_s_per_sequence"] == 0.0 for m in engine_flow)
+    pytorch = next(m for m in rows if "PyTorch backend" in m.engine)
+    assert "host_s_per_sequence" not in engine_for(pytorch)  # the engine's measured 11.3 us
+
+
+def test_host_loop_dumps_only_when_set_and_bad_values_are_one_line():
+    assert "host_s_per_sequence" not in scenario_to_yaml(load_scenario(SERVING, ["engine.name=tensorrt-llm"]))
+    said = scenario_to_yaml(load_scenario(SERVING, ["engine.name=tensorrt-llm", "engine.host_s_per_sequence=2e-05"]))
+    assert "host_s_per_sequence: 2.0e-05" in said
+    with pytest.raises(ConfigError) as err:
+        load_scenario(SERVING, ["engine.name=tensorrt-llm", "engine.host_s_per_sequence=-1e-6"])
+    assert_error_line(err.value)
+    assert "engine.host_s_per_sequence" in err.value.line()
