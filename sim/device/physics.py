@@ -401,9 +401,10 @@ def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
     layer's GEMMs each in its format, the datasheet model takes the layer's FLOP at the weight dtype's rate
     (DeepSeek-R1's bf16 projections are ~0.4% of its active FLOP)."""
     profiled = bool(hw.weight_kernel_bytes_per_s_by_rows)
-    formats = model.layer_gemm_formats(weight_dtype)
-    if not profiled and hw.kernels is not None and model.gqa_gemms and set(formats) <= set(hw.kernels.gemm_dtypes()):
-        return _measured_layer_gemms_s(hw.kernels, model, tuple(formats), int(rows))
+    if not profiled and hw.kernels is not None and model.gqa_gemms:
+        formats = model.layer_gemm_formats(weight_dtype)
+        if set(formats) <= set(hw.kernels.gemm_dtypes()):
+            return _measured_layer_gemms_s(hw.kernels, model, tuple(formats), int(rows))
     w_bytes, params_read = _layer_weights_read(model, weight_dtype, group_size, rows)
     if profiled:  # a profile timed this dtype's kernel across rows
         return hw.measured_weight_kernel_s(w_bytes, rows)
