@@ -95,3 +95,17 @@ def test_host_loop_dumps_only_when_set_and_bad_values_are_one_line():
         load_scenario(SERVING, ["engine.name=tensorrt-llm", "engine.host_s_per_sequence=-1e-6"])
     assert_error_line(err.value)
     assert "engine.host_s_per_sequence" in err.value.line()
+
+
+def test_the_planners_screen_waits_for_the_host_loop_as_the_served_run_does():
+    from sim.plan.screen import curve
+
+    over = ["model.name=llama-3.1-8b", "hardware.gpu=h100-sxm", "hardware.kernels=datasheet", "parallel.tp=1",
+            "engine.name=tensorrt-llm"]
+    fast = curve(load_scenario(SERVING, over))
+    slow = curve(load_scenario(SERVING, [*over, "engine.host_s_per_sequence=1e-3"]))  # 1 ms a request
+    assert fast.batch == slow.batch and "engine host loop" not in fast.step_binds
+    for b, tpot, binds in zip(slow.batch, slow.step_s, slow.step_binds):  # every step: >= 1 ms x its requests
+        assert tpot >= 1e-3 * round(b) * (1 - 1e-9)
+        assert binds == "engine host loop" or tpot == pytest.approx(fast.step_s[slow.batch.index(b)])
+    assert slow.step_binds[-1] == "engine host loop" and slow.step_s[-1] > fast.step_s[-1]

@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import numpy as np
 
 from sim.decode.context import build_context
+from sim.device.engine_rules import host_loop_s
 from sim.device.physics import mixed_step_cost, pipeline_send_s, pipeline_stage_s, with_prefill
 from sim.inputs import catalog
 from sim.inputs.requests import build_requests
@@ -200,8 +201,11 @@ def chunked_step_figures(ctx, policy, m: Moments) -> tuple[tuple[float, float] |
     return kept, float(np.sum(weights * chunk_attended(tokens, ctx.model.attention_chunk)) / np.sum(weights))
 
 
-def step_binds(cost, closed_s: float, rows: float, ridge_rows: float) -> str:
-    """The resource a step spends most on, in hardware words."""
+def step_binds(cost, closed_s: float, rows: float, ridge_rows: float, loop_s: float = 0.0) -> str:
+    """The resource a step spends most on, in hardware words: the engine's host loop (`loop_s`) where the
+    step waits for it, else the device's (`closed_s`: its closed form)."""
+    if loop_s > closed_s:
+        return "engine host loop"
     if closed_s > 1.1 * cost.compute_s:
         return "host link"
     layer = cost.layer
@@ -251,10 +255,7 @@ def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
     token_s = pipeline_token_s(ctx, pp)
     w_dtype, group = scenario.model.weight_dtype, scenario.model.weight_group_size
 
-    def timed(c, rows: int):
-        step_s = c.closed_form_s(ctx.hw, c.prefetch_copy_s(ctx.hw.h2d), pol.staging_buffers)
-        return c, token_s(c, rows, step_s), step_s
-
+    timed = partial(_timed, ctx, pol.staging_buffers, token_s)
     alone = not sched.mixed_prefill and not decode_only  # SGLang's order: a chunk runs in a step of its own
     empty = mixed_step_cost(ctx.model, ctx.hw, w_dtype, group, pol.prefetch, 0, 0, 0, 0, ctx.kv_bytes_per_token_layer,
                             ctx.t2_bytes_per_token_layer) if alone else None  # the step a chunk runs alone in
@@ -272,13 +273,13 @@ def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
         base, rows = (empty, 0) if alone else (plain, b)
         mixed = with_prefill(ctx.model, ctx.hw, w_dtype, group, base, rows, ctx.kv_bytes_per_token_layer, chunk,
                              chunk * (chunk + 1) / 2, chunk, 1)  # (mixed_step_cost's own composition)
-        return timed(plain, b), timed(mixed, rows + chunk)
+        return timed(plain, b, b), timed(mixed, rows + chunk, rows + 1)  # the chunk is one more request
 
     rates, steps, tails, ttfts, binds = [], [], [], [], []
     for b in batches:
         bi = max(1, round(b / pp))  # one step's decodes: each of pp batches in flight holds 1 / pp of them
         chunk = max(1, min(round(m.prompt_tokens), sched.max_num_batched_tokens - (0 if alone else bi)))
-        (plain, plain_s, plain_step_s), (mixed, mixed_s, mixed_step_s) = costs(bi, chunk)
+        (plain, plain_s, plain_step_s, plain_loop_s), (mixed, mixed_s, mixed_step_s, mixed_loop_s) = costs(bi, chunk)
         chunks = 0.0 if decode_only else b / pp * m.prompt_tokens / m.output_tokens / chunk  # per decode step
         share_mixed = min(1.0, chunks)
         t, tail_s = token_times(plain_s, mixed_s, chunks, alone, m.short_output_tokens)
@@ -286,10 +287,19 @@ def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
         steps.append(t)
         tails.append(tail_s)
         ttfts.append(0.0 if decode_only else mixed_s * math.ceil(m.prompt_tokens / chunk) + t)  # chunks + a wait
-        binds.append(step_binds(mixed if share_mixed >= 0.5 else plain, mixed_step_s if share_mixed >= 0.5 else plain_step_s,
-                                bi + share_mixed * chunk, ridge))
+        mostly_mixed = share_mixed >= 0.5
+        binds.append(step_binds(mixed if mostly_mixed else plain, mixed_step_s if mostly_mixed else plain_step_s,
+                                bi + share_mixed * chunk, ridge, mixed_loop_s if mostly_mixed else plain_loop_s))
     return Curve(tuple(float(b) for b in batches), tuple(rates), tuple(steps), tuple(tails), tuple(ttfts), m.output_tokens,
                  cap_name, caps["HBM capacity"], tuple(binds))
+
+
+def _timed(ctx, staging_buffers: int, token_s, cost, rows: int, requests: int):
+    """(cost, time between a request's tokens, the device's step, the engine's host loop over its `requests`):
+    the step waits for the loop where that is longer (`engine_rules.host_loop_s`, as `sim.serving` times it)."""
+    step_s = cost.closed_form_s(ctx.hw, cost.prefetch_copy_s(ctx.hw.h2d), staging_buffers)
+    loop_s = host_loop_s(ctx.hw.launch, requests, ctx.model.attention_dp)
+    return cost, token_s(cost, rows, step_s, loop_s), step_s, loop_s
 
 
 def token_times(plain_s: float, chunk_s: float, chunks: float, alone: bool, short_tokens: float) -> tuple[float, float]:
@@ -306,17 +316,18 @@ def token_times(plain_s: float, chunk_s: float, chunks: float, alone: bool, shor
 
 
 def pipeline_token_s(ctx, pp: int):
-    """(cost, rows, step seconds) -> the time between two tokens of one request. pp = 1: the step.
-    Pipeline parallelism (`sim.serving.pipeline`), in the full pipeline the screen assumes: pp batches
-    of the same size in flight, each token pp x the slowest stage (`physics.pipeline_stage_s`) apart.
+    """(cost, rows, step seconds, the engine's host loop) -> the time between two tokens of one request.
+    pp = 1: the step, or the loop where that is longer. Pipeline parallelism (`sim.serving.pipeline`), in
+    the full pipeline the screen assumes: pp batches of the same size in flight, each token pp x the
+    slowest stage (`physics.pipeline_stage_s`; a stage waits for the loop over its batch) apart.
     Nothing is staged from the host in a pipeline, so a step's closed form is its compute."""
     if pp == 1:
-        return lambda cost, rows, step_s: step_s
+        return lambda cost, rows, step_s, loop_s: max(step_s, loop_s)
     fabric = catalog.interconnect(ctx.hw.gpu.interconnect)
 
-    def token_s(cost, rows, step_s):
+    def token_s(cost, rows, step_s, loop_s):
         send_s = pipeline_send_s(rows, ctx.model.hidden_size, fabric.bus_bytes_per_s, fabric.alltoall_floor_s)
-        return pp * max(pipeline_stage_s(cost, pp, send_s))
+        return pp * max(*pipeline_stage_s(cost, pp, send_s), loop_s)
 
     return token_s
 
