@@ -279,7 +279,8 @@ def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
     for b in batches:
         bi = max(1, round(b / pp))  # one step's decodes: each of pp batches in flight holds 1 / pp of them
         chunk = max(1, min(round(m.prompt_tokens), sched.max_num_batched_tokens - (0 if alone else bi)))
-        (plain, plain_s, plain_step_s, plain_loop_s), (mixed, mixed_s, mixed_step_s, mixed_loop_s) = costs(bi, chunk)
+        plain_t, mixed_t = costs(bi, chunk)
+        plain_s, mixed_s = plain_t[1], mixed_t[1]  # the time between a request's tokens in each
         chunks = 0.0 if decode_only else b / pp * m.prompt_tokens / m.output_tokens / chunk  # per decode step
         share_mixed = min(1.0, chunks)
         t, tail_s = token_times(plain_s, mixed_s, chunks, alone, m.short_output_tokens)
@@ -287,9 +288,8 @@ def curve(scenario: Scenario, decode_only: bool = False) -> Curve:
         steps.append(t)
         tails.append(tail_s)
         ttfts.append(0.0 if decode_only else mixed_s * math.ceil(m.prompt_tokens / chunk) + t)  # chunks + a wait
-        mostly_mixed = share_mixed >= 0.5
-        binds.append(step_binds(mixed if mostly_mixed else plain, mixed_step_s if mostly_mixed else plain_step_s,
-                                bi + share_mixed * chunk, ridge, mixed_loop_s if mostly_mixed else plain_loop_s))
+        cost, _, step_s, loop_s = mixed_t if share_mixed >= 0.5 else plain_t  # the step most of them are
+        binds.append(step_binds(cost, step_s, bi + share_mixed * chunk, ridge, loop_s))
     return Curve(tuple(float(b) for b in batches), tuple(rates), tuple(steps), tuple(tails), tuple(ttfts), m.output_tokens,
                  cap_name, caps["HBM capacity"], tuple(binds))
 
