@@ -76,7 +76,9 @@ def test_a_run_on_the_checked_slice_says_so():
 
     row = {m.id: m for m in load_measurements()}["trt-b200-deepseek-r1-nvfp4-dep4-1k1k"]
     said = build_context(scenario_for(row, "measured")).hw.sources["kernels_moe_mla"]
-    assert ("; 25 of the slice's 27 points stood >= 1.3x from the same die's other system's and from the four "
+    # the run reads R1's power-law-1.01 rows (sim/inputs/moe_routing.py), every one of whose points the check replaced
+    assert "power_law_1.01 routing" in said
+    assert ("; 27 of the slice's 27 points stood >= 1.3x from the same die's other system's and from the four "
             "Blackwell tables' median, and take that system's time (kernel_tables.twin_checked_moe)") in said
 
 

@@ -569,6 +569,10 @@ class MeasuredKernels:
         """The MoE weight formats the table measured (`kernel_tables.MOE_QUANTS`; `moe_quant_for`)."""
         return {k[0] for k in self._moe_slices}
 
+    def moe_routings(self) -> set[str]:
+        """The routings the MoE table timed (`inputs.moe_routing.MOE_ROUTINGS`)."""
+        return {k[1] for k in self._moe_slices}
+
     @cached_property
     def _moe_slices(self) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
         """(quant, distribution, experts, top-k, hidden, inter, tp, ep) -> its (tokens, seconds) curve."""

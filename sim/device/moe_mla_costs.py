@@ -6,9 +6,10 @@ the run has measured tables (`hardware.kernels`) that hold the operator:
   no router, shared expert or collective) from `MeasuredKernels.moe_one_s`, for the rows entering the layer
   (the group's batch), the experts' full width split tp ways under tensor parallelism or whole ep
   ways under expert parallelism, in the table's format for the weight dtype
-  (`kernel_tables.moe_quant_for`) and its balanced routing - so not with a routing skew, whose
-  popularity the table does not know. The rest of the layer (attention projections, shared experts,
-  router, dense MLP layers) stays the datasheet weight kernel.
+  (`kernel_tables.moe_quant_for`) and the routing the model reads (`ModelSpec.moe_routing`: by default
+  AIConfigurator's power-law rows for the model's family, sim/inputs/moe_routing.py) - so not with a
+  routing skew, the datasheet model's Zipf popularity, which the table does not know. The rest of the
+  layer (attention projections, shared experts, router, dense MLP layers) stays the datasheet weight kernel.
 - MLA decode: the absorbed MLA kernel (TensorRT-LLM's, FlashMLA-class; the W_UK / W_UV products are
   in kvtier's projections, not here) from `MeasuredKernels.mla_decode_one_s` for one rank's
   sequences, query heads per GPU, at the batch's mean context; DeepSeek's 512 + 64 latent only.
@@ -25,6 +26,7 @@ from functools import lru_cache
 import numpy as np
 
 from sim.inputs.kernel_tables import TWIN_APART, moe_quant_for
+from sim.inputs.moe_routing import BALANCED_ROUTING
 from sim.model.dtypes import WEIGHT_DTYPES
 from sim.model.experts import busiest_routing_share
 from sim.model.layers import MLA, SPARSE
@@ -35,8 +37,6 @@ from .engine_rules import SM100_GPUS
 from .hardware import Hardware
 from .measured_kernels import MEASURED_MLA, MEASURED_MLA_CONTEXT, mla_bmm_work
 from .moe_exchange import A2A_PHASES
-
-BALANCED = "balanced"  # the table's routing that matches uniform routing (routing_skew 0)
 
 
 @lru_cache(maxsize=64)
@@ -53,6 +53,14 @@ def _moe_quants(kernels) -> frozenset[str]:
     return _measured_keys(kernels, "moe_quants")
 
 
+def moe_routing(model: ModelSpec, hw: Hardware) -> str | None:
+    """The table routing this run's routed experts read: the model's (`ModelSpec.moe_routing`); where the
+    table times no such rows, balanced (a `hwprobe calibrate` profile's own), else None (A100's tables
+    time only power-law rows: a balanced run there keeps the datasheet model)."""
+    timed = _measured_keys(hw.kernels, "moe_routings")
+    return next((r for r in (model.moe_routing, BALANCED_ROUTING) if r in timed), None)
+
+
 def _mla_dtypes(kernels) -> frozenset[str]:
     return _measured_keys(kernels, "mla_kv_dtypes")
 
@@ -60,7 +68,7 @@ def _mla_dtypes(kernels) -> frozenset[str]:
 def moe_quant(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int) -> str | None:
     """The measured MoE format this run's routed experts take (in their own format where the checkpoint sets
     one apart: `ModelSpec.expert_format`), or None where the datasheet model stays."""
-    if hw.kernels is None or not model.moe_layers or model.routing_skew > 0:
+    if hw.kernels is None or not model.moe_layers or model.routing_skew > 0 or moe_routing(model, hw) is None:
         return None
     quant = moe_format(hw, model.expert_format(weight_dtype), group_size)
     return quant if quant in _moe_quants(hw.kernels) else None
@@ -97,7 +105,7 @@ def moe_shape(model: ModelSpec, hw: Hardware) -> tuple[int, int, int, int, int, 
 
 def measured_moe_s(model: ModelSpec, hw: Hardware, quant: str, rows: int) -> float:
     """The mean layer's measured routed experts: moe layers / L x one MoE layer's fused experts."""
-    one = hw.kernels.moe_one_s(float(rows), *moe_shape(model, hw), quant, BALANCED)
+    one = hw.kernels.moe_one_s(float(rows), *moe_shape(model, hw), quant, moe_routing(model, hw))
     return model.moe_layers / model.num_layers * one
 
 
@@ -207,7 +215,7 @@ def source_line(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: i
     if model.moe_layers:
         quant = moe_quant(model, hw, weight_dtype, group_size)
         parts.append(_moe_part(model, hw, quant, run_backend) if quant else
-                     "routed experts datasheet (no measured table for this format or a routing skew)")
+                     "routed experts datasheet (no measured table for this format or routing, or a routing skew)")
     if model.mla is not None:
         measured = (model.mla.kv_lora_rank, model.mla.qk_rope_head_dim) == MEASURED_MLA and kv_dtype in _mla_dtypes(hw.kernels)
         parts.append("MLA decode measured (TensorRT-LLM absorbed-MLA kernel; a sparse layer's indexer datasheet)"
@@ -218,15 +226,22 @@ def source_line(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: i
     return "; ".join(parts)
 
 
+def _routing_said(model: ModelSpec, routing: str) -> str:
+    """The routing clause of `_moe_part`: the rows read, and the model's where the table lacks them."""
+    if routing != model.moe_routing:
+        return f"{routing} routing: the table times no {model.moe_routing}"
+    return f"{routing} routing (model.moe_routing; by default AIConfigurator's for the model's family)"
+
+
 def _moe_part(model: ModelSpec, hw: Hardware, quant: str, run_backend: str | None) -> str:
     """The routed experts' clause of `source_line`: the table, its format and routing, the TensorRT-LLM
     backend whose kernel it timed, and a stand-in where that is not the run's."""
-    shape = moe_shape(model, hw)
-    timed = hw.kernels.moe_backends(*shape, quant, hw.gpu.name in SM100_GPUS)
+    shape, routing = moe_shape(model, hw), moe_routing(model, hw)
+    timed = hw.kernels.moe_backends(*shape, quant, hw.gpu.name in SM100_GPUS, routing)
     kernel = f" on TensorRT-LLM's {' and '.join(timed)} backend{'s' if len(timed) > 1 else ''}" if timed else ""
     table = hw.kernels.moe_table()
-    said = f"routed experts measured ({table} fused-experts table, {quant}{kernel}, {BALANCED} routing)"
-    twin, points = hw.kernels.moe_twin_points(*shape, quant)
+    said = f"routed experts measured ({table} fused-experts table, {quant}{kernel}, {_routing_said(model, routing)})"
+    twin, points = hw.kernels.moe_twin_points(*shape, quant, routing)
     if twin:
         said += (f"; {twin} of the slice's {points} points stood >= {TWIN_APART}x from the same die's other system's "
                  "and from the four Blackwell tables' median, and take that system's time "

@@ -524,13 +524,15 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
 
 def resolve_model(model_cfg) -> ModelSpec:
     """The whole model a scenario's `model` section names: a catalog entry or a Hugging Face config,
-    with the section's routing skew (a mixture of experts' expert popularity, `sim/model/experts.py`) and
-    the weight formats its checkpoint sets apart: its experts' (`ModelSpec.expert_format`), its attention's
-    (`ModelSpec.attention_formats`)."""
+    with the section's routing skew (a mixture of experts' expert popularity, `sim/model/experts.py`), the
+    measured tables' routing it reads (`moe_routing`, sim/inputs/moe_routing.py) and the weight formats its
+    checkpoint sets apart: its experts' (`ModelSpec.expert_format`), its attention's (`ModelSpec.attention_formats`)."""
     spec = model(model_cfg.name) if model_cfg.name else model_from_hf_config(model_cfg.hf_config)
     skew = getattr(model_cfg, "routing_skew", 0.0)
     if skew:
         spec = replace(spec, routing_skew=skew)
+    if routing := getattr(model_cfg, "moe_routing", None):
+        spec = replace(spec, moe_routing=routing)
     formats = {k: v for k in ("expert_weight_dtype", "attention_weight_dtype", "attention_output_weight_dtype")
                if (v := getattr(model_cfg, k, None))}
     return replace(spec, **formats) if formats else spec

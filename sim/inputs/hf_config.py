@@ -43,6 +43,7 @@ from .limits import (
     MAX_TOKENS,
     MAX_VOCAB,
 )
+from .moe_routing import BALANCED_ROUTING, moe_routing_for
 from .reader import read_json
 
 
@@ -347,6 +348,7 @@ def spec_from_config(cfg: HfConfig, name: str, source: str) -> ModelSpec:
         qk_norm=model_type.startswith("qwen3"),
         source=source,
         context_tokens=context_tokens(cfg.max_position_embeddings, cfg.rope_scaling),
+        moe_routing=moe_routing_for(model_type) if fields["num_experts"] else BALANCED_ROUTING,
         **fields,
     )
 

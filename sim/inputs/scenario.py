@@ -61,6 +61,9 @@ class ModelCfg(Strict, QuietDefaults):
     weight_group_size: int = Field(128, ge=1, le=GROUP_SIZE_MAX)
     # a mixture of experts' expert popularity, Zipf(routing_skew) over the experts (sim/model/experts.py); 0: uniform
     routing_skew: float = Field(0.0, ge=0.0, le=4.0)
+    # the measured fused-experts tables' routing (sim/inputs/moe_routing.py); None: AIConfigurator's own for the
+    # model's family (power_law_1.2 or power_law_1.01); balanced: every expert evenly loaded (an EPLB-balanced run)
+    moe_routing: Literal["balanced", "power_law_1.01", "power_law_1.2"] | None = None
     # a mixture of experts' routed experts in their own format, the rest in weight_dtype (gpt-oss: mxfp4 experts,
     # bf16 attention, router and embeddings); None: weight_dtype throughout
     expert_weight_dtype: WeightDType | None = None
@@ -70,7 +73,8 @@ class ModelCfg(Strict, QuietDefaults):
     attention_weight_dtype: WeightDType | None = None
     attention_output_weight_dtype: WeightDType | None = None
 
-    QUIET_DEFAULTS = {"routing_skew": 0.0, "expert_weight_dtype": None, "attention_weight_dtype": None,
+    QUIET_DEFAULTS = {"routing_skew": 0.0, "moe_routing": None, "expert_weight_dtype": None,
+                      "attention_weight_dtype": None,
                       "attention_output_weight_dtype": None}
 
     @model_validator(mode="after")
@@ -616,6 +620,13 @@ def _check_against_model(scenario: Scenario, source: str) -> None:
     if scenario.model.routing_skew and not spec.is_moe:
         raise ConfigError(f"routing_skew applies to a mixture-of-experts model; {spec.name} is dense", source=source,
                           field="model.routing_skew")
+    if scenario.model.moe_routing and not spec.is_moe:
+        raise ConfigError(f"moe_routing applies to a mixture-of-experts model; {spec.name} is dense", source=source,
+                          field="model.moe_routing")
+    if scenario.model.moe_routing and scenario.model.routing_skew:
+        raise ConfigError("give routing_skew (the datasheet model's expert popularity) or moe_routing (the measured "
+                          "tables' routing), not both: a skewed run takes the datasheet model", source=source,
+                          field="model.moe_routing")
     if scenario.policy.access == "sparse_fetch" and SPARSE not in spec.kind_counts:
         raise ConfigError(f"sparse_fetch needs a sparse-attention model (config.json index_topk, e.g. deepseek-v3.2); "
                           f"{spec.name} attends every token", source=source, field="policy.access")

@@ -1,0 +1,94 @@
+"""Which routing of the measured fused-experts tables a mixture of experts reads (sim/inputs/moe_routing.py):
+AIConfigurator's own alpha by model family, the cost the step takes from those rows, the scenario's
+override, the fallback where a table times no such rows, and bad input as one line."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from sim.decode.context import build_context
+from sim.device.moe_mla_costs import measured_moe_s, moe_quant, moe_routing, moe_shape, source_line
+from sim.inputs import catalog
+from sim.inputs.errors import ConfigError
+from sim.inputs.kernel_tables import tables_available
+from sim.inputs.moe_routing import moe_routing_for
+from sim.inputs.scenario import load_scenario
+
+from .conftest import SCENARIOS
+
+NEEDS_TABLES = pytest.mark.skipif(not tables_available(), reason="aiconfigurator-core (.[measured]) not installed")
+GPT_OSS = ["model.name=gpt-oss-120b", "model.expert_weight_dtype=mxfp4", "hardware.kernels=measured"]
+
+
+def _ctx(*overrides: str):
+    return build_context(load_scenario(SCENARIOS / "h200-7b-batch.yaml", [*GPT_OSS, *overrides]))
+
+
+@pytest.mark.parametrize("model_type, routing", [
+    ("deepseek_v3", "power_law_1.01"), ("deepseek_v32", "power_law_1.01"), ("kimi_k2", "power_law_1.01"),
+    ("llama4_text", "power_law_1.01"), ("nemotron_h", "power_law_1.01"),
+    ("gpt_oss", "power_law_1.2"), ("qwen3_moe", "power_law_1.2"), ("mixtral", "power_law_1.2"),
+    ("qwen3_next", "power_law_1.2"),
+])
+def test_the_default_routing_is_aiconfigurators_alpha_for_the_family(model_type, routing):
+    assert moe_routing_for(model_type) == routing
+
+
+def test_catalog_models_carry_their_familys_routing_and_dense_ones_balanced():
+    assert catalog.model("gpt-oss-120b").moe_routing == "power_law_1.2"
+    assert catalog.model("qwen3-30b-a3b").moe_routing == "power_law_1.2"
+    assert catalog.model("deepseek-r1").moe_routing == "power_law_1.01"
+    assert catalog.model("llama-4-maverick").moe_routing == "power_law_1.01"
+    assert catalog.model("llama-3.1-8b").moe_routing == "balanced"
+
+
+@NEEDS_TABLES
+def test_the_routed_experts_cost_the_tables_rows_of_the_models_routing():
+    """gpt-oss-120b on one H200 (W4A16 MXFP4 experts): the mean layer's routed experts at 1,024 rows are
+    the power-law-1.2 row of TensorRT-LLM's table, not the balanced one; `moe_routing: balanced` reads that."""
+    ctx = _ctx("engine.name=tensorrt-llm")
+    m, hw = ctx.model, ctx.hw
+    quant = moe_quant(m, hw, "bf16", 128)
+    assert quant == "w4a16_mxfp4" and moe_routing(m, hw) == "power_law_1.2"
+    rows = 1024
+    power = hw.kernels.moe_one_s(rows, *moe_shape(m, hw), quant, "power_law_1.2")
+    balanced = hw.kernels.moe_one_s(rows, *moe_shape(m, hw), quant, "balanced")
+    assert m.moe_layers == m.num_layers
+    assert measured_moe_s(m, hw, quant, rows) == pytest.approx(power, rel=1e-12)
+    assert abs(power / balanced - 1) > 0.05  # the two rows differ: the choice matters
+    even = _ctx("engine.name=tensorrt-llm", "model.moe_routing=balanced")
+    assert measured_moe_s(even.model, even.hw, quant, rows) == pytest.approx(balanced, rel=1e-12)
+    said = source_line(m, hw, "bf16", 128, "bf16")
+    assert "power_law_1.2 routing (model.moe_routing" in said
+
+
+@NEEDS_TABLES
+def test_a_table_without_the_routing_falls_back_or_keeps_the_datasheet_model():
+    """A100's TensorRT-LLM table times only power-law rows: a run asking balanced routing keeps the
+    datasheet model there; a table with balanced rows alone (a profile's own) would be read balanced."""
+    ctx = build_context(load_scenario(SCENARIOS / "h200-7b-batch.yaml", [
+        "model.name=qwen3-30b-a3b", "hardware.gpu=a100-80gb-sxm", "hardware.kernels=measured",
+        "engine.name=tensorrt-llm"]))
+    m, hw = ctx.model, ctx.hw
+    assert hw.kernels.moe_routings() == {"power_law_1.01", "power_law_1.2"}
+    assert moe_routing(m, hw) == "power_law_1.2" and moe_quant(m, hw, "bf16", 128) == "bfloat16"
+    even = replace(m, moe_routing="balanced")
+    assert moe_routing(even, hw) is None and moe_quant(even, hw, "bf16", 128) is None
+    assert "routed experts datasheet" in source_line(even, hw, "bf16", 128, "bf16")
+
+
+def test_bad_routing_input_is_one_clear_error():
+    with pytest.raises(ConfigError) as err:  # a dense model has no experts to route
+        load_scenario(SCENARIOS / "h200-7b-batch.yaml", ["model.moe_routing=balanced"])
+    assert err.value.field == "model.moe_routing" and "mixture-of-experts" in str(err.value)
+    with pytest.raises(ConfigError) as err:  # the datasheet model's skew and the tables' routing: one or the other
+        load_scenario(SCENARIOS / "h200-7b-batch.yaml", [*GPT_OSS, "model.routing_skew=1",
+                                                           "model.moe_routing=balanced"])
+    assert err.value.field == "model.moe_routing" and "not both" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        load_scenario(SCENARIOS / "h200-7b-batch.yaml", [*GPT_OSS, "model.moe_routing=zipf"])
+    assert "moe_routing" in str(err.value) and "power_law_1.2" in str(err.value)
+    dumped = load_scenario(SCENARIOS / "h200-7b-batch.yaml", GPT_OSS).model_dump(mode="json")["model"]
+    assert "moe_routing" not in dumped  # a quiet default: old scenarios dump as before
