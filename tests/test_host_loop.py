@@ -109,3 +109,44 @@ def test_the_planners_screen_waits_for_the_host_loop_as_the_served_run_does():
         assert tpot >= 1e-3 * round(b) * (1 - 1e-9)
         assert binds == "engine host loop" or tpot == pytest.approx(fast.step_s[slow.batch.index(b)])
     assert slow.step_binds[-1] == "engine host loop" and slow.step_s[-1] > fast.step_s[-1]
+
+
+def _closed(detail: str, per_request_s: float, policy: str = "full_hbm"):
+    """A closed batch of 32 on one H200 (7B bf16, 512-token prompts, 100-900 reasoning tokens: the batch
+    thins as sequences finish), TensorRT-LLM's host loop at `per_request_s`, at one level of detail."""
+    from sim.decode.simulate import simulate
+
+    over = ["engine.name=tensorrt-llm", f"engine.host_s_per_sequence={per_request_s}", f"sim.detail={detail}",
+            "workload.reasoning_tokens={dist: uniform, min: 100, max: 900}", f"policy.kind={policy}"]
+    return simulate(load_scenario(SCENARIOS / "h200-7b-batch.yaml", over), with_max_batch=False)
+
+
+@pytest.mark.parametrize("detail", ["layer", "step", "fast"])
+def test_a_closed_batch_step_lasts_the_longer_of_the_gpu_and_the_host_loop(detail):
+    """0.5 ms a request: 16 ms over 32 sequences, above a decode step's ~8 ms, below it once few remain. Without
+    tiering a step's device time does not depend on when it starts, so each step is max(device, loop) exactly,
+    and a step that waits for the loop is busy, not stalled."""
+    device, loop = _closed(detail, 0.0).steps, _closed(detail, 5e-4).steps
+    active = device["batch_active"].to_numpy()
+    expected = np.maximum(device["step_s"].to_numpy(), 5e-4 * active)
+    assert loop["step_s"].to_numpy() == pytest.approx(expected, rel=1e-9)
+    binds = 5e-4 * active > device["step_s"].to_numpy()
+    assert binds.any() and not binds.all()
+    assert loop["compute_s"].to_numpy()[binds] == pytest.approx(5e-4 * active[binds], rel=1e-12)
+    assert (loop["stall_s"].to_numpy()[binds] == 0).all()
+
+
+def test_a_tiered_closed_batchs_levels_agree_and_the_loop_hides_its_stalls():
+    """The tiered batch (layerwise prefetch, re-tiers offloading): the three levels' decode times within 1% of
+    each other (as tests/test_fast.py holds them without a loop), and no step that lasts its loop stalls."""
+    runs = {d: _closed(d, 5e-4, "tiered") for d in ("layer", "step", "fast")}
+    totals = {d: r.steps["step_s"].sum() for d, r in runs.items()}
+    assert totals["fast"] == pytest.approx(totals["layer"], rel=0.01)
+    assert totals["step"] == pytest.approx(totals["layer"], rel=0.01)
+    for r in runs.values():
+        s = r.steps
+        at_loop = np.isclose(s["step_s"], 5e-4 * s["batch_active"], rtol=1e-12)
+        assert at_loop.any() and (s["stall_s"][at_loop] == 0).all()
+    device = _closed("layer", 0.0, "tiered").steps
+    assert 0 < (runs["layer"].steps["stall_s"] > 0).sum() < (device["stall_s"] > 0).sum()  # stalls the loop hid
+    assert "a closed batch's decode steps" in build_context(runs["layer"].scenario).hw.sources["host_loop_s"]

@@ -413,8 +413,8 @@ def with_engine(hw: Hardware, scenario: Scenario, model: ModelSpec, sc: Schedule
                                model.attention_dp)
     per_sequence_s, loop_source = engine_host_s_per_sequence(e)
     rule = replace(rule, host_s_per_sequence=per_sequence_s)
-    if scenario.workload.arrivals is None and per_sequence_s:  # `sim.serving` applies it; the decode levels do not
-        loop_source += "; not applied: a closed batch's decode steps are timed on the GPU alone"
+    if scenario.workload.arrivals is None and per_sequence_s:  # the decode levels: `engine.DecodeSim.step`, `fast`
+        loop_source += "; a closed batch's decode steps over its sequences still decoding"
     batch = scenario.workload.batch_size if scenario.workload.arrivals is None else 1
     layer_s, step_s = host_launch_s(rule, batch, DECODE)
     eager = {k: hw.sources[k] for k in ("host_layer_s", "host_step_s")}

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from sim.device.engine_rules import host_loop_s
 from sim.device.host_dram import HostDram
 from sim.device.intervals import busy_union_s
 from sim.device.physics import RetierTraffic, StepCost, decode_step_cost, retier_traffic
@@ -235,7 +236,9 @@ class DecodeSim:
                 return s
 
     def step(self, s: int, tl: list | None):
-        """One step: its forward pass, then its re-tier if one is due; returns its record."""
+        """One step: its forward pass, then its re-tier if one is due, and the engine's host loop where
+        that outlasts both (`engine_rules.host_loop_s`: it runs beside the GPU's work, so it hides any
+        stall, and the step's busy time is the loop's); returns its record."""
         start = self.env.now
         cost = self.step_cost(s)
         yield from self.forward(cost, tl)
@@ -243,7 +246,12 @@ class DecodeSim:
         if self.plan.retier_due[s]:
             traffic = self.retier_traffic(s)
             yield from self.retier(traffic, tl)
-        return self.record(s, start, self.forward_bytes(cost), cost.compute_s, traffic)
+        compute_s = cost.compute_s
+        loop_s = host_loop_s(self.ctx.hw.launch, int(self.plan.attended[s, ACTIVE]), self.ctx.model.attention_dp)
+        if loop_s > self.env.now - start:
+            yield self.env.timeout(loop_s - (self.env.now - start))
+            compute_s = loop_s
+        return self.record(s, start, self.forward_bytes(cost), compute_s, traffic)
 
     def record(self, s: int, start: float, forward_bytes: tuple[float, float], compute_s: float,
                traffic: RetierTraffic | None = None) -> StepRecord:

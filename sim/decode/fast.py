@@ -35,7 +35,7 @@ from sim.tiering.tiers import T0, T1, T2, T3, TierPolicy
 from .capacity import batch_counts
 from .context import RunContext
 from .engine import STALL_EPS_S
-from .fast_arrays import FastTiming, StepArrays, step_arrays, uncontended_step_s
+from .fast_arrays import FastTiming, StepArrays, host_loop_arrays_s, step_arrays, uncontended_step_s
 from .fast_host import fast_host_timing
 
 
@@ -122,7 +122,10 @@ def fast_timing(ctx: RunContext, plan: TierPlan) -> FastTiming:
     free_s, copy_s = uncontended_step_s(ctx, a)
     staged = a.prefetch_bytes > 0
     steps = plan.steps
-    step_s = free_s.copy()
+    loop_s = host_loop_arrays_s(ctx, plan)
+    retier_due = plan.retier_due
+    gpu_s = free_s.copy()  # each step's own work: its forward (and re-tier), as the walk and the re-tiers set it
+    step_s = np.where(retier_due, free_s, np.maximum(free_s, loop_s))  # a re-tier step waits for its loop after it
     h2d_bytes = np.where(staged, L * a.prefetch_bytes, 0.0)
     d2h_bytes = np.zeros(steps)
     links = _Links(ctx)
@@ -133,7 +136,8 @@ def fast_timing(ctx: RunContext, plan: TierPlan) -> FastTiming:
         last = min(r, steps - 1)  # steps s..last, then the re-tier after r
         # steps that start while the last re-tier's offload is in flight: walked layer by layer
         while s <= last and staged[s] and t < links.d2h_free:
-            step_s[s] = _walk_step(ctx, a, s, t, links)
+            gpu_s[s] = _walk_step(ctx, a, s, t, links)
+            step_s[s] = gpu_s[s] if retier_due[s] else max(gpu_s[s], loop_s[s])
             walked[s] = True
             t += float(step_s[s])
             s += 1
@@ -144,12 +148,14 @@ def fast_timing(ctx: RunContext, plan: TierPlan) -> FastTiming:
             end = _retier(traffic, t, links, blocking)
             h2d_bytes[r] += traffic.h2d_bytes
             d2h_bytes[r] = traffic.d2h_bytes
-            step_s[r] += end - t
-            t = end
+            gpu_s[r] = step_s[r] + end - t
+            step_s[r] = max(gpu_s[r], loop_s[r])
+            t = end + step_s[r] - gpu_s[r]
     t_s = np.cumsum(step_s)
     decode_s = float(t_s[-1]) if steps else 0.0
-    stall = step_s - a.compute_s
-    frame = pd.DataFrame({"step": np.arange(steps), "t_s": t_s, "step_s": step_s, "compute_s": a.compute_s,
+    compute_s = np.where(loop_s > gpu_s, loop_s, a.compute_s)  # the loop hides any stall (`engine.DecodeSim.step`)
+    stall = step_s - compute_s
+    frame = pd.DataFrame({"step": np.arange(steps), "t_s": t_s, "step_s": step_s, "compute_s": compute_s,
                           "stall_s": np.where(stall > STALL_EPS_S, stall, 0.0), "h2d_bytes": h2d_bytes,
                           "d2h_bytes": d2h_bytes})
     busy = _busy(links, float(np.sum(np.where(staged & ~walked, L * copy_s, 0.0))), decode_s)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from sim.device.engine_rules import host_loop_steps_s
 from sim.device.physics import KV_SPLIT_COPIES, T2_BLOCKS, decode_attention_s, decode_layer_cost, step_tail_s
 from sim.tiering.tier_plan import ACTIVE, ATT_T0, ATT_T1, ATT_T2
 
@@ -93,6 +94,12 @@ def pipeline_finish_s(pre: np.ndarray, rest: np.ndarray, copy: np.ndarray, layer
         taken[layer] = np.maximum(end + pre, ready)
         end = taken[layer] + rest
     return np.where(copy > 0, end, layers * (pre + rest))
+
+
+def host_loop_arrays_s(ctx: RunContext, plan) -> np.ndarray:
+    """Each step of a closed batch's `plan` (a `TierPlan`): the engine's host loop over its decoding
+    sequences (`engine_rules.host_loop_s`), 0 without one; a step lasts at least this."""
+    return host_loop_steps_s(ctx.hw.launch, plan.attended[:, ACTIVE], ctx.model.attention_dp)
 
 
 def uncontended_step_s(ctx: RunContext, a: StepArrays) -> tuple[np.ndarray, np.ndarray]:

@@ -39,7 +39,7 @@ from sim.tiering.tier_plan import ACTIVE, ATT_T0, ATT_T1, ATT_T2, TierPlan
 
 from .context import RunContext
 from .engine import STALL_EPS_S, DecodeSim
-from .fast_arrays import FastTiming, pipeline_finish_s, staged_columns, step_arrays
+from .fast_arrays import FastTiming, host_loop_arrays_s, pipeline_finish_s, staged_columns, step_arrays
 
 
 def split_fractions(access: str) -> list[float]:
@@ -240,6 +240,9 @@ def fast_host_timing(ctx: RunContext, plan: TierPlan):
         h2d_bytes[host_rows], d2h_bytes[host_rows] = a.h2d_bytes, a.d2h_bytes
         busy["h2d"][host_rows], busy["d2h"][host_rows] = a.h2d_busy_s, a.d2h_busy_s
         busy["h2d+d2h"][host_rows], busy["host"][host_rows] = a.either_busy_s, a.host_busy_s
+    loop_s = host_loop_arrays_s(ctx, plan)
+    waited = loop_s > step_s  # the engine's host loop outlasts the step (`engine.DecodeSim.step`): it hides any stall
+    step_s[waited], compute_s[waited] = loop_s[waited], loop_s[waited]
     fraction = np.full(steps, np.nan)  # split's choice, where a step has a host share to choose
     if len(host_rows):
         fraction[host_rows] = a.fraction
@@ -254,6 +257,8 @@ def fast_host_timing(ctx: RunContext, plan: TierPlan):
         s = sim.run_window(r)
         for rec in sim.records:
             step_s[rec.step], h2d_bytes[rec.step], d2h_bytes[rec.step] = rec.step_s, rec.h2d_bytes, rec.d2h_bytes
+            if loop_s[rec.step] > 0:  # the walk's own: the loop's where it waited for it
+                compute_s[rec.step] = rec.compute_s
             walked[rec.step] = True
         t = sim.records[-1].t_s
         timing = sim.timing()

@@ -43,6 +43,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from sim.inputs.scenario import SGLANG_RUNNING_CEILING
 from sim.model.units import MiB
 
@@ -202,6 +204,14 @@ def host_loop_s(rule: LaunchRule | None, sequences: int, ranks: int = 1) -> floa
     if rule is None or not rule.host_s_per_sequence or sequences < 1:
         return 0.0
     return rule.host_s_per_sequence * math.ceil(sequences / max(ranks, 1))
+
+
+def host_loop_steps_s(rule: LaunchRule | None, sequences: np.ndarray, ranks: int = 1) -> np.ndarray:
+    """`host_loop_s` over an array of steps' request counts (a closed batch's decode steps)."""
+    sequences = np.asarray(sequences, dtype=float)
+    if rule is None or not rule.host_s_per_sequence:
+        return np.zeros(len(sequences))
+    return np.where(sequences >= 1, rule.host_s_per_sequence * np.ceil(sequences / max(ranks, 1)), 0.0)
 
 
 def host_times(hw, batch: int, step_kind: str) -> tuple[float, float]:
