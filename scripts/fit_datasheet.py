@@ -75,6 +75,7 @@ from scipy.optimize import least_squares
 from sim.device.kernels import DEFAULT_GROUP_SIZE
 from sim.device.measured_kernels import mla_bmm_work, moe_peak_flop_per_s
 from sim.device.moe_exchange import A2A_WIRE_BYTES
+from sim.device.moe_op import QUANT_AS
 from sim.device.physics import kind_prefill_flop_per_pair, xqa_ctas
 from sim.inputs import catalog
 from sim.inputs.kernel_tables import FRAMEWORK, FRAMEWORKS, PACKAGE, SYSTEMS, load_tables, split_tables, with_moe_mla
@@ -82,7 +83,7 @@ from sim.model.dtypes import ACTIVATION_BYTES, WEIGHT_DTYPES
 from sim.model.experts import expected_remote_ranks
 from sim.model.layers import MLA, window_prefill_work
 from sim.model.units import FLOP_PER_MAC
-from sim.studies.moe_mla_accuracy import QUANT_AS, balanced_rank0
+from sim.studies.moe_mla_accuracy import balanced_rank0
 
 OUT = Path(__file__).resolve().parents[1] / "sim" / "catalog" / "fitted_kernels.yaml"
 ELEMENT_BYTES = {"bf16": 2.0, "fp8": 1.0}

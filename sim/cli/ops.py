@@ -16,7 +16,7 @@ import typer
 from sim.inputs.errors import ConfigError
 from sim.outputs.run_folder import to_json
 
-OPS = "gemm, attention, prefill, allreduce, allgather, reducescatter, alltoall, mlabmm, elementwise"
+OPS = "gemm, attention, prefill, allreduce, allgather, reducescatter, alltoall, mlabmm, elementwise, moe"
 KERNELS_HELP = "datasheet, measured or both (measured: AIConfigurator's tables, where they cover the GPU)"
 
 
@@ -27,7 +27,8 @@ def ops(
     n: Optional[int] = typer.Option(None, "--n", help="gemm: output features per GPU"),
     k: Optional[int] = typer.Option(None, "--k", help="gemm: input features (the reduction)"),
     dtype: Optional[str] = typer.Option(
-        None, "--dtype", help="gemm: weight dtype bf16, fp16, fp8, int8, int4, nvfp4, mxfp4; mlabmm: bf16, fp8"),
+        None, "--dtype", help="gemm, moe: weight dtype bf16, fp16, fp8, int8 (not moe), int4, nvfp4, mxfp4; "
+                              "mlabmm: bf16, fp8"),
     batch: Optional[int] = typer.Option(None, "--batch", help="attention: sequences"),
     kv_tokens: Optional[int] = typer.Option(None, "--kv-tokens", help="attention: cached tokens each attends; "
                                             "prefill: each prompt's tokens"),
@@ -40,10 +41,16 @@ def ops(
                                            "the whole buffer (gathered output, reduced input)"),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="allreduce, allgather, reducescatter: GPUs; alltoall: EP ranks"),
     impl: Optional[str] = typer.Option(None, "--impl", help="allreduce: custom or nccl"),
-    tokens: Optional[int] = typer.Option(None, "--tokens", help="alltoall: tokens a rank; mlabmm: tokens"),
-    hidden: Optional[int] = typer.Option(None, "--hidden", help="alltoall: hidden size"),
-    top_k: Optional[int] = typer.Option(None, "--top-k", help="alltoall: experts a token"),
-    experts: Optional[int] = typer.Option(None, "--experts", help="alltoall: routed experts"),
+    tokens: Optional[int] = typer.Option(None, "--tokens", help="alltoall: tokens a rank; mlabmm: tokens; moe: tokens "
+                                         "entering the layer"),
+    hidden: Optional[int] = typer.Option(None, "--hidden", help="alltoall, moe: hidden size"),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="alltoall, moe: experts a token"),
+    experts: Optional[int] = typer.Option(None, "--experts", help="alltoall, moe: routed experts"),
+    inter: int | None = typer.Option(None, "--inter", help="moe: one expert's full intermediate width"),
+    tp: int | None = typer.Option(None, "--tp", help="moe: GPUs splitting every expert's width (default 1)"),
+    ep: int | None = typer.Option(None, "--ep", help="moe: GPUs splitting the experts whole (default 1)"),
+    routing: str | None = typer.Option(None, "--routing", help="moe: the tables' routing, balanced (default), "
+                                       "power_law_1.01 or power_law_1.2 (a model's own: docs/models.md moe_routing)"),
     phase: Optional[str] = typer.Option(None, "--phase", help="alltoall: dispatch or combine"),
     kernel: Optional[str] = typer.Option(None, "--kernel", help="alltoall: DeepEP's ll (low latency) or ht"),
     wire: Optional[str] = typer.Option(None, "--wire", help="alltoall: bf16, fp8 (TensorRT-LLM's tables), default (vLLM's)"),
@@ -62,12 +69,13 @@ def ops(
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
     """Predicted time of one operator call (GEMM, decode or prefill attention, all-reduce, all-gather,
-    reduce-scatter, DeepEP all-to-all, absorbed-MLA BMM, an elementwise pass)."""
+    reduce-scatter, DeepEP all-to-all, absorbed-MLA BMM, an elementwise pass, one GPU's fused routed experts)."""
     values = {"op": op, "gpu": gpu, "m": m, "n": n, "k": k, "dtype": dtype, "batch": batch, "kv_tokens": kv_tokens,
               "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "kv_dtype": kv_dtype, "window": window,
               "bytes": nbytes,
               "gpus": gpus, "impl": impl, "tokens": tokens, "hidden": hidden, "top_k": top_k, "experts": experts,
-              "phase": phase, "kernel": kernel, "wire": wire, "bmm": bmm, "kind": kind, "width": width}
+              "phase": phase, "kernel": kernel, "wire": wire, "bmm": bmm, "kind": kind, "width": width, "inter": inter,
+              "tp": tp, "ep": ep, "routing": routing}
     _run(values, csv_in, out, kernels, framework, profile, as_json)
 
 
@@ -155,6 +163,10 @@ def _shape(q) -> str:
         return f"absorbed-MLA BMM {q.bmm} of {q.tokens} tokens x {q.heads} heads, {q.dtype}"
     if q.op == "elementwise":
         return f"{q.kind} over {q.m} rows x {q.width} elements, bf16"
+    if q.op == "moe":
+        split = f", tp {q.tp}" if q.tp > 1 else f", ep {q.ep}" if q.ep > 1 else ""
+        return (f"fused experts: {q.tokens} tokens, top-{q.top_k} of {q.experts} experts, hidden {q.hidden} x inter "
+                f"{q.inter}{split}, {q.dtype} weights, {q.routing} routing")
     return f"{q.bytes:,.0f} bytes over {q.gpus} GPUs ({q.impl})"
 
 

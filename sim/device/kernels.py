@@ -33,6 +33,7 @@ from .hardware import Hardware, resolve_hardware, window_decode, with_allreduce
 from .measured_kernels import MeasuredKernels, measured_kernels_for
 from .moe_exchange import A2A_WIRE_BYTES
 from .moe_mla_costs import datasheet_mla_bmm_s
+from .moe_op import QUANT_AS, MoeExperts, datasheet_moe_op_s, table_format
 from .physics import (
     datasheet_prefill_attention_s,
     gqa_datasheet_attention_s,
@@ -122,7 +123,8 @@ class ElementwisePass:
     width: int
 
 
-Operator = Gemm | DecodeAttention | PrefillAttention | AllReduce | Gather | AllToAll | MlaBmm | ElementwisePass
+Operator = (Gemm | DecodeAttention | PrefillAttention | AllReduce | Gather | AllToAll | MlaBmm | ElementwisePass
+            | MoeExperts)
 GATHER_OPS = {"allgather": "all_gather", "reducescatter": "reduce_scatter"}  # kvsim ops' name -> NCCL's
 
 
@@ -194,6 +196,8 @@ def datasheet_cost(gpu: str, op: Operator, framework: str = FRAMEWORK, fit_from:
         return OpCost(seconds, "datasheet: physics.datasheet_prefill_attention_s")
     if isinstance(op, (AllToAll, MlaBmm)):
         return _datasheet_moe_mla_op(gpu, op, framework, fit_from)
+    if isinstance(op, MoeExperts):
+        return _datasheet_experts(gpu, op, framework, fit_from)
     if isinstance(op, ElementwisePass):
         ew = elementwise_for(gpu, None)
         return OpCost(pass_s(ew.fit(op.kind), op.rows, op.width, row_bytes(op.kind, op.width),
@@ -223,6 +227,33 @@ def _datasheet_moe_mla_op(gpu: str, op: AllToAll | MlaBmm, framework: str, fit_f
     return OpCost(datasheet_mla_bmm_s(hw, op.dtype, op.tokens, op.heads), "datasheet: moe_mla_costs.datasheet_mla_bmm_s")
 
 
+def _datasheet_experts(gpu: str, op: MoeExperts, framework: str, fit_from: str | None) -> OpCost:
+    """A fused-experts call, datasheet (`moe_op.datasheet_moe_op_s`): uniform routing whatever `op.routing`."""
+    quant = table_format(datasheet_hardware(gpu, framework=framework, fit_from=fit_from), op.dtype)
+    hw = datasheet_hardware(gpu, QUANT_AS[quant][0], framework=framework, fit_from=fit_from)
+    seconds = datasheet_moe_op_s(hw, quant, op.tokens, op.experts, op.top_k, op.hidden, op.inter, op.tp, op.ep)
+    how = f"the {quant} fused-experts fit" if quant in dict(hw.moe_fits) else "no fused-experts fit: the GEMM model"
+    note = "" if op.routing == "balanced" else f"uniform routing: the datasheet model has no {op.routing} form"
+    return OpCost(seconds, f"datasheet: moe_op.datasheet_moe_op_s ({how})", True, note)
+
+
+def _measured_experts(gpu: str, op: MoeExperts, mk: MeasuredKernels, framework: str) -> OpCost:
+    """A fused-experts call on the tables' slice of its format and routing; the datasheet model, saying so,
+    where they time neither (a profile's own tables have no MoE)."""
+    quant = table_format(datasheet_hardware(gpu, framework=framework), op.dtype)
+    try:
+        timed = quant in mk.moe_quants() and op.routing in mk.moe_routings()
+    except (KeyError, AttributeError):
+        timed = False
+    if not timed:
+        d = datasheet_cost(gpu, op, framework)
+        return OpCost(d.seconds, d.source, False, f"no measured {quant} fused experts with {op.routing} routing: "
+                      "the datasheet model")
+    r = mk.moe_s(op.tokens, op.experts, op.top_k, op.hidden, op.inter, op.tp, op.ep, quant, op.routing)
+    note = r.note or ("" if bool(r.inside[0]) else "outside the table: its edge's ratio held")
+    return OpCost(float(r.seconds[0]), f"{r.source}, {op.routing} routing", bool(r.inside[0]), note)
+
+
 def measured_kernels(gpu: str, framework: str = FRAMEWORK) -> MeasuredKernels:
     """The measured tables of a catalog GPU under `framework` (a ConfigError where none cover it or the
     extra is missing)."""
@@ -236,6 +267,8 @@ def measured_cost(gpu: str, op: Operator, mk: MeasuredKernels | None = None, fra
         d = datasheet_cost(gpu, op, framework)
         return OpCost(d.seconds, d.source, False, "no measured elementwise table: the datasheet model")
     mk = mk or measured_kernels(gpu, framework)
+    if isinstance(op, MoeExperts):
+        return _measured_experts(gpu, op, mk, framework)
     if isinstance(op, Gemm):
         if op.dtype not in mk.gemm_dtypes() or not len(mk.tables.gemm):
             d = datasheet_cost(gpu, op, framework)
@@ -294,6 +327,8 @@ def operator_of(q) -> Operator:
         return MlaBmm(q.tokens, q.heads, q.bmm, q.dtype)
     if q.op == "elementwise":
         return ElementwisePass(q.kind, q.m, q.width)
+    if q.op == "moe":
+        return MoeExperts(q.tokens, q.experts, q.top_k, q.hidden, q.inter, q.tp, q.ep, q.dtype, q.routing)
     return AllReduce(q.bytes, q.gpus, q.impl)
 
 

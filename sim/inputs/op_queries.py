@@ -30,17 +30,18 @@ OP_FIELDS = {
     "alltoall": ("tokens", "hidden", "top_k", "experts", "gpus"),  # DeepEP: tokens a rank, gpus the EP ranks
     "mlabmm": ("tokens", "heads"),  # absorbed MLA's BMM (DeepSeek-V3 widths), heads per GPU
     "elementwise": ("m", "width"),  # one elementwise pass (`kind`) over m rows of width elements (bf16, one GPU)
+    "moe": ("tokens", "experts", "top_k", "hidden", "inter"),  # one GPU's fused routed experts (tp, ep: its split)
 }
 INTEGER_COLUMNS = {"m", "n", "k", "batch", "kv_tokens", "heads", "kv_heads", "head_dim", "window", "gpus", "tokens",
-                   "hidden", "top_k", "experts", "width"}
+                   "hidden", "top_k", "experts", "width", "inter", "tp", "ep"}
 COLUMNS = ("op", "gpu", "m", "n", "k", "dtype", "batch", "kv_tokens", "heads", "kv_heads", "head_dim", "kv_dtype",
            "window", "bytes", "gpus", "impl", "tokens", "hidden", "top_k", "experts", "phase", "kernel", "wire", "bmm",
-           "kind", "width")
+           "kind", "width", "inter", "tp", "ep", "routing")
 
 
 class OpQuery(Strict):
     op: Literal["gemm", "attention", "prefill", "allreduce", "allgather", "reducescatter", "alltoall", "mlabmm",
-                "elementwise"]
+                "elementwise", "moe"]
     gpu: str = Field("h200-sxm", max_length=64)
     m: int | None = Field(None, ge=1, le=MAX_DIM)  # GEMM rows (tokens)
     n: int | None = Field(None, ge=1, le=MAX_DIM)  # output features per GPU
@@ -67,6 +68,12 @@ class OpQuery(Strict):
     # elementwise: which pass (sim/device/elementwise.py) over m rows of `width` elements a row
     kind: Literal["rmsnorm", "add_rmsnorm", "rope", "silu_mul", "add"] = "rmsnorm"
     width: int | None = Field(None, ge=1, le=MAX_DIM)
+    # moe: one expert's full intermediate width, split tp ways (moe tp), the experts split whole ep ways, and the
+    # tables' routing (sim/inputs/moe_routing.py); the weights in `dtype` (int8: no fused-experts format)
+    inter: int | None = Field(None, ge=1, le=MAX_DIM)
+    tp: int = Field(1, ge=1, le=1024)
+    ep: int = Field(1, ge=1, le=1024)
+    routing: Literal["balanced", "power_law_1.01", "power_law_1.2"] = "balanced"
 
     @model_validator(mode="after")
     def _complete(self):
@@ -75,7 +82,20 @@ class OpQuery(Strict):
             raise ValueError(f"{self.op} needs {', '.join(OP_FIELDS[self.op])}; missing {', '.join(missing)}")
         if self.op == "mlabmm" and self.dtype not in ("bf16", "fp8"):
             raise ValueError(f"mlabmm runs in bf16 or fp8; got dtype {self.dtype}")
+        if self.op == "moe":
+            self._check_moe()
         return self
+
+    def _check_moe(self) -> None:
+        if self.dtype == "int8":
+            raise ValueError("moe: no fused-experts format for int8 weights (bf16, fp16, fp8, int4, nvfp4, mxfp4)")
+        if self.tp > 1 and self.ep > 1:
+            raise ValueError(f"moe: split the experts by tp or by ep, not both (tp {self.tp}, ep {self.ep})")
+        if self.top_k > self.experts or self.experts % self.ep:
+            raise ValueError(f"moe: top_k ({self.top_k}) must be <= experts ({self.experts}), and ep ({self.ep}) "
+                             "must divide the experts")
+        if self.inter % self.tp:
+            raise ValueError(f"moe: tp ({self.tp}) must divide inter ({self.inter})")
 
 
 def op_query(values: dict, source: str) -> OpQuery:

@@ -37,6 +37,7 @@ import pandas as pd
 from sim.device.kernels import MlaBmm, datasheet_cost, datasheet_hardware
 from sim.device.measured_kernels import MeasuredKernels
 from sim.device.moe_fit import datasheet_moe_s
+from sim.device.moe_op import MOE_CALLS, QUANT_AS, datasheet_moe_op_s
 from sim.device.physics import (
     attention_s,
     kind_attention_flop_per_token,
@@ -47,16 +48,11 @@ from sim.device.physics import (
 from sim.inputs import catalog
 from sim.inputs.kernel_tables import MOE_SLICE, SYSTEMS, load_tables, split_tables, with_moe_mla
 from sim.model.dtypes import WEIGHT_DTYPES
-from sim.model.experts import busiest_rank_experts_touched, busiest_routing_share, expected_experts_touched
 from sim.model.layers import MLA
 from sim.model.spec import MLP_MATRICES, ModelSpec
 from sim.model.units import FLOP_PER_MAC
 
 MLA_MODEL = "deepseek-r1"  # the table's shapes: 128 heads, kv_lora_rank 512 + rope 64
-MOE_CALLS = 2  # of physics.GEMM_CALLS_PER_LAYER (qkv, o, gate_up, down): the experts' gate_up and down
-QUANT_AS = {"bfloat16": ("bf16", 128), "fp8": ("fp8", 128), "fp8_block": ("fp8", 128), "int4_wo": ("int4", 128),
-            "w4a16_mxfp4": ("mxfp4", 32), "w4a8_mxfp4_mxfp8": ("mxfp4", 32),
-            "nvfp4": ("nvfp4", 16)}  # table format -> the dtype and group it runs as
 MLA_BINS = (0, 2**14, 2**20, np.inf)  # latents one call reads (batch x tokens): floor-bound, middle, streaming
 MOE_BINS = (0, 16, 256, 2048, np.inf)  # tokens: decode batches, large decode, prefill chunks
 
@@ -156,24 +152,10 @@ def _bmm(gpu: str, b: pd.DataFrame | None, mk: MeasuredKernels) -> pd.DataFrame:
 # ---- MoE ---------------------------------------------------------------------------------------
 def moe_datasheet_s(gpu: str, tokens: int, experts: int, top_k: int, hidden: int, inter: int, tp: int, ep: int,
                     quant: str) -> float:
-    """kvtier's datasheet cost of one GPU's routed experts for `tokens` tokens (module docstring):
-    weight_gemm_s(touched x expert bytes, touched x expert params, 2 T k / ep x expert params x the
-    busiest GPU's share, rows T, 2 calls); the expert I/tp wide, E/ep of them on the GPU."""
-    weight_dtype, group = QUANT_AS[quant]
-    expert = MLP_MATRICES * hidden * (inter // tp)
-    if ep > 1:
-        touched = busiest_rank_experts_touched(experts, top_k, tokens, ep)
-        share = busiest_routing_share(experts, top_k, ep, 0.0)
-    else:
-        touched, share = expected_experts_touched(experts, top_k, tokens), 1.0
-    flop = FLOP_PER_MAC * tokens * top_k / ep * expert * share
-    w_bytes = touched * WEIGHT_DTYPES[weight_dtype].bytes_for(expert, group)
-    hw = datasheet_hardware(gpu, weight_dtype)
-    fit = dict(hw.moe_fits).get(quant)
-    if fit is not None:  # fitted on the tune split of these tables (scripts/fit_datasheet.py `_moe`)
-        return datasheet_moe_s(fit, touched, tokens * top_k / ep * share, expert,
-                               WEIGHT_DTYPES[weight_dtype].bytes_for(expert, group) / expert, hidden, inter // tp, tokens)
-    return weight_gemm_s(hw, w_bytes, touched * expert, flop, tokens, MOE_CALLS)
+    """kvtier's datasheet cost of one GPU's routed experts for `tokens` tokens (`moe_op.datasheet_moe_op_s`, as
+    `kvsim ops moe` prices it) on the GPU's datasheet hardware in the format's dtype."""
+    return datasheet_moe_op_s(datasheet_hardware(gpu, QUANT_AS[quant][0]), quant, tokens, experts, top_k, hidden, inter,
+                              tp, ep)
 
 
 @lru_cache(maxsize=4096)

@@ -1,0 +1,68 @@
+"""One GPU's fused routed experts as an operator (`kvsim ops moe`, the operator-level accuracy study), not a
+model's layer (`moe_mla_costs` prices those): the table format a kvtier weight dtype runs as on a GPU, and
+kvtier's datasheet cost of the call at uniform routing - the fused-experts fit where the GPU has one for the
+format (`moe_fit.datasheet_moe_s`), else the dense weight-kernel model over the experts touched."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.model.dtypes import WEIGHT_DTYPES
+from sim.model.experts import busiest_rank_experts_touched, busiest_routing_share, expected_experts_touched
+from sim.model.spec import MLP_MATRICES
+from sim.model.units import FLOP_PER_MAC
+
+from .hardware import Hardware
+from .moe_fit import datasheet_moe_s
+from .moe_mla_costs import moe_format
+from .physics import weight_gemm_s
+
+MOE_CALLS = 2  # of physics.GEMM_CALLS_PER_LAYER (qkv, o, gate_up, down): the experts' gate_up and down
+QUANT_AS = {"bfloat16": ("bf16", 128), "fp8": ("fp8", 128), "fp8_block": ("fp8", 128), "int4_wo": ("int4", 128),
+            "w4a16_mxfp4": ("mxfp4", 32), "w4a8_mxfp4_mxfp8": ("mxfp4", 32),
+            "nvfp4": ("nvfp4", 16)}  # table format -> the dtype and group it runs as
+
+
+@dataclass(frozen=True)
+class MoeExperts:
+    """One call of a GPU's fused routed experts: `tokens` entering the layer, each routed to `top_k` of
+    `experts` (split whole `ep` ways), an expert `inter` wide in full (split `tp` ways), `hidden` in and out,
+    weights in `dtype`, routing one of the tables' (`inputs.moe_routing.MOE_ROUTINGS`)."""
+
+    tokens: int
+    experts: int
+    top_k: int
+    hidden: int
+    inter: int
+    tp: int = 1
+    ep: int = 1
+    dtype: str = "bf16"
+    routing: str = "balanced"
+
+
+def table_format(hw: Hardware, dtype: str) -> str | None:
+    """The fused-experts table format `dtype` runs as on `hw`'s GPU (`moe_mla_costs.moe_format`; int4 in groups of
+    128, Marlin's; nvfp4 and mxfp4 fix their own); None for int8."""
+    return moe_format(hw, dtype, 128)
+
+
+def datasheet_moe_op_s(hw: Hardware, quant: str, tokens: int, experts: int, top_k: int, hidden: int, inter: int,
+                       tp: int, ep: int) -> float:
+    """kvtier's datasheet cost of one GPU's routed experts for `tokens` tokens at uniform routing: the
+    fused-experts fit at the expected touched experts and routed pairs (the busiest GPU's under EP), or
+    weight_gemm_s(touched x expert bytes, touched x expert params, 2 T k / ep x expert params x the busiest
+    GPU's share, rows T, 2 calls) where `hw` has no fit of `quant`; an expert I/tp wide, E/ep on the GPU."""
+    weight_dtype, group = QUANT_AS[quant]
+    expert = MLP_MATRICES * hidden * (inter // tp)
+    if ep > 1:
+        touched = busiest_rank_experts_touched(experts, top_k, tokens, ep)
+        share = busiest_routing_share(experts, top_k, ep, 0.0)
+    else:
+        touched, share = expected_experts_touched(experts, top_k, tokens), 1.0
+    per_expert_bytes = WEIGHT_DTYPES[weight_dtype].bytes_for(expert, group)
+    fit = dict(hw.moe_fits).get(quant)
+    if fit is not None:  # fitted on the tune split of the tables (scripts/fit_datasheet.py `_moe`)
+        return datasheet_moe_s(fit, touched, tokens * top_k / ep * share, expert, per_expert_bytes / expert, hidden,
+                               inter // tp, tokens)
+    flop = FLOP_PER_MAC * tokens * top_k / ep * expert * share
+    return weight_gemm_s(hw, touched * per_expert_bytes, touched * expert, flop, tokens, MOE_CALLS)
