@@ -14,8 +14,11 @@ takes the same by default (`moe_routing_for`), and a scenario's `model.moe_routi
 
 from __future__ import annotations
 
-BALANCED_ROUTING = "balanced"
-MOE_ROUTINGS = (BALANCED_ROUTING, "power_law_1.01", "power_law_1.2")
+from typing import Literal, get_args
+
+MoeRouting = Literal["balanced", "power_law_1.01", "power_law_1.2"]  # as scenarios and `kvsim ops moe` take it
+MOE_ROUTINGS = get_args(MoeRouting)
+BALANCED_ROUTING = MOE_ROUTINGS[0]
 # config.json model_types whose family aiconfigurator-core 0.12.0 prices at alpha 1.01 (sdk/common.py
 # ARCHITECTURE_TO_MODEL_FAMILY: DEEPSEEK*, KIMIK*, NEMOTRONH, HYBRIDMOE (Llama 4, MiMo-V2), MINIMAXM3, GEMMA4MIX,
 # STEP3P7 - `_power_law_alpha` 1.01 in their sdk/models/*.py); its MOE family (Mixtral, gpt-oss, Qwen2/3-MoE,

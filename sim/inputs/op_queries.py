@@ -13,6 +13,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from . import catalog
 from .errors import ConfigError
+from .moe_routing import BALANCED_ROUTING, MoeRouting
 from .reader import read_text
 from .scenario import KvDType, WeightDType, validation_error_line
 from .strict import Strict
@@ -73,7 +74,7 @@ class OpQuery(Strict):
     inter: int | None = Field(None, ge=1, le=MAX_DIM)
     tp: int = Field(1, ge=1, le=1024)
     ep: int = Field(1, ge=1, le=1024)
-    routing: Literal["balanced", "power_law_1.01", "power_law_1.2"] = "balanced"
+    routing: MoeRouting = BALANCED_ROUTING
 
     @model_validator(mode="after")
     def _complete(self):

@@ -32,6 +32,7 @@ from .limits import (
     MIN_EFFICIENCY,
     NODE_GPUS,
 )
+from .moe_routing import MoeRouting
 from .quiet_defaults import QuietDefaults
 from .reader import check_tree, parse_yaml
 from .reader import read_yaml as _read_yaml
@@ -63,7 +64,7 @@ class ModelCfg(Strict, QuietDefaults):
     routing_skew: float = Field(0.0, ge=0.0, le=4.0)
     # the measured fused-experts tables' routing (sim/inputs/moe_routing.py); None: AIConfigurator's own for the
     # model's family (power_law_1.2 or power_law_1.01); balanced: every expert evenly loaded (an EPLB-balanced run)
-    moe_routing: Literal["balanced", "power_law_1.01", "power_law_1.2"] | None = None
+    moe_routing: MoeRouting | None = None
     # a mixture of experts' routed experts in their own format, the rest in weight_dtype (gpt-oss: mxfp4 experts,
     # bf16 attention, router and embeddings); None: weight_dtype throughout
     expert_weight_dtype: WeightDType | None = None
