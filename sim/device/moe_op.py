@@ -52,17 +52,24 @@ def datasheet_moe_op_s(hw: Hardware, quant: str, tokens: int, experts: int, top_
     fused-experts fit at the expected touched experts and routed pairs (the busiest GPU's under EP), or
     weight_gemm_s(touched x expert bytes, touched x expert params, 2 T k / ep x expert params x the busiest
     GPU's share, rows T, 2 calls) where `hw` has no fit of `quant`; an expert I/tp wide, E/ep on the GPU."""
-    weight_dtype, group = QUANT_AS[quant]
-    expert = MLP_MATRICES * hidden * (inter // tp)
     if ep > 1:
         touched = busiest_rank_experts_touched(experts, top_k, tokens, ep)
         share = busiest_routing_share(experts, top_k, ep, 0.0)
     else:
         touched, share = expected_experts_touched(experts, top_k, tokens), 1.0
+    return experts_kernel_s(hw, quant, touched, tokens * top_k / ep * share, tokens, hidden, inter // tp)
+
+
+def experts_kernel_s(hw: Hardware, quant: str, touched: float, pairs: float, tokens: int, hidden: int,
+                     inter: int) -> float:
+    """The datasheet kernel of one GPU's fused experts, its routing given: `touched` experts read, `pairs`
+    token-expert pairs, each expert `inter` wide on the GPU - the fused-experts fit of `quant`, else
+    weight_gemm_s over the touched experts' weights and 2 x pairs x expert params FLOP in 2 calls."""
+    weight_dtype, group = QUANT_AS[quant]
+    expert = MLP_MATRICES * hidden * inter
     per_expert_bytes = WEIGHT_DTYPES[weight_dtype].bytes_for(expert, group)
     fit = dict(hw.moe_fits).get(quant)
     if fit is not None:  # fitted on the tune split of the tables (scripts/fit_datasheet.py `_moe`)
-        return datasheet_moe_s(fit, touched, tokens * top_k / ep * share, expert, per_expert_bytes / expert, hidden,
-                               inter // tp, tokens)
-    flop = FLOP_PER_MAC * tokens * top_k / ep * expert * share
-    return weight_gemm_s(hw, touched * per_expert_bytes, touched * expert, flop, tokens, MOE_CALLS)
+        return datasheet_moe_s(fit, touched, pairs, expert, per_expert_bytes / expert, hidden, inter, tokens)
+    return weight_gemm_s(hw, touched * per_expert_bytes, touched * expert, FLOP_PER_MAC * pairs * expert, tokens,
+                         MOE_CALLS)

@@ -36,21 +36,18 @@ import pandas as pd
 
 from sim.device.kernels import MlaBmm, datasheet_cost, datasheet_hardware
 from sim.device.measured_kernels import MeasuredKernels
-from sim.device.moe_fit import datasheet_moe_s
-from sim.device.moe_op import MOE_CALLS, QUANT_AS, datasheet_moe_op_s
+from sim.device.moe_op import QUANT_AS, datasheet_moe_op_s, experts_kernel_s
 from sim.device.physics import (
     attention_s,
     kind_attention_flop_per_token,
     mla_datasheet_attention_s,
     prefill_attention_s,
-    weight_gemm_s,
 )
 from sim.inputs import catalog
 from sim.inputs.kernel_tables import MOE_SLICE, SYSTEMS, load_tables, split_tables, with_moe_mla
 from sim.model.dtypes import WEIGHT_DTYPES
 from sim.model.layers import MLA
 from sim.model.spec import MLP_MATRICES, ModelSpec
-from sim.model.units import FLOP_PER_MAC
 
 MLA_MODEL = "deepseek-r1"  # the table's shapes: 128 heads, kv_lora_rank 512 + rope 64
 MLA_BINS = (0, 2**14, 2**20, np.inf)  # latents one call reads (batch x tokens): floor-bound, middle, streaming
@@ -176,16 +173,9 @@ def moe_routed_datasheet_s(gpu: str, tokens: int, experts: int, top_k: int, hidd
     (`balanced_rank0`): touched experts and FLOP 2 x routed pairs x expert params; and the time just
     to stream those experts' weights at the datasheet HBM peak, a bound no kernel beats)."""
     weight_dtype, group = QUANT_AS[quant]
-    expert = MLP_MATRICES * hidden * (inter // tp)
     touched, pairs = balanced_rank0(tokens, experts, top_k, ep)
-    w_bytes = touched * WEIGHT_DTYPES[weight_dtype].bytes_for(expert, group)
-    hw = datasheet_hardware(gpu, weight_dtype)
-    fit = dict(hw.moe_fits).get(quant)
-    if fit is not None:
-        routed = datasheet_moe_s(fit, touched, pairs, expert, WEIGHT_DTYPES[weight_dtype].bytes_for(expert, group) / expert,
-                                 hidden, inter // tp, tokens)
-    else:
-        routed = weight_gemm_s(hw, w_bytes, touched * expert, FLOP_PER_MAC * pairs * expert, tokens, MOE_CALLS)
+    routed = experts_kernel_s(datasheet_hardware(gpu, weight_dtype), quant, touched, pairs, tokens, hidden, inter // tp)
+    w_bytes = touched * WEIGHT_DTYPES[weight_dtype].bytes_for(MLP_MATRICES * hidden * (inter // tp), group)
     return routed, w_bytes / catalog.gpu(gpu).hbm_bytes_per_s
 
 
