@@ -43,7 +43,9 @@ measurements only - never on end-to-end figures, which are for validation:
   benchmark's own experts and pairs on the GPU it timed: floor + touched x per-expert cost + max(touched experts'
   weights / (HBM x ew), 2 x pairs x expert params / (peak x ef x r / (r + half_rows))) + routed rows gathered and
   scattered + tokens entering, r = pairs / touched (a grouped GEMM's efficiency follows its rows per expert, not
-  the tokens: the dense GEMM fit indexed by tokens left a 25-80% held-out median, this shape 3-23%);
+  the tokens: the dense GEMM fit indexed by tokens left a 25-80% held-out median, this shape 3-23%); the same
+  shape fitted again (`moe_power_law`) on the rows of both power-law routings, at the expected experts and pairs
+  of their draw on the GPU timed (sim/model/power_law.py): the balanced fit at that load ran 6-12% fast on them;
 - an all-reduce (the engine's custom kernel, and NCCL), per group size N the tables measure: the faster of
   two protocols, each floor + ring bytes 2 (N - 1) / N x bytes / its bus bandwidth (a latency protocol and a
   bandwidth one: NCCL's LL and Simple, a custom kernel's one-shot and two-shot; one floor and busbw for
@@ -82,6 +84,7 @@ from sim.inputs.kernel_tables import FRAMEWORK, FRAMEWORKS, PACKAGE, SYSTEMS, lo
 from sim.model.dtypes import ACTIVATION_BYTES, WEIGHT_DTYPES
 from sim.model.experts import expected_remote_ranks
 from sim.model.layers import MLA, window_prefill_work
+from sim.model.power_law import power_law_load, routing_alpha
 from sim.model.units import FLOP_PER_MAC
 from sim.studies.moe_mla_accuracy import balanced_rank0
 
@@ -567,10 +570,11 @@ def _moe_model(p, touched, pairs, expert, wb, hidden, inter, tokens, peak, hbm):
             + pairs * (hidden + inter) * 2.0 / (hbm * ea) + tokens * hidden * 2.0 / (hbm * et))
 
 
-def _moe(gpu, tune, held) -> dict | None:
-    """One GPU's fused routed experts (the tables' vLLM fused_experts), per weight format, on the rows of
-    balanced routing at the experts and token-expert pairs the benchmark put on the GPU it timed
-    (`moe_mla_accuracy.balanced_rank0`); None where the tables time no MoE."""
+def _moe(gpu, tune, held, power_law: bool = False) -> dict | None:
+    """One GPU's fused routed experts (the tables' vLLM fused_experts), per weight format, at the experts and
+    token-expert pairs the benchmark put on the GPU it timed: the rows of balanced routing
+    (`moe_mla_accuracy.balanced_rank0`), or with `power_law` those of both power-law routings at the expected
+    load of their draw (`sim.model.power_law.power_law_load`); None where the tables time no MoE."""
     if tune.moe is None or not len(tune.moe):
         return None
     spec = catalog.gpu(gpu)
@@ -583,10 +587,10 @@ def _moe(gpu, tune, held) -> dict | None:
         peak = moe_peak_flop_per_s(spec, quant)
 
         def domain(m):
-            m = m[(m["quant"] == quant) & (m["distribution"] == "balanced")]
-            routed = [balanced_rank0(int(t), int(e), int(k), int(ep))
-                      for t, e, k, ep in m[["tokens", "experts", "top_k", "ep"]].itertuples(index=False)]
-            touched, pairs = (np.array(routed, dtype=float).T if routed else (np.zeros(0), np.zeros(0)))
+            routed = m["distribution"] != "balanced" if power_law else m["distribution"] == "balanced"
+            m = m[(m["quant"] == quant) & routed]
+            load = [_routed_load(*row) for row in m[["tokens", "experts", "top_k", "ep", "distribution"]].itertuples(index=False)]
+            touched, pairs = (np.array(load, dtype=float).T if load else (np.zeros(0), np.zeros(0)))
             h, inter = m["hidden"].to_numpy(float), (m["inter"] // m["tp"]).to_numpy(float)
             return (touched, pairs, 3.0 * h * inter, wb, h, inter, m["tokens"].to_numpy(float), peak,
                     spec.hbm_bytes_per_s), m["latency_s"].to_numpy()
@@ -603,6 +607,14 @@ def _moe(gpu, tune, held) -> dict | None:
                       "token_hbm_efficiency": round(float(p[6]), 4),
                       "tune": _errors(_moe_model(p, *args), meas), "held_out": _errors(_moe_model(p, *h_args), h_meas)}
     return out or None
+
+
+def _routed_load(tokens, experts, top_k, ep, distribution) -> tuple[float, float]:
+    """(experts, pairs) a table row's routing put on the GPU it timed: balanced's exactly, a power law's expected."""
+    alpha = routing_alpha(distribution)
+    if alpha is None:
+        return balanced_rank0(int(tokens), int(experts), int(top_k), int(ep))
+    return power_law_load(int(tokens), int(experts), int(top_k), int(ep), alpha)
 
 
 def _allreduce_model(p, nbytes, gpus):
@@ -712,6 +724,9 @@ def fit(framework: str = FRAMEWORK) -> dict:
         moe = _moe(gpu, tune, held)
         if moe is not None:
             gpus[gpu]["moe"] = moe
+        moe_power_law = _moe(gpu, tune, held, power_law=True)
+        if moe_power_law is not None:
+            gpus[gpu]["moe_power_law"] = moe_power_law
     package = load_tables(next(iter(SYSTEMS)), framework).package_version
     return {"source": (f"fitted: {PACKAGE} {package} (NVIDIA AIConfigurator kernel database, Apache-2.0), tune "
                        f"split of {'; '.join(sorted(versions))}; GEMMs of 1-8192 rows with n, k >= 256, decode "

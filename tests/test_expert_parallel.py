@@ -417,8 +417,8 @@ def test_a_data_parallel_dense_gemm_runs_over_its_ranks_rows():
     w, p = _layer_weights_read(replicated, "nvfp4", 16, rows)
     rb, rp, rf = routed_work(replicated, "nvfp4", 16, rows)
     rest = weight_gemm_s(hw, w - rb, p - rp, gemm_flop(replicated, rows) - rf, 512, GEMM_CALLS_PER_LAYER)
-    fitted = _moe_fit(replicated, hw, "nvfp4", 16)
-    routed = model_moe_s(replicated, fitted, "nvfp4", 16, rows)  # the datasheet's MoE fit over the group's rows
+    fitted, alpha = _moe_fit(replicated, hw, "nvfp4", 16)
+    routed = model_moe_s(replicated, fitted, "nvfp4", 16, rows, alpha)  # the datasheet's MoE fit over the group's rows
     assert quant is None and fitted is not None
     assert weight_kernel_s(replicated, hw, "nvfp4", 16, rows) == pytest.approx(rest + routed, rel=1e-12)
     # the 16 row tiles of the group's batch would re-read the weights 4x as often as the rank's 4

@@ -50,8 +50,13 @@ def test_the_experts_take_their_formats_kernel():
     # W4A8 with MXFP8 activations on Blackwell, W4A16 before it - whatever the rest runs as
     assert moe_format(b200, MIXED.expert_format("bf16"), 128) == "w4a8_mxfp4_mxfp8"
     assert moe_format(h200, MIXED.expert_format("bf16"), 128) == "w4a16_mxfp4"
-    assert _moe_fit(MIXED, h200, "bf16", 128) == next(f for q, f in h200.moe_fits if q == "w4a16_mxfp4")
-    assert _moe_fit(GPT_OSS_20B, h200, "bf16", 128) == next(f for q, f in h200.moe_fits if q == "bfloat16")
+    # gpt-oss routes as a power law (alpha 1.2): the fit on the tables' power-law rows of its experts' format
+    power_law = dict(h200.moe_power_law_fits)
+    assert _moe_fit(MIXED, h200, "bf16", 128) == (power_law["w4a16_mxfp4"], 1.2)
+    assert _moe_fit(GPT_OSS_20B, h200, "bf16", 128) == (power_law["bfloat16"], 1.2)
+    # balanced routing (an EPLB-evened run) takes the fit on balanced rows, at uniform routing
+    balanced = replace(GPT_OSS_20B, moe_routing="balanced")
+    assert _moe_fit(balanced, h200, "bf16", 128) == (dict(h200.moe_fits)["bfloat16"], None)
 
 
 def test_trtllm_bench_counts_only_the_packed_experts_elements():

@@ -57,7 +57,7 @@ def test_sources_keep_their_order():
     assert list(h.sources) == [
         "weight_hbm_efficiency", "weight_hbm_bytes_per_s", "attention_hbm_efficiency", "attention_hbm_bytes_per_s",
         "gemm_flop_per_s", "gemm_floor_s", "gemm_io", "attention_flop_efficiency", "attention_latency_s", "attention_shape",
-        "mla_fit", "moe_fits", "prefill_attention_shape", "dequant_ops_per_weight",
+        "mla_fit", "moe_fits", "moe_power_law_fits", "prefill_attention_shape", "dequant_ops_per_weight",
         "weight_kernel", "weight_kernel_by_rows", "layer_overhead_s", "host_layer_s", "host_step_s",
         "step_overhead_s", "host_pack_bytes_per_s", "runtime_reserve_bytes", "memory_bytes", "host_memory_bytes",
         "h2d", "d2h",

@@ -7,6 +7,7 @@ errors and its formulas by hand."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -257,14 +258,15 @@ def test_datasheet_calls_by_hand():
 
 
 def test_a_datasheet_moe_layer_is_its_dense_rest_plus_the_fitted_experts():
-    """qwen3-30b-a3b (128 experts, top-8, every layer MoE) in bf16 on one H200, datasheet: the routed experts'
-    bytes, params and FLOP leave the dense GEMM model, the fused-experts fit costs them at 64 tokens, 512 pairs."""
+    """qwen3-30b-a3b (128 experts, top-8, every layer MoE) in bf16 on one H200, datasheet, routed evenly
+    (`moe_routing: balanced`; its power-law default: tests/test_moe_routing.py): the routed experts' bytes,
+    params and FLOP leave the dense GEMM model, the fused-experts fit costs them at 64 tokens, 512 pairs."""
     from sim.device.kernels import datasheet_hardware
     from sim.device.moe_fit import datasheet_moe_s
     from sim.device.moe_mla_costs import routed_work
     from sim.device.physics import GEMM_CALLS_PER_LAYER, gemm_flop, weight_gemm_s, weight_kernel_s
 
-    m, hw = catalog.model("qwen3-30b-a3b"), datasheet_hardware("h200-sxm")
+    m, hw = replace(catalog.model("qwen3-30b-a3b"), moe_routing="balanced"), datasheet_hardware("h200-sxm")
     assert m.moe_layers == m.num_layers and hw.kernels is None
     rows = 64
     w_bytes, params = m.layer_weight_bytes_read("bf16", rows, 128), m.layer_linear_params_read(rows)

@@ -92,3 +92,28 @@ def test_bad_routing_input_is_one_clear_error():
     assert "moe_routing" in str(err.value) and "power_law_1.2" in str(err.value)
     dumped = load_scenario(SCENARIOS / "h200-7b-batch.yaml", GPT_OSS).model_dump(mode="json")["model"]
     assert "moe_routing" not in dumped  # a quiet default: old scenarios dump as before
+
+
+def test_the_datasheet_prices_a_power_law_model_at_its_draws_load_by_hand():
+    """gpt-oss-20b on one H200 in datasheet mode, 512 rows: the layer's routed experts are the fit on the
+    tables' power-law rows at the alpha-1.2 draw's expected experts and pairs; `moe_routing: balanced` takes
+    the fit on balanced rows at uniform routing. The rest of the layer is the same in both."""
+    from sim.device.kernels import datasheet_hardware
+    from sim.device.moe_fit import datasheet_moe_s
+    from sim.device.physics import weight_kernel_s
+    from sim.model.experts import expected_experts_touched
+    from sim.model.power_law import power_law_load
+
+    hw = datasheet_hardware("h200-sxm", "bf16")
+    m = catalog.model("gpt-oss-20b")
+    even = replace(m, moe_routing="balanced")
+    rows, e, k = 512, m.num_experts, m.experts_per_token
+    expert, h, inter = m.expert_params(), m.hidden_size, m.moe_intermediate_size
+    touched, pairs = power_law_load(rows, e, k, 1, 1.2)
+    power = datasheet_moe_s(dict(hw.moe_power_law_fits)["bfloat16"], touched, pairs, expert, 2.0, h, inter, rows)
+    uniform = datasheet_moe_s(dict(hw.moe_fits)["bfloat16"], expected_experts_touched(e, k, rows), rows * k, expert,
+                              2.0, h, inter, rows)
+    assert m.moe_layers == m.num_layers and touched < expected_experts_touched(e, k, rows)
+    got = weight_kernel_s(m, hw, "bf16", 128, rows) - weight_kernel_s(even, hw, "bf16", 128, rows)
+    assert got == pytest.approx(power - uniform, rel=1e-9)
+    assert abs(power / uniform - 1) > 0.02  # the routing moves the figure

@@ -1,6 +1,6 @@
 """`kvsim ops moe`: one GPU's fused routed experts through the operator seam (sim/device/moe_op.py) - the
-measured answer is the tables' slice of the call's format and routing, the datasheet answer kvtier's fit at
-uniform routing (by hand), the CSV path asks the same, and bad input is one line."""
+measured answer is the tables' slice of the call's format and routing, the datasheet answer kvtier's fit of
+that routing (by hand), the CSV path asks the same, and bad input is one line."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from sim.device.kernels import datasheet_cost, datasheet_hardware, measured_cost
 from sim.device.moe_op import MoeExperts, table_format
 from sim.inputs.kernel_tables import tables_available
 from sim.model.experts import expected_experts_touched
+from sim.model.power_law import power_law_load
 from sim.model.spec import MLP_MATRICES
 
 from .conftest import run_cli
@@ -28,9 +29,10 @@ def test_a_weight_dtype_runs_as_its_table_format_on_each_gpu():
     assert table_format(datasheet_hardware("h200-sxm"), "int8") is None
 
 
-def test_the_datasheet_answer_is_the_fused_experts_fit_at_uniform_routing_by_hand():
-    """Qwen3-30B-A3B's experts in bf16 on one H200, 64 tokens: E (1 - (1 - k/E)^T) experts touched, T k pairs,
-    on the fused-experts fit (`moe_fit.datasheet_moe_s`); a power-law query gets the same figure and says why."""
+def test_the_datasheet_answer_is_the_fused_experts_fit_of_the_calls_routing_by_hand():
+    """Qwen3-30B-A3B's experts in bf16 on one H200, 64 tokens: balanced asks the fit on balanced rows at uniform
+    routing, E (1 - (1 - k/E)^T) experts touched and T k pairs (`moe_fit.datasheet_moe_s`); power-law 1.2 asks
+    the fit on the power-law rows at that draw's expected experts and pairs (`power_law_load`)."""
     from sim.device.moe_fit import datasheet_moe_s
 
     hw = datasheet_hardware("h200-sxm", "bf16")
@@ -40,8 +42,16 @@ def test_the_datasheet_answer_is_the_fused_experts_fit_at_uniform_routing_by_han
     op = MoeExperts(64, 128, 8, 2048, 768)
     got = datasheet_cost("h200-sxm", op)
     assert got.seconds == pytest.approx(want, rel=1e-12) and "bfloat16 fused-experts fit" in got.source
+    touched, pairs = power_law_load(64, 128, 8, 1, 1.2)
+    assert touched < expected_experts_touched(128, 8, 64) and pairs == 64 * 8
+    fit_pl = dict(hw.moe_power_law_fits)["bfloat16"]
     skewed = datasheet_cost("h200-sxm", MoeExperts(64, 128, 8, 2048, 768, routing="power_law_1.2"))
-    assert skewed.seconds == got.seconds and "uniform routing" in skewed.note
+    assert skewed.seconds == pytest.approx(datasheet_moe_s(fit_pl, touched, pairs, expert, 2.0, 2048, 768, 64), rel=1e-12)
+    assert "fit on power-law rows, at the power_law_1.2 draw's load" in skewed.source and not skewed.note
+    # A100's tables time power-law rows alone: a power-law query takes that fit, a balanced one the GEMM model
+    a100 = [datasheet_cost("a100-80gb-sxm", MoeExperts(64, 128, 8, 2048, 768, routing=r))
+            for r in ("power_law_1.2", "balanced")]
+    assert "fit on power-law rows" in a100[0].source and "no fused-experts fit: the GEMM model" in a100[1].source
 
 
 @NEEDS_TABLES

@@ -378,6 +378,7 @@ class Hardware:
     attention_shape: AttentionShape = AttentionShape()  # GQA decode attention's fitted shape (flat by default)
     mla_fit: MlaFit | None = None  # absorbed MLA decode, fitted; None: the generic `attention_s`
     moe_fits: tuple[tuple[str, MoeFit], ...] = ()  # fused routed experts by table weight format, fitted
+    moe_power_law_fits: tuple[tuple[str, MoeFit], ...] = ()  # the same fitted on the tables' power-law routings
     prefill_attention_shape: PrefillShapes = PrefillShapes()  # datasheet prefill attention by KV dtype (flat: no floor)
     gemm_floor_s: float = 0.0  # floor of one GEMM call, added to its roofline time
     gemm_io: GemmIO = GemmIO()  # a GEMM call's activation traffic (fitted; none by default)
@@ -636,6 +637,7 @@ class _Figures:
     attention_shape: Sourced[AttentionShape]
     mla_fit: Sourced[MlaFit | None]
     moe_fits: Sourced[tuple]
+    moe_power_law_fits: Sourced[tuple]
     prefill_attention_shape: Sourced[PrefillShapes]
     dequant_ops_per_weight: Sourced[float]
     weight_kernel: Sourced[str]
@@ -729,6 +731,7 @@ def _datasheet_figures(gpu: GpuSpec, hw_cfg, weight_dtype: str, eff: EfficiencyD
         attention_shape=_attention_shape(gpu, a, ov),
         mla_fit=_mla_fit(gpu, fit.mla_attention if fit else None, ov),
         moe_fits=_moe_fits(gpu, fit.moe if fit else None, ov),
+        moe_power_law_fits=_moe_fits(gpu, fit.moe_power_law if fit else None, ov, power_law=True),
         prefill_attention_shape=p_shape,
         dequant_ops_per_weight=dequant.override(ov.dequant_ops_per_weight),
         weight_kernel=kernel,
@@ -810,9 +813,10 @@ def _gemm_io(gpu: GpuSpec, g, peak_name: str, ov, name: str | None = None) -> So
     return Sourced(io, g.says(f"{name or peak_name} GEMMs") + f" (output at {g.output_hbm_efficiency:g} of HBM{quant}{tiles})")
 
 
-def _moe_fits(gpu: GpuSpec, moe, ov) -> Sourced[tuple]:
-    """The fused routed experts fitted per weight format on the measured MoE tables; none (the dense
-    GEMM model for the experts) where none covers the GPU or the scenario sets a GEMM figure."""
+def _moe_fits(gpu: GpuSpec, moe, ov, power_law: bool = False) -> Sourced[tuple]:
+    """The fused routed experts fitted per weight format on the measured MoE tables' balanced rows (or, with
+    `power_law`, their power-law rows); none (the dense GEMM model for the experts) where none covers the GPU
+    or the scenario sets a GEMM figure."""
     if not moe:
         return Sourced((), "default: the experts as dense GEMMs (no measured MoE table to fit on)")
     if _sets_gemm(ov):
@@ -825,7 +829,8 @@ def _moe_fits(gpu: GpuSpec, moe, ov) -> Sourced[tuple]:
     said = "; ".join(f"{q} median {m.held_out.median:.1%}" for q, m in sorted(moe.items()))
     file = next(iter(moe.values())).file  # fitted_kernels.yaml (vLLM's) or fitted_kernels.<engine>.yaml
     kernel = "vLLM fused_experts" if file == catalog.fitted_kernels_file() else f"{file.split('.')[1]} fused experts"
-    return Sourced(fits, f"fitted on measured fused routed experts ({kernel}, balanced routing; {file}), "
+    routing = "power-law routings, at their draw's load" if power_law else "balanced routing"
+    return Sourced(fits, f"fitted on measured fused routed experts ({kernel}, {routing}; {file}), "
                          f"held-out |error|: {said}")
 
 
@@ -1024,6 +1029,7 @@ def _assemble(gpu: GpuSpec, link_spec: LinkSpec, figs: _Figures, h2d: LinkModel,
         weight_kernel_bytes_per_s_by_rows=figs.weight_kernel_by_rows.value,
         dequant_op_per_s=gpu.fp32_flop_per_s / FLOP_PER_MAC, attention_latency_s=figs.attention_latency_s.value,
         attention_shape=figs.attention_shape.value, mla_fit=figs.mla_fit.value, moe_fits=figs.moe_fits.value,
+        moe_power_law_fits=figs.moe_power_law_fits.value,
         gemm_floor_s=figs.gemm_floor_s.value, gemm_io=figs.gemm_io.value,
         prefill_attention_shape=figs.prefill_attention_shape.value,
     )

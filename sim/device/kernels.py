@@ -33,7 +33,7 @@ from .hardware import Hardware, resolve_hardware, window_decode, with_allreduce
 from .measured_kernels import MeasuredKernels, measured_kernels_for
 from .moe_exchange import A2A_WIRE_BYTES
 from .moe_mla_costs import datasheet_mla_bmm_s
-from .moe_op import QUANT_AS, MoeExperts, datasheet_moe_op_s, table_format
+from .moe_op import QUANT_AS, MoeExperts, datasheet_moe_op_s, power_law_fit, table_format
 from .physics import (
     datasheet_prefill_attention_s,
     gqa_datasheet_attention_s,
@@ -228,12 +228,16 @@ def _datasheet_moe_mla_op(gpu: str, op: AllToAll | MlaBmm, framework: str, fit_f
 
 
 def _datasheet_experts(gpu: str, op: MoeExperts, framework: str, fit_from: str | None) -> OpCost:
-    """A fused-experts call, datasheet (`moe_op.datasheet_moe_op_s`): uniform routing whatever `op.routing`."""
+    """A fused-experts call, datasheet (`moe_op.datasheet_moe_op_s`): a power-law routing at its draw's load
+    where the GPU has a power-law fit, else uniform routing (balanced's fit)."""
     quant = table_format(datasheet_hardware(gpu, framework=framework, fit_from=fit_from), op.dtype)
     hw = datasheet_hardware(gpu, QUANT_AS[quant][0], framework=framework, fit_from=fit_from)
-    seconds = datasheet_moe_op_s(hw, quant, op.tokens, op.experts, op.top_k, op.hidden, op.inter, op.tp, op.ep)
-    how = f"the {quant} fused-experts fit" if quant in dict(hw.moe_fits) else "no fused-experts fit: the GEMM model"
-    note = "" if op.routing == "balanced" else f"uniform routing: the datasheet model has no {op.routing} form"
+    seconds = datasheet_moe_op_s(hw, quant, op.tokens, op.experts, op.top_k, op.hidden, op.inter, op.tp, op.ep,
+                                 op.routing)
+    power_law = power_law_fit(hw, quant, op.routing) is not None
+    how = (f"the {quant} fused-experts fit on power-law rows, at the {op.routing} draw's load" if power_law
+           else f"the {quant} fused-experts fit" if quant in dict(hw.moe_fits) else "no fused-experts fit: the GEMM model")
+    note = "" if op.routing == "balanced" or power_law else f"uniform routing: no {op.routing} fit for {gpu}"
     return OpCost(seconds, f"datasheet: moe_op.datasheet_moe_op_s ({how})", True, note)
 
 

@@ -1,6 +1,8 @@
 """The datasheet model of one GPU's fused routed experts (an MoE layer's grouped GEMMs), fitted per GPU
 and weight format on the measured fused-experts tables (scripts/fit_datasheet.py `_moe`), for runs the
-measured MoE table does not cost (datasheet mode, a format or skew it lacks).
+measured MoE table does not cost (datasheet mode, a format or skew it lacks): once on the tables' balanced
+rows, for kvtier's uniform routing, and once on their power-law rows at the draw's load, for a model that
+routes as a power law (its default, `ModelSpec.moe_routing`).
 
 A grouped GEMM runs each touched expert's rows as its own small GEMM, so its efficiency follows the
 rows per touched expert, r = pairs / touched, not the tokens entering the layer: with 3,000 tokens of
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 from sim.model.dtypes import WEIGHT_DTYPES
 from sim.model.experts import busiest_routing_share
+from sim.model.power_law import power_law_load
 from sim.model.spec import ModelSpec
 
 ACTIVATION_BYTES = 2.0  # bf16 rows gathered into the experts and scattered back
@@ -53,14 +56,20 @@ def datasheet_moe_s(fit: MoeFit, touched: float, pairs: float, expert_params: fl
     return fit.floor_s + touched * fit.per_expert_s + max(stream, mma) + moved
 
 
-def model_moe_s(model: ModelSpec, fit: MoeFit, weight_dtype: str, group_size: int, rows: float) -> float:
+def model_moe_s(model: ModelSpec, fit: MoeFit, weight_dtype: str, group_size: int, rows: float,
+                alpha: float | None = None) -> float:
     """The mean layer's routed experts over `rows` tokens entering it: MoE layers / L x `datasheet_moe_s`
-    at kvtier's routing - the GPU's expected touched experts (`ModelSpec.expected_experts_touched`: the
-    busiest rank's under expert parallelism) and its pairs, rows x k, / ep x the busiest rank's share."""
+    at the fit's routing - with `alpha` (a fit on the tables' power-law rows) the expected experts and pairs
+    that power law's draw puts on the busiest GPU (`sim.model.power_law.power_law_load`); else kvtier's
+    uniform routing, the GPU's expected touched experts (`ModelSpec.expected_experts_touched`: the busiest
+    rank's under expert parallelism) and its pairs, rows x k, / ep x the busiest rank's share."""
     e, k, ep = model.num_experts, model.experts_per_token, model.expert_parallel
-    pairs = rows * k / ep * busiest_routing_share(e, k, ep, model.routing_skew) if ep > 1 else rows * k
+    if alpha is not None:
+        touched, pairs = power_law_load(rows, e, k, ep, alpha)
+    else:
+        touched = model.expected_experts_touched(rows)
+        pairs = rows * k / ep * busiest_routing_share(e, k, ep, model.routing_skew) if ep > 1 else rows * k
     expert = model.expert_params()
     per_param = WEIGHT_DTYPES[weight_dtype].bytes_for(expert, group_size) / expert
-    one = datasheet_moe_s(fit, model.expected_experts_touched(rows), pairs, expert, per_param, model.hidden_size,
-                          model.moe_intermediate_size, rows)
+    one = datasheet_moe_s(fit, touched, pairs, expert, per_param, model.hidden_size, model.moe_intermediate_size, rows)
     return model.moe_layers / model.num_layers * one

@@ -33,6 +33,7 @@ from sim.model.layers import (
     chunk_pairs,
     window_prefill_work,
 )
+from sim.model.power_law import routing_alpha
 from sim.model.spec import ModelSpec
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
@@ -413,13 +414,13 @@ def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
     if swap is not None:
         w_bytes, params_read, flop, bmm_s = w_bytes - swap[0], params_read - swap[1], flop - swap[2], swap[3]
     quant = moe_quant(model, hw, weight_dtype, group_size)
-    fitted = None if quant is not None else _moe_fit(model, hw, weight_dtype, group_size)
+    fitted, alpha = (None, None) if quant is not None else _moe_fit(model, hw, weight_dtype, group_size)
     if quant is not None or fitted is not None:  # the routed experts from the MoE table or its fit, the rest datasheet
         r_bytes, r_params, r_flop = routed_work(model, weight_dtype, group_size, rows)
         rest = weight_gemm_s(hw, w_bytes - r_bytes, params_read - r_params, flop - r_flop, rank_rows(model, rows),
                              GEMM_CALLS_PER_LAYER)
         routed = (measured_moe_s(model, hw, quant, rows) if quant is not None
-                  else model_moe_s(model, fitted, model.expert_format(weight_dtype), group_size, rows))
+                  else model_moe_s(model, fitted, model.expert_format(weight_dtype), group_size, rows, alpha))
         return rest + routed + bmm_s
     return weight_gemm_s(hw, w_bytes, params_read, flop, rank_rows(model, rows), GEMM_CALLS_PER_LAYER,
                          _layer_shapes(model) if model.gqa_gemms else ()) + bmm_s
@@ -441,11 +442,18 @@ def _layer_shapes(model: ModelSpec) -> tuple[tuple[float, float], ...]:
 
 
 def _moe_fit(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int):
-    """The fitted fused-experts constants for this run's expert weight format (`hw.moe_fits`), or None."""
-    if not model.moe_layers or not hw.moe_fits:
-        return None
+    """(the fitted fused-experts constants for this run's expert weight format, the power law's alpha they
+    are priced at): a model routing as a power law (`ModelSpec.moe_routing`, no `routing_skew`) takes the fit
+    on the tables' power-law rows (`hw.moe_power_law_fits`) where the GPU has one; else (the fit on balanced
+    rows, `hw.moe_fits`, None: uniform routing); (None, None) where neither fits the format."""
+    if not model.moe_layers or not (hw.moe_fits or hw.moe_power_law_fits):
+        return None, None
     quant = moe_format(hw, model.expert_format(weight_dtype), group_size)
-    return next((f for q, f in hw.moe_fits if q == quant), None)
+    alpha = routing_alpha(model.moe_routing) if not model.routing_skew else None
+    power_law = dict(hw.moe_power_law_fits).get(quant) if alpha is not None else None
+    if power_law is not None:
+        return power_law, alpha
+    return dict(hw.moe_fits).get(quant), None
 
 
 def _measured_layer_gemms_s(kernels, model: ModelSpec, formats: tuple[str, ...], rows: int) -> float:

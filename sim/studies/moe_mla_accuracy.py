@@ -24,7 +24,8 @@ held-out lines removed. Error = predicted / measured - 1 (negative: kvtier too f
   min(E, T k) experts where uniform routing touches E (1 - (1 - k/E)^T). So balanced rows also get
   `datasheet_routed_s`: the same datasheet kernel at the experts and routed pairs the benchmark put
   on the GPU it timed (rank 0: experts 0 .. E/ep - 1), which separates kvtier's kernel model from
-  its routing model. Power-law rows draw their routing at random: no such column.
+  its routing model. Power-law rows draw their routing at random: their datasheet call is the fit on
+  the tables' power-law rows at the draw's expected load (`sim.model.power_law`), and no such column.
 """
 
 from __future__ import annotations
@@ -148,11 +149,12 @@ def _bmm(gpu: str, b: pd.DataFrame | None, mk: MeasuredKernels) -> pd.DataFrame:
 
 # ---- MoE ---------------------------------------------------------------------------------------
 def moe_datasheet_s(gpu: str, tokens: int, experts: int, top_k: int, hidden: int, inter: int, tp: int, ep: int,
-                    quant: str) -> float:
-    """kvtier's datasheet cost of one GPU's routed experts for `tokens` tokens (`moe_op.datasheet_moe_op_s`, as
-    `kvsim ops moe` prices it) on the GPU's datasheet hardware in the format's dtype."""
+                    quant: str, routing: str = "balanced") -> float:
+    """kvtier's datasheet cost of one GPU's routed experts for `tokens` tokens at `routing`
+    (`moe_op.datasheet_moe_op_s`, as `kvsim ops moe` prices it) on the GPU's datasheet hardware in the format's
+    dtype."""
     return datasheet_moe_op_s(datasheet_hardware(gpu, QUANT_AS[quant][0]), quant, tokens, experts, top_k, hidden, inter,
-                              tp, ep)
+                              tp, ep, routing)
 
 
 @lru_cache(maxsize=4096)
@@ -203,7 +205,7 @@ def _moe(gpu: str, e: pd.DataFrame, mk: MeasuredKernels) -> pd.DataFrame:
             rows.append({"op": f"moe {quant} {dist}", "family": f"moe {dist}",
                          "shape": f"T{n} E{experts} k{top_k} h{hidden} I{inter} {layout}",
                          "model": model, "layout": layout, "size": n, "measured_s": meas,
-                         "datasheet_s": moe_datasheet_s(gpu, int(n), *shape), "tables_s": tab,
+                         "datasheet_s": moe_datasheet_s(gpu, int(n), *shape, dist), "tables_s": tab,
                          "datasheet_routed_s": routed, "below_hbm": meas < stream})
     return pd.DataFrame(rows)
 
