@@ -3,9 +3,9 @@ study that holds kvtier against it, the command, and an accuracy assertion on th
 
 The assertion is an accuracy check, not a timed test. Issue #20 item 5 sets the goals: end to end,
 median |error| <= 5% and worst <= 15% with the measured kernel tables, median <= 10% in datasheet
-mode. kvtier meets the datasheet one (since 2026-12-05), not the two with measured tables; the
-thresholds below are the level it reaches now, rounded up to the next 5%, each labelled with its goal,
-so a regression fails them."""
+mode. Over the whole table kvtier meets none of them now (2026-12-07: measured 9.8% / 70.0%, datasheet 10.2%);
+the thresholds below are the level it reaches now, rounded up, each labelled with its goal, so a regression
+fails them."""
 
 from __future__ import annotations
 
@@ -294,7 +294,10 @@ def test_blackwell_without_the_small_moe_rows(summary_without_small_moe, mode):
 
 
 def test_end_to_end_accuracy_in_datasheet_mode(full_summary, summary_without_small_moe):
-    # the whole table: 10.9% / 64.5% over 191 rows since window layers prefill on their own fit (2026-12-06, session 33;
+    # the whole table: 10.2% / 64.5% since datasheet mode prices a mixture of experts at the tables' power-law routing
+    # (2026-12-07, session 40: the fused-experts form fitted on the power-law rows at the draw's load; GPT-OSS 21.2% ->
+    # 19.2%, Qwen3-235B 12.7% -> 9.9%, Maverick 12.8% -> 10.6%); 11.5% / 64.5% before; 10.9% / 64.5% over 191 rows
+    # since window layers prefill on their own fit (2026-12-06, session 33;
     # unchanged by session 34's CUTLASS-only NVFP4 experts and MoE fit), 11.2% since MLA prefill's own fit, 11.4% since
     # datasheet mode costs that MMHA by its own fit (Maverick's H200
     # 1k/32k +4% -> -12%), 11.2% / 64.5% since Hopper's chunked decode on MMHA; 11.4% / 89.5% since
@@ -307,10 +310,12 @@ def test_end_to_end_accuracy_in_datasheet_mode(full_summary, summary_without_sma
     # before DeepSeek-R1's NVFP4 rows; 14.7% / 65.3%
     # before TensorRT-LLM's MoE kernel lanes, 10.6% over
     # the 116 before GPT-OSS's Blackwell rows, 14.0% over the 80 before the NVFP4 rows): the 10% goal NOT met
-    assert _level(full_summary, "datasheet", "all", "all")[0] <= 0.13
-    assert _level(full_summary, "datasheet", "family", "offline-throughput")[0] <= 0.13  # 11.4% (13.7% before pools)
+    assert _level(full_summary, "datasheet", "all", "all")[0] <= 0.11
+    # 10.2% since the power-law routing (11.5% before it, 11.4% once, 13.7% before the pools)
+    assert _level(full_summary, "datasheet", "family", "offline-throughput")[0] <= 0.11
     median, worst = _level(summary_without_small_moe, "datasheet", "all", "all")
-    # current level (9.2% over the 122 rows without the small MoE ones since Hopper's chunked decode on MMHA, its own
+    # current level (8.8% over the 122 rows without the small MoE ones since the power-law routing, 9.4% before it;
+    # 9.2% since Hopper's chunked decode on MMHA, its own
     # datasheet fit included; 9.4%
     # since TensorRT-LLM's fp8 context FMHA, 9.7%
     # before it; 9.7% over the 114 rows without the small MoE ones with the RTX PRO 6000's Qwen3-235B DEP8; 10.5%
@@ -328,7 +333,7 @@ def test_end_to_end_accuracy_in_datasheet_mode(full_summary, summary_without_sma
     # sequence split, whose three GQA rows' attention had been 10-23% too slow and hid the rest's optimism, 8.6% with
     # the engines' all-gather + reduce-scatter around attention-DP experts; 11.5% before the tiles, 15.5% before that
     # day's fits)
-    assert median <= 0.11
+    assert median <= 0.10
     # current level (64.5%, DataCrunch's SGLang offline 4096/2048, since Hopper's chunked decode runs on MMHA - 89.5%,
     # Llama-4 Maverick's H200 DEP8 FP8 1k/8k, before it; 75.5% before the elementwise passes were costed by bytes;
     # before those rows 54.1%, SGLang TTFT at 4 req/s,
@@ -342,8 +347,8 @@ def test_end_to_end_accuracy_in_datasheet_mode(full_summary, summary_without_sma
     # (6.7% before TensorRT-LLM's data-parallel dense parts, 8.1% over 18 before the PyTorch
     # overview's other cells, 8.6% before TensorRT-LLM's padded graphs, 9.4% before the engines' MoE exchange, unchanged
     # by trtllm-bench's batch limits; 8.5% before XQA's sequence split, 11.5% before the fp8 tiles; 10.5% over 104 rows
-    # since the attention-DP dense GEMMs over their rank's rows and Maverick's rows)
-    assert _level(summary_without_small_moe, "datasheet", "family", "offline-throughput")[0] <= 0.11
+    # since the attention-DP dense GEMMs over their rank's rows and Maverick's rows; 8.8% since the power-law routing)
+    assert _level(summary_without_small_moe, "datasheet", "family", "offline-throughput")[0] <= 0.10
 
 
 # ---- the committed bands (sim/catalog/accuracy_bands.yaml) -------------------------------------

@@ -62,8 +62,8 @@ class ModelCfg(Strict, QuietDefaults):
     weight_group_size: int = Field(128, ge=1, le=GROUP_SIZE_MAX)
     # a mixture of experts' expert popularity, Zipf(routing_skew) over the experts (sim/model/experts.py); 0: uniform
     routing_skew: float = Field(0.0, ge=0.0, le=4.0)
-    # the measured fused-experts tables' routing (sim/inputs/moe_routing.py); None: AIConfigurator's own for the
-    # model's family (power_law_1.2 or power_law_1.01); balanced: every expert evenly loaded (an EPLB-balanced run)
+    # the fused-experts tables' routing, measured and datasheet (sim/inputs/moe_routing.py); None: AIConfigurator's
+    # own for the model's family (power_law_1.2 or power_law_1.01); balanced: every expert evenly loaded (an EPLB run)
     moe_routing: MoeRouting | None = None
     # a mixture of experts' routed experts in their own format, the rest in weight_dtype (gpt-oss: mxfp4 experts,
     # bf16 attention, router and embeddings); None: weight_dtype throughout

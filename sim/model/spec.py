@@ -86,7 +86,8 @@ class ModelSpec:
     dense_dp: bool = False  # under attention DP the dense MLPs, shared experts and vocab run data-parallel too (`shard`)
     embedding_vocab_size: int | None = None  # rows of the embedding a GPU holds where not the LM head's (`shard`)
     routing_skew: float = 0.0  # Zipf exponent of expert popularity (sim/model/experts.py); 0: uniform routing
-    # the measured fused-experts tables' routing a run reads (sim/inputs/moe_routing.py); the datasheet's: routing_skew
+    # the fused-experts tables' routing: the rows measured mode reads and the fit datasheet mode takes (a power law's at
+    # its draw's load, sim/model/power_law.py; sim/inputs/moe_routing.py); routing_skew instead: the datasheet's Zipf
     moe_routing: str = "balanced"
     # the routed experts' weight format where a checkpoint quantises them apart from the rest (gpt-oss: MXFP4
     # experts, bf16 attention); None: the scenario's weight_dtype for every linear layer (`expert_format`)
