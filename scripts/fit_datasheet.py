@@ -589,7 +589,8 @@ def _moe(gpu, tune, held, power_law: bool = False) -> dict | None:
         def domain(m):
             routed = m["distribution"] != "balanced" if power_law else m["distribution"] == "balanced"
             m = m[(m["quant"] == quant) & routed]
-            load = [_routed_load(*row) for row in m[["tokens", "experts", "top_k", "ep", "distribution"]].itertuples(index=False)]
+            rows = m[["tokens", "experts", "top_k", "ep", "distribution"]].itertuples(index=False)
+            load = [_routed_load(*row) for row in rows]
             touched, pairs = (np.array(load, dtype=float).T if load else (np.zeros(0), np.zeros(0)))
             h, inter = m["hidden"].to_numpy(float), (m["inter"] // m["tp"]).to_numpy(float)
             return (touched, pairs, 3.0 * h * inter, wb, h, inter, m["tokens"].to_numpy(float), peak,

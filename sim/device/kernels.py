@@ -235,8 +235,8 @@ def _datasheet_experts(gpu: str, op: MoeExperts, framework: str, fit_from: str |
     seconds = datasheet_moe_op_s(hw, quant, op.tokens, op.experts, op.top_k, op.hidden, op.inter, op.tp, op.ep,
                                  op.routing)
     power_law = power_law_fit(hw, quant, op.routing) is not None
-    how = (f"the {quant} fused-experts fit on power-law rows, at the {op.routing} draw's load" if power_law
-           else f"the {quant} fused-experts fit" if quant in dict(hw.moe_fits) else "no fused-experts fit: the GEMM model")
+    fitted = f"the {quant} fused-experts fit" if quant in dict(hw.moe_fits) else "no fused-experts fit: the GEMM model"
+    how = f"the {quant} fused-experts fit on power-law rows, at the {op.routing} draw's load" if power_law else fitted
     note = "" if op.routing == "balanced" or power_law else f"uniform routing: no {op.routing} fit for {gpu}"
     return OpCost(seconds, f"datasheet: moe_op.datasheet_moe_op_s ({how})", True, note)
 

@@ -291,7 +291,7 @@ class FittedKernels(_Frozen):
     mha_attention: FittedAttention | None = None
     mla_bmm: dict[str, FittedMlaBmm] | None = None  # absorbed MLA's BMMs by dtype (bf16, fp8), the engine's own
     moe: dict[str, FittedMoe] | None = None  # fused routed experts by the table's weight format (bfloat16, fp8_block, ...)
-    moe_power_law: dict[str, FittedMoe] | None = None  # the same fitted on the power-law routings' rows, at their draw's load
+    moe_power_law: dict[str, FittedMoe] | None = None  # the same on the power-law routings' rows, at their draw's load
 
 
 class _ModelEntry(_Frozen):
