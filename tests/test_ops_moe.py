@@ -47,7 +47,8 @@ def test_the_datasheet_answer_is_the_fused_experts_fit_of_the_calls_routing_by_h
     fit_pl = dict(hw.moe_power_law_fits)["bfloat16"]
     skewed = datasheet_cost("h200-sxm", MoeExperts(64, 128, 8, 2048, 768, routing="power_law_1.2"))
     assert skewed.seconds == pytest.approx(datasheet_moe_s(fit_pl, touched, pairs, expert, 2.0, 2048, 768, 64), rel=1e-12)
-    assert "fit on power-law rows, at the power_law_1.2 draw's load" in skewed.source and not skewed.note
+    assert f"at the power_law_1.2 draw's load: {touched:.1f} experts, 512 pairs on the busiest GPU" in skewed.source
+    assert "fit on power-law rows" in skewed.source and not skewed.note
     # A100's tables time power-law rows alone: a power-law query takes that fit, a balanced one the GEMM model
     a100 = [datasheet_cost("a100-80gb-sxm", MoeExperts(64, 128, 8, 2048, 768, routing=r))
             for r in ("power_law_1.2", "balanced")]

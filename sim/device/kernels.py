@@ -26,6 +26,7 @@ from sim.inputs.scenario import EfficiencyCfg, HardwareCfg
 from sim.model.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from sim.model.experts import expected_remote_ranks
 from sim.model.layers import window_prefill_work
+from sim.model.power_law import power_law_load, routing_alpha
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
 from .elementwise import elementwise_for, pass_s, row_bytes
@@ -235,8 +236,11 @@ def _datasheet_experts(gpu: str, op: MoeExperts, framework: str, fit_from: str |
     seconds = datasheet_moe_op_s(hw, quant, op.tokens, op.experts, op.top_k, op.hidden, op.inter, op.tp, op.ep,
                                  op.routing)
     power_law = power_law_fit(hw, quant, op.routing) is not None
-    fitted = f"the {quant} fused-experts fit" if quant in dict(hw.moe_fits) else "no fused-experts fit: the GEMM model"
-    how = f"the {quant} fused-experts fit on power-law rows, at the {op.routing} draw's load" if power_law else fitted
+    how = f"the {quant} fused-experts fit" if quant in dict(hw.moe_fits) else "no fused-experts fit: the GEMM model"
+    if power_law:
+        touched, pairs = power_law_load(op.tokens, op.experts, op.top_k, op.ep, routing_alpha(op.routing))
+        how = (f"the {quant} fused-experts fit on power-law rows, at the {op.routing} draw's load: {touched:.1f} "
+               f"experts, {pairs:,.0f} pairs on the busiest GPU")
     note = "" if op.routing == "balanced" or power_law else f"uniform routing: no {op.routing} fit for {gpu}"
     return OpCost(seconds, f"datasheet: moe_op.datasheet_moe_op_s ({how})", True, note)
 
