@@ -394,11 +394,11 @@ def test_a_data_parallel_dense_gemm_runs_over_its_ranks_rows():
     ceil(rows / D) tokens through its whole dense weights: the GEMM's tiles, weight re-reads and per-row
     work are the rank's. DeepSeek-R1 NVFP4 over 4 B200s at 2,048 rows: the dense part is the datasheet
     kernel at 512 rows; where the dense parts split over the group (SGLang), at 2,048."""
+    from sim.device.moe_datasheet import moe_fit_for
     from sim.device.moe_mla_costs import routed_work
     from sim.device.physics import (
         GEMM_CALLS_PER_LAYER,
         _layer_weights_read,
-        _moe_fit,
         gemm_flop,
         model_moe_s,
         moe_quant,
@@ -417,7 +417,7 @@ def test_a_data_parallel_dense_gemm_runs_over_its_ranks_rows():
     w, p = _layer_weights_read(replicated, "nvfp4", 16, rows)
     rb, rp, rf = routed_work(replicated, "nvfp4", 16, rows)
     rest = weight_gemm_s(hw, w - rb, p - rp, gemm_flop(replicated, rows) - rf, 512, GEMM_CALLS_PER_LAYER)
-    fitted, alpha = _moe_fit(replicated, hw, "nvfp4", 16)
+    fitted, alpha = moe_fit_for(replicated, hw, "nvfp4", 16)
     routed = model_moe_s(replicated, fitted, "nvfp4", 16, rows, alpha)  # the datasheet's MoE fit over the group's rows
     assert quant is None and fitted is not None
     assert weight_kernel_s(replicated, hw, "nvfp4", 16, rows) == pytest.approx(rest + routed, rel=1e-12)

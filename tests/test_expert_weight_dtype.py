@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from sim.device.kernels import datasheet_hardware
+from sim.device.moe_datasheet import moe_fit_for
 from sim.device.moe_mla_costs import moe_format, routed_work
-from sim.device.physics import _moe_fit
 from sim.inputs import catalog
 from sim.inputs.errors import ConfigError
 from sim.inputs.scenario import load_scenario
@@ -52,11 +52,11 @@ def test_the_experts_take_their_formats_kernel():
     assert moe_format(h200, MIXED.expert_format("bf16"), 128) == "w4a16_mxfp4"
     # gpt-oss routes as a power law (alpha 1.2): the fit on the tables' power-law rows of its experts' format
     power_law = dict(h200.moe_power_law_fits)
-    assert _moe_fit(MIXED, h200, "bf16", 128) == (power_law["w4a16_mxfp4"], 1.2)
-    assert _moe_fit(GPT_OSS_20B, h200, "bf16", 128) == (power_law["bfloat16"], 1.2)
+    assert moe_fit_for(MIXED, h200, "bf16", 128) == (power_law["w4a16_mxfp4"], 1.2)
+    assert moe_fit_for(GPT_OSS_20B, h200, "bf16", 128) == (power_law["bfloat16"], 1.2)
     # balanced routing (an EPLB-evened run) takes the fit on balanced rows, at uniform routing
     balanced = replace(GPT_OSS_20B, moe_routing="balanced")
-    assert _moe_fit(balanced, h200, "bf16", 128) == (dict(h200.moe_fits)["bfloat16"], None)
+    assert moe_fit_for(balanced, h200, "bf16", 128) == (dict(h200.moe_fits)["bfloat16"], None)
 
 
 def test_trtllm_bench_counts_only_the_packed_experts_elements():

@@ -117,3 +117,27 @@ def test_the_datasheet_prices_a_power_law_model_at_its_draws_load_by_hand():
     got = weight_kernel_s(m, hw, "bf16", 128, rows) - weight_kernel_s(even, hw, "bf16", 128, rows)
     assert got == pytest.approx(power - uniform, rel=1e-9)
     assert abs(power / uniform - 1) > 0.02  # the routing moves the figure
+
+
+def test_a_datasheet_run_says_which_fit_and_routing_its_routed_experts_take():
+    """`sources.routed_experts` of a datasheet run: gpt-oss-20b's power-law fit at its draw; `moe_routing: balanced`
+    the balanced fit at uniform routing; a dense model, or a run whose experts a measured table costs, says nothing."""
+    from sim.device.kernels import datasheet_hardware
+    from sim.device.moe_datasheet import datasheet_moe_source
+
+    hw = datasheet_hardware("h200-sxm", "bf16")
+    m = catalog.model("gpt-oss-20b")
+    said = datasheet_moe_source(m, hw, "bf16", 128)
+    assert said.startswith("datasheet: the bfloat16 fused-experts fit on the tables' power-law rows, at the "
+                           "power_law_1.2 draw's expected experts and pairs")
+    even = datasheet_moe_source(replace(m, moe_routing="balanced"), hw, "bf16", 128)
+    assert even.endswith("balanced rows, at uniform routing (moe_routing balanced)")
+    skewed = datasheet_moe_source(replace(m, routing_skew=1.0), hw, "bf16", 128)
+    assert skewed.endswith("at uniform routing (routing_skew)")
+    assert datasheet_moe_source(catalog.model("llama-3.1-8b"), hw, "bf16", 128) is None
+    ctx = build_context(load_scenario(SCENARIOS / "h200-7b-batch.yaml", ["model.name=gpt-oss-20b",
+                                                                        "hardware.kernels=datasheet"]))
+    assert ctx.hw.sources["routed_experts"] == said
+    if tables_available():  # measured: kernels_moe_mla names the table; no datasheet line
+        measured = _ctx()
+        assert "routed_experts" not in measured.hw.sources and "kernels_moe_mla" in measured.hw.sources

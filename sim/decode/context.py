@@ -27,6 +27,7 @@ from sim.device.hardware import (
 )
 from sim.device.kinds_prefill import GQA_KINDS, kinds_measured, kinds_prefill_said
 from sim.device.memory import WindowPools, profile_run_activation_bytes, sglang_chunk_pools, window_pools_rule
+from sim.device.moe_datasheet import datasheet_moe_source
 from sim.device.moe_exchange import ALLTOALL, moe_exchange
 from sim.device.moe_mla_costs import mla_prefill_measured, source_line
 from sim.device.sparse_fetch import SparseFetch
@@ -213,6 +214,8 @@ def build_context(scenario: Scenario, profile: Profile | None = None, profile_pa
                           scenario.engine.moe_backend if scenario.engine else None)
     if moe_mla:
         hw = replace(hw, sources={**hw.sources, "kernels_moe_mla": moe_mla})
+    if routed := datasheet_moe_source(model, hw, m.weight_dtype, m.weight_group_size):
+        hw = replace(hw, sources={**hw.sources, "routed_experts": routed})
     if mla_prefill_measured(model, hw):  # the kernels line says so
         hw = replace(hw, sources={**hw.sources, "kernels": measured_kernels_line(hw, hw.kernels, mla_prefill=True)})
     if model.attention_dp > 1:  # the experts' dispatch and combine cross the interconnect

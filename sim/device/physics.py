@@ -33,7 +33,6 @@ from sim.model.layers import (
     chunk_pairs,
     window_prefill_work,
 )
-from sim.model.power_law import routing_alpha
 from sim.model.spec import ModelSpec
 from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 
@@ -43,9 +42,10 @@ from .hardware import DecodeKernel, Hardware
 from .host_pipeline import HostLayer, HostStepTimes, host_pipeline
 from .kinds_prefill import measured_kinds_prefill_s
 from .moe_exchange import A2A_PHASES, A2A_WIRE_BYTES, ALLGATHER_REDUCESCATTER
+from .moe_datasheet import moe_fit_for
 from .moe_fit import model_moe_s
 from .moe_mla_costs import (absorbed_bmm_swap, measured_a2a_s, measured_mla_prefill_s, measured_mla_s, measured_moe_s,
-                            moe_format, moe_quant, routed_work)
+                            moe_quant, routed_work)
 from .sparse_fetch import SparseFetch, fetch_layer, mean_layer_share
 
 ALLREDUCES_PER_LAYER = 2  # tensor parallelism: after the attention output and after the MLP down projection
@@ -414,7 +414,7 @@ def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
     if swap is not None:
         w_bytes, params_read, flop, bmm_s = w_bytes - swap[0], params_read - swap[1], flop - swap[2], swap[3]
     quant = moe_quant(model, hw, weight_dtype, group_size)
-    fitted, alpha = (None, None) if quant is not None else _moe_fit(model, hw, weight_dtype, group_size)
+    fitted, alpha = (None, None) if quant is not None else moe_fit_for(model, hw, weight_dtype, group_size)
     if quant is not None or fitted is not None:  # the routed experts from the MoE table or its fit, the rest datasheet
         r_bytes, r_params, r_flop = routed_work(model, weight_dtype, group_size, rows)
         rest = weight_gemm_s(hw, w_bytes - r_bytes, params_read - r_params, flop - r_flop, rank_rows(model, rows),
@@ -439,21 +439,6 @@ def rank_rows(model: ModelSpec, rows: int) -> int:
 def _layer_shapes(model: ModelSpec) -> tuple[tuple[float, float], ...]:
     """(n, k) of a dense layer's fused GEMMs (`ModelSpec.layer_gemm_shapes`)."""
     return tuple((float(n), float(k)) for n, k in model.layer_gemm_shapes())
-
-
-def _moe_fit(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int):
-    """(the fitted fused-experts constants for this run's expert weight format, the power law's alpha they
-    are priced at): a model routing as a power law (`ModelSpec.moe_routing`, no `routing_skew`) takes the fit
-    on the tables' power-law rows (`hw.moe_power_law_fits`) where the GPU has one; else (the fit on balanced
-    rows, `hw.moe_fits`, None: uniform routing); (None, None) where neither fits the format."""
-    if not model.moe_layers or not (hw.moe_fits or hw.moe_power_law_fits):
-        return None, None
-    quant = moe_format(hw, model.expert_format(weight_dtype), group_size)
-    alpha = routing_alpha(model.moe_routing) if not model.routing_skew else None
-    power_law = dict(hw.moe_power_law_fits).get(quant) if alpha is not None else None
-    if power_law is not None:
-        return power_law, alpha
-    return dict(hw.moe_fits).get(quant), None
 
 
 def _measured_layer_gemms_s(kernels, model: ModelSpec, formats: tuple[str, ...], rows: int) -> float:
