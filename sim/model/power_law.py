@@ -10,8 +10,8 @@ CPU argsort leaves ties in no useful order, and when T k is far below E every ex
 the remainder is all the pairs and the tie order alone places them (a fixed order would put them all on
 rank 0, which the tables' timings rule out). One draw per measured row; here the expectation over `DRAWS`
 seeded draws. The same uniforms serve every token count of a shape (common random numbers), so
-the figures change smoothly with T. Exact at T <= `EXACT_TOKENS` (and below the T k = E switch);
-above, on a grid of `PER_OCTAVE` points an octave, linear in log T between them.
+the figures change smoothly with T. Exact at T <= `EXACT_TOKENS` (or just past the T k = E switch, where
+that is higher); above, on a grid of `PER_OCTAVE` points an octave, linear in log T between them.
 """
 
 from __future__ import annotations
