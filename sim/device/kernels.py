@@ -32,9 +32,10 @@ from sim.model.units import ATTN_MATMULS, FLOP_PER_MAC
 from .elementwise import elementwise_for, pass_s, row_bytes
 from .hardware import Hardware, resolve_hardware, window_decode, with_allreduce
 from .measured_kernels import MeasuredKernels, measured_kernels_for
+from .moe_datasheet import power_law_fit
 from .moe_exchange import A2A_WIRE_BYTES
 from .moe_mla_costs import datasheet_mla_bmm_s
-from .moe_op import QUANT_AS, MoeExperts, datasheet_moe_op_s, power_law_fit, table_format
+from .moe_op import QUANT_AS, MoeExperts, datasheet_moe_op_s, table_format
 from .physics import (
     datasheet_prefill_attention_s,
     gqa_datasheet_attention_s,

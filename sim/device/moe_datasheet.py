@@ -13,6 +13,12 @@ from .moe_fit import MoeFit
 from .moe_mla_costs import moe_format, moe_quant
 
 
+def power_law_fit(hw: Hardware, quant: str, routing: str) -> MoeFit | None:
+    """`hw`'s fit of `quant` on the tables' power-law rows where `routing` is a power law (None otherwise, or
+    where the GPU has none)."""
+    return dict(hw.moe_power_law_fits).get(quant) if routing_alpha(routing) is not None else None
+
+
 def moe_fit_for(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int) -> tuple[MoeFit | None, float | None]:
     """(the fitted fused-experts constants for this run's expert weight format, the power law's alpha they
     are priced at): a model routing as a power law takes the fit on the tables' power-law rows
@@ -21,10 +27,9 @@ def moe_fit_for(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: i
     if not model.moe_layers or not (hw.moe_fits or hw.moe_power_law_fits):
         return None, None
     quant = moe_format(hw, model.expert_format(weight_dtype), group_size)
-    alpha = routing_alpha(model.moe_routing) if not model.routing_skew else None
-    power_law = dict(hw.moe_power_law_fits).get(quant) if alpha is not None else None
+    power_law = None if model.routing_skew else power_law_fit(hw, quant, model.moe_routing)
     if power_law is not None:
-        return power_law, alpha
+        return power_law, routing_alpha(model.moe_routing)
     return dict(hw.moe_fits).get(quant), None
 
 

@@ -15,6 +15,7 @@ from sim.model.spec import MLP_MATRICES
 from sim.model.units import FLOP_PER_MAC
 
 from .hardware import Hardware
+from .moe_datasheet import power_law_fit
 from .moe_fit import datasheet_moe_s
 from .moe_mla_costs import moe_format
 from .physics import weight_gemm_s
@@ -46,12 +47,6 @@ def table_format(hw: Hardware, dtype: str) -> str | None:
     """The fused-experts table format `dtype` runs as on `hw`'s GPU (`moe_mla_costs.moe_format`; int4 in groups of
     128, Marlin's; nvfp4 and mxfp4 fix their own); None for int8."""
     return moe_format(hw, dtype, 128)
-
-
-def power_law_fit(hw: Hardware, quant: str, routing: str):
-    """`hw`'s fit of `quant` on the tables' power-law rows where `routing` is a power law (None otherwise, or
-    where the GPU has none)."""
-    return dict(hw.moe_power_law_fits).get(quant) if routing_alpha(routing) is not None else None
 
 
 def datasheet_moe_op_s(hw: Hardware, quant: str, tokens: int, experts: int, top_k: int, hidden: int, inter: int,
