@@ -9,7 +9,9 @@ the run has measured tables (`hardware.kernels`) that hold the operator:
   (`kernel_tables.moe_quant_for`) and the routing the model reads (`ModelSpec.moe_routing`: by default
   AIConfigurator's power-law rows for the model's family, sim/inputs/moe_routing.py) - so not with a
   routing skew, the datasheet model's Zipf popularity, which the table does not know. The rest of the
-  layer (attention projections, shared experts, router, dense MLP layers) stays the datasheet weight kernel.
+  layer (attention projections, router, shared experts, dense MLP layers) takes the measured GEMM tables
+  where every layer's attention is GQA and each format has a table (`measured_moe_rest_s`), else the
+  datasheet weight kernel.
 - MLA decode: the absorbed MLA kernel (TensorRT-LLM's, FlashMLA-class; the W_UK / W_UV products are
   in kvtier's projections, not here) from `MeasuredKernels.mla_decode_one_s` for one rank's
   sequences, query heads per GPU, at the batch's mean context; DeepSeek's 512 + 64 latent only.
@@ -21,6 +23,7 @@ misses against these tables (MoE 25-61% median, mostly too fast; MLA 12-57%).
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import numpy as np
@@ -29,8 +32,8 @@ from sim.inputs.kernel_tables import TWIN_APART, moe_quant_for
 from sim.inputs.moe_routing import BALANCED_ROUTING
 from sim.model.dtypes import WEIGHT_DTYPES
 from sim.model.experts import busiest_routing_share
-from sim.model.layers import MLA, SPARSE
-from sim.model.spec import ModelSpec
+from sim.model.layers import GQA_KINDS, MLA, SPARSE
+from sim.model.spec import MLP_MATRICES, ModelSpec
 from sim.model.units import FLOP_PER_MAC
 
 from .engine_rules import SM100_GPUS
@@ -107,6 +110,47 @@ def measured_moe_s(model: ModelSpec, hw: Hardware, quant: str, rows: int) -> flo
     """The mean layer's measured routed experts: moe layers / L x one MoE layer's fused experts."""
     one = hw.kernels.moe_one_s(float(rows), *moe_shape(model, hw), quant, moe_routing(model, hw))
     return model.moe_layers / model.num_layers * one
+
+
+ROUTER_FORMAT = "bf16"  # the router's gate: an unquantised linear in the engines (h -> E logits)
+
+
+@lru_cache(maxsize=64)
+def moe_rest_gemms(model: ModelSpec, weight_dtype: str) -> tuple[tuple[int, int, str, bool, float], ...] | None:
+    """The mean MoE layer's dense GEMMs around its routed experts, each as (n, k, format, attention rows, share of the
+    layers): qkv and o in the attention's formats (`ModelSpec.attention_formats`) in every layer; the router's gate
+    (h -> E, `ROUTER_FORMAT`) and a shared expert's gate_up and down (weight dtype) in the MoE layers; a dense MLP's in
+    the dense-MLP layers. `attention rows`: the GEMM runs over one attention rank's tokens, else the dense parts'
+    rows. None where a layer's attention is not GQA (MLA, sparse, linear: their projections stay datasheet)."""
+    if not all(kind in GQA_KINDS for kind in model.kind_counts):
+        return None
+    h, moe, dense = model.hidden_size, model.moe_layers / model.num_layers, model.dense_mlp_layers / model.num_layers
+    qkv_format, o_format = model.attention_formats(weight_dtype)
+    gemms = [(model.q_dim + 2 * model.kv_dim, h, qkv_format, True, 1.0), (h, model.q_dim, o_format, True, 1.0),
+             (model.num_experts, h, ROUTER_FORMAT, True, moe)]
+    for width, share in ((model.shared_expert_intermediate_size, moe), (model.intermediate_size, dense)):
+        if width and share:
+            gate_up = ((MLP_MATRICES - 1) * width, h, weight_dtype, False, share)
+            gemms += [gate_up, (h, width, weight_dtype, False, share)]
+    return tuple(gemms)
+
+
+def measured_moe_rest_s(model: ModelSpec, hw: Hardware, weight_dtype: str, rows: int, dense_rows: int) -> float | None:
+    """The mean MoE layer's GEMMs besides the routed experts (`moe_rest_gemms`) over `rows` tokens from the measured
+    GEMM tables, as a dense model's take them: attention projections and router over one attention rank's
+    ceil(rows / D), shared experts and dense MLPs over `dense_rows` (`physics.rank_rows`). None - the datasheet weight
+    kernel - without measured tables, with a layer that is not GQA, or a format the tables do not time."""
+    gemms = moe_rest_gemms(model, weight_dtype)
+    if hw.kernels is None or gemms is None or not {fmt for _, _, fmt, _, _ in gemms} <= hw.kernels.gemm_dtypes():
+        return None
+    dp = model.attention_dp
+    return _rest_s(hw.kernels, gemms, math.ceil(rows / dp) if dp > 1 else int(rows), int(dense_rows))
+
+
+@lru_cache(maxsize=8192)
+def _rest_s(kernels, gemms: tuple, attention_rows: int, dense_rows: int) -> float:
+    return sum(share * float(kernels.gemm_s(attention_rows if attention else dense_rows, n, k, fmt).seconds[0])
+               for n, k, fmt, attention, share in gemms)
 
 
 def measured_a2a_s(model: ModelSpec, hw: Hardware, tokens_per_rank: float) -> float:
@@ -214,7 +258,7 @@ def source_line(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: i
     parts = []
     if model.moe_layers:
         quant = moe_quant(model, hw, weight_dtype, group_size)
-        parts.append(_moe_part(model, hw, quant, run_backend) if quant else
+        parts.append(f"{_moe_part(model, hw, quant, run_backend)}; {_rest_part(model, hw, weight_dtype)}" if quant else
                      "routed experts datasheet (no measured table for this format or routing, or a routing skew)")
     if model.mla is not None:
         measured = (model.mla.kv_lora_rank, model.mla.qk_rope_head_dim) == MEASURED_MLA and kv_dtype in _mla_dtypes(hw.kernels)
@@ -224,6 +268,21 @@ def source_line(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: i
                      "prompts of the length that attends as many pairs)" if _mla_prefill_applies(model, hw.kernels) else
                      "MLA prefill datasheet (no context-MLA table, or not every layer MLA of its head dims)")
     return "; ".join(parts)
+
+
+def _rest_part(model: ModelSpec, hw: Hardware, weight_dtype: str) -> str:
+    """The clause of `source_line` for the GEMMs around measured routed experts (`measured_moe_rest_s`)."""
+    gemms = moe_rest_gemms(model, weight_dtype)
+    if gemms is None:
+        return "the layer's other GEMMs datasheet (MLA, sparse or linear attention: its projections are not tabled)"
+    formats = sorted({fmt for _, _, fmt, _, _ in gemms})
+    untimed = [fmt for fmt in formats if fmt not in hw.kernels.gemm_dtypes()]
+    if untimed:
+        return f"the layer's other GEMMs datasheet (no measured GEMM table for {', '.join(untimed)})"
+    extra = "".join(f", {name}" for name, width in (("shared expert", model.shared_expert_intermediate_size),
+                                                  ("dense MLP layers", model.dense_mlp_layers)) if width)
+    return (f"the layer's other GEMMs (attention projections, router{extra}) measured: the GEMM tables "
+            f"({', '.join(formats)})")
 
 
 def _routing_said(model: ModelSpec, routing: str) -> str:

@@ -19,7 +19,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from sim.model.dtypes import KV_DTYPES
+from sim.model.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from sim.model.experts import expected_remote_ranks
 from sim.model.layers import (
     CHUNKED,
@@ -44,8 +44,8 @@ from .kinds_prefill import measured_kinds_prefill_s
 from .moe_exchange import A2A_PHASES, A2A_WIRE_BYTES, ALLGATHER_REDUCESCATTER
 from .moe_datasheet import moe_fit_for
 from .moe_fit import model_moe_s
-from .moe_mla_costs import (absorbed_bmm_swap, measured_a2a_s, measured_mla_prefill_s, measured_mla_s, measured_moe_s,
-                            moe_quant, routed_work)
+from .moe_mla_costs import (absorbed_bmm_swap, measured_a2a_s, measured_mla_prefill_s, measured_mla_s,
+                            measured_moe_rest_s, measured_moe_s, moe_quant, moe_rest_gemms, routed_work)
 from .sparse_fetch import SparseFetch, fetch_layer, mean_layer_share
 
 ALLREDUCES_PER_LAYER = 2  # tensor parallelism: after the attention output and after the MLP down projection
@@ -417,13 +417,32 @@ def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
     fitted, alpha = (None, None) if quant is not None else moe_fit_for(model, hw, weight_dtype, group_size)
     if quant is not None or fitted is not None:  # the routed experts from the MoE table or its fit, the rest datasheet
         r_bytes, r_params, r_flop = routed_work(model, weight_dtype, group_size, rows)
-        rest = weight_gemm_s(hw, w_bytes - r_bytes, params_read - r_params, flop - r_flop, rank_rows(model, rows),
-                             GEMM_CALLS_PER_LAYER)
+        rest = measured_moe_rest_s(model, hw, weight_dtype, rows, rank_rows(model, rows)) if quant is not None else None
+        if rest is None and (gemms := moe_rest_gemms(model, weight_dtype)) is not None:
+            rest = datasheet_moe_rest_s(model, hw, group_size, gemms, rows)
+        if rest is None:  # MLA, sparse or linear attention: the rest's weights as one kernel
+            rest = weight_gemm_s(hw, w_bytes - r_bytes, params_read - r_params, flop - r_flop, rank_rows(model, rows),
+                                 GEMM_CALLS_PER_LAYER)
         routed = (measured_moe_s(model, hw, quant, rows) if quant is not None
                   else model_moe_s(model, fitted, model.expert_format(weight_dtype), group_size, rows, alpha))
         return rest + routed + bmm_s
     return weight_gemm_s(hw, w_bytes, params_read, flop, rank_rows(model, rows), GEMM_CALLS_PER_LAYER,
                          _layer_shapes(model) if model.gqa_gemms else ()) + bmm_s
+
+
+def datasheet_moe_rest_s(model: ModelSpec, hw: Hardware, group_size: int, gemms: tuple, rows: int) -> float:
+    """A GQA mixture of experts' GEMMs besides its routed experts (`moe_mla_costs.moe_rest_gemms`) by the datasheet
+    weight kernel, each its own call in its format over its rows - one attention rank's ceil(rows / D) for the
+    projections and the router, `rank_rows` for shared experts and dense MLPs - as the measured tables take them
+    (`measured_moe_rest_s`): each call pays its floor, grid fill and activation terms (`weight_gemm_s`)."""
+    dp = model.attention_dp
+    attention_rows, dense_rows = (math.ceil(rows / dp) if dp > 1 else rows), rank_rows(model, rows)
+    total = 0.0
+    for n, k, fmt, attention, share in gemms:
+        m = attention_rows if attention else dense_rows
+        total += share * weight_gemm_s(hw, WEIGHT_DTYPES[fmt].bytes_for(n * k, group_size), n * k,
+                                       FLOP_PER_MAC * m * n * k, m, 1, ((n, k),))
+    return total
 
 
 def rank_rows(model: ModelSpec, rows: int) -> int:
