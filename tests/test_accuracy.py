@@ -188,7 +188,10 @@ def summary_without_small_moe(full_points):
 
 @NEEDS_TABLES
 def test_end_to_end_accuracy_with_measured_tables(full_summary, summary_without_small_moe):
-    # the whole table: 9.8% / 70.0% since a mixture of experts reads the fused-experts tables' power-law rows at
+    # the whole table: 9.1% / 70.0% since a GQA mixture of experts' GEMMs around its routed experts take the GEMM
+    # tables (2026-12-07, session 41, moe_mla_costs.measured_moe_rest_s: Maverick 7.5% / 24.3% -> 7.0% / 15.2%,
+    # Qwen3-30B 7.4% -> 7.1%, B200 15.3% -> 10.4%); 9.8% / 70.0% since a mixture of experts reads the fused-experts
+    # tables' power-law rows at
     # AIConfigurator's own alpha for its family (2026-12-07, session 39, docs/models.md moe_routing: GPT-OSS 25.0% ->
     # 15.0%, Qwen3-235B 12.2% -> 6.8%, Maverick 12.6% -> 7.5%, R1 19.9% -> 16.9%); 11.7% / 70.0% before;
     # 11.6% / 70.0% since TensorRT-LLM's Blackwell NVFP4 experts take the CUTLASS rows at
@@ -210,9 +213,10 @@ def test_end_to_end_accuracy_with_measured_tables(full_summary, summary_without_
     # slow); 13.0% over the 140 before those, 16.1% / 115.4% before TensorRT-LLM's MoE kernel lanes, 18.2% before
     # head dim 64's prefill rate, 11.4% over the 116 before GPT-OSS's 24 Blackwell rows, 13.9% / 70.0% over the 80
     # before the NVFP4 rows
-    assert _level(full_summary, "measured", "all", "all")[0] <= 0.11
-    # 10.0% since the power-law routing (12.3% before it, 14.3% before the pools)
-    assert _level(full_summary, "measured", "family", "offline-throughput")[0] <= 0.11
+    assert _level(full_summary, "measured", "all", "all")[0] <= 0.10
+    # 9.1% since the measured GEMMs around the experts, 10.0% since the power-law routing (12.3% before it, 14.3% before
+    # the pools)
+    assert _level(full_summary, "measured", "family", "offline-throughput")[0] <= 0.10
     # GPT-OSS: 120b 22.0% / 55.5%, 20b 26.0% / 44.5% since its window layers take the tables' window rows; under
     # TensorRT-LLM's window pools: 120b 23.1% / 56.7%, 20b 27.4% / 46.0% (44.4% and 39.1% while
     # its window layers shared one pool, as vLLM's): the Blackwell 1k/1k rows, bound by max_batch_size not KV,
@@ -220,20 +224,24 @@ def test_end_to_end_accuracy_with_measured_tables(full_summary, summary_without_
     # (since the power-law routing 120b 15.6% / 44.2%, 20b 14.7% / 30.1%)
     assert _level(full_summary, "measured", "model", "gpt-oss-120b")[0] <= 0.18
     assert _level(full_summary, "measured", "model", "gpt-oss-20b")[0] <= 0.17
-    # Qwen3-30B-A3B: 7.6% / 44.9% (7.6% / 45.4% before the CUTLASS rows at every batch; 9.5% before TensorRT-LLM's fp8
+    # Qwen3-30B-A3B: 7.1% / 50.0% since the measured GEMMs around the experts (7.4% / 51.5% before); 7.6% / 44.9%
+    # (7.6% / 45.4% before the CUTLASS rows at every batch; 9.5% before TensorRT-LLM's fp8
     # context FMHA; 8.8% before its three
     # pipeline-parallel rows, 10.2% before the RTX PRO 6000's
     # one-stage ones); 37.8% / 115.4% while half the Blackwell NVFP4 MoE points took the min-latency
     # kernel's time at large batches
     assert _level(full_summary, "measured", "model", "qwen3-30b-a3b")[0] <= 0.15
-    # Llama-4 Maverick: 7.5% / 24.3% since the power-law routing (alpha 1.01: its NVFP4 8k/1k and 32k/1k rows +8..+14%
+    # Llama-4 Maverick: 7.0% / 15.2% since the measured GEMMs around the experts (its shared expert and dense MLP
+    # layers: the NVFP4 8k/1k and 32k/1k rows +18..+24% -> +5..+7%, the 1k/32k ones -2..-3% -> -14..-15%); 7.5% / 24.3%
+    # since the power-law routing (alpha 1.01: its NVFP4 8k/1k and 32k/1k rows +8..+14%
     # -> +17..+26%, the rest closer), 12.6% / 17.7% since the NVFP4 experts' CUTLASS rows at every batch, 13.9% / 17.7%
     # since its chunked layers prefill on the context table, 14.2% / 19.2% since
     # Hopper decodes its chunked layers on MMHA (14.3% / 88.8% before)
     median, worst = _level(full_summary, "measured", "model", "llama-4-maverick")
-    assert median <= 0.09 and worst <= 0.25
+    assert median <= 0.08 and worst <= 0.17
     median, worst = _level(summary_without_small_moe, "measured", "all", "all")
-    # current level (7.6% over the 122 rows without the small MoE ones since the power-law routing; 9.3% since the
+    # current level (7.3% over the 122 rows without the small MoE ones since the measured GEMMs around the experts;
+    # 7.6% since the power-law routing; 9.3% since the
     # NVFP4 experts' CUTLASS rows at every batch; 9.8% since Hopper's chunked decode on MMHA; 10.1%
     # since TensorRT-LLM's fp8 KV prefills with its
     # fp8 context FMHA (2026-12-06: the RTX PRO 6000's long prompts -26..-9% -> -2..+6%, its shorter ones 5-8 points
@@ -253,7 +261,7 @@ def test_end_to_end_accuracy_with_measured_tables(full_summary, summary_without_
     # parts, 6.1% over the 34 before the PyTorch overview's other cells, 6.6% before TensorRT-LLM's padded CUDA graphs,
     # 8.8% before the engines' all-gather + reduce-scatter around attention-DP experts, 9.3% before trtllm-bench's batch
     # limits)
-    assert median <= 0.09
+    assert median <= 0.08
     # current level (70.0%, DataCrunch's SGLang offline 4096/2048 - 81.7% earlier - since Hopper's chunked decode runs
     # on MMHA, one block per query head (2026-12-06: Llama-4 Maverick's H200 DEP8 FP8 1k/8k +88.8% -> -6.8%, where
     # kvtier had taken the XQA table); DataCrunch's compute-bound figures run
@@ -273,8 +281,9 @@ def test_end_to_end_accuracy_with_measured_tables(full_summary, summary_without_
     # before trtllm-bench's batch limits, 10.5% before the fp8 GEMM tiles, 9.1% before the tables' floor baseline, the
     # datasheet GEMM shape, which its MoE layers' rest takes, and the engines' own MoE tables and fits; 9.4% over 104
     # rows since the attention-DP dense GEMMs over their rank's rows and Maverick's rows; 9.7% over 106 with the
-    # pipeline-parallel rows, 10.7% since TensorRT-LLM's fp8 context FMHA, 7.6% since the power-law routing); goal 5%
-    assert _level(summary_without_small_moe, "measured", "family", "offline-throughput")[0] <= 0.09
+    # pipeline-parallel rows, 10.7% since TensorRT-LLM's fp8 context FMHA, 7.6% since the power-law routing, 7.3% since
+    # the measured GEMMs around the experts); goal 5%
+    assert _level(summary_without_small_moe, "measured", "family", "offline-throughput")[0] <= 0.08
     assert _level(full_summary, "measured", "family", "served-ttft")[0] <= 0.10  # 9.8%; goal 5% not met
     assert _level(full_summary, "measured", "family", "batch-latency")[0] <= 0.20  # 15.8%; goal 5% not met
 
@@ -282,7 +291,9 @@ def test_end_to_end_accuracy_with_measured_tables(full_summary, summary_without_
 @pytest.mark.parametrize("mode", MODES)
 def test_blackwell_without_the_small_moe_rows(summary_without_small_moe, mode):
     """Blackwell's rows but the small-active MoE ones - Llama-3.3-70B, Qwen3-235B, DeepSeek-R1 and Llama-4 Maverick
-    DEP4, NVFP4: measured B200 8.1% (22 rows) and GB200 14.2% (21), datasheet 11.4% and 10.6%, since TensorRT-LLM's fp8
+    DEP4, NVFP4: measured B200 6.2% (22 rows) and GB200 5.4% (21), datasheet 4.6% and 3.6%, since the GEMMs around a
+    GQA mixture of experts' routed experts are priced one call each (measured 5.2% / 8.4% and datasheet 8.3% / 9.2%
+    before, 2026-12-07); B200 8.1% and GB200 14.2%, datasheet 11.4% and 10.6%, since TensorRT-LLM's fp8
     KV prefills with its fp8 context FMHA (7.7% / 14.0% and 10.7% / 10.6% before), and since the attention-DP
     dense GEMMs run over their rank's rows (GB200's DEP rows too fast: Qwen3-235B +9..+28%); before that and
     Maverick's rows B200 4.7% (16) and GB200 8.5% (15), datasheet 7.1% and 8.5% (3.5% / 5.3% and 6.7% / 5.4% before
@@ -290,11 +301,15 @@ def test_blackwell_without_the_small_moe_rows(summary_without_small_moe, mode):
     if mode == "measured" and not tables_available():
         pytest.skip("the .[measured] extra is not installed")
     for gpu in ("b200", "gb200"):
-        assert _level(summary_without_small_moe, mode, "gpu", gpu)[0] <= 0.15
+        assert _level(summary_without_small_moe, mode, "gpu", gpu)[0] <= 0.08
 
 
 def test_end_to_end_accuracy_in_datasheet_mode(full_summary, summary_without_small_moe):
-    # the whole table: 10.2% / 64.5% since datasheet mode prices a mixture of experts at the tables' power-law routing
+    # the whole table: 8.4% / 64.5% since the GEMMs around a GQA mixture of experts' routed experts are priced one call
+    # each, in their format over their rows, with their floors, grid fill and activation terms, where they were one
+    # aggregate kernel (2026-12-07, session 41, physics.datasheet_moe_rest_s: Qwen3-235B 9.9% -> 4.3%, Maverick 10.6%
+    # -> 6.3%, the signed mean +5.5% -> +3.5%): the 10% goal met; 10.2% / 64.5% since datasheet mode prices a mixture
+    # of experts at the tables' power-law routing
     # (2026-12-07, session 40: the fused-experts form fitted on the power-law rows at the draw's load; GPT-OSS 21.2% ->
     # 19.2%, Qwen3-235B 12.7% -> 9.9%, Maverick 12.8% -> 10.6%); 11.5% / 64.5% before; 10.9% / 64.5% over 191 rows
     # since window layers prefill on their own fit (2026-12-06, session 33;
@@ -309,12 +324,14 @@ def test_end_to_end_accuracy_in_datasheet_mode(full_summary, summary_without_sma
     # rank's rows (15.5% over the 150 before Maverick); before them 14.2% / 64.5% over 150 rows (14.1% over the 140
     # before DeepSeek-R1's NVFP4 rows; 14.7% / 65.3%
     # before TensorRT-LLM's MoE kernel lanes, 10.6% over
-    # the 116 before GPT-OSS's Blackwell rows, 14.0% over the 80 before the NVFP4 rows): the 10% goal NOT met
-    assert _level(full_summary, "datasheet", "all", "all")[0] <= 0.11
-    # 10.2% since the power-law routing (11.5% before it, 11.4% once, 13.7% before the pools)
-    assert _level(full_summary, "datasheet", "family", "offline-throughput")[0] <= 0.11
+    # the 116 before GPT-OSS's Blackwell rows, 14.0% over the 80 before the NVFP4 rows): the 10% goal not met until then
+    assert _level(full_summary, "datasheet", "all", "all")[0] <= 0.10
+    # 8.4% since the GEMMs around the experts one call each, 10.2% since the power-law routing (11.5% before it, 11.4%
+    # once, 13.7% before the pools)
+    assert _level(full_summary, "datasheet", "family", "offline-throughput")[0] <= 0.10
     median, worst = _level(summary_without_small_moe, "datasheet", "all", "all")
-    # current level (8.8% over the 122 rows without the small MoE ones since the power-law routing, 9.4% before it;
+    # current level (6.3% over the 122 rows without the small MoE ones since the GEMMs around the experts one call each;
+    # 8.8% since the power-law routing, 9.4% before it;
     # 9.2% since Hopper's chunked decode on MMHA, its own
     # datasheet fit included; 9.4%
     # since TensorRT-LLM's fp8 context FMHA, 9.7%
@@ -333,7 +350,7 @@ def test_end_to_end_accuracy_in_datasheet_mode(full_summary, summary_without_sma
     # sequence split, whose three GQA rows' attention had been 10-23% too slow and hid the rest's optimism, 8.6% with
     # the engines' all-gather + reduce-scatter around attention-DP experts; 11.5% before the tiles, 15.5% before that
     # day's fits)
-    assert median <= 0.10
+    assert median <= 0.08
     # current level (64.5%, DataCrunch's SGLang offline 4096/2048, since Hopper's chunked decode runs on MMHA - 89.5%,
     # Llama-4 Maverick's H200 DEP8 FP8 1k/8k, before it; 75.5% before the elementwise passes were costed by bytes;
     # before those rows 54.1%, SGLang TTFT at 4 req/s,
@@ -347,8 +364,9 @@ def test_end_to_end_accuracy_in_datasheet_mode(full_summary, summary_without_sma
     # (6.7% before TensorRT-LLM's data-parallel dense parts, 8.1% over 18 before the PyTorch
     # overview's other cells, 8.6% before TensorRT-LLM's padded graphs, 9.4% before the engines' MoE exchange, unchanged
     # by trtllm-bench's batch limits; 8.5% before XQA's sequence split, 11.5% before the fp8 tiles; 10.5% over 104 rows
-    # since the attention-DP dense GEMMs over their rank's rows and Maverick's rows; 8.8% since the power-law routing)
-    assert _level(summary_without_small_moe, "datasheet", "family", "offline-throughput")[0] <= 0.10
+    # since the attention-DP dense GEMMs over their rank's rows and Maverick's rows; 8.8% since the power-law routing,
+    # 6.1% since the GEMMs around the experts one call each)
+    assert _level(summary_without_small_moe, "datasheet", "family", "offline-throughput")[0] <= 0.08
 
 
 # ---- the committed bands (sim/catalog/accuracy_bands.yaml) -------------------------------------
