@@ -143,8 +143,14 @@ def measured_moe_rest_s(model: ModelSpec, hw: Hardware, weight_dtype: str, rows:
     gemms = moe_rest_gemms(model, weight_dtype)
     if hw.kernels is None or gemms is None or not {fmt for _, _, fmt, _, _ in gemms} <= hw.kernels.gemm_dtypes():
         return None
+    return _rest_s(hw.kernels, gemms, attention_rank_rows(model, rows), int(dense_rows))
+
+
+def attention_rank_rows(model: ModelSpec, rows: int) -> int:
+    """The tokens of a group's `rows` one attention rank multiplies (its projections and router): the busiest rank's
+    ceil(rows / D) under attention data parallelism, else all of them."""
     dp = model.attention_dp
-    return _rest_s(hw.kernels, gemms, math.ceil(rows / dp) if dp > 1 else int(rows), int(dense_rows))
+    return math.ceil(rows / dp) if dp > 1 else int(rows)
 
 
 @lru_cache(maxsize=8192)

@@ -44,8 +44,9 @@ from .kinds_prefill import measured_kinds_prefill_s
 from .moe_exchange import A2A_PHASES, A2A_WIRE_BYTES, ALLGATHER_REDUCESCATTER
 from .moe_datasheet import moe_fit_for
 from .moe_fit import model_moe_s
-from .moe_mla_costs import (absorbed_bmm_swap, measured_a2a_s, measured_mla_prefill_s, measured_mla_s,
-                            measured_moe_rest_s, measured_moe_s, moe_quant, moe_rest_gemms, routed_work)
+from .moe_mla_costs import (absorbed_bmm_swap, attention_rank_rows, measured_a2a_s, measured_mla_prefill_s,
+                            measured_mla_s, measured_moe_rest_s, measured_moe_s, moe_quant, moe_rest_gemms,
+                            routed_work)
 from .sparse_fetch import SparseFetch, fetch_layer, mean_layer_share
 
 ALLREDUCES_PER_LAYER = 2  # tensor parallelism: after the attention output and after the MLP down projection
@@ -400,7 +401,9 @@ def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
     them (`moe_mla_costs.absorbed_bmm_swap`), the rest as above. Attention projections a checkpoint keeps in
     their own format (`ModelSpec.attention_formats`) stream their own bytes; the measured tables time a dense
     layer's GEMMs each in its format, the datasheet model takes the layer's FLOP at the weight dtype's rate
-    (DeepSeek-R1's bf16 projections are ~0.4% of its active FLOP)."""
+    (DeepSeek-R1's bf16 projections are ~0.4% of its active FLOP). A mixture of experts: the routed experts from
+    the fused-experts table or fit; a GQA model's other GEMMs each as its own call, from the GEMM tables
+    (`measured_moe_rest_s`) or the datasheet kernel (`datasheet_moe_rest_s`); an MLA model's as one kernel."""
     profiled = bool(hw.weight_kernel_bytes_per_s_by_rows)
     if not profiled and hw.kernels is not None and model.gqa_gemms:
         formats = model.layer_gemm_formats(weight_dtype)
@@ -415,7 +418,7 @@ def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
         w_bytes, params_read, flop, bmm_s = w_bytes - swap[0], params_read - swap[1], flop - swap[2], swap[3]
     quant = moe_quant(model, hw, weight_dtype, group_size)
     fitted, alpha = (None, None) if quant is not None else moe_fit_for(model, hw, weight_dtype, group_size)
-    if quant is not None or fitted is not None:  # the routed experts from the MoE table or its fit, the rest datasheet
+    if quant is not None or fitted is not None:  # the routed experts from the MoE table or its fit
         r_bytes, r_params, r_flop = routed_work(model, weight_dtype, group_size, rows)
         rest = measured_moe_rest_s(model, hw, weight_dtype, rows, rank_rows(model, rows)) if quant is not None else None
         if rest is None and (gemms := moe_rest_gemms(model, weight_dtype)) is not None:
@@ -435,8 +438,7 @@ def datasheet_moe_rest_s(model: ModelSpec, hw: Hardware, group_size: int, gemms:
     weight kernel, each its own call in its format over its rows - one attention rank's ceil(rows / D) for the
     projections and the router, `rank_rows` for shared experts and dense MLPs - as the measured tables take them
     (`measured_moe_rest_s`): each call pays its floor, grid fill and activation terms (`weight_gemm_s`)."""
-    dp = model.attention_dp
-    attention_rows, dense_rows = (math.ceil(rows / dp) if dp > 1 else rows), rank_rows(model, rows)
+    attention_rows, dense_rows = attention_rank_rows(model, rows), rank_rows(model, rows)
     total = 0.0
     for n, k, fmt, attention, share in gemms:
         m = attention_rows if attention else dense_rows
