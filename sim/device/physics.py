@@ -421,8 +421,8 @@ def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
     if quant is not None or fitted is not None:  # the routed experts from the MoE table or its fit
         r_bytes, r_params, r_flop = routed_work(model, weight_dtype, group_size, rows)
         rest = measured_moe_rest_s(model, hw, weight_dtype, rows, rank_rows(model, rows)) if quant is not None else None
-        if rest is None and (gemms := moe_rest_gemms(model, weight_dtype)) is not None:
-            rest = datasheet_moe_rest_s(model, hw, group_size, gemms, rows)
+        if rest is None:
+            rest = datasheet_moe_rest_s(model, hw, weight_dtype, group_size, rows)
         if rest is None:  # MLA, sparse or linear attention: the rest's weights as one kernel
             rest = weight_gemm_s(hw, w_bytes - r_bytes, params_read - r_params, flop - r_flop, rank_rows(model, rows),
                                  GEMM_CALLS_PER_LAYER)
@@ -433,11 +433,15 @@ def weight_kernel_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_siz
                          _layer_shapes(model) if model.gqa_gemms else ()) + bmm_s
 
 
-def datasheet_moe_rest_s(model: ModelSpec, hw: Hardware, group_size: int, gemms: tuple, rows: int) -> float:
+def datasheet_moe_rest_s(model: ModelSpec, hw: Hardware, weight_dtype: str, group_size: int, rows: int) -> float | None:
     """A GQA mixture of experts' GEMMs besides its routed experts (`moe_mla_costs.moe_rest_gemms`) by the datasheet
     weight kernel, each its own call in its format over its rows - one attention rank's ceil(rows / D) for the
     projections and the router, `rank_rows` for shared experts and dense MLPs - as the measured tables take them
-    (`measured_moe_rest_s`): each call pays its floor, grid fill and activation terms (`weight_gemm_s`)."""
+    (`measured_moe_rest_s`): each call pays its floor, grid fill and activation terms (`weight_gemm_s`). None where a
+    layer's attention is not GQA (the caller prices the rest as one kernel)."""
+    gemms = moe_rest_gemms(model, weight_dtype)
+    if gemms is None:
+        return None
     attention_rows, dense_rows = attention_rank_rows(model, rows), rank_rows(model, rows)
     total = 0.0
     for n, k, fmt, attention, share in gemms:
